@@ -1,0 +1,34 @@
+// Device names: "cpu", "cpu:0", "null". Backends register themselves; the runtime looks them up.
+#pragma once
+#include <string>
+#include <vector>
+
+namespace tessera {
+
+struct Device {
+  std::string kind = "cpu";  // backend name
+  int index = 0;
+
+  Device() = default;
+  Device(const char* name);         // NOLINT: implicit, so tensors take "cpu" where a Device fits
+  Device(const std::string& name);  // NOLINT
+  Device(std::string kind_, int index_) : kind(std::move(kind_)), index(index_) {}
+
+  std::string str() const;  // "cpu:0"
+  bool operator==(const Device& o) const { return kind == o.kind && index == o.index; }
+  bool operator!=(const Device& o) const { return !(*this == o); }
+
+  // The best device that can run programs ("cpu" until an accelerator backend exists).
+  static Device best();
+};
+
+struct DeviceInfo {
+  Device device;
+  std::string description;  // one line: what it is, memory, threads
+  bool can_execute = true;  // false for "null", which compiles but never runs
+};
+
+// Every registered device, in order of preference.
+std::vector<DeviceInfo> devices();
+
+}  // namespace tessera

@@ -1,0 +1,26 @@
+// Process-wide counters: compilation, cache behaviour, host syncs and the allocator.
+#pragma once
+#include <cstdint>
+#include <string>
+
+namespace tessera {
+
+struct Metrics {
+  int64_t graphs_compiled = 0;   // cache misses that compiled a graph
+  int64_t cache_hits = 0;        // realizations served by a compiled graph
+  int64_t host_syncs = 0;        // item(), to_vector(), printing
+  int64_t steps_launched = 0;    // Kernel-IR Steps executed
+  int64_t live_bytes = 0;        // bytes allocated on all devices and not yet freed
+  int64_t peak_bytes = 0;        // high-water mark of live_bytes (see reset_peak_bytes)
+  double compile_ms = 0;         // total time spent compiling
+  double execute_ms = 0;         // total time spent running compiled graphs
+  std::string report() const;    // a few human-readable lines
+};
+
+Metrics metrics();
+// Sets the high-water mark to the current live bytes, so a later peak measures one region.
+void reset_peak_bytes();
+// Nodes of the lazy graph currently alive (for leak checks).
+int64_t live_nodes();
+
+}  // namespace tessera

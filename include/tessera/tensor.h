@@ -1,0 +1,158 @@
+// tessera::Tensor: a handle to a mutable tensor whose value is either pending (a node of the lazy
+// graph) or realized (a buffer on a device). Ops only trace; values are computed when read
+// (item(), to_vector(), printing) or on tessera::sync(), all pending tensors in one graph.
+#pragma once
+#include <cstdint>
+#include <initializer_list>
+#include <iosfwd>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "tessera/device.h"
+#include "tessera/dtype.h"
+#include "tessera/error.h"
+#include "tessera/shape.h"
+
+namespace tessera {
+
+struct TensorImpl;  // src/frontend/tensor_impl.h
+
+class Tensor {
+ public:
+  Tensor() = default;  // undefined; most calls on it throw
+  explicit Tensor(std::shared_ptr<TensorImpl> impl);
+
+  bool defined() const { return impl_ != nullptr; }
+  const Shape& shape() const;
+  int64_t dim() const { return static_cast<int64_t>(shape().size()); }
+  int64_t size(int64_t d) const;
+  int64_t numel() const;
+  DType dtype() const;
+  Device device() const;
+  bool is_realized() const;  // true once the value lives in a buffer
+
+  // ---- reading values (each realizes all pending tensors and counts one host sync) ----
+  double item() const;  // one-element tensors only
+  template <class T> std::vector<T> to_vector() const;
+  std::string str() const;  // values, dtype and shape, like PyTorch's repr
+
+  // ---- elementwise (broadcasting, PyTorch promotion; C++ scalars are weakly typed) ----
+  Tensor operator-() const;
+  Tensor exp() const;
+  Tensor log() const;
+  Tensor tanh() const;
+  Tensor to(DType t) const;  // cast
+  Tensor to(const Device& d) const;  // explicit copy between devices
+
+  // ---- reductions (dims may be negative; empty dims = all) ----
+  Tensor sum(std::vector<int64_t> dims = {}, bool keepdim = false) const;
+  Tensor max(std::vector<int64_t> dims = {}, bool keepdim = false) const;
+
+  // ---- movement (views in the graph; no copy unless the result is realized) ----
+  Tensor reshape(Shape s) const;  // one entry may be -1
+  Tensor permute(std::vector<int64_t> perm) const;
+  Tensor transpose(int64_t a, int64_t b) const;
+  Tensor expand(Shape s) const;   // -1 keeps a dimension
+  // Elements start, start+step, ... below stop along `dim` (PyTorch slicing; step >= 1;
+  // start/stop may be negative and are clamped like Python's).
+  Tensor slice(int64_t dim, int64_t start, int64_t stop, int64_t step = 1) const;
+  Tensor matmul(const Tensor& other) const;
+
+  // ---- in place: rebinds this tensor to a new value (no-op on other handles' values) ----
+  Tensor& add_(const Tensor& o);
+  Tensor& add_(double s);
+  Tensor& sub_(const Tensor& o);
+  Tensor& mul_(const Tensor& o);
+  Tensor& mul_(double s);
+  Tensor& div_(const Tensor& o);
+  Tensor& copy_(const Tensor& src);  // src is broadcast and cast to this tensor's shape/dtype
+
+  // ---- internals, for the library's own layers ----
+  const std::shared_ptr<TensorImpl>& impl() const { return impl_; }
+
+ private:
+  std::shared_ptr<TensorImpl> impl_;
+};
+
+// ---- factories ----
+struct TensorOptions {
+  DType dtype = DType::Float32;
+  Device device = Device("cpu");
+};
+Tensor zeros(const Shape& s, TensorOptions o = {});
+Tensor ones(const Shape& s, TensorOptions o = {});
+Tensor full(const Shape& s, double value, TensorOptions o = {});
+Tensor zeros_like(const Tensor& t);
+Tensor ones_like(const Tensor& t);
+Tensor full_like(const Tensor& t, double value);
+// Values start, start+step, ... below end; int64 when all three are integers unless o says otherwise.
+Tensor arange(double end, std::optional<TensorOptions> o = std::nullopt);
+Tensor arange(double start, double end, double step = 1, std::optional<TensorOptions> o = std::nullopt);
+Tensor rand(const Shape& s, TensorOptions o = {});   // uniform in [0, 1)
+Tensor randn(const Shape& s, TensorOptions o = {});  // standard normal
+// Copies host data into a new realized tensor (numel(s) must equal data.size()).
+template <class T> Tensor from_vector(const std::vector<T>& data, const Shape& s, TensorOptions o = {});
+Tensor scalar_tensor(double v, TensorOptions o = {});
+
+// ---- elementwise ----
+Tensor add(const Tensor& a, const Tensor& b);
+Tensor sub(const Tensor& a, const Tensor& b);
+Tensor mul(const Tensor& a, const Tensor& b);
+Tensor div(const Tensor& a, const Tensor& b);  // true division: integers divide as float32
+Tensor maximum(const Tensor& a, const Tensor& b);
+Tensor minimum(const Tensor& a, const Tensor& b);
+Tensor eq(const Tensor& a, const Tensor& b);
+Tensor ne(const Tensor& a, const Tensor& b);
+Tensor lt(const Tensor& a, const Tensor& b);
+Tensor le(const Tensor& a, const Tensor& b);
+Tensor gt(const Tensor& a, const Tensor& b);
+Tensor ge(const Tensor& a, const Tensor& b);
+Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b);
+Tensor exp(const Tensor& a);
+Tensor log(const Tensor& a);
+Tensor tanh(const Tensor& a);
+
+Tensor operator+(const Tensor& a, const Tensor& b);
+Tensor operator-(const Tensor& a, const Tensor& b);
+Tensor operator*(const Tensor& a, const Tensor& b);
+Tensor operator/(const Tensor& a, const Tensor& b);
+Tensor operator+(const Tensor& a, double s);
+Tensor operator-(const Tensor& a, double s);
+Tensor operator*(const Tensor& a, double s);
+Tensor operator/(const Tensor& a, double s);
+Tensor operator+(double s, const Tensor& a);
+Tensor operator-(double s, const Tensor& a);
+Tensor operator*(double s, const Tensor& a);
+Tensor operator/(double s, const Tensor& a);
+Tensor operator==(const Tensor& a, const Tensor& b);
+Tensor operator!=(const Tensor& a, const Tensor& b);
+Tensor operator<(const Tensor& a, const Tensor& b);
+Tensor operator<=(const Tensor& a, const Tensor& b);
+Tensor operator>(const Tensor& a, const Tensor& b);
+Tensor operator>=(const Tensor& a, const Tensor& b);
+Tensor operator<(const Tensor& a, double s);
+Tensor operator>(const Tensor& a, double s);
+
+// ---- movement and indexing ----
+// Pads each dimension with lo/hi elements of `value`; pads.size() == 2 * dim(), ordered
+// {lo0, hi0, lo1, hi1, ...} from the first dimension (unlike torch.nn.functional.pad).
+Tensor pad(const Tensor& a, const std::vector<int64_t>& pads, double value = 0);
+Tensor cat(const std::vector<Tensor>& ts, int64_t dim = 0);
+Tensor matmul(const Tensor& a, const Tensor& b);  // batched, batch dims broadcast
+// out[i][j][k] = a[index[i][j][k]][j][k] for dim 0 (torch.gather); index is int32/int64 and
+// each entry must lie in [0, a.size(dim)) -- checked when the graph runs.
+Tensor gather(const Tensor& a, int64_t dim, const Tensor& index);
+
+// Realizes every pending tensor still referenced by a live handle (one graph per device).
+void sync();
+std::ostream& operator<<(std::ostream& os, const Tensor& t);
+
+// The global random generator: a seed and an offset that advances per executed graph.
+void manual_seed(uint64_t seed);
+
+// The library's version string.
+const char* version();
+
+}  // namespace tessera

@@ -1,0 +1,9 @@
+// Umbrella header of the public API.
+#pragma once
+#include "tessera/device.h"
+#include "tessera/dtype.h"
+#include "tessera/error.h"
+#include "tessera/metrics.h"
+#include "tessera/scope.h"
+#include "tessera/shape.h"
+#include "tessera/tensor.h"

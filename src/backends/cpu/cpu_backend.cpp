@@ -1,0 +1,620 @@
+// The CPU backend: runs each Step over L1-sized tiles of its domain, one instruction at a time
+// across the whole tile; matmul through OpenBLAS (its OpenMP build, sharing our OpenMP pool).
+#include <cblas.h>
+#include <omp.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+
+#include "backends/backend.h"
+#include "core/half.h"
+#include "core/philox.h"
+#include "tessera/error.h"
+
+namespace tessera::backends {
+namespace {
+
+using kir::Code;
+using kir::IndexMap;
+using kir::Instr;
+using kir::Step;
+using kir::StepKind;
+
+constexpr int64_t kTile = 1024;             // elements per tile: a few tiles fit in L1
+constexpr int64_t kParallelMin = 1 << 16;   // below this many elements, one thread
+
+struct F16 { uint16_t v; };
+struct BF16 { uint16_t v; };
+
+// Calls f with a typed null pointer of the storage type of dtype t.
+template <class F>
+void with_storage(DType t, F&& f) {
+  switch (t) {
+    case DType::Bool: f((uint8_t*)nullptr); break;
+    case DType::Int32: f((int32_t*)nullptr); break;
+    case DType::Int64: f((int64_t*)nullptr); break;
+    case DType::Float16: f((F16*)nullptr); break;
+    case DType::BFloat16: f((BF16*)nullptr); break;
+    case DType::Float32: f((float*)nullptr); break;
+    case DType::Float64: f((double*)nullptr); break;
+  }
+}
+// Calls f with a typed null pointer of the compute type of dtype t.
+template <class F>
+void with_compute(DType t, F&& f) {
+  switch (compute_dtype(t)) {
+    case DType::Bool: f((uint8_t*)nullptr); break;
+    case DType::Int32: f((int32_t*)nullptr); break;
+    case DType::Int64: f((int64_t*)nullptr); break;
+    case DType::Float64: f((double*)nullptr); break;
+    default: f((float*)nullptr); break;
+  }
+}
+
+template <class T> inline T to_c(uint8_t s) { return T(s); }
+template <class T> inline T to_c(int32_t s) { return T(s); }
+template <class T> inline T to_c(int64_t s) { return T(s); }
+template <class T> inline T to_c(float s) { return T(s); }
+template <class T> inline T to_c(double s) { return T(s); }
+template <class T> inline T to_c(F16 s) { return T(half::f16_to_float(s.v)); }
+template <class T> inline T to_c(BF16 s) { return T(half::bf16_to_float(s.v)); }
+
+template <class S> inline S from_c(double v);  // compute value -> storage
+template <> inline uint8_t from_c<uint8_t>(double v) { return v != 0; }
+template <> inline int32_t from_c<int32_t>(double v) { return int32_t(v); }
+template <> inline int64_t from_c<int64_t>(double v) { return int64_t(v); }
+template <> inline float from_c<float>(double v) { return float(v); }
+template <> inline double from_c<double>(double v) { return v; }
+template <> inline F16 from_c<F16>(double v) { return F16{half::float_to_f16(float(v))}; }
+template <> inline BF16 from_c<BF16>(double v) { return BF16{half::float_to_bf16(float(v))}; }
+
+// Converting stores keep integer values exact (no detour through double for int64).
+template <class S, class T> inline S store_as(T v) {
+  if constexpr (std::is_same_v<S, T>) return v;
+  else if constexpr (std::is_same_v<S, uint8_t>) return v != T(0);
+  else if constexpr (std::is_integral_v<S> && std::is_integral_v<T>) return S(v);
+  else return from_c<S>(double(v));
+}
+
+// Advances a row-major multi-index by one.
+inline void bump(int64_t* idx, const Shape& s) {
+  for (size_t d = s.size(); d-- > 0;) {
+    if (++idx[d] < s[d]) return;
+    idx[d] = 0;
+  }
+}
+inline void unravel(int64_t lin, const Shape& s, int64_t* idx) {
+  for (size_t d = s.size(); d-- > 0;) {
+    int64_t e = s[d] == 0 ? 1 : s[d];
+    idx[d] = lin % e;
+    lin /= e;
+  }
+}
+
+// Element offsets (and validity under masks) of n consecutive domain positions from `start`.
+void tile_offsets(const IndexMap& m, int64_t start, int64_t n, int64_t* off, uint8_t* valid) {
+  const Shape& s = m.shape();
+  size_t r = s.size();
+  int64_t idx[32];
+  unravel(start, s, idx);
+  if (m.single()) {
+    const kir::View& v = m.views[0];
+    if (r == 0) {
+      for (int64_t i = 0; i < n; ++i) off[i] = v.offset, valid[i] = 1;
+      return;
+    }
+    int64_t base = v.offset;
+    for (size_t d = 0; d + 1 < r; ++d) base += idx[d] * v.strides[d];
+    int64_t last = r - 1, inner = s[last], st = v.strides[last];
+    for (int64_t i = 0; i < n;) {
+      int64_t run = std::min(n - i, inner - idx[last]);
+      int64_t o = base + idx[last] * st;
+      for (int64_t j = 0; j < run; ++j) off[i + j] = o + j * st, valid[i + j] = 1;
+      i += run;
+      idx[last] += run - 1;
+      // step to the next row: recompute the base from the outer indices
+      bump(idx, s);
+      base = v.offset;
+      for (size_t d = 0; d + 1 < r; ++d) base += idx[d] * v.strides[d];
+    }
+    return;
+  }
+  for (int64_t i = 0; i < n; ++i) {
+    valid[i] = m.offset(idx, &off[i]);
+    bump(idx, s);
+  }
+}
+
+struct Scratch {
+  std::vector<double> regs;  // kTile 8-byte lanes per instruction
+  std::vector<int64_t> off;
+  std::vector<uint8_t> valid;
+  std::vector<int64_t> idx;
+};
+Scratch& scratch(size_t ninstr) {
+  thread_local Scratch s;
+  if (s.regs.size() < ninstr * kTile) s.regs.resize(ninstr * kTile);
+  if (s.off.size() < size_t(kTile)) s.off.resize(kTile), s.valid.resize(kTile);
+  return s;
+}
+
+template <class T> T* reg(Scratch& sc, int i) { return reinterpret_cast<T*>(sc.regs.data() + size_t(i) * kTile); }
+
+template <class T> inline T nan_max(T a, T b) {
+  if constexpr (std::is_floating_point_v<T>) {
+    if (std::isnan(a) || std::isnan(b)) return std::numeric_limits<T>::quiet_NaN();
+  }
+  return a > b ? a : b;
+}
+template <class T> inline T nan_min(T a, T b) {
+  if constexpr (std::is_floating_point_v<T>) {
+    if (std::isnan(a) || std::isnan(b)) return std::numeric_limits<T>::quiet_NaN();
+  }
+  return a < b ? a : b;
+}
+
+// Evaluates `prog` for domain positions [start, start + n) (n <= kTile); results in registers.
+void run_program(const std::vector<Instr>& prog, const std::vector<const void*>& in, const Shape& domain,
+                 int64_t start, int64_t n, const LaunchArgs& args, Scratch& sc) {
+  for (size_t k = 0; k < prog.size(); ++k) {
+    const Instr& I = prog[k];
+    int ki = int(k);
+    switch (I.code) {
+      case Code::Load: {
+        tile_offsets(I.map, start, n, sc.off.data(), sc.valid.data());
+        const int64_t* off = sc.off.data();
+        const uint8_t* valid = sc.valid.data();
+        with_compute(I.dtype, [&](auto* tp) {
+          using T = std::remove_pointer_t<decltype(tp)>;
+          T* out = reg<T>(sc, ki);
+          T pad = T(I.value);
+          with_storage(I.dtype, [&](auto* sp) {
+            using S = std::remove_pointer_t<decltype(sp)>;
+            const S* src = static_cast<const S*>(in[I.input]);
+            for (int64_t i = 0; i < n; ++i) out[i] = valid[i] ? to_c<T>(src[off[i]]) : pad;
+          });
+        });
+        break;
+      }
+      case Code::Const:
+        with_compute(I.dtype, [&](auto* tp) {
+          using T = std::remove_pointer_t<decltype(tp)>;
+          T v = store_as<T>(I.value);
+          if (I.dtype == DType::Float16) v = T(half::f16_to_float(half::float_to_f16(float(I.value))));
+          if (I.dtype == DType::BFloat16) v = T(half::bf16_to_float(half::float_to_bf16(float(I.value))));
+          std::fill_n(reg<T>(sc, ki), n, v);
+        });
+        break;
+      case Code::Iota: {
+        int64_t* out = reg<int64_t>(sc, ki);
+        int64_t idx[32];
+        unravel(start, domain, idx);
+        for (int64_t i = 0; i < n; ++i) {
+          out[i] = idx[I.i0];
+          bump(idx, domain);
+        }
+        with_compute(I.dtype, [&](auto* tp) {  // iota may be typed narrower than int64
+          using T = std::remove_pointer_t<decltype(tp)>;
+          if constexpr (!std::is_same_v<T, int64_t>) {
+            T* o = reg<T>(sc, ki);
+            for (int64_t i = 0; i < n; ++i) o[i] = T(out[i]);
+          }
+        });
+        break;
+      }
+      case Code::Rng:
+        with_compute(I.dtype, [&](auto* tp) {
+          using T = std::remove_pointer_t<decltype(tp)>;
+          T* out = reg<T>(sc, ki);
+          for (int64_t i = 0; i < n; ++i) {
+            double v = rng::sample(args.seed, args.offset, uint32_t(I.i0), uint64_t(start + i), int(I.i1));
+            if (I.dtype == DType::Float16) v = half::f16_to_float(half::float_to_f16(float(v)));
+            if (I.dtype == DType::BFloat16) v = half::bf16_to_float(half::float_to_bf16(float(v)));
+            out[i] = T(v);
+          }
+        });
+        break;
+      case Code::Cast:
+        with_compute(prog[I.a].dtype, [&](auto* ap) {
+          using A = std::remove_pointer_t<decltype(ap)>;
+          const A* a = reg<A>(sc, I.a);
+          with_compute(I.dtype, [&](auto* tp) {
+            using T = std::remove_pointer_t<decltype(tp)>;
+            T* out = reg<T>(sc, ki);
+            for (int64_t i = 0; i < n; ++i) out[i] = store_as<T>(a[i]);
+            if (I.dtype == DType::Float16)
+              for (int64_t i = 0; i < n; ++i) out[i] = T(half::f16_to_float(half::float_to_f16(float(out[i]))));
+            if (I.dtype == DType::BFloat16)
+              for (int64_t i = 0; i < n; ++i) out[i] = T(half::bf16_to_float(half::float_to_bf16(float(out[i]))));
+          });
+        });
+        break;
+      case Code::Neg:
+      case Code::Exp:
+      case Code::Log:
+      case Code::Tanh:
+        with_compute(I.dtype, [&](auto* tp) {
+          using T = std::remove_pointer_t<decltype(tp)>;
+          const T* a = reg<T>(sc, I.a);
+          T* out = reg<T>(sc, ki);
+          if (I.code == Code::Neg) {
+            for (int64_t i = 0; i < n; ++i) out[i] = T(-a[i]);
+          } else if constexpr (std::is_floating_point_v<T>) {
+            if (I.code == Code::Exp) for (int64_t i = 0; i < n; ++i) out[i] = std::exp(a[i]);
+            if (I.code == Code::Log) for (int64_t i = 0; i < n; ++i) out[i] = std::log(a[i]);
+            if (I.code == Code::Tanh) for (int64_t i = 0; i < n; ++i) out[i] = std::tanh(a[i]);
+          }
+        });
+        break;
+      case Code::Where:
+        with_compute(I.dtype, [&](auto* tp) {
+          using T = std::remove_pointer_t<decltype(tp)>;
+          const uint8_t* c = reg<uint8_t>(sc, I.a);
+          const T* a = reg<T>(sc, I.b);
+          const T* b = reg<T>(sc, I.c);
+          T* out = reg<T>(sc, ki);
+          for (int64_t i = 0; i < n; ++i) out[i] = c[i] ? a[i] : b[i];
+        });
+        break;
+      default:  // binary arithmetic and comparisons; operands share one dtype
+        with_compute(prog[I.a].dtype, [&](auto* tp) {
+          using T = std::remove_pointer_t<decltype(tp)>;
+          const T* a = reg<T>(sc, I.a);
+          const T* b = reg<T>(sc, I.b);
+          T* out = reg<T>(sc, ki);
+          uint8_t* cmp = reg<uint8_t>(sc, ki);
+          switch (I.code) {
+            case Code::Add: for (int64_t i = 0; i < n; ++i) out[i] = T(a[i] + b[i]); break;
+            case Code::Sub: for (int64_t i = 0; i < n; ++i) out[i] = T(a[i] - b[i]); break;
+            case Code::Mul: for (int64_t i = 0; i < n; ++i) out[i] = T(a[i] * b[i]); break;
+            case Code::Div: for (int64_t i = 0; i < n; ++i) out[i] = T(a[i] / b[i]); break;
+            case Code::Max: for (int64_t i = 0; i < n; ++i) out[i] = nan_max(a[i], b[i]); break;
+            case Code::Min: for (int64_t i = 0; i < n; ++i) out[i] = nan_min(a[i], b[i]); break;
+            case Code::Eq: for (int64_t i = 0; i < n; ++i) cmp[i] = a[i] == b[i]; break;
+            case Code::Ne: for (int64_t i = 0; i < n; ++i) cmp[i] = a[i] != b[i]; break;
+            case Code::Lt: for (int64_t i = 0; i < n; ++i) cmp[i] = a[i] < b[i]; break;
+            case Code::Le: for (int64_t i = 0; i < n; ++i) cmp[i] = a[i] <= b[i]; break;
+            case Code::Gt: for (int64_t i = 0; i < n; ++i) cmp[i] = a[i] > b[i]; break;
+            case Code::Ge: for (int64_t i = 0; i < n; ++i) cmp[i] = a[i] >= b[i]; break;
+            default: break;
+          }
+        });
+    }
+  }
+}
+
+// Stores the last register of the program into out[start, start + n).
+void store_tile(const Step& st, void* out, int64_t start, int64_t n, Scratch& sc) {
+  int last = int(st.program.size()) - 1;
+  with_compute(st.dtype, [&](auto* tp) {
+    using T = std::remove_pointer_t<decltype(tp)>;
+    const T* r = reg<T>(sc, last);
+    with_storage(st.dtype, [&](auto* sp) {
+      using S = std::remove_pointer_t<decltype(sp)>;
+      S* o = static_cast<S*>(out) + start;
+      if constexpr (std::is_same_v<S, T>) std::memcpy(o, r, size_t(n) * sizeof(T));
+      else for (int64_t i = 0; i < n; ++i) o[i] = store_as<S>(r[i]);
+    });
+  });
+}
+
+std::vector<const void*> inputs_of(const Step& st, const LaunchArgs& a) {
+  std::vector<const void*> in;
+  for (int s : st.inputs) in.push_back(a.slots[s]);
+  return in;
+}
+
+void run_elementwise(const Step& st, const LaunchArgs& args) {
+  int64_t total = numel(st.shape);
+  int64_t ntiles = (total + kTile - 1) / kTile;
+  auto in = inputs_of(st, args);
+  void* out = args.slots[st.output];
+#pragma omp parallel for schedule(static) if (total >= kParallelMin)
+  for (int64_t t = 0; t < ntiles; ++t) {
+    Scratch& sc = scratch(st.program.size());
+    int64_t start = t * kTile, n = std::min(kTile, total - start);
+    run_program(st.program, in, st.shape, start, n, args, sc);
+    store_tile(st, out, start, n, sc);
+  }
+}
+
+// Reduce: the domain is permuted so kept axes come first; output o then owns the contiguous
+// range [o * R, (o + 1) * R) of the permuted domain, reduced in order (deterministic).
+struct ReduceKernel : Kernel {
+  std::vector<Instr> program;  // loads permuted to the kept-first order
+  Shape domain;                // permuted
+  int64_t outer = 1, inner = 1;
+};
+
+void run_reduce(const ReduceKernel& k, const Step& st, const LaunchArgs& args) {
+  auto in = inputs_of(st, args);
+  void* out = args.slots[st.output];
+  bool is_max = st.reduce_op == ir::Op::ReduceMax;
+  int64_t outer = k.outer, inner = k.inner;
+  with_compute(st.dtype, [&](auto* tp) {
+    using T = std::remove_pointer_t<decltype(tp)>;
+    // Sums accumulate in double (floats) or int64 (integers); max in the compute type.
+    using Acc = std::conditional_t<std::is_floating_point_v<T>, double, int64_t>;
+    with_storage(st.dtype, [&](auto* sp) {
+      using S = std::remove_pointer_t<decltype(sp)>;
+      S* o = static_cast<S*>(out);
+      bool par = outer > 1 && outer * inner >= kParallelMin;
+#pragma omp parallel for schedule(static) if (par)
+      for (int64_t ob = 0; ob < outer; ob += 64) {
+        Scratch& sc = scratch(k.program.size());
+        int64_t oe = std::min(outer, ob + 64);
+        Acc sum[64];
+        T mx[64];
+        for (int64_t j = 0; j < oe - ob; ++j) sum[j] = 0, mx[j] = std::numeric_limits<T>::lowest();
+        if constexpr (std::is_floating_point_v<T>)
+          for (int64_t j = 0; j < oe - ob; ++j) mx[j] = -std::numeric_limits<T>::infinity();
+        int64_t lo = ob * inner, hi = oe * inner;
+        for (int64_t start = lo; start < hi; start += kTile) {
+          int64_t n = std::min(kTile, hi - start);
+          run_program(k.program, in, k.domain, start, n, args, sc);
+          const T* r = reg<T>(sc, int(k.program.size()) - 1);
+          for (int64_t i = 0; i < n;) {
+            int64_t oi = (start + i) / inner, seg = std::min(n - i, (oi + 1) * inner - (start + i));
+            int64_t j = oi - ob;
+            if (is_max) {
+              T m = mx[j];
+              for (int64_t q = 0; q < seg; ++q) m = nan_max(m, r[i + q]);
+              mx[j] = m;
+            } else {
+              Acc s = sum[j];
+              for (int64_t q = 0; q < seg; ++q) s += Acc(r[i + q]);
+              sum[j] = s;
+            }
+            i += seg;
+          }
+        }
+        for (int64_t j = 0; j < oe - ob; ++j) o[ob + j] = is_max ? store_as<S>(mx[j]) : store_as<S>(T(sum[j]));
+      }
+    });
+  });
+}
+
+// Copies a single strided view of `elem`-byte elements into a dense buffer.
+void strided_copy(const void* src, const kir::View& v, void* dst, size_t elem) {
+  int64_t total = numel(v.shape);
+  std::vector<int64_t> idx(v.shape.size(), 0);
+  const char* s = static_cast<const char*>(src);
+  char* d = static_cast<char*>(dst);
+  for (int64_t i = 0; i < total; ++i) {
+    int64_t off = v.offset;
+    for (size_t k = 0; k < idx.size(); ++k) off += idx[k] * v.strides[k];
+    std::memcpy(d + size_t(i) * elem, s + size_t(off) * elem, elem);
+    bump(idx.data(), v.shape);
+  }
+}
+
+int64_t read_index(const void* base, DType t, int64_t off) {
+  return t == DType::Int32 ? static_cast<const int32_t*>(base)[off] : static_cast<const int64_t*>(base)[off];
+}
+
+[[noreturn]] void index_error(const Step& st, int64_t v, int64_t extent, const Shape& src) {
+  const kir::Source& s = st.sources.front();
+  fail(s.op, "index " + std::to_string(v) + " out of range [0, " + std::to_string(extent) + ") along dimension " +
+                 std::to_string(st.axis) + " of a tensor of shape " + shape_str(src),
+       s.scope);
+}
+
+void run_gather(const Step& st, const LaunchArgs& args, DType src_t, DType idx_t) {
+  const kir::View& sv = st.maps[0].views[0];
+  const kir::View& iv = st.maps[1].views[0];
+  const char* src = static_cast<const char*>(args.slots[st.inputs[0]]);
+  const void* index = args.slots[st.inputs[1]];
+  char* out = static_cast<char*>(args.slots[st.output]);
+  size_t elem = itemsize(src_t);
+  int64_t total = numel(st.shape), ax = st.axis, extent = sv.shape[ax];
+  std::vector<int64_t> idx(st.shape.size(), 0);
+  for (int64_t i = 0; i < total; ++i) {
+    int64_t ioff = iv.offset, soff = sv.offset;
+    for (size_t d = 0; d < idx.size(); ++d) ioff += idx[d] * iv.strides[d];
+    int64_t v = read_index(index, idx_t, ioff);
+    if (v < 0 || v >= extent) index_error(st, v, extent, sv.shape);
+    for (size_t d = 0; d < idx.size(); ++d) soff += (int64_t(d) == ax ? v : idx[d]) * sv.strides[d];
+    std::memcpy(out + size_t(i) * elem, src + size_t(soff) * elem, elem);
+    bump(idx.data(), st.shape);
+  }
+}
+
+void run_scatter_add(const Step& st, const LaunchArgs& args, DType t, DType idx_t) {
+  const kir::View& bv = st.maps[0].views[0];
+  const kir::View& iv = st.maps[1].views[0];
+  const kir::View& sv = st.maps[2].views[0];
+  void* out = args.slots[st.output];
+  strided_copy(args.slots[st.inputs[0]], bv, out, itemsize(t));
+  const Shape& ishape = iv.shape;
+  std::vector<int64_t> ostr = contiguous_strides(st.shape), idx(ishape.size(), 0);
+  int64_t total = numel(ishape), ax = st.axis, extent = st.shape[ax];
+  with_storage(t, [&](auto* sp) {
+    using S = std::remove_pointer_t<decltype(sp)>;
+    S* o = static_cast<S*>(out);
+    const S* src = static_cast<const S*>(args.slots[st.inputs[2]]);
+    for (int64_t i = 0; i < total; ++i) {
+      int64_t ioff = iv.offset, soff = sv.offset, ooff = 0;
+      for (size_t d = 0; d < idx.size(); ++d) ioff += idx[d] * iv.strides[d], soff += idx[d] * sv.strides[d];
+      int64_t v = read_index(args.slots[st.inputs[1]], idx_t, ioff);
+      if (v < 0 || v >= extent) index_error(st, v, extent, st.shape);
+      for (size_t d = 0; d < idx.size(); ++d) ooff += (int64_t(d) == ax ? v : idx[d]) * ostr[d];
+      if constexpr (std::is_same_v<S, F16> || std::is_same_v<S, BF16>)
+        o[ooff] = from_c<S>(to_c<float>(o[ooff]) + to_c<float>(src[soff]));
+      else
+        o[ooff] = S(o[ooff] + src[soff]);
+      bump(idx.data(), ishape);
+    }
+  });
+}
+
+void run_dus(const Step& st, const LaunchArgs& args) {
+  const kir::View& bv = st.maps[0].views[0];
+  const kir::View& uv = st.maps[1].views[0];
+  const kir::View& ov = st.maps[2].views[0];
+  size_t elem = itemsize(st.dtype);
+  char* out = static_cast<char*>(args.slots[st.output]);
+  strided_copy(args.slots[st.inputs[0]], bv, out, elem);
+  size_t r = st.shape.size();
+  std::vector<int64_t> start(r), ostr = contiguous_strides(st.shape), idx(r, 0);
+  for (size_t d = 0; d < r; ++d) {
+    int64_t v = static_cast<const int64_t*>(args.slots[st.inputs[2]])[ov.offset + int64_t(d) * ov.strides[0]];
+    start[d] = std::clamp<int64_t>(v, 0, st.shape[d] - uv.shape[d]);
+  }
+  const char* upd = static_cast<const char*>(args.slots[st.inputs[1]]);
+  int64_t total = numel(uv.shape);
+  for (int64_t i = 0; i < total; ++i) {
+    int64_t uoff = uv.offset, ooff = 0;
+    for (size_t d = 0; d < r; ++d) uoff += idx[d] * uv.strides[d], ooff += (start[d] + idx[d]) * ostr[d];
+    std::memcpy(out + size_t(ooff) * elem, upd + size_t(uoff) * elem, elem);
+    bump(idx.data(), uv.shape);
+  }
+}
+
+// One operand of a matmul as BLAS sees it.
+struct GemmOperand {
+  std::vector<int64_t> batch_strides;
+  int64_t offset = 0, ld = 0;
+  bool trans = false;
+  const void* data = nullptr;
+  std::vector<char> packed;  // when the view is not BLAS-addressable
+};
+
+GemmOperand gemm_operand(const kir::View& v, const void* data, DType t) {
+  GemmOperand g;
+  size_t r = v.shape.size();
+  int64_t rows = v.shape[r - 2], cols = v.shape[r - 1], sr = v.strides[r - 2], sc = v.strides[r - 1];
+  g.batch_strides.assign(v.strides.begin(), v.strides.end() - 2);
+  g.offset = v.offset;
+  g.data = data;
+  if ((sc == 1 || cols <= 1) && (sr >= std::max<int64_t>(cols, 1) || rows <= 1)) {
+    g.ld = rows <= 1 ? std::max<int64_t>(cols, 1) : sr;
+  } else if ((sr == 1 || rows <= 1) && (sc >= std::max<int64_t>(rows, 1) || cols <= 1)) {
+    g.trans = true;
+    g.ld = cols <= 1 ? std::max<int64_t>(rows, 1) : sc;
+  } else {  // pack to dense row-major
+    g.packed.resize(size_t(numel(v.shape)) * itemsize(t));
+    strided_copy(data, v, g.packed.data(), itemsize(t));
+    g.data = g.packed.data();
+    g.offset = 0;
+    g.batch_strides = contiguous_strides(Shape(v.shape.begin(), v.shape.end() - 2));
+    for (auto& s : g.batch_strides) s *= rows * cols;
+    g.ld = std::max<int64_t>(cols, 1);
+  }
+  return g;
+}
+
+void run_gemm(const Step& st, const LaunchArgs& args) {
+  const kir::View& av = st.maps[0].views[0];
+  const kir::View& bv = st.maps[1].views[0];
+  size_t r = st.shape.size();
+  int64_t M = st.shape[r - 2], N = st.shape[r - 1], K = av.shape[r - 1];
+  Shape batch(st.shape.begin(), st.shape.end() - 2);
+  int64_t nb = numel(batch);
+  char* out = static_cast<char*>(args.slots[st.output]);
+  size_t elem = itemsize(st.dtype);
+  if (M * N == 0) return;
+  if (K == 0) {
+    std::memset(out, 0, size_t(nb * M * N) * elem);
+    return;
+  }
+  GemmOperand A = gemm_operand(av, args.slots[st.inputs[0]], st.dtype);
+  GemmOperand B = gemm_operand(bv, args.slots[st.inputs[1]], st.dtype);
+  auto one = [&](int64_t b) {
+    int64_t idx[32];
+    unravel(b, batch, idx);
+    int64_t ao = A.offset, bo = B.offset;
+    for (size_t d = 0; d < batch.size(); ++d) ao += idx[d] * A.batch_strides[d], bo += idx[d] * B.batch_strides[d];
+    char* c = out + size_t(b * M * N) * elem;
+    auto ta = A.trans ? CblasTrans : CblasNoTrans, tb = B.trans ? CblasTrans : CblasNoTrans;
+    if (st.dtype == DType::Float32) {
+      cblas_sgemm(CblasRowMajor, ta, tb, M, N, K, 1.0f, static_cast<const float*>(A.data) + ao, A.ld,
+                  static_cast<const float*>(B.data) + bo, B.ld, 0.0f, reinterpret_cast<float*>(c), N);
+    } else if (st.dtype == DType::Float64) {
+      cblas_dgemm(CblasRowMajor, ta, tb, M, N, K, 1.0, static_cast<const double*>(A.data) + ao, A.ld,
+                  static_cast<const double*>(B.data) + bo, B.ld, 0.0, reinterpret_cast<double*>(c), N);
+    } else {  // integers: plain loops, int64 accumulation
+      auto at = [&](const GemmOperand& g, int64_t off, int64_t i, int64_t j) {
+        int64_t o = off + (g.trans ? j * g.ld + i : i * g.ld + j);
+        return read_index(g.data, st.dtype, o);
+      };
+      for (int64_t i = 0; i < M; ++i)
+        for (int64_t j = 0; j < N; ++j) {
+          int64_t s = 0;
+          for (int64_t q = 0; q < K; ++q) s += at(A, ao, i, q) * at(B, bo, q, j);
+          if (st.dtype == DType::Int32) reinterpret_cast<int32_t*>(c)[i * N + j] = int32_t(s);
+          else reinterpret_cast<int64_t*>(c)[i * N + j] = s;
+        }
+    }
+  };
+  // Many small matrices: spread the batch over threads (OpenBLAS then runs single-threaded).
+  bool par = nb > 1 && M * N * K < (1 << 18) && nb * M * N * K >= (1 << 16);
+#pragma omp parallel for schedule(static) if (par)
+  for (int64_t b = 0; b < nb; ++b) one(b);
+}
+
+struct PlainKernel : Kernel {};
+
+class CpuBackend : public Backend {
+ public:
+  std::string name() const override { return "cpu"; }
+  DeviceInfo info(int index) const override {
+    double gib = double(sysconf(_SC_PHYS_PAGES)) * double(sysconf(_SC_PAGESIZE)) / double(1ull << 30);
+    char buf[160];
+    std::snprintf(buf, sizeof buf, "host CPU, %d threads (OpenMP), %.1f GiB memory, BLAS: OpenBLAS %s",
+                  omp_get_max_threads(), gib, openblas_get_config());
+    return {Device("cpu", index), buf, true};
+  }
+  void* allocate(int, size_t nbytes) override {
+    size_t n = (std::max<size_t>(nbytes, 1) + 63) / 64 * 64;
+    void* p = std::aligned_alloc(64, n);
+    if (!p) fail("allocate", "out of host memory allocating " + std::to_string(nbytes) + " bytes", "");
+    return p;
+  }
+  void free(int, void* p, size_t) override { std::free(p); }
+  void copy_in(void* dst, const void* host, size_t n) override { if (n) std::memcpy(dst, host, n); }
+  void copy_out(void* host, const void* src, size_t n) override { if (n) std::memcpy(host, src, n); }
+
+  std::unique_ptr<Kernel> compile(const Step& st) override {
+    if (st.kind != StepKind::Reduce) return std::make_unique<PlainKernel>();
+    auto k = std::make_unique<ReduceKernel>();
+    std::vector<int64_t> perm;
+    std::vector<bool> red(st.domain.size(), false);
+    for (int64_t a : st.axes) red[a] = true;
+    for (size_t d = 0; d < red.size(); ++d)
+      if (!red[d]) perm.push_back(int64_t(d));
+    for (int64_t a : st.axes) perm.push_back(a);
+    for (size_t d = 0; d < red.size(); ++d) {
+      k->domain.push_back(st.domain[perm[d]]);
+      (red[perm[d]] ? k->inner : k->outer) *= st.domain[perm[d]];
+    }
+    k->program = st.program;
+    for (Instr& I : k->program) {
+      if (I.code == Code::Iota || I.code == Code::Rng)
+        fail("cpu", "reduce programs cannot use iota or rng (step " + st.str() + ")", "");
+      if (I.code == Code::Load) I.map = I.map.permute(perm);
+    }
+    return k;
+  }
+
+  void launch(const Kernel& k, const Step& st, const LaunchArgs& args) override {
+    switch (st.kind) {
+      case StepKind::Elementwise:
+      case StepKind::Copy: run_elementwise(st, args); break;
+      case StepKind::Reduce: run_reduce(static_cast<const ReduceKernel&>(k), st, args); break;
+      case StepKind::Gemm: run_gemm(st, args); break;
+      case StepKind::Gather: run_gather(st, args, st.dtype, st.input_dtypes.at(1)); break;
+      case StepKind::ScatterAdd: run_scatter_add(st, args, st.dtype, st.input_dtypes.at(1)); break;
+      case StepKind::DynamicUpdateSlice: run_dus(st, args); break;
+    }
+  }
+};
+
+}  // namespace
+
+std::shared_ptr<Backend> make_cpu_backend() { return std::make_shared<CpuBackend>(); }
+
+}  // namespace tessera::backends

@@ -1,0 +1,44 @@
+#include <mutex>
+
+#include "backends/backend.h"
+#include "tessera/error.h"
+
+namespace tessera::backends {
+
+std::shared_ptr<Backend> make_cpu_backend();
+std::shared_ptr<Backend> make_null_backend();
+
+namespace {
+std::mutex g_mu;
+std::vector<std::shared_ptr<Backend>>& registry() {
+  static std::vector<std::shared_ptr<Backend>> r = {make_cpu_backend(), make_null_backend()};
+  return r;
+}
+}  // namespace
+
+void register_backend(std::shared_ptr<Backend> b) {
+  std::lock_guard<std::mutex> lock(g_mu);
+  registry().push_back(std::move(b));
+}
+
+std::vector<std::shared_ptr<Backend>> all_backends() {
+  std::lock_guard<std::mutex> lock(g_mu);
+  return registry();
+}
+
+Backend& backend_for(const Device& d) {
+  std::lock_guard<std::mutex> lock(g_mu);
+  std::string names;
+  for (auto& b : registry()) {
+    if (b->name() == d.kind) {
+      if (d.index < 0 || d.index >= b->device_count())
+        fail("device", "'" + d.str() + "' does not exist; " + b->name() + " has " + std::to_string(b->device_count()) +
+                           " device(s)", "");
+      return *b;
+    }
+    names += (names.empty() ? "" : ", ") + b->name();
+  }
+  fail("device", "unknown device '" + d.str() + "'; available: " + names, "");
+}
+
+}  // namespace tessera::backends

@@ -1,0 +1,377 @@
+// Op entry points: broadcasting, PyTorch type promotion and argument checks, then IR nodes.
+#include <algorithm>
+#include <cmath>
+
+#include "frontend/tensor_impl.h"
+#include "tessera/error.h"
+
+namespace tessera {
+namespace {
+
+using ir::Attrs;
+using ir::NodePtr;
+using ir::Op;
+
+NodePtr N(const Tensor& t) { return detail::node_of(t); }
+Tensor T(NodePtr n) { return detail::from_node(std::move(n)); }
+Tensor view(NodePtr n) {
+  Tensor t = T(std::move(n));
+  t.impl()->is_view = true;
+  return t;
+}
+
+NodePtr constant(double v, DType t, const Device& d, const Shape& s = {}) {
+  return ir::make(Op::Full, {}, Attrs{{}, v}, &s, t, d);
+}
+NodePtr cast(NodePtr n, DType t) {
+  if (n->dtype == t) return n;
+  return ir::make(Op::Cast, {std::move(n)}, {}, nullptr, t);
+}
+// Broadcasts n to shape s (prepending unit dimensions, then expanding).
+NodePtr broadcast_to(NodePtr n, const Shape& s) {
+  if (n->shape == s) return n;
+  if (n->shape.size() < s.size()) {
+    Shape r(s.size() - n->shape.size(), 1);
+    r.insert(r.end(), n->shape.begin(), n->shape.end());
+    n = ir::make(Op::Reshape, {n}, {}, &r);
+  }
+  if (n->shape == s) return n;
+  return ir::make(Op::Expand, {n}, {}, &s);
+}
+NodePtr reshape_node(NodePtr n, const Shape& s) {
+  if (n->shape == s) return n;
+  return ir::make(Op::Reshape, {std::move(n)}, {}, &s);
+}
+
+std::string desc(const Tensor& t) { return std::string(dtype_name(t.dtype())) + shape_str(t.shape()); }
+
+// Promotes and broadcasts the operands, then applies a binary primitive.
+Tensor binary(Op op, const Tensor& a, const Tensor& b, bool float_result = false) {
+  const char* name = ir::op_name(op);
+  if (!a.defined() || !b.defined()) fail(name, "called on an undefined tensor");
+  DType t = promote(a.dtype(), b.dtype());
+  if (float_result && !is_floating(t)) t = DType::Float32;
+  if (a.device() != b.device())
+    fail(name, "tensors on different devices: " + a.device().str() + " and " + b.device().str() + " (" + desc(a) + ", " +
+                   desc(b) + "); move one with .to(device)");
+  Shape s = broadcast_shapes(a.shape(), b.shape(), name);
+  return T(ir::make(op, {broadcast_to(cast(N(a), t), s), broadcast_to(cast(N(b), t), s)}));
+}
+// Tensor-scalar: the scalar is weakly typed (it never widens a float tensor).
+Tensor binary_scalar(Op op, const Tensor& a, double s, bool scalar_first, bool float_result = false) {
+  const char* name = ir::op_name(op);
+  if (!a.defined()) fail(name, "called on an undefined tensor");
+  DType t = promote_scalar(a.dtype(), s);
+  if (float_result && !is_floating(t)) t = DType::Float32;
+  NodePtr x = cast(N(a), t);
+  NodePtr c = broadcast_to(constant(s, t, a.device()), a.shape());
+  return T(scalar_first ? ir::make(op, {c, x}) : ir::make(op, {x, c}));
+}
+
+Tensor unary_float(Op op, const Tensor& a) {
+  if (!a.defined()) fail(ir::op_name(op), "called on an undefined tensor");
+  DType t = is_floating(a.dtype()) ? a.dtype() : DType::Float32;
+  return T(ir::make(op, {cast(N(a), t)}));
+}
+
+std::vector<int64_t> reduce_axes(const Tensor& a, std::vector<int64_t> dims, const char* op) {
+  int64_t r = a.dim();
+  if (dims.empty())
+    for (int64_t d = 0; d < r; ++d) dims.push_back(d);
+  for (auto& d : dims) d = wrap_dim(d, r, op);
+  std::sort(dims.begin(), dims.end());
+  if (std::adjacent_find(dims.begin(), dims.end()) != dims.end()) fail(op, "repeated dimension for " + desc(a));
+  return dims;
+}
+
+Tensor reduce(Op op, const Tensor& a, std::vector<int64_t> dims, bool keepdim) {
+  const char* name = op == Op::ReduceSum ? "sum" : "max";
+  if (!a.defined()) fail(name, "called on an undefined tensor");
+  std::vector<int64_t> axes = reduce_axes(a, std::move(dims), name);
+  NodePtr x = N(a);
+  // Like PyTorch, integer and bool sums accumulate as int64.
+  if (op == Op::ReduceSum && !is_floating(a.dtype())) x = cast(x, DType::Int64);
+  if (op == Op::ReduceMax)
+    for (int64_t ax : axes)
+      if (a.shape()[ax] == 0) fail(name, "cannot take the max over an empty dimension of " + desc(a));
+  NodePtr r = ir::make(op, {x}, Attrs{axes, 0});
+  if (!keepdim) {
+    Shape s;
+    for (int64_t d = 0; d < a.dim(); ++d)
+      if (!std::binary_search(axes.begin(), axes.end(), d)) s.push_back(a.shape()[d]);
+    r = reshape_node(r, s);
+  }
+  return T(r);
+}
+
+void check_inplace(const Tensor& self, const char* op) {
+  if (!self.defined()) fail(op, "called on an undefined tensor");
+  if (self.impl()->is_view)
+    fail(op, "in-place ops on views (results of reshape/permute/expand/slice) are not supported yet; got " + desc(self));
+}
+// Rebinds self to `result`, which must keep self's shape; cast back to self's dtype like PyTorch
+// only when the promotion does not leave self's category.
+Tensor& assign(Tensor& self, const Tensor& result, const char* op) {
+  if (result.shape() != self.shape())
+    fail(op, "result shape " + shape_str(result.shape()) + " does not match the tensor's shape " + shape_str(self.shape()));
+  if (promote(result.dtype(), self.dtype()) != self.dtype())
+    fail(op, std::string("result type ") + dtype_name(result.dtype()) + " can't be cast to the tensor's " + dtype_name(self.dtype()));
+  self.impl()->rebind(cast(N(result), self.dtype()));
+  return self;
+}
+
+}  // namespace
+
+// ---- elementwise ----
+Tensor add(const Tensor& a, const Tensor& b) { return binary(Op::Add, a, b); }
+Tensor sub(const Tensor& a, const Tensor& b) { return binary(Op::Sub, a, b); }
+Tensor mul(const Tensor& a, const Tensor& b) { return binary(Op::Mul, a, b); }
+Tensor div(const Tensor& a, const Tensor& b) { return binary(Op::Div, a, b, true); }
+Tensor maximum(const Tensor& a, const Tensor& b) { return binary(Op::Maximum, a, b); }
+Tensor minimum(const Tensor& a, const Tensor& b) { return binary(Op::Minimum, a, b); }
+Tensor eq(const Tensor& a, const Tensor& b) { return binary(Op::Eq, a, b); }
+Tensor ne(const Tensor& a, const Tensor& b) { return binary(Op::Ne, a, b); }
+Tensor lt(const Tensor& a, const Tensor& b) { return binary(Op::Lt, a, b); }
+Tensor le(const Tensor& a, const Tensor& b) { return binary(Op::Le, a, b); }
+Tensor gt(const Tensor& a, const Tensor& b) { return binary(Op::Gt, a, b); }
+Tensor ge(const Tensor& a, const Tensor& b) { return binary(Op::Ge, a, b); }
+Tensor exp(const Tensor& a) { return unary_float(Op::Exp, a); }
+Tensor log(const Tensor& a) { return unary_float(Op::Log, a); }
+Tensor tanh(const Tensor& a) { return unary_float(Op::Tanh, a); }
+
+Tensor where(const Tensor& c, const Tensor& a, const Tensor& b) {
+  if (!c.defined() || !a.defined() || !b.defined()) fail("where", "called on an undefined tensor");
+  if (c.dtype() != DType::Bool) fail("where", "condition must be bool, got " + desc(c));
+  if (c.device() != a.device() || a.device() != b.device())
+    fail("where", "tensors on different devices: " + c.device().str() + ", " + a.device().str() + ", " + b.device().str());
+  DType t = promote(a.dtype(), b.dtype());
+  Shape s = broadcast_shapes(broadcast_shapes(c.shape(), a.shape(), "where"), b.shape(), "where");
+  return T(ir::make(Op::Where, {broadcast_to(N(c), s), broadcast_to(cast(N(a), t), s), broadcast_to(cast(N(b), t), s)}));
+}
+
+Tensor operator+(const Tensor& a, const Tensor& b) { return add(a, b); }
+Tensor operator-(const Tensor& a, const Tensor& b) { return sub(a, b); }
+Tensor operator*(const Tensor& a, const Tensor& b) { return mul(a, b); }
+Tensor operator/(const Tensor& a, const Tensor& b) { return div(a, b); }
+Tensor operator+(const Tensor& a, double s) { return binary_scalar(Op::Add, a, s, false); }
+Tensor operator-(const Tensor& a, double s) { return binary_scalar(Op::Sub, a, s, false); }
+Tensor operator*(const Tensor& a, double s) { return binary_scalar(Op::Mul, a, s, false); }
+Tensor operator/(const Tensor& a, double s) { return binary_scalar(Op::Div, a, s, false, true); }
+Tensor operator+(double s, const Tensor& a) { return binary_scalar(Op::Add, a, s, true); }
+Tensor operator-(double s, const Tensor& a) { return binary_scalar(Op::Sub, a, s, true); }
+Tensor operator*(double s, const Tensor& a) { return binary_scalar(Op::Mul, a, s, true); }
+Tensor operator/(double s, const Tensor& a) { return binary_scalar(Op::Div, a, s, true, true); }
+Tensor operator==(const Tensor& a, const Tensor& b) { return eq(a, b); }
+Tensor operator!=(const Tensor& a, const Tensor& b) { return ne(a, b); }
+Tensor operator<(const Tensor& a, const Tensor& b) { return lt(a, b); }
+Tensor operator<=(const Tensor& a, const Tensor& b) { return le(a, b); }
+Tensor operator>(const Tensor& a, const Tensor& b) { return gt(a, b); }
+Tensor operator>=(const Tensor& a, const Tensor& b) { return ge(a, b); }
+Tensor operator<(const Tensor& a, double s) { return binary_scalar(Op::Lt, a, s, false); }
+Tensor operator>(const Tensor& a, double s) { return binary_scalar(Op::Gt, a, s, false); }
+
+Tensor Tensor::operator-() const {
+  if (dtype() == DType::Bool) fail("neg", "not defined for bool tensors, got " + desc(*this));
+  return T(ir::make(Op::Neg, {N(*this)}));
+}
+Tensor Tensor::exp() const { return tessera::exp(*this); }
+Tensor Tensor::log() const { return tessera::log(*this); }
+Tensor Tensor::tanh() const { return tessera::tanh(*this); }
+Tensor Tensor::to(DType t) const {
+  if (!defined()) fail("cast", "called on an undefined tensor");
+  return t == dtype() ? *this : T(cast(N(*this), t));
+}
+
+// ---- reductions ----
+Tensor Tensor::sum(std::vector<int64_t> dims, bool keepdim) const { return reduce(Op::ReduceSum, *this, std::move(dims), keepdim); }
+Tensor Tensor::max(std::vector<int64_t> dims, bool keepdim) const { return reduce(Op::ReduceMax, *this, std::move(dims), keepdim); }
+
+// ---- movement ----
+Tensor Tensor::reshape(Shape s) const {
+  if (!defined()) fail("reshape", "called on an undefined tensor");
+  int64_t infer = -1, known = 1;
+  for (size_t i = 0; i < s.size(); ++i) {
+    if (s[i] == -1) {
+      if (infer >= 0) fail("reshape", "only one dimension can be -1, got " + shape_str(s));
+      infer = int64_t(i);
+    } else if (s[i] < 0) {
+      fail("reshape", "invalid shape " + shape_str(s) + " for " + desc(*this));
+    } else {
+      known *= s[i];
+    }
+  }
+  if (infer >= 0) {
+    if (known == 0 || numel() % known != 0) fail("reshape", "cannot reshape " + desc(*this) + " to " + shape_str(s));
+    s[infer] = numel() / known;
+  }
+  if (tessera::numel(s) != numel()) fail("reshape", "cannot reshape " + desc(*this) + " to " + shape_str(s));
+  return view(reshape_node(N(*this), s));
+}
+
+Tensor Tensor::permute(std::vector<int64_t> perm) const {
+  if (!defined()) fail("permute", "called on an undefined tensor");
+  if (int64_t(perm.size()) != dim())
+    fail("permute", "permutation of length " + std::to_string(perm.size()) + " for " + desc(*this));
+  for (auto& p : perm) p = wrap_dim(p, dim(), "permute");
+  return view(ir::make(Op::Permute, {N(*this)}, Attrs{perm, 0}));
+}
+
+Tensor Tensor::transpose(int64_t a, int64_t b) const {
+  std::vector<int64_t> perm(static_cast<size_t>(dim()));
+  for (int64_t i = 0; i < dim(); ++i) perm[i] = i;
+  std::swap(perm[wrap_dim(a, dim(), "transpose")], perm[wrap_dim(b, dim(), "transpose")]);
+  return permute(perm);
+}
+
+Tensor Tensor::expand(Shape s) const {
+  if (!defined()) fail("expand", "called on an undefined tensor");
+  if (s.size() < shape().size()) fail("expand", "cannot expand " + desc(*this) + " to fewer dimensions " + shape_str(s));
+  size_t lead = s.size() - shape().size();
+  for (size_t i = 0; i < s.size(); ++i) {
+    if (s[i] == -1) {
+      if (i < lead) fail("expand", "-1 is not allowed for new leading dimensions in " + shape_str(s));
+      s[i] = shape()[i - lead];
+    }
+    int64_t have = i < lead ? 1 : shape()[i - lead];
+    if (s[i] != have && have != 1) fail("expand", "cannot expand " + desc(*this) + " to " + shape_str(s));
+  }
+  return view(broadcast_to(N(*this), s));
+}
+
+Tensor Tensor::slice(int64_t d, int64_t start, int64_t stop, int64_t step) const {
+  if (!defined()) fail("slice", "called on an undefined tensor");
+  d = wrap_dim(d, dim(), "slice");
+  if (step < 1) fail("slice", "step must be positive, got " + std::to_string(step) + " for " + desc(*this));
+  int64_t n = shape()[d];
+  auto clampi = [n](int64_t v) { return std::clamp<int64_t>(v < 0 ? v + n : v, 0, n); };
+  start = clampi(start);
+  stop = std::max(start, clampi(stop));
+  std::vector<int64_t> v;
+  for (int64_t k = 0; k < dim(); ++k) {
+    if (k == d) v.insert(v.end(), {start, stop, step});
+    else v.insert(v.end(), {0, shape()[k], 1});
+  }
+  return view(ir::make(Op::Slice, {N(*this)}, Attrs{v, 0}));
+}
+
+Tensor pad(const Tensor& a, const std::vector<int64_t>& pads, double value) {
+  if (!a.defined()) fail("pad", "called on an undefined tensor");
+  if (int64_t(pads.size()) != 2 * a.dim())
+    fail("pad", "needs 2 entries per dimension (" + std::to_string(2 * a.dim()) + "), got " + std::to_string(pads.size()) + " for " + desc(a));
+  std::vector<int64_t> v;
+  for (int64_t d = 0; d < a.dim(); ++d) {
+    if (pads[2 * d] < 0 || pads[2 * d + 1] < 0) fail("pad", "negative padding is not supported (use slice), got " + shape_str(pads));
+    v.insert(v.end(), {pads[2 * d], pads[2 * d + 1], 0});
+  }
+  NodePtr x = N(a);
+  // The pad value is weakly typed: it must be representable in the tensor's dtype.
+  if (!is_floating(a.dtype()) && std::floor(value) != value)
+    fail("pad", "value " + std::to_string(value) + " does not fit a " + desc(a) + " tensor");
+  return T(ir::make(Op::Pad, {x}, Attrs{v, value}));
+}
+
+Tensor cat(const std::vector<Tensor>& ts, int64_t dim) {
+  if (ts.empty()) fail("cat", "needs at least one tensor");
+  for (auto& t : ts)
+    if (!t.defined()) fail("cat", "called on an undefined tensor");
+  DType t = ts[0].dtype();
+  for (auto& x : ts) t = promote(t, x.dtype());
+  int64_t d = wrap_dim(dim, ts[0].dim(), "cat");
+  std::vector<NodePtr> in;
+  for (auto& x : ts) in.push_back(cast(N(x), t));
+  return T(ir::make(Op::Concat, in, Attrs{{d}, 0}));
+}
+
+Tensor matmul(const Tensor& a, const Tensor& b) {
+  if (!a.defined() || !b.defined()) fail("matmul", "called on an undefined tensor");
+  if (a.dim() == 0 || b.dim() == 0) fail("matmul", "both operands need at least one dimension, got " + desc(a) + " and " + desc(b));
+  int64_t ka = a.shape().back(), kb = b.dim() == 1 ? b.shape()[0] : b.shape()[b.dim() - 2];
+  if (ka != kb)
+    fail("matmul", "shapes " + shape_str(a.shape()) + " and " + shape_str(b.shape()) + ": inner dimensions differ (" +
+                       std::to_string(ka) + " vs " + std::to_string(kb) + ")");
+  if (a.device() != b.device()) fail("matmul", "tensors on different devices: " + a.device().str() + " and " + b.device().str());
+  DType t = promote(a.dtype(), b.dtype());
+  if (t == DType::Bool) fail("matmul", "not defined for bool tensors, got " + desc(a) + " and " + desc(b));
+  NodePtr x = cast(N(a), t), y = cast(N(b), t);
+  // PyTorch's 1-D rules: a vector is a row (left) or a column (right), removed afterwards.
+  Shape xs = x->shape, ys = y->shape;
+  if (xs.size() == 1) xs.insert(xs.begin(), 1);
+  if (ys.size() == 1) ys.push_back(1);
+  Shape xb(xs.begin(), xs.end() - 2), yb(ys.begin(), ys.end() - 2);
+  Shape batch = broadcast_shapes(xb, yb, "matmul");
+  Shape xf = batch, yf = batch;
+  xf.insert(xf.end(), xs.end() - 2, xs.end());
+  yf.insert(yf.end(), ys.end() - 2, ys.end());
+  x = broadcast_to(reshape_node(x, xs), xf);
+  y = broadcast_to(reshape_node(y, ys), yf);
+  NodePtr r = ir::make(Op::Matmul, {x, y});
+  Shape out = batch;
+  if (a.dim() > 1) out.push_back(xs[xs.size() - 2]);
+  if (b.dim() > 1) out.push_back(ys.back());
+  return T(reshape_node(r, out));
+}
+Tensor Tensor::matmul(const Tensor& o) const { return tessera::matmul(*this, o); }
+
+Tensor gather(const Tensor& a, int64_t dim, const Tensor& index) {
+  if (!a.defined() || !index.defined()) fail("gather", "called on an undefined tensor");
+  int64_t d = wrap_dim(dim, a.dim(), "gather");
+  return T(ir::make(Op::Gather, {N(a), N(index)}, Attrs{{d}, 0}));
+}
+
+// ---- in place ----
+Tensor& Tensor::add_(const Tensor& o) { check_inplace(*this, "add_"); return assign(*this, add(*this, o), "add_"); }
+Tensor& Tensor::add_(double s) { check_inplace(*this, "add_"); return assign(*this, *this + s, "add_"); }
+Tensor& Tensor::sub_(const Tensor& o) { check_inplace(*this, "sub_"); return assign(*this, sub(*this, o), "sub_"); }
+Tensor& Tensor::mul_(const Tensor& o) { check_inplace(*this, "mul_"); return assign(*this, mul(*this, o), "mul_"); }
+Tensor& Tensor::mul_(double s) { check_inplace(*this, "mul_"); return assign(*this, *this * s, "mul_"); }
+Tensor& Tensor::div_(const Tensor& o) { check_inplace(*this, "div_"); return assign(*this, div(*this, o), "div_"); }
+Tensor& Tensor::copy_(const Tensor& src) {
+  check_inplace(*this, "copy_");
+  if (!src.defined()) fail("copy_", "source is undefined");
+  if (src.device() != device()) fail("copy_", "source on " + src.device().str() + ", tensor on " + device().str() + "; use .to(device) first");
+  broadcast_shapes(src.shape(), shape(), "copy_");
+  NodePtr n = broadcast_to(cast(N(src), dtype()), shape());
+  if (n->shape != shape()) fail("copy_", "cannot broadcast " + desc(src) + " to " + desc(*this));
+  impl()->rebind(n);
+  return *this;
+}
+
+// ---- factories ----
+Tensor full(const Shape& s, double value, TensorOptions o) {
+  for (int64_t d : s)
+    if (d < 0) fail("full", "negative extent in shape " + shape_str(s));
+  return T(constant(value, o.dtype, o.device, s));
+}
+Tensor zeros(const Shape& s, TensorOptions o) { return full(s, 0, o); }
+Tensor ones(const Shape& s, TensorOptions o) { return full(s, 1, o); }
+Tensor full_like(const Tensor& t, double v) { return full(t.shape(), v, {t.dtype(), t.device()}); }
+Tensor zeros_like(const Tensor& t) { return full_like(t, 0); }
+Tensor ones_like(const Tensor& t) { return full_like(t, 1); }
+Tensor scalar_tensor(double v, TensorOptions o) { return full({}, v, o); }
+
+Tensor arange(double end, std::optional<TensorOptions> o) { return arange(0, end, 1, o); }
+Tensor arange(double start, double end, double step, std::optional<TensorOptions> o) {
+  if (step == 0 || !std::isfinite(start) || !std::isfinite(end) || !std::isfinite(step))
+    fail("arange", "needs finite bounds and a non-zero step, got (" + std::to_string(start) + ", " + std::to_string(end) + ", " + std::to_string(step) + ")");
+  bool integral = std::floor(start) == start && std::floor(end) == end && std::floor(step) == step;
+  TensorOptions opt = o.value_or(TensorOptions{integral ? DType::Int64 : DType::Float32, Device("cpu")});
+  int64_t n = std::max<int64_t>(0, int64_t(std::ceil((end - start) / step)));
+  Shape s{n};
+  NodePtr i = ir::make(Op::Iota, {}, Attrs{{0}, 0}, &s, DType::Int64, opt.device);
+  // start + i * step, computed in the result dtype (float64 for float32 results, then rounded).
+  DType work = is_floating(opt.dtype) ? DType::Float64 : DType::Int64;
+  NodePtr v = ir::make(Op::Add, {ir::make(Op::Mul, {cast(i, work), broadcast_to(constant(step, work, opt.device), s)}),
+                                 broadcast_to(constant(start, work, opt.device), s)});
+  return T(cast(v, opt.dtype));
+}
+
+static Tensor random(const Shape& s, TensorOptions o, int dist, const char* name) {
+  for (int64_t d : s)
+    if (d < 0) fail(name, "negative extent in shape " + shape_str(s));
+  if (!is_floating(o.dtype)) fail(name, std::string("needs a floating dtype, got ") + dtype_name(o.dtype));
+  return T(ir::make(Op::Rng, {}, Attrs{{int64_t(detail::next_draw()), dist}, 0}, &s, o.dtype, o.device));
+}
+Tensor rand(const Shape& s, TensorOptions o) { return random(s, o, 0, "rand"); }
+Tensor randn(const Shape& s, TensorOptions o) { return random(s, o, 1, "randn"); }
+
+}  // namespace tessera

@@ -1,0 +1,275 @@
+// Tensor handles, realization triggers (sync, item, to_vector, printing) and factories.
+#include <cmath>
+#include <cstring>
+#include <iomanip>
+#include <map>
+#include <mutex>
+#include <sstream>
+
+#include "core/half.h"
+#include "frontend/tensor_impl.h"
+#include "runtime/allocator.h"
+#include "runtime/metrics_impl.h"
+#include "runtime/realize.h"
+#include "tessera/error.h"
+#include "tessera/scope.h"
+
+namespace tessera {
+namespace {
+
+// Pending impls in the order they last became pending, so graphs are built deterministically.
+struct Registry {
+  std::mutex mu;
+  std::map<uint64_t, TensorImpl*> pending;
+  std::map<TensorImpl*, uint64_t> seq_of;
+  uint64_t next = 0;
+};
+Registry& registry() {
+  static Registry* r = new Registry();
+  return *r;
+}
+void set_pending(TensorImpl* t, bool on) {
+  Registry& r = registry();
+  std::lock_guard<std::mutex> lock(r.mu);
+  auto it = r.seq_of.find(t);
+  if (it != r.seq_of.end()) {
+    r.pending.erase(it->second);
+    r.seq_of.erase(it);
+  }
+  if (on) {
+    r.pending[r.next] = t;
+    r.seq_of[t] = r.next++;
+  }
+}
+
+struct Rng {
+  uint64_t seed = 0x7e55e2a;
+  uint64_t offset = 0;
+  uint32_t draws = 0;
+};
+Rng& rng() {
+  static Rng r;
+  return r;
+}
+
+const std::shared_ptr<TensorImpl>& need(const Tensor& t, const char* op) {
+  if (!t.defined()) fail(op, "called on an undefined tensor");
+  return t.impl();
+}
+
+// Writes host values of type T into storage of dtype t.
+template <class T>
+void convert_to(const T* src, int64_t n, DType t, void* dst) {
+  for (int64_t i = 0; i < n; ++i) {
+    double v = double(src[i]);
+    switch (t) {
+      case DType::Bool: static_cast<uint8_t*>(dst)[i] = v != 0; break;
+      case DType::Int32: static_cast<int32_t*>(dst)[i] = int32_t(src[i]); break;
+      case DType::Int64: static_cast<int64_t*>(dst)[i] = int64_t(src[i]); break;
+      case DType::Float16: static_cast<uint16_t*>(dst)[i] = half::float_to_f16(float(v)); break;
+      case DType::BFloat16: static_cast<uint16_t*>(dst)[i] = half::float_to_bf16(float(v)); break;
+      case DType::Float32: static_cast<float*>(dst)[i] = float(v); break;
+      case DType::Float64: static_cast<double*>(dst)[i] = v; break;
+    }
+  }
+}
+template <class T>
+void convert_from(const void* src, DType t, int64_t n, T* dst) {
+  for (int64_t i = 0; i < n; ++i) {
+    switch (t) {
+      case DType::Bool: dst[i] = T(static_cast<const uint8_t*>(src)[i]); break;
+      case DType::Int32: dst[i] = T(static_cast<const int32_t*>(src)[i]); break;
+      case DType::Int64: dst[i] = T(static_cast<const int64_t*>(src)[i]); break;
+      case DType::Float16: dst[i] = T(half::f16_to_float(static_cast<const uint16_t*>(src)[i])); break;
+      case DType::BFloat16: dst[i] = T(half::bf16_to_float(static_cast<const uint16_t*>(src)[i])); break;
+      case DType::Float32: dst[i] = T(static_cast<const float*>(src)[i]); break;
+      case DType::Float64: dst[i] = T(static_cast<const double*>(src)[i]); break;
+    }
+  }
+}
+
+// Realizes everything pending and returns t's bytes on the host; counts one host sync.
+std::vector<char> host_bytes(const Tensor& t, const char* op) {
+  need(t, op);
+  runtime::counters().host_syncs++;
+  sync();
+  const auto& impl = t.impl();
+  std::vector<char> bytes(size_t(numel(impl->shape)) * itemsize(impl->dtype));
+  runtime::download(*impl->buffer, bytes.data(), bytes.size());
+  return bytes;
+}
+
+}  // namespace
+
+// ---- TensorImpl ----
+TensorImpl::TensorImpl(ir::NodePtr n) : node(std::move(n)), shape(node->shape), dtype(node->dtype), device(node->device) {
+  set_pending(this, true);
+}
+TensorImpl::TensorImpl(std::shared_ptr<Buffer> b, Shape s, DType t)
+    : buffer(std::move(b)), shape(std::move(s)), dtype(t), device(buffer->device) {}
+TensorImpl::~TensorImpl() {
+  if (node) set_pending(this, false);
+}
+void TensorImpl::rebind(ir::NodePtr n) {
+  if (buffer) donor = buffer;
+  buffer.reset();
+  node = std::move(n);
+  set_pending(this, true);
+}
+void TensorImpl::realize_to(std::shared_ptr<Buffer> b) {
+  buffer = std::move(b);
+  node.reset();
+  donor.reset();
+  set_pending(this, false);
+}
+
+namespace detail {
+ir::NodePtr node_of(const Tensor& t) {
+  const auto& impl = need(t, "tensor");
+  if (impl->node) return impl->node;
+  return ir::leaf(impl->buffer, impl->shape, impl->dtype);
+}
+Tensor from_node(ir::NodePtr n) { return Tensor(std::make_shared<TensorImpl>(std::move(n))); }
+std::vector<std::shared_ptr<TensorImpl>> pending_impls() {
+  Registry& r = registry();
+  std::lock_guard<std::mutex> lock(r.mu);
+  std::vector<std::shared_ptr<TensorImpl>> out;
+  out.reserve(r.pending.size());
+  for (auto& [seq, impl] : r.pending) {
+    // Handles own impls through shared_ptr; a dying impl is skipped (it unregisters itself).
+    if (auto sp = impl->self.lock()) out.push_back(std::move(sp));
+  }
+  return out;
+}
+RngState rng_state() { return {rng().seed, rng().offset}; }
+uint32_t next_draw() { return rng().draws++; }
+void advance_rng() { rng().offset++; }
+void reset_draws() { rng().draws = 0; }
+}  // namespace detail
+
+void manual_seed(uint64_t seed) {
+  rng().seed = seed;
+  rng().offset = 0;
+}
+
+void sync() {
+  auto impls = detail::pending_impls();
+  struct Reset {
+    ~Reset() { detail::reset_draws(); }
+  } reset;
+  // One graph per device, in a deterministic order.
+  std::vector<std::pair<Device, std::vector<std::shared_ptr<TensorImpl>>>> groups;
+  for (auto& impl : impls) {
+    if (impl->node->op == ir::Op::Leaf) {  // already a value: just rebind
+      impl->realize_to(impl->node->buffer);
+      continue;
+    }
+    auto it = std::find_if(groups.begin(), groups.end(), [&](auto& g) { return g.first == impl->device; });
+    if (it == groups.end()) groups.push_back({impl->device, {impl}});
+    else it->second.push_back(impl);
+  }
+  for (auto& [dev, group] : groups) {
+    std::vector<runtime::Request> req;
+    for (auto& impl : group) req.push_back({impl->node, impl->donor});
+    bool drew = false;
+    auto st = detail::rng_state();
+    auto bufs = runtime::realize(req, {st.seed, st.offset}, &drew);
+    req.clear();
+    for (size_t k = 0; k < group.size(); ++k) group[k]->realize_to(std::move(bufs[k]));
+    if (drew) detail::advance_rng();
+  }
+}
+
+// ---- Tensor ----
+Tensor::Tensor(std::shared_ptr<TensorImpl> impl) : impl_(std::move(impl)) {
+  if (impl_) impl_->self = impl_;
+}
+const Shape& Tensor::shape() const { return need(*this, "shape")->shape; }
+int64_t Tensor::size(int64_t d) const { return shape()[wrap_dim(d, dim(), "size")]; }
+int64_t Tensor::numel() const { return tessera::numel(shape()); }
+DType Tensor::dtype() const { return need(*this, "dtype")->dtype; }
+Device Tensor::device() const { return need(*this, "device")->device; }
+bool Tensor::is_realized() const { return need(*this, "is_realized")->buffer != nullptr; }
+
+double Tensor::item() const {
+  if (numel() != 1) fail("item", "needs a one-element tensor, got shape " + shape_str(shape()));
+  return to_vector<double>()[0];
+}
+
+template <class T>
+std::vector<T> Tensor::to_vector() const {
+  std::vector<char> bytes = host_bytes(*this, "to_vector");
+  std::vector<T> out(static_cast<size_t>(numel()));
+  convert_from(bytes.data(), dtype(), numel(), out.data());
+  return out;
+}
+template std::vector<float> Tensor::to_vector<float>() const;
+template std::vector<double> Tensor::to_vector<double>() const;
+template std::vector<int32_t> Tensor::to_vector<int32_t>() const;
+template std::vector<int64_t> Tensor::to_vector<int64_t>() const;
+template std::vector<uint8_t> Tensor::to_vector<uint8_t>() const;
+
+std::string Tensor::str() const {
+  if (!defined()) return "tensor(undefined)";
+  std::vector<double> v = to_vector<double>();
+  const Shape& s = shape();
+  std::ostringstream os;
+  bool fl = is_floating(dtype());
+  auto elem = [&](double x) {
+    if (dtype() == DType::Bool) os << (x != 0 ? "True" : "False");
+    else if (fl) os << std::fixed << std::setprecision(4) << x;
+    else os << int64_t(x);
+  };
+  std::vector<int64_t> strides = contiguous_strides(s);
+  // Recursive nested-bracket printing; long dimensions show their first and last 3 entries.
+  std::function<void(size_t, int64_t)> rec = [&](size_t d, int64_t base) {
+    if (d == s.size()) return elem(v[size_t(base)]);
+    os << "[";
+    for (int64_t i = 0; i < s[d]; ++i) {
+      if (s[d] > 6 && i == 3) {
+        os << "..., ";
+        i = s[d] - 3;
+      }
+      if (i && !(s[d] > 6 && i == s[d] - 3)) os << (d + 1 == s.size() ? ", " : ",\n" + std::string(d + 8, ' '));
+      rec(d + 1, base + i * strides[d]);
+    }
+    os << "]";
+  };
+  os << "tensor(";
+  rec(0, 0);
+  os << ", dtype=" << dtype_name(dtype()) << ", shape=" << shape_str(s);
+  if (device() != Device("cpu")) os << ", device='" << device().str() << "'";
+  os << ")";
+  return os.str();
+}
+
+std::ostream& operator<<(std::ostream& os, const Tensor& t) { return os << t.str(); }
+
+Tensor Tensor::to(const Device& d) const {
+  need(*this, "to");
+  if (d == device()) return *this;
+  runtime::check_device(d);  // unknown devices fail before any work
+  std::vector<char> bytes = host_bytes(*this, "to");
+  auto buf = runtime::upload(d, bytes.data(), bytes.size());
+  return Tensor(std::make_shared<TensorImpl>(std::move(buf), shape(), dtype()));
+}
+
+// ---- factories ----
+template <class T>
+Tensor from_vector(const std::vector<T>& data, const Shape& s, TensorOptions o) {
+  for (int64_t d : s)
+    if (d < 0) fail("from_vector", "negative extent in shape " + shape_str(s));
+  if (int64_t(data.size()) != numel(s))
+    fail("from_vector", std::to_string(data.size()) + " values do not fill shape " + shape_str(s));
+  std::vector<char> bytes(data.size() * itemsize(o.dtype));
+  convert_to(data.data(), int64_t(data.size()), o.dtype, bytes.data());
+  auto buf = runtime::upload(o.device, bytes.data(), bytes.size());
+  return Tensor(std::make_shared<TensorImpl>(std::move(buf), s, o.dtype));
+}
+template Tensor from_vector<float>(const std::vector<float>&, const Shape&, TensorOptions);
+template Tensor from_vector<double>(const std::vector<double>&, const Shape&, TensorOptions);
+template Tensor from_vector<int32_t>(const std::vector<int32_t>&, const Shape&, TensorOptions);
+template Tensor from_vector<int64_t>(const std::vector<int64_t>&, const Shape&, TensorOptions);
+template Tensor from_vector<uint8_t>(const std::vector<uint8_t>&, const Shape&, TensorOptions);
+
+}  // namespace tessera

@@ -1,0 +1,132 @@
+#include "ir/graph.h"
+
+#include <cstring>
+#include <sstream>
+
+#include "tessera/error.h"
+
+namespace tessera::ir {
+
+Graph build_graph(const std::vector<NodePtr>& outputs) {
+  Graph g;
+  // Iterative post-order DFS; inputs are visited in order, so the order is deterministic.
+  std::vector<std::pair<const NodePtr*, size_t>> stack;
+  for (const NodePtr& out : outputs) {
+    if (g.index.count(out.get())) continue;
+    stack.push_back({&out, 0});
+    while (!stack.empty()) {
+      auto& [np, next] = stack.back();
+      const Node& n = **np;
+      if (next < n.inputs.size()) {
+        const NodePtr* child = &n.inputs[next++];
+        if (!g.index.count(child->get())) stack.push_back({child, 0});
+        continue;
+      }
+      if (!g.index.count(&n)) {
+        g.index[&n] = int(g.nodes.size());
+        if (n.op == Op::Leaf) g.params.push_back(int(g.nodes.size()));
+        if (n.op == Op::Rng) g.has_rng = true;
+        g.nodes.push_back(*np);
+      }
+      stack.pop_back();
+    }
+  }
+  for (const NodePtr& out : outputs) g.outputs.push_back(g.index.at(out.get()));
+
+  // Canonical key: a flat sequence of 64-bit words.
+  std::vector<int64_t> w;
+  w.reserve(g.nodes.size() * 12);
+  for (const NodePtr& p : g.nodes) {
+    const Node& n = *p;
+    w.push_back(int64_t(n.op) << 8 | int64_t(n.dtype));
+    w.push_back(int64_t(n.shape.size()));
+    w.insert(w.end(), n.shape.begin(), n.shape.end());
+    if (n.op == Op::Leaf) continue;
+    w.push_back(int64_t(n.inputs.size()));
+    for (auto& i : n.inputs) w.push_back(g.index.at(i.get()));
+    w.push_back(int64_t(n.attrs.ints.size()));
+    w.insert(w.end(), n.attrs.ints.begin(), n.attrs.ints.end());
+    int64_t fb;
+    std::memcpy(&fb, &n.attrs.f, 8);
+    w.push_back(fb);
+    w.push_back(reinterpret_cast<int64_t>(n.scope));  // scopes are interned for the process
+  }
+  w.push_back(-1);
+  w.insert(w.end(), g.outputs.begin(), g.outputs.end());
+  g.key.assign(reinterpret_cast<const char*>(w.data()), w.size() * sizeof(int64_t));
+  g.hash = std::hash<std::string>()(g.key);
+  return g;
+}
+
+static std::string fmt_double(double v) {
+  std::ostringstream os;
+  os.precision(9);
+  os << v;
+  return os.str();
+}
+
+std::string node_text(const Graph& g, int i) {
+  const Node& n = *g.nodes[i];
+  std::ostringstream os;
+  os << "%" << i << " = " << dtype_short(n.dtype) << shape_str(n.shape) << " ";
+  if (n.op == Op::Leaf) {
+    int p = 0;
+    while (g.params[p] != i) ++p;
+    os << "parameter(" << p << ")";
+    return os.str();
+  }
+  os << op_name(n.op) << "(";
+  for (size_t k = 0; k < n.inputs.size(); ++k) os << (k ? ", " : "") << "%" << g.index.at(n.inputs[k].get());
+  os << ")";
+  if (!n.attrs.ints.empty()) {
+    os << " ints={";
+    for (size_t k = 0; k < n.attrs.ints.size(); ++k) os << (k ? "," : "") << n.attrs.ints[k];
+    os << "}";
+  }
+  if (n.op == Op::Full || n.op == Op::Pad) os << " value=" << fmt_double(n.attrs.f);
+  if (!n.scope->empty()) os << "  # " << *n.scope;
+  return os.str();
+}
+
+std::string to_text(const Graph& g) {
+  std::ostringstream os;
+  os << "graph {\n";
+  for (size_t i = 0; i < g.nodes.size(); ++i) os << "  " << node_text(g, int(i)) << "\n";
+  os << "  ROOT (";
+  for (size_t k = 0; k < g.outputs.size(); ++k) os << (k ? ", " : "") << "%" << g.outputs[k];
+  os << ")\n}\n";
+  return os.str();
+}
+
+void verify(const Graph& g) {
+  for (size_t i = 0; i < g.nodes.size(); ++i) {
+    const Node& n = *g.nodes[i];
+    const PrimitiveInfo& pi = info(n.op);
+    auto bad = [&](const std::string& why) { fail("verify", node_text(g, int(i)) + ": " + why, *n.scope); };
+    for (auto& in : n.inputs) {
+      auto it = g.index.find(in.get());
+      if (it == g.index.end() || it->second >= int(i)) bad("input not defined before use");
+    }
+    if (n.op == Op::Leaf) {
+      if (!n.buffer || n.buffer->nbytes < size_t(n.numel()) * itemsize(n.dtype)) bad("leaf without a large enough buffer");
+      continue;
+    }
+    if (pi.arity >= 0 ? int(n.inputs.size()) != pi.arity : n.inputs.empty()) bad("wrong number of inputs");
+    TypeShape ts = pi.infer(InferArgs{n.inputs, n.attrs, &n.shape, n.dtype});
+    if (ts.shape != n.shape || ts.dtype != n.dtype)
+      bad(std::string("rule gives ") + dtype_short(ts.dtype) + shape_str(ts.shape));
+  }
+}
+
+Cost graph_cost(const Graph& g) {
+  Cost c;
+  for (auto& n : g.nodes) {
+    if (n->op == Op::Leaf) continue;
+    Cost k = info(n->op).cost(*n);
+    c.flops += k.flops;
+    c.bytes += k.bytes;
+  }
+  return c;
+}
+
+}  // namespace tessera::ir

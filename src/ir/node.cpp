@@ -1,0 +1,123 @@
+#include "ir/node.h"
+
+#include <atomic>
+#include <cstring>
+#include <mutex>
+#include <unordered_map>
+#include <unordered_set>
+
+#include "tessera/error.h"
+#include "tessera/scope.h"
+
+namespace tessera::ir {
+namespace {
+
+std::mutex g_mu;
+std::unordered_multimap<size_t, Node*> g_table;  // weak: nodes remove themselves when they die
+std::atomic<int64_t> g_live{0};
+
+inline size_t mix(size_t h, size_t v) { return h ^ (v + 0x9e3779b97f4a7c15ULL + (h << 6) + (h >> 2)); }
+
+size_t hash_node(const Node& n) {
+  size_t h = mix(static_cast<size_t>(n.op), static_cast<size_t>(n.dtype));
+  for (int64_t d : n.shape) h = mix(h, size_t(d));
+  h = mix(h, std::hash<std::string>()(n.device.kind));
+  h = mix(h, size_t(n.device.index));
+  for (auto& i : n.inputs) h = mix(h, reinterpret_cast<size_t>(i.get()));
+  for (int64_t v : n.attrs.ints) h = mix(h, size_t(v));
+  uint64_t fb;
+  std::memcpy(&fb, &n.attrs.f, 8);
+  h = mix(h, fb);
+  h = mix(h, reinterpret_cast<size_t>(n.scope));
+  h = mix(h, reinterpret_cast<size_t>(n.buffer.get()));
+  return h;
+}
+
+bool same(const Node& a, const Node& b) {
+  if (a.op != b.op || a.dtype != b.dtype || a.shape != b.shape || a.device != b.device ||
+      a.scope != b.scope || a.buffer != b.buffer || a.attrs.ints != b.attrs.ints ||
+      std::memcmp(&a.attrs.f, &b.attrs.f, 8) != 0 || a.inputs.size() != b.inputs.size())
+    return false;
+  for (size_t i = 0; i < a.inputs.size(); ++i)
+    if (a.inputs[i] != b.inputs[i]) return false;
+  return true;
+}
+
+// The candidate `n` is destroyed (when an equal node exists) only after the lock is released.
+NodePtr intern(std::shared_ptr<Node> n) {
+  n->hash = hash_node(*n);
+  {
+    std::lock_guard<std::mutex> lock(g_mu);
+    auto [lo, hi] = g_table.equal_range(n->hash);
+    for (auto it = lo; it != hi; ++it) {
+      if (same(*it->second, *n)) {
+        if (NodePtr existing = it->second->weak_from_this().lock()) return existing;
+      }
+    }
+    g_table.emplace(n->hash, n.get());
+    n->interned = true;
+  }
+  g_live.fetch_add(1, std::memory_order_relaxed);
+  return n;
+}
+
+}  // namespace
+
+Node::~Node() {
+  if (!interned) return;
+  std::lock_guard<std::mutex> lock(g_mu);
+  auto [lo, hi] = g_table.equal_range(hash);
+  for (auto it = lo; it != hi; ++it)
+    if (it->second == this) {
+      g_table.erase(it);
+      g_live.fetch_sub(1, std::memory_order_relaxed);
+      break;
+    }
+}
+
+const std::string* intern_scope(const std::string& s) {
+  static std::mutex mu;
+  static std::unordered_set<std::string> scopes;
+  std::lock_guard<std::mutex> lock(mu);
+  return &*scopes.insert(s).first;
+}
+
+NodePtr make(Op op, std::vector<NodePtr> inputs, Attrs attrs, const Shape* shape, std::optional<DType> dtype,
+             std::optional<Device> device) {
+  const PrimitiveInfo& pi = info(op);
+  if (pi.arity >= 0 ? int(inputs.size()) != pi.arity : inputs.empty())
+    fail(pi.name, "expects " + std::to_string(pi.arity) + " inputs, got " + std::to_string(inputs.size()));
+  for (auto& i : inputs)
+    if (!i) fail(pi.name, "undefined input tensor");
+  Device dev = device ? *device : inputs.empty() ? Device("cpu") : inputs[0]->device;
+  for (auto& i : inputs)
+    if (i->device != dev)
+      fail(pi.name, "tensors on different devices: " + dev.str() + " and " + i->device.str() +
+                        "; move one with .to(device)");
+  TypeShape ts = pi.infer(InferArgs{inputs, attrs, shape, dtype});
+  if (ts.shape.size() > 16) fail(pi.name, "tensors of rank " + std::to_string(ts.shape.size()) + " (over 16) are not supported");
+  auto n = std::make_shared<Node>();
+  n->op = op;
+  n->dtype = ts.dtype;
+  n->shape = std::move(ts.shape);
+  n->device = std::move(dev);
+  n->inputs = std::move(inputs);
+  n->attrs = std::move(attrs);
+  n->scope = intern_scope(current_scope());
+  return intern(std::move(n));
+}
+
+NodePtr leaf(std::shared_ptr<Buffer> buf, const Shape& shape, DType dtype) {
+  auto n = std::make_shared<Node>();
+  n->op = Op::Leaf;
+  n->dtype = dtype;
+  n->shape = shape;
+  n->device = buf->device;
+  n->scope = intern_scope("");
+  n->buffer = std::move(buf);
+  return intern(std::move(n));
+}
+
+int64_t live_node_count() { return g_live.load(); }
+
+}  // namespace tessera::ir

@@ -1,0 +1,276 @@
+// One entry per primitive: shape/dtype rule, cost rule, differentiability -- kept together.
+#include "ir/primitives.h"
+
+#include <algorithm>
+#include <array>
+
+#include "ir/node.h"
+#include "tessera/error.h"
+
+namespace tessera::ir {
+namespace {
+
+using In = const InferArgs&;
+std::string desc(const NodePtr& n) { return std::string(dtype_name(n->dtype)) + shape_str(n->shape); }
+
+double bytes_of(const Node& n) { return double(n.numel()) * double(itemsize(n.dtype)); }
+double in_bytes(const Node& n) {
+  double b = 0;
+  for (auto& i : n.inputs) b += bytes_of(*i);
+  return b;
+}
+
+const Shape& need_shape(In a, const char* op) {
+  if (!a.shape) fail(op, "needs an output shape");
+  for (int64_t d : *a.shape)
+    if (d < 0) fail(op, "negative extent in shape " + shape_str(*a.shape));
+  return *a.shape;
+}
+
+TypeShape infer_source(In a, const char* op, DType dflt) {
+  return {need_shape(a, op), a.dtype.value_or(dflt)};
+}
+TypeShape infer_full(In a) { return infer_source(a, "full", DType::Float32); }
+TypeShape infer_iota(In a) {
+  TypeShape r = infer_source(a, "iota", DType::Int64);
+  if (a.attrs.ints.size() != 1 || a.attrs.ints[0] < 0 || a.attrs.ints[0] >= int64_t(r.shape.size()))
+    fail("iota", "axis out of range for shape " + shape_str(r.shape));
+  return r;
+}
+TypeShape infer_rng(In a) {
+  TypeShape r = infer_source(a, "rng", DType::Float32);
+  if (!is_floating(r.dtype)) fail("rng", std::string("random values need a floating dtype, got ") + dtype_name(r.dtype));
+  if (a.attrs.ints.size() != 2 || a.attrs.ints[1] < 0 || a.attrs.ints[1] > 1) fail("rng", "bad attributes");
+  return r;
+}
+TypeShape infer_cast(In a) {
+  if (!a.dtype) fail("cast", "needs a dtype");
+  return {a.inputs[0]->shape, *a.dtype};
+}
+
+template <Op O>
+TypeShape infer_unary(In a) {
+  const NodePtr& x = a.inputs[0];
+  const char* name = op_name(O);
+  if (x->dtype == DType::Bool) fail(name, "not defined for bool tensors, got " + desc(x));
+  if (O != Op::Neg && !is_floating(x->dtype))
+    fail(name, "needs a floating tensor, got " + desc(x));
+  return {x->shape, x->dtype};
+}
+
+template <Op O>
+TypeShape infer_binary(In a) {
+  const NodePtr &x = a.inputs[0], &y = a.inputs[1];
+  const char* name = op_name(O);
+  if (x->shape != y->shape || x->dtype != y->dtype)
+    fail(name, "operands must agree after broadcasting and promotion, got " + desc(x) + " and " + desc(y));
+  bool cmp = is_compare(O);
+  if (!cmp && x->dtype == DType::Bool && O != Op::Maximum && O != Op::Minimum)
+    fail(name, "arithmetic on bool tensors is not supported, got " + desc(x));
+  if (O == Op::Div && !is_floating(x->dtype)) fail(name, "needs floating operands, got " + desc(x));
+  return {x->shape, cmp ? DType::Bool : x->dtype};
+}
+
+TypeShape infer_where(In a) {
+  const NodePtr &c = a.inputs[0], &x = a.inputs[1], &y = a.inputs[2];
+  if (c->dtype != DType::Bool) fail("where", "condition must be bool, got " + desc(c));
+  if (c->shape != x->shape || x->shape != y->shape || x->dtype != y->dtype)
+    fail("where", "operands must agree, got " + desc(c) + ", " + desc(x) + ", " + desc(y));
+  return {x->shape, x->dtype};
+}
+
+template <Op O>
+TypeShape infer_reduce(In a) {
+  const NodePtr& x = a.inputs[0];
+  Shape s = x->shape;
+  int64_t prev = -1;
+  for (int64_t ax : a.attrs.ints) {
+    if (ax <= prev || ax >= int64_t(s.size())) fail(op_name(O), "bad axes for " + desc(x));
+    if (O == Op::ReduceMax && s[ax] == 0)
+      fail(op_name(O), "cannot take the max over an empty dimension of " + desc(x));
+    s[ax] = 1;
+    prev = ax;
+  }
+  if (x->dtype == DType::Bool && O == Op::ReduceSum) fail(op_name(O), "sum of bool: cast first, got " + desc(x));
+  return {s, x->dtype};
+}
+
+TypeShape infer_reshape(In a) {
+  const Shape& s = need_shape(a, "reshape");
+  const NodePtr& x = a.inputs[0];
+  if (numel(s) != x->numel()) fail("reshape", "cannot reshape " + desc(x) + " to " + shape_str(s));
+  return {s, x->dtype};
+}
+
+TypeShape infer_permute(In a) {
+  const NodePtr& x = a.inputs[0];
+  const auto& p = a.attrs.ints;
+  std::vector<bool> seen(x->shape.size(), false);
+  if (p.size() != x->shape.size()) fail("permute", "permutation of length " + std::to_string(p.size()) + " for " + desc(x));
+  Shape s(p.size());
+  for (size_t i = 0; i < p.size(); ++i) {
+    if (p[i] < 0 || p[i] >= int64_t(p.size()) || seen[p[i]]) fail("permute", "invalid permutation for " + desc(x));
+    seen[p[i]] = true;
+    s[i] = x->shape[p[i]];
+  }
+  return {s, x->dtype};
+}
+
+TypeShape infer_expand(In a) {
+  const Shape& s = need_shape(a, "expand");
+  const NodePtr& x = a.inputs[0];
+  bool ok = s.size() == x->shape.size();
+  for (size_t i = 0; ok && i < s.size(); ++i) ok = x->shape[i] == s[i] || x->shape[i] == 1;
+  if (!ok) fail("expand", "cannot expand " + desc(x) + " to " + shape_str(s));
+  return {s, x->dtype};
+}
+
+TypeShape infer_slice(In a) {
+  const NodePtr& x = a.inputs[0];
+  const auto& v = a.attrs.ints;
+  if (v.size() != 3 * x->shape.size()) fail("slice", "needs start/stop/step per dimension of " + desc(x));
+  Shape s(x->shape.size());
+  for (size_t d = 0; d < s.size(); ++d) {
+    int64_t st = v[3 * d], sp = v[3 * d + 1], step = v[3 * d + 2];
+    if (step < 1 || st < 0 || sp < st || sp > x->shape[d])
+      fail("slice", "bad range [" + std::to_string(st) + ":" + std::to_string(sp) + ":" + std::to_string(step) +
+                        "] for dimension " + std::to_string(d) + " of " + desc(x));
+    s[d] = (sp - st + step - 1) / step;
+  }
+  return {s, x->dtype};
+}
+
+TypeShape infer_pad(In a) {
+  const NodePtr& x = a.inputs[0];
+  const auto& v = a.attrs.ints;
+  if (v.size() != 3 * x->shape.size()) fail("pad", "needs lo/hi/interior per dimension of " + desc(x));
+  Shape s(x->shape.size());
+  for (size_t d = 0; d < s.size(); ++d) {
+    if (v[3 * d] < 0 || v[3 * d + 1] < 0 || v[3 * d + 2] < 0) fail("pad", "negative padding for " + desc(x));
+    int64_t n = x->shape[d];
+    s[d] = v[3 * d] + v[3 * d + 1] + n + std::max<int64_t>(n - 1, 0) * v[3 * d + 2];
+  }
+  return {s, x->dtype};
+}
+
+TypeShape infer_concat(In a) {
+  const NodePtr& x = a.inputs[0];
+  int64_t ax = a.attrs.ints.at(0);
+  if (ax < 0 || ax >= int64_t(x->shape.size())) fail("cat", "axis out of range for " + desc(x));
+  Shape s = x->shape;
+  s[ax] = 0;
+  for (const NodePtr& y : a.inputs) {
+    bool ok = y->dtype == x->dtype && y->shape.size() == x->shape.size();
+    for (size_t d = 0; ok && d < s.size(); ++d) ok = int64_t(d) == ax || y->shape[d] == x->shape[d];
+    if (!ok) fail("cat", "tensors must agree except along dimension " + std::to_string(ax) + ", got " + desc(x) + " and " + desc(y));
+    s[ax] += y->shape[ax];
+  }
+  return {s, x->dtype};
+}
+
+TypeShape infer_matmul(In a) {
+  const NodePtr &x = a.inputs[0], &y = a.inputs[1];
+  size_t r = x->shape.size();
+  bool ok = r >= 2 && y->shape.size() == r && x->dtype == y->dtype && x->dtype != DType::Bool;
+  for (size_t d = 0; ok && d + 2 < r; ++d) ok = x->shape[d] == y->shape[d];
+  if (!ok || x->shape[r - 1] != y->shape[r - 2])
+    fail("matmul", "incompatible operands " + desc(x) + " and " + desc(y));
+  if (!(x->dtype == DType::Float32 || x->dtype == DType::Float64 || is_integral(x->dtype)))
+    fail("matmul", std::string(dtype_name(x->dtype)) + " is a storage dtype; cast to float32 first");
+  Shape s = x->shape;
+  s[r - 1] = y->shape[r - 1];
+  return {s, x->dtype};
+}
+
+void check_index(const char* op, const NodePtr& src, const NodePtr& idx, int64_t ax, bool equal_extents) {
+  if (!is_integral(idx->dtype)) fail(op, "index must be int32 or int64, got " + desc(idx));
+  if (idx->shape.size() != src->shape.size()) fail(op, "index " + desc(idx) + " must have the rank of " + desc(src));
+  if (ax < 0 || ax >= int64_t(src->shape.size())) fail(op, "axis out of range for " + desc(src));
+  for (size_t d = 0; d < src->shape.size(); ++d)
+    if (int64_t(d) != ax && (equal_extents ? idx->shape[d] != src->shape[d] : idx->shape[d] > src->shape[d]))
+      fail(op, "index " + desc(idx) + " does not fit " + desc(src) + " in dimension " + std::to_string(d));
+}
+
+TypeShape infer_gather(In a) {
+  check_index("gather", a.inputs[0], a.inputs[1], a.attrs.ints.at(0), false);
+  return {a.inputs[1]->shape, a.inputs[0]->dtype};
+}
+
+TypeShape infer_scatter_add(In a) {
+  const NodePtr &base = a.inputs[0], &idx = a.inputs[1], &src = a.inputs[2];
+  check_index("scatter_add", base, idx, a.attrs.ints.at(0), false);
+  if (src->shape != idx->shape || src->dtype != base->dtype || base->dtype == DType::Bool)
+    fail("scatter_add", "source " + desc(src) + " must match index " + desc(idx) + " and base " + desc(base));
+  return {base->shape, base->dtype};
+}
+
+TypeShape infer_dus(In a) {
+  const NodePtr &base = a.inputs[0], &upd = a.inputs[1], &off = a.inputs[2];
+  bool ok = upd->shape.size() == base->shape.size() && upd->dtype == base->dtype;
+  for (size_t d = 0; ok && d < base->shape.size(); ++d) ok = upd->shape[d] <= base->shape[d];
+  if (!ok) fail("dynamic_update_slice", "update " + desc(upd) + " does not fit " + desc(base));
+  if (off->dtype != DType::Int64 || off->shape != Shape{int64_t(base->shape.size())})
+    fail("dynamic_update_slice", "offsets must be int64[" + std::to_string(base->shape.size()) + "], got " + desc(off));
+  return {base->shape, base->dtype};
+}
+
+TypeShape infer_leaf(In) { fail("leaf", "leaves are made by ir::leaf()"); }
+
+// ---- cost rules (flops; bytes = bytes read + bytes written) ----
+Cost cost_none(const Node& n) { return {0, bytes_of(n)}; }
+Cost cost_rng(const Node& n) { return {double(n.numel()), bytes_of(n)}; }
+Cost cost_cast(const Node& n) { return {0, in_bytes(n) + bytes_of(n)}; }
+Cost cost_elementwise(const Node& n) { return {double(n.numel()), in_bytes(n) + bytes_of(n)}; }
+Cost cost_reduce(const Node& n) { return {double(n.inputs[0]->numel()), in_bytes(n) + bytes_of(n)}; }
+// A materialized movement reads each output element once and writes it.
+Cost cost_movement(const Node& n) { return {0, 2 * bytes_of(n)}; }
+Cost cost_matmul(const Node& n) {
+  const Shape& a = n.inputs[0]->shape;
+  double k = double(a.back());
+  return {2.0 * double(n.numel()) * k, in_bytes(n) + bytes_of(n)};
+}
+Cost cost_gather(const Node& n) { return {0, bytes_of(*n.inputs[1]) + 2 * bytes_of(n)}; }
+Cost cost_scatter_add(const Node& n) {
+  return {double(n.inputs[2]->numel()), 2 * bytes_of(n) + bytes_of(*n.inputs[1]) + bytes_of(*n.inputs[2])};
+}
+Cost cost_dus(const Node& n) { return {0, 2 * bytes_of(n) + bytes_of(*n.inputs[1])}; }
+
+using C = Category;
+#define UN(O, nm, d) {nm, 1, C::Elementwise, d, infer_unary<Op::O>, cost_elementwise}
+#define BIN(O, nm, d) {nm, 2, C::Elementwise, d, infer_binary<Op::O>, cost_elementwise}
+const std::array<PrimitiveInfo, kNumOps> kTable = {{
+    {"leaf", 0, C::Source, false, infer_leaf, cost_none},
+    {"full", 0, C::Source, false, infer_full, cost_none},
+    {"iota", 0, C::Source, false, infer_iota, cost_none},
+    {"rng", 0, C::Source, false, infer_rng, cost_rng},
+    {"cast", 1, C::Elementwise, true, infer_cast, cost_cast},
+    UN(Neg, "neg", true), UN(Exp, "exp", true), UN(Log, "log", true), UN(Tanh, "tanh", true),
+    BIN(Add, "add", true), BIN(Sub, "sub", true), BIN(Mul, "mul", true), BIN(Div, "div", true),
+    BIN(Maximum, "maximum", true), BIN(Minimum, "minimum", true),
+    BIN(Eq, "eq", false), BIN(Ne, "ne", false), BIN(Lt, "lt", false), BIN(Le, "le", false),
+    BIN(Gt, "gt", false), BIN(Ge, "ge", false),
+    {"where", 3, C::Elementwise, true, infer_where, cost_elementwise},
+    {"reduce_sum", 1, C::Reduce, true, infer_reduce<Op::ReduceSum>, cost_reduce},
+    {"reduce_max", 1, C::Reduce, true, infer_reduce<Op::ReduceMax>, cost_reduce},
+    {"reshape", 1, C::Movement, true, infer_reshape, cost_movement},
+    {"permute", 1, C::Movement, true, infer_permute, cost_movement},
+    {"expand", 1, C::Movement, true, infer_expand, cost_movement},
+    {"slice", 1, C::Movement, true, infer_slice, cost_movement},
+    {"pad", 1, C::Movement, true, infer_pad, cost_movement},
+    {"concat", -1, C::Movement, true, infer_concat, cost_movement},
+    {"matmul", 2, C::Contraction, true, infer_matmul, cost_matmul},
+    {"gather", 2, C::Indexing, true, infer_gather, cost_gather},
+    {"scatter_add", 3, C::Indexing, true, infer_scatter_add, cost_scatter_add},
+    {"dynamic_update_slice", 3, C::Indexing, true, infer_dus, cost_dus},
+}};
+#undef UN
+#undef BIN
+
+}  // namespace
+
+const PrimitiveInfo& info(Op op) { return kTable[static_cast<size_t>(op)]; }
+bool is_compare(Op op) { return op >= Op::Eq && op <= Op::Ge; }
+bool is_unary(Op op) { return op >= Op::Neg && op <= Op::Tanh; }
+bool is_binary(Op op) { return op >= Op::Add && op <= Op::Ge; }
+
+}  // namespace tessera::ir

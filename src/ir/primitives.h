@@ -1,0 +1,78 @@
+// The primitive table: every op the IR knows, with its shape/dtype rule, cost rule and whether it
+// is differentiable, declared together in primitives.cpp. Everything else is a decomposition.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "tessera/dtype.h"
+#include "tessera/shape.h"
+
+namespace tessera::ir {
+
+struct Node;
+struct Attrs;
+
+// Attribute layouts (Attrs::ints / Attrs::f) are given per op.
+enum class Op : uint8_t {
+  Leaf,     // a realized buffer; no inputs
+  Full,     // constant; f = value; shape/dtype given
+  Iota,     // int64 index along ints[0] of the given shape
+  Rng,      // ints = {draw index, distribution (0 uniform [0,1), 1 standard normal)}; float
+            // values from the counter-based generator at the graph's runtime (seed, offset)
+  Cast,     // to the given dtype
+  Neg, Exp, Log, Tanh,                        // unary, same dtype (float for exp/log/tanh)
+  Add, Sub, Mul, Div, Maximum, Minimum,      // binary, equal shapes and dtypes
+  Eq, Ne, Lt, Le, Gt, Ge,                    // binary compare -> bool
+  Where,    // (bool cond, a, b), equal shapes, a/b equal dtypes
+  ReduceSum, ReduceMax,  // ints = sorted axes; reduced axes kept with extent 1
+  Reshape,  // to the given shape (same numel)
+  Permute,  // ints = permutation
+  Expand,   // to the given shape; only extent-1 dims grow
+  Slice,    // ints = {start, stop, step} per dim (0 <= start <= stop <= n, step >= 1)
+  Pad,      // ints = {lo, hi, interior} per dim (all >= 0); f = pad value
+  Concat,   // ints = {axis}; inputs agree except along axis
+  Matmul,   // [..., M, K] x [..., K, N] -> [..., M, N]; batch dims equal
+  Gather,   // ints = {axis}; (src, int index) -> index shape; out[i] = src[i with i_axis := index[i]]
+  ScatterAdd,  // ints = {axis}; (base, int index, src): out = base; out[i with i_axis := index[i]] += src[i]
+  DynamicUpdateSlice,  // (base, update, int64 offsets[rank]): base with update written at the
+                       // offsets, each clamped to [0, base_d - update_d] (XLA semantics)
+  Count_
+};
+constexpr int kNumOps = static_cast<int>(Op::Count_);
+
+struct TypeShape {
+  Shape shape;
+  DType dtype;
+};
+struct Cost {
+  double flops = 0;
+  double bytes = 0;  // bytes read from inputs plus bytes written
+};
+
+struct InferArgs {
+  const std::vector<std::shared_ptr<const Node>>& inputs;
+  const Attrs& attrs;
+  const Shape* shape;           // the requested shape, for ops that take one
+  std::optional<DType> dtype;   // the requested dtype, for ops that take one
+};
+
+enum class Category : uint8_t { Source, Elementwise, Reduce, Movement, Contraction, Indexing };
+
+struct PrimitiveInfo {
+  const char* name;
+  int arity;  // number of inputs; -1 = one or more
+  Category category;
+  bool differentiable;
+  TypeShape (*infer)(const InferArgs&);  // throws tessera::Error on bad input
+  Cost (*cost)(const Node&);
+};
+
+const PrimitiveInfo& info(Op op);
+inline const char* op_name(Op op) { return info(op).name; }
+bool is_compare(Op op);
+bool is_unary(Op op);
+bool is_binary(Op op);  // arithmetic and compare
+
+}  // namespace tessera::ir

@@ -1,0 +1,41 @@
+// Index maps: how a Step's loop index reaches an element of a buffer. A map is a stack of strided
+// views; each view may mask dimensions (positions outside the mask read the pad value). Movement
+// primitives (reshape, permute, expand, slice, pad) compose into maps instead of copying.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "tessera/shape.h"
+
+namespace tessera::kir {
+
+struct View {
+  Shape shape;
+  std::vector<int64_t> strides;     // in elements
+  int64_t offset = 0;               // in elements
+  std::vector<int64_t> lo, hi;      // mask per dimension (valid where lo <= i < hi); empty = none
+
+  bool masked() const { return !lo.empty(); }
+};
+
+struct IndexMap {
+  std::vector<View> views;  // views[0] addresses memory; views.back() is the loop domain
+
+  static IndexMap contiguous(const Shape& s);
+  const Shape& shape() const { return views.back().shape; }
+  bool single() const { return views.size() == 1 && !views[0].masked(); }  // plain strided
+  bool is_contiguous() const;  // single, dense row-major (offset may be non-zero)
+
+  IndexMap reshape(const Shape& s) const;
+  IndexMap permute(const std::vector<int64_t>& perm) const;
+  IndexMap expand(const Shape& s) const;
+  IndexMap slice(const std::vector<int64_t>& start_stop_step) const;
+  IndexMap pad(const std::vector<int64_t>& lo_hi_interior) const;
+
+  // Element offset of multi-index idx (in shape()); false where a mask hides it.
+  bool offset(const int64_t* idx, int64_t* off) const;
+  std::string str() const;
+};
+
+}  // namespace tessera::kir

@@ -1,0 +1,29 @@
+#include "kernel_ir/step.h"
+
+#include <sstream>
+
+namespace tessera::kir {
+
+const char* code_name(Code c) {
+  static const char* names[] = {"load", "const", "iota", "rng", "cast", "neg", "exp", "log",
+                                "tanh", "add", "sub", "mul", "div", "max", "min", "eq",
+                                "ne", "lt", "le", "gt", "ge", "where"};
+  return names[static_cast<int>(c)];
+}
+
+const char* step_kind_name(StepKind k) {
+  static const char* names[] = {"elementwise", "copy", "reduce", "gemm", "gather", "scatter_add",
+                                "dynamic_update_slice"};
+  return names[static_cast<int>(k)];
+}
+
+std::string Step::str() const {
+  std::ostringstream os;
+  os << step_kind_name(kind) << " " << dtype_short(dtype) << shape_str(shape) << " -> slot " << output << " <- (";
+  for (size_t i = 0; i < inputs.size(); ++i) os << (i ? ", " : "") << "slot " << inputs[i];
+  os << ") from";
+  for (auto& s : sources) os << " " << s.op << (s.scope.empty() ? "" : "@" + s.scope);
+  return os.str();
+}
+
+}  // namespace tessera::kir

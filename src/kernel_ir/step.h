@@ -1,0 +1,86 @@
+// Kernel IR: what one Step of an Executable computes. The compiler produces Steps; every backend
+// runs them. A Step reads and writes numbered buffer slots; loads go through index maps.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "ir/primitives.h"
+#include "kernel_ir/index_map.h"
+#include "tessera/dtype.h"
+
+namespace tessera::kir {
+
+// Instructions of an elementwise program, evaluated per element of the program's domain.
+enum class Code : uint8_t {
+  Load,   // input = index into Step::inputs, map = domain index -> element; value = pad value
+  Const,  // value
+  Iota,   // int64 index along axis i0 of the domain
+  Rng,    // draw i0, distribution i1 (see core/philox.h), at the launch's (seed, offset)
+  Cast,   // a -> dtype
+  Neg, Exp, Log, Tanh,
+  Add, Sub, Mul, Div, Max, Min,
+  Eq, Ne, Lt, Le, Gt, Ge,  // -> bool
+  Where,                   // a ? b : c
+};
+const char* code_name(Code c);
+
+struct Instr {
+  Code code;
+  DType dtype;           // result dtype (computed in compute_dtype(dtype))
+  int a = -1, b = -1, c = -1;
+  int input = -1;
+  IndexMap map;
+  double value = 0;
+  int64_t i0 = 0, i1 = 0;
+};
+
+enum class StepKind : uint8_t {
+  Elementwise,  // out[i] = program(i) over the output shape
+  Copy,         // an elementwise program that only moves data (one load)
+  Reduce,       // row kernel: out[o] = reduce over the `axes` of `domain` of program(i)
+  Gemm,         // out = inputs[0] @ inputs[1] through a BLAS; operands are single strided views
+  Gather,       // out[i] = src[i with axis := index[i]]   (inputs: src, index)
+  ScatterAdd,   // out = base; out[i with axis := index[i]] += src[i]   (inputs: base, index, src)
+  DynamicUpdateSlice,  // out = base with update at clamped runtime offsets (inputs: base, update, offsets)
+};
+const char* step_kind_name(StepKind k);
+
+// Where a Step came from: the IR nodes it computes (op name and scope), for errors and profiles.
+struct Source {
+  std::string op;
+  std::string scope;
+};
+
+struct Step {
+  StepKind kind;
+  Shape shape;   // of the output
+  DType dtype;   // of the output
+  std::vector<int> inputs;  // slots read
+  int output = -1;          // slot written (contiguous, row-major)
+  std::vector<Instr> program;   // Elementwise/Copy (domain = shape) and Reduce (domain = `domain`)
+  // Reduce: domain, sorted reduced axes, Op::ReduceSum or Op::ReduceMax.
+  Shape domain;
+  std::vector<int64_t> axes;
+  ir::Op reduce_op = ir::Op::ReduceSum;
+  // Gemm/Gather/ScatterAdd/DynamicUpdateSlice: one map per input (domain: that input's shape).
+  std::vector<IndexMap> maps;
+  std::vector<DType> input_dtypes;
+  int64_t axis = 0;  // Gather/ScatterAdd
+  std::vector<Source> sources;
+  ir::Cost cost;
+
+  std::string str() const;  // one line, for dumps and errors
+};
+
+enum class SlotKind : uint8_t { Param, Output, Temp };
+struct Slot {
+  SlotKind kind;
+  int index = 0;       // Param: parameter number; Output: output number
+  size_t offset = 0;   // Temp: byte offset in the arena
+  size_t nbytes = 0;
+  Shape shape;
+  DType dtype;
+};
+
+}  // namespace tessera::kir

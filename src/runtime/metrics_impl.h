@@ -1,0 +1,16 @@
+// Internal counters behind tessera::metrics(); updated by the runtime and the frontend.
+#pragma once
+#include <atomic>
+#include <cstdint>
+
+namespace tessera::runtime {
+
+struct Counters {
+  std::atomic<int64_t> graphs_compiled{0}, cache_hits{0}, host_syncs{0}, steps_launched{0};
+  std::atomic<int64_t> live_bytes{0}, peak_bytes{0};
+  std::atomic<int64_t> compile_ns{0}, execute_ns{0};
+};
+Counters& counters();
+void add_live_bytes(int64_t delta);
+
+}  // namespace tessera::runtime

@@ -1,0 +1,133 @@
+#include "runtime/realize.h"
+
+#include <chrono>
+#include <mutex>
+#include <unordered_map>
+
+#include "backends/backend.h"
+#include "runtime/allocator.h"
+#include "runtime/metrics_impl.h"
+#include "tessera/error.h"
+
+namespace tessera::runtime {
+namespace {
+
+struct Executable {
+  compiler::Plan plan;
+  std::vector<std::unique_ptr<backends::Kernel>> kernels;
+};
+
+std::mutex g_mu;
+std::unordered_map<std::string, std::shared_ptr<Executable>>& cache() {
+  static auto* c = new std::unordered_map<std::string, std::shared_ptr<Executable>>();
+  return *c;
+}
+
+int64_t since_ns(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count();
+}
+
+std::shared_ptr<Executable> compile(const ir::Graph& g, const Device& dev, const std::vector<int>& donate) {
+  auto t0 = std::chrono::steady_clock::now();
+  auto exe = std::make_shared<Executable>();
+  exe->plan = compiler::lower(g, donate);
+  backends::Backend& be = backends::backend_for(dev);
+  for (const kir::Step& st : exe->plan.steps) exe->kernels.push_back(be.compile(st));
+  counters().graphs_compiled++;
+  counters().compile_ns += since_ns(t0);
+  return exe;
+}
+
+// Cache key: graph structure + device + which outputs may overwrite which parameters.
+std::string cache_key(const ir::Graph& g, const Device& dev, const std::vector<int>& donate) {
+  std::string k = g.key;
+  k += '|';
+  k += dev.str();
+  for (int d : donate) k += "|" + std::to_string(d);
+  return k;
+}
+
+}  // namespace
+
+std::vector<std::shared_ptr<Buffer>> realize(const std::vector<Request>& req, RngArgs rng, bool* drew_random) {
+  std::vector<ir::NodePtr> outs;
+  for (auto& r : req) outs.push_back(r.node);
+  ir::Graph g = ir::build_graph(outs);
+  const Device dev = outs.front()->device;
+
+  // Donation: a request's old buffer whose only remaining owner is its leaf node in this graph.
+  std::vector<int> donate(req.size(), -1);
+  std::vector<bool> taken(g.params.size(), false);
+  for (size_t k = 0; k < req.size(); ++k) {
+    std::shared_ptr<Buffer> b = req[k].donor.lock();
+    if (!b || b.use_count() != 2) continue;  // 2: the leaf node and `b`
+    for (size_t p = 0; p < g.params.size(); ++p)
+      if (!taken[p] && g.nodes[g.params[p]]->buffer == b && b->nbytes == size_t(outs[k]->numel()) * itemsize(outs[k]->dtype)) {
+        donate[k] = int(p);
+        taken[p] = true;
+      }
+  }
+
+  std::shared_ptr<Executable> exe;
+  std::string key = cache_key(g, dev, donate);
+  {
+    std::lock_guard<std::mutex> lock(g_mu);
+    auto it = cache().find(key);
+    if (it != cache().end()) exe = it->second;
+  }
+  if (exe) {
+    counters().cache_hits++;
+  } else {
+    exe = compile(g, dev, donate);
+    std::lock_guard<std::mutex> lock(g_mu);
+    cache()[key] = exe;
+  }
+  backends::Backend& be = backends::backend_for(dev);
+  if (!be.can_execute())
+    fail("sync", "device '" + dev.str() + "' compiles graphs but cannot run them (graph of " +
+                     std::to_string(g.nodes.size()) + " nodes compiled to " + std::to_string(exe->plan.steps.size()) +
+                     " steps)", "");
+
+  auto t0 = std::chrono::steady_clock::now();
+  const compiler::Plan& plan = exe->plan;
+  std::vector<std::shared_ptr<Buffer>> results(req.size());
+  std::vector<void*> slots(plan.slots.size(), nullptr);
+  std::shared_ptr<Buffer> arena = plan.arena_bytes ? allocate(dev, plan.arena_bytes) : nullptr;
+  for (size_t s = 0; s < plan.slots.size(); ++s) {
+    const kir::Slot& sl = plan.slots[s];
+    if (sl.kind == kir::SlotKind::Param) slots[s] = g.nodes[g.params[sl.index]]->buffer->data;
+    if (sl.kind == kir::SlotKind::Temp) slots[s] = static_cast<char*>(arena->data) + sl.offset;
+  }
+  for (size_t k = 0; k < req.size(); ++k) {
+    int s = plan.output_slot[k];
+    if (plan.donated[k] >= 0) {
+      results[k] = g.nodes[g.params[plan.donated[k]]]->buffer;
+    } else {
+      for (size_t j = 0; j < k && !results[k]; ++j)
+        if (plan.output_slot[j] == s) results[k] = results[j];  // one node requested twice
+      if (!results[k]) results[k] = allocate(dev, plan.slots[s].nbytes);
+      slots[s] = results[k]->data;
+    }
+  }
+  backends::LaunchArgs args{slots.data(), rng.seed, rng.offset};
+  for (size_t s = 0; s < plan.steps.size(); ++s) be.launch(*exe->kernels[s], plan.steps[s], args);
+  be.synchronize();
+  counters().steps_launched += int64_t(plan.steps.size());
+  counters().execute_ns += since_ns(t0);
+  if (drew_random) *drew_random = g.has_rng;
+  return results;
+}
+
+Compiled compile_only(const std::vector<ir::NodePtr>& outputs) {
+  Compiled c;
+  c.graph = ir::build_graph(outputs);
+  c.plan = compiler::lower(c.graph, {});
+  return c;
+}
+
+void clear_compile_cache() {
+  std::lock_guard<std::mutex> lock(g_mu);
+  cache().clear();
+}
+
+}  // namespace tessera::runtime

@@ -1,0 +1,35 @@
+// realize(): nodes -> graph -> compile-cache lookup -> compile on a miss -> run on the device.
+#pragma once
+#include <memory>
+#include <vector>
+
+#include "compiler/lower.h"
+#include "ir/graph.h"
+
+namespace tessera::runtime {
+
+struct Request {
+  ir::NodePtr node;
+  // A buffer the value may be written into, when nothing but this graph can still read it.
+  std::weak_ptr<Buffer> donor;
+};
+
+struct RngArgs {
+  uint64_t seed = 0, offset = 0;
+};
+
+// Computes every requested node (all on one device) in one graph; returns one buffer per
+// request (contiguous, row-major). Sets *drew_random when the graph contains RNG nodes.
+std::vector<std::shared_ptr<Buffer>> realize(const std::vector<Request>& requests, RngArgs rng, bool* drew_random);
+
+// The compiled form of the graph `realize` would run for these requests (compiling if needed).
+struct Compiled {
+  ir::Graph graph;
+  compiler::Plan plan;
+};
+Compiled compile_only(const std::vector<ir::NodePtr>& outputs);
+
+// Forgets every compiled graph.
+void clear_compile_cache();
+
+}  // namespace tessera::runtime
