@@ -96,7 +96,7 @@ std::vector<std::shared_ptr<Buffer>> realize(const std::vector<Request>& req, Rn
   for (size_t s = 0; s < plan.slots.size(); ++s) {
     const kir::Slot& sl = plan.slots[s];
     if (sl.kind == kir::SlotKind::Param) slots[s] = g.nodes[g.params[sl.index]]->buffer->data;
-    if (sl.kind == kir::SlotKind::Temp) slots[s] = static_cast<char*>(arena->data) + sl.offset;
+    if (sl.kind == kir::SlotKind::Temp && arena) slots[s] = static_cast<char*>(arena->data) + sl.offset;
   }
   for (size_t k = 0; k < req.size(); ++k) {
     int s = plan.output_slot[k];

@@ -1,0 +1,102 @@
+// IR: hash-consing, the printer, the verifier, structural keys and cost rules.
+#include <gtest/gtest.h>
+
+#include "frontend/tensor_impl.h"
+#include "ir/graph.h"
+#include "tessera/tessera.h"
+
+namespace ts = tessera;
+using ts::DType;
+using ts::detail::node_of;
+
+TEST(IR, NodesAreInternedWhileAlive) {
+  auto x = ts::from_vector<float>({1, 2, 3}, {3});
+  auto a = x * 2 + 1, b = x * 2 + 1;
+  EXPECT_EQ(node_of(a).get(), node_of(b).get());  // same op, inputs, attrs, scope
+  auto c = x * 3 + 1;
+  EXPECT_NE(node_of(a).get(), node_of(c).get());
+  {
+    ts::Scope s("other");
+    auto d = x * 2 + 1;
+    EXPECT_NE(node_of(a).get(), node_of(d).get());  // scopes are part of a node
+  }
+  int64_t before = ts::live_nodes();
+  { auto tmp = (x + 7.5).exp(); }
+  EXPECT_EQ(ts::live_nodes(), before);  // weakly interned: dead nodes leave the table
+}
+
+TEST(IR, RandomNodesAreNeverMerged) {
+  auto a = ts::rand({4}), b = ts::rand({4});
+  EXPECT_NE(node_of(a).get(), node_of(b).get());
+  auto va = a.to_vector<float>(), vb = b.to_vector<float>();
+  EXPECT_NE(va, vb);
+}
+
+TEST(IR, PrinterIsOneLinePerNode) {
+  auto x = ts::from_vector<float>({1, 2, 3, 4, 5, 6}, {2, 3});
+  ts::Tensor y;
+  {
+    ts::Scope s("mlp");
+    y = (x.matmul(x.transpose(0, 1)) + 1).sum({1});
+  }
+  ts::ir::Graph g = ts::ir::build_graph({node_of(y)});
+  std::string text = ts::ir::to_text(g);
+  EXPECT_NE(text.find("%0 = f32[2, 3] parameter(0)"), std::string::npos) << text;
+  EXPECT_NE(text.find("permute(%0) ints={1,0}  # mlp"), std::string::npos) << text;
+  EXPECT_NE(text.find("matmul(%0, %1)"), std::string::npos) << text;
+  EXPECT_NE(text.find("reduce_sum("), std::string::npos) << text;
+  EXPECT_NE(text.find("ROOT ("), std::string::npos) << text;
+  size_t lines = std::count(text.begin(), text.end(), '\n');
+  EXPECT_EQ(lines, g.nodes.size() + 3);  // header, nodes, ROOT, closing brace
+  ts::ir::verify(g);
+}
+
+TEST(IR, VerifierRejectsABrokenNode) {
+  auto x = ts::from_vector<float>({1, 2, 3}, {3});
+  auto y = x + 1;
+  ts::ir::Graph g = ts::ir::build_graph({node_of(y)});
+  auto broken = std::make_shared<ts::ir::Node>(*g.nodes.back());
+  broken->shape = {4};  // lies about its shape
+  broken->interned = false;
+  g.nodes.back() = broken;
+  g.index[broken.get()] = int(g.nodes.size()) - 1;
+  EXPECT_THROW(ts::ir::verify(g), ts::Error);
+}
+
+TEST(IR, StructuralKeyNumbersLeavesOnly) {
+  auto x1 = ts::from_vector<float>({1, 2, 3}, {3}), x2 = ts::from_vector<float>({4, 5, 6}, {3});
+  auto g1 = ts::ir::build_graph({node_of(x1 * 2 + 1)});
+  auto g2 = ts::ir::build_graph({node_of(x2 * 2 + 1)});
+  EXPECT_EQ(g1.key, g2.key);  // different buffers and contents, same structure
+  auto g3 = ts::ir::build_graph({node_of(x1 * 3 - 1)});
+  EXPECT_NE(g1.key, g3.key);  // one op and one constant differ
+  auto x3 = ts::from_vector<float>({1, 2, 3, 4}, {4});
+  EXPECT_NE(g1.key, ts::ir::build_graph({node_of(x3 * 2 + 1)}).key);  // shape differs
+  auto x4 = ts::from_vector<double>({1, 2, 3}, {3}, {DType::Float64});
+  EXPECT_NE(g1.key, ts::ir::build_graph({node_of(x4 * 2 + 1)}).key);  // dtype differs
+}
+
+TEST(IR, CostRulesMatchHandCounts) {
+  auto a = ts::zeros({8, 16, 32}), b = ts::zeros({8, 32, 4});
+  auto mm = node_of(a.matmul(b));
+  auto c = ts::ir::info(mm->op).cost(*mm);
+  EXPECT_EQ(c.flops, 2.0 * 8 * 16 * 4 * 32);
+  EXPECT_EQ(c.bytes, 4.0 * (8 * 16 * 32 + 8 * 32 * 4 + 8 * 16 * 4));
+
+  auto x = ts::zeros({100, 10}), y = ts::zeros({100, 10});
+  auto add = node_of(x + y);
+  c = ts::ir::info(add->op).cost(*add);
+  EXPECT_EQ(c.flops, 1000);
+  EXPECT_EQ(c.bytes, 3 * 4000);
+
+  auto red = node_of(x.sum({1}, true));
+  c = ts::ir::info(red->op).cost(*red);
+  EXPECT_EQ(c.flops, 1000);
+  EXPECT_EQ(c.bytes, 4000 + 400);
+
+  auto idx = ts::zeros({100, 3}, {DType::Int64});
+  auto gat = node_of(ts::gather(x, 1, idx));
+  c = ts::ir::info(gat->op).cost(*gat);
+  EXPECT_EQ(c.flops, 0);
+  EXPECT_EQ(c.bytes, 300 * 8 + 2 * 300 * 4);  // indices, values read, values written
+}
