@@ -385,7 +385,9 @@ Plan lower(const ir::Graph& g, const std::vector<int>& donate) {
       continue;
     }
     const Val& v = L.vals[node];
-    bool written = v.kind == Val::Slot && L.plan.slots[v.slot].kind == kir::SlotKind::Output;
+    // Written by the node's own Step (a view of another output's slot is not).
+    bool written = v.kind == Val::Slot && L.plan.slots[v.slot].kind == kir::SlotKind::Output &&
+                   L.plan.slots[v.slot].index == int(k);
     if (!written) L.copy_out(node, int(k));
     L.plan.output_slot[k] = L.vals[node].slot;
   }

@@ -1,5 +1,7 @@
 #include "tessera/scope.h"
 
+#include "core/scope_impl.h"
+
 #include <vector>
 
 namespace tessera {
@@ -20,5 +22,15 @@ Scope::~Scope() {
 }
 
 const std::string& current_scope() { return t_path; }
+
+ScopeAs::ScopeAs(const std::string& full_path) : saved_path_(t_path), saved_marks_(t_marks) {
+  t_path = full_path;
+  t_marks.clear();
+}
+
+ScopeAs::~ScopeAs() {
+  t_path = std::move(saved_path_);
+  t_marks = std::move(saved_marks_);
+}
 
 }  // namespace tessera

@@ -1,6 +1,8 @@
 #include "runtime/realize.h"
 
 #include <chrono>
+#include <cstdio>
+#include <cstdlib>
 #include <mutex>
 #include <unordered_map>
 
@@ -31,6 +33,7 @@ std::shared_ptr<Executable> compile(const ir::Graph& g, const Device& dev, const
   auto t0 = std::chrono::steady_clock::now();
   auto exe = std::make_shared<Executable>();
   exe->plan = compiler::lower(g, donate);
+  if (std::getenv("TESSERA_DUMP")) std::fprintf(stderr, "%s%s", ir::to_text(g).c_str(), exe->plan.str().c_str());
   backends::Backend& be = backends::backend_for(dev);
   for (const kir::Step& st : exe->plan.steps) exe->kernels.push_back(be.compile(st));
   counters().graphs_compiled++;

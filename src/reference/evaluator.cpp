@@ -1,0 +1,373 @@
+// The float64 reference evaluator. Every primitive is a plain loop over multi-indices, written for
+// clarity rather than speed; nothing here is shared with src/kernel_ir or src/backends.
+#include "reference/evaluator.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <string>
+
+#include "core/half.h"
+#include "core/philox.h"
+#include "tessera/error.h"
+
+namespace tessera::reference {
+namespace {
+
+using ir::Node;
+using ir::Op;
+using Index = std::vector<int64_t>;
+
+std::string desc(const Shape& s, DType t) { return std::string(dtype_name(t)) + shape_str(s); }
+
+// Multi-index of a row-major linear position.
+void unravel(int64_t lin, const Shape& s, Index& idx) {
+  idx.resize(s.size());
+  for (size_t d = s.size(); d-- > 0;) {
+    idx[d] = s[d] == 0 ? 0 : lin % s[d];
+    lin = s[d] == 0 ? 0 : lin / s[d];
+  }
+}
+
+int64_t ravel(const Index& idx, const Shape& s) {
+  int64_t lin = 0;
+  for (size_t d = 0; d < s.size(); ++d) lin = lin * s[d] + idx[d];
+  return lin;
+}
+
+int64_t to_int64(double x) {
+  if (std::isnan(x)) return 0;
+  double t = std::trunc(x);
+  if (t >= 9223372036854775808.0) return std::numeric_limits<int64_t>::max();
+  if (t < -9223372036854775808.0) return std::numeric_limits<int64_t>::min();
+  return static_cast<int64_t>(t);
+}
+
+// Rounds a double to what a value of dtype `t` can hold, like a C++ conversion (integers
+// truncate toward zero; narrowing integers wrap; float16/bfloat16 go through float32).
+double round_to(double x, DType t) {
+  switch (t) {
+    case DType::Bool: return x != 0 ? 1.0 : 0.0;  // NaN != 0
+    case DType::Int32: return double(static_cast<int32_t>(static_cast<uint32_t>(to_int64(x))));
+    case DType::Int64: return double(to_int64(x));
+    case DType::Float16: return double(half::f16_to_float(half::float_to_f16(float(x))));
+    case DType::BFloat16: return double(half::bf16_to_float(half::float_to_bf16(float(x))));
+    case DType::Float32: return double(float(x));
+    case DType::Float64: return x;
+  }
+  return x;
+}
+
+// NaN-propagating max/min (PyTorch's maximum/minimum).
+double nan_max(double a, double b) {
+  if (std::isnan(a) || std::isnan(b)) return std::numeric_limits<double>::quiet_NaN();
+  return a > b ? a : b;
+}
+double nan_min(double a, double b) {
+  if (std::isnan(a) || std::isnan(b)) return std::numeric_limits<double>::quiet_NaN();
+  return a < b ? a : b;
+}
+
+double unary(Op op, double x) {
+  switch (op) {
+    case Op::Neg: return -x;
+    case Op::Exp: return std::exp(x);
+    case Op::Log: return std::log(x);
+    case Op::Tanh: return std::tanh(x);
+    default: break;
+  }
+  fail("reference", std::string("not a unary op: ") + ir::op_name(op));
+}
+
+double binary(Op op, double a, double b) {
+  switch (op) {
+    case Op::Add: return a + b;
+    case Op::Sub: return a - b;
+    case Op::Mul: return a * b;
+    case Op::Div: return a / b;
+    case Op::Maximum: return nan_max(a, b);
+    case Op::Minimum: return nan_min(a, b);
+    case Op::Eq: return a == b ? 1.0 : 0.0;
+    case Op::Ne: return a != b ? 1.0 : 0.0;
+    case Op::Lt: return a < b ? 1.0 : 0.0;
+    case Op::Le: return a <= b ? 1.0 : 0.0;
+    case Op::Gt: return a > b ? 1.0 : 0.0;
+    case Op::Ge: return a >= b ? 1.0 : 0.0;
+    default: break;
+  }
+  fail("reference", std::string("not a binary op: ") + ir::op_name(op));
+}
+
+// Reads an integer index value and checks it against [0, extent).
+int64_t checked_index(const Node& n, double v, int64_t extent, int64_t axis, const Value& target) {
+  int64_t k = to_int64(v);
+  if (k < 0 || k >= extent)
+    fail(ir::op_name(n.op), "index " + std::to_string(k) + " out of range [0, " + std::to_string(extent) + ") along dimension " +
+             std::to_string(axis) + " of " + desc(target.shape, target.dtype),
+         *n.scope);
+  return k;
+}
+
+Value eval_node(const Node& n, const std::vector<const Value*>& in, uint64_t seed, uint64_t offset) {
+  Value out{n.shape, n.dtype, {}};
+  const int64_t total = numel(n.shape);
+  out.data.assign(size_t(total), 0.0);
+  const auto& ints = n.attrs.ints;
+  Index idx, src;
+
+  switch (n.op) {
+    case Op::Leaf:
+      fail("reference", "leaves are read by evaluate()");
+
+    case Op::Full: {
+      double v = round_to(n.attrs.f, n.dtype);
+      std::fill(out.data.begin(), out.data.end(), v);
+      break;
+    }
+
+    case Op::Iota: {
+      for (int64_t i = 0; i < total; ++i) {
+        unravel(i, n.shape, idx);
+        out.data[i] = round_to(double(idx[ints.at(0)]), n.dtype);
+      }
+      break;
+    }
+
+    case Op::Rng: {
+      uint32_t draw = uint32_t(ints.at(0));
+      int dist = int(ints.at(1));
+      for (int64_t i = 0; i < total; ++i)
+        out.data[i] = round_to(rng::sample(seed, offset, draw, uint64_t(i), dist), n.dtype);
+      break;
+    }
+
+    case Op::Cast: {
+      const Value& x = *in[0];
+      for (int64_t i = 0; i < total; ++i) out.data[i] = round_to(x.data[i], n.dtype);
+      break;
+    }
+
+    case Op::Neg: case Op::Exp: case Op::Log: case Op::Tanh: {
+      const Value& x = *in[0];
+      for (int64_t i = 0; i < total; ++i) out.data[i] = unary(n.op, x.data[i]);
+      break;
+    }
+
+    case Op::Add: case Op::Sub: case Op::Mul: case Op::Div: case Op::Maximum: case Op::Minimum:
+    case Op::Eq: case Op::Ne: case Op::Lt: case Op::Le: case Op::Gt: case Op::Ge: {
+      const Value &a = *in[0], &b = *in[1];
+      for (int64_t i = 0; i < total; ++i) out.data[i] = binary(n.op, a.data[i], b.data[i]);
+      break;
+    }
+
+    case Op::Where: {
+      const Value &c = *in[0], &a = *in[1], &b = *in[2];
+      for (int64_t i = 0; i < total; ++i) out.data[i] = c.data[i] != 0 ? a.data[i] : b.data[i];
+      break;
+    }
+
+    case Op::ReduceSum: case Op::ReduceMax: {
+      const Value& x = *in[0];
+      bool is_max = n.op == Op::ReduceMax;
+      if (is_max) std::fill(out.data.begin(), out.data.end(), -std::numeric_limits<double>::infinity());
+      std::vector<bool> reduced(x.shape.size(), false);
+      for (int64_t ax : ints) reduced.at(size_t(ax)) = true;
+      for (int64_t i = 0; i < numel(x.shape); ++i) {
+        unravel(i, x.shape, idx);
+        for (size_t d = 0; d < idx.size(); ++d)
+          if (reduced[d]) idx[d] = 0;
+        double& o = out.data[ravel(idx, n.shape)];
+        double v = x.data[i];
+        if (!is_max) o += v;
+        else if (std::isnan(v) || std::isnan(o)) o = std::numeric_limits<double>::quiet_NaN();
+        else o = std::max(o, v);
+      }
+      break;
+    }
+
+    case Op::Reshape:
+      out.data = in[0]->data;
+      break;
+
+    case Op::Permute: {
+      const Value& x = *in[0];
+      src.resize(x.shape.size());
+      for (int64_t i = 0; i < total; ++i) {
+        unravel(i, n.shape, idx);
+        for (size_t d = 0; d < idx.size(); ++d) src[size_t(ints[d])] = idx[d];
+        out.data[i] = x.data[ravel(src, x.shape)];
+      }
+      break;
+    }
+
+    case Op::Expand: {
+      const Value& x = *in[0];
+      for (int64_t i = 0; i < total; ++i) {
+        unravel(i, n.shape, idx);
+        for (size_t d = 0; d < idx.size(); ++d)
+          if (x.shape[d] == 1) idx[d] = 0;
+        out.data[i] = x.data[ravel(idx, x.shape)];
+      }
+      break;
+    }
+
+    case Op::Slice: {
+      const Value& x = *in[0];
+      for (int64_t i = 0; i < total; ++i) {
+        unravel(i, n.shape, idx);
+        for (size_t d = 0; d < idx.size(); ++d) idx[d] = ints[3 * d] + idx[d] * ints[3 * d + 2];
+        out.data[i] = x.data[ravel(idx, x.shape)];
+      }
+      break;
+    }
+
+    case Op::Pad: {
+      const Value& x = *in[0];
+      for (int64_t i = 0; i < total; ++i) {
+        unravel(i, n.shape, idx);
+        bool inside = true;
+        for (size_t d = 0; inside && d < idx.size(); ++d) {
+          int64_t t = idx[d] - ints[3 * d], gap = ints[3 * d + 2] + 1;
+          if (t < 0 || t % gap != 0 || t / gap >= x.shape[d]) inside = false;
+          else idx[d] = t / gap;
+        }
+        out.data[i] = inside ? x.data[ravel(idx, x.shape)] : round_to(n.attrs.f, n.dtype);
+      }
+      break;
+    }
+
+    case Op::Concat: {
+      size_t axis = size_t(ints.at(0));
+      int64_t start = 0;
+      for (const Value* x : in) {
+        for (int64_t i = 0; i < numel(x->shape); ++i) {
+          unravel(i, x->shape, idx);
+          idx[axis] += start;
+          out.data[ravel(idx, n.shape)] = x->data[i];
+        }
+        start += x->shape[axis];
+      }
+      break;
+    }
+
+    case Op::Matmul: {
+      const Value &a = *in[0], &b = *in[1];
+      size_t r = n.shape.size();
+      int64_t M = a.shape[r - 2], K = a.shape[r - 1], N = b.shape[r - 1];
+      int64_t batch = 1;
+      for (size_t d = 0; d + 2 < r; ++d) batch *= n.shape[d];
+      for (int64_t bt = 0; bt < batch; ++bt)
+        for (int64_t m = 0; m < M; ++m)
+          for (int64_t j = 0; j < N; ++j) {
+            double acc = 0;
+            for (int64_t k = 0; k < K; ++k) acc += a.data[(bt * M + m) * K + k] * b.data[(bt * K + k) * N + j];
+            out.data[(bt * M + m) * N + j] = acc;
+          }
+      break;
+    }
+
+    case Op::Gather: {
+      const Value &x = *in[0], &index = *in[1];
+      int64_t axis = ints.at(0);
+      for (int64_t i = 0; i < total; ++i) {
+        unravel(i, n.shape, idx);
+        idx[size_t(axis)] = checked_index(n, index.data[i], x.shape[size_t(axis)], axis, x);
+        out.data[i] = x.data[ravel(idx, x.shape)];
+      }
+      break;
+    }
+
+    case Op::ScatterAdd: {
+      const Value &base = *in[0], &index = *in[1], &upd = *in[2];
+      int64_t axis = ints.at(0);
+      out.data = base.data;
+      for (int64_t i = 0; i < numel(index.shape); ++i) {
+        unravel(i, index.shape, idx);
+        idx[size_t(axis)] = checked_index(n, index.data[i], base.shape[size_t(axis)], axis, base);
+        out.data[ravel(idx, base.shape)] += upd.data[i];
+      }
+      break;
+    }
+
+    case Op::DynamicUpdateSlice: {
+      const Value &base = *in[0], &upd = *in[1], &offs = *in[2];
+      out.data = base.data;
+      Index start(base.shape.size());
+      for (size_t d = 0; d < start.size(); ++d)
+        start[d] = std::clamp<int64_t>(to_int64(offs.data[d]), 0, base.shape[d] - upd.shape[d]);
+      for (int64_t i = 0; i < numel(upd.shape); ++i) {
+        unravel(i, upd.shape, idx);
+        for (size_t d = 0; d < idx.size(); ++d) idx[d] += start[d];
+        out.data[ravel(idx, base.shape)] = upd.data[i];
+      }
+      break;
+    }
+
+    case Op::Count_:
+      break;
+  }
+  if (n.op == Op::Count_) fail("reference", "unknown op");
+  return out;
+}
+
+}  // namespace
+
+std::vector<double> read_host(const void* data, DType dtype, int64_t n) {
+  std::vector<double> v(size_t(std::max<int64_t>(n, 0)));
+  auto get = [&](auto tag, int64_t i) {
+    using T = decltype(tag);
+    T x;
+    std::memcpy(&x, static_cast<const char*>(data) + i * int64_t(sizeof(T)), sizeof(T));
+    return x;
+  };
+  for (int64_t i = 0; i < n; ++i) {
+    switch (dtype) {
+      case DType::Bool: v[i] = get(uint8_t{}, i) != 0 ? 1.0 : 0.0; break;
+      case DType::Int32: v[i] = double(get(int32_t{}, i)); break;
+      case DType::Int64: v[i] = double(get(int64_t{}, i)); break;
+      case DType::Float16: v[i] = double(half::f16_to_float(get(uint16_t{}, i))); break;
+      case DType::BFloat16: v[i] = double(half::bf16_to_float(get(uint16_t{}, i))); break;
+      case DType::Float32: v[i] = double(get(float{}, i)); break;
+      case DType::Float64: v[i] = get(double{}, i); break;
+    }
+  }
+  return v;
+}
+
+std::vector<Value> evaluate(const ir::Graph& g, uint64_t seed, uint64_t offset, const std::vector<Value>& params) {
+  if (!params.empty() && params.size() != g.params.size())
+    fail("reference", "expected " + std::to_string(g.params.size()) + " parameters, got " + std::to_string(params.size()));
+  std::vector<Value> vals(g.nodes.size());
+  size_t next_param = 0;
+  std::vector<const Value*> in;
+  for (size_t i = 0; i < g.nodes.size(); ++i) {
+    const Node& n = *g.nodes[i];
+    if (n.op == Op::Leaf) {
+      size_t p = next_param++;
+      if (!params.empty()) {
+        const Value& v = params[p];
+        if (v.shape != n.shape || int64_t(v.data.size()) != n.numel())
+          fail("reference", "parameter " + std::to_string(p) + " is " + desc(v.shape, v.dtype) + ", graph expects " +
+                                desc(n.shape, n.dtype), *n.scope);
+        vals[i] = Value{n.shape, n.dtype, v.data};
+        continue;
+      }
+      if (!n.buffer || (n.numel() > 0 && !n.buffer->data))
+        fail("reference", "leaf " + desc(n.shape, n.dtype) + " on device " + n.device.str() + " has no host memory", *n.scope);
+      if (n.buffer->nbytes < size_t(n.numel()) * itemsize(n.dtype))
+        fail("reference", "leaf buffer too small for " + desc(n.shape, n.dtype), *n.scope);
+      vals[i] = Value{n.shape, n.dtype, read_host(n.buffer->data, n.dtype, n.numel())};
+      continue;
+    }
+    in.clear();
+    for (const ir::NodePtr& x : n.inputs) in.push_back(&vals[size_t(g.index.at(x.get()))]);
+    vals[i] = eval_node(n, in, seed, offset);
+  }
+  std::vector<Value> outs;
+  outs.reserve(g.outputs.size());
+  for (int o : g.outputs) outs.push_back(vals[size_t(o)]);
+  return outs;
+}
+
+}  // namespace tessera::reference

@@ -1,0 +1,154 @@
+#include "test_util.h"
+
+#include <algorithm>
+#include <cmath>
+#include <random>
+#include <sstream>
+
+#include "frontend/tensor_impl.h"
+#include "ir/graph.h"
+
+namespace tessera::testing {
+namespace {
+
+bool same_special(double a, double b) {
+  if (std::isnan(b)) return std::isnan(a);
+  return a == b;  // infinities must match exactly
+}
+
+double round_to(double x, DType t) {
+  // Host data is made of values each dtype holds exactly; conversion happens in from_vector.
+  switch (t) {
+    case DType::Bool: return x != 0 ? 1.0 : 0.0;
+    case DType::Int32:
+    case DType::Int64: return std::trunc(x);
+    case DType::Float32: return double(float(x));
+    default: return x;  // float16/bfloat16: from_vector rounds; the reference reads the buffer
+  }
+}
+
+}  // namespace
+
+double normalized_error(const std::vector<double>& a, const std::vector<double>& b) {
+  if (a.size() != b.size()) return INFINITY;
+  double max_diff = 0, max_ref = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    bool special = !std::isfinite(a[i]) || !std::isfinite(b[i]);
+    if (special) {
+      if (!same_special(a[i], b[i])) return INFINITY;
+      continue;
+    }
+    max_diff = std::max(max_diff, std::abs(a[i] - b[i]));
+    max_ref = std::max(max_ref, std::abs(b[i]));
+  }
+  return max_ref == 0 ? max_diff : max_diff / max_ref;
+}
+
+std::string values_str(const std::vector<double>& v, size_t max_items) {
+  std::ostringstream os;
+  os.precision(10);
+  os << "[";
+  for (size_t i = 0; i < v.size() && i < max_items; ++i) os << (i ? ", " : "") << v[i];
+  if (v.size() > max_items) os << ", ... (" << v.size() << " values)";
+  os << "]";
+  return os.str();
+}
+
+::testing::AssertionResult all_close(const std::vector<double>& got, const std::vector<double>& want, double tol) {
+  double err = normalized_error(got, want);
+  if (err <= tol) return ::testing::AssertionSuccess();
+  auto r = ::testing::AssertionFailure();
+  if (got.size() != want.size()) {
+    return r << "size mismatch: got " << got.size() << " values, want " << want.size();
+  }
+  size_t worst = 0;
+  double worst_d = -1;
+  for (size_t i = 0; i < got.size(); ++i) {
+    double d = same_special(got[i], want[i]) ? 0 : std::isfinite(got[i] - want[i]) ? std::abs(got[i] - want[i]) : INFINITY;
+    if (d > worst_d) worst_d = d, worst = i;
+  }
+  std::ostringstream os;
+  os.precision(10);
+  os << "normalized error " << err << " > " << tol << "; worst element " << worst << ": got " << got[worst]
+     << ", want " << want[worst] << "\n  got:  " << values_str(got) << "\n  want: " << values_str(want);
+  return r << os.str();
+}
+
+double tolerance(DType dtype, int64_t reduction_size) {
+  switch (dtype) {
+    case DType::Bool:
+    case DType::Int32:
+    case DType::Int64: return 0;
+    case DType::Float16: return 2e-3;
+    case DType::BFloat16: return 1.6e-2;
+    case DType::Float32: return reduction_size > 1000 ? 1e-4 : 1e-5;
+    case DType::Float64: return 1e-12;
+  }
+  return 0;
+}
+
+Evaluated evaluate_both(const std::vector<Tensor>& outputs) {
+  std::vector<ir::NodePtr> nodes;
+  for (const Tensor& t : outputs) nodes.push_back(detail::node_of(t));
+  ir::Graph g = ir::build_graph(nodes);
+  detail::RngState rs = detail::rng_state();  // before sync, which advances it
+  Evaluated e;
+  e.ref = reference::evaluate(g, rs.seed, rs.offset);
+  g = ir::Graph{};
+  nodes.clear();
+  sync();
+  for (const Tensor& t : outputs) e.got.push_back(t.to_vector<double>());
+  return e;
+}
+
+::testing::AssertionResult matches_reference(const std::vector<Tensor>& outputs, double tol) {
+  Evaluated e = evaluate_both(outputs);
+  for (size_t i = 0; i < outputs.size(); ++i) {
+    const Tensor& t = outputs[i];
+    const reference::Value& r = e.ref[i];
+    if (t.shape() != r.shape || t.dtype() != r.dtype)
+      return ::testing::AssertionFailure() << "output " << i << ": got " << dtype_name(t.dtype()) << shape_str(t.shape())
+                                           << ", reference " << dtype_name(r.dtype) << shape_str(r.shape);
+    double tl = tol >= 0 ? tol : tolerance(r.dtype);
+    auto res = all_close(e.got[i], r.data, tl);
+    if (!res) return ::testing::AssertionFailure() << "output " << i << " (" << dtype_name(r.dtype) << shape_str(r.shape) << "): " << res.message();
+  }
+  return ::testing::AssertionSuccess();
+}
+
+std::vector<double> random_values(int64_t n, DType dtype, uint32_t seed, double lo, double hi) {
+  std::mt19937 gen(seed);
+  std::vector<double> v(size_t(std::max<int64_t>(n, 0)));
+  if (dtype == DType::Bool) {
+    std::uniform_int_distribution<int> d(0, 1);
+    for (double& x : v) x = d(gen);
+  } else if (is_integral(dtype)) {
+    std::uniform_int_distribution<int64_t> d(int64_t(std::ceil(lo)), int64_t(std::floor(hi)));
+    for (double& x : v) x = double(d(gen));
+  } else {
+    std::uniform_real_distribution<double> d(lo, hi);
+    for (double& x : v) x = round_to(d(gen), dtype);
+  }
+  return v;
+}
+
+Tensor make_tensor(const std::vector<double>& values, const Shape& s, DType dtype, Device device) {
+  TensorOptions o;
+  o.dtype = dtype;
+  o.device = device;
+  return from_vector<double>(values, s, o);
+}
+
+Tensor random_tensor(const Shape& s, DType dtype, uint32_t seed, double lo, double hi, Device device) {
+  return make_tensor(random_values(numel(s), dtype, seed, lo, hi), s, dtype, device);
+}
+
+Tensor random_int(const Shape& s, int64_t lo, int64_t hi, DType dtype, uint32_t seed) {
+  return make_tensor(random_values(numel(s), dtype, seed, double(lo), double(hi)), s, dtype);
+}
+
+Tensor random_positive(const Shape& s, DType dtype, uint32_t seed, double lo, double hi) {
+  return random_tensor(s, dtype, seed, lo, hi);
+}
+
+}  // namespace tessera::testing

@@ -1,0 +1,63 @@
+// Helpers shared by the tests: normalized comparisons against the float64 reference, running
+// pending tensors through both the reference evaluator and the runtime, random inputs.
+#pragma once
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "reference/evaluator.h"
+#include "tessera/tessera.h"
+
+namespace tessera::testing {
+
+// max|a - b| / max|b| over the elements (DESIGN.md "Testing"); max|a - b| when max|b| == 0.
+// NaN-aware: a NaN (or infinity) in `b` must sit at the same place, with the same value, in
+// `a`, and is then excluded; any other NaN/infinity mismatch, or a size mismatch, gives +inf.
+double normalized_error(const std::vector<double>& a, const std::vector<double>& b);
+
+// Passes when normalized_error(got, want) <= tol; the failure message names the worst element.
+::testing::AssertionResult all_close(const std::vector<double>& got, const std::vector<double>& want, double tol);
+
+// Default tolerance for comparing a backend's `dtype` result with the float64 reference.
+// `reduction_size` is the number of elements summed into one output (float32: 1e-4 past 1000).
+double tolerance(DType dtype, int64_t reduction_size = 1);
+
+// The reference values and the runtime's values of the same pending tensors.
+struct Evaluated {
+  std::vector<reference::Value> ref;     // float64 reference, one per output
+  std::vector<std::vector<double>> got;  // the realized tensors' to_vector<double>()
+};
+
+// Captures the outputs' nodes, evaluates them with the reference at the current RNG state, then
+// calls tessera::sync() and reads the realized tensors back.
+Evaluated evaluate_both(const std::vector<Tensor>& outputs);
+
+// evaluate_both + checks that each output's shape and dtype match the reference and its values
+// are within `tol` (tol < 0: tolerance(dtype) per output).
+::testing::AssertionResult matches_reference(const std::vector<Tensor>& outputs, double tol = -1);
+inline ::testing::AssertionResult matches_reference(const Tensor& output, double tol = -1) {
+  return matches_reference(std::vector<Tensor>{output}, tol);
+}
+
+// Deterministic random host data (std::mt19937 seeded with `seed`), rounded to `dtype`.
+std::vector<double> random_values(int64_t n, DType dtype, uint32_t seed, double lo = -1, double hi = 1);
+
+// Realized tensors made with from_vector of deterministic random data.
+// Floating dtypes: uniform in [lo, hi); integer dtypes: integers in [lo, hi]; bool: 0/1.
+Tensor random_tensor(const Shape& s, DType dtype = DType::Float32, uint32_t seed = 1, double lo = -1, double hi = 1,
+                     Device device = Device("cpu"));
+// Integers uniform in [lo, hi] (inclusive), of an integer dtype.
+Tensor random_int(const Shape& s, int64_t lo, int64_t hi, DType dtype = DType::Int64, uint32_t seed = 1);
+// Positive floating values in [lo, hi) (for log, division).
+Tensor random_positive(const Shape& s, DType dtype = DType::Float32, uint32_t seed = 1, double lo = 0.5,
+                       double hi = 2);
+
+// A realized tensor of `dtype` holding `values` (converted through from_vector of the right C++ type).
+Tensor make_tensor(const std::vector<double>& values, const Shape& s, DType dtype = DType::Float32,
+                   Device device = Device("cpu"));
+
+std::string values_str(const std::vector<double>& v, size_t max_items = 16);
+
+}  // namespace tessera::testing
