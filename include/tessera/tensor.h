@@ -69,6 +69,20 @@ class Tensor {
   Tensor& div_(const Tensor& o);
   Tensor& copy_(const Tensor& src);  // src is broadcast and cast to this tensor's shape/dtype
 
+  // ---- autodiff ----
+  // Marks a leaf as needing a gradient (like PyTorch's requires_grad_).
+  Tensor& requires_grad_(bool on = true);
+  bool requires_grad() const;
+  bool is_leaf() const;  // no recorded history (created by the user, or needs no gradient)
+  // The accumulated gradient of a leaf (undefined until a backward pass reaches it).
+  Tensor grad() const;
+  void set_grad(const Tensor& g);  // an undefined tensor clears it
+  // Accumulates d(this)/d(leaf) into every leaf's grad(); `gradient` defaults to ones and is
+  // required unless this tensor has one element. Emits lazy IR: nothing runs until a sync.
+  void backward(const Tensor& gradient = Tensor()) const;
+  // The same value without history.
+  Tensor detach() const;
+
   // ---- internals, for the library's own layers ----
   const std::shared_ptr<TensorImpl>& impl() const { return impl_; }
 
@@ -144,6 +158,19 @@ Tensor matmul(const Tensor& a, const Tensor& b);  // batched, batch dims broadca
 // out[i][j][k] = a[index[i][j][k]][j][k] for dim 0 (torch.gather); index is int32/int64 and
 // each entry must lie in [0, a.size(dim)) -- checked when the graph runs.
 Tensor gather(const Tensor& a, int64_t dim, const Tensor& index);
+
+// While alive, ops record no autodiff history (like torch::NoGradGuard).
+class NoGradGuard {
+ public:
+  NoGradGuard();
+  ~NoGradGuard();
+  NoGradGuard(const NoGradGuard&) = delete;
+  NoGradGuard& operator=(const NoGradGuard&) = delete;
+
+ private:
+  bool prev_;
+};
+bool grad_enabled();
 
 // Realizes every pending tensor still referenced by a live handle (one graph per device).
 void sync();

@@ -4,6 +4,7 @@
 #include "tessera/dtype.h"
 #include "tessera/error.h"
 #include "tessera/metrics.h"
+#include "tessera/ops.h"
 #include "tessera/scope.h"
 #include "tessera/shape.h"
 #include "tessera/tensor.h"

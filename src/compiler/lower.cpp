@@ -262,7 +262,10 @@ struct Lowerer {
         if (args.size() > 2) ins.c = args[2];
         static const std::map<Op, Code> codes = {
             {Op::Cast, Code::Cast}, {Op::Neg, Code::Neg},   {Op::Exp, Code::Exp},         {Op::Log, Code::Log},
-            {Op::Tanh, Code::Tanh}, {Op::Add, Code::Add},   {Op::Sub, Code::Sub},         {Op::Mul, Code::Mul},
+            {Op::Tanh, Code::Tanh}, {Op::Abs, Code::Abs},   {Op::Sign, Code::Sign},       {Op::Sqrt, Code::Sqrt},
+            {Op::Sin, Code::Sin},   {Op::Cos, Code::Cos},   {Op::Erf, Code::Erf},         {Op::Floor, Code::Floor},
+            {Op::Ceil, Code::Ceil}, {Op::Round, Code::Round}, {Op::Pow, Code::Pow},
+            {Op::Add, Code::Add},   {Op::Sub, Code::Sub},         {Op::Mul, Code::Mul},
             {Op::Div, Code::Div},   {Op::Maximum, Code::Max}, {Op::Minimum, Code::Min}, {Op::Eq, Code::Eq},
             {Op::Ne, Code::Ne},     {Op::Lt, Code::Lt},     {Op::Le, Code::Le},           {Op::Gt, Code::Gt},
             {Op::Ge, Code::Ge},     {Op::Where, Code::Where}};

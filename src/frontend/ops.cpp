@@ -2,6 +2,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "autodiff/autograd.h"
 #include "frontend/tensor_impl.h"
 #include "tessera/error.h"
 
@@ -13,9 +14,14 @@ using ir::NodePtr;
 using ir::Op;
 
 NodePtr N(const Tensor& t) { return detail::node_of(t); }
-Tensor T(NodePtr n) { return detail::from_node(std::move(n)); }
-Tensor view(NodePtr n) {
-  Tensor t = T(std::move(n));
+// The result of one op: a new tensor on node n, with autodiff history when an input needs it.
+Tensor T(NodePtr n, const std::vector<const Tensor*>& inputs = {}) {
+  Tensor t = detail::from_node(std::move(n));
+  autodiff::record(t, inputs);
+  return t;
+}
+Tensor view(NodePtr n, const Tensor& input) {
+  Tensor t = T(std::move(n), {&input});
   t.impl()->is_view = true;
   return t;
 }
@@ -55,7 +61,7 @@ Tensor binary(Op op, const Tensor& a, const Tensor& b, bool float_result = false
     fail(name, "tensors on different devices: " + a.device().str() + " and " + b.device().str() + " (" + desc(a) + ", " +
                    desc(b) + "); move one with .to(device)");
   Shape s = broadcast_shapes(a.shape(), b.shape(), name);
-  return T(ir::make(op, {broadcast_to(cast(N(a), t), s), broadcast_to(cast(N(b), t), s)}));
+  return T(ir::make(op, {broadcast_to(cast(N(a), t), s), broadcast_to(cast(N(b), t), s)}), {&a, &b});
 }
 // Tensor-scalar: the scalar is weakly typed (it never widens a float tensor).
 Tensor binary_scalar(Op op, const Tensor& a, double s, bool scalar_first, bool float_result = false) {
@@ -65,13 +71,19 @@ Tensor binary_scalar(Op op, const Tensor& a, double s, bool scalar_first, bool f
   if (float_result && !is_floating(t)) t = DType::Float32;
   NodePtr x = cast(N(a), t);
   NodePtr c = broadcast_to(constant(s, t, a.device()), a.shape());
-  return T(scalar_first ? ir::make(op, {c, x}) : ir::make(op, {x, c}));
+  return T(scalar_first ? ir::make(op, {c, x}) : ir::make(op, {x, c}), {&a});
 }
 
 Tensor unary_float(Op op, const Tensor& a) {
   if (!a.defined()) fail(ir::op_name(op), "called on an undefined tensor");
   DType t = is_floating(a.dtype()) ? a.dtype() : DType::Float32;
-  return T(ir::make(op, {cast(N(a), t)}));
+  return T(ir::make(op, {cast(N(a), t)}), {&a});
+}
+
+// abs, sign, floor, ceil, round: integers keep their dtype; bool is refused by the rule.
+Tensor unary_keep(Op op, const Tensor& a) {
+  if (!a.defined()) fail(ir::op_name(op), "called on an undefined tensor");
+  return T(ir::make(op, {N(a)}), {&a});
 }
 
 std::vector<int64_t> reduce_axes(const Tensor& a, std::vector<int64_t> dims, const char* op) {
@@ -101,22 +113,31 @@ Tensor reduce(Op op, const Tensor& a, std::vector<int64_t> dims, bool keepdim) {
       if (!std::binary_search(axes.begin(), axes.end(), d)) s.push_back(a.shape()[d]);
     r = reshape_node(r, s);
   }
-  return T(r);
+  return T(r, {&a});
 }
 
 void check_inplace(const Tensor& self, const char* op) {
   if (!self.defined()) fail(op, "called on an undefined tensor");
+  const auto& m = self.impl()->grad_meta;
+  if (autodiff::grad_enabled() && m && m->requires_grad && !m->grad_fn)
+    fail(op, "a leaf tensor that requires grad cannot be modified in place outside no_grad, got " + desc(self));
   if (self.impl()->is_view)
     fail(op, "in-place ops on views (results of reshape/permute/expand/slice) are not supported yet; got " + desc(self));
 }
 // Rebinds self to `result`, which must keep self's shape; cast back to self's dtype like PyTorch
 // only when the promotion does not leave self's category.
-Tensor& assign(Tensor& self, const Tensor& result, const char* op) {
+Tensor& assign(Tensor& self, Tensor result, const char* op) {
   if (result.shape() != self.shape())
     fail(op, "result shape " + shape_str(result.shape()) + " does not match the tensor's shape " + shape_str(self.shape()));
   if (promote(result.dtype(), self.dtype()) != self.dtype())
     fail(op, std::string("result type ") + dtype_name(result.dtype()) + " can't be cast to the tensor's " + dtype_name(self.dtype()));
-  self.impl()->rebind(cast(N(result), self.dtype()));
+  result = result.to(self.dtype());
+  TensorImpl& impl = *self.impl();
+  impl.rebind(N(result));
+  // A leaf that requires grad keeps its identity (updates happen under no_grad); anything else
+  // takes the history of its new value.
+  bool grad_leaf = impl.grad_meta && impl.grad_meta->requires_grad && !impl.grad_meta->grad_fn;
+  if (!grad_leaf) impl.grad_meta = result.impl()->grad_meta;
   return self;
 }
 
@@ -146,7 +167,8 @@ Tensor where(const Tensor& c, const Tensor& a, const Tensor& b) {
     fail("where", "tensors on different devices: " + c.device().str() + ", " + a.device().str() + ", " + b.device().str());
   DType t = promote(a.dtype(), b.dtype());
   Shape s = broadcast_shapes(broadcast_shapes(c.shape(), a.shape(), "where"), b.shape(), "where");
-  return T(ir::make(Op::Where, {broadcast_to(N(c), s), broadcast_to(cast(N(a), t), s), broadcast_to(cast(N(b), t), s)}));
+  return T(ir::make(Op::Where, {broadcast_to(N(c), s), broadcast_to(cast(N(a), t), s), broadcast_to(cast(N(b), t), s)}),
+           {&c, &a, &b});
 }
 
 Tensor operator+(const Tensor& a, const Tensor& b) { return add(a, b); }
@@ -172,14 +194,40 @@ Tensor operator>(const Tensor& a, double s) { return binary_scalar(Op::Gt, a, s,
 
 Tensor Tensor::operator-() const {
   if (dtype() == DType::Bool) fail("neg", "not defined for bool tensors, got " + desc(*this));
-  return T(ir::make(Op::Neg, {N(*this)}));
+  return T(ir::make(Op::Neg, {N(*this)}), {this});
 }
 Tensor Tensor::exp() const { return tessera::exp(*this); }
 Tensor Tensor::log() const { return tessera::log(*this); }
 Tensor Tensor::tanh() const { return tessera::tanh(*this); }
 Tensor Tensor::to(DType t) const {
   if (!defined()) fail("cast", "called on an undefined tensor");
-  return t == dtype() ? *this : T(cast(N(*this), t));
+  return t == dtype() ? *this : T(cast(N(*this), t), {this});
+}
+
+Tensor neg(const Tensor& a) { return -a; }
+Tensor sqrt(const Tensor& a) { return unary_float(Op::Sqrt, a); }
+Tensor sin(const Tensor& a) { return unary_float(Op::Sin, a); }
+Tensor cos(const Tensor& a) { return unary_float(Op::Cos, a); }
+Tensor erf(const Tensor& a) { return unary_float(Op::Erf, a); }
+Tensor abs(const Tensor& a) { return unary_keep(Op::Abs, a); }
+Tensor sign(const Tensor& a) { return unary_keep(Op::Sign, a); }
+Tensor floor(const Tensor& a) { return unary_keep(Op::Floor, a); }
+Tensor ceil(const Tensor& a) { return unary_keep(Op::Ceil, a); }
+Tensor round(const Tensor& a) { return unary_keep(Op::Round, a); }
+Tensor pow(const Tensor& a, const Tensor& b) { return binary(Op::Pow, a, b, true); }
+Tensor pow(const Tensor& a, double e) { return binary_scalar(Op::Pow, a, e, false, true); }
+Tensor pow(double base, const Tensor& e) { return binary_scalar(Op::Pow, e, base, true, true); }
+
+Tensor scatter_add(const Tensor& a, int64_t dim, const Tensor& index, const Tensor& src) {
+  if (!a.defined() || !index.defined() || !src.defined()) fail("scatter_add", "called on an undefined tensor");
+  int64_t d = wrap_dim(dim, a.dim(), "scatter_add");
+  return T(ir::make(Op::ScatterAdd, {N(a), N(index), cast(N(src), a.dtype())}, Attrs{{d}, 0}), {&a, &index, &src});
+}
+
+Tensor dynamic_update_slice(const Tensor& a, const Tensor& update, const Tensor& offsets) {
+  if (!a.defined() || !update.defined() || !offsets.defined()) fail("dynamic_update_slice", "called on an undefined tensor");
+  return T(ir::make(Op::DynamicUpdateSlice, {N(a), cast(N(update), a.dtype()), cast(N(offsets), DType::Int64)}),
+           {&a, &update, &offsets});
 }
 
 // ---- reductions ----
@@ -205,7 +253,7 @@ Tensor Tensor::reshape(Shape s) const {
     s[infer] = numel() / known;
   }
   if (tessera::numel(s) != numel()) fail("reshape", "cannot reshape " + desc(*this) + " to " + shape_str(s));
-  return view(reshape_node(N(*this), s));
+  return view(reshape_node(N(*this), s), *this);
 }
 
 Tensor Tensor::permute(std::vector<int64_t> perm) const {
@@ -213,7 +261,7 @@ Tensor Tensor::permute(std::vector<int64_t> perm) const {
   if (int64_t(perm.size()) != dim())
     fail("permute", "permutation of length " + std::to_string(perm.size()) + " for " + desc(*this));
   for (auto& p : perm) p = wrap_dim(p, dim(), "permute");
-  return view(ir::make(Op::Permute, {N(*this)}, Attrs{perm, 0}));
+  return view(ir::make(Op::Permute, {N(*this)}, Attrs{perm, 0}), *this);
 }
 
 Tensor Tensor::transpose(int64_t a, int64_t b) const {
@@ -235,7 +283,7 @@ Tensor Tensor::expand(Shape s) const {
     int64_t have = i < lead ? 1 : shape()[i - lead];
     if (s[i] != have && have != 1) fail("expand", "cannot expand " + desc(*this) + " to " + shape_str(s));
   }
-  return view(broadcast_to(N(*this), s));
+  return view(broadcast_to(N(*this), s), *this);
 }
 
 Tensor Tensor::slice(int64_t d, int64_t start, int64_t stop, int64_t step) const {
@@ -251,7 +299,7 @@ Tensor Tensor::slice(int64_t d, int64_t start, int64_t stop, int64_t step) const
     if (k == d) v.insert(v.end(), {start, stop, step});
     else v.insert(v.end(), {0, shape()[k], 1});
   }
-  return view(ir::make(Op::Slice, {N(*this)}, Attrs{v, 0}));
+  return view(ir::make(Op::Slice, {N(*this)}, Attrs{v, 0}), *this);
 }
 
 Tensor pad(const Tensor& a, const std::vector<int64_t>& pads, double value) {
@@ -267,7 +315,7 @@ Tensor pad(const Tensor& a, const std::vector<int64_t>& pads, double value) {
   // The pad value is weakly typed: it must be representable in the tensor's dtype.
   if (!is_floating(a.dtype()) && std::floor(value) != value)
     fail("pad", "value " + std::to_string(value) + " does not fit a " + desc(a) + " tensor");
-  return T(ir::make(Op::Pad, {x}, Attrs{v, value}));
+  return T(ir::make(Op::Pad, {x}, Attrs{v, value}), {&a});
 }
 
 Tensor cat(const std::vector<Tensor>& ts, int64_t dim) {
@@ -278,8 +326,9 @@ Tensor cat(const std::vector<Tensor>& ts, int64_t dim) {
   for (auto& x : ts) t = promote(t, x.dtype());
   int64_t d = wrap_dim(dim, ts[0].dim(), "cat");
   std::vector<NodePtr> in;
-  for (auto& x : ts) in.push_back(cast(N(x), t));
-  return T(ir::make(Op::Concat, in, Attrs{{d}, 0}));
+  std::vector<const Tensor*> srcs;
+  for (auto& x : ts) in.push_back(cast(N(x), t)), srcs.push_back(&x);
+  return T(ir::make(Op::Concat, in, Attrs{{d}, 0}), srcs);
 }
 
 Tensor matmul(const Tensor& a, const Tensor& b) {
@@ -308,14 +357,14 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
   Shape out = batch;
   if (a.dim() > 1) out.push_back(xs[xs.size() - 2]);
   if (b.dim() > 1) out.push_back(ys.back());
-  return T(reshape_node(r, out));
+  return T(reshape_node(r, out), {&a, &b});
 }
 Tensor Tensor::matmul(const Tensor& o) const { return tessera::matmul(*this, o); }
 
 Tensor gather(const Tensor& a, int64_t dim, const Tensor& index) {
   if (!a.defined() || !index.defined()) fail("gather", "called on an undefined tensor");
   int64_t d = wrap_dim(dim, a.dim(), "gather");
-  return T(ir::make(Op::Gather, {N(a), N(index)}, Attrs{{d}, 0}));
+  return T(ir::make(Op::Gather, {N(a), N(index)}, Attrs{{d}, 0}), {&a, &index});
 }
 
 // ---- in place ----
@@ -332,8 +381,7 @@ Tensor& Tensor::copy_(const Tensor& src) {
   broadcast_shapes(src.shape(), shape(), "copy_");
   NodePtr n = broadcast_to(cast(N(src), dtype()), shape());
   if (n->shape != shape()) fail("copy_", "cannot broadcast " + desc(src) + " to " + desc(*this));
-  impl()->rebind(n);
-  return *this;
+  return assign(*this, T(n, {&src}), "copy_");
 }
 
 // ---- factories ----

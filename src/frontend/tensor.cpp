@@ -117,6 +117,7 @@ void TensorImpl::rebind(ir::NodePtr n) {
   set_pending(this, true);
 }
 void TensorImpl::realize_to(std::shared_ptr<Buffer> b) {
+  realized_from = node;
   buffer = std::move(b);
   node.reset();
   donor.reset();

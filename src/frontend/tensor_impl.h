@@ -8,6 +8,10 @@
 
 namespace tessera {
 
+namespace autodiff {
+struct Meta;
+}
+
 struct TensorImpl {
   ir::NodePtr node;                // pending value; null once realized
   std::shared_ptr<Buffer> buffer;  // realized value (contiguous, row-major)
@@ -19,6 +23,8 @@ struct TensorImpl {
   std::weak_ptr<Buffer> donor;
   std::weak_ptr<TensorImpl> self;  // set by the owning Tensor handle
   bool is_view = false;            // made by a movement op: in-place ops on it are refused
+  std::shared_ptr<autodiff::Meta> grad_meta;   // autodiff state; null when it needs no gradient
+  std::weak_ptr<const ir::Node> realized_from;  // the node whose value `buffer` holds
 
   TensorImpl(ir::NodePtr n);                                      // pending
   TensorImpl(std::shared_ptr<Buffer> b, Shape s, DType t);        // realized

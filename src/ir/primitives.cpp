@@ -5,6 +5,7 @@
 #include <array>
 
 #include "ir/node.h"
+#include "ir/vjp.h"
 #include "tessera/error.h"
 
 namespace tessera::ir {
@@ -53,7 +54,8 @@ TypeShape infer_unary(In a) {
   const NodePtr& x = a.inputs[0];
   const char* name = op_name(O);
   if (x->dtype == DType::Bool) fail(name, "not defined for bool tensors, got " + desc(x));
-  if (O != Op::Neg && !is_floating(x->dtype))
+  bool int_ok = O == Op::Neg || O == Op::Abs || O == Op::Sign || O == Op::Floor || O == Op::Ceil || O == Op::Round;
+  if (!int_ok && !is_floating(x->dtype))
     fail(name, "needs a floating tensor, got " + desc(x));
   return {x->shape, x->dtype};
 }
@@ -67,7 +69,7 @@ TypeShape infer_binary(In a) {
   bool cmp = is_compare(O);
   if (!cmp && x->dtype == DType::Bool && O != Op::Maximum && O != Op::Minimum)
     fail(name, "arithmetic on bool tensors is not supported, got " + desc(x));
-  if (O == Op::Div && !is_floating(x->dtype)) fail(name, "needs floating operands, got " + desc(x));
+  if ((O == Op::Div || O == Op::Pow) && !is_floating(x->dtype)) fail(name, "needs floating operands, got " + desc(x));
   return {x->shape, cmp ? DType::Bool : x->dtype};
 }
 
@@ -236,32 +238,35 @@ Cost cost_scatter_add(const Node& n) {
 Cost cost_dus(const Node& n) { return {0, 2 * bytes_of(n) + bytes_of(*n.inputs[1])}; }
 
 using C = Category;
-#define UN(O, nm, d) {nm, 1, C::Elementwise, d, infer_unary<Op::O>, cost_elementwise}
-#define BIN(O, nm, d) {nm, 2, C::Elementwise, d, infer_binary<Op::O>, cost_elementwise}
-const std::array<PrimitiveInfo, kNumOps> kTable = {{
-    {"leaf", 0, C::Source, false, infer_leaf, cost_none},
-    {"full", 0, C::Source, false, infer_full, cost_none},
-    {"iota", 0, C::Source, false, infer_iota, cost_none},
-    {"rng", 0, C::Source, false, infer_rng, cost_rng},
-    {"cast", 1, C::Elementwise, true, infer_cast, cost_cast},
+#define UN(O, nm, d) {nm, 1, C::Elementwise, d, infer_unary<Op::O>, cost_elementwise, d ? vjp_rule(Op::O) : nullptr}
+#define BIN(O, nm, d) {nm, 2, C::Elementwise, d, infer_binary<Op::O>, cost_elementwise, d ? vjp_rule(Op::O) : nullptr}
+std::array<PrimitiveInfo, kNumOps> kTable = {{
+    {"leaf", 0, C::Source, false, infer_leaf, cost_none, nullptr},
+    {"full", 0, C::Source, false, infer_full, cost_none, nullptr},
+    {"iota", 0, C::Source, false, infer_iota, cost_none, nullptr},
+    {"rng", 0, C::Source, false, infer_rng, cost_rng, nullptr},
+    {"cast", 1, C::Elementwise, true, infer_cast, cost_cast, vjp_rule(Op::Cast)},
     UN(Neg, "neg", true), UN(Exp, "exp", true), UN(Log, "log", true), UN(Tanh, "tanh", true),
+    UN(Abs, "abs", true), UN(Sign, "sign", false), UN(Sqrt, "sqrt", true), UN(Sin, "sin", true),
+    UN(Cos, "cos", true), UN(Erf, "erf", true), UN(Floor, "floor", false), UN(Ceil, "ceil", false),
+    UN(Round, "round", false),
     BIN(Add, "add", true), BIN(Sub, "sub", true), BIN(Mul, "mul", true), BIN(Div, "div", true),
-    BIN(Maximum, "maximum", true), BIN(Minimum, "minimum", true),
+    BIN(Maximum, "maximum", true), BIN(Minimum, "minimum", true), BIN(Pow, "pow", true),
     BIN(Eq, "eq", false), BIN(Ne, "ne", false), BIN(Lt, "lt", false), BIN(Le, "le", false),
     BIN(Gt, "gt", false), BIN(Ge, "ge", false),
-    {"where", 3, C::Elementwise, true, infer_where, cost_elementwise},
-    {"reduce_sum", 1, C::Reduce, true, infer_reduce<Op::ReduceSum>, cost_reduce},
-    {"reduce_max", 1, C::Reduce, true, infer_reduce<Op::ReduceMax>, cost_reduce},
-    {"reshape", 1, C::Movement, true, infer_reshape, cost_movement},
-    {"permute", 1, C::Movement, true, infer_permute, cost_movement},
-    {"expand", 1, C::Movement, true, infer_expand, cost_movement},
-    {"slice", 1, C::Movement, true, infer_slice, cost_movement},
-    {"pad", 1, C::Movement, true, infer_pad, cost_movement},
-    {"concat", -1, C::Movement, true, infer_concat, cost_movement},
-    {"matmul", 2, C::Contraction, true, infer_matmul, cost_matmul},
-    {"gather", 2, C::Indexing, true, infer_gather, cost_gather},
-    {"scatter_add", 3, C::Indexing, true, infer_scatter_add, cost_scatter_add},
-    {"dynamic_update_slice", 3, C::Indexing, true, infer_dus, cost_dus},
+    {"where", 3, C::Elementwise, true, infer_where, cost_elementwise, vjp_rule(Op::Where)},
+    {"reduce_sum", 1, C::Reduce, true, infer_reduce<Op::ReduceSum>, cost_reduce, vjp_rule(Op::ReduceSum)},
+    {"reduce_max", 1, C::Reduce, true, infer_reduce<Op::ReduceMax>, cost_reduce, vjp_rule(Op::ReduceMax)},
+    {"reshape", 1, C::Movement, true, infer_reshape, cost_movement, vjp_rule(Op::Reshape)},
+    {"permute", 1, C::Movement, true, infer_permute, cost_movement, vjp_rule(Op::Permute)},
+    {"expand", 1, C::Movement, true, infer_expand, cost_movement, vjp_rule(Op::Expand)},
+    {"slice", 1, C::Movement, true, infer_slice, cost_movement, vjp_rule(Op::Slice)},
+    {"pad", 1, C::Movement, true, infer_pad, cost_movement, vjp_rule(Op::Pad)},
+    {"concat", -1, C::Movement, true, infer_concat, cost_movement, vjp_rule(Op::Concat)},
+    {"matmul", 2, C::Contraction, true, infer_matmul, cost_matmul, vjp_rule(Op::Matmul)},
+    {"gather", 2, C::Indexing, true, infer_gather, cost_gather, vjp_rule(Op::Gather)},
+    {"scatter_add", 3, C::Indexing, true, infer_scatter_add, cost_scatter_add, vjp_rule(Op::ScatterAdd)},
+    {"dynamic_update_slice", 3, C::Indexing, true, infer_dus, cost_dus, vjp_rule(Op::DynamicUpdateSlice)},
 }};
 #undef UN
 #undef BIN
@@ -269,8 +274,13 @@ const std::array<PrimitiveInfo, kNumOps> kTable = {{
 }  // namespace
 
 const PrimitiveInfo& info(Op op) { return kTable[static_cast<size_t>(op)]; }
+VjpRule replace_vjp_for_testing(Op op, VjpRule rule) {
+  VjpRule old = kTable[static_cast<size_t>(op)].vjp;
+  kTable[static_cast<size_t>(op)].vjp = rule;
+  return old;
+}
 bool is_compare(Op op) { return op >= Op::Eq && op <= Op::Ge; }
-bool is_unary(Op op) { return op >= Op::Neg && op <= Op::Tanh; }
+bool is_unary(Op op) { return op >= Op::Neg && op <= Op::Round; }
 bool is_binary(Op op) { return op >= Op::Add && op <= Op::Ge; }
 
 }  // namespace tessera::ir

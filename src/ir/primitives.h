@@ -22,8 +22,10 @@ enum class Op : uint8_t {
   Rng,      // ints = {draw index, distribution (0 uniform [0,1), 1 standard normal)}; float
             // values from the counter-based generator at the graph's runtime (seed, offset)
   Cast,     // to the given dtype
-  Neg, Exp, Log, Tanh,                        // unary, same dtype (float for exp/log/tanh)
-  Add, Sub, Mul, Div, Maximum, Minimum,      // binary, equal shapes and dtypes
+  // unary, same dtype: neg/abs/sign/floor/ceil/round also on integers, the rest floating only
+  // (round: half to even, like PyTorch)
+  Neg, Exp, Log, Tanh, Abs, Sign, Sqrt, Sin, Cos, Erf, Floor, Ceil, Round,
+  Add, Sub, Mul, Div, Maximum, Minimum, Pow,  // binary, equal shapes and dtypes (div, pow: floating)
   Eq, Ne, Lt, Le, Gt, Ge,                    // binary compare -> bool
   Where,    // (bool cond, a, b), equal shapes, a/b equal dtypes
   ReduceSum, ReduceMax,  // ints = sorted axes; reduced axes kept with extent 1
@@ -60,6 +62,11 @@ struct InferArgs {
 
 enum class Category : uint8_t { Source, Elementwise, Reduce, Movement, Contraction, Indexing };
 
+// Cotangents of a node's inputs given the cotangent `g` of its output, as new IR (nullptr where
+// no gradient flows). `self` is the node itself, so rules can reuse its value.
+using VjpRule = std::vector<std::shared_ptr<const Node>> (*)(const Node& n, const std::shared_ptr<const Node>& self,
+                                                            const std::shared_ptr<const Node>& g);
+
 struct PrimitiveInfo {
   const char* name;
   int arity;  // number of inputs; -1 = one or more
@@ -67,9 +74,12 @@ struct PrimitiveInfo {
   bool differentiable;
   TypeShape (*infer)(const InferArgs&);  // throws tessera::Error on bad input
   Cost (*cost)(const Node&);
+  VjpRule vjp;  // null for non-differentiable primitives (their inputs get zero gradient)
 };
 
 const PrimitiveInfo& info(Op op);
+// Replaces a primitive's VJP rule and returns the old one (tests plant wrong rules with it).
+VjpRule replace_vjp_for_testing(Op op, VjpRule rule);
 inline const char* op_name(Op op) { return info(op).name; }
 bool is_compare(Op op);
 bool is_unary(Op op);

@@ -5,9 +5,10 @@
 namespace tessera::kir {
 
 const char* code_name(Code c) {
-  static const char* names[] = {"load", "const", "iota", "rng", "cast", "neg", "exp", "log",
-                                "tanh", "add", "sub", "mul", "div", "max", "min", "eq",
-                                "ne", "lt", "le", "gt", "ge", "where"};
+  static const char* names[] = {"load", "const", "iota", "rng",  "cast", "neg", "exp",   "log",
+                                "tanh", "abs",   "sign", "sqrt", "sin",  "cos", "erf",   "floor",
+                                "ceil", "round", "add",  "sub",  "mul",  "div", "max",   "min",
+                                "pow",  "eq",    "ne",   "lt",   "le",   "gt",  "ge",    "where"};
   return names[static_cast<int>(c)];
 }
 

@@ -18,8 +18,8 @@ enum class Code : uint8_t {
   Iota,   // int64 index along axis i0 of the domain
   Rng,    // draw i0, distribution i1 (see core/philox.h), at the launch's (seed, offset)
   Cast,   // a -> dtype
-  Neg, Exp, Log, Tanh,
-  Add, Sub, Mul, Div, Max, Min,
+  Neg, Exp, Log, Tanh, Abs, Sign, Sqrt, Sin, Cos, Erf, Floor, Ceil, Round,
+  Add, Sub, Mul, Div, Max, Min, Pow,
   Eq, Ne, Lt, Le, Gt, Ge,  // -> bool
   Where,                   // a ? b : c
 };

@@ -75,6 +75,15 @@ double unary(Op op, double x) {
     case Op::Exp: return std::exp(x);
     case Op::Log: return std::log(x);
     case Op::Tanh: return std::tanh(x);
+    case Op::Abs: return std::fabs(x);
+    case Op::Sign: return x > 0 ? 1.0 : x < 0 ? -1.0 : x == 0 ? 0.0 : x;  // NaN stays NaN
+    case Op::Sqrt: return std::sqrt(x);
+    case Op::Sin: return std::sin(x);
+    case Op::Cos: return std::cos(x);
+    case Op::Erf: return std::erf(x);
+    case Op::Floor: return std::floor(x);
+    case Op::Ceil: return std::ceil(x);
+    case Op::Round: return std::nearbyint(x);  // half to even in the default rounding mode
     default: break;
   }
   fail("reference", std::string("not a unary op: ") + ir::op_name(op));
@@ -88,6 +97,7 @@ double binary(Op op, double a, double b) {
     case Op::Div: return a / b;
     case Op::Maximum: return nan_max(a, b);
     case Op::Minimum: return nan_min(a, b);
+    case Op::Pow: return std::pow(a, b);
     case Op::Eq: return a == b ? 1.0 : 0.0;
     case Op::Ne: return a != b ? 1.0 : 0.0;
     case Op::Lt: return a < b ? 1.0 : 0.0;
@@ -148,13 +158,14 @@ Value eval_node(const Node& n, const std::vector<const Value*>& in, uint64_t see
       break;
     }
 
-    case Op::Neg: case Op::Exp: case Op::Log: case Op::Tanh: {
+    case Op::Neg: case Op::Exp: case Op::Log: case Op::Tanh: case Op::Abs: case Op::Sign:
+    case Op::Sqrt: case Op::Sin: case Op::Cos: case Op::Erf: case Op::Floor: case Op::Ceil: case Op::Round: {
       const Value& x = *in[0];
       for (int64_t i = 0; i < total; ++i) out.data[i] = unary(n.op, x.data[i]);
       break;
     }
 
-    case Op::Add: case Op::Sub: case Op::Mul: case Op::Div: case Op::Maximum: case Op::Minimum:
+    case Op::Add: case Op::Sub: case Op::Mul: case Op::Div: case Op::Maximum: case Op::Minimum: case Op::Pow:
     case Op::Eq: case Op::Ne: case Op::Lt: case Op::Le: case Op::Gt: case Op::Ge: {
       const Value &a = *in[0], &b = *in[1];
       for (int64_t i = 0; i < total; ++i) out.data[i] = binary(n.op, a.data[i], b.data[i]);

@@ -233,20 +233,37 @@ void run_program(const std::vector<Instr>& prog, const std::vector<const void*>&
           });
         });
         break;
-      case Code::Neg:
-      case Code::Exp:
-      case Code::Log:
-      case Code::Tanh:
+      case Code::Neg: case Code::Exp: case Code::Log: case Code::Tanh: case Code::Abs: case Code::Sign:
+      case Code::Sqrt: case Code::Sin: case Code::Cos: case Code::Erf: case Code::Floor: case Code::Ceil:
+      case Code::Round:
         with_compute(I.dtype, [&](auto* tp) {
           using T = std::remove_pointer_t<decltype(tp)>;
           const T* a = reg<T>(sc, I.a);
           T* out = reg<T>(sc, ki);
-          if (I.code == Code::Neg) {
-            for (int64_t i = 0; i < n; ++i) out[i] = T(-a[i]);
-          } else if constexpr (std::is_floating_point_v<T>) {
-            if (I.code == Code::Exp) for (int64_t i = 0; i < n; ++i) out[i] = std::exp(a[i]);
-            if (I.code == Code::Log) for (int64_t i = 0; i < n; ++i) out[i] = std::log(a[i]);
-            if (I.code == Code::Tanh) for (int64_t i = 0; i < n; ++i) out[i] = std::tanh(a[i]);
+          switch (I.code) {
+            case Code::Neg: for (int64_t i = 0; i < n; ++i) out[i] = T(-a[i]); break;
+            case Code::Abs: for (int64_t i = 0; i < n; ++i) out[i] = a[i] < T(0) ? T(-a[i]) : a[i]; break;
+            case Code::Sign:
+              for (int64_t i = 0; i < n; ++i) out[i] = a[i] > T(0) ? T(1) : a[i] < T(0) ? T(-1) : a[i];
+              break;
+            default:
+              if constexpr (std::is_floating_point_v<T>) {
+                switch (I.code) {
+                  case Code::Exp: for (int64_t i = 0; i < n; ++i) out[i] = std::exp(a[i]); break;
+                  case Code::Log: for (int64_t i = 0; i < n; ++i) out[i] = std::log(a[i]); break;
+                  case Code::Tanh: for (int64_t i = 0; i < n; ++i) out[i] = std::tanh(a[i]); break;
+                  case Code::Sqrt: for (int64_t i = 0; i < n; ++i) out[i] = std::sqrt(a[i]); break;
+                  case Code::Sin: for (int64_t i = 0; i < n; ++i) out[i] = std::sin(a[i]); break;
+                  case Code::Cos: for (int64_t i = 0; i < n; ++i) out[i] = std::cos(a[i]); break;
+                  case Code::Erf: for (int64_t i = 0; i < n; ++i) out[i] = std::erf(a[i]); break;
+                  case Code::Floor: for (int64_t i = 0; i < n; ++i) out[i] = std::floor(a[i]); break;
+                  case Code::Ceil: for (int64_t i = 0; i < n; ++i) out[i] = std::ceil(a[i]); break;
+                  case Code::Round: for (int64_t i = 0; i < n; ++i) out[i] = std::nearbyint(a[i]); break;
+                  default: break;
+                }
+              } else {  // floor/ceil/round of an integer is itself
+                std::copy_n(a, n, out);
+              }
           }
         });
         break;
@@ -274,6 +291,10 @@ void run_program(const std::vector<Instr>& prog, const std::vector<const void*>&
             case Code::Div: for (int64_t i = 0; i < n; ++i) out[i] = T(a[i] / b[i]); break;
             case Code::Max: for (int64_t i = 0; i < n; ++i) out[i] = nan_max(a[i], b[i]); break;
             case Code::Min: for (int64_t i = 0; i < n; ++i) out[i] = nan_min(a[i], b[i]); break;
+            case Code::Pow:
+              if constexpr (std::is_floating_point_v<T>)
+                for (int64_t i = 0; i < n; ++i) out[i] = std::pow(a[i], b[i]);
+              break;
             case Code::Eq: for (int64_t i = 0; i < n; ++i) cmp[i] = a[i] == b[i]; break;
             case Code::Ne: for (int64_t i = 0; i < n; ++i) cmp[i] = a[i] != b[i]; break;
             case Code::Lt: for (int64_t i = 0; i < n; ++i) cmp[i] = a[i] < b[i]; break;

@@ -1,0 +1,96 @@
+// The op surface beyond tensor.h: math, reductions, views, indexing and the composites that
+// networks are built from. Primitives are marked (P); everything else is a decomposition into
+// primitives, so every backend runs it and autodiff differentiates it.
+#pragma once
+#include <optional>
+#include <vector>
+
+#include "tessera/tensor.h"
+
+namespace tessera {
+
+// ---- factories ----
+Tensor linspace(double start, double end, int64_t steps, TensorOptions o = {});
+Tensor eye(int64_t n, int64_t m = -1, TensorOptions o = {});
+// Integers uniform in [low, high).
+Tensor randint(int64_t low, int64_t high, const Shape& s, TensorOptions o = {DType::Int64, Device("cpu")});
+Tensor rand_like(const Tensor& t);
+Tensor randn_like(const Tensor& t);
+
+// ---- elementwise math (integers promote to float32 where the result is fractional) ----
+Tensor neg(const Tensor& a);
+Tensor abs(const Tensor& a);    // (P)
+Tensor sign(const Tensor& a);   // (P) non-differentiable: zero gradient
+Tensor sqrt(const Tensor& a);   // (P)
+Tensor rsqrt(const Tensor& a);
+Tensor reciprocal(const Tensor& a);
+Tensor square(const Tensor& a);
+Tensor sin(const Tensor& a);    // (P)
+Tensor cos(const Tensor& a);    // (P)
+Tensor erf(const Tensor& a);    // (P)
+Tensor floor(const Tensor& a);  // (P) non-differentiable
+Tensor ceil(const Tensor& a);   // (P) non-differentiable
+Tensor round(const Tensor& a);  // (P) half to even; non-differentiable
+Tensor pow(const Tensor& a, const Tensor& b);  // (P)
+Tensor pow(const Tensor& a, double exponent);
+Tensor pow(double base, const Tensor& exponent);
+Tensor sigmoid(const Tensor& a);
+Tensor relu(const Tensor& a);
+Tensor gelu(const Tensor& a, bool tanh_approximation = false);
+Tensor silu(const Tensor& a);
+Tensor softplus(const Tensor& a, double beta = 1, double threshold = 20);
+// Bounds may be absent; the gradient passes where lo <= a <= hi (PyTorch's rule).
+Tensor clamp(const Tensor& a, std::optional<double> lo, std::optional<double> hi);
+
+// ---- logical (bool in, bool out; other dtypes compare with zero) ----
+Tensor logical_and(const Tensor& a, const Tensor& b);
+Tensor logical_or(const Tensor& a, const Tensor& b);
+Tensor logical_xor(const Tensor& a, const Tensor& b);
+Tensor logical_not(const Tensor& a);
+
+// ---- reductions (dims may be negative; empty dims = all) ----
+Tensor sum(const Tensor& a, std::vector<int64_t> dims = {}, bool keepdim = false);
+Tensor mean(const Tensor& a, std::vector<int64_t> dims = {}, bool keepdim = false);
+Tensor amax(const Tensor& a, std::vector<int64_t> dims = {}, bool keepdim = false);  // max values
+Tensor amin(const Tensor& a, std::vector<int64_t> dims = {}, bool keepdim = false);
+// Index of the first maximum/minimum along dim (int64); dim absent: over the flattened tensor.
+Tensor argmax(const Tensor& a, std::optional<int64_t> dim = std::nullopt, bool keepdim = false);
+Tensor argmin(const Tensor& a, std::optional<int64_t> dim = std::nullopt, bool keepdim = false);
+// correction = 1 is the unbiased estimator (PyTorch's default).
+Tensor var(const Tensor& a, std::vector<int64_t> dims = {}, int64_t correction = 1, bool keepdim = false);
+Tensor std(const Tensor& a, std::vector<int64_t> dims = {}, int64_t correction = 1, bool keepdim = false);
+Tensor logsumexp(const Tensor& a, std::vector<int64_t> dims, bool keepdim = false);
+
+// ---- views and reshaping ----
+Tensor narrow(const Tensor& a, int64_t dim, int64_t start, int64_t length);
+Tensor squeeze(const Tensor& a);  // every extent-1 dimension
+Tensor squeeze(const Tensor& a, int64_t dim);
+Tensor unsqueeze(const Tensor& a, int64_t dim);
+Tensor flatten(const Tensor& a, int64_t start_dim = 0, int64_t end_dim = -1);
+std::vector<Tensor> split(const Tensor& a, int64_t split_size, int64_t dim = 0);
+std::vector<Tensor> chunk(const Tensor& a, int64_t chunks, int64_t dim = 0);
+Tensor stack(const std::vector<Tensor>& ts, int64_t dim = 0);
+Tensor repeat(const Tensor& a, const std::vector<int64_t>& repeats);  // torch.Tensor.repeat
+
+// ---- selection and indexing ----
+Tensor masked_fill(const Tensor& a, const Tensor& mask, double value);
+Tensor tril(const Tensor& a, int64_t diagonal = 0);  // last two dims
+Tensor triu(const Tensor& a, int64_t diagonal = 0);
+Tensor index_select(const Tensor& a, int64_t dim, const Tensor& index);  // index: 1-D integers
+Tensor embedding(const Tensor& weight, const Tensor& indices);  // weight [V, D] -> indices.shape + [D]
+// out = a; out[i with i_dim := index[i]] += src[i] (index and src of one shape)  (P)
+Tensor scatter_add(const Tensor& a, int64_t dim, const Tensor& index, const Tensor& src);
+// a with `update` written at `offsets` (int64 [rank], a runtime value), each clamped so the
+// update fits (XLA semantics)  (P)
+Tensor dynamic_update_slice(const Tensor& a, const Tensor& update, const Tensor& offsets);
+
+// ---- composites for networks ----
+Tensor softmax(const Tensor& a, int64_t dim);      // numerically stable
+Tensor log_softmax(const Tensor& a, int64_t dim);
+// Normalizes over the trailing dims given by normalized_shape; weight/bias optional.
+Tensor layer_norm(const Tensor& a, const Shape& normalized_shape, const Tensor& weight = Tensor(),
+                  const Tensor& bias = Tensor(), double eps = 1e-5);
+// Mean cross entropy of logits [N, C] against integer targets [N].
+Tensor cross_entropy(const Tensor& logits, const Tensor& target);
+
+}  // namespace tessera

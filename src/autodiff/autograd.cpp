@@ -1,0 +1,193 @@
+#include "autodiff/autograd.h"
+
+#include <functional>
+#include <unordered_map>
+#include <unordered_set>
+
+#include "core/scope_impl.h"
+#include "ir/build.h"
+#include "tessera/error.h"
+
+namespace tessera::autodiff {
+namespace {
+
+thread_local bool t_grad_enabled = true;
+
+using NodeMap = std::unordered_map<const ir::Node*, ir::NodePtr>;
+
+ir::NodePtr rebuild(const ir::NodePtr& n, NodeMap& memo);
+
+// n over the values of its inputs (the same node when none of them changed).
+ir::NodePtr with_input_values(const ir::NodePtr& n, NodeMap& memo) {
+  std::vector<ir::NodePtr> ins;
+  bool changed = false;
+  for (auto& i : n->inputs) {
+    ins.push_back(rebuild(i, memo));
+    changed |= ins.back() != i;
+  }
+  if (!changed) return n;
+  ScopeAs s(*n->scope);
+  return ir::make(n->op, std::move(ins), n->attrs, &n->shape, n->dtype, n->device);
+}
+
+// The node standing for `n`'s value: a realized leaf where one is known (seeded in memo), else
+// n over its inputs' values.
+ir::NodePtr rebuild(const ir::NodePtr& n, NodeMap& memo) {
+  auto it = memo.find(n.get());
+  if (it != memo.end()) return it->second;
+  ir::NodePtr r = with_input_values(n, memo);
+  memo.emplace(n.get(), r);
+  return r;
+}
+
+ir::NodePtr accumulate(const ir::NodePtr& a, const ir::NodePtr& b) { return a ? ir::build::add(a, b) : b; }
+
+// A realized leaf for the tensor's value if it still holds exactly `node`'s value.
+ir::NodePtr realized_value(const std::weak_ptr<TensorImpl>& t, const ir::NodePtr& node) {
+  auto impl = t.lock();
+  if (!impl || !impl->buffer || impl->realized_from.lock() != node) return nullptr;
+  return ir::leaf(impl->buffer, impl->shape, impl->dtype);
+}
+
+}  // namespace
+
+bool grad_enabled() { return t_grad_enabled; }
+void set_grad_enabled(bool on) { t_grad_enabled = on; }
+
+bool requires_grad(const Tensor& t) { return t.defined() && t.impl()->grad_meta && t.impl()->grad_meta->requires_grad; }
+
+void record(const Tensor& out, const std::vector<const Tensor*>& inputs) {
+  if (!t_grad_enabled || !is_floating(out.dtype())) return;
+  bool any = false;
+  for (const Tensor* t : inputs) any |= requires_grad(*t);
+  if (!any) return;
+  auto fn = std::make_shared<GradFn>();
+  fn->out = detail::node_of(out);
+  fn->out_tensor = out.impl();
+  for (const Tensor* t : inputs)
+    fn->inputs.push_back({detail::node_of(*t), requires_grad(*t) ? t->impl()->grad_meta : nullptr, t->impl()});
+  auto meta = std::make_shared<Meta>();
+  meta->requires_grad = true;
+  meta->grad_fn = std::move(fn);
+  out.impl()->grad_meta = std::move(meta);
+}
+
+std::vector<ir::NodePtr> vjp_region(const ir::NodePtr& out, const std::vector<ir::NodePtr>& boundary,
+                                    const ir::NodePtr& g,
+                                    const std::vector<std::pair<ir::NodePtr, ir::NodePtr>>& values) {
+  std::unordered_set<const ir::Node*> stop;
+  for (auto& b : boundary) stop.insert(b.get());
+  // Nodes between out and the boundary, in post-order; `reaches` marks those leading to it.
+  std::unordered_map<const ir::Node*, bool> reaches;
+  std::vector<const ir::NodePtr*> order;
+  std::function<bool(const ir::NodePtr&)> visit = [&](const ir::NodePtr& n) -> bool {
+    auto it = reaches.find(n.get());
+    if (it != reaches.end()) return it->second;
+    bool r = stop.count(n.get()) > 0;
+    if (!r) {
+      reaches[n.get()] = false;
+      for (auto& i : n->inputs) r |= visit(i);
+    }
+    reaches[n.get()] = r;
+    if (r && !stop.count(n.get())) order.push_back(&n);
+    return r;
+  };
+  visit(out);
+  NodeMap memo;
+  for (auto& [node, leaf] : values) memo.emplace(node.get(), leaf);
+  std::unordered_map<const ir::Node*, ir::NodePtr> cot;
+  cot[out.get()] = g;
+  for (size_t k = order.size(); k-- > 0;) {
+    const ir::NodePtr& n = *order[k];
+    auto c = cot.find(n.get());
+    if (c == cot.end() || !is_floating(n->dtype)) continue;
+    ir::VjpRule rule = ir::info(n->op).vjp;
+    if (!rule) continue;
+    ir::NodePtr self = rebuild(n, memo), node = with_input_values(n, memo);
+    std::vector<ir::NodePtr> grads;
+    {
+      ScopeAs s(n->scope->empty() ? std::string("backward") : *n->scope + ".backward");
+      grads = rule(*node, self, c->second);
+    }
+    for (size_t i = 0; i < grads.size() && i < n->inputs.size(); ++i) {
+      const ir::NodePtr& x = n->inputs[i];
+      if (!grads[i] || !reaches[x.get()] || !is_floating(x->dtype)) continue;
+      ScopeAs s(n->scope->empty() ? std::string("backward") : *n->scope + ".backward");
+      cot[x.get()] = accumulate(cot[x.get()], grads[i]);
+    }
+  }
+  std::vector<ir::NodePtr> r;
+  for (auto& b : boundary) {
+    auto it = cot.find(b.get());
+    r.push_back(it == cot.end() ? nullptr : it->second);
+  }
+  return r;
+}
+
+void backward(const Tensor& root, const Tensor& grad) {
+  if (!root.defined()) fail("backward", "called on an undefined tensor");
+  if (!requires_grad(root))
+    fail("backward", "tensor " + std::string(dtype_name(root.dtype())) + shape_str(root.shape()) +
+                         " does not require grad (no input of its computation has requires_grad set)");
+  ir::NodePtr seed;
+  if (grad.defined()) {
+    if (grad.shape() != root.shape())
+      fail("backward", "gradient of shape " + shape_str(grad.shape()) + " for a tensor of shape " + shape_str(root.shape()));
+    seed = ir::build::cast(detail::node_of(grad), root.dtype());
+  } else {
+    if (root.numel() != 1)
+      fail("backward", "a gradient can be created implicitly only for one-element tensors, got shape " +
+                           shape_str(root.shape()) + "; pass one to backward()");
+    seed = ir::build::full(1, root.shape(), root.dtype(), root.device());
+  }
+  bool was = t_grad_enabled;
+  t_grad_enabled = false;
+  struct Restore {
+    bool v;
+    ~Restore() { t_grad_enabled = v; }
+  } restore{was};
+
+  // Metas in reverse topological order (each after every meta that consumes it).
+  std::vector<Meta*> post;
+  std::unordered_set<Meta*> seen;
+  std::function<void(Meta*)> dfs = [&](Meta* m) {
+    if (!seen.insert(m).second) return;
+    if (m->grad_fn)
+      for (auto& e : m->grad_fn->inputs)
+        if (e.meta) dfs(e.meta.get());
+    post.push_back(m);
+  };
+  Meta* root_meta = root.impl()->grad_meta.get();
+  dfs(root_meta);
+  std::unordered_map<Meta*, ir::NodePtr> cot;
+  cot[root_meta] = seed;
+  for (size_t k = post.size(); k-- > 0;) {
+    Meta* m = post[k];
+    ir::NodePtr g = cot.count(m) ? cot[m] : nullptr;
+    if (!m->grad_fn || !g) continue;  // leaves are accumulated below, once complete
+    GradFn& fn = *m->grad_fn;
+    std::vector<ir::NodePtr> boundary;
+    std::vector<std::pair<ir::NodePtr, ir::NodePtr>> values;
+    for (auto& e : fn.inputs) {
+      boundary.push_back(e.node);
+      if (auto v = realized_value(e.tensor, e.node)) values.push_back({e.node, v});
+    }
+    if (auto v = realized_value(fn.out_tensor, fn.out)) values.push_back({fn.out, v});
+    std::vector<ir::NodePtr> grads = vjp_region(fn.out, boundary, g, values);
+    std::unordered_set<const ir::Node*> given;  // an input read twice gets its total once
+    for (size_t i = 0; i < fn.inputs.size(); ++i) {
+      const Edge& e = fn.inputs[i];
+      if (!e.meta || !given.insert(e.node.get()).second) continue;
+      // No gradient flows through non-differentiable ops: a leaf behind one gets zeros.
+      if (!grads[i]) grads[i] = ir::build::full_like(e.node, 0);
+      cot[e.meta.get()] = accumulate(cot[e.meta.get()], grads[i]);
+    }
+  }
+  for (Meta* m : post) {
+    if (m->grad_fn || !cot.count(m)) continue;
+    const ir::NodePtr& g = cot[m];
+    m->grad = detail::from_node(m->grad.defined() ? ir::build::add(detail::node_of(m->grad), g) : g);
+  }
+}
+
+}  // namespace tessera::autodiff

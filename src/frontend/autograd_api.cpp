@@ -1,0 +1,48 @@
+// The public autodiff surface of Tensor; the machinery is in src/autodiff.
+#include "autodiff/autograd.h"
+#include "tessera/error.h"
+
+namespace tessera {
+
+Tensor& Tensor::requires_grad_(bool on) {
+  if (!defined()) fail("requires_grad_", "called on an undefined tensor");
+  auto& m = impl()->grad_meta;
+  if (m && m->grad_fn)
+    fail("requires_grad_", "only leaf tensors can change requires_grad; use detach() for a new leaf");
+  if (on && !is_floating(dtype()))
+    fail("requires_grad_", std::string("only floating tensors can require gradients, got ") + dtype_name(dtype()));
+  if (!m) m = std::make_shared<autodiff::Meta>();
+  m->requires_grad = on;
+  return *this;
+}
+
+bool Tensor::requires_grad() const { return autodiff::requires_grad(*this); }
+bool Tensor::is_leaf() const { return !defined() || !impl()->grad_meta || !impl()->grad_meta->grad_fn; }
+
+Tensor Tensor::grad() const {
+  if (!defined()) fail("grad", "called on an undefined tensor");
+  return impl()->grad_meta ? impl()->grad_meta->grad : Tensor();
+}
+
+void Tensor::set_grad(const Tensor& g) {
+  if (!defined()) fail("set_grad", "called on an undefined tensor");
+  if (g.defined() && (g.shape() != shape() || g.device() != device()))
+    fail("set_grad", "gradient " + shape_str(g.shape()) + " on " + g.device().str() + " for a tensor " +
+                         shape_str(shape()) + " on " + device().str());
+  if (!impl()->grad_meta) impl()->grad_meta = std::make_shared<autodiff::Meta>();
+  impl()->grad_meta->grad = g;
+}
+
+void Tensor::backward(const Tensor& gradient) const { autodiff::backward(*this, gradient); }
+
+Tensor Tensor::detach() const {
+  if (!defined()) fail("detach", "called on an undefined tensor");
+  if (impl()->buffer) return Tensor(std::make_shared<TensorImpl>(impl()->buffer, shape(), dtype()));
+  return detail::from_node(impl()->node);
+}
+
+NoGradGuard::NoGradGuard() : prev_(autodiff::grad_enabled()) { autodiff::set_grad_enabled(false); }
+NoGradGuard::~NoGradGuard() { autodiff::set_grad_enabled(prev_); }
+bool grad_enabled() { return autodiff::grad_enabled(); }
+
+}  // namespace tessera

@@ -1,0 +1,187 @@
+// VJP rules: given a node and the cotangent of its output, the cotangents of its inputs, built
+// as new IR. Cotangents have their input's shape and dtype.
+#include "ir/vjp.h"
+
+#include <cmath>
+
+#include "ir/build.h"
+#include "ir/node.h"
+
+namespace tessera::ir {
+namespace {
+
+using namespace build;
+using Grads = std::vector<NodePtr>;
+const NodePtr& in(const Node& n, size_t k) { return n.inputs[k]; }
+NodePtr c(const NodePtr& like, double v) { return full_like(like, v); }
+
+Grads vjp_cast(const Node& n, const NodePtr&, const NodePtr& g) {
+  return {is_floating(in(n, 0)->dtype) ? cast(g, in(n, 0)->dtype) : nullptr};
+}
+Grads vjp_neg(const Node&, const NodePtr&, const NodePtr& g) { return {neg(g)}; }
+Grads vjp_exp(const Node&, const NodePtr& self, const NodePtr& g) { return {mul(g, self)}; }
+Grads vjp_log(const Node& n, const NodePtr&, const NodePtr& g) { return {div(g, in(n, 0))}; }
+Grads vjp_tanh(const Node&, const NodePtr& s, const NodePtr& g) { return {mul(g, sub(c(s, 1), mul(s, s)))}; }
+Grads vjp_abs(const Node& n, const NodePtr&, const NodePtr& g) { return {mul(g, unary(Op::Sign, in(n, 0)))}; }
+Grads vjp_sqrt(const Node&, const NodePtr& s, const NodePtr& g) { return {div(g, mul(c(s, 2), s))}; }
+Grads vjp_sin(const Node& n, const NodePtr&, const NodePtr& g) { return {mul(g, unary(Op::Cos, in(n, 0)))}; }
+Grads vjp_cos(const Node& n, const NodePtr&, const NodePtr& g) { return {neg(mul(g, unary(Op::Sin, in(n, 0))))}; }
+Grads vjp_erf(const Node& n, const NodePtr&, const NodePtr& g) {
+  const NodePtr& x = in(n, 0);
+  return {mul(g, mul(c(x, 2 / std::sqrt(M_PI)), unary(Op::Exp, neg(mul(x, x)))))};
+}
+
+Grads vjp_add(const Node&, const NodePtr&, const NodePtr& g) { return {g, g}; }
+Grads vjp_sub(const Node&, const NodePtr&, const NodePtr& g) { return {g, neg(g)}; }
+Grads vjp_mul(const Node& n, const NodePtr&, const NodePtr& g) { return {mul(g, in(n, 1)), mul(g, in(n, 0))}; }
+Grads vjp_div(const Node& n, const NodePtr& s, const NodePtr& g) {
+  NodePtr ga = div(g, in(n, 1));
+  return {ga, neg(mul(ga, s))};
+}
+// Like PyTorch: the larger operand takes the gradient; ties split it in halves.
+Grads vjp_minmax(const Node& n, const NodePtr&, const NodePtr& g) {
+  const NodePtr &a = in(n, 0), &b = in(n, 1);
+  Op wins = n.op == Op::Maximum ? Op::Gt : Op::Lt;
+  NodePtr zero = c(g, 0), half = mul(g, c(g, 0.5)), tie = binary(Op::Eq, a, b);
+  return {where(binary(wins, a, b), g, where(tie, half, zero)), where(binary(wins, b, a), g, where(tie, half, zero))};
+}
+// d(a^b)/da = b a^(b-1); d(a^b)/db = a^b log a (0 where a == 0, as PyTorch).
+Grads vjp_pow(const Node& n, const NodePtr& s, const NodePtr& g) {
+  const NodePtr &a = in(n, 0), &b = in(n, 1);
+  NodePtr ga = mul(g, mul(b, binary(Op::Pow, a, sub(b, c(b, 1)))));
+  NodePtr gb = where(binary(Op::Eq, a, c(a, 0)), c(g, 0), mul(g, mul(s, unary(Op::Log, a))));
+  return {ga, gb};
+}
+Grads vjp_where(const Node& n, const NodePtr&, const NodePtr& g) {
+  NodePtr zero = c(g, 0);
+  return {nullptr, where(in(n, 0), g, zero), where(in(n, 0), zero, g)};
+}
+
+Grads vjp_reduce_sum(const Node& n, const NodePtr&, const NodePtr& g) { return {expand(g, in(n, 0)->shape)}; }
+// The gradient goes to the first maximal element (row-major order over the reduced axes).
+Grads vjp_reduce_max(const Node& n, const NodePtr& s, const NodePtr& g) {
+  const NodePtr& x = in(n, 0);
+  const Shape& D = x->shape;
+  NodePtr pos = full(0, D, DType::Int64, x->device);
+  int64_t stride = 1;
+  for (size_t k = n.attrs.ints.size(); k-- > 0;) {
+    int64_t ax = n.attrs.ints[k];
+    pos = add(pos, mul(iota(D, ax, x->device), full(double(stride), D, DType::Int64, x->device)));
+    stride *= D[ax];
+  }
+  NodePtr is_max = binary(Op::Eq, x, expand(s, D));
+  NodePtr cand = where(is_max, neg(pos), full(-double(stride) - 1, D, DType::Int64, x->device));
+  NodePtr first = binary(Op::Eq, cand, expand(reduce_max(cand, n.attrs.ints), D));
+  first = where(is_max, first, full(0, D, DType::Bool, x->device));
+  return {where(first, expand(g, D), c(x, 0))};
+}
+
+Grads vjp_reshape(const Node& n, const NodePtr&, const NodePtr& g) { return {reshape(g, in(n, 0)->shape)}; }
+Grads vjp_permute(const Node& n, const NodePtr&, const NodePtr& g) {
+  std::vector<int64_t> inv(n.attrs.ints.size());
+  for (size_t i = 0; i < inv.size(); ++i) inv[n.attrs.ints[i]] = int64_t(i);
+  return {permute(g, inv)};
+}
+Grads vjp_expand(const Node& n, const NodePtr&, const NodePtr& g) { return {sum_to(g, in(n, 0)->shape)}; }
+// A strided slice's VJP is a pad with interior padding (zeros between the picked elements).
+Grads vjp_slice(const Node& n, const NodePtr&, const NodePtr& g) {
+  const NodePtr& x = in(n, 0);
+  if (n.numel() == 0) return {c(x, 0)};
+  std::vector<int64_t> p;
+  for (size_t d = 0; d < x->shape.size(); ++d) {
+    int64_t start = n.attrs.ints[3 * d], step = n.attrs.ints[3 * d + 2], m = n.shape[d];
+    int64_t last = start + (m - 1) * step;
+    p.insert(p.end(), {start, x->shape[d] - 1 - last, step - 1});
+  }
+  return {pad(g, p)};
+}
+Grads vjp_pad(const Node& n, const NodePtr&, const NodePtr& g) {
+  const NodePtr& x = in(n, 0);
+  if (x->numel() == 0) return {c(x, 0)};
+  std::vector<int64_t> v;
+  for (size_t d = 0; d < x->shape.size(); ++d) {
+    int64_t lo = n.attrs.ints[3 * d], interior = n.attrs.ints[3 * d + 2];
+    v.insert(v.end(), {lo, lo + (x->shape[d] - 1) * (interior + 1) + 1, interior + 1});
+  }
+  return {slice(g, v)};
+}
+Grads vjp_concat(const Node& n, const NodePtr&, const NodePtr& g) {
+  Grads r;
+  int64_t ax = n.attrs.ints[0], start = 0;
+  for (const NodePtr& x : n.inputs) {
+    std::vector<int64_t> v;
+    for (size_t d = 0; d < n.shape.size(); ++d)
+      if (int64_t(d) == ax) v.insert(v.end(), {start, start + x->shape[d], 1});
+      else v.insert(v.end(), {0, n.shape[d], 1});
+    r.push_back(slice(g, v));
+    start += x->shape[ax];
+  }
+  return r;
+}
+Grads vjp_matmul(const Node& n, const NodePtr&, const NodePtr& g) {
+  return {matmul(g, transpose_last2(in(n, 1))), matmul(transpose_last2(in(n, 0)), g)};
+}
+Grads vjp_gather(const Node& n, const NodePtr&, const NodePtr& g) {
+  return {scatter_add(c(in(n, 0), 0), n.attrs.ints[0], in(n, 1), g), nullptr};
+}
+Grads vjp_scatter_add(const Node& n, const NodePtr&, const NodePtr& g) {
+  return {g, nullptr, gather(g, n.attrs.ints[0], in(n, 1))};
+}
+// update's cotangent is g at the (clamped) offsets: one gather per sliced dimension.
+Grads vjp_dus(const Node& n, const NodePtr&, const NodePtr& g) {
+  const NodePtr &upd = in(n, 1), &off = in(n, 2);
+  NodePtr cur = g;
+  for (size_t d = 0; d < n.shape.size(); ++d) {
+    int64_t full_n = n.shape[d], u = upd->shape[d];
+    if (u == full_n) continue;
+    NodePtr o = reshape(slice(off, {int64_t(d), int64_t(d) + 1, 1}), {});
+    o = binary(Op::Maximum, binary(Op::Minimum, o, full(double(full_n - u), {}, DType::Int64, n.device)),
+               full(0, {}, DType::Int64, n.device));
+    Shape is = cur->shape;
+    is[d] = u;
+    Shape ones(is.size(), 1);
+    NodePtr idx = add(iota(is, int64_t(d), n.device), expand(reshape(o, ones), is));
+    cur = gather(cur, int64_t(d), idx);
+  }
+  return {dynamic_update_slice(g, c(upd, 0), off), cur, nullptr};
+}
+
+}  // namespace
+
+VjpRule vjp_rule(Op op) {
+  switch (op) {
+    case Op::Cast: return vjp_cast;
+    case Op::Neg: return vjp_neg;
+    case Op::Exp: return vjp_exp;
+    case Op::Log: return vjp_log;
+    case Op::Tanh: return vjp_tanh;
+    case Op::Abs: return vjp_abs;
+    case Op::Sqrt: return vjp_sqrt;
+    case Op::Sin: return vjp_sin;
+    case Op::Cos: return vjp_cos;
+    case Op::Erf: return vjp_erf;
+    case Op::Add: return vjp_add;
+    case Op::Sub: return vjp_sub;
+    case Op::Mul: return vjp_mul;
+    case Op::Div: return vjp_div;
+    case Op::Maximum:
+    case Op::Minimum: return vjp_minmax;
+    case Op::Pow: return vjp_pow;
+    case Op::Where: return vjp_where;
+    case Op::ReduceSum: return vjp_reduce_sum;
+    case Op::ReduceMax: return vjp_reduce_max;
+    case Op::Reshape: return vjp_reshape;
+    case Op::Permute: return vjp_permute;
+    case Op::Expand: return vjp_expand;
+    case Op::Slice: return vjp_slice;
+    case Op::Pad: return vjp_pad;
+    case Op::Concat: return vjp_concat;
+    case Op::Matmul: return vjp_matmul;
+    case Op::Gather: return vjp_gather;
+    case Op::ScatterAdd: return vjp_scatter_add;
+    case Op::DynamicUpdateSlice: return vjp_dus;
+    default: return nullptr;
+  }
+}
+
+}  // namespace tessera::ir
