@@ -148,6 +148,8 @@ Tensor operator>(const Tensor& a, const Tensor& b);
 Tensor operator>=(const Tensor& a, const Tensor& b);
 Tensor operator<(const Tensor& a, double s);
 Tensor operator>(const Tensor& a, double s);
+Tensor operator<=(const Tensor& a, double s);
+Tensor operator>=(const Tensor& a, double s);
 
 // ---- movement and indexing ----
 // Pads each dimension with lo/hi elements of `value`; pads.size() == 2 * dim(), ordered

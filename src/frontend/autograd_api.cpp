@@ -35,10 +35,15 @@ void Tensor::set_grad(const Tensor& g) {
 
 void Tensor::backward(const Tensor& gradient) const { autodiff::backward(*this, gradient); }
 
+// The detached value must be a different IR node than this tensor's: an op reading both
+// (x * x.detach()) would otherwise give the detached use a gradient too.
 Tensor Tensor::detach() const {
   if (!defined()) fail("detach", "called on an undefined tensor");
-  if (impl()->buffer) return Tensor(std::make_shared<TensorImpl>(impl()->buffer, shape(), dtype()));
-  return detail::from_node(impl()->node);
+  if (const auto& b = impl()->buffer) {  // an alias of the buffer that keeps it alive
+    auto alias = std::make_shared<Buffer>(b->device, b->data, b->nbytes, [keep = b](void*, size_t) {});
+    return Tensor(std::make_shared<TensorImpl>(std::move(alias), shape(), dtype()));
+  }
+  return detail::from_node(ir::make(ir::Op::Reshape, {impl()->node}, {}, &shape()));
 }
 
 NoGradGuard::NoGradGuard() : prev_(autodiff::grad_enabled()) { autodiff::set_grad_enabled(false); }

@@ -191,6 +191,8 @@ Tensor operator>(const Tensor& a, const Tensor& b) { return gt(a, b); }
 Tensor operator>=(const Tensor& a, const Tensor& b) { return ge(a, b); }
 Tensor operator<(const Tensor& a, double s) { return binary_scalar(Op::Lt, a, s, false); }
 Tensor operator>(const Tensor& a, double s) { return binary_scalar(Op::Gt, a, s, false); }
+Tensor operator<=(const Tensor& a, double s) { return binary_scalar(Op::Le, a, s, false); }
+Tensor operator>=(const Tensor& a, double s) { return binary_scalar(Op::Ge, a, s, false); }
 
 Tensor Tensor::operator-() const {
   if (dtype() == DType::Bool) fail("neg", "not defined for bool tensors, got " + desc(*this));
@@ -348,6 +350,15 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
   if (ys.size() == 1) ys.push_back(1);
   Shape xb(xs.begin(), xs.end() - 2), yb(ys.begin(), ys.end() - 2);
   Shape batch = broadcast_shapes(xb, yb, "matmul");
+  if (yb.empty() && !xb.empty()) {
+    // [..., M, K] @ [K, N]: one GEMM over all rows instead of a batch sharing one operand.
+    int64_t rows = numel(xs) / xs.back();
+    NodePtr r = ir::make(Op::Matmul, {reshape_node(x, {rows, xs.back()}), reshape_node(y, ys)});
+    Shape out = xb;
+    if (a.dim() > 1) out.push_back(xs[xs.size() - 2]);
+    if (b.dim() > 1) out.push_back(ys.back());
+    return T(reshape_node(r, out), {&a, &b});
+  }
   Shape xf = batch, yf = batch;
   xf.insert(xf.end(), xs.end() - 2, xs.end());
   yf.insert(yf.end(), ys.end() - 2, ys.end());

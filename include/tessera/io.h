@@ -1,0 +1,23 @@
+// Checkpoints in the safetensors format (https://huggingface.co/docs/safetensors): an 8-byte
+// little-endian header length, a JSON header mapping each tensor name to its dtype ("F32",
+// "F64", "I64", ...), shape and [begin, end) data offsets, plus an optional "__metadata__" map
+// of strings, then the raw little-endian data. Files open in other tools.
+#pragma once
+#include <map>
+#include <string>
+
+#include "tessera/tensor.h"
+
+namespace tessera::io {
+
+using TensorMap = std::map<std::string, Tensor>;
+using Metadata = std::map<std::string, std::string>;
+
+// Writes atomically: a temporary file in the same directory, fsync, rename over `path`, fsync of
+// the directory. A crash at any moment leaves either the old file or the new one.
+void save_safetensors(const std::string& path, const TensorMap& tensors, const Metadata& meta = {});
+// Loads every tensor to `device`. A missing, truncated or corrupt file is a tessera::Error
+// starting "[load] <path>: " and saying what is wrong.
+TensorMap load_safetensors(const std::string& path, Metadata* meta = nullptr, const Device& device = Device("cpu"));
+
+}  // namespace tessera::io

@@ -1,0 +1,227 @@
+// Modules: named parameters, buffers and submodules; module paths ("blocks.2.attn.qkv") become
+// scopes while a module runs, so every traced op knows where it came from.
+#pragma once
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "tessera/ops.h"
+#include "tessera/scope.h"
+#include "tessera/tensor.h"
+
+namespace tessera::nn {
+
+class Module {
+ public:
+  explicit Module(std::string type_name) : type_name_(std::move(type_name)) {}
+  virtual ~Module() = default;
+  Module(const Module&) = delete;
+  Module& operator=(const Module&) = delete;
+
+  const std::string& type_name() const { return type_name_; }
+  // Runs forward() inside this module's scope.
+  Tensor operator()(const Tensor& x);
+  virtual Tensor forward(const Tensor& x);
+
+  // Parameters of this module and its descendants, depth first, by dotted path; a tensor shared
+  // by two modules (tied weights) is listed once, under its first path.
+  std::vector<std::pair<std::string, Tensor>> named_parameters() const;
+  std::vector<Tensor> parameters() const;
+  std::vector<std::pair<std::string, Tensor>> named_buffers() const;
+  std::vector<std::pair<std::string, std::shared_ptr<Module>>> named_modules() const;  // descendants
+  int64_t num_parameters() const;
+  // Parameters and buffers by path. load_state_dict copies values in place (shapes and dtypes
+  // must match); with strict, missing or unexpected names are an error listing them.
+  std::map<std::string, Tensor> state_dict() const;
+  void load_state_dict(const std::map<std::string, Tensor>& sd, bool strict = true);
+
+  virtual void train(bool on = true);
+  void eval() { train(false); }
+  bool is_training() const { return training_; }
+  // Moves every parameter and buffer to `d`, keeping tensor identities (optimizers stay valid).
+  void to(const Device& d);
+  // The name this module pushes as a scope while it runs (its path below the calling module).
+  const std::string& scope_name() const { return scope_name_; }
+
+ protected:
+  Tensor register_parameter(const std::string& name, Tensor t);  // marks it requires_grad
+  Tensor register_buffer(const std::string& name, Tensor t);
+  template <class M>
+  std::shared_ptr<M> register_module(const std::string& name, std::shared_ptr<M> m) {
+    add_child(name, m);
+    return m;
+  }
+  void add_child(const std::string& name, std::shared_ptr<Module> m);
+  virtual void set_scope_name(const std::string& s) { scope_name_ = s; }
+  std::vector<std::pair<std::string, std::shared_ptr<Module>>> children_;
+
+ private:
+  friend class ModuleList;  // renames its children's scopes
+  void collect(const std::string& prefix, std::vector<std::pair<std::string, Tensor>>& out, bool params,
+               std::vector<const void*>& seen) const;
+  std::string type_name_;
+  std::string scope_name_;
+  bool training_ = true;
+  std::vector<std::pair<std::string, Tensor>> params_, buffers_;
+};
+
+// Pushes a module's scope for a custom forward signature.
+class ModuleScope {
+ public:
+  explicit ModuleScope(const Module& m) : scope_(m.scope_name().empty() ? m.type_name() : m.scope_name()) {}
+
+ private:
+  Scope scope_;
+};
+
+// ---- layers (initialized like PyTorch's defaults) ----
+class Linear : public Module {
+ public:
+  Linear(int64_t in, int64_t out, bool bias = true);
+  Tensor forward(const Tensor& x) override;
+  Tensor weight, bias;  // weight [out, in]; bias [out] or undefined
+};
+
+class Embedding : public Module {
+ public:
+  Embedding(int64_t num, int64_t dim);
+  Tensor forward(const Tensor& indices) override;
+  Tensor weight;  // [num, dim], N(0, 1)
+};
+
+class LayerNorm : public Module {
+ public:
+  explicit LayerNorm(Shape normalized_shape, double eps = 1e-5, bool affine = true);
+  Tensor forward(const Tensor& x) override;
+  Tensor weight, bias;
+  Shape normalized_shape;
+  double eps;
+};
+
+class Dropout : public Module {
+ public:
+  explicit Dropout(double p = 0.5);
+  Tensor forward(const Tensor& x) override;  // identity in eval mode or when p == 0
+  double p;
+};
+
+class ReLU : public Module {
+ public:
+  ReLU() : Module("ReLU") {}
+  Tensor forward(const Tensor& x) override { return relu(x); }
+};
+class GELU : public Module {
+ public:
+  explicit GELU(bool tanh_approximation = false) : Module("GELU"), tanh_(tanh_approximation) {}
+  Tensor forward(const Tensor& x) override { return gelu(x, tanh_); }
+
+ private:
+  bool tanh_;
+};
+class SiLU : public Module {
+ public:
+  SiLU() : Module("SiLU") {}
+  Tensor forward(const Tensor& x) override { return silu(x); }
+};
+
+class Sequential : public Module {
+ public:
+  Sequential() : Module("Sequential") {}
+  Sequential& add(std::shared_ptr<Module> m);  // named "0", "1", ...
+  Tensor forward(const Tensor& x) override;
+  size_t size() const;
+};
+
+// Holds modules without running them; its children's scopes include its name ("blocks.0").
+class ModuleList : public Module {
+ public:
+  ModuleList() : Module("ModuleList") {}
+  ModuleList& add(std::shared_ptr<Module> m);
+  size_t size() const;
+  std::shared_ptr<Module> operator[](size_t i) const;
+
+ protected:
+  void set_scope_name(const std::string& s) override;
+};
+
+// ---- the GPT ----
+struct GPTConfig {
+  int64_t vocab = 114;
+  int64_t block = 64;   // context length
+  int64_t embd = 128;
+  int64_t heads = 4;
+  int64_t layers = 4;
+  double dropout = 0.0;
+  bool bias = true;
+  bool tied_head = false;
+};
+
+// Fixed-size key/value buffers for generation: [batch, heads, block, head_dim] per layer.
+struct KVCache {
+  std::vector<Tensor> k, v;
+};
+
+class MLP : public Module {
+ public:
+  MLP(int64_t embd, double dropout, bool bias);
+  Tensor forward(const Tensor& x) override;
+  std::shared_ptr<Linear> fc, proj;
+  std::shared_ptr<Dropout> drop;
+};
+
+// Multi-head causal self-attention. With a cache, the new keys/values of positions
+// [pos, pos + T) are written into the cache (pos is an int64 scalar tensor, a runtime value)
+// and queries attend to cached positions <= their own.
+class CausalSelfAttention : public Module {
+ public:
+  CausalSelfAttention(int64_t embd, int64_t heads, double dropout, bool bias);
+  Tensor forward(const Tensor& x) override;
+  Tensor forward(const Tensor& x, Tensor* k_cache, Tensor* v_cache, const Tensor& pos);
+  std::shared_ptr<Linear> qkv, proj;
+  std::shared_ptr<Dropout> attn_drop, resid_drop;
+  int64_t heads, embd;
+};
+
+class Block : public Module {
+ public:
+  Block(const GPTConfig& c);
+  Tensor forward(const Tensor& x) override;
+  Tensor forward(const Tensor& x, Tensor* k_cache, Tensor* v_cache, const Tensor& pos);
+  std::shared_ptr<LayerNorm> ln1, ln2;
+  std::shared_ptr<CausalSelfAttention> attn;
+  std::shared_ptr<MLP> mlp;
+};
+
+class GPT : public Module {
+ public:
+  explicit GPT(const GPTConfig& c);
+  // Logits [B, T, vocab] for token ids [B, T] (T <= block).
+  Tensor forward(const Tensor& idx) override;
+  // Mean cross entropy of next-token prediction.
+  Tensor loss(const Tensor& idx, const Tensor& targets);
+  // Generation: a zeroed cache for `batch` sequences, and logits [B, T, vocab] of tokens placed
+  // at positions [pos, pos + T) (pos: int64 scalar tensor) attending through the cache.
+  KVCache make_cache(int64_t batch) const;
+  Tensor forward_cached(const Tensor& idx, KVCache& cache, const Tensor& pos);
+  const GPTConfig& config() const { return cfg_; }
+
+  std::shared_ptr<Embedding> wte, wpe;
+  std::shared_ptr<Dropout> drop;
+  std::shared_ptr<ModuleList> blocks;
+  std::shared_ptr<LayerNorm> ln_f;
+  std::shared_ptr<Linear> head;
+
+ private:
+  GPTConfig cfg_;
+  Tensor logits_of(const Tensor& x);
+};
+
+// ---- losses ----
+// Mean over targets != ignore_index; label_smoothing mixes the one-hot target with uniform.
+Tensor cross_entropy(const Tensor& logits, const Tensor& target, int64_t ignore_index, double label_smoothing = 0);
+Tensor nll_loss(const Tensor& log_probs, const Tensor& target, int64_t ignore_index = -100);
+Tensor mse_loss(const Tensor& input, const Tensor& target);
+
+}  // namespace tessera::nn
