@@ -1,6 +1,7 @@
 // Modules: named parameters, buffers and submodules; module paths ("blocks.2.attn.qkv") become
 // scopes while a module runs, so every traced op knows where it came from.
 #pragma once
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -217,6 +218,19 @@ class GPT : public Module {
   GPTConfig cfg_;
   Tensor logits_of(const Tensor& x);
 };
+
+// ---- generation ----
+struct SampleOptions {
+  int64_t tokens = 256;      // new tokens to draw
+  double temperature = 1.0;  // > 0
+  int64_t top_k = 0;         // 0: all tokens
+  uint64_t seed = 0;
+};
+// Draws tokens after `prompt` (non-empty) through a fixed-size KV cache: the prompt is padded to
+// the block and prefilled, each new token is one decode step at a runtime position, and when
+// the context fills the block its last half is kept and prefilled again. Three graphs at most.
+std::vector<int64_t> generate(GPT& model, const std::vector<int64_t>& prompt, const SampleOptions& o,
+                              const std::function<void(int64_t)>& on_token = {});
 
 // ---- losses ----
 // Mean over targets != ignore_index; label_smoothing mixes the one-hot target with uniform.

@@ -158,11 +158,21 @@ IndexMap IndexMap::pad(const std::vector<int64_t>& v) const {
   return r;
 }
 
-bool IndexMap::offset(const int64_t* idx, int64_t* out) const {
+size_t IndexMap::effective_top() const {
+  size_t k = views.size() - 1;
+  while (k > 0) {
+    const View& v = views[k];
+    if (v.masked() || v.offset != 0 || v.strides != contiguous_strides(v.shape)) break;
+    --k;
+  }
+  return k;
+}
+
+bool IndexMap::offset_from(size_t top, const int64_t* idx, int64_t* out) const {
   int64_t buf[16];
   std::vector<int64_t> heap;
   const int64_t* cur = idx;
-  for (size_t k = views.size(); k-- > 0;) {
+  for (size_t k = top + 1; k-- > 0;) {
     const View& v = views[k];
     size_t rank = v.shape.size();
     if (v.masked())

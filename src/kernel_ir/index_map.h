@@ -34,7 +34,12 @@ struct IndexMap {
   IndexMap pad(const std::vector<int64_t>& lo_hi_interior) const;
 
   // Element offset of multi-index idx (in shape()); false where a mask hides it.
-  bool offset(const int64_t* idx, int64_t* off) const;
+  bool offset(const int64_t* idx, int64_t* off) const { return offset_from(views.size() - 1, idx, off); }
+  // The same, with idx given in the shape of views[top] (the views above it are skipped).
+  bool offset_from(size_t top, const int64_t* idx, int64_t* off) const;
+  // The lowest view whose row-major order equals the loop domain's: views above it that are
+  // plain reshapes (dense, unmasked, offset 0) only renumber positions.
+  size_t effective_top() const;
   std::string str() const;
 };
 
