@@ -178,8 +178,14 @@ bool grad_enabled();
 void sync();
 std::ostream& operator<<(std::ostream& os, const Tensor& t);
 
-// The global random generator: a seed and an offset that advances per executed graph.
+// The global random generator: a seed and an offset that advances per executed graph that
+// draws. Saving and restoring both (checkpoints) reproduces every later draw.
 void manual_seed(uint64_t seed);
+struct RngState {
+  uint64_t seed = 0, offset = 0;
+};
+RngState rng_state();
+void set_rng_state(const RngState& s);
 
 // The library's version string.
 const char* version();

@@ -152,6 +152,11 @@ void manual_seed(uint64_t seed) {
   rng().seed = seed;
   rng().offset = 0;
 }
+RngState rng_state() { return detail::rng_state(); }
+void set_rng_state(const RngState& s) {
+  rng().seed = s.seed;
+  rng().offset = s.offset;
+}
 
 void sync() {
   auto impls = detail::pending_impls();

@@ -40,10 +40,7 @@ Tensor from_node(ir::NodePtr n);
 // Live pending impls (the runtime realizes all of them on sync).
 std::vector<std::shared_ptr<TensorImpl>> pending_impls();
 // The generator state the next executed graph will use.
-struct RngState {
-  uint64_t seed;
-  uint64_t offset;
-};
+using tessera::RngState;
 RngState rng_state();
 // Reserves a draw index for an RNG node of the graph being traced (reset after each sync).
 uint32_t next_draw();
