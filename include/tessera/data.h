@@ -31,7 +31,7 @@ class CharTokenizer {
 
  private:
   std::string vocab_;
-  int16_t id_of_[256];
+  int16_t id_of_[256] = {};
 };
 
 enum class Split { Train, Val };

@@ -3,6 +3,7 @@
 #pragma once
 #include <functional>
 #include <map>
+#include <optional>
 #include <memory>
 #include <string>
 #include <utility>
@@ -68,13 +69,17 @@ class Module {
   std::vector<std::pair<std::string, Tensor>> params_, buffers_;
 };
 
-// Pushes a module's scope for a custom forward signature.
+// Pushes a module's scope for a custom forward signature; a no-op when that module's scope is
+// already the innermost one (operator() pushed it before calling forward()).
 class ModuleScope {
  public:
-  explicit ModuleScope(const Module& m) : scope_(m.scope_name().empty() ? m.type_name() : m.scope_name()) {}
+  explicit ModuleScope(const Module& m);
+  ~ModuleScope();
+  ModuleScope(const ModuleScope&) = delete;
+  ModuleScope& operator=(const ModuleScope&) = delete;
 
  private:
-  Scope scope_;
+  std::optional<Scope> scope_;
 };
 
 // ---- layers (initialized like PyTorch's defaults) ----

@@ -15,5 +15,7 @@ std::vector<int64_t> contiguous_strides(const Shape& s);  // row-major, in eleme
 Shape broadcast_shapes(const Shape& a, const Shape& b, const char* op);
 // Wraps a possibly negative dimension index; throws naming `op` when out of range.
 int64_t wrap_dim(int64_t dim, int64_t rank, const char* op);
+// The same for a tensor of shape s, naming the shape; one_more allows rank(s) (a new dimension).
+int64_t wrap_dim(int64_t dim, const Shape& s, const char* op, bool one_more = false);
 
 }  // namespace tessera

@@ -383,8 +383,9 @@ Plan lower(const ir::Graph& g, const std::vector<int>& donate) {
   for (size_t k = 0; k < g.outputs.size(); ++k) {
     int node = g.outputs[k];
     int first = L.output_of_node.at(node);
-    if (first != int(k)) {  // the same node requested twice: share the slot
-      L.plan.output_slot[k] = L.plan.output_slot[first];
+    if (first != int(k)) {  // the same node requested twice: each tensor gets its own buffer
+      L.copy_out(node, int(k));
+      L.plan.output_slot[k] = L.vals[node].slot;
       continue;
     }
     const Val& v = L.vals[node];

@@ -47,4 +47,13 @@ int64_t wrap_dim(int64_t dim, int64_t rank, const char* op) {
   return r;
 }
 
+int64_t wrap_dim(int64_t dim, const Shape& s, const char* op, bool one_more) {
+  int64_t rank = int64_t(s.size()) + (one_more ? 1 : 0);
+  int64_t r = dim < 0 ? dim + rank : dim;
+  if (r < 0 || r >= rank)
+    fail(op, "dimension " + std::to_string(dim) + " out of range for a tensor of shape " + shape_str(s) +
+                 (one_more ? " (a new dimension may be inserted)" : ""));
+  return r;
+}
+
 }  // namespace tessera

@@ -1,5 +1,6 @@
 // Decompositions: every op here is built from public ops (and so from primitives), which gives
 // each backend the op for free and lets autodiff differentiate it through its parts.
+#include <algorithm>
 #include <cmath>
 
 #include "tessera/error.h"
@@ -12,7 +13,25 @@ std::string desc(const Tensor& t) { return std::string(dtype_name(t.dtype())) + 
 void need(const Tensor& t, const char* op) {
   if (!t.defined()) fail(op, "called on an undefined tensor");
 }
-Tensor floating(const Tensor& a) { return is_floating(a.dtype()) ? a : a.to(DType::Float32); }
+Tensor floating(const Tensor& a, const char* op) {
+  need(a, op);
+  return is_floating(a.dtype()) ? a : a.to(DType::Float32);
+}
+// Validates reduction dims under the caller's name before any internal op sees them.
+void check_dims(const Tensor& a, const std::vector<int64_t>& dims, const char* op) {
+  need(a, op);
+  std::vector<int64_t> seen;
+  for (int64_t d : dims) {
+    int64_t w = wrap_dim(d, a.shape(), op);
+    if (std::find(seen.begin(), seen.end(), w) != seen.end()) fail(op, "repeated dimension " + std::to_string(d) + " for " + desc(a));
+    seen.push_back(w);
+  }
+}
+void check_binary(const Tensor& a, const Tensor& b, const char* op) {
+  need(a, op);
+  need(b, op);
+  broadcast_shapes(a.shape(), b.shape(), op);
+}
 Tensor as_bool(const Tensor& a) { return a.dtype() == DType::Bool ? a : ne(a, zeros({}, {a.dtype(), a.device()})); }
 // iota along `dim` of a tensor of `rank` dims, shaped to broadcast against it.
 Tensor position(int64_t n, int64_t dim, int64_t rank, const Device& d) {
@@ -49,25 +68,28 @@ Tensor rand_like(const Tensor& t) { return rand(t.shape(), {t.dtype(), t.device(
 Tensor randn_like(const Tensor& t) { return randn(t.shape(), {t.dtype(), t.device()}); }
 
 // ---- elementwise ----
-Tensor rsqrt(const Tensor& a) { return 1.0 / sqrt(a); }
-Tensor reciprocal(const Tensor& a) { return 1.0 / a; }
-Tensor square(const Tensor& a) { return a * a; }
+Tensor rsqrt(const Tensor& a) { return 1.0 / sqrt(floating(a, "rsqrt")); }
+Tensor reciprocal(const Tensor& a) { return 1.0 / floating(a, "reciprocal"); }
+Tensor square(const Tensor& a) { need(a, "square"); return a * a; }
 
 // exp(-|x|) never overflows, so neither the value nor the gradient meets inf * 0.
 Tensor sigmoid(const Tensor& a) {
-  Tensor x = floating(a), t = exp(-abs(x));
+  Tensor x = floating(a, "sigmoid"), t = exp(-abs(x));
   return where(x >= zeros_like(x), 1.0 / (1.0 + t), t / (1.0 + t));
 }
-Tensor relu(const Tensor& a) { need(a, "relu"); return where(a > 0.0, a, zeros_like(a)); }
+Tensor relu(const Tensor& a) {
+  need(a, "relu");
+  return where(a > 0.0, a, zeros_like(a));
+}
 Tensor gelu(const Tensor& a, bool tanh_approximation) {
-  Tensor x = floating(a);
+  Tensor x = floating(a, "gelu");
   if (tanh_approximation) {
     const double k = std::sqrt(2.0 / M_PI);
     return 0.5 * x * (1.0 + tanh(k * (x + 0.044715 * x * x * x)));
   }
   return 0.5 * x * (1.0 + erf(x * M_SQRT1_2));
 }
-Tensor silu(const Tensor& a) { return floating(a) * sigmoid(a); }
+Tensor silu(const Tensor& a) { return floating(a, "silu") * sigmoid(a); }
 
 // log(1 + u) for u >= 0, accurate for tiny u (no log1p primitive yet).
 static Tensor log1p_nonneg(const Tensor& u) {
@@ -76,7 +98,7 @@ static Tensor log1p_nonneg(const Tensor& u) {
   return where(small, series, log(1.0 + where(small, ones_like(u), u)));
 }
 Tensor softplus(const Tensor& a, double beta, double threshold) {
-  Tensor x = floating(a), z = x * beta;
+  Tensor x = floating(a, "softplus"), z = x * beta;
   // Above the threshold softplus is x; the other branch is evaluated on a clamped input so it
   // stays finite (where() would otherwise pass 0 * inf = NaN gradients).
   Tensor zc = minimum(z, full_like(z, threshold));
@@ -101,30 +123,57 @@ Tensor clamp(const Tensor& a, std::optional<double> lo, std::optional<double> hi
 }
 
 // ---- logical ----
-Tensor logical_and(const Tensor& a, const Tensor& b) { return minimum(as_bool(a), as_bool(b)); }
-Tensor logical_or(const Tensor& a, const Tensor& b) { return maximum(as_bool(a), as_bool(b)); }
-Tensor logical_xor(const Tensor& a, const Tensor& b) { return ne(as_bool(a), as_bool(b)); }
-Tensor logical_not(const Tensor& a) { return eq(as_bool(a), zeros({}, {DType::Bool, a.device()})); }
+Tensor logical_and(const Tensor& a, const Tensor& b) {
+  check_binary(a, b, "logical_and");
+  return minimum(as_bool(a), as_bool(b));
+}
+Tensor logical_or(const Tensor& a, const Tensor& b) {
+  check_binary(a, b, "logical_or");
+  return maximum(as_bool(a), as_bool(b));
+}
+Tensor logical_xor(const Tensor& a, const Tensor& b) {
+  check_binary(a, b, "logical_xor");
+  return ne(as_bool(a), as_bool(b));
+}
+Tensor logical_not(const Tensor& a) {
+  need(a, "logical_not");
+  return eq(as_bool(a), zeros({}, {DType::Bool, a.device()}));
+}
 
 // ---- reductions ----
 Tensor sum(const Tensor& a, std::vector<int64_t> dims, bool keepdim) { return a.sum(std::move(dims), keepdim); }
 
 Tensor mean(const Tensor& a, std::vector<int64_t> dims, bool keepdim) {
   need(a, "mean");
-  Tensor x = floating(a);
+  Tensor x = floating(a, "mean");
   int64_t n = 1;
   if (dims.empty()) n = x.numel();
-  for (int64_t d : dims) n *= x.shape()[wrap_dim(d, x.dim(), "mean")];
+  for (int64_t d : dims) n *= x.shape()[wrap_dim(d, x.shape(), "mean")];
   return x.sum(dims, keepdim) / double(n);
 }
 
-Tensor amax(const Tensor& a, std::vector<int64_t> dims, bool keepdim) { return a.max(std::move(dims), keepdim); }
-Tensor amin(const Tensor& a, std::vector<int64_t> dims, bool keepdim) { return -(-a).max(std::move(dims), keepdim); }
+static void check_extreme(const Tensor& a, const std::vector<int64_t>& dims, const char* op) {
+  check_dims(a, dims, op);
+  for (int64_t d = 0; d < a.dim(); ++d) {
+    bool reduced = dims.empty();
+    for (int64_t x : dims) reduced |= wrap_dim(x, a.shape(), op) == d;
+    if (reduced && a.shape()[d] == 0) fail(op, "cannot reduce over the empty dimension " + std::to_string(d) + " of " + desc(a));
+  }
+}
+Tensor amax(const Tensor& a, std::vector<int64_t> dims, bool keepdim) {
+  check_extreme(a, dims, "amax");
+  return a.max(std::move(dims), keepdim);
+}
+Tensor amin(const Tensor& a, std::vector<int64_t> dims, bool keepdim) {
+  check_extreme(a, dims, "amin");
+  if (a.dtype() == DType::Bool) fail("amin", "not defined for bool tensors, got " + desc(a));
+  return -(-a).max(std::move(dims), keepdim);
+}
 
 static Tensor arg_extreme(const Tensor& a, std::optional<int64_t> dim, bool keepdim, bool is_max, const char* op) {
   need(a, op);
   Tensor x = dim ? a : a.reshape({-1});
-  int64_t d = wrap_dim(dim.value_or(0), x.dim(), op);
+  int64_t d = wrap_dim(dim.value_or(0), x.shape(), op);
   int64_t n = x.shape()[d];
   if (n == 0) fail(op, "cannot take the index of an extreme over an empty dimension of " + desc(a));
   Tensor v = is_max ? x : -x.to(is_floating(x.dtype()) ? x.dtype() : DType::Int64);
@@ -141,20 +190,22 @@ Tensor argmin(const Tensor& a, std::optional<int64_t> dim, bool keepdim) { retur
 
 Tensor var(const Tensor& a, std::vector<int64_t> dims, int64_t correction, bool keepdim) {
   need(a, "var");
-  Tensor x = floating(a);
+  Tensor x = floating(a, "var");
   int64_t n = 1;
   if (dims.empty()) n = x.numel();
-  for (int64_t d : dims) n *= x.shape()[wrap_dim(d, x.dim(), "var")];
+  for (int64_t d : dims) n *= x.shape()[wrap_dim(d, x.shape(), "var")];
   Tensor dev = x - mean(x, dims, true);
   return (dev * dev).sum(dims, keepdim) / double(std::max<int64_t>(n - correction, 0));
 }
 Tensor std(const Tensor& a, std::vector<int64_t> dims, int64_t correction, bool keepdim) {
+  check_dims(a, dims, "std");
   return sqrt(var(a, std::move(dims), correction, keepdim));
 }
 
 Tensor logsumexp(const Tensor& a, std::vector<int64_t> dims, bool keepdim) {
-  need(a, "logsumexp");
-  Tensor x = floating(a);
+  check_dims(a, dims, "logsumexp");
+  Tensor x = floating(a, "logsumexp");
+  if (x.numel() == 0) return full(x.sum(dims, keepdim).shape(), -INFINITY, {x.dtype(), x.device()});  // log(0)
   Tensor m = x.max(dims, true).detach();
   m = where(eq(abs(m), full_like(m, INFINITY)), zeros_like(m), m);  // all -inf (or inf) rows: shift by 0
   Tensor r = log(exp(x - m).sum(dims, true)) + m;
@@ -165,7 +216,7 @@ Tensor logsumexp(const Tensor& a, std::vector<int64_t> dims, bool keepdim) {
 // ---- views ----
 Tensor narrow(const Tensor& a, int64_t dim, int64_t start, int64_t length) {
   need(a, "narrow");
-  int64_t d = wrap_dim(dim, a.dim(), "narrow"), n = a.shape()[d];
+  int64_t d = wrap_dim(dim, a.shape(), "narrow"), n = a.shape()[d];
   if (start < 0) start += n;
   if (start < 0 || length < 0 || start + length > n)
     fail("narrow", "range [" + std::to_string(start) + ", " + std::to_string(start + length) + ") out of bounds for dimension " +
@@ -182,7 +233,7 @@ Tensor squeeze(const Tensor& a) {
 }
 Tensor squeeze(const Tensor& a, int64_t dim) {
   need(a, "squeeze");
-  int64_t d = wrap_dim(dim, a.dim(), "squeeze");
+  int64_t d = wrap_dim(dim, a.shape(), "squeeze");
   if (a.shape()[d] != 1) return a;  // like PyTorch: a no-op on other extents
   Shape s = a.shape();
   s.erase(s.begin() + d);
@@ -190,7 +241,7 @@ Tensor squeeze(const Tensor& a, int64_t dim) {
 }
 Tensor unsqueeze(const Tensor& a, int64_t dim) {
   need(a, "unsqueeze");
-  int64_t d = wrap_dim(dim, a.dim() + 1, "unsqueeze");
+  int64_t d = wrap_dim(dim, a.shape(), "unsqueeze", true);
   Shape s = a.shape();
   s.insert(s.begin() + d, 1);
   return a.reshape(s);
@@ -198,8 +249,8 @@ Tensor unsqueeze(const Tensor& a, int64_t dim) {
 Tensor flatten(const Tensor& a, int64_t start_dim, int64_t end_dim) {
   need(a, "flatten");
   if (a.dim() == 0) return a.reshape({1});
-  int64_t s0 = wrap_dim(start_dim, a.dim(), "flatten"), s1 = wrap_dim(end_dim, a.dim(), "flatten");
-  if (s0 > s1) fail("flatten", "start_dim " + std::to_string(s0) + " comes after end_dim " + std::to_string(s1));
+  int64_t s0 = wrap_dim(start_dim, a.shape(), "flatten"), s1 = wrap_dim(end_dim, a.shape(), "flatten");
+  if (s0 > s1) fail("flatten", "start_dim " + std::to_string(s0) + " comes after end_dim " + std::to_string(s1) + " for " + desc(a));
   Shape s(a.shape().begin(), a.shape().begin() + s0);
   int64_t m = 1;
   for (int64_t d = s0; d <= s1; ++d) m *= a.shape()[d];
@@ -210,8 +261,8 @@ Tensor flatten(const Tensor& a, int64_t start_dim, int64_t end_dim) {
 
 std::vector<Tensor> split(const Tensor& a, int64_t split_size, int64_t dim) {
   need(a, "split");
-  int64_t d = wrap_dim(dim, a.dim(), "split"), n = a.shape()[d];
-  if (split_size <= 0) fail("split", "split size must be positive, got " + std::to_string(split_size));
+  int64_t d = wrap_dim(dim, a.shape(), "split"), n = a.shape()[d];
+  if (split_size <= 0) fail("split", "split size must be positive, got " + std::to_string(split_size) + " for " + desc(a));
   std::vector<Tensor> r;
   for (int64_t s = 0; s < n; s += split_size) r.push_back(a.slice(d, s, std::min(n, s + split_size)));
   if (r.empty()) r.push_back(a);
@@ -219,8 +270,8 @@ std::vector<Tensor> split(const Tensor& a, int64_t split_size, int64_t dim) {
 }
 std::vector<Tensor> chunk(const Tensor& a, int64_t chunks, int64_t dim) {
   need(a, "chunk");
-  if (chunks <= 0) fail("chunk", "number of chunks must be positive, got " + std::to_string(chunks));
-  int64_t n = a.shape()[wrap_dim(dim, a.dim(), "chunk")];
+  if (chunks <= 0) fail("chunk", "number of chunks must be positive, got " + std::to_string(chunks) + " for " + desc(a));
+  int64_t n = a.shape()[wrap_dim(dim, a.shape(), "chunk")];
   return split(a, std::max<int64_t>(1, (n + chunks - 1) / chunks), dim);
 }
 
@@ -230,7 +281,7 @@ Tensor stack(const std::vector<Tensor>& ts, int64_t dim) {
     need(t, "stack");
     if (t.shape() != ts[0].shape()) fail("stack", "tensors must have one shape, got " + desc(ts[0]) + " and " + desc(t));
   }
-  int64_t d = wrap_dim(dim, ts[0].dim() + 1, "stack");
+  int64_t d = wrap_dim(dim, ts[0].shape(), "stack", true);
   std::vector<Tensor> u;
   for (auto& t : ts) u.push_back(unsqueeze(t, d));
   return cat(u, d);
@@ -243,7 +294,7 @@ Tensor repeat(const Tensor& a, const std::vector<int64_t>& reps) {
   size_t lead = reps.size() - size_t(a.dim());
   Shape inter, expanded, out;
   for (size_t i = 0; i < reps.size(); ++i) {
-    if (reps[i] < 0) fail("repeat", "repeat counts must be non-negative, got " + shape_str(reps));
+    if (reps[i] < 0) fail("repeat", "repeat counts must be non-negative, got " + shape_str(reps) + " for " + desc(a));
     int64_t e = i < lead ? 1 : a.shape()[i - lead];
     inter.insert(inter.end(), {1, e});
     expanded.insert(expanded.end(), {reps[i], e});
@@ -257,6 +308,7 @@ Tensor masked_fill(const Tensor& a, const Tensor& mask, double value) {
   need(a, "masked_fill");
   need(mask, "masked_fill");
   if (mask.dtype() != DType::Bool) fail("masked_fill", "mask must be bool, got " + desc(mask));
+  broadcast_shapes(a.shape(), mask.shape(), "masked_fill");
   return where(mask, full({}, value, {a.dtype(), a.device()}), a);
 }
 
@@ -278,7 +330,7 @@ Tensor index_select(const Tensor& a, int64_t dim, const Tensor& index) {
   need(index, "index_select");
   if (index.dim() != 1 || !is_integral(index.dtype()))
     fail("index_select", "index must be a 1-D integer tensor, got " + desc(index));
-  int64_t d = wrap_dim(dim, a.dim(), "index_select");
+  int64_t d = wrap_dim(dim, a.shape(), "index_select");
   Shape s(size_t(a.dim()), 1), full_shape = a.shape();
   s[d] = index.numel();
   full_shape[d] = index.numel();
@@ -298,16 +350,16 @@ Tensor embedding(const Tensor& weight, const Tensor& indices) {
 // ---- composites for networks ----
 Tensor softmax(const Tensor& a, int64_t dim) {
   need(a, "softmax");
-  Tensor x = floating(a);
-  int64_t d = wrap_dim(dim, x.dim(), "softmax");
+  Tensor x = floating(a, "softmax");
+  int64_t d = wrap_dim(dim, x.shape(), "softmax");
   Tensor e = exp(x - x.max({d}, true).detach());  // the shift cancels in the gradient
   return e / e.sum({d}, true);
 }
 
 Tensor log_softmax(const Tensor& a, int64_t dim) {
   need(a, "log_softmax");
-  Tensor x = floating(a);
-  int64_t d = wrap_dim(dim, x.dim(), "log_softmax");
+  Tensor x = floating(a, "log_softmax");
+  int64_t d = wrap_dim(dim, x.shape(), "log_softmax");
   Tensor z = x - x.max({d}, true).detach();
   return z - log(exp(z).sum({d}, true));
 }
@@ -323,7 +375,7 @@ Tensor layer_norm(const Tensor& a, const Shape& normalized_shape, const Tensor& 
       fail("layer_norm", "weight and bias must have shape " + shape_str(normalized_shape) + ", got " + desc(*p));
   std::vector<int64_t> dims;
   for (int64_t i = a.dim() - k; i < a.dim(); ++i) dims.push_back(i);
-  Tensor x = floating(a);
+  Tensor x = floating(a, "layer_norm");
   Tensor mu = mean(x, dims, true), dev = x - mu;
   Tensor y = dev * rsqrt(mean(dev * dev, dims, true) + eps);
   if (weight.defined()) y = y * weight;

@@ -90,7 +90,7 @@ std::vector<int64_t> reduce_axes(const Tensor& a, std::vector<int64_t> dims, con
   int64_t r = a.dim();
   if (dims.empty())
     for (int64_t d = 0; d < r; ++d) dims.push_back(d);
-  for (auto& d : dims) d = wrap_dim(d, r, op);
+  for (auto& d : dims) d = wrap_dim(d, a.shape(), op);
   std::sort(dims.begin(), dims.end());
   if (std::adjacent_find(dims.begin(), dims.end()) != dims.end()) fail(op, "repeated dimension for " + desc(a));
   return dims;
@@ -222,12 +222,14 @@ Tensor pow(double base, const Tensor& e) { return binary_scalar(Op::Pow, e, base
 
 Tensor scatter_add(const Tensor& a, int64_t dim, const Tensor& index, const Tensor& src) {
   if (!a.defined() || !index.defined() || !src.defined()) fail("scatter_add", "called on an undefined tensor");
-  int64_t d = wrap_dim(dim, a.dim(), "scatter_add");
+  int64_t d = wrap_dim(dim, a.shape(), "scatter_add");
   return T(ir::make(Op::ScatterAdd, {N(a), N(index), cast(N(src), a.dtype())}, Attrs{{d}, 0}), {&a, &index, &src});
 }
 
 Tensor dynamic_update_slice(const Tensor& a, const Tensor& update, const Tensor& offsets) {
   if (!a.defined() || !update.defined() || !offsets.defined()) fail("dynamic_update_slice", "called on an undefined tensor");
+  if (!is_integral(offsets.dtype()))
+    fail("dynamic_update_slice", "offsets must be integers, got " + desc(offsets) + " for " + desc(a));
   return T(ir::make(Op::DynamicUpdateSlice, {N(a), cast(N(update), a.dtype()), cast(N(offsets), DType::Int64)}),
            {&a, &update, &offsets});
 }
@@ -262,14 +264,14 @@ Tensor Tensor::permute(std::vector<int64_t> perm) const {
   if (!defined()) fail("permute", "called on an undefined tensor");
   if (int64_t(perm.size()) != dim())
     fail("permute", "permutation of length " + std::to_string(perm.size()) + " for " + desc(*this));
-  for (auto& p : perm) p = wrap_dim(p, dim(), "permute");
+  for (auto& p : perm) p = wrap_dim(p, shape(), "permute");
   return view(ir::make(Op::Permute, {N(*this)}, Attrs{perm, 0}), *this);
 }
 
 Tensor Tensor::transpose(int64_t a, int64_t b) const {
   std::vector<int64_t> perm(static_cast<size_t>(dim()));
   for (int64_t i = 0; i < dim(); ++i) perm[i] = i;
-  std::swap(perm[wrap_dim(a, dim(), "transpose")], perm[wrap_dim(b, dim(), "transpose")]);
+  std::swap(perm[wrap_dim(a, shape(), "transpose")], perm[wrap_dim(b, shape(), "transpose")]);
   return permute(perm);
 }
 
@@ -290,7 +292,7 @@ Tensor Tensor::expand(Shape s) const {
 
 Tensor Tensor::slice(int64_t d, int64_t start, int64_t stop, int64_t step) const {
   if (!defined()) fail("slice", "called on an undefined tensor");
-  d = wrap_dim(d, dim(), "slice");
+  d = wrap_dim(d, shape(), "slice");
   if (step < 1) fail("slice", "step must be positive, got " + std::to_string(step) + " for " + desc(*this));
   int64_t n = shape()[d];
   auto clampi = [n](int64_t v) { return std::clamp<int64_t>(v < 0 ? v + n : v, 0, n); };
@@ -326,7 +328,7 @@ Tensor cat(const std::vector<Tensor>& ts, int64_t dim) {
     if (!t.defined()) fail("cat", "called on an undefined tensor");
   DType t = ts[0].dtype();
   for (auto& x : ts) t = promote(t, x.dtype());
-  int64_t d = wrap_dim(dim, ts[0].dim(), "cat");
+  int64_t d = wrap_dim(dim, ts[0].shape(), "cat");
   std::vector<NodePtr> in;
   std::vector<const Tensor*> srcs;
   for (auto& x : ts) in.push_back(cast(N(x), t)), srcs.push_back(&x);
@@ -374,7 +376,7 @@ Tensor Tensor::matmul(const Tensor& o) const { return tessera::matmul(*this, o);
 
 Tensor gather(const Tensor& a, int64_t dim, const Tensor& index) {
   if (!a.defined() || !index.defined()) fail("gather", "called on an undefined tensor");
-  int64_t d = wrap_dim(dim, a.dim(), "gather");
+  int64_t d = wrap_dim(dim, a.shape(), "gather");
   return T(ir::make(Op::Gather, {N(a), N(index)}, Attrs{{d}, 0}), {&a, &index});
 }
 

@@ -127,11 +127,12 @@ KVCache GPT::make_cache(int64_t batch) const {
   KVCache c;
   int64_t D = cfg_.embd / cfg_.heads;
   Device d = wte->weight.device();
+  // Each layer's buffers are distinct realized tensors (identical pending zeros would share a node).
+  std::vector<float> z(size_t(batch * cfg_.heads * cfg_.block * D), 0.f);
   for (int64_t i = 0; i < cfg_.layers; ++i) {
-    c.k.push_back(zeros({batch, cfg_.heads, cfg_.block, D}, {wte->weight.dtype(), d}));
-    c.v.push_back(zeros({batch, cfg_.heads, cfg_.block, D}, {wte->weight.dtype(), d}));
+    c.k.push_back(from_vector(z, {batch, cfg_.heads, cfg_.block, D}, {wte->weight.dtype(), d}));
+    c.v.push_back(from_vector(z, {batch, cfg_.heads, cfg_.block, D}, {wte->weight.dtype(), d}));
   }
-  sync();
   return c;
 }
 

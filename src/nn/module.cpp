@@ -7,6 +7,20 @@
 
 namespace tessera::nn {
 
+namespace {
+thread_local std::vector<const Module*> t_modules;  // modules whose scope is pushed, innermost last
+}
+
+ModuleScope::ModuleScope(const Module& m) {
+  if (!t_modules.empty() && t_modules.back() == &m) return;
+  scope_.emplace(m.scope_name().empty() ? m.type_name() : m.scope_name());
+  t_modules.push_back(&m);
+}
+
+ModuleScope::~ModuleScope() {
+  if (scope_) t_modules.pop_back();
+}
+
 Tensor Module::operator()(const Tensor& x) {
   ModuleScope s(*this);
   return forward(x);

@@ -106,9 +106,7 @@ std::vector<std::shared_ptr<Buffer>> realize(const std::vector<Request>& req, Rn
     if (plan.donated[k] >= 0) {
       results[k] = g.nodes[g.params[plan.donated[k]]]->buffer;
     } else {
-      for (size_t j = 0; j < k && !results[k]; ++j)
-        if (plan.output_slot[j] == s) results[k] = results[j];  // one node requested twice
-      if (!results[k]) results[k] = allocate(dev, plan.slots[s].nbytes);
+      results[k] = allocate(dev, plan.slots[s].nbytes);
       slots[s] = results[k]->data;
     }
   }

@@ -152,3 +152,116 @@ Tensor random_positive(const Shape& s, DType dtype, uint32_t seed, double lo, do
 }
 
 }  // namespace tessera::testing
+
+namespace tessera::testing {
+
+namespace {
+
+std::vector<Tensor> fresh_inputs(const std::vector<std::vector<double>>& vals, const std::vector<Shape>& shapes,
+                                 const std::vector<DType>& dtypes) {
+  std::vector<Tensor> r;
+  for (size_t i = 0; i < vals.size(); ++i) r.push_back(make_tensor(vals[i], shapes[i], dtypes[i]));
+  return r;
+}
+
+double eval_loss(const TensorFn& f, const std::vector<Tensor>& xs, const std::vector<double>& w) {
+  Tensor out = f(xs);
+  Tensor wt = make_tensor(w, out.shape(), DType::Float64);
+  return (out * wt).sum().item();
+}
+
+}  // namespace
+
+::testing::AssertionResult grad_check(const TensorFn& f, const std::vector<Tensor>& inputs,
+                                      const GradCheckOptions& opt, GradCheckResult* result) {
+  size_t n = inputs.size();
+  std::vector<std::vector<double>> vals(n);
+  std::vector<Shape> shapes(n);
+  std::vector<DType> dtypes(n);
+  std::vector<bool> diff(n);
+  for (size_t i = 0; i < n; ++i) {
+    vals[i] = inputs[i].to_vector<double>();
+    shapes[i] = inputs[i].shape();
+    dtypes[i] = inputs[i].dtype();
+    diff[i] = opt.differentiate.empty() ? is_floating(dtypes[i]) : (i < opt.differentiate.size() && opt.differentiate[i]);
+    if (diff[i] && dtypes[i] != DType::Float64)
+      return ::testing::AssertionFailure() << "grad_check: input " << i << " is " << dtype_name(dtypes[i])
+                                           << "; differentiated inputs must be float64";
+  }
+
+  // Analytic gradients.
+  GradCheckResult res;
+  res.analytic.resize(n);
+  res.numeric.resize(n);
+  res.error.assign(n, 0);
+  std::vector<double> w;
+  {
+    std::vector<Tensor> xs = fresh_inputs(vals, shapes, dtypes);
+    for (size_t i = 0; i < n; ++i)
+      if (diff[i]) xs[i].requires_grad_();
+    Tensor out = f(xs);
+    if (!out.defined()) return ::testing::AssertionFailure() << "grad_check: f returned an undefined tensor";
+    if (out.dtype() != DType::Float64)
+      return ::testing::AssertionFailure() << "grad_check: f returned " << dtype_name(out.dtype()) << ", want float64";
+    w = random_values(out.numel(), DType::Float64, opt.weight_seed, -1, 1);
+    Tensor loss = (out * make_tensor(w, out.shape(), DType::Float64)).sum();
+    loss.backward();
+    for (size_t i = 0; i < n; ++i) {
+      if (!diff[i]) continue;
+      Tensor g = xs[i].grad();
+      if (!g.defined()) {
+        res.analytic[i].assign(vals[i].size(), 0.0);
+        continue;
+      }
+      if (g.shape() != shapes[i])
+        return ::testing::AssertionFailure() << "grad_check: grad of input " << i << " has shape " << shape_str(g.shape())
+                                             << ", the input " << shape_str(shapes[i]);
+      res.analytic[i] = g.to_vector<double>();
+    }
+  }
+
+  // Central differences, without autodiff, on fresh inputs.
+  {
+    NoGradGuard ng;
+    for (size_t i = 0; i < n; ++i) {
+      if (!diff[i]) continue;
+      res.numeric[i].resize(vals[i].size());
+      for (size_t j = 0; j < vals[i].size(); ++j) {
+        double x0 = vals[i][j];
+        vals[i][j] = x0 + opt.eps;
+        double lp = eval_loss(f, fresh_inputs(vals, shapes, dtypes), w);
+        vals[i][j] = x0 - opt.eps;
+        double lm = eval_loss(f, fresh_inputs(vals, shapes, dtypes), w);
+        vals[i][j] = x0;
+        res.numeric[i][j] = (lp - lm) / (2 * opt.eps);
+      }
+    }
+  }
+
+  ::testing::AssertionResult ok = ::testing::AssertionSuccess();
+  bool failed = false;
+  std::ostringstream msg;
+  for (size_t i = 0; i < n; ++i) {
+    if (!diff[i]) continue;
+    res.error[i] = normalized_error(res.analytic[i], res.numeric[i]);
+    res.worst = std::max(res.worst, res.error[i]);
+    if (!(res.error[i] <= opt.tol)) {
+      failed = true;
+      msg << "input " << i << " " << shape_str(shapes[i]) << ": analytic vs finite-difference gradient: "
+          << all_close(res.analytic[i], res.numeric[i], opt.tol).message() << "\n";
+    }
+  }
+  if (result) *result = res;
+  if (failed) return ::testing::AssertionFailure() << msg.str();
+  return ok;
+}
+
+Tensor random_away(const Shape& s, uint32_t seed, double lo, double hi, const std::vector<double>& avoid, double margin) {
+  std::vector<double> v = random_values(numel(s), DType::Float64, seed, lo, hi);
+  for (double& x : v)
+    for (double p : avoid)
+      if (std::abs(x - p) < margin) x = x < p ? p - 2 * margin : p + 2 * margin;
+  return make_tensor(v, s, DType::Float64);
+}
+
+}  // namespace tessera::testing

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -59,5 +60,42 @@ Tensor make_tensor(const std::vector<double>& values, const Shape& s, DType dtyp
                    Device device = Device("cpu"));
 
 std::string values_str(const std::vector<double>& v, size_t max_items = 16);
+
+}  // namespace tessera::testing
+
+namespace tessera::testing {
+
+// ---- finite-difference gradient checks (float64) ----
+
+// A function of several tensors whose gradient is checked; the output may have any shape.
+using TensorFn = std::function<Tensor(const std::vector<Tensor>&)>;
+
+struct GradCheckOptions {
+  double eps = 1e-6;            // central-difference step
+  double tol = 1e-6;            // normalized error allowed per input
+  uint32_t weight_seed = 4242;  // the fixed random weights w of loss = sum(f(x) * w)
+  // Which inputs to differentiate (empty: every floating input). Differentiated inputs must be
+  // float64; the others (indices, masks, offsets) are passed through unchanged.
+  std::vector<bool> differentiate;
+};
+
+struct GradCheckResult {
+  std::vector<std::vector<double>> analytic;  // per differentiated input (empty for the others)
+  std::vector<std::vector<double>> numeric;
+  std::vector<double> error;  // normalized error per input (0 for the others)
+  double worst = 0;
+};
+
+// Makes float64 leaves with requires_grad_() from `inputs`' values, computes
+// loss = sum(f(x) * w) for fixed random weights w, calls backward() and compares each input's
+// grad() (an undefined grad counts as zeros) with central differences of the loss, evaluated
+// under NoGradGuard on fresh from_vector inputs. Fails when any input's normalized error > tol.
+::testing::AssertionResult grad_check(const TensorFn& f, const std::vector<Tensor>& inputs,
+                                      const GradCheckOptions& opt = {}, GradCheckResult* result = nullptr);
+
+// Uniform float64 values in [lo, hi) moved at least `margin` away from each of `avoid` (for
+// checks near kinks: abs at 0, clamp at its bounds, relu at 0).
+Tensor random_away(const Shape& s, uint32_t seed, double lo, double hi, const std::vector<double>& avoid,
+                   double margin = 1e-2);
 
 }  // namespace tessera::testing

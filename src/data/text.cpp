@@ -1,0 +1,242 @@
+// Text data for language models (tessera/data.h): the default fortunes corpus, a byte-level
+// character tokenizer, a dataset of contiguous token windows with a held-out tail, and a seeded,
+// resumable loader whose epochs are permutations of the split's window starts.
+#include "tessera/data.h"
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <sstream>
+
+#include "tessera/error.h"
+
+namespace tessera::data {
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr const char* kFortunesDir = "/usr/share/games/fortunes";
+
+std::string byte_str(unsigned char c) {
+  char buf[32];
+  if (c >= 0x20 && c < 0x7f) std::snprintf(buf, sizeof buf, "0x%02x ('%c')", c, c);
+  else std::snprintf(buf, sizeof buf, "0x%02x", c);
+  return buf;
+}
+
+const char* split_name(Split s) { return s == Split::Train ? "train" : "val"; }
+
+}  // namespace
+
+// ---- corpus ----
+
+std::string default_corpus_path() {
+  std::error_code ec;
+  if (!fs::is_directory(kFortunesDir, ec))
+    fail("data", std::string("the default corpus ") + kFortunesDir +
+                     " is missing: install Debian's `fortunes` package (apt-get install fortunes) or pass a text file");
+  return kFortunesDir;
+}
+
+std::string read_text_file(const std::string& path) {
+  std::error_code ec;
+  if (fs::is_directory(path, ec)) fail("data", "'" + path + "' is a directory, not a text file");
+  std::ifstream in(path, std::ios::binary);
+  if (!in) fail("data", "cannot read '" + path + "': " + std::strerror(errno));
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  if (in.bad()) fail("data", "error while reading '" + path + "'");
+  return ss.str();
+}
+
+std::string read_default_corpus() {
+  std::string dir = default_corpus_path();
+  std::vector<std::string> names;
+  std::error_code ec;
+  for (const fs::directory_entry& e : fs::directory_iterator(dir, ec)) {
+    fs::file_status st = e.symlink_status();  // symlinks (the .u8 aliases) are skipped
+    if (!fs::is_regular_file(st)) continue;
+    std::string name = e.path().filename().string();
+    if (name.size() >= 4 && name.compare(name.size() - 4, 4, ".dat") == 0) continue;
+    names.push_back(name);
+  }
+  if (ec) fail("data", "cannot list " + dir + ": " + ec.message());
+  if (names.empty())
+    fail("data", "the default corpus " + dir + " holds no text files: reinstall Debian's `fortunes` package");
+  std::sort(names.begin(), names.end());
+  std::string text;
+  for (const std::string& n : names) text += read_text_file(dir + "/" + n);
+  return text;
+}
+
+// ---- CharTokenizer ----
+
+CharTokenizer::CharTokenizer(const std::string& text) {
+  bool seen[256] = {};
+  for (unsigned char c : text) seen[c] = true;
+  std::fill(std::begin(id_of_), std::end(id_of_), int16_t(-1));
+  for (int b = 0; b < 256; ++b)
+    if (seen[b]) {
+      id_of_[b] = int16_t(vocab_.size());
+      vocab_.push_back(char(b));
+    }
+}
+
+CharTokenizer CharTokenizer::from_vocab(const std::string& vocab) {
+  CharTokenizer t;
+  std::fill(std::begin(t.id_of_), std::end(t.id_of_), int16_t(-1));
+  for (size_t i = 0; i < vocab.size(); ++i) {
+    unsigned char c = static_cast<unsigned char>(vocab[i]);
+    if (t.id_of_[c] >= 0)
+      fail("CharTokenizer", "vocabulary repeats byte " + byte_str(c) + " (ids " + std::to_string(t.id_of_[c]) +
+                                " and " + std::to_string(i) + ")");
+    t.id_of_[c] = int16_t(i);
+  }
+  t.vocab_ = vocab;
+  return t;
+}
+
+std::vector<int64_t> CharTokenizer::encode(const std::string& s) const {
+  std::vector<int64_t> ids(s.size());
+  const int64_t v = vocab_size();
+  for (size_t i = 0; i < s.size(); ++i) {
+    unsigned char c = static_cast<unsigned char>(s[i]);
+    int64_t id = v > 0 ? id_of_[c] : -1;  // a default-constructed tokenizer knows no bytes
+    if (id < 0 || id >= v || static_cast<unsigned char>(vocab_[size_t(id)]) != c)
+      fail("encode", "byte " + byte_str(c) + " at position " + std::to_string(i) + " is not in the vocabulary (" +
+                         std::to_string(v) + " tokens)");
+    ids[i] = id;
+  }
+  return ids;
+}
+
+std::string CharTokenizer::decode(const std::vector<int64_t>& ids) const {
+  std::string s(ids.size(), '\0');
+  for (size_t i = 0; i < ids.size(); ++i) {
+    if (ids[i] < 0 || ids[i] >= vocab_size())
+      fail("decode", "token id " + std::to_string(ids[i]) + " at position " + std::to_string(i) +
+                         " is outside the vocabulary [0, " + std::to_string(vocab_size()) + ")");
+    s[i] = vocab_[size_t(ids[i])];
+  }
+  return s;
+}
+
+// ---- TextDataset ----
+
+TextDataset::TextDataset(const std::string& text, int64_t block, double val_fraction) : tok_(text), block_(block) {
+  if (block < 1) fail("TextDataset", "block must be at least 1, got " + std::to_string(block));
+  if (!(val_fraction >= 0.0 && val_fraction < 1.0))
+    fail("TextDataset", "val_fraction must lie in [0, 1), got " + std::to_string(val_fraction));
+  std::vector<int64_t> ids = tok_.encode(text);
+  const int64_t n = int64_t(ids.size());
+  const int64_t n_val = std::min(n, int64_t(double(n) * val_fraction));
+  const int64_t n_train = n - n_val;
+  if (n_train < block + 1)
+    fail("TextDataset", "the training text has " + std::to_string(n_train) + " tokens, fewer than one window of block + 1 = " +
+                            std::to_string(block + 1));
+  train_.assign(ids.begin(), ids.begin() + n_train);
+  val_.assign(ids.begin() + n_train, ids.end());
+}
+
+int64_t TextDataset::size(Split s) const {
+  // A window starting at i covers tokens i..i+block, all inside the split.
+  return std::max<int64_t>(0, int64_t(tokens(s).size()) - block_);
+}
+
+std::pair<Tensor, Tensor> TextDataset::batch_at(Split s, const std::vector<int64_t>& starts, const Device& d) const {
+  const std::vector<int64_t>& toks = tokens(s);
+  const int64_t n = size(s);
+  if (starts.empty()) fail("batch_at", "needs at least one window start");
+  std::vector<int64_t> x(starts.size() * size_t(block_)), y(x.size());
+  for (size_t b = 0; b < starts.size(); ++b) {
+    int64_t st = starts[b];
+    if (st < 0 || st >= n)
+      fail("batch_at", "window start " + std::to_string(st) + " is outside the " + split_name(s) + " split's [0, " +
+                           std::to_string(n) + ")");
+    std::copy(toks.begin() + st, toks.begin() + st + block_, x.begin() + int64_t(b) * block_);
+    std::copy(toks.begin() + st + 1, toks.begin() + st + block_ + 1, y.begin() + int64_t(b) * block_);
+  }
+  Shape shape{int64_t(starts.size()), block_};
+  TensorOptions o{DType::Int64, d};
+  return {from_vector<int64_t>(x, shape, o), from_vector<int64_t>(y, shape, o)};
+}
+
+// ---- DataLoader ----
+//
+// The loader reads an endless stream of window starts: epoch e is a permutation of
+// [0, windows) (the identity without shuffle), and batch k takes stream positions
+// [k * batch, (k + 1) * batch). So the position is just the number of batches drawn, and a batch
+// may straddle two epochs when the batch size does not divide the number of windows.
+// order_ caches one epoch's permutation, with the epoch number appended as its last element.
+
+DataLoader::DataLoader(const TextDataset& ds, int64_t batch, uint64_t seed, bool shuffle, Split split)
+    : ds_(&ds), batch_(batch), seed_(seed), shuffle_(shuffle), split_(split) {
+  if (batch < 1) fail("DataLoader", "batch must be at least 1, got " + std::to_string(batch));
+  if (ds.size(split) < 1)
+    fail("DataLoader", std::string("the ") + split_name(split) + " split has " + std::to_string(ds.tokens(split).size()) +
+                           " tokens, fewer than one window of block + 1 = " + std::to_string(ds.block() + 1));
+}
+
+void DataLoader::fill_order(int64_t epoch) {
+  const int64_t n = ds_->size(split_);
+  order_.resize(size_t(n) + 1);
+  for (int64_t i = 0; i < n; ++i) order_[size_t(i)] = i;
+  if (shuffle_) {
+    // Epoch e has its own generator seeded by (seed, e); Fisher-Yates with a multiply-shift
+    // bounded draw, so the order is the same with every standard library.
+    std::seed_seq seq{uint32_t(seed_), uint32_t(seed_ >> 32), uint32_t(uint64_t(epoch)), uint32_t(uint64_t(epoch) >> 32)};
+    std::mt19937_64 rng(seq);
+    for (int64_t i = n - 1; i > 0; --i) {
+      auto j = int64_t((static_cast<unsigned __int128>(rng()) * static_cast<unsigned __int128>(i + 1)) >> 64);
+      std::swap(order_[size_t(i)], order_[size_t(j)]);
+    }
+  }
+  order_[size_t(n)] = epoch;
+}
+
+std::vector<int64_t> DataLoader::starts_for(int64_t batch_index) {
+  const int64_t n = ds_->size(split_);
+  std::vector<int64_t> starts(size_t(batch_), 0);
+  for (int64_t j = 0; j < batch_; ++j) {
+    int64_t p = batch_index * batch_ + j;
+    int64_t epoch = p / n;
+    if (order_.size() != size_t(n) + 1 || order_.back() != epoch) fill_order(epoch);
+    starts[size_t(j)] = order_[size_t(p % n)];
+  }
+  return starts;
+}
+
+std::pair<Tensor, Tensor> DataLoader::next(const Device& d) {
+  std::vector<int64_t> starts = starts_for(drawn_);
+  auto out = ds_->batch_at(split_, starts, d);
+  ++drawn_;
+  return out;
+}
+
+// {seed (bit pattern), batches drawn, batch size, number of windows, shuffle}: the last three
+// guard against restoring into a loader that would draw a different stream.
+std::vector<int64_t> DataLoader::state() const {
+  return {int64_t(seed_), drawn_, batch_, ds_->size(split_), shuffle_ ? 1 : 0};
+}
+
+void DataLoader::load_state(const std::vector<int64_t>& s) {
+  if (s.size() < 2)
+    fail("DataLoader", "a loader state holds at least {seed, batches drawn}, got " + std::to_string(s.size()) + " values");
+  if (s[1] < 0) fail("DataLoader", "negative batch count " + std::to_string(s[1]) + " in loader state");
+  if (s.size() >= 4 && (s[2] != batch_ || s[3] != ds_->size(split_)))
+    fail("DataLoader", "state was saved by a loader of batch " + std::to_string(s[2]) + " over " + std::to_string(s[3]) +
+                           " windows; this one has batch " + std::to_string(batch_) + " over " +
+                           std::to_string(ds_->size(split_)) + " windows");
+  if (s.size() >= 5 && (s[4] != 0) != shuffle_)
+    fail("DataLoader", std::string("state was saved by a loader ") + (s[4] ? "with" : "without") +
+                           " shuffling; this one is " + (shuffle_ ? "shuffled" : "sequential"));
+  seed_ = uint64_t(s[0]);
+  drawn_ = s[1];
+  order_.clear();
+}
+
+}  // namespace tessera::data
