@@ -225,6 +225,47 @@ template <class T> inline T nan_min(T a, T b) {
   return a < b ? a : b;
 }
 
+// A load through one unmasked strided view: copied run by run along the last dimension
+// (contiguous runs as plain copies, broadcast runs as fills), no offset arrays.
+void load_strided(const Instr& I, const void* base_ptr, int64_t start, int64_t n, Scratch& sc, int ki) {
+  const kir::View& v = I.map.views[0];
+  const Shape& s = v.shape;
+  size_t r = s.size();
+  with_compute(I.dtype, [&](auto* tp) {
+    using T = std::remove_pointer_t<decltype(tp)>;
+    T* out = reg<T>(sc, ki);
+    with_storage(I.dtype, [&](auto* sp) {
+      using S = std::remove_pointer_t<decltype(sp)>;
+      const S* src = static_cast<const S*>(base_ptr);
+      if (r == 0) {
+        std::fill_n(out, n, to_c<T>(src[v.offset]));
+        return;
+      }
+      int64_t idx[32];
+      unravel(start, s, idx);
+      int64_t last = int64_t(r) - 1, inner = s[last], st = v.strides[last];
+      for (int64_t i = 0; i < n;) {
+        int64_t o = v.offset;
+        for (int64_t d = 0; d < last; ++d) o += idx[d] * v.strides[d];
+        int64_t run = std::min(n - i, inner - idx[last]);
+        const S* p = src + o + idx[last] * st;
+        T* q = out + i;
+        if (st == 1) {
+          if constexpr (std::is_same_v<S, T>) std::memcpy(q, p, size_t(run) * sizeof(T));
+          else for (int64_t j = 0; j < run; ++j) q[j] = to_c<T>(p[j]);
+        } else if (st == 0) {
+          std::fill_n(q, run, to_c<T>(*p));
+        } else {
+          for (int64_t j = 0; j < run; ++j) q[j] = to_c<T>(p[j * st]);
+        }
+        i += run;
+        idx[last] += run - 1;
+        bump(idx, s);
+      }
+    });
+  });
+}
+
 // Evaluates `prog` for domain positions [start, start + n) (n <= kTile); results in registers.
 void run_program(const std::vector<Instr>& prog, const std::vector<const void*>& in, const Shape& domain,
                  int64_t start, int64_t n, const LaunchArgs& args, Scratch& sc) {
@@ -233,6 +274,10 @@ void run_program(const std::vector<Instr>& prog, const std::vector<const void*>&
     int ki = int(k);
     switch (I.code) {
       case Code::Load: {
+        if (I.map.effective_top() == 0 && !I.map.views[0].masked()) {
+          load_strided(I, in[I.input], start, n, sc, ki);
+          break;
+        }
         tile_offsets(I.map, start, n, sc.off.data(), sc.valid.data());
         const int64_t* off = sc.off.data();
         const uint8_t* valid = sc.valid.data();
@@ -417,7 +462,42 @@ struct ReduceKernel : Kernel {
   std::vector<Instr> program;  // loads permuted to the kept-first order
   Shape domain;                // permuted
   int64_t outer = 1, inner = 1;
+  // When the reduced axes all come before the kept ones (column sums, bias gradients), the
+  // domain is walked in its own order, each row adding into a vector of accumulators.
+  bool columns = false;
 };
+
+void run_column_reduce(const ReduceKernel& k, const Step& st, const LaunchArgs& args) {
+  auto in = inputs_of(st, args);
+  int64_t K = k.outer, R = k.inner;  // kept extent, reduced extent
+  bool is_max = st.reduce_op == ir::Op::ReduceMax;
+  with_compute(st.dtype, [&](auto* tp) {
+    using T = std::remove_pointer_t<decltype(tp)>;
+    using Acc = std::conditional_t<std::is_floating_point_v<T>, double, int64_t>;
+    with_storage(st.dtype, [&](auto* sp) {
+      using S = std::remove_pointer_t<decltype(sp)>;
+      S* o = static_cast<S*>(args.slots[st.output]);
+      int64_t nblocks = (K + kTile - 1) / kTile;
+#pragma omp parallel for schedule(static) if (K * R >= kParallelMin && nblocks > 1)
+      for (int64_t b = 0; b < nblocks; ++b) {
+        Scratch& sc = scratch(k.program.size());
+        int64_t k0 = b * kTile, n = std::min(kTile, K - k0);
+        std::vector<Acc> sum(size_t(n), Acc(0));
+        std::vector<T> mx(size_t(n), std::is_floating_point_v<T> ? -std::numeric_limits<T>::infinity()
+                                                                 : std::numeric_limits<T>::lowest());
+        for (int64_t r = 0; r < R; ++r) {  // rows in order: deterministic
+          run_program(k.program, in, k.domain, r * K + k0, n, args, sc);
+          const T* v = reg<T>(sc, int(k.program.size()) - 1);
+          if (is_max)
+            for (int64_t j = 0; j < n; ++j) mx[j] = nan_max(mx[j], v[j]);
+          else
+            for (int64_t j = 0; j < n; ++j) sum[j] += Acc(v[j]);
+        }
+        for (int64_t j = 0; j < n; ++j) o[k0 + j] = is_max ? store_as<S>(mx[j]) : store_as<S>(T(sum[j]));
+      }
+    });
+  });
+}
 
 void run_reduce(const ReduceKernel& k, const Step& st, const LaunchArgs& args) {
   auto in = inputs_of(st, args);
@@ -681,11 +761,14 @@ class CpuBackend : public Backend {
       (red[perm[d]] ? k->inner : k->outer) *= st.domain[perm[d]];
     }
     k->program = st.program;
+    k->columns = !st.axes.empty() && st.axes.size() < st.domain.size();
+    for (size_t i = 0; i < st.axes.size(); ++i) k->columns &= st.axes[i] == int64_t(i);
     for (Instr& I : k->program) {
       if (I.code == Code::Iota || I.code == Code::Rng)
         fail("cpu", "reduce programs cannot use iota or rng (step " + st.str() + ")", "");
-      if (I.code == Code::Load) I.map = I.map.permute(perm);
+      if (I.code == Code::Load && !k->columns) I.map = I.map.permute(perm);
     }
+    if (k->columns) k->domain = st.domain;
     return k;
   }
 
@@ -693,7 +776,11 @@ class CpuBackend : public Backend {
     switch (st.kind) {
       case StepKind::Elementwise:
       case StepKind::Copy: run_elementwise(st, args); break;
-      case StepKind::Reduce: run_reduce(static_cast<const ReduceKernel&>(k), st, args); break;
+      case StepKind::Reduce: {
+        auto& rk = static_cast<const ReduceKernel&>(k);
+        rk.columns ? run_column_reduce(rk, st, args) : run_reduce(rk, st, args);
+        break;
+      }
       case StepKind::Gemm: run_gemm(st, args); break;
       case StepKind::Gather: run_gather(st, args, st.dtype, st.input_dtypes.at(1)); break;
       case StepKind::ScatterAdd: run_scatter_add(st, args, st.dtype, st.input_dtypes.at(1)); break;
