@@ -692,48 +692,61 @@ void run_gemm(const Step& st, const LaunchArgs& args) {
   }
   GemmOperand A = gemm_operand(av, args.slots[st.inputs[0]], st.dtype);
   GemmOperand B = gemm_operand(bv, args.slots[st.inputs[1]], st.dtype);
-  auto one = [&](int64_t b) {
+  // Rows [m0, m1) of batch b. op(A)'s rows are A's rows, or A's columns when transposed.
+  auto block = [&](int64_t b, int64_t m0, int64_t m1) {
     int64_t idx[32];
     unravel(b, batch, idx);
     int64_t ao = A.offset, bo = B.offset;
     for (size_t d = 0; d < batch.size(); ++d) ao += idx[d] * A.batch_strides[d], bo += idx[d] * B.batch_strides[d];
-    char* c = out + size_t(b * M * N) * elem;
+    ao += A.trans ? m0 : m0 * A.ld;
+    char* c = out + size_t(b * M * N + m0 * N) * elem;
+    int64_t rows = m1 - m0;
     auto ta = A.trans ? CblasTrans : CblasNoTrans, tb = B.trans ? CblasTrans : CblasNoTrans;
     if (st.dtype == DType::Float32) {
-      cblas_sgemm(CblasRowMajor, ta, tb, M, N, K, 1.0f, static_cast<const float*>(A.data) + ao, A.ld,
+      cblas_sgemm(CblasRowMajor, ta, tb, rows, N, K, 1.0f, static_cast<const float*>(A.data) + ao, A.ld,
                   static_cast<const float*>(B.data) + bo, B.ld, 0.0f, reinterpret_cast<float*>(c), N);
     } else if (st.dtype == DType::Float64) {
-      cblas_dgemm(CblasRowMajor, ta, tb, M, N, K, 1.0, static_cast<const double*>(A.data) + ao, A.ld,
+      cblas_dgemm(CblasRowMajor, ta, tb, rows, N, K, 1.0, static_cast<const double*>(A.data) + ao, A.ld,
                   static_cast<const double*>(B.data) + bo, B.ld, 0.0, reinterpret_cast<double*>(c), N);
     } else {  // integers: plain loops, int64 accumulation
       auto at = [&](const GemmOperand& g, int64_t off, int64_t i, int64_t j) {
         int64_t o = off + (g.trans ? j * g.ld + i : i * g.ld + j);
         return read_index(g.data, st.dtype, o);
       };
-      for (int64_t i = 0; i < M; ++i)
+      ao -= A.trans ? m0 : m0 * A.ld;
+      for (int64_t i = m0; i < m1; ++i)
         for (int64_t j = 0; j < N; ++j) {
           int64_t s = 0;
           for (int64_t q = 0; q < K; ++q) s += at(A, ao, i, q) * at(B, bo, q, j);
-          if (st.dtype == DType::Int32) reinterpret_cast<int32_t*>(c)[i * N + j] = int32_t(s);
-          else reinterpret_cast<int64_t*>(c)[i * N + j] = s;
+          char* cc = out + size_t(b * M * N) * elem;
+          if (st.dtype == DType::Int32) reinterpret_cast<int32_t*>(cc)[i * N + j] = int32_t(s);
+          else reinterpret_cast<int64_t*>(cc)[i * N + j] = s;
         }
     }
   };
-  // Many small matrices: spread the batch over threads (OpenBLAS then runs single-threaded).
-  bool par = nb > 1 && M * N * K < (1 << 18) && nb * M * N * K >= (1 << 16);
+  // Our pool runs the (single-threaded) BLAS over fixed blocks of rows: the blocks do not
+  // depend on the thread count, so results are bit-identical with any number of threads.
+  constexpr int64_t kRows = 128;
+  int64_t splits = (M + kRows - 1) / kRows;
+  int64_t tasks = nb * splits;
+  bool par = tasks > 1 && nb * M * N * K >= (1 << 18);
 #pragma omp parallel for schedule(static) if (par)
-  for (int64_t b = 0; b < nb; ++b) one(b);
+  for (int64_t t = 0; t < tasks; ++t) {
+    int64_t b = t / splits, part = t % splits;
+    block(b, part * kRows, std::min(M, (part + 1) * kRows));
+  }
 }
 
 struct PlainKernel : Kernel {};
 
 class CpuBackend : public Backend {
  public:
+  CpuBackend() { openblas_set_num_threads(1); }  // parallelism comes from our pool only
   std::string name() const override { return "cpu"; }
   DeviceInfo info(int index) const override {
     double gib = double(sysconf(_SC_PHYS_PAGES)) * double(sysconf(_SC_PAGESIZE)) / double(1ull << 30);
     char buf[160];
-    std::snprintf(buf, sizeof buf, "host CPU, %d threads (OpenMP), %.1f GiB memory, BLAS: OpenBLAS %s",
+    std::snprintf(buf, sizeof buf, "host CPU, %d threads (OpenMP), %.1f GiB memory, BLAS: OpenBLAS %s (one thread per call)",
                   omp_get_max_threads(), gib, openblas_get_config());
     return {Device("cpu", index), buf, true};
   }
