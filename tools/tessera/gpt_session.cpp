@@ -1,0 +1,275 @@
+#include "gpt_session.h"
+
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+namespace tessera::cli {
+namespace {
+
+using json = nlohmann::json;
+using clk = std::chrono::steady_clock;
+namespace fs = std::filesystem;
+
+std::string hex(const std::string& s) {
+  static const char* d = "0123456789abcdef";
+  std::string r;
+  for (unsigned char c : s) r += d[c >> 4], r += d[c & 15];
+  return r;
+}
+std::string unhex(const std::string& h) {
+  if (h.size() % 2) fail("load", "corrupt vocabulary in checkpoint", "");
+  std::string r;
+  for (size_t i = 0; i < h.size(); i += 2) r += char(std::stoi(h.substr(i, 2), nullptr, 16));
+  return r;
+}
+
+json config_json(const nn::GPTConfig& c) {
+  return {{"vocab", c.vocab}, {"block", c.block}, {"embd", c.embd}, {"heads", c.heads},
+          {"layers", c.layers}, {"dropout", c.dropout}, {"bias", c.bias}, {"tied_head", c.tied_head}};
+}
+nn::GPTConfig config_from(const json& j) {
+  nn::GPTConfig c;
+  c.vocab = j.at("vocab");
+  c.block = j.at("block");
+  c.embd = j.at("embd");
+  c.heads = j.at("heads");
+  c.layers = j.at("layers");
+  c.dropout = j.at("dropout");
+  c.bias = j.at("bias");
+  c.tied_head = j.at("tied_head");
+  return c;
+}
+
+std::string join(const std::vector<int64_t>& v) {
+  std::string r;
+  for (int64_t x : v) r += (r.empty() ? "" : ",") + std::to_string(x);
+  return r;
+}
+std::vector<int64_t> split_ints(const std::string& s) {
+  std::vector<int64_t> r;
+  std::stringstream ss(s);
+  std::string item;
+  while (std::getline(ss, item, ',')) r.push_back(std::stoll(item));
+  return r;
+}
+
+std::string fmt_time(double s) {
+  char buf[32];
+  int t = int(s + 0.5);
+  std::snprintf(buf, sizeof buf, "%d:%02d", t / 60, t % 60);
+  return buf;
+}
+
+// Mean loss over fixed, evenly spaced held-out windows (eval mode, no gradients).
+double held_out_loss(nn::GPT& model, const data::TextDataset& ds, int64_t batches, int64_t batch, const Device& d) {
+  NoGradGuard ng;
+  model.eval();
+  int64_t n = ds.size(data::Split::Val), total = batches * batch;
+  if (n <= 0) fail("data", "the held-out split is shorter than one window: use a longer text or a smaller --block", "");
+  double sum = 0;
+  for (int64_t b = 0; b < batches; ++b) {
+    std::vector<int64_t> starts;
+    for (int64_t i = 0; i < batch; ++i) starts.push_back((b * batch + i) * n / total);
+    auto [x, y] = ds.batch_at(data::Split::Val, starts, d);
+    sum += model.loss(x, y).item();
+  }
+  model.train();
+  return sum / double(batches);
+}
+
+}  // namespace
+
+Device pick_device(const std::string& name) {
+  Device d = name == "best" ? Device::best() : Device(name);
+  for (auto& info : devices())
+    if (info.device == d) {
+      if (!info.can_execute) fail("device", "'" + d.str() + "' cannot run programs (it only compiles)", "");
+      return d;
+    }
+  std::string names;
+  for (auto& info : devices()) names += (names.empty() ? "" : ", ") + info.device.str();
+  fail("device", "unknown device '" + name + "'; available: " + names, "");
+}
+
+double bigram_entropy(const std::string& text) {
+  std::vector<double> pair(256 * 256, 0), first(256, 0);
+  for (size_t i = 0; i + 1 < text.size(); ++i) {
+    unsigned a = (unsigned char)text[i], b = (unsigned char)text[i + 1];
+    pair[a * 256 + b] += 1;
+    first[a] += 1;
+  }
+  double n = double(text.size() - 1), h = 0;
+  for (unsigned a = 0; a < 256; ++a)
+    for (unsigned b = 0; b < 256; ++b)
+      if (double c = pair[a * 256 + b]; c > 0) h -= c / n * std::log(c / first[a]);
+  return h;
+}
+
+TrainResult train_gpt(const TrainOptions& o) {
+  if (o.steps < 1 || o.batch < 1 || o.block < 2 || o.eval_every < 1 || o.eval_batches < 1)
+    fail("train", "steps, batch, eval-every and eval-batches must be positive and block at least 2", "");
+  if (o.embd % o.heads != 0) fail("train", "--embd " + std::to_string(o.embd) + " is not divisible by --heads " + std::to_string(o.heads), "");
+  if (o.resume && o.out.empty()) fail("train", "--resume needs --out DIR (the checkpoint directory)", "");
+  Device dev = pick_device(o.device);
+  std::string text = o.data.empty() ? data::read_default_corpus() : data::read_text_file(o.data);
+  data::TextDataset ds(text, o.block, 0.1);
+  if (ds.size(data::Split::Train) < o.batch)
+    fail("data", "the text is too short for --block " + std::to_string(o.block) + " and --batch " + std::to_string(o.batch), "");
+
+  TrainResult r;
+  r.tokenizer = ds.tokenizer();
+  r.bigram_entropy = bigram_entropy(text);
+  manual_seed(o.seed);
+  nn::GPTConfig cfg{.vocab = ds.vocab_size(), .block = o.block, .embd = o.embd, .heads = o.heads,
+                    .layers = o.layers, .dropout = o.dropout};
+  r.model = std::make_shared<nn::GPT>(cfg);
+  nn::GPT& model = *r.model;
+  model.to(dev);
+  optim::AdamW opt(model.parameters(), {.lr = o.lr, .weight_decay = o.weight_decay});
+  optim::WarmupCosine schedule{o.lr, o.min_lr, o.warmup, o.steps};
+  data::DataLoader loader(ds, o.batch, o.seed);
+
+  std::string ckpt = o.out.empty() ? "" : (fs::path(o.out) / "ckpt.safetensors").string();
+  int64_t start = 0;
+  if (o.resume && fs::exists(ckpt)) {
+    io::Metadata meta;
+    io::TensorMap t = io::load_safetensors(ckpt, &meta, dev);
+    auto need = [&](const char* k) -> const std::string& {
+      auto it = meta.find(k);
+      if (it == meta.end()) fail("load", ckpt + ": not a tessera GPT checkpoint (no '" + k + "')", "");
+      return it->second;
+    };
+    if (config_from(json::parse(need("config"))).vocab != cfg.vocab || json::parse(need("config")) != config_json(cfg))
+      fail("train", "--resume: the checkpoint's model configuration differs from the flags", "");
+    std::map<std::string, Tensor> ms, os;
+    for (auto& [k, v] : t) {
+      if (k.rfind("model.", 0) == 0) ms[k.substr(6)] = v;
+      else if (k.rfind("optim.", 0) == 0) os[k.substr(6)] = v;
+    }
+    model.load_state_dict(ms);
+    opt.load_state_dict(os);
+    loader.load_state(split_ints(need("loader")));
+    set_rng_state({std::stoull(need("rng_seed")), std::stoull(need("rng_offset"))});
+    start = std::stoll(need("step"));
+    if (!o.quiet) std::printf("resumed from %s at step %lld\n", ckpt.c_str(), (long long)start);
+  } else if (o.resume && !o.quiet) {
+    std::printf("no checkpoint at %s: starting fresh\n", ckpt.c_str());
+  }
+
+  auto save = [&](int64_t step) {
+    if (ckpt.empty()) return;
+    fs::create_directories(o.out);
+    io::TensorMap t;
+    for (auto& [k, v] : model.state_dict()) t["model." + k] = v;
+    for (auto& [k, v] : opt.state_dict()) t["optim." + k] = v;
+    RngState rs = rng_state();
+    io::Metadata meta{{"format", "tessera-gpt-1"}, {"config", config_json(cfg).dump()}, {"vocab_hex", hex(ds.tokenizer().vocab())},
+                      {"step", std::to_string(step)}, {"rng_seed", std::to_string(rs.seed)},
+                      {"rng_offset", std::to_string(rs.offset)}, {"loader", join(loader.state())}};
+    io::save_safetensors(ckpt, t, meta);
+    r.checkpoint = ckpt;
+  };
+
+  std::FILE* log = nullptr;
+  if (!o.log_json.empty()) {
+    log = std::fopen(o.log_json.c_str(), start > 0 ? "a" : "w");
+    if (!log) fail("train", "cannot write --log-json file '" + o.log_json + "'", "");
+  }
+  bool tty = isatty(STDOUT_FILENO);
+  int64_t every = std::max<int64_t>(1, (o.steps - start) / 20);
+  auto t_begin = clk::now();
+  double tokens = 0, last_print = -1;
+  r.first_step = start;
+  reset_peak_bytes();
+  for (int64_t step = start; step < o.steps; ++step) {
+    auto t0 = clk::now();
+    double lr = schedule(step);
+    opt.set_lr(lr);
+    auto [x, y] = loader.next(dev);
+    Tensor loss = model.loss(x, y);
+    loss.backward();
+    if (o.clip > 0) optim::clip_grad_norm(model.parameters(), o.clip);
+    opt.step();
+    opt.zero_grad();         // gradients are consumed inside the step's graph, never stored
+    double l = loss.item();  // runs the step's graph: forward, backward and update together
+    if (!std::isfinite(l)) fail("train", "the loss became " + std::to_string(l) + " at step " + std::to_string(step) + "; try a smaller --lr", "");
+    double ms = std::chrono::duration<double, std::milli>(clk::now() - t0).count();
+    tokens += double(o.batch * o.block);
+    double elapsed = std::chrono::duration<double>(clk::now() - t_begin).count();
+    r.train_loss.push_back({step + 1, l});
+    std::optional<double> val;
+    if ((step + 1) % o.eval_every == 0 || step + 1 == o.steps) {
+      val = held_out_loss(model, ds, o.eval_batches, o.batch, dev);
+      r.val_loss.push_back({step + 1, *val});
+    }
+    if (o.ckpt_every > 0 && (step + 1) % o.ckpt_every == 0) save(step + 1);
+    Metrics m = metrics();
+    if (log) {
+      json j = {{"step", step + 1}, {"loss", l}, {"lr", lr}, {"step_ms", ms}, {"tokens_per_s", tokens / elapsed},
+                {"graphs_compiled", m.graphs_compiled}, {"host_syncs", m.host_syncs}, {"peak_bytes", m.peak_bytes}};
+      if (val) j["val_loss"] = *val;
+      std::fprintf(log, "%s\n", j.dump().c_str());
+      std::fflush(log);
+    }
+    if (!o.quiet) {
+      double done = double(step + 1 - start) / double(o.steps - start);
+      double eta = elapsed / done * (1 - done);
+      if (tty && (elapsed - last_print > 0.1 || step + 1 == o.steps || val)) {
+        int w = 24, fill = int(done * w);
+        std::printf("\r[%s%s] step %lld/%lld  loss %.3f%s  %.0f tok/s  ETA %s ", std::string(fill, '#').c_str(),
+                    std::string(w - fill, '.').c_str(), (long long)(step + 1), (long long)o.steps, l,
+                    val ? (" val " + std::to_string(*val).substr(0, 5)).c_str() : "", tokens / elapsed, fmt_time(eta).c_str());
+        if (val) std::printf("\n");
+        std::fflush(stdout);
+        last_print = elapsed;
+      } else if (!tty && ((step + 1 - start) % every == 0 || val || step + 1 == o.steps)) {
+        std::printf("step %lld/%lld  loss %.4f%s  lr %.2e  %.0f tok/s  ETA %s\n", (long long)(step + 1), (long long)o.steps, l,
+                    val ? ("  val_loss " + std::to_string(*val)).c_str() : "", lr, tokens / elapsed, fmt_time(eta).c_str());
+        std::fflush(stdout);
+      }
+    }
+  }
+  if (log) std::fclose(log);
+  if (tty && !o.quiet) std::printf("\n");
+  r.last_step = o.steps;
+  r.seconds = std::chrono::duration<double>(clk::now() - t_begin).count();
+  r.tokens_per_s = r.seconds > 0 ? tokens / r.seconds : 0;
+  save(o.steps);
+  return r;
+}
+
+Loaded load_checkpoint(const std::string& path, const Device& device) {
+  io::Metadata meta;
+  io::TensorMap t = io::load_safetensors(path, &meta, device);
+  auto need = [&](const char* k) -> const std::string& {
+    auto it = meta.find(k);
+    if (it == meta.end()) fail("load", path + ": not a tessera GPT checkpoint (no '" + k + "' metadata)", "");
+    return it->second;
+  };
+  Loaded l;
+  nn::GPTConfig cfg;
+  try {
+    cfg = config_from(json::parse(need("config")));
+    l.step = std::stoll(need("step"));
+  } catch (const json::exception& e) {
+    fail("load", path + ": corrupt model configuration (" + e.what() + ")", "");
+  }
+  l.tokenizer = data::CharTokenizer::from_vocab(unhex(need("vocab_hex")));
+  if (l.tokenizer.vocab_size() != cfg.vocab) fail("load", path + ": vocabulary and model disagree", "");
+  l.model = std::make_shared<nn::GPT>(cfg);
+  l.model->to(device);
+  std::map<std::string, Tensor> ms;
+  for (auto& [k, v] : t)
+    if (k.rfind("model.", 0) == 0) ms[k.substr(6)] = v;
+  l.model->load_state_dict(ms);
+  return l;
+}
+
+}  // namespace tessera::cli

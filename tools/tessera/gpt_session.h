@@ -1,0 +1,50 @@
+// Training and sampling of the character GPT, shared by `train gpt`, `sample` and `demo`.
+#pragma once
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <tessera/tessera.h>
+
+namespace tessera::cli {
+
+struct TrainOptions {
+  std::string device = "best";
+  int64_t steps = 1000, batch = 16, block = 64, layers = 4, heads = 4, embd = 128;
+  double lr = 3e-3, min_lr = 3e-4, dropout = 0.0, weight_decay = 0.1, clip = 1.0;
+  int64_t warmup = 100;
+  std::string data;      // a text file; empty: Debian's fortunes
+  std::string out;       // checkpoint directory; empty: none
+  bool resume = false;   // continue from <out>/ckpt.safetensors
+  uint64_t seed = 1337;
+  std::string log_json;  // one JSON object per step
+  int64_t eval_every = 100, eval_batches = 8;
+  int64_t ckpt_every = 0;  // also checkpoint every N steps (0: only at the end)
+  bool quiet = false;
+};
+
+struct TrainResult {
+  std::shared_ptr<nn::GPT> model;
+  data::CharTokenizer tokenizer;
+  std::vector<std::pair<int64_t, double>> train_loss, val_loss;  // (step, loss)
+  int64_t first_step = 0, last_step = 0;
+  double seconds = 0, tokens_per_s = 0, bigram_entropy = 0;
+  std::string checkpoint;  // path written, if any
+};
+
+TrainResult train_gpt(const TrainOptions& o);
+
+// Conditional entropy H(next byte | byte) of a text, in nats: what a bigram model achieves.
+double bigram_entropy(const std::string& text);
+
+struct Loaded {
+  std::shared_ptr<nn::GPT> model;
+  data::CharTokenizer tokenizer;
+  int64_t step = 0;
+};
+Loaded load_checkpoint(const std::string& path, const Device& device);
+
+Device pick_device(const std::string& name);  // "best" or a device name
+
+}  // namespace tessera::cli

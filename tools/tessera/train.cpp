@@ -1,0 +1,47 @@
+// `tessera train gpt`: trains the character GPT with progress, checkpoints and a JSON log.
+#include <cstdio>
+
+#include "commands.h"
+#include "gpt_session.h"
+
+namespace tessera::cli {
+
+void add_train_flags(CLI::App& cmd, TrainOptions& o) {
+  cmd.add_option("--device", o.device, "device to run on (\"best\", cpu, ...)")->capture_default_str();
+  cmd.add_option("--steps", o.steps, "training steps")->capture_default_str()->check(positive());
+  cmd.add_option("--batch", o.batch, "sequences per step")->capture_default_str()->check(positive());
+  cmd.add_option("--block", o.block, "context length in characters")->capture_default_str()->check(CLI::Range(2, 4096));
+  cmd.add_option("--layers", o.layers, "transformer blocks")->capture_default_str()->check(positive());
+  cmd.add_option("--heads", o.heads, "attention heads")->capture_default_str()->check(positive());
+  cmd.add_option("--embd", o.embd, "embedding width")->capture_default_str()->check(positive());
+  cmd.add_option("--lr", o.lr, "peak learning rate (warmup, then cosine decay)")->capture_default_str()->check(positive());
+  cmd.add_option("--min-lr", o.min_lr, "final learning rate")->capture_default_str()->check(non_negative());
+  cmd.add_option("--warmup", o.warmup, "warmup steps")->capture_default_str()->check(non_negative());
+  cmd.add_option("--dropout", o.dropout, "dropout probability")->capture_default_str()->check(CLI::Range(0.0, 0.95));
+  cmd.add_option("--weight-decay", o.weight_decay, "AdamW weight decay")->capture_default_str()->check(non_negative());
+  cmd.add_option("--clip", o.clip, "clip the gradient norm (0: off)")->capture_default_str()->check(non_negative());
+  cmd.add_option("--data", o.data, "text file to train on (default: Debian's fortunes)");
+  cmd.add_option("--seed", o.seed, "random seed")->capture_default_str();
+  cmd.add_option("--eval-every", o.eval_every, "held-out evaluation interval in steps")->capture_default_str()->check(positive());
+  cmd.add_option("--log-json", o.log_json, "write one JSON object per step to FILE");
+}
+
+void add_train(CLI::App& app) {
+  auto* train = app.add_subcommand("train", "train a model");
+  train->require_subcommand(1);
+  auto* gpt = train->add_subcommand("gpt", "train the character GPT on a text (default: Debian's fortunes)");
+  auto o = std::make_shared<TrainOptions>();
+  add_train_flags(*gpt, *o);
+  gpt->add_option("--out", o->out, "directory for the checkpoint (ckpt.safetensors)");
+  gpt->add_flag("--resume", o->resume, "continue from the checkpoint in --out");
+  gpt->add_option("--ckpt-every", o->ckpt_every, "also checkpoint every N steps")->check(non_negative());
+  gpt->callback([o] {
+    TrainResult r = train_gpt(*o);
+    if (!r.val_loss.empty())
+      std::printf("held-out loss %.4f nats/char after %lld steps (bigram baseline %.4f); %.0f tokens/s\n",
+                  r.val_loss.back().second, (long long)r.last_step, r.bigram_entropy, r.tokens_per_s);
+    if (!r.checkpoint.empty()) std::printf("checkpoint: %s\n", r.checkpoint.c_str());
+  });
+}
+
+}  // namespace tessera::cli
