@@ -9,7 +9,7 @@ namespace tessera::cli {
 
 void add_demo(CLI::App& app) {
   auto o = std::make_shared<TrainOptions>();
-  o->steps = 600;
+  o->steps = 400;
   o->warmup = 50;
   o->eval_every = 100;
   auto* cmd = app.add_subcommand("demo", "train a small GPT on Debian's fortunes for about a minute, then sample it");

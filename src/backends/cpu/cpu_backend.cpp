@@ -741,12 +741,18 @@ struct PlainKernel : Kernel {};
 
 class CpuBackend : public Backend {
  public:
-  CpuBackend() { openblas_set_num_threads(1); }  // parallelism comes from our pool only
+  // Parallelism comes from our pool only. In OpenBLAS's OpenMP build this call also shrinks
+  // the calling thread's OpenMP team, so the team size is put back.
+  CpuBackend() {
+    int n = omp_get_max_threads();
+    openblas_set_num_threads(1);
+    omp_set_num_threads(n);
+  }
   std::string name() const override { return "cpu"; }
   DeviceInfo info(int index) const override {
     double gib = double(sysconf(_SC_PHYS_PAGES)) * double(sysconf(_SC_PAGESIZE)) / double(1ull << 30);
-    char buf[160];
-    std::snprintf(buf, sizeof buf, "host CPU, %d threads (OpenMP), %.1f GiB memory, BLAS: OpenBLAS %s (one thread per call)",
+    char buf[320];
+    std::snprintf(buf, sizeof buf, "host CPU, %d threads (OpenMP), %.1f GiB memory, BLAS: %s (one thread per call)",
                   omp_get_max_threads(), gib, openblas_get_config());
     return {Device("cpu", index), buf, true};
   }

@@ -1,0 +1,31 @@
+// `tessera devices`: one line per registered device.
+#include <algorithm>
+#include <cstdio>
+#include <string>
+
+#include <tessera/tessera.h>
+
+#include "commands.h"
+
+namespace tessera::cli {
+
+namespace {
+
+void run_devices() {
+  std::vector<DeviceInfo> infos = devices();
+  size_t width = 6;  // "DEVICE"
+  for (const DeviceInfo& d : infos) width = std::max(width, d.device.str().size());
+  std::printf("%-*s  %-7s  %s\n", static_cast<int>(width), "DEVICE", "RUNS", "DESCRIPTION");
+  for (const DeviceInfo& d : infos)
+    std::printf("%-*s  %-7s  %s\n", static_cast<int>(width), d.device.str().c_str(),
+                d.can_execute ? "yes" : "no", d.description.c_str());
+}
+
+}  // namespace
+
+void add_devices(CLI::App& app) {
+  CLI::App* sub = app.add_subcommand("devices", "List the registered devices and whether each can run programs");
+  sub->callback(run_devices);
+}
+
+}  // namespace tessera::cli
