@@ -191,7 +191,7 @@ Tensor::Tensor(std::shared_ptr<TensorImpl> impl) : impl_(std::move(impl)) {
   if (impl_) impl_->self = impl_;
 }
 const Shape& Tensor::shape() const { return need(*this, "shape")->shape; }
-int64_t Tensor::size(int64_t d) const { return shape()[wrap_dim(d, dim(), "size")]; }
+int64_t Tensor::size(int64_t d) const { return shape()[wrap_dim(d, shape(), "size")]; }
 int64_t Tensor::numel() const { return tessera::numel(shape()); }
 DType Tensor::dtype() const { return need(*this, "dtype")->dtype; }
 Device Tensor::device() const { return need(*this, "device")->device; }
