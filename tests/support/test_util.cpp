@@ -1,5 +1,10 @@
 #include "test_util.h"
 
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+
 #include <algorithm>
 #include <cmath>
 #include <random>
@@ -262,6 +267,31 @@ Tensor random_away(const Shape& s, uint32_t seed, double lo, double hi, const st
     for (double p : avoid)
       if (std::abs(x - p) < margin) x = x < p ? p - 2 * margin : p + 2 * margin;
   return make_tensor(v, s, DType::Float64);
+}
+
+std::string error_message(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+bool in_ci() {
+  const char* c = std::getenv("CI");
+  return c && std::string(c) == "true";
+}
+
+std::string repo_root() {
+  return std::filesystem::path(__FILE__).parent_path().parent_path().parent_path().string();
+}
+
+std::string scratch_dir(const std::string& name) {
+  auto dir = std::filesystem::temp_directory_path() / (name + "_" + std::to_string(::getpid()));
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  return dir.string();
 }
 
 }  // namespace tessera::testing

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -60,6 +61,15 @@ Tensor make_tensor(const std::vector<double>& values, const Shape& s, DType dtyp
                    Device device = Device("cpu"));
 
 std::string values_str(const std::vector<double>& v, size_t max_items = 16);
+
+// The message of the tessera::Error f throws, or "(no error)".
+std::string error_message(const std::function<void()>& f);
+
+// Comparisons with PyTorch: whether CI=true (a missing torch then fails instead of skipping),
+// the repository root, and a fresh scratch directory under the system temp dir.
+bool in_ci();
+std::string repo_root();
+std::string scratch_dir(const std::string& name);
 
 }  // namespace tessera::testing
 

@@ -2,6 +2,8 @@
 // split, and the seeded, resumable DataLoader.
 #include <gtest/gtest.h>
 
+#include "test_util.h"
+
 #include <algorithm>
 #include <filesystem>
 #include <functional>
@@ -16,14 +18,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
-std::string message_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const ts::Error& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
+std::string message_of(const std::function<void()>& f) { return tessera::testing::error_message(f); }
 
 bool have_fortunes() { return fs::is_directory("/usr/share/games/fortunes"); }
 

@@ -312,7 +312,7 @@ TEST(Gpt, GenerateBadArgumentsAreErrors) {
 // ---------------------------------------------------------------------------------------------
 // Parity with PyTorch
 
-fs::path repo_root() { return fs::path(__FILE__).parent_path().parent_path().parent_path(); }
+fs::path repo_root() { return testing::repo_root(); }
 
 bool read_f32(const fs::path& p, size_t n, std::vector<float>& v) {
   std::ifstream i(p, std::ios::binary);
@@ -328,10 +328,7 @@ struct ParityCase {
 };
 
 TEST(GptTorch, SameLossAndGradientsAsPyTorch) {
-  const bool ci = [] {
-    const char* c = std::getenv("CI");
-    return c && std::string(c) == "true";
-  }();
+  const bool ci = testing::in_ci();
   const fs::path script = repo_root() / "tests" / "torch" / "gpt_parity.py";
   ASSERT_TRUE(fs::exists(script)) << script;
   if (!fs::exists("/usr/bin/python3")) {

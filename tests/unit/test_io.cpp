@@ -10,6 +10,8 @@
 
 #include <gtest/gtest.h>
 
+#include "test_util.h"
+
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -34,14 +36,7 @@ using ts::DType;
 
 namespace {
 
-std::string message_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const ts::Error& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
+std::string message_of(const std::function<void()>& f) { return tessera::testing::error_message(f); }
 
 std::string read_bytes(const std::string& path) {
   std::ifstream in(path, std::ios::binary);

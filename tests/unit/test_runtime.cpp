@@ -1,6 +1,8 @@
 // The tensor model end to end: compile cache, host syncs, donation, RNG, errors, null device.
 #include <gtest/gtest.h>
 
+#include "test_util.h"
+
 #include "frontend/tensor_impl.h"
 #include "tessera/tessera.h"
 
@@ -10,14 +12,7 @@ using ts::DType;
 namespace {
 int64_t compiled() { return ts::metrics().graphs_compiled; }
 int64_t hits() { return ts::metrics().cache_hits; }
-std::string message_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const ts::Error& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
+std::string message_of(const std::function<void()>& f) { return tessera::testing::error_message(f); }
 }  // namespace
 
 TEST(Cache, RepeatingLoopCompilesOnce) {

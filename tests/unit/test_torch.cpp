@@ -176,7 +176,7 @@ void write_shape(std::ostream& o, const Shape& s) {
 }
 
 // The repository root: three levels above this file (tests/unit/test_torch.cpp).
-fs::path repo_root() { return fs::path(__FILE__).parent_path().parent_path().parent_path(); }
+fs::path repo_root() { return testing::repo_root(); }
 
 struct Computed {
   V out;
@@ -187,10 +187,7 @@ struct Computed {
 
 TEST(Torch, CompositeExpressionsMatchPyTorch) {
   auto t0 = std::chrono::steady_clock::now();
-  const bool ci = [] {
-    const char* c = std::getenv("CI");
-    return c && std::string(c) == "true";
-  }();
+  const bool ci = testing::in_ci();
   const fs::path script = repo_root() / "tests" / "torch" / "compare.py";
   ASSERT_TRUE(fs::exists(script)) << script;
   if (!fs::exists("/usr/bin/python3")) {
