@@ -2,6 +2,7 @@
 #pragma once
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace tessera {
 
@@ -14,6 +15,8 @@ struct Metrics {
   int64_t peak_bytes = 0;        // high-water mark of live_bytes (see reset_peak_bytes)
   double compile_ms = 0;         // total time spent compiling
   double execute_ms = 0;         // total time spent running compiled graphs
+  // Why each recent graph was compiled: a new structure, or which input's shape/dtype changed.
+  std::vector<std::string> compile_reasons;
   std::string report() const;    // a few human-readable lines
 };
 

@@ -1,4 +1,6 @@
+#include <mutex>
 #include <sstream>
+#include <vector>
 
 #include "ir/node.h"
 #include "runtime/metrics_impl.h"
@@ -20,6 +22,21 @@ void add_live_bytes(int64_t delta) {
   }
 }
 
+namespace {
+std::mutex g_reasons_mu;
+std::vector<std::string>& reasons() {
+  static auto* r = new std::vector<std::string>();
+  return *r;
+}
+}  // namespace
+
+void record_compile(const std::string& reason) {
+  std::lock_guard<std::mutex> lock(g_reasons_mu);
+  auto& r = reasons();
+  r.push_back("graph " + std::to_string(counters().graphs_compiled.load()) + ": " + reason);
+  if (r.size() > 64) r.erase(r.begin());  // the most recent ones
+}
+
 }  // namespace runtime
 
 Metrics metrics() {
@@ -33,6 +50,8 @@ Metrics metrics() {
   m.peak_bytes = c.peak_bytes;
   m.compile_ms = double(c.compile_ns) / 1e6;
   m.execute_ms = double(c.execute_ns) / 1e6;
+  std::lock_guard<std::mutex> lock(runtime::g_reasons_mu);
+  m.compile_reasons = runtime::reasons();
   return m;
 }
 
@@ -46,6 +65,10 @@ std::string Metrics::report() const {
   os << "graphs compiled: " << graphs_compiled << " (" << std::fixed << compile_ms << " ms), cache hits: " << cache_hits
      << "\nsteps launched: " << steps_launched << " (" << execute_ms << " ms executing)"
      << "\nhost syncs: " << host_syncs << "\nmemory: " << live_bytes << " B live, " << peak_bytes << " B peak\n";
+  if (!compile_reasons.empty()) {
+    os << "why graphs were compiled" << (compile_reasons.size() < size_t(graphs_compiled) ? " (latest)" : "") << ":\n";
+    for (auto& r : compile_reasons) os << "  " << r << "\n";
+  }
   return os.str();
 }
 

@@ -2,6 +2,7 @@
 #pragma once
 #include <atomic>
 #include <cstdint>
+#include <string>
 
 namespace tessera::runtime {
 
@@ -12,5 +13,7 @@ struct Counters {
 };
 Counters& counters();
 void add_live_bytes(int64_t delta);
+// Notes why a graph was compiled (the cache missed); the last reasons show in metrics().
+void record_compile(const std::string& reason);
 
 }  // namespace tessera::runtime

@@ -25,6 +25,35 @@ std::unordered_map<std::string, std::shared_ptr<Executable>>& cache() {
   return *c;
 }
 
+// Why a graph missed the cache: for each op sequence seen before (ignoring shapes), the
+// parameter signature it last compiled with, so a recompile can name the input that changed.
+std::unordered_map<std::string, std::vector<std::pair<Shape, DType>>>& seen_structures() {
+  static auto* m = new std::unordered_map<std::string, std::vector<std::pair<Shape, DType>>>();
+  return *m;
+}
+
+std::string miss_reason(const ir::Graph& g, const Device& dev) {
+  std::string ops = dev.str();
+  for (auto& n : g.nodes) {
+    ops += char(n->op);
+    for (auto& i : n->inputs) ops += std::to_string(g.index.at(i.get())) + ",";
+  }
+  std::vector<std::pair<Shape, DType>> sig;
+  for (int p : g.params) sig.push_back({g.nodes[p]->shape, g.nodes[p]->dtype});
+  auto [it, fresh] = seen_structures().emplace(ops, sig);
+  if (fresh) return "new graph structure (" + std::to_string(g.nodes.size()) + " nodes)";
+  std::string why;
+  for (size_t p = 0; p < sig.size() && p < it->second.size(); ++p) {
+    auto& [s0, t0] = it->second[p];
+    auto& [s1, t1] = sig[p];
+    if (s0 != s1 || t0 != t1)
+      why += (why.empty() ? "" : "; ") + std::string("input ") + std::to_string(p) + " changed from " + dtype_name(t0) +
+             shape_str(s0) + " to " + dtype_name(t1) + shape_str(s1);
+  }
+  it->second = sig;
+  return why.empty() ? "same ops with other shapes, constants or scopes" : why;
+}
+
 int64_t since_ns(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count();
 }
@@ -81,9 +110,15 @@ std::vector<std::shared_ptr<Buffer>> realize(const std::vector<Request>& req, Rn
   if (exe) {
     counters().cache_hits++;
   } else {
+    std::string why;
+    {
+      std::lock_guard<std::mutex> lock(g_mu);
+      why = miss_reason(g, dev);
+    }
     exe = compile(g, dev, donate);
     std::lock_guard<std::mutex> lock(g_mu);
     cache()[key] = exe;
+    record_compile(why);
   }
   backends::Backend& be = backends::backend_for(dev);
   if (!be.can_execute())

@@ -57,6 +57,10 @@ TEST(Cache, ChangingAShapeRecompiles) {
   auto z = ts::from_vector<float>({1, 2, 3, 4}, {4});
   (z + 1).to_vector<float>();
   EXPECT_EQ(compiled(), c0 + 1);
+  // The metrics say why: the input's shape changed.
+  std::string why = ts::metrics().compile_reasons.back();
+  EXPECT_NE(why.find("input 0 changed from float32[3] to float32[4]"), std::string::npos) << why;
+  EXPECT_NE(ts::metrics().report().find("why graphs were compiled"), std::string::npos);
 }
 
 TEST(Sync, ReadingCountsOneHostSyncAndComputesEverythingOnce) {
