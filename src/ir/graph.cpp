@@ -118,15 +118,4 @@ void verify(const Graph& g) {
   }
 }
 
-Cost graph_cost(const Graph& g) {
-  Cost c;
-  for (auto& n : g.nodes) {
-    if (n->op == Op::Leaf) continue;
-    Cost k = info(n->op).cost(*n);
-    c.flops += k.flops;
-    c.bytes += k.bytes;
-  }
-  return c;
-}
-
 }  // namespace tessera::ir

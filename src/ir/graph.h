@@ -26,7 +26,5 @@ std::string to_text(const Graph& g);
 std::string node_text(const Graph& g, int i);
 // Checks order, arities and that every node's shape/dtype matches its rule; throws tessera::Error.
 void verify(const Graph& g);
-// Flops and bytes of a whole graph: the sum of its nodes' cost rules (leaves excluded).
-Cost graph_cost(const Graph& g);
 
 }  // namespace tessera::ir

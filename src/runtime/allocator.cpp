@@ -68,15 +68,4 @@ void download(const Buffer& b, void* host, size_t nbytes) { backends::backend_fo
 
 void check_device(const Device& d) { backends::backend_for(d); }
 
-void empty_cache() {
-  Cache& c = cache();
-  std::lock_guard<std::mutex> lock(c.mu);
-  for (auto& [dev, blocks] : c.free_blocks) {
-    backends::Backend& b = backends::backend_for(Device(dev.first, dev.second));
-    for (auto& [size, p] : blocks) b.free(dev.second, p, size);
-    blocks.clear();
-  }
-  c.cached = 0;
-}
-
 }  // namespace tessera::runtime

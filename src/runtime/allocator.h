@@ -8,8 +8,6 @@
 namespace tessera::runtime {
 
 std::shared_ptr<Buffer> allocate(const Device& d, size_t nbytes);
-// Returns cached blocks to their backends.
-void empty_cache();
 // Host transfers (counted by the backend's device): a new buffer holding a copy of `bytes`,
 // and a buffer's first `nbytes` copied to the host.
 std::shared_ptr<Buffer> upload(const Device& d, const void* bytes, size_t nbytes);

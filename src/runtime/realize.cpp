@@ -163,16 +163,4 @@ std::vector<std::shared_ptr<Buffer>> realize(const std::vector<Request>& req, Rn
   return results;
 }
 
-Compiled compile_only(const std::vector<ir::NodePtr>& outputs) {
-  Compiled c;
-  c.graph = ir::build_graph(outputs);
-  c.plan = compiler::lower(c.graph, {});
-  return c;
-}
-
-void clear_compile_cache() {
-  std::lock_guard<std::mutex> lock(g_mu);
-  cache().clear();
-}
-
 }  // namespace tessera::runtime

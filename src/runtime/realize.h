@@ -22,14 +22,4 @@ struct RngArgs {
 // request (contiguous, row-major). Sets *drew_random when the graph contains RNG nodes.
 std::vector<std::shared_ptr<Buffer>> realize(const std::vector<Request>& requests, RngArgs rng, bool* drew_random);
 
-// The compiled form of the graph `realize` would run for these requests (compiling if needed).
-struct Compiled {
-  ir::Graph graph;
-  compiler::Plan plan;
-};
-Compiled compile_only(const std::vector<ir::NodePtr>& outputs);
-
-// Forgets every compiled graph.
-void clear_compile_cache();
-
 }  // namespace tessera::runtime
