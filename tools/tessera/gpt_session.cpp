@@ -24,9 +24,14 @@ std::string hex(const std::string& s) {
   return r;
 }
 std::string unhex(const std::string& h) {
-  if (h.size() % 2) fail("load", "corrupt vocabulary in checkpoint", "");
+  if (h.size() % 2) throw std::invalid_argument("odd length");
   std::string r;
-  for (size_t i = 0; i < h.size(); i += 2) r += char(std::stoi(h.substr(i, 2), nullptr, 16));
+  for (size_t i = 0; i < h.size(); i += 2) {
+    size_t used = 0;
+    int v = std::stoi(h.substr(i, 2), &used, 16);
+    if (used != 2) throw std::invalid_argument(h);
+    r += char(v);
+  }
   return r;
 }
 
@@ -83,6 +88,38 @@ double held_out_loss(nn::GPT& model, const data::TextDataset& ds, int64_t batche
   model.train();
   return sum / double(batches);
 }
+
+// A checkpoint's metadata: every malformed value is a clear "[load]" error naming the key.
+struct Metadata {
+  const std::string& path;
+  const io::Metadata& meta;
+
+  const std::string& at(const char* key) const {
+    auto it = meta.find(key);
+    if (it == meta.end()) fail("load", path + ": not a tessera GPT checkpoint (no '" + key + "' metadata)", "");
+    return it->second;
+  }
+  template <class F>
+  auto parse(const char* key, F&& f) const {
+    try {
+      return f(at(key));
+    } catch (const Error&) {
+      throw;
+    } catch (const std::exception&) {
+      fail("load", path + ": corrupt checkpoint metadata '" + key + "'", "");
+    }
+  }
+  int64_t integer(const char* key) const {
+    return parse(key, [](const std::string& v) {
+      size_t used = 0;
+      int64_t x = std::stoll(v, &used);
+      if (used != v.size()) throw std::invalid_argument(v);
+      return x;
+    });
+  }
+  std::vector<int64_t> ints(const char* key) const { return parse(key, split_ints); }
+  json json_of(const char* key) const { return parse(key, [](const std::string& v) { return json::parse(v); }); }
+};
 
 }  // namespace
 
@@ -141,12 +178,8 @@ TrainResult train_gpt(const TrainOptions& o) {
   if (o.resume && fs::exists(ckpt)) {
     io::Metadata meta;
     io::TensorMap t = io::load_safetensors(ckpt, &meta, dev);
-    auto need = [&](const char* k) -> const std::string& {
-      auto it = meta.find(k);
-      if (it == meta.end()) fail("load", ckpt + ": not a tessera GPT checkpoint (no '" + k + "')", "");
-      return it->second;
-    };
-    if (config_from(json::parse(need("config"))).vocab != cfg.vocab || json::parse(need("config")) != config_json(cfg))
+    Metadata m{ckpt, meta};
+    if (m.json_of("config") != config_json(cfg))
       fail("train", "--resume: the checkpoint's model configuration differs from the flags", "");
     std::map<std::string, Tensor> ms, os;
     for (auto& [k, v] : t) {
@@ -155,9 +188,9 @@ TrainResult train_gpt(const TrainOptions& o) {
     }
     model.load_state_dict(ms);
     opt.load_state_dict(os);
-    loader.load_state(split_ints(need("loader")));
-    set_rng_state({std::stoull(need("rng_seed")), std::stoull(need("rng_offset"))});
-    start = std::stoll(need("step"));
+    loader.load_state(m.ints("loader"));
+    set_rng_state({uint64_t(m.integer("rng_seed")), uint64_t(m.integer("rng_offset"))});
+    start = m.integer("step");
     if (!o.quiet) std::printf("resumed from %s at step %lld\n", ckpt.c_str(), (long long)start);
   } else if (o.resume && !o.quiet) {
     std::printf("no checkpoint at %s: starting fresh\n", ckpt.c_str());
@@ -248,20 +281,11 @@ TrainResult train_gpt(const TrainOptions& o) {
 Loaded load_checkpoint(const std::string& path, const Device& device) {
   io::Metadata meta;
   io::TensorMap t = io::load_safetensors(path, &meta, device);
-  auto need = [&](const char* k) -> const std::string& {
-    auto it = meta.find(k);
-    if (it == meta.end()) fail("load", path + ": not a tessera GPT checkpoint (no '" + k + "' metadata)", "");
-    return it->second;
-  };
+  Metadata m{path, meta};
   Loaded l;
-  nn::GPTConfig cfg;
-  try {
-    cfg = config_from(json::parse(need("config")));
-    l.step = std::stoll(need("step"));
-  } catch (const json::exception& e) {
-    fail("load", path + ": corrupt model configuration (" + e.what() + ")", "");
-  }
-  l.tokenizer = data::CharTokenizer::from_vocab(unhex(need("vocab_hex")));
+  nn::GPTConfig cfg = m.parse("config", [](const std::string& v) { return config_from(json::parse(v)); });
+  l.step = m.integer("step");
+  l.tokenizer = data::CharTokenizer::from_vocab(m.parse("vocab_hex", unhex));
   if (l.tokenizer.vocab_size() != cfg.vocab) fail("load", path + ": vocabulary and model disagree", "");
   l.model = std::make_shared<nn::GPT>(cfg);
   l.model->to(device);

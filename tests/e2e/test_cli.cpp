@@ -1,0 +1,493 @@
+// End-to-end tests of the `tessera` CLI, run as a child process exactly as a user runs it
+// (stdout and stderr go to files, so stdout is not a terminal). No assertion is about speed:
+// the machine running CI is shared.
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <cstring>
+#include <map>
+#include <set>
+
+#include "e2e_util.h"
+
+namespace {
+
+using namespace e2e;
+
+// A tiny model shared by the sampling and error tests.
+const std::vector<std::string> kTiny = {"--layers", "1", "--embd", "32", "--heads", "2", "--block", "16",
+                                        "--batch", "4", "--device", "cpu"};
+
+std::vector<std::string> cat(std::vector<std::string> a, const std::vector<std::string>& b) {
+  a.insert(a.end(), b.begin(), b.end());
+  return a;
+}
+
+// Trains the tiny model for a few steps into dir/ckpt and returns the checkpoint path.
+fs::path make_checkpoint(const TempDir& dir) {
+  Result r = cli(cat({"train", "gpt", "--steps", "3", "--out", (dir / "ckpt").string()}, kTiny), dir.path());
+  EXPECT_TRUE(r.exited && r.code == 0) << r.describe();
+  fs::path p = dir / "ckpt" / "ckpt.safetensors";
+  EXPECT_TRUE(fs::exists(p)) << r.describe();
+  return p;
+}
+
+// The safetensors header of a checkpoint: its JSON and its length.
+json header_of(const std::string& bytes, uint64_t* len = nullptr) {
+  uint64_t n = 0;
+  for (int i = 7; i >= 0; --i) n = n << 8 | static_cast<unsigned char>(bytes[i]);
+  if (len) *len = n;
+  return json::parse(bytes.substr(8, n));
+}
+
+// One failure as the CLI promises: a non-zero exit (not a crash or abort) and exactly one line
+// on stderr, starting "tessera: error:".
+void expect_clean_error(const Result& r, const std::string& what) {
+  SCOPED_TRACE(what);
+  EXPECT_TRUE(r.exited) << "crashed: " << r.describe();
+  EXPECT_NE(r.code, 0) << r.describe();
+  std::vector<std::string> lines = lines_of(r.err);
+  ASSERT_EQ(lines.size(), 1u) << "stderr should be exactly one line: " << r.describe();
+  EXPECT_EQ(lines[0].rfind("tessera: error: ", 0), 0u) << r.describe();
+  EXPECT_GT(lines[0].size(), std::strlen("tessera: error: ") + 10) << "an error line should say what is wrong";
+  EXPECT_FALSE(r.err.empty() || r.err.back() != '\n') << "the error line should end with a newline";
+}
+
+// The per-step fields the log promises, for a run that logged steps first_step + 1 .. steps.
+void expect_log_schema(const std::vector<json>& log, int64_t first_step, int64_t steps) {
+  ASSERT_EQ(int64_t(log.size()), steps - first_step);
+  int64_t prev_syncs = -1, prev_graphs = -1, first_graphs = 0;
+  bool evaluated = false;
+  for (size_t i = 0; i < log.size(); ++i) {
+    const json& j = log[i];
+    SCOPED_TRACE("log line " + std::to_string(i + 1) + ": " + j.dump());
+    ASSERT_TRUE(j.is_object());
+    for (const char* k : {"step", "loss", "lr", "step_ms", "tokens_per_s", "graphs_compiled", "host_syncs", "peak_bytes"})
+      ASSERT_TRUE(j.contains(k) && j[k].is_number()) << "missing or non-numeric '" << k << "'";
+    for (const char* k : {"step", "graphs_compiled", "host_syncs", "peak_bytes"})
+      EXPECT_TRUE(j[k].is_number_integer()) << k << " should be an integer";
+    EXPECT_EQ(j["step"].get<int64_t>(), first_step + int64_t(i) + 1);
+    EXPECT_TRUE(std::isfinite(j["loss"].get<double>()));
+    EXPECT_GT(j["loss"].get<double>(), 0.0);
+    EXPECT_GT(j["lr"].get<double>(), 0.0);
+    EXPECT_GE(j["step_ms"].get<double>(), 0.0);
+    EXPECT_GT(j["tokens_per_s"].get<double>(), 0.0);
+    EXPECT_GT(j["peak_bytes"].get<int64_t>(), 0);
+    int64_t syncs = j["host_syncs"].get<int64_t>(), graphs = j["graphs_compiled"].get<int64_t>();
+    EXPECT_GT(syncs, prev_syncs) << "host_syncs is cumulative and each step reads its loss";
+    EXPECT_GE(graphs, prev_graphs) << "graphs_compiled is cumulative";
+    prev_syncs = syncs, prev_graphs = graphs;
+    // Compiled graphs: the parameters' initialization and the first training step by the end
+    // of step 1 (the first step also creates the optimizer's moments), the steady training
+    // step at step 2, and the held-out evaluation once. Nothing else, however long the run
+    // (the learning rate and step count are runtime inputs).
+    if (j.contains("val_loss")) evaluated = true;
+    if (i == 0) {
+      first_graphs = graphs;
+      EXPECT_LE(graphs, 2) << "graphs compiled by the end of step 1";
+    } else {
+      EXPECT_LE(graphs, first_graphs + 1 + (evaluated ? 1 : 0)) << "graphs keep compiling after step 2";
+    }
+    if (j.contains("val_loss")) {
+      EXPECT_TRUE(j["val_loss"].is_number());
+      EXPECT_TRUE(std::isfinite(j["val_loss"].get<double>()));
+    }
+  }
+}
+
+// ---- 1. the demo beats the bigram baseline ----
+
+TEST(Demo, HeldOutLossBeatsBigramEntropy) {
+  ASSERT_TRUE(fs::is_directory(kFortunes)) << "Debian's fortunes package is not installed";
+  const double bigram = bigram_entropy_nats(fortunes_text());
+  EXPECT_NEAR(bigram, 2.59, 0.1) << "unexpected corpus";
+  TempDir dir;
+  // The demo's own step budget (no --steps): the default configuration must get there.
+  Result r = cli({"demo", "--log-json", (dir / "demo.jsonl").string()}, dir.path());
+  ASSERT_TRUE(r.exited && r.code == 0) << r.describe();
+
+  std::vector<json> log = read_log(dir / "demo.jsonl");
+  ASSERT_FALSE(log.empty());
+  expect_log_schema(log, 0, log.back()["step"].get<int64_t>());
+  ASSERT_TRUE(log.back().contains("val_loss")) << "the last step should be evaluated: " << log.back().dump();
+  const double val = log.back()["val_loss"].get<double>();
+  std::printf("demo: %lld steps, held-out loss %.4f nats/char, bigram entropy %.4f\n",
+              (long long)log.back()["step"].get<int64_t>(), val, bigram);
+  EXPECT_LT(val, bigram) << "the demo's final held-out loss does not beat the bigram baseline";
+  int evaluated = 0;
+  for (const json& j : log) evaluated += j.contains("val_loss");
+  EXPECT_GE(evaluated, 2) << "the demo evaluates periodically";
+
+  // What the demo prints: the loss table, throughput, a sample and the summary.
+  const std::string& out = r.out;
+  EXPECT_NE(out.find("loss curve"), std::string::npos) << out;
+  EXPECT_NE(out.find("held-out"), std::string::npos) << out;
+  for (const json& j : log)  // one table row per evaluation, ending with the held-out loss
+    if (j.contains("val_loss")) {
+      char row[64];
+      std::snprintf(row, sizeof row, "%lld", (long long)j["step"].get<int64_t>());
+      EXPECT_NE(out.find(row), std::string::npos) << "no table row for step " << row;
+    }
+  EXPECT_NE(out.find("tokens/s"), std::string::npos) << out;
+  size_t sample = out.find("sample");
+  ASSERT_NE(sample, std::string::npos) << out;
+  size_t q = out.find("Q: ", sample);
+  ASSERT_NE(q, std::string::npos) << "the sample should start with its prompt: " << out;
+  size_t summary = out.find("summary:", q);
+  ASSERT_NE(summary, std::string::npos) << out;
+  EXPECT_GT(summary - q, size_t(100)) << "the sample looks too short: " << out.substr(q, summary - q);
+  for (const char* word : {"parameters", "graphs compiled", "host syncs", "peak memory"})
+    EXPECT_NE(out.find(word, summary), std::string::npos) << "summary lacks '" << word << "': " << out.substr(summary);
+  // Not a terminal: plain lines, no carriage returns.
+  EXPECT_EQ(out.find('\r'), std::string::npos);
+  EXPECT_TRUE(r.err.empty()) << r.err;
+}
+
+// ---- 2. resume is bit-identical with dropout on ----
+
+TEST(Resume, DropoutRunContinuesBitIdentically) {
+  TempDir dir;
+  // --warmup longer than the run keeps the learning rate schedule independent of --steps
+  // (which is also the cosine length), so a 10-step first leg follows exactly the schedule of
+  // the uninterrupted 15-step run; the resumed leg then continues that warmup from step 10.
+  const std::vector<std::string> cfg = {"--layers", "2", "--embd", "64", "--heads", "4", "--block", "32", "--batch", "8",
+                                        "--dropout", "0.1", "--warmup", "20", "--device", "cpu", "--seed", "7"};
+  std::string a = (dir / "A").string(), b = (dir / "B").string();
+  Result r1 = cli(cat({"train", "gpt", "--steps", "10", "--out", a, "--log-json", a + ".jsonl"}, cfg), dir.path());
+  ASSERT_TRUE(r1.exited && r1.code == 0) << r1.describe();
+  Result r2 = cli(cat({"train", "gpt", "--steps", "15", "--out", a, "--resume", "--log-json", a + ".jsonl"}, cfg), dir.path());
+  ASSERT_TRUE(r2.exited && r2.code == 0) << r2.describe();
+  EXPECT_NE(r2.out.find("resumed from"), std::string::npos) << r2.describe();
+  Result rb = cli(cat({"train", "gpt", "--steps", "15", "--out", b, "--log-json", b + ".jsonl"}, cfg), dir.path());
+  ASSERT_TRUE(rb.exited && rb.code == 0) << rb.describe();
+
+  std::vector<json> la = read_log(a + ".jsonl"), lb = read_log(b + ".jsonl");
+  ASSERT_EQ(la.size(), 15u) << "--log-json should append when resuming";
+  ASSERT_EQ(lb.size(), 15u);
+  for (size_t i = 0; i < 15; ++i) {
+    SCOPED_TRACE("step " + std::to_string(i + 1));
+    EXPECT_EQ(la[i]["step"], lb[i]["step"]);
+    // Exact doubles (the JSON numbers round-trip), and their text too.
+    EXPECT_EQ(la[i]["loss"].get<double>(), lb[i]["loss"].get<double>())
+        << (i >= 10 ? "resumed" : "fresh") << " run: " << la[i]["loss"].dump() << " vs uninterrupted " << lb[i]["loss"].dump();
+    EXPECT_EQ(la[i]["loss"].dump(), lb[i]["loss"].dump());
+    EXPECT_EQ(la[i]["lr"].get<double>(), lb[i]["lr"].get<double>()) << "learning rate schedule differs";
+  }
+  // Dropout really is on: the same run without it gives other losses.
+  std::vector<std::string> nodrop = cfg;
+  nodrop[std::find(nodrop.begin(), nodrop.end(), "--dropout") - nodrop.begin() + 1] = "0";
+  Result rc = cli(cat({"train", "gpt", "--steps", "2", "--log-json", (dir / "C.jsonl").string()}, nodrop), dir.path());
+  ASSERT_TRUE(rc.exited && rc.code == 0) << rc.describe();
+  std::vector<json> lc = read_log(dir / "C.jsonl");
+  ASSERT_EQ(lc.size(), 2u);
+  EXPECT_NE(lc[1]["loss"].get<double>(), lb[1]["loss"].get<double>()) << "--dropout 0.1 seems to have no effect";
+
+  // Both final checkpoints hold the same step and the same weights.
+  std::string ca = read_file(fs::path(a) / "ckpt.safetensors"), cb = read_file(fs::path(b) / "ckpt.safetensors");
+  ASSERT_FALSE(ca.empty());
+  json ha = header_of(ca), hb = header_of(cb);
+  EXPECT_EQ(ha["__metadata__"]["step"], "15");
+  EXPECT_EQ(ha["__metadata__"]["step"], hb["__metadata__"]["step"]);
+  EXPECT_TRUE(ca == cb) << "the resumed run's final checkpoint differs from the uninterrupted run's";
+}
+
+// ---- 3. errors: one clear line and a non-zero exit ----
+
+TEST(Errors, CorruptTruncatedAndMissingCheckpoints) {
+  TempDir dir;
+  fs::path good = make_checkpoint(dir);
+  const std::string bytes = read_file(good);
+  uint64_t hlen = 0;
+  header_of(bytes, &hlen);
+  ASSERT_GT(bytes.size(), 8 + hlen);
+  // The intact checkpoint samples.
+  Result ok = cli({"sample", "--ckpt", good.string(), "--tokens", "5", "--device", "cpu"}, dir.path());
+  ASSERT_TRUE(ok.exited && ok.code == 0) << ok.describe();
+
+  std::map<std::string, std::string> bad;
+  bad["empty"] = "";
+  bad["truncated to 5 bytes"] = bytes.substr(0, 5);
+  bad["truncated inside the header"] = bytes.substr(0, 8 + hlen / 2);
+  bad["truncated after the header"] = bytes.substr(0, 8 + hlen);
+  bad["truncated to half"] = bytes.substr(0, bytes.size() / 2);
+  bad["last byte missing"] = bytes.substr(0, bytes.size() - 1);
+  {
+    std::string s = bytes;
+    s[7] = char(0x7f);  // header length ~9e18
+    bad["huge header length"] = s;
+  }
+  {
+    std::string s = bytes;
+    s[0] = char(static_cast<unsigned char>(s[0]) + 3);  // header length a little too long
+    bad["header length off by 3"] = s;
+  }
+  {
+    std::string s = bytes;
+    s[8] = '#';  // the header's opening brace
+    bad["flipped first header byte"] = s;
+  }
+  {
+    std::string s = bytes;
+    for (uint64_t i = 8 + hlen / 3; i < 8 + hlen / 3 + 4; ++i) s[i] = char(~s[i]);
+    bad["flipped header bytes (invalid UTF-8)"] = s;
+  }
+  {
+    std::string s = bytes;
+    size_t p = s.find("\"F32\"");
+    ASSERT_NE(p, std::string::npos);
+    s.replace(p, 5, "\"Q32\"");
+    bad["unknown dtype"] = s;
+  }
+  {
+    std::string s = bytes;  // the first tensor's end offset: all nines
+    size_t p = s.find("\"data_offsets\":[");
+    ASSERT_NE(p, std::string::npos) << s.substr(8, hlen);
+    size_t comma = s.find(',', p), close = s.find(']', comma);
+    std::string end = s.substr(comma + 1, close - comma - 1);
+    std::string huge(end.size(), '9');
+    s.replace(comma + 1, end.size(), huge);
+    bad["data offsets disagree with the shape"] = s;
+  }
+  {
+    std::string s = bytes;  // a tensor renamed: the model's state no longer matches
+    size_t p = s.find("\"model.");
+    ASSERT_NE(p, std::string::npos);
+    s[p + 1] = 'M';
+    bad["renamed tensor"] = s;
+  }
+  for (auto& [what, content] : bad) {
+    fs::path p = dir / "bad.safetensors";
+    write_file(p, content);
+    expect_clean_error(cli({"sample", "--ckpt", p.string(), "--device", "cpu"}, dir.path()), "sample: " + what);
+  }
+  expect_clean_error(cli({"sample", "--ckpt", (dir / "no-such.safetensors").string()}, dir.path()), "missing file");
+  expect_clean_error(cli({"sample", "--ckpt", dir.path().string()}, dir.path()), "a directory");
+  // Resuming from a corrupt checkpoint fails the same way.
+  fs::create_directories(dir / "R");
+  write_file(dir / "R" / "ckpt.safetensors", bytes.substr(0, bytes.size() / 2));
+  expect_clean_error(cli(cat({"train", "gpt", "--steps", "5", "--resume", "--out", (dir / "R").string()}, kTiny), dir.path()),
+                     "train --resume from a truncated checkpoint");
+  // Resuming with flags that describe another model.
+  fs::create_directories(dir / "S");
+  fs::copy_file(good, dir / "S" / "ckpt.safetensors");
+  std::vector<std::string> other = kTiny;
+  other[3] = "64";  // --embd
+  expect_clean_error(cli(cat({"train", "gpt", "--steps", "5", "--resume", "--out", (dir / "S").string()}, other), dir.path()),
+                     "train --resume with another model configuration");
+}
+
+// The checkpoint's metadata (model configuration, vocabulary, step, RNG and loader state) is
+// parsed by the CLI; corrupt values there are corrupt checkpoints too.
+TEST(Errors, CorruptCheckpointMetadata) {
+  TempDir dir;
+  fs::path good = make_checkpoint(dir);
+  const std::string bytes = read_file(good);
+  uint64_t hlen = 0;
+  json header = header_of(bytes, &hlen);
+  // The same file with one metadata entry replaced (the header rewritten, its length updated).
+  auto with_meta = [&](const std::string& key, const std::string& value) {
+    json h = header;
+    EXPECT_TRUE(h["__metadata__"].contains(key)) << key;
+    h["__metadata__"][key] = value;
+    std::string text = h.dump(), len(8, '\0');
+    for (int i = 0; i < 8; ++i) len[i] = char((uint64_t(text.size()) >> (8 * i)) & 0xff);
+    return len + text + bytes.substr(8 + hlen);
+  };
+  const std::string config = header["__metadata__"]["config"].get<std::string>();
+  json bad_config = json::parse(config);
+  bad_config["bias"] = 1234;
+  std::map<std::string, std::string> bad;
+  bad["corrupt step metadata"] = with_meta("step", "x");
+  bad["corrupt model configuration (not JSON)"] = with_meta("config", "{\"vocab\":");
+  bad["corrupt model configuration (wrong type)"] = with_meta("config", bad_config.dump());
+  {
+    std::string s = bytes;  // a corrupt vocabulary in the metadata
+    size_t p = s.find("\"vocab_hex\":\"");
+    ASSERT_NE(p, std::string::npos);
+    s[p + 13] = 'z', s[p + 14] = 'z';
+    bad["corrupt vocab_hex metadata"] = s;
+  }
+  bad["vocabulary and model disagree"] = with_meta("vocab_hex", "414243");
+  {  // the rewriting itself keeps a loadable checkpoint
+    fs::path p = dir / "rewritten.safetensors";
+    write_file(p, with_meta("step", "3"));
+    Result r = cli({"sample", "--ckpt", p.string(), "--tokens", "5", "--device", "cpu"}, dir.path());
+    EXPECT_TRUE(r.exited && r.code == 0) << r.describe();
+  }
+  for (auto& [what, content] : bad) {
+    fs::path p = dir / "bad.safetensors";
+    write_file(p, content);
+    expect_clean_error(cli({"sample", "--ckpt", p.string(), "--device", "cpu"}, dir.path()), "sample: " + what);
+  }
+  // Resuming from checkpoints whose metadata is corrupt.
+  for (auto [what, content] : std::map<std::string, std::string>{
+           {"corrupt rng_offset metadata", with_meta("rng_offset", "x")},
+           {"corrupt loader metadata", with_meta("loader", "1,x")},
+           {"corrupt step metadata", with_meta("step", "x")},
+           {"corrupt model configuration (not JSON)", with_meta("config", "{\"vocab\":")},
+           {"corrupt model configuration (wrong type)", with_meta("config", bad_config.dump())}}) {
+    fs::create_directories(dir / "M");
+    write_file(dir / "M" / "ckpt.safetensors", content);
+    expect_clean_error(cli(cat({"train", "gpt", "--steps", "5", "--resume", "--out", (dir / "M").string()}, kTiny), dir.path()),
+                       "train --resume: " + what);
+  }
+}
+
+TEST(Errors, BadDevicesFlagsAndFiles) {
+  TempDir dir;
+  const std::string d = dir.path().string();
+  struct Case {
+    std::string what;
+    std::vector<std::string> args;
+  };
+  const std::vector<Case> cases = {
+      {"unknown device (train)", {"train", "gpt", "--device", "tpu", "--steps", "1"}},
+      {"unknown device (demo)", {"demo", "--device", "tpu", "--steps", "1"}},
+      {"unknown device (sample)", {"sample", "--ckpt", d + "/x.safetensors", "--device", "tpu"}},
+      {"unknown device index", {"train", "gpt", "--device", "cpu:7", "--steps", "1"}},
+      {"negative steps", {"train", "gpt", "--steps", "-3"}},
+      {"zero steps", {"train", "gpt", "--steps", "0"}},
+      {"non-numeric steps", {"train", "gpt", "--steps", "abc"}},
+      {"non-numeric lr", {"train", "gpt", "--lr", "fast"}},
+      {"block too small", {"train", "gpt", "--block", "1"}},
+      {"dropout out of range", {"train", "gpt", "--dropout", "1.5"}},
+      {"embd not divisible by heads", {"train", "gpt", "--embd", "30", "--heads", "4", "--steps", "1"}},
+      {"unknown flag", {"train", "gpt", "--bogus", "1"}},
+      {"missing flag value", {"train", "gpt", "--steps"}},
+      {"train without a model", {"train"}},
+      {"unknown model", {"train", "resnet"}},
+      {"unknown command", {"frobnicate"}},
+      {"resume without --out", {"train", "gpt", "--resume", "--steps", "1"}},
+      {"missing --data file", {"train", "gpt", "--data", d + "/no-such.txt", "--steps", "1"}},
+      {"--data is a directory", {"train", "gpt", "--data", d, "--steps", "1"}},
+      {"unwritable --log-json", {"train", "gpt", "--steps", "1", "--layers", "1", "--embd", "16", "--heads", "2",
+                                 "--block", "8", "--batch", "2", "--log-json", d + "/no/such/dir/log.jsonl"}},
+      {"sample without --ckpt", {"sample"}},
+      {"sample: zero tokens", {"sample", "--ckpt", d + "/x.safetensors", "--tokens", "0"}},
+      {"sample: negative temperature", {"sample", "--ckpt", d + "/x.safetensors", "--temperature", "-1"}},
+      {"sample: negative top-k", {"sample", "--ckpt", d + "/x.safetensors", "--top-k", "-2"}},
+      {"demo: negative steps", {"demo", "--steps", "-1"}},
+  };
+  for (const Case& c : cases) expect_clean_error(cli(c.args, dir.path()), c.what);
+  // A text too short for the window.
+  write_file(dir / "tiny.txt", "hello world\n");
+  expect_clean_error(cli({"train", "gpt", "--data", (dir / "tiny.txt").string(), "--steps", "1"}, dir.path()), "text too short");
+}
+
+// ---- 4 and 5. the JSON log and plain progress lines ----
+
+TEST(TrainLog, EveryLineParsesWithTheDocumentedFields) {
+  TempDir dir;
+  fs::path log = dir / "log.jsonl";
+  Result r = cli(cat({"train", "gpt", "--steps", "12", "--eval-every", "5", "--log-json", log.string()}, kTiny), dir.path());
+  ASSERT_TRUE(r.exited && r.code == 0) << r.describe();
+  std::vector<json> lines;
+  ASSERT_NO_THROW(lines = read_log(log)) << read_file(log);
+  expect_log_schema(lines, 0, 12);
+  std::set<int64_t> evaluated;
+  for (const json& j : lines)
+    if (j.contains("val_loss")) evaluated.insert(j["step"].get<int64_t>());
+  EXPECT_EQ(evaluated, (std::set<int64_t>{5, 10, 12})) << "held-out loss every --eval-every steps and at the end";
+  // Warmup: the learning rate rises over the first steps.
+  EXPECT_LT(lines[0]["lr"].get<double>(), lines[5]["lr"].get<double>());
+  // The run's summary line.
+  EXPECT_NE(r.out.find("held-out loss"), std::string::npos) << r.out;
+
+  // Progress when stdout is not a terminal: plain periodic lines, no carriage returns or bars.
+  EXPECT_EQ(r.out.find('\r'), std::string::npos) << "carriage return in non-terminal output";
+  EXPECT_EQ(r.out.find("\x1b["), std::string::npos) << "escape sequence in non-terminal output";
+  int progress = 0;
+  for (const std::string& l : lines_of(r.out))
+    if (l.rfind("step ", 0) == 0) {
+      ++progress;
+      EXPECT_NE(l.find("loss"), std::string::npos) << l;
+      EXPECT_NE(l.find("tok/s"), std::string::npos) << l;
+      EXPECT_NE(l.find("ETA"), std::string::npos) << l;
+    }
+  EXPECT_GE(progress, 3) << r.out;
+  EXPECT_LE(progress, 12 + 3) << "progress lines should be periodic, not per-step noise";
+  EXPECT_NE(r.out.find("step 12/12"), std::string::npos) << "the last step is always reported: " << r.out;
+}
+
+// On a terminal the same run draws a progress bar redrawn in place.
+TEST(TrainLog, TerminalGetsAProgressBar) {
+  Result r = run_in_terminal(TESSERA_CLI, cat({"train", "gpt", "--steps", "12"}, kTiny));
+  ASSERT_TRUE(r.exited && r.code == 0) << r.describe();
+  EXPECT_NE(r.out.find("\r["), std::string::npos) << "no progress bar redrawn with a carriage return: " << r.out;
+  EXPECT_NE(r.out.find("step 12/12"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("ETA"), std::string::npos) << r.out;
+}
+
+// ---- 7. sampling ----
+
+TEST(Sample, PromptThenExactlyTokensFromTheVocabularyDeterministically) {
+  TempDir dir;
+  fs::path ckpt = make_checkpoint(dir);
+  json meta = header_of(read_file(ckpt))["__metadata__"];
+  std::string vocab;
+  {
+    std::string h = meta["vocab_hex"].get<std::string>();
+    for (size_t i = 0; i + 1 < h.size(); i += 2) vocab += char(std::stoi(h.substr(i, 2), nullptr, 16));
+  }
+  ASSERT_GT(vocab.size(), 50u);
+  const std::string prompt = "Q: Why";
+  // 100 tokens from a block-16 model also crosses the context refill.
+  auto sample = [&](const std::string& seed, const std::string& tokens, std::vector<std::string> extra = {}) {
+    Result r = cli(cat({"sample", "--ckpt", ckpt.string(), "--prompt", prompt, "--tokens", tokens, "--seed", seed,
+                        "--device", "cpu"},
+                       extra),
+                   dir.path());
+    EXPECT_TRUE(r.exited && r.code == 0) << r.describe();
+    EXPECT_TRUE(r.err.empty()) << r.err;
+    return r.out;
+  };
+  for (int tokens : {1, 7, 100}) {
+    SCOPED_TRACE("--tokens " + std::to_string(tokens));
+    std::string out = sample("5", std::to_string(tokens));
+    ASSERT_EQ(out.rfind(prompt, 0), 0u) << "output should start with the prompt: " << out;
+    ASSERT_FALSE(out.empty());
+    ASSERT_EQ(out.back(), '\n') << "output should end with a newline";
+    std::string gen = out.substr(prompt.size(), out.size() - prompt.size() - 1);
+    EXPECT_EQ(gen.size(), size_t(tokens)) << "generated: '" << gen << "'";
+    for (char c : gen) EXPECT_NE(vocab.find(c), std::string::npos) << "byte " << int((unsigned char)c) << " not in the vocabulary";
+  }
+  std::string a = sample("5", "100"), b = sample("5", "100"), c = sample("6", "100");
+  EXPECT_EQ(a, b) << "the same seed should give the same sample";
+  EXPECT_NE(a, c) << "another seed should give another sample";
+  // Greedy sampling ignores the seed.
+  EXPECT_EQ(sample("1", "40", {"--top-k", "1"}), sample("2", "40", {"--top-k", "1"}));
+  // A prompt byte outside the vocabulary is a clear error.
+  std::string outside;
+  for (int byte = 1; byte < 128 && outside.empty(); ++byte)
+    if (vocab.find(char(byte)) == std::string::npos) outside = std::string("a") + char(byte);
+  if (!outside.empty())
+    expect_clean_error(cli({"sample", "--ckpt", ckpt.string(), "--prompt", outside, "--device", "cpu"}, dir.path()),
+                       "prompt outside the vocabulary");
+  expect_clean_error(cli({"sample", "--ckpt", ckpt.string(), "--prompt", "", "--device", "cpu"}, dir.path()), "empty prompt");
+}
+
+// `tessera devices` and `--version` work and say something.
+TEST(Cli, DevicesAndVersion) {
+  TempDir dir;
+  Result d = cli({"devices"}, dir.path());
+  ASSERT_TRUE(d.exited && d.code == 0) << d.describe();
+  EXPECT_NE(d.out.find("cpu:0"), std::string::npos) << d.out;
+  Result v = cli({"--version"}, dir.path());
+  ASSERT_TRUE(v.exited && v.code == 0) << v.describe();
+  EXPECT_EQ(v.out.rfind("tessera ", 0), 0u) << v.out;
+}
+
+}  // namespace
+
+#ifdef TESSERA_GPT_EXAMPLE
+namespace {
+// examples/gpt trains (briefly here), reports its held-out loss, samples and prints metrics.
+TEST(Example, GptTrainsEvaluatesAndSamples) {
+  e2e::TempDir dir;
+  e2e::Result r = e2e::run(TESSERA_GPT_EXAMPLE, {"5"}, dir.path());
+  ASSERT_TRUE(r.exited && r.code == 0) << r.describe();
+  for (const char* s : {"parameters", "step     5  loss", "held-out loss:", "sample:\nQ: "})
+    EXPECT_NE(r.out.find(s), std::string::npos) << "missing '" << s << "':\n" << r.out;
+}
+}  // namespace
+#endif
