@@ -693,47 +693,51 @@ void run_gemm(const Step& st, const LaunchArgs& args) {
   GemmOperand A = gemm_operand(av, args.slots[st.inputs[0]], st.dtype);
   GemmOperand B = gemm_operand(bv, args.slots[st.inputs[1]], st.dtype);
   // Rows [m0, m1) of batch b. op(A)'s rows are A's rows, or A's columns when transposed.
-  auto block = [&](int64_t b, int64_t m0, int64_t m1) {
+  // Rows [m0, m1) and columns [n0, n1) of batch b. op(A)'s rows are A's rows, or A's columns
+  // when transposed; likewise op(B)'s columns.
+  auto block = [&](int64_t b, int64_t m0, int64_t m1, int64_t n0, int64_t n1) {
     int64_t idx[32];
     unravel(b, batch, idx);
     int64_t ao = A.offset, bo = B.offset;
     for (size_t d = 0; d < batch.size(); ++d) ao += idx[d] * A.batch_strides[d], bo += idx[d] * B.batch_strides[d];
-    ao += A.trans ? m0 : m0 * A.ld;
-    char* c = out + size_t(b * M * N + m0 * N) * elem;
-    int64_t rows = m1 - m0;
-    auto ta = A.trans ? CblasTrans : CblasNoTrans, tb = B.trans ? CblasTrans : CblasNoTrans;
-    if (st.dtype == DType::Float32) {
-      cblas_sgemm(CblasRowMajor, ta, tb, rows, N, K, 1.0f, static_cast<const float*>(A.data) + ao, A.ld,
-                  static_cast<const float*>(B.data) + bo, B.ld, 0.0f, reinterpret_cast<float*>(c), N);
-    } else if (st.dtype == DType::Float64) {
-      cblas_dgemm(CblasRowMajor, ta, tb, rows, N, K, 1.0, static_cast<const double*>(A.data) + ao, A.ld,
-                  static_cast<const double*>(B.data) + bo, B.ld, 0.0, reinterpret_cast<double*>(c), N);
-    } else {  // integers: plain loops, int64 accumulation
+    char* c = out + size_t(b * M * N) * elem;
+    if (st.dtype != DType::Float32 && st.dtype != DType::Float64) {  // integers: int64 accumulation
       auto at = [&](const GemmOperand& g, int64_t off, int64_t i, int64_t j) {
-        int64_t o = off + (g.trans ? j * g.ld + i : i * g.ld + j);
-        return read_index(g.data, st.dtype, o);
+        return read_index(g.data, st.dtype, off + (g.trans ? j * g.ld + i : i * g.ld + j));
       };
-      ao -= A.trans ? m0 : m0 * A.ld;
       for (int64_t i = m0; i < m1; ++i)
-        for (int64_t j = 0; j < N; ++j) {
-          int64_t s = 0;
-          for (int64_t q = 0; q < K; ++q) s += at(A, ao, i, q) * at(B, bo, q, j);
-          char* cc = out + size_t(b * M * N) * elem;
-          if (st.dtype == DType::Int32) reinterpret_cast<int32_t*>(cc)[i * N + j] = int32_t(s);
-          else reinterpret_cast<int64_t*>(cc)[i * N + j] = s;
+        for (int64_t j = n0; j < n1; ++j) {
+          int64_t sum = 0;
+          for (int64_t q = 0; q < K; ++q) sum += at(A, ao, i, q) * at(B, bo, q, j);
+          if (st.dtype == DType::Int32) reinterpret_cast<int32_t*>(c)[i * N + j] = int32_t(sum);
+          else reinterpret_cast<int64_t*>(c)[i * N + j] = sum;
         }
+      return;
     }
+    ao += A.trans ? m0 : m0 * A.ld;
+    bo += B.trans ? n0 * B.ld : n0;
+    c += size_t(m0 * N + n0) * elem;
+    auto ta = A.trans ? CblasTrans : CblasNoTrans, tb = B.trans ? CblasTrans : CblasNoTrans;
+    if (st.dtype == DType::Float32)
+      cblas_sgemm(CblasRowMajor, ta, tb, m1 - m0, n1 - n0, K, 1.0f, static_cast<const float*>(A.data) + ao, A.ld,
+                  static_cast<const float*>(B.data) + bo, B.ld, 0.0f, reinterpret_cast<float*>(c), N);
+    else
+      cblas_dgemm(CblasRowMajor, ta, tb, m1 - m0, n1 - n0, K, 1.0, static_cast<const double*>(A.data) + ao, A.ld,
+                  static_cast<const double*>(B.data) + bo, B.ld, 0.0, reinterpret_cast<double*>(c), N);
   };
-  // Our pool runs the (single-threaded) BLAS over fixed blocks of rows: the blocks do not
-  // depend on the thread count, so results are bit-identical with any number of threads.
-  constexpr int64_t kRows = 128;
-  int64_t splits = (M + kRows - 1) / kRows;
-  int64_t tasks = nb * splits;
-  bool par = tasks > 1 && nb * M * N * K >= (1 << 18);
-#pragma omp parallel for schedule(static) if (par)
+  // Our pool runs the BLAS over fixed blocks (128 rows; 128 columns too when the matrix is only
+  // a row block tall): blocks do not depend on the thread count, so results are bit-identical
+  // with any number of threads. Every call is made inside an active parallel region, where
+  // OpenBLAS's OpenMP build stays on the calling thread (outside one it would start its own
+  // threads, which was slow here).
+  constexpr int64_t kBlock = 128;
+  int64_t mb = (M + kBlock - 1) / kBlock, nbk = M <= kBlock ? (N + kBlock - 1) / kBlock : 1;
+  int64_t per = mb * nbk, tasks = nb * per;
+#pragma omp parallel for schedule(static)
   for (int64_t t = 0; t < tasks; ++t) {
-    int64_t b = t / splits, part = t % splits;
-    block(b, part * kRows, std::min(M, (part + 1) * kRows));
+    int64_t b = t / per, i = (t % per) / nbk, j = t % nbk;
+    int64_t n0 = nbk == 1 ? 0 : j * kBlock, n1 = nbk == 1 ? N : std::min(N, n0 + kBlock);
+    block(b, i * kBlock, std::min(M, (i + 1) * kBlock), n0, n1);
   }
 }
 

@@ -1,0 +1,150 @@
+// Training-step time of the benchmark GPT (vocab 114, block 64, embd 128, 4 heads, 4 layers,
+// batch 16, AdamW, no dropout) on the CPU: forward + cross entropy + backward + AdamW update,
+// each step ending with loss.item(), which runs the step's graph. bench/gpt_step_torch.py is the
+// same model in PyTorch; bench/gpt_vs_torch.sh runs both side by side.
+//
+//   OMP_NUM_THREADS=2 bench_gpt_step [--steps N] [--warmup N]
+//
+// The token batches come from splitmix64 (seed 1234, 4 batches cycled), the same as the PyTorch
+// side draws. The last line is machine-readable: RESULT tessera threads=... median_ms=...
+#include <sys/resource.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "tessera/metrics.h"
+#include "tessera/nn.h"
+#include "tessera/optim.h"
+#include "tessera/tensor.h"
+
+using namespace tessera;
+using clk = std::chrono::steady_clock;
+
+namespace {
+
+constexpr int64_t kVocab = 114, kBlock = 64, kEmbd = 128, kHeads = 4, kLayers = 4, kBatch = 16, kBatches = 4;
+
+uint64_t splitmix64(uint64_t& s) {
+  uint64_t z = (s += 0x9E3779B97F4A7C15ull);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+// kBatches (inputs, targets) pairs of [kBatch, kBlock] token ids in [0, kVocab): the targets are
+// the inputs shifted by one within a stream of kBlock + 1 tokens, as a text loader gives them.
+std::vector<std::pair<std::vector<int64_t>, std::vector<int64_t>>> make_batches() {
+  uint64_t s = 1234;
+  std::vector<std::pair<std::vector<int64_t>, std::vector<int64_t>>> r;
+  for (int64_t b = 0; b < kBatches; ++b) {
+    std::vector<int64_t> x, y;
+    for (int64_t i = 0; i < kBatch; ++i) {
+      std::vector<int64_t> row;
+      for (int64_t t = 0; t <= kBlock; ++t) row.push_back(int64_t(splitmix64(s) % uint64_t(kVocab)));
+      x.insert(x.end(), row.begin(), row.end() - 1);
+      y.insert(y.end(), row.begin() + 1, row.end());
+    }
+    r.emplace_back(std::move(x), std::move(y));
+  }
+  return r;
+}
+
+double percentile(std::vector<double> v, double p) {  // linear interpolation, as numpy's default
+  std::sort(v.begin(), v.end());
+  double pos = p * double(v.size() - 1);
+  size_t lo = size_t(pos), hi = std::min(lo + 1, v.size() - 1);
+  return v[lo] + (v[hi] - v[lo]) * (pos - double(lo));
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int64_t steps = 30, warmup = 3;
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    if ((a == "--steps" || a == "--warmup") && i + 1 < argc) {
+      int64_t v = std::atoll(argv[++i]);
+      (a == "--steps" ? steps : warmup) = v;
+    } else {
+      std::fprintf(stderr, "usage: %s [--steps N] [--warmup N]   (threads: OMP_NUM_THREADS)\n", argv[0]);
+      return 2;
+    }
+  }
+  if (steps < 1 || warmup < 0) {
+    std::fprintf(stderr, "--steps must be positive and --warmup not negative\n");
+    return 2;
+  }
+  const char* omp = std::getenv("OMP_NUM_THREADS");
+  std::string threads = omp && *omp ? omp : "default";
+
+  manual_seed(0);
+  nn::GPTConfig cfg{.vocab = kVocab, .block = kBlock, .embd = kEmbd, .heads = kHeads, .layers = kLayers,
+                    .dropout = 0.0, .bias = true, .tied_head = false};
+  nn::GPT model(cfg);
+  model.train();
+  optim::AdamW opt(model.parameters(), {.lr = 3e-3, .weight_decay = 0.1});
+  auto batches = make_batches();
+  TensorOptions ids{DType::Int64, Device("cpu")};
+
+  std::vector<double> ms;
+  double first_loss = 0, last_loss = 0;
+  int64_t graphs_after_warmup = 0;
+  double execute_ms_after_warmup = 0;
+  for (int64_t step = 0; step < warmup + steps; ++step) {
+    if (step == warmup) {
+      reset_peak_bytes();
+      graphs_after_warmup = metrics().graphs_compiled;
+      execute_ms_after_warmup = metrics().execute_ms;
+    }
+    auto& [hx, hy] = batches[size_t(step % kBatches)];
+    auto t0 = clk::now();
+    Tensor x = from_vector(hx, {kBatch, kBlock}, ids);
+    Tensor y = from_vector(hy, {kBatch, kBlock}, ids);
+    Tensor loss = model.loss(x, y);
+    loss.backward();
+    opt.step();
+    opt.zero_grad();
+    double l = loss.item();  // runs the step's graph: forward, backward and update together
+    double dt = std::chrono::duration<double, std::milli>(clk::now() - t0).count();
+    if (!std::isfinite(l)) {
+      std::fprintf(stderr, "loss became %g at step %lld\n", l, (long long)step);
+      return 1;
+    }
+    if (step == 0) first_loss = l;
+    last_loss = l;
+    if (step >= warmup) ms.push_back(dt);
+  }
+
+  Metrics m = metrics();
+  rusage ru{};
+  getrusage(RUSAGE_SELF, &ru);
+  double maxrss_mb = double(ru.ru_maxrss) / 1024.0;  // Linux reports kilobytes
+  double peak_mb = double(m.peak_bytes) / (1024.0 * 1024.0);
+  double med = percentile(ms, 0.5), p10 = percentile(ms, 0.1), p90 = percentile(ms, 0.9);
+  std::printf("tessera GPT step (vocab %lld, block %lld, embd %lld, %lld heads, %lld layers, batch %lld, AdamW), "
+              "OMP_NUM_THREADS=%s\n",
+              (long long)kVocab, (long long)kBlock, (long long)kEmbd, (long long)kHeads, (long long)kLayers,
+              (long long)kBatch, threads.c_str());
+  std::printf("  parameters %lld, %lld warm-up + %lld timed steps\n", (long long)model.num_parameters(), (long long)warmup,
+              (long long)steps);
+  std::printf("  step ms: median %.2f  p10 %.2f  p90 %.2f  min %.2f\n", med, p10, p90, *std::min_element(ms.begin(), ms.end()));
+  double exec_per_step = (m.execute_ms - execute_ms_after_warmup) / double(steps);
+  std::printf("  of which running the compiled graph %.2f ms/step (mean); the rest is tracing, autodiff and lookup\n",
+              exec_per_step);
+  std::printf("  loss: first %.4f  last %.4f\n", first_loss, last_loss);
+  std::printf("  peak bytes (timed steps) %.1f MiB, process max RSS %.1f MiB\n", peak_mb, maxrss_mb);
+  std::printf("  graphs compiled %lld (%lld during timed steps), cache hits %lld, host syncs %lld\n",
+              (long long)m.graphs_compiled, (long long)(m.graphs_compiled - graphs_after_warmup), (long long)m.cache_hits,
+              (long long)m.host_syncs);
+  std::printf("RESULT tessera threads=%s median_ms=%.3f p10=%.3f p90=%.3f peak_mb=%.1f maxrss_mb=%.1f graphs=%lld "
+              "exec_ms=%.3f last_loss=%.4f\n",
+              threads.c_str(), med, p10, p90, peak_mb, maxrss_mb, (long long)m.graphs_compiled, exec_per_step, last_loss);
+  return 0;
+}
