@@ -4,6 +4,8 @@
 
 #include <cstdlib>
 #include <filesystem>
+#include <sys/wait.h>
+#include <fstream>
 
 #include <algorithm>
 #include <cmath>
@@ -154,6 +156,16 @@ Tensor random_int(const Shape& s, int64_t lo, int64_t hi, DType dtype, uint32_t 
 
 Tensor random_positive(const Shape& s, DType dtype, uint32_t seed, double lo, double hi) {
   return random_tensor(s, dtype, seed, lo, hi);
+}
+
+ScriptRun run_python(const std::string& script, const std::string& dir) {
+  std::string log = dir + "/log.txt";
+  std::string cmd = "/usr/bin/python3 '" + script + "' '" + dir + "' > '" + log + "' 2>&1";
+  int st = std::system(cmd.c_str());
+  std::ifstream in(log);
+  std::stringstream text;
+  text << in.rdbuf();
+  return {WIFEXITED(st) ? WEXITSTATUS(st) : -1, text.str()};
 }
 
 }  // namespace tessera::testing

@@ -71,6 +71,15 @@ bool in_ci();
 std::string repo_root();
 std::string scratch_dir(const std::string& name);
 
+// Runs `/usr/bin/python3 SCRIPT DIR` with its output in DIR/log.txt. Exit codes 77/126/127
+// mean PyTorch (or Python) is not available.
+struct ScriptRun {
+  int rc;
+  std::string log;
+  bool torch_missing() const { return rc == 77 || rc == 126 || rc == 127; }
+};
+ScriptRun run_python(const std::string& script, const std::string& dir);
+
 }  // namespace tessera::testing
 
 namespace tessera::testing {

@@ -389,30 +389,21 @@ TEST(GptTorch, SameLossAndGradientsAsPyTorch) {
   list.close();
 
   auto t0 = std::chrono::steady_clock::now();
-  std::string cmd = "/usr/bin/python3 '" + script.string() + "' '" + dir.string() + "' > '" + (dir / "log.txt").string() + "' 2>&1";
-  int st = std::system(cmd.c_str());
-  int rc = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  testing::ScriptRun run = testing::run_python(script.string(), dir.string());
   double py_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-  auto log_text = [&] {
-    std::ifstream l(dir / "log.txt");
-    std::stringstream ss;
-    ss << l.rdbuf();
-    return ss.str();
-  };
-  if (rc == 77 || rc == 126 || rc == 127) {
-    std::string why = log_text();
+  if (run.torch_missing()) {
     fs::remove_all(dir);
-    if (ci) FAIL() << "PyTorch is not available under /usr/bin/python3 (CI=true): " << why;
-    GTEST_SKIP() << "PyTorch is not available under /usr/bin/python3: " << why;
+    if (ci) FAIL() << "PyTorch is not available under /usr/bin/python3 (CI=true): " << run.log;
+    GTEST_SKIP() << "PyTorch is not available under /usr/bin/python3: " << run.log;
   }
-  ASSERT_EQ(rc, 0) << "gpt_parity.py failed:\n" << log_text();
+  ASSERT_EQ(run.rc, 0) << "gpt_parity.py failed:\n" << run.log;
 
   double worst = 0;
   std::string worst_name;
   for (size_t c = 0; c < cases.size(); ++c) {
     SCOPED_TRACE(cases[c].name);
     std::ifstream in(dir / (cases[c].name + ".result.json"));
-    ASSERT_TRUE(in.good()) << "no result for " << cases[c].name << "\n" << log_text();
+    ASSERT_TRUE(in.good()) << "no result for " << cases[c].name << "\n" << run.log;
     nlohmann::json r = nlohmann::json::parse(in);
     double want_loss = r.at("loss").get<double>();
     double le = std::abs(got[c].loss - want_loss) / std::abs(want_loss);

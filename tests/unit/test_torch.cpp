@@ -252,23 +252,14 @@ TEST(Torch, CompositeExpressionsMatchPyTorch) {
   auto t1 = std::chrono::steady_clock::now();
 
   // 2. One PyTorch process for every expression.
-  std::string cmd = "/usr/bin/python3 '" + script.string() + "' '" + dir.string() + "' > '" + (dir / "log.txt").string() + "' 2>&1";
-  int st = std::system(cmd.c_str());
-  int rc = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  testing::ScriptRun run = testing::run_python(script.string(), dir.string());
   auto t2 = std::chrono::steady_clock::now();
-  auto log_text = [&] {
-    std::ifstream l(dir / "log.txt");
-    std::stringstream ss;
-    ss << l.rdbuf();
-    return ss.str();
-  };
-  if (rc == 77 || rc == 126 || rc == 127) {
-    std::string why = log_text();
+  if (run.torch_missing()) {
     fs::remove_all(dir);
-    if (ci) FAIL() << "PyTorch is not available under /usr/bin/python3 (CI=true): " << why;
-    GTEST_SKIP() << "PyTorch is not available under /usr/bin/python3: " << why;
+    if (ci) FAIL() << "PyTorch is not available under /usr/bin/python3 (CI=true): " << run.log;
+    GTEST_SKIP() << "PyTorch is not available under /usr/bin/python3: " << run.log;
   }
-  ASSERT_EQ(rc, 0) << "compare.py failed:\n" << log_text();
+  ASSERT_EQ(run.rc, 0) << "compare.py failed:\n" << run.log;
 
   // 3. Compare.
   std::ifstream res(dir / "results.txt");
