@@ -105,17 +105,15 @@ struct Lowerer {
     return v;
   }
 
-  // A value as a plain strided view (for BLAS and indexing Steps): copies when it is not one.
-  Val strided(int node, int producer) {
-    const Val& v = vals[node];
-    if (v.kind == Val::Slot && v.map.single()) return v;
+  // A Copy Step writing node's value densely into a new slot (attributed to `producer`).
+  Val copy_to_slot(int node, int producer, kir::SlotKind kind, int index) {
     const Node& n = *g.nodes[node];
     Step st = begin(StepKind::Copy, producer);
     st.shape = n.shape;
     st.dtype = n.dtype;
     st.cost = {0, 2.0 * double(n.numel()) * double(itemsize(n.dtype))};
     load(st, node);
-    st.output = new_slot(kir::SlotKind::Temp, 0, n.shape, n.dtype);
+    st.output = new_slot(kind, index, n.shape, n.dtype);
     plan.steps.push_back(std::move(st));
     Val r;
     r.kind = Val::Slot;
@@ -124,9 +122,11 @@ struct Lowerer {
     return r;
   }
 
-  void materialize_into_self(int node) {
-    Val v = strided(node, node);
-    vals[node] = v;
+  // A value as a plain strided view (for BLAS and indexing Steps): copies when it is not one.
+  Val strided(int node, int producer) {
+    const Val& v = vals[node];
+    if (v.kind == Val::Slot && v.map.single()) return v;
+    return copy_to_slot(node, producer, kir::SlotKind::Temp, 0);
   }
 
   Val lower_node(int i) {
@@ -162,7 +162,7 @@ struct Lowerer {
         const Val& x = vals[in(0)];
         if (x.kind == Val::Const && (n.op != Op::Pad || n.attrs.f == x.value)) return x;
         if (x.kind == Val::Const || (n.op == Op::Pad && x.map.views.back().masked() && x.value != n.attrs.f))
-          materialize_into_self(in(0));
+          vals[in(0)] = strided(in(0), in(0));
         v = vals[in(0)];
         switch (n.op) {
           case Op::Reshape: v.map = v.map.reshape(n.shape); break;
@@ -279,17 +279,7 @@ struct Lowerer {
   }
 
   // Outputs whose value is a view, a constant or a parameter get a Copy Step into their slot.
-  void copy_out(int node, int out) {
-    Step st = begin(StepKind::Copy, node);
-    const Node& n = *g.nodes[node];
-    st.cost = {0, 2.0 * double(n.numel()) * double(itemsize(n.dtype))};
-    load(st, node);
-    st.output = new_slot(kir::SlotKind::Output, out, n.shape, n.dtype);
-    plan.steps.push_back(std::move(st));
-    vals[node].kind = Val::Slot;
-    vals[node].slot = plan.steps.back().output;
-    vals[node].map = IndexMap::contiguous(n.shape);
-  }
+  void copy_out(int node, int out) { vals[node] = copy_to_slot(node, node, kir::SlotKind::Output, out); }
 
   bool reads(const Step& st, int slot) const {
     return std::find(st.inputs.begin(), st.inputs.end(), slot) != st.inputs.end();
