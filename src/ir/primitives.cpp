@@ -280,7 +280,5 @@ VjpRule replace_vjp_for_testing(Op op, VjpRule rule) {
   return old;
 }
 bool is_compare(Op op) { return op >= Op::Eq && op <= Op::Ge; }
-bool is_unary(Op op) { return op >= Op::Neg && op <= Op::Round; }
-bool is_binary(Op op) { return op >= Op::Add && op <= Op::Ge; }
 
 }  // namespace tessera::ir

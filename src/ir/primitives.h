@@ -82,7 +82,5 @@ const PrimitiveInfo& info(Op op);
 VjpRule replace_vjp_for_testing(Op op, VjpRule rule);
 inline const char* op_name(Op op) { return info(op).name; }
 bool is_compare(Op op);
-bool is_unary(Op op);
-bool is_binary(Op op);  // arithmetic and compare
 
 }  // namespace tessera::ir

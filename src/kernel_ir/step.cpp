@@ -4,14 +4,6 @@
 
 namespace tessera::kir {
 
-const char* code_name(Code c) {
-  static const char* names[] = {"load", "const", "iota", "rng",  "cast", "neg", "exp",   "log",
-                                "tanh", "abs",   "sign", "sqrt", "sin",  "cos", "erf",   "floor",
-                                "ceil", "round", "add",  "sub",  "mul",  "div", "max",   "min",
-                                "pow",  "eq",    "ne",   "lt",   "le",   "gt",  "ge",    "where"};
-  return names[static_cast<int>(c)];
-}
-
 const char* step_kind_name(StepKind k) {
   static const char* names[] = {"elementwise", "copy", "reduce", "gemm", "gather", "scatter_add",
                                 "dynamic_update_slice"};

@@ -23,7 +23,6 @@ enum class Code : uint8_t {
   Eq, Ne, Lt, Le, Gt, Ge,  // -> bool
   Where,                   // a ? b : c
 };
-const char* code_name(Code c);
 
 struct Instr {
   Code code;
