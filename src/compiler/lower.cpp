@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <map>
 #include <sstream>
+#include <unordered_map>
 
 #include "tessera/error.h"
 
@@ -25,19 +26,19 @@ struct Val {
   double value = 0;  // Const: the value; Slot: what masked positions of `map` read
 };
 
-constexpr size_t kAlign = 64;
-
 struct Lowerer {
   const ir::Graph& g;
   Plan plan;
   std::vector<Val> vals;
   std::vector<int> param_slot;
+  std::unordered_map<const Node*, int> param_of;  // leaf -> parameter number
   std::map<int, int> output_of_node;  // node index -> output number (first)
 
   explicit Lowerer(const ir::Graph& graph) : g(graph) {}
 
-  int new_slot(kir::SlotKind kind, int index, const Shape& s, DType t) {
+  int new_slot(kir::SlotKind kind, int index, const Shape& s, DType t, kir::Source src = {"parameter", ""}) {
     kir::Slot sl;
+    sl.source = std::move(src);
     sl.kind = kind;
     sl.index = index;
     sl.shape = s;
@@ -51,8 +52,9 @@ struct Lowerer {
   int slot_for(int node) {
     const Node& n = *g.nodes[node];
     auto it = output_of_node.find(node);
-    if (it != output_of_node.end()) return new_slot(kir::SlotKind::Output, it->second, n.shape, n.dtype);
-    return new_slot(kir::SlotKind::Temp, 0, n.shape, n.dtype);
+    kir::Source src{ir::op_name(n.op), *n.scope};
+    if (it != output_of_node.end()) return new_slot(kir::SlotKind::Output, it->second, n.shape, n.dtype, src);
+    return new_slot(kir::SlotKind::Temp, 0, n.shape, n.dtype, src);
   }
 
   Step begin(StepKind kind, int node) {
@@ -113,7 +115,7 @@ struct Lowerer {
     st.dtype = n.dtype;
     st.cost = {0, 2.0 * double(n.numel()) * double(itemsize(n.dtype))};
     load(st, node);
-    st.output = new_slot(kind, index, n.shape, n.dtype);
+    st.output = new_slot(kind, index, n.shape, n.dtype, st.sources.front());
     plan.steps.push_back(std::move(st));
     Val r;
     r.kind = Val::Slot;
@@ -136,7 +138,7 @@ struct Lowerer {
     switch (n.op) {
       case Op::Leaf:
         v.kind = Val::Slot;
-        v.slot = param_slot[std::find(g.params.begin(), g.params.end(), i) - g.params.begin()];
+        v.slot = param_slot.at(param_of.at(&n));
         v.map = IndexMap::contiguous(n.shape);
         return v;
       case Op::Full:
@@ -281,91 +283,17 @@ struct Lowerer {
   // Outputs whose value is a view, a constant or a parameter get a Copy Step into their slot.
   void copy_out(int node, int out) { vals[node] = copy_to_slot(node, node, kir::SlotKind::Output, out); }
 
-  bool reads(const Step& st, int slot) const {
-    return std::find(st.inputs.begin(), st.inputs.end(), slot) != st.inputs.end();
-  }
-
-  // Writing output `out` into parameter p's buffer is safe when its producer is elementwise and
-  // reads p only at the element it writes, and no later Step reads p.
-  bool try_donate(int out, int p) {
-    int oslot = plan.output_slot[out], pslot = param_slot[p];
-    if (plan.slots[oslot].nbytes != plan.slots[pslot].nbytes || plan.slots[oslot].kind != kir::SlotKind::Output) return false;
-    size_t producer = plan.steps.size();
-    for (size_t s = 0; s < plan.steps.size(); ++s)
-      if (plan.steps[s].output == oslot) producer = s;
-    if (producer == plan.steps.size()) return false;
-    const Step& ps = plan.steps[producer];
-    if (ps.kind != StepKind::Elementwise && ps.kind != StepKind::Copy) return false;
-    for (const Instr& in : ps.program)
-      if (in.code == Code::Load && ps.inputs[in.input] == pslot &&
-          !(in.map.is_contiguous() && in.map.views[0].offset == 0 && in.map.shape() == ps.shape))
-        return false;
-    for (size_t s = producer + 1; s < plan.steps.size(); ++s)
-      if (reads(plan.steps[s], pslot)) return false;
-    for (Step& st : plan.steps) {
-      for (int& x : st.inputs)
-        if (x == oslot) x = pslot;
-      if (st.output == oslot) st.output = pslot;
-    }
-    plan.output_slot[out] = pslot;
-    return true;
-  }
-
-  // Best-fit placement of temps in one arena by lifetime (first write to last read).
-  void plan_arena() {
-    size_t ns = plan.slots.size();
-    std::vector<int> first(ns, -1), last(ns, -1);
-    for (size_t s = 0; s < plan.steps.size(); ++s) {
-      const Step& st = plan.steps[s];
-      if (first[st.output] < 0) first[st.output] = int(s);
-      last[st.output] = std::max(last[st.output], int(s));
-      for (int x : st.inputs) last[x] = std::max(last[x], int(s));
-    }
-    std::vector<std::pair<size_t, size_t>> free_list;  // (offset, size), sorted by offset
-    size_t end = 0;
-    auto release = [&](size_t off, size_t sz) {
-      free_list.push_back({off, sz});
-      std::sort(free_list.begin(), free_list.end());
-      std::vector<std::pair<size_t, size_t>> merged;
-      for (auto& f : free_list) {
-        if (!merged.empty() && merged.back().first + merged.back().second == f.first) merged.back().second += f.second;
-        else merged.push_back(f);
-      }
-      free_list = merged;
-    };
-    for (size_t s = 0; s < plan.steps.size(); ++s) {
-      int out = plan.steps[s].output;
-      kir::Slot& sl = plan.slots[out];
-      if (sl.kind == kir::SlotKind::Temp && first[out] == int(s)) {
-        size_t need = (sl.nbytes + kAlign - 1) / kAlign * kAlign;
-        int best = -1;
-        for (size_t f = 0; f < free_list.size(); ++f)
-          if (free_list[f].second >= need && (best < 0 || free_list[f].second < free_list[best].second)) best = int(f);
-        if (best >= 0) {
-          sl.offset = free_list[best].first;
-          free_list[best].first += need;
-          free_list[best].second -= need;
-        } else {
-          sl.offset = end;
-          end += need;
-        }
-      }
-      for (size_t k = 0; k < ns; ++k)
-        if (plan.slots[k].kind == kir::SlotKind::Temp && last[k] == int(s) && first[k] >= 0)
-          release(plan.slots[k].offset, (plan.slots[k].nbytes + kAlign - 1) / kAlign * kAlign);
-    }
-    plan.arena_bytes = end;
-  }
 };
 
 }  // namespace
 
-Plan lower(const ir::Graph& g, const std::vector<int>& donate) {
+Plan lower(const ir::Graph& g, const std::vector<ir::NodePtr>& params) {
   Lowerer L(g);
-  for (size_t p = 0; p < g.params.size(); ++p) {
-    const Node& n = *g.nodes[g.params[p]];
-    L.param_slot.push_back(L.new_slot(kir::SlotKind::Param, int(p), n.shape, n.dtype));
+  for (size_t p = 0; p < params.size(); ++p) {
+    L.param_slot.push_back(L.new_slot(kir::SlotKind::Param, int(p), params[p]->shape, params[p]->dtype));
+    L.param_of.emplace(params[p].get(), int(p));
   }
+  L.plan.slots_of_params = L.param_slot;
   for (size_t k = 0; k < g.outputs.size(); ++k) L.output_of_node.emplace(g.outputs[k], int(k));
   L.vals.resize(g.nodes.size());
   for (size_t i = 0; i < g.nodes.size(); ++i) L.vals[i] = L.lower_node(int(i));
@@ -386,10 +314,43 @@ Plan lower(const ir::Graph& g, const std::vector<int>& donate) {
     L.plan.output_slot[k] = L.vals[node].slot;
   }
   L.plan.donated.assign(g.outputs.size(), -1);
-  for (size_t k = 0; k < g.outputs.size() && k < donate.size(); ++k)
-    if (donate[k] >= 0 && L.try_donate(int(k), donate[k])) L.plan.donated[k] = donate[k];
-  L.plan_arena();
   return std::move(L.plan);
+}
+
+namespace {
+bool reads(const Step& st, int slot) { return std::find(st.inputs.begin(), st.inputs.end(), slot) != st.inputs.end(); }
+
+// Writing output `out` into parameter p's buffer is safe when its producer is elementwise and
+// reads p only at the element it writes, and no later Step reads p.
+bool try_donate(Plan& plan, int out, int p) {
+  int oslot = plan.output_slot[out], pslot = plan.slots_of_params[p];
+  if (plan.slots[oslot].nbytes != plan.slots[pslot].nbytes || plan.slots[oslot].kind != kir::SlotKind::Output) return false;
+  size_t producer = plan.steps.size();
+  for (size_t s = 0; s < plan.steps.size(); ++s)
+    if (plan.steps[s].output == oslot) producer = s;
+  if (producer == plan.steps.size()) return false;
+  const Step& ps = plan.steps[producer];
+  if (ps.kind != StepKind::Elementwise && ps.kind != StepKind::Copy) return false;
+  for (const Instr& in : ps.program)
+    if (in.code == Code::Load && ps.inputs[in.input] == pslot &&
+        !(in.map.is_contiguous() && in.map.views[0].offset == 0 && in.map.shape() == ps.shape))
+      return false;
+  for (size_t s = producer + 1; s < plan.steps.size(); ++s)
+    if (reads(plan.steps[s], pslot)) return false;
+  for (Step& st : plan.steps) {
+    for (int& x : st.inputs)
+      if (x == oslot) x = pslot;
+    if (st.output == oslot) st.output = pslot;
+  }
+  plan.output_slot[out] = pslot;
+  return true;
+}
+}  // namespace
+
+void donate(Plan& plan, const std::vector<int>& donate) {
+  plan.donated.assign(plan.output_slot.size(), -1);
+  for (size_t k = 0; k < plan.output_slot.size() && k < donate.size(); ++k)
+    if (donate[k] >= 0 && try_donate(plan, int(k), donate[k])) plan.donated[k] = donate[k];
 }
 
 std::string Plan::str() const {

@@ -1,6 +1,6 @@
-// Lowering: an IR graph -> Kernel-IR Steps over numbered buffer slots, plus the arena plan for
-// intermediates. For now one Step per compute primitive; movement primitives become index maps
-// of the loads that read them, and constants become instructions (no Step, no buffer).
+// Lowering: an IR graph -> Kernel-IR Steps over numbered buffer slots. Movement primitives become
+// index maps of the loads that read them, and constants become instructions (no Step, no
+// buffer). The pipeline (pipeline.h) runs the passes around it.
 #pragma once
 #include <vector>
 
@@ -9,17 +9,33 @@
 
 namespace tessera::compiler {
 
+// The static memory plan of an executable (passes/memory_plan.cpp). Bytes live at a Step are the
+// parameters, the outputs written so far and the temporaries between their first write and last
+// read; the peak is the largest such sum over the program.
+struct MemoryInfo {
+  size_t peak_bytes = 0;
+  int peak_step = -1;
+  std::vector<int> live_at_peak;   // slots live at the peak Step
+  size_t max_live_temp_bytes = 0;  // largest sum of temporaries live at once (the arena's lower bound)
+};
+
 struct Plan {
   std::vector<kir::Step> steps;
   std::vector<kir::Slot> slots;
   size_t arena_bytes = 0;
-  std::vector<int> output_slot;  // per graph output (g.outputs order)
-  std::vector<int> donated;      // per graph output: parameter whose buffer it is written into, or -1
-  std::string str() const;       // the plan, one line per step and slot
+  std::vector<int> slots_of_params;  // per parameter: its slot
+  std::vector<int> output_slot;      // per graph output (g.outputs order)
+  std::vector<int> donated;          // per graph output: parameter whose buffer it is written into, or -1
+  MemoryInfo memory;
+  std::string str() const;           // the plan, one line per step and slot
 };
 
+// Lowers g; params are the leaves in parameter order (the graph the cache keyed, before any IR
+// pass), so parameter numbers stay those of the original graph.
+Plan lower(const ir::Graph& g, const std::vector<ir::NodePtr>& params);
+
 // donate[k] names a parameter that output k may overwrite (-1: none); it is honoured only when
-// no Step reads the parameter's old value after the output is written.
-Plan lower(const ir::Graph& g, const std::vector<int>& donate);
+// no Step reads the parameter's old value after the output is written. Run after scheduling.
+void donate(Plan& plan, const std::vector<int>& donate);
 
 }  // namespace tessera::compiler

@@ -80,6 +80,7 @@ struct Slot {
   size_t nbytes = 0;
   Shape shape;
   DType dtype;
+  Source source;       // the node whose value it holds (op and scope); "parameter" for params
 };
 
 }  // namespace tessera::kir

@@ -7,6 +7,8 @@
 #include <unordered_map>
 
 #include "backends/backend.h"
+#include "compiler/passes/passes.h"
+#include "compiler/pipeline.h"
 #include "runtime/allocator.h"
 #include "runtime/metrics_impl.h"
 #include "tessera/error.h"
@@ -61,8 +63,7 @@ int64_t since_ns(std::chrono::steady_clock::time_point t0) {
 std::shared_ptr<Executable> compile(const ir::Graph& g, const Device& dev, const std::vector<int>& donate) {
   auto t0 = std::chrono::steady_clock::now();
   auto exe = std::make_shared<Executable>();
-  exe->plan = compiler::lower(g, donate);
-  if (std::getenv("TESSERA_DUMP")) std::fprintf(stderr, "%s%s", ir::to_text(g).c_str(), exe->plan.str().c_str());
+  exe->plan = compiler::compile_graph(g, donate);
   backends::Backend& be = backends::backend_for(dev);
   for (const kir::Step& st : exe->plan.steps) exe->kernels.push_back(be.compile(st));
   counters().graphs_compiled++;
@@ -70,11 +71,13 @@ std::shared_ptr<Executable> compile(const ir::Graph& g, const Device& dev, const
   return exe;
 }
 
-// Cache key: graph structure + device + which outputs may overwrite which parameters.
+// Cache key: graph structure + device + which outputs may overwrite which parameters + the
+// passes switched off.
 std::string cache_key(const ir::Graph& g, const Device& dev, const std::vector<int>& donate) {
   std::string k = g.key;
   k += '|';
   k += dev.str();
+  k += '|' + compiler::disabled_passes_key();
   for (int d : donate) k += "|" + std::to_string(d);
   return k;
 }

@@ -1,0 +1,26 @@
+#include "compiler/pipeline.h"
+
+#include "compiler/dump.h"
+#include "compiler/passes/passes.h"
+
+namespace tessera::compiler {
+
+Plan compile_graph(const ir::Graph& g, const std::vector<int>& donate_to) {
+  std::vector<ir::NodePtr> params;
+  for (int p : g.params) params.push_back(g.nodes[p]);
+  dump_graph("ir", g);
+  ir::Graph h = g;
+  if (pass_enabled("simplify")) h = simplify(h);
+  if (pass_enabled("cse")) h = cse(h);
+  if (pass_enabled("dce")) h = dce(h);
+  dump_graph("ir-opt", h);
+  Plan plan = lower(h, params);
+  if (pass_enabled("epilogue")) fuse_epilogues(plan);
+  if (pass_enabled("schedule")) schedule(plan);
+  donate(plan, donate_to);
+  plan_memory(plan);
+  dump_plan(h, plan);
+  return plan;
+}
+
+}  // namespace tessera::compiler

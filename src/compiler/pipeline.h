@@ -1,0 +1,13 @@
+// The compile pipeline: IR passes, lowering, Step passes, donation and the memory plan
+// (passes/passes.h lists the passes; each can be switched off by name).
+#pragma once
+#include <vector>
+
+#include "compiler/lower.h"
+
+namespace tessera::compiler {
+
+// donate: as for compiler::donate (per output, a parameter number of g or -1).
+Plan compile_graph(const ir::Graph& g, const std::vector<int>& donate);
+
+}  // namespace tessera::compiler
