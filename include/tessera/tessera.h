@@ -6,6 +6,7 @@
 #include "tessera/dtype.h"
 #include "tessera/error.h"
 #include "tessera/io.h"
+#include "tessera/memory.h"
 #include "tessera/metrics.h"
 #include "tessera/nn.h"
 #include "tessera/ops.h"
