@@ -16,6 +16,7 @@ Plan compile_graph(const ir::Graph& g, const std::vector<int>& donate_to) {
   dump_graph("ir-opt", h);
   Plan plan = lower(h, params);
   if (pass_enabled("epilogue")) fuse_epilogues(plan);
+  if (pass_enabled("merge")) merge_elementwise(plan);
   if (pass_enabled("schedule")) schedule(plan);
   donate(plan, donate_to);
   plan_memory(plan);

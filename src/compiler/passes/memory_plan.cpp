@@ -15,8 +15,10 @@ void plan_memory(Plan& plan) {
   std::vector<int> first(ns, -1), last(ns, -1);
   for (size_t s = 0; s < plan.steps.size(); ++s) {
     const kir::Step& st = plan.steps[s];
-    if (first[st.output] < 0) first[st.output] = int(s);
-    last[st.output] = std::max(last[st.output], int(s));
+    for (int o : st.outputs()) {
+      if (first[o] < 0) first[o] = int(s);
+      last[o] = std::max(last[o], int(s));
+    }
     for (int x : st.inputs) last[x] = std::max(last[x], int(s));
   }
   bool reuse = pass_enabled("memplan");
@@ -33,7 +35,7 @@ void plan_memory(Plan& plan) {
     free_list = merged;
   };
   for (size_t s = 0; s < plan.steps.size(); ++s) {
-    int out = plan.steps[s].output;
+    for (int out : plan.steps[s].outputs()) {
     kir::Slot& sl = plan.slots[out];
     if (sl.kind == kir::SlotKind::Temp && first[out] == int(s)) {
       size_t need = padded(sl.nbytes);
@@ -48,6 +50,7 @@ void plan_memory(Plan& plan) {
         sl.offset = end;
         end += need;
       }
+    }
     }
     if (reuse)
       for (size_t k = 0; k < ns; ++k)
