@@ -13,11 +13,14 @@ struct Metrics {
   int64_t steps_launched = 0;    // Kernel-IR Steps executed
   int64_t live_bytes = 0;        // bytes allocated on all devices and not yet freed
   int64_t peak_bytes = 0;        // high-water mark of live_bytes (see reset_peak_bytes)
+  int64_t bytes_to_device = 0;   // host -> device copies (from_vector, to(device), loading checkpoints)
+  int64_t bytes_to_host = 0;     // device -> host copies (item, to_vector, printing, saving, to(device))
   double compile_ms = 0;         // total time spent compiling
   double execute_ms = 0;         // total time spent running compiled graphs
   // Why each recent graph was compiled: a new structure, or which input's shape/dtype changed.
   std::vector<std::string> compile_reasons;
-  std::string report() const;    // a few human-readable lines
+  // Every field, one per line, then the compile reasons; for logs and the CLI's --metrics.
+  std::string report() const;
 };
 
 Metrics metrics();

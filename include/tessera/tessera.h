@@ -1,10 +1,12 @@
 // Umbrella header of the public API.
 #pragma once
+#include "tessera/bucket.h"
 #include "tessera/data.h"
 #include "tessera/device.h"
 #include "tessera/dtype.h"
 #include "tessera/error.h"
 #include "tessera/io.h"
+#include "tessera/memory.h"
 #include "tessera/metrics.h"
 #include "tessera/nn.h"
 #include "tessera/ops.h"

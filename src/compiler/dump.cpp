@@ -1,15 +1,278 @@
 #include "compiler/dump.h"
 
+#include <atomic>
+#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <mutex>
+#include <sstream>
+
+#include "tessera/error.h"
 
 namespace tessera::compiler {
+namespace {
+
+struct Config {
+  bool ir = false, fused = false, plan = false;
+  std::string dir;  // empty: standard error
+  bool any() const { return ir || fused || plan; }
+};
+
+Config parse(const std::string& stages, const std::string& dir) {
+  Config c;
+  c.dir = dir;
+  std::stringstream ss(stages);
+  std::string s;
+  while (std::getline(ss, s, ',')) {
+    // Trim blanks so "ir, plan" works.
+    size_t b = s.find_first_not_of(" \t"), e = s.find_last_not_of(" \t");
+    s = b == std::string::npos ? "" : s.substr(b, e - b + 1);
+    if (s.empty() || s == "0") continue;
+    if (s == "1" || s == "all") c.ir = c.fused = c.plan = true;
+    else if (s == "ir") c.ir = true;
+    else if (s == "fused") c.fused = true;
+    else if (s == "plan") c.plan = true;
+    else
+      throw Error("[dump] TESSERA_DUMP: unknown stage '" + s + "' (stages: ir, fused, plan; 1 or all for every one)");
+  }
+  return c;
+}
+
+const char* env_or_empty(const char* name) {
+  const char* v = std::getenv(name);
+  return v ? v : "";
+}
+
+// The configuration, read from the environment on first use (set_dump_config replaces it).
+Config* g_override = nullptr;
+const Config& config() {
+  static const Config env = parse(env_or_empty("TESSERA_DUMP"), env_or_empty("TESSERA_DUMP_DIR"));
+  return g_override ? *g_override : env;
+}
+
+std::atomic<int> g_next_graph{1};
+thread_local int t_graph = 0;  // the number of the graph this thread is compiling
+std::mutex g_write_mu;         // keeps stderr dumps of concurrent compiles apart
+
+std::string file_name(int graph, const char* stage) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "graph-%04d.%s.txt", graph, stage);
+  return buf;
+}
+
+void emit(const char* stage, const std::string& text) {
+  const Config& c = config();
+  std::lock_guard<std::mutex> lock(g_write_mu);
+  if (c.dir.empty()) {
+    std::fprintf(stderr, "==== tessera dump: graph %d, %s ====\n%s", t_graph, stage, text.c_str());
+    if (!text.empty() && text.back() != '\n') std::fputc('\n', stderr);
+    std::fflush(stderr);
+    return;
+  }
+  namespace fs = std::filesystem;
+  fs::path dir(c.dir);
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec || !fs::is_directory(dir))
+    throw Error("[dump] cannot create the TESSERA_DUMP_DIR directory '" + c.dir + "'" +
+                (ec ? ": " + ec.message() : std::string(": not a directory")));
+  fs::path p = dir / file_name(t_graph, stage);
+  std::ofstream out(p, std::ios::binary | std::ios::trunc);
+  if (out) out << text;
+  if (out) out.flush();
+  if (!out) {
+    int err = errno;
+    throw Error("[dump] cannot write '" + p.string() + "'" + (err ? std::string(": ") + std::strerror(err) : ""));
+  }
+}
+
+std::string fmt_double(double v) {
+  std::ostringstream os;
+  os.precision(9);
+  os << v;
+  return os.str();
+}
+
+std::string source_text(const kir::Source& s) { return s.op + (s.scope.empty() ? "" : "@" + s.scope); }
+
+// Names written here rather than taken from kernel_ir, so a newly added code or kind prints as
+// its number instead of reading past a table.
+const char* code_name(kir::Code c) {
+  using C = kir::Code;
+  switch (c) {
+    case C::Load: return "load";
+    case C::Const: return "const";
+    case C::Iota: return "iota";
+    case C::Rng: return "rng";
+    case C::Cast: return "cast";
+    case C::Neg: return "neg";
+    case C::Exp: return "exp";
+    case C::Log: return "log";
+    case C::Tanh: return "tanh";
+    case C::Abs: return "abs";
+    case C::Sign: return "sign";
+    case C::Sqrt: return "sqrt";
+    case C::Sin: return "sin";
+    case C::Cos: return "cos";
+    case C::Erf: return "erf";
+    case C::Floor: return "floor";
+    case C::Ceil: return "ceil";
+    case C::Round: return "round";
+    case C::Add: return "add";
+    case C::Sub: return "sub";
+    case C::Mul: return "mul";
+    case C::Div: return "div";
+    case C::Max: return "max";
+    case C::Min: return "min";
+    case C::Pow: return "pow";
+    case C::Eq: return "eq";
+    case C::Ne: return "ne";
+    case C::Lt: return "lt";
+    case C::Le: return "le";
+    case C::Gt: return "gt";
+    case C::Ge: return "ge";
+    case C::Where: return "where";
+    default: return nullptr;
+  }
+}
+
+std::string kind_name(kir::StepKind k) {
+  using K = kir::StepKind;
+  switch (k) {
+    case K::Elementwise: return "elementwise";
+    case K::Copy: return "copy";
+    case K::Reduce: return "reduce";
+    case K::Gemm: return "gemm";
+    case K::Gather: return "gather";
+    case K::ScatterAdd: return "scatter_add";
+    case K::DynamicUpdateSlice: return "dynamic_update_slice";
+    default: return "kind#" + std::to_string(int(k));
+  }
+}
+
+const char* slot_kind_name(kir::SlotKind k) {
+  switch (k) {
+    case kir::SlotKind::Param: return "param";
+    case kir::SlotKind::Output: return "output";
+    case kir::SlotKind::Temp: return "temp";
+    default: return "slot-kind?";
+  }
+}
+
+std::string ints_text(const std::vector<int64_t>& v) {
+  std::string s = "{";
+  for (size_t i = 0; i < v.size(); ++i) s += (i ? "," : "") + std::to_string(v[i]);
+  return s + "}";
+}
+
+}  // namespace
+
+void set_dump_config(const std::string& stages, const std::string& dir) {
+  static Config storage;
+  storage = parse(stages, dir);
+  g_override = &storage;
+  g_next_graph = 1;
+}
+
+void clear_dump_config() {
+  g_override = nullptr;
+  g_next_graph = 1;
+}
+
+std::string instr_text(const kir::Instr& in) {
+  std::ostringstream os;
+  const char* name = code_name(in.code);
+  os << dtype_short(in.dtype) << " " << (name ? name : "code#" + std::to_string(int(in.code)));
+  auto operand = [&](int v) { os << " %" << v; };
+  if (in.a >= 0) operand(in.a);
+  if (in.b >= 0) operand(in.b);
+  if (in.c >= 0) operand(in.c);
+  if (in.input >= 0) os << " input " << in.input;
+  if (in.code == kir::Code::Load) os << " pad=" << fmt_double(in.value);
+  else if (in.code == kir::Code::Const) os << " value=" << fmt_double(in.value);
+  else if (in.value != 0) os << " value=" << fmt_double(in.value);
+  if (in.code == kir::Code::Iota) os << " axis=" << in.i0;
+  else if (in.code == kir::Code::Rng) os << " draw=" << in.i0 << " dist=" << in.i1;
+  else if (in.i0 || in.i1) os << " i0=" << in.i0 << " i1=" << in.i1;
+  if (!in.map.views.empty()) os << " map " << in.map.str();
+  return os.str();
+}
+
+std::string step_text(const kir::Step& st) {
+  std::ostringstream os;
+  os << kind_name(st.kind) << " " << dtype_short(st.dtype) << shape_str(st.shape) << " -> slot " << st.output;
+  for (size_t k = 0; k < st.more_outputs.size(); ++k)
+    os << ", slot " << st.more_outputs[k] << " (instr " << st.more_results[k] << ")";
+  os << "\n";
+  os << "  inputs:";
+  if (st.inputs.empty()) os << " none";
+  for (size_t i = 0; i < st.inputs.size(); ++i) {
+    os << (i ? ", " : " ") << "slot " << st.inputs[i];
+    if (i < st.input_dtypes.size()) os << " (" << dtype_short(st.input_dtypes[i]) << ")";
+  }
+  os << "\n  sources (" << st.sources.size() << "):";
+  for (auto& s : st.sources) os << " " << source_text(s);
+  os << "\n";
+  if (st.kind == kir::StepKind::Reduce)
+    os << "  reduce " << ir::op_name(st.reduce_op) << " over axes " << ints_text(st.axes) << " of domain "
+       << shape_str(st.domain) << "\n";
+  if (st.kind == kir::StepKind::Gather || st.kind == kir::StepKind::ScatterAdd) os << "  axis " << st.axis << "\n";
+  for (size_t i = 0; i < st.maps.size(); ++i) os << "  map " << i << ": " << st.maps[i].str() << "\n";
+  if (!st.program.empty()) {
+    os << "  program (" << st.program.size() << " instructions):\n";
+    for (size_t i = 0; i < st.program.size(); ++i) os << "    %" << i << " = " << instr_text(st.program[i]) << "\n";
+  }
+  os << "  cost: " << fmt_double(st.cost.flops) << " flops, " << fmt_double(st.cost.bytes) << " bytes\n";
+  return os.str();
+}
+
+std::string steps_text(const Plan& plan) {
+  std::ostringstream os;
+  os << plan.steps.size() << " steps\n";
+  for (size_t s = 0; s < plan.steps.size(); ++s) os << "step " << s << ": " << step_text(plan.steps[s]);
+  return os.str();
+}
+
+std::string plan_text(const ir::Graph& g, const Plan& plan) {
+  std::ostringstream os;
+  os << "graph: " << g.nodes.size() << " nodes, " << g.params.size() << " parameters, " << g.outputs.size()
+     << " outputs; " << plan.steps.size() << " steps, " << plan.slots.size() << " slots\n";
+  os << "slots:\n";
+  for (size_t i = 0; i < plan.slots.size(); ++i) {
+    const kir::Slot& sl = plan.slots[i];
+    os << "  slot " << i << ": " << slot_kind_name(sl.kind);
+    if (sl.kind != kir::SlotKind::Temp) os << " " << sl.index;
+    os << " " << dtype_short(sl.dtype) << shape_str(sl.shape) << " " << sl.nbytes << " B";
+    if (sl.kind == kir::SlotKind::Temp) os << " @arena+" << sl.offset;
+    os << " from " << source_text(sl.source) << "\n";
+  }
+  os << "outputs:";
+  for (size_t k = 0; k < plan.output_slot.size(); ++k) {
+    os << " " << k << "=slot " << plan.output_slot[k];
+    if (k < plan.donated.size() && plan.donated[k] >= 0) os << " (into parameter " << plan.donated[k] << ")";
+  }
+  os << "\narena: " << plan.arena_bytes << " B (lower bound " << plan.memory.max_live_temp_bytes << " B)\n";
+  os << "memory peak: " << plan.memory.peak_bytes << " B at step " << plan.memory.peak_step << "; live slots:";
+  if (plan.memory.live_at_peak.empty()) os << " none";
+  for (int s : plan.memory.live_at_peak) os << " " << s;
+  os << "\n";
+  return os.str();
+}
 
 void dump_graph(const char* stage, const ir::Graph& g) {
-  if (std::getenv("TESSERA_DUMP") && std::string(stage) == "ir") std::fprintf(stderr, "%s", ir::to_text(g).c_str());
+  const Config& c = config();
+  if (!c.any()) return;
+  if (std::strcmp(stage, "ir") == 0) t_graph = g_next_graph++;
+  if (c.ir) emit(stage, ir::to_text(g));
 }
+
 void dump_plan(const ir::Graph& g, const Plan& plan) {
-  if (std::getenv("TESSERA_DUMP")) std::fprintf(stderr, "%s", plan.str().c_str());
+  const Config& c = config();
+  if (c.fused) emit("fused", steps_text(plan));
+  if (c.plan) emit("plan", plan_text(g, plan));
 }
 
 }  // namespace tessera::compiler

@@ -10,8 +10,8 @@
 namespace tessera::compiler {
 
 // The static memory plan of an executable (passes/memory_plan.cpp). Bytes live at a Step are the
-// parameters, the outputs written so far and the temporaries between their first write and last
-// read; the peak is the largest such sum over the program.
+// parameters, the outputs (the runtime allocates them before the first Step) and the temporaries
+// between their first write and last use; the peak is the largest such sum over the program.
 struct MemoryInfo {
   size_t peak_bytes = 0;
   int peak_step = -1;

@@ -61,10 +61,14 @@ std::shared_ptr<Buffer> allocate(const Device& d, size_t nbytes) {
 std::shared_ptr<Buffer> upload(const Device& d, const void* bytes, size_t nbytes) {
   auto buf = allocate(d, nbytes);
   backends::backend_for(d).copy_in(buf->data, bytes, nbytes);
+  counters().bytes_to_device += int64_t(nbytes);
   return buf;
 }
 
-void download(const Buffer& b, void* host, size_t nbytes) { backends::backend_for(b.device).copy_out(host, b.data, nbytes); }
+void download(const Buffer& b, void* host, size_t nbytes) {
+  backends::backend_for(b.device).copy_out(host, b.data, nbytes);
+  counters().bytes_to_host += int64_t(nbytes);
+}
 
 void check_device(const Device& d) { backends::backend_for(d); }
 

@@ -1,3 +1,4 @@
+#include <iomanip>
 #include <mutex>
 #include <sstream>
 #include <vector>
@@ -50,6 +51,8 @@ Metrics metrics() {
   m.peak_bytes = c.peak_bytes;
   m.compile_ms = double(c.compile_ns) / 1e6;
   m.execute_ms = double(c.execute_ns) / 1e6;
+  m.bytes_to_device = c.bytes_to_device;
+  m.bytes_to_host = c.bytes_to_host;
   std::lock_guard<std::mutex> lock(runtime::g_reasons_mu);
   m.compile_reasons = runtime::reasons();
   return m;
@@ -59,14 +62,48 @@ void reset_peak_bytes() { runtime::counters().peak_bytes = runtime::counters().l
 
 int64_t live_nodes() { return ir::live_node_count(); }
 
+namespace {
+// "12345678 B (11.8 MiB)": exact bytes, then a readable size.
+std::string bytes_text(int64_t b) {
+  std::ostringstream os;
+  os << b << " B";
+  static const char* units[] = {"KiB", "MiB", "GiB", "TiB"};
+  double v = double(b);
+  int u = -1;
+  while ((v >= 1024 || v <= -1024) && u < 3) v /= 1024, ++u;
+  if (u >= 0) {
+    os.setf(std::ios::fixed);
+    os.precision(1);
+    os << " (" << v << " " << units[u] << ")";
+  }
+  return os.str();
+}
+}  // namespace
+
 std::string Metrics::report() const {
   std::ostringstream os;
+  os.setf(std::ios::fixed);
   os.precision(3);
-  os << "graphs compiled: " << graphs_compiled << " (" << std::fixed << compile_ms << " ms), cache hits: " << cache_hits
-     << "\nsteps launched: " << steps_launched << " (" << execute_ms << " ms executing)"
-     << "\nhost syncs: " << host_syncs << "\nmemory: " << live_bytes << " B live, " << peak_bytes << " B peak\n";
-  if (!compile_reasons.empty()) {
-    os << "why graphs were compiled" << (compile_reasons.size() < size_t(graphs_compiled) ? " (latest)" : "") << ":\n";
+  int64_t realizations = graphs_compiled + cache_hits;
+  os << "tessera metrics\n"
+     << "  graphs compiled:   " << graphs_compiled << " (" << compile_ms << " ms compiling)\n"
+     << "  cache hits:        " << cache_hits;
+  if (realizations > 0) os << " (" << std::setprecision(1) << 100.0 * double(cache_hits) / double(realizations) << "% of "
+                           << realizations << " graphs run)" << std::setprecision(3);
+  os << "\n"
+     << "  steps launched:    " << steps_launched << " (" << execute_ms << " ms executing)\n"
+     << "  host syncs:        " << host_syncs << "\n"
+     << "  host -> device:    " << bytes_text(bytes_to_device) << "\n"
+     << "  device -> host:    " << bytes_text(bytes_to_host) << "\n"
+     << "  live memory:       " << bytes_text(live_bytes) << "\n"
+     << "  peak memory:       " << bytes_text(peak_bytes) << "\n";
+  if (compile_reasons.empty()) {
+    os << "why graphs were compiled: " << (graphs_compiled ? "(not recorded)" : "(none compiled)") << "\n";
+  } else {
+    os << "why graphs were compiled";
+    if (compile_reasons.size() < size_t(graphs_compiled))
+      os << " (the latest " << compile_reasons.size() << " of " << graphs_compiled << ")";
+    os << ":\n";
     for (auto& r : compile_reasons) os << "  " << r << "\n";
   }
   return os.str();

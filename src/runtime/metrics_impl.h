@@ -10,6 +10,7 @@ struct Counters {
   std::atomic<int64_t> graphs_compiled{0}, cache_hits{0}, host_syncs{0}, steps_launched{0};
   std::atomic<int64_t> live_bytes{0}, peak_bytes{0};
   std::atomic<int64_t> compile_ns{0}, execute_ns{0};
+  std::atomic<int64_t> bytes_to_device{0}, bytes_to_host{0};  // counted by runtime::upload/download
 };
 Counters& counters();
 void add_live_bytes(int64_t delta);

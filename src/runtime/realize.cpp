@@ -1,5 +1,6 @@
 #include "runtime/realize.h"
 
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -19,6 +20,7 @@ namespace {
 struct Executable {
   compiler::Plan plan;
   std::vector<std::unique_ptr<backends::Kernel>> kernels;
+  size_t guard = 0;  // arena guard bytes the plan was made with
 };
 
 std::mutex g_mu;
@@ -63,6 +65,7 @@ int64_t since_ns(std::chrono::steady_clock::time_point t0) {
 std::shared_ptr<Executable> compile(const ir::Graph& g, const Device& dev, const std::vector<int>& donate) {
   auto t0 = std::chrono::steady_clock::now();
   auto exe = std::make_shared<Executable>();
+  exe->guard = compiler::arena_guard_bytes();
   exe->plan = compiler::compile_graph(g, donate);
   backends::Backend& be = backends::backend_for(dev);
   for (const kir::Step& st : exe->plan.steps) exe->kernels.push_back(be.compile(st));
@@ -72,23 +75,34 @@ std::shared_ptr<Executable> compile(const ir::Graph& g, const Device& dev, const
 }
 
 // Cache key: graph structure + device + which outputs may overwrite which parameters + the
-// passes switched off.
+// passes switched off + the arena guard.
 std::string cache_key(const ir::Graph& g, const Device& dev, const std::vector<int>& donate) {
   std::string k = g.key;
   k += '|';
   k += dev.str();
   k += '|' + compiler::disabled_passes_key();
+  if (size_t guard = compiler::arena_guard_bytes()) k += "|guard" + std::to_string(guard);
   for (int d : donate) k += "|" + std::to_string(d);
   return k;
 }
 
-}  // namespace
+struct Prepared {
+  ir::Graph g;
+  Device dev;
+  std::shared_ptr<Executable> exe;
+};
 
-std::vector<std::shared_ptr<Buffer>> realize(const std::vector<Request>& req, RngArgs rng, bool* drew_random) {
+std::shared_ptr<Executable> g_last;  // the executable realize() ran last (under g_mu)
+StepHook g_hook;
+std::atomic<int64_t> g_guard_checked{0};
+
+// Builds the graph, decides donations and finds or compiles its executable.
+Prepared prepare(const std::vector<Request>& req) {
   std::vector<ir::NodePtr> outs;
   for (auto& r : req) outs.push_back(r.node);
-  ir::Graph g = ir::build_graph(outs);
-  const Device dev = outs.front()->device;
+  Prepared p{ir::build_graph(outs), outs.front()->device, nullptr};
+  const ir::Graph& g = p.g;
+  const Device& dev = p.dev;
 
   // Donation: a request's old buffer whose only remaining owner is its leaf node in this graph.
   std::vector<int> donate(req.size(), -1);
@@ -103,7 +117,7 @@ std::vector<std::shared_ptr<Buffer>> realize(const std::vector<Request>& req, Rn
       }
   }
 
-  std::shared_ptr<Executable> exe;
+  std::shared_ptr<Executable>& exe = p.exe;
   std::string key = cache_key(g, dev, donate);
   {
     std::lock_guard<std::mutex> lock(g_mu);
@@ -122,6 +136,51 @@ std::vector<std::shared_ptr<Buffer>> realize(const std::vector<Request>& req, Rn
     std::lock_guard<std::mutex> lock(g_mu);
     cache()[key] = exe;
     record_compile(why);
+  }
+  return p;
+}
+
+// Guard mode: the guard byte ranges [begin, end) around temporary slot s, in arena offsets.
+std::vector<std::pair<size_t, size_t>> guard_ranges(const kir::Slot& sl, size_t guard) {
+  size_t padded_end = sl.offset + (sl.nbytes + 63) / 64 * 64;
+  return {{sl.offset - guard, sl.offset}, {sl.offset + sl.nbytes, padded_end + guard}};
+}
+
+std::string step_label(const compiler::Plan& plan, size_t s) {
+  return "step " + std::to_string(s) + " of " + std::to_string(plan.steps.size()) + " (" + plan.steps[s].str() + ")";
+}
+
+}  // namespace
+
+std::shared_ptr<const compiler::Plan> compile_only(const std::vector<Request>& req) {
+  if (req.empty()) return nullptr;
+  Prepared p = prepare(req);
+  return std::shared_ptr<const compiler::Plan>(p.exe, &p.exe->plan);
+}
+
+std::shared_ptr<const compiler::Plan> last_executed_plan() {
+  std::lock_guard<std::mutex> lock(g_mu);
+  if (!g_last) return nullptr;
+  return std::shared_ptr<const compiler::Plan>(g_last, &g_last->plan);
+}
+
+void set_arena_guard(size_t bytes) { compiler::set_arena_guard_bytes(bytes); }
+int64_t guard_bytes_checked() { return g_guard_checked; }
+void set_after_step_hook(StepHook hook) {
+  std::lock_guard<std::mutex> lock(g_mu);
+  g_hook = std::move(hook);
+}
+
+std::vector<std::shared_ptr<Buffer>> realize(const std::vector<Request>& req, RngArgs rng, bool* drew_random) {
+  Prepared prep = prepare(req);
+  const ir::Graph& g = prep.g;
+  const Device& dev = prep.dev;
+  std::shared_ptr<Executable> exe = prep.exe;
+  StepHook hook;
+  {
+    std::lock_guard<std::mutex> lock(g_mu);
+    g_last = exe;
+    hook = g_hook;
   }
   backends::Backend& be = backends::backend_for(dev);
   if (!be.can_execute())
@@ -150,17 +209,44 @@ std::vector<std::shared_ptr<Buffer>> realize(const std::vector<Request>& req, Rn
   }
   backends::LaunchArgs args{slots.data(), rng.seed, rng.offset};
   static const bool time_steps = std::getenv("TESSERA_STEP_TIMES") != nullptr;
+  const size_t guard = arena ? exe->guard : 0;
+  std::vector<unsigned char> pattern(guard ? guard + 64 : 0, kGuardByte), seen(pattern.size());
   for (size_t s = 0; s < plan.steps.size(); ++s) {
+    const kir::Step& st = plan.steps[s];
+    std::vector<int> guarded;  // temporaries this Step writes
+    if (guard)
+      for (int o : st.outputs())
+        if (plan.slots[o].kind == kir::SlotKind::Temp) guarded.push_back(o);
+    for (int o : guarded)
+      for (auto [b, e] : guard_ranges(plan.slots[o], guard))
+        be.copy_in(static_cast<char*>(arena->data) + b, pattern.data(), e - b);
     if (!time_steps) {
-      be.launch(*exe->kernels[s], plan.steps[s], args);
-      continue;
-    }
-    auto ts0 = std::chrono::steady_clock::now();
-    be.launch(*exe->kernels[s], plan.steps[s], args);
-    {
-      const kir::Step& st = plan.steps[s];
+      be.launch(*exe->kernels[s], st, args);
+    } else {
+      auto ts0 = std::chrono::steady_clock::now();
+      be.launch(*exe->kernels[s], st, args);
       std::fprintf(stderr, "step %zu %s %s%s %.3f ms %s@%s\n", s, kir::step_kind_name(st.kind), dtype_short(st.dtype),
                    shape_str(st.shape).c_str(), double(since_ns(ts0)) / 1e6, st.sources[0].op.c_str(), st.sources[0].scope.c_str());
+    }
+    if (hook) hook(int(s), slots.data());
+    if (guarded.empty()) continue;
+    be.synchronize();
+    for (int o : guarded) {
+    const kir::Slot& sl = plan.slots[o];
+    for (auto [b, e] : guard_ranges(sl, guard)) {
+      be.copy_out(seen.data(), static_cast<char*>(arena->data) + b, e - b);
+      g_guard_checked += int64_t(e - b);
+      for (size_t i = 0; i < e - b; ++i)
+        if (seen[i] != kGuardByte) {
+          int64_t at = int64_t(b + i) - int64_t(sl.offset);  // relative to the buffer's start
+          char what[96];
+          std::snprintf(what, sizeof what, "the arena guard byte at offset %lld %s changed (0x%02x, expected 0x%02x)",
+                        (long long)at, at < 0 ? "before its start" : "after its end", seen[i], kGuardByte);
+          fail("sync", step_label(plan, s) + " wrote outside its " + std::to_string(sl.nbytes) + "-byte buffer (slot " +
+                           std::to_string(o) + "): " + what,
+               st.sources.empty() ? "" : st.sources[0].scope);
+        }
+    }
     }
   }
   be.synchronize();

@@ -1,5 +1,6 @@
 // realize(): nodes -> graph -> compile-cache lookup -> compile on a miss -> run on the device.
 #pragma once
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -21,5 +22,22 @@ struct RngArgs {
 // Computes every requested node (all on one device) in one graph; returns one buffer per
 // request (contiguous, row-major). Sets *drew_random when the graph contains RNG nodes.
 std::vector<std::shared_ptr<Buffer>> realize(const std::vector<Request>& requests, RngArgs rng, bool* drew_random);
+
+// What realize() would run for `requests`, compiled (or found in the compile cache, counted as a
+// compile or a hit, with the same donation decisions) but not run.
+std::shared_ptr<const compiler::Plan> compile_only(const std::vector<Request>& requests);
+// The plan of the graph realize() ran last (null before the first).
+std::shared_ptr<const compiler::Plan> last_executed_plan();
+
+// Arena guards (debug): set_arena_guard(bytes) = compiler::set_arena_guard_bytes, part of the
+// cache key. With guards on, realize() fills each temporary's guards with kGuardByte before the
+// Steps writing it and checks them after each such Step, throwing tessera::Error naming the Step
+// when one changed. guard_bytes_checked() counts the bytes verified so far.
+constexpr unsigned char kGuardByte = 0xA5;
+void set_arena_guard(size_t bytes);
+int64_t guard_bytes_checked();
+// Testing: called after every launched Step with its number and the slot pointers (null: none).
+using StepHook = std::function<void(int step, void* const* slots)>;
+void set_after_step_hook(StepHook hook);
 
 }  // namespace tessera::runtime

@@ -477,6 +477,38 @@ TEST(Cli, DevicesAndVersion) {
   EXPECT_EQ(v.out.rfind("tessera ", 0), 0u) << v.out;
 }
 
+// --metrics on the commands that run work prints tessera::metrics().report() after their output
+// (every field and why graphs were compiled); without it nothing of the report appears.
+TEST(Cli, MetricsFlagPrintsTheReportAtTheEnd) {
+  TempDir dir;
+  auto expect_report = [](const Result& r, const std::string& what) {
+    SCOPED_TRACE(what);
+    ASSERT_TRUE(r.exited && r.code == 0) << r.describe();
+    size_t at = r.out.find("tessera metrics\n");
+    ASSERT_NE(at, std::string::npos) << r.describe();
+    std::string rep = r.out.substr(at);
+    for (const char* label : {"graphs compiled:", "cache hits:", "steps launched:", "host syncs:", "host -> device:",
+                              "device -> host:", "live memory:", "peak memory:", "why graphs were compiled", "graph 1: "})
+      EXPECT_NE(rep.find(label), std::string::npos) << "missing '" << label << "' in\n" << rep;
+    EXPECT_EQ(rep.find("graphs compiled:   0 "), std::string::npos) << "work was compiled:\n" << rep;
+  };
+  fs::path ckpt_dir = dir / "ckpt";
+  Result t = cli(cat({"train", "gpt", "--steps", "2", "--out", ckpt_dir.string(), "--metrics"}, kTiny), dir.path());
+  expect_report(t, "train gpt --metrics");
+  EXPECT_LT(t.out.find("checkpoint: "), t.out.find("tessera metrics")) << "the report comes last";
+  Result s = cli({"sample", "--ckpt", (ckpt_dir / "ckpt.safetensors").string(), "--tokens", "5", "--device", "cpu",
+                  "--metrics"},
+                 dir.path());
+  expect_report(s, "sample --metrics");
+  Result plain = cli({"sample", "--ckpt", (ckpt_dir / "ckpt.safetensors").string(), "--tokens", "5", "--device", "cpu"},
+                     dir.path());
+  ASSERT_TRUE(plain.exited && plain.code == 0) << plain.describe();
+  EXPECT_EQ(plain.out.find("tessera metrics"), std::string::npos) << plain.out;
+  // The demo trains for a minute: only its help is checked here.
+  Result h = cli({"demo", "--help"}, dir.path());
+  EXPECT_NE(h.out.find("--metrics"), std::string::npos) << h.describe();
+}
+
 }  // namespace
 
 #ifdef TESSERA_GPT_EXAMPLE

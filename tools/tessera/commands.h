@@ -1,6 +1,10 @@
 // Subcommands of the `tessera` tool: each adds itself to the app and runs when selected.
 #pragma once
+#include <cstdio>
+#include <memory>
+
 #include <CLI/CLI.hpp>
+#include <tessera/metrics.h>
 
 namespace tessera::cli {
 
@@ -21,6 +25,21 @@ inline CLI::Validator positive() {
 }
 inline CLI::Validator non_negative() {
   return CLI::Validator([](std::string& v) { return check_number(v, true); }, "NON-NEGATIVE");
+}
+
+// --metrics: commands that run work print tessera::metrics().report() on stdout when they end.
+// Returns the flag's storage (shared with the command's callback).
+inline std::shared_ptr<bool> add_metrics_flag(CLI::App& cmd) {
+  auto on = std::make_shared<bool>(false);
+  cmd.add_flag("--metrics", *on, "print the runtime's metrics (graphs compiled and why, cache hits, time, "
+                                 "host syncs, bytes moved, memory) at the end");
+  return on;
+}
+inline void print_metrics(bool on) {
+  if (!on) return;
+  std::fflush(stdout);
+  std::printf("\n%s", metrics().report().c_str());
+  std::fflush(stdout);
 }
 
 // `tessera devices`: lists every registered device, whether it can execute, and a description.

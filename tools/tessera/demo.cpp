@@ -18,7 +18,8 @@ void add_demo(CLI::App& app) {
   cmd->add_option("--out", o->out, "also write a checkpoint to DIR");
   cmd->add_option("--log-json", o->log_json, "write one JSON object per step to FILE");
   cmd->add_option("--seed", o->seed, "random seed")->capture_default_str();
-  cmd->callback([o] {
+  auto show_metrics = add_metrics_flag(*cmd);
+  cmd->callback([o, show_metrics] {
     Device dev = pick_device(o->device);
     std::printf("Tessera demo: a %lld-layer character GPT on Debian's fortunes, %lld steps on %s\n\n",
                 (long long)o->layers, (long long)o->steps, dev.str().c_str());
@@ -42,6 +43,7 @@ void add_demo(CLI::App& app) {
                 "         peak memory %.1f MB; %lld Steps launched\n",
                 (long long)r.model->num_parameters(), (long long)m.graphs_compiled, m.compile_ms, (long long)m.cache_hits,
                 (long long)m.host_syncs, double(m.peak_bytes) / 1e6, (long long)m.steps_launched);
+    print_metrics(*show_metrics);
   });
 }
 

@@ -20,7 +20,8 @@ void add_sample(CLI::App& app) {
   cmd->add_option("--top-k", o->s.top_k, "sample among the k likeliest (0: all)")->capture_default_str()->check(non_negative());
   cmd->add_option("--seed", o->s.seed, "random seed")->capture_default_str();
   cmd->add_option("--device", o->device, "device to run on")->capture_default_str();
-  cmd->callback([o] {
+  auto show_metrics = add_metrics_flag(*cmd);
+  cmd->callback([o, show_metrics] {
     Loaded l = load_checkpoint(o->ckpt, pick_device(o->device));
     if (o->prompt.empty()) fail("sample", "--prompt must not be empty", "");
     std::vector<int64_t> prompt = l.tokenizer.encode(o->prompt);
@@ -30,6 +31,7 @@ void add_sample(CLI::App& app) {
       std::fflush(stdout);
     });
     std::printf("\n");
+    print_metrics(*show_metrics);
   });
 }
 

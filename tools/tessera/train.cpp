@@ -35,12 +35,14 @@ void add_train(CLI::App& app) {
   gpt->add_option("--out", o->out, "directory for the checkpoint (ckpt.safetensors)");
   gpt->add_flag("--resume", o->resume, "continue from the checkpoint in --out");
   gpt->add_option("--ckpt-every", o->ckpt_every, "also checkpoint every N steps")->check(non_negative());
-  gpt->callback([o] {
+  auto show_metrics = add_metrics_flag(*gpt);
+  gpt->callback([o, show_metrics] {
     TrainResult r = train_gpt(*o);
     if (!r.val_loss.empty())
       std::printf("held-out loss %.4f nats/char after %lld steps (bigram baseline %.4f); %.0f tokens/s\n",
                   r.val_loss.back().second, (long long)r.last_step, r.bigram_entropy, r.tokens_per_s);
     if (!r.checkpoint.empty()) std::printf("checkpoint: %s\n", r.checkpoint.c_str());
+    print_metrics(*show_metrics);
   });
 }
 

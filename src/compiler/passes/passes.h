@@ -5,10 +5,10 @@
 //   cse       IR -> IR   merges nodes equal but for their scope (interning merges the rest)
 //   dce       IR -> IR   drops nodes no output needs
 //   fuse      lowering   elementwise chains, maps and same-axis row reductions into one Step
+//   schedule  Steps      a topological order chosen to lower the peak of live bytes
 //   epilogue  Steps      elementwise consumers of a GEMM applied per row block inside it
 //   merge     Steps      elementwise Steps over the same positions that share inputs, or where one
 //                        reads the other's result element for element, become one multi-output Step
-//   schedule  Steps      a topological order chosen to lower the peak of live bytes
 //   memplan   Steps      temporaries share one arena by lifetime (off: each gets its own bytes)
 #pragma once
 #include <string>
@@ -40,5 +40,9 @@ void merge_elementwise(Plan& plan);
 void schedule(Plan& plan);
 // Places temporaries in the arena and fills plan.memory (peak, the Step at the peak, what is live).
 void plan_memory(Plan& plan);
+// Debug: guard bytes (rounded up to 64) before and after each arena temporary, which the runtime
+// fills and checks around the Steps writing it; 0 (default) is off. TESSERA_ARENA_GUARD=<bytes>.
+void set_arena_guard_bytes(size_t bytes);
+size_t arena_guard_bytes();
 
 }  // namespace tessera::compiler

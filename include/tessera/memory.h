@@ -1,0 +1,61 @@
+// The static memory plan of a compiled graph: every buffer with its lifetime over the Steps, the
+// arena that holds the temporaries, and the peak of live bytes with what is live there.
+//
+//   tessera::MemoryPlan p = tessera::plan_memory({loss});  // compiles, does not run
+//   std::cout << p.report();   // "peak 12.1 MiB at step 187 of 1400 (reduce ... in blocks.3.attn) ..."
+//   loss.item();
+//   tessera::last_memory_plan().peak_bytes;                // the graph that just ran
+#pragma once
+#include <cstddef>
+#include <string>
+#include <vector>
+
+#include "tessera/dtype.h"
+#include "tessera/shape.h"
+#include "tessera/tensor.h"
+
+namespace tessera {
+
+struct PlannedBuffer {
+  std::string kind;               // "param" (a graph input), "output" or "temp" (in the arena)
+  Shape shape;
+  DType dtype = DType::Float32;
+  size_t bytes = 0;
+  size_t offset = 0;              // temp: byte offset in the arena; 0 for the others
+  int first_step = -1;            // the Step that first writes it (-1: a param, live from the start)
+  int last_step = -1;             // the last Step that reads or writes it (-1: none)
+  std::string op, scope;          // the op and module scope of the value it holds ("parameter" for params)
+};
+
+struct MemoryPlan {
+  // Live bytes at a Step: the params, the outputs (allocated before the first Step) and the
+  // temporaries between their first write and last use. The peak is the largest over the Steps
+  // (the first Step reaching it): params + outputs + max_live_temp_bytes.
+  size_t peak_bytes = 0;
+  int peak_step = -1;
+  std::string peak_step_text;               // "reduce f32[4, 16, 1]: reduce_max+exp in blocks.3.attn"
+  std::vector<PlannedBuffer> live_at_peak;  // largest first
+  std::vector<PlannedBuffer> buffers;       // every buffer the plan uses
+  size_t arena_bytes = 0;                   // one allocation holding every temporary
+  size_t max_live_temp_bytes = 0;           // most temporary bytes live at once (the arena's lower bound)
+  size_t param_bytes = 0;                   // graph inputs (already allocated before the run)
+  size_t output_bytes = 0;                  // outputs the run allocates (not those written into a donated input)
+  int num_steps = 0;
+  // What the device holds when the run ends, beyond what was live before it: the arena plus the
+  // new outputs. The allocator's high-water mark over a run is live-before + this (each
+  // allocation rounded up to the allocator's 256 bytes).
+  size_t run_bytes() const { return arena_bytes + output_bytes; }
+  // A few lines: the peak, the Step at it, the largest live buffers, the arena.
+  std::string report(size_t max_buffers = 5) const;
+};
+
+// Compiles (through the compile cache: counted as a compile or a cache hit) the graph that
+// sync() would run to compute these pending tensors, with the same in-place donations, without
+// running it. Realized tensors contribute nothing; all pending ones must be on one device.
+MemoryPlan plan_memory(const std::vector<Tensor>& outputs);
+// The plan of the graph the next sync() would run: every pending tensor (all on one device).
+MemoryPlan pending_memory_plan();
+// The plan of the graph that ran most recently (empty before any ran), e.g. a training step's.
+MemoryPlan last_memory_plan();
+
+}  // namespace tessera

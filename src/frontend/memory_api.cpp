@@ -1,0 +1,140 @@
+// tessera::plan_memory / last_memory_plan: the compiler's memory plan in public terms.
+#include <algorithm>
+#include <cstdio>
+#include <set>
+#include <sstream>
+
+#include "frontend/tensor_impl.h"
+#include "runtime/realize.h"
+#include "tessera/memory.h"
+
+namespace tessera {
+namespace {
+
+std::string human(size_t b) {
+  if (b < 1024) return std::to_string(b) + " B";
+  const char* units[] = {"KiB", "MiB", "GiB", "TiB"};
+  double v = double(b) / 1024;
+  int u = 0;
+  while (v >= 1024 && u < 3) {
+    v /= 1024;
+    ++u;
+  }
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.1f %s", v, units[u]);
+  return buf;
+}
+
+std::string step_text(const kir::Step& st) {
+  std::string ops, scopes;
+  std::set<std::string> seen_ops, seen_scopes;
+  for (auto& s : st.sources) {
+    if (seen_ops.insert(s.op).second) ops += (ops.empty() ? "" : "+") + s.op;
+    if (!s.scope.empty() && seen_scopes.insert(s.scope).second) scopes += (scopes.empty() ? "" : ", ") + s.scope;
+  }
+  std::string t = std::string(kir::step_kind_name(st.kind)) + " " + dtype_short(st.dtype) + shape_str(st.shape) + ": " + ops;
+  if (!scopes.empty()) t += " in " + scopes;
+  return t;
+}
+
+MemoryPlan from_plan(const compiler::Plan& plan) {
+  MemoryPlan m;
+  const size_t ns = plan.slots.size();
+  std::vector<int> first(ns, -1), last(ns, -1);
+  for (size_t s = 0; s < plan.steps.size(); ++s) {
+    const kir::Step& st = plan.steps[s];
+    for (int o : st.outputs()) {
+      if (first[o] < 0) first[o] = int(s);
+      last[o] = int(s);
+    }
+    for (int x : st.inputs) last[x] = int(s);
+  }
+  static const char* kinds[] = {"param", "output", "temp"};
+  std::vector<int> index(ns, -1);  // slot -> buffers
+  for (size_t k = 0; k < ns; ++k) {
+    const kir::Slot& sl = plan.slots[k];
+    if (sl.kind != kir::SlotKind::Param && first[k] < 0) continue;  // an output slot donation left unused
+    PlannedBuffer b;
+    b.kind = kinds[int(sl.kind)];
+    b.shape = sl.shape;
+    b.dtype = sl.dtype;
+    b.bytes = sl.nbytes;
+    b.offset = sl.kind == kir::SlotKind::Temp ? sl.offset : 0;
+    b.first_step = sl.kind == kir::SlotKind::Param ? -1 : first[k];
+    b.last_step = last[k];
+    b.op = sl.source.op;
+    b.scope = sl.source.scope;
+    if (sl.kind == kir::SlotKind::Param) m.param_bytes += sl.nbytes;
+    if (sl.kind == kir::SlotKind::Output) m.output_bytes += sl.nbytes;
+    index[k] = int(m.buffers.size());
+    m.buffers.push_back(std::move(b));
+  }
+  m.peak_bytes = plan.memory.peak_bytes;
+  m.peak_step = plan.memory.peak_step;
+  if (m.peak_step >= 0) m.peak_step_text = step_text(plan.steps[size_t(m.peak_step)]);
+  std::vector<int> live = plan.memory.live_at_peak;
+  std::stable_sort(live.begin(), live.end(), [&](int a, int b) { return plan.slots[a].nbytes > plan.slots[b].nbytes; });
+  for (int k : live) m.live_at_peak.push_back(m.buffers[size_t(index[k])]);
+  m.arena_bytes = plan.arena_bytes;
+  m.max_live_temp_bytes = plan.memory.max_live_temp_bytes;
+  m.num_steps = int(plan.steps.size());
+  return m;
+}
+
+MemoryPlan plan_of(const std::vector<std::shared_ptr<TensorImpl>>& impls) {
+  std::vector<runtime::Request> req;
+  for (auto& impl : impls) {
+    if (!impl->node || impl->node->op == ir::Op::Leaf) continue;  // realized, or sync only rebinds it
+    if (!req.empty() && impl->device != req.front().node->device)
+      fail("plan_memory", "pending tensors on two devices ('" + req.front().node->device.str() + "' and '" +
+                              impl->device.str() + "') run as two graphs; ask for one device's tensors at a time");
+    req.push_back({impl->node, impl->donor});
+  }
+  if (req.empty()) return {};
+  auto plan = runtime::compile_only(req);
+  return from_plan(*plan);
+}
+
+}  // namespace
+
+std::string MemoryPlan::report(size_t max_buffers) const {
+  if (num_steps == 0) return "memory plan: nothing to compute\n";
+  std::ostringstream os;
+  os << "peak " << human(peak_bytes) << " at step " << peak_step << " of " << num_steps << " (" << peak_step_text << ")\n";
+  size_t by_kind[3] = {0, 0, 0};
+  for (auto& b : live_at_peak) by_kind[b.kind == "param" ? 0 : b.kind == "output" ? 1 : 2] += b.bytes;
+  os << live_at_peak.size() << " live buffers: params " << human(by_kind[0]) << ", outputs " << human(by_kind[1])
+     << ", temps " << human(by_kind[2]) << (live_at_peak.empty() ? "" : "; largest:") << "\n";
+  for (size_t i = 0; i < live_at_peak.size() && i < max_buffers; ++i) {
+    const PlannedBuffer& b = live_at_peak[i];
+    os << "  " << b.kind << " " << dtype_short(b.dtype) << shape_str(b.shape) << " " << human(b.bytes) << " " << b.op;
+    if (!b.scope.empty()) os << " in " << b.scope;
+    if (b.kind != "param") os << ", steps " << b.first_step << "-" << b.last_step;
+    os << "\n";
+  }
+  os << "arena " << human(arena_bytes) << " for temporaries (at most " << human(max_live_temp_bytes)
+     << " live at once); the run allocates " << human(run_bytes()) << "\n";
+  return os.str();
+}
+
+MemoryPlan plan_memory(const std::vector<Tensor>& outputs) {
+  // In the order sync() would request them, so the graph (and its cache key) is the same.
+  std::set<const TensorImpl*> wanted;
+  for (auto& t : outputs) {
+    if (!t.defined()) fail("plan_memory", "called with an undefined tensor");
+    wanted.insert(t.impl().get());
+  }
+  std::vector<std::shared_ptr<TensorImpl>> impls;
+  for (auto& impl : detail::pending_impls())
+    if (wanted.count(impl.get())) impls.push_back(impl);
+  return plan_of(impls);
+}
+
+MemoryPlan pending_memory_plan() { return plan_of(detail::pending_impls()); }
+
+MemoryPlan last_memory_plan() {
+  auto plan = runtime::last_executed_plan();
+  return plan ? from_plan(*plan) : MemoryPlan{};
+}
+
+}  // namespace tessera
