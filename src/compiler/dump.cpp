@@ -135,6 +135,8 @@ const char* code_name(kir::Code c) {
     case C::Gt: return "gt";
     case C::Ge: return "ge";
     case C::Where: return "where";
+    case C::RowSum: return "row_sum";
+    case C::RowMax: return "row_max";
     default: return nullptr;
   }
 }
@@ -149,6 +151,7 @@ std::string kind_name(kir::StepKind k) {
     case K::Gather: return "gather";
     case K::ScatterAdd: return "scatter_add";
     case K::DynamicUpdateSlice: return "dynamic_update_slice";
+    case K::Row: return "row";
     default: return "kind#" + std::to_string(int(k));
   }
 }
@@ -203,7 +206,10 @@ std::string instr_text(const kir::Instr& in) {
 
 std::string step_text(const kir::Step& st) {
   std::ostringstream os;
-  os << kind_name(st.kind) << " " << dtype_short(st.dtype) << shape_str(st.shape) << " -> slot " << st.output << "\n";
+  os << kind_name(st.kind) << " " << dtype_short(st.dtype) << shape_str(st.shape) << " -> slot " << st.output;
+  for (size_t k = 0; k < st.more_outputs.size(); ++k)
+    os << ", slot " << st.more_outputs[k] << " (instr " << st.more_results[k] << ")";
+  os << "\n";
   os << "  inputs:";
   if (st.inputs.empty()) os << " none";
   for (size_t i = 0; i < st.inputs.size(); ++i) {
@@ -216,6 +222,10 @@ std::string step_text(const kir::Step& st) {
   if (st.kind == kir::StepKind::Reduce)
     os << "  reduce " << ir::op_name(st.reduce_op) << " over axes " << ints_text(st.axes) << " of domain "
        << shape_str(st.domain) << "\n";
+  if (st.kind == kir::StepKind::Row)
+    os << "  rows of " << st.row << " positions over domain " << shape_str(st.domain)
+       << (numel(st.shape) != numel(st.domain) ? ", one value per row" : "") << "\n";
+  if (st.kind == kir::StepKind::Gemm && !st.program.empty()) os << "  epilogue: the program below, per row block\n";
   if (st.kind == kir::StepKind::Gather || st.kind == kir::StepKind::ScatterAdd) os << "  axis " << st.axis << "\n";
   for (size_t i = 0; i < st.maps.size(); ++i) os << "  map " << i << ": " << st.maps[i].str() << "\n";
   if (!st.program.empty()) {

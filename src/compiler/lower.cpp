@@ -1,10 +1,13 @@
 #include "compiler/lower.h"
 
 #include <algorithm>
+#include <functional>
 #include <map>
 #include <sstream>
 #include <unordered_map>
 
+#include "compiler/passes/fuse.h"
+#include "compiler/passes/passes.h"
 #include "tessera/error.h"
 
 namespace tessera::compiler {
@@ -20,11 +23,38 @@ using kir::StepKind;
 
 // How a node's value is reached while lowering.
 struct Val {
-  enum Kind { None, Slot, Const } kind = None;
+  enum Kind { None, Slot, Const, Expr } kind = None;
   int slot = -1;
   IndexMap map;      // Slot: node index -> element of the slot's buffer
   double value = 0;  // Const: the value; Slot: what masked positions of `map` read
+  // Expr (a pending fused expression, result last): evaluated over the positions of `eval`,
+  // which is the node's shape unless `rowconst`: then the node's shape is `eval` with the row
+  // dimensions at 1, and the expression is constant along each row of `row` positions.
+  Frag frag;
+  Shape eval;
+  int64_t row = 0;          // run length of the RowSum/RowMax inside (0: none)
+  bool rowconst = false;
+  bool positional = false;  // holds Iota or Rng: valid over its own positions only
+  std::vector<int> nodes;   // graph nodes it computes (Step sources and cost)
 };
+
+const std::map<Op, Code>& elementwise_codes() {
+  static const std::map<Op, Code> codes = {
+      {Op::Cast, Code::Cast}, {Op::Neg, Code::Neg},   {Op::Exp, Code::Exp},         {Op::Log, Code::Log},
+      {Op::Tanh, Code::Tanh}, {Op::Abs, Code::Abs},   {Op::Sign, Code::Sign},       {Op::Sqrt, Code::Sqrt},
+      {Op::Sin, Code::Sin},   {Op::Cos, Code::Cos},   {Op::Erf, Code::Erf},         {Op::Floor, Code::Floor},
+      {Op::Ceil, Code::Ceil}, {Op::Round, Code::Round}, {Op::Pow, Code::Pow},
+      {Op::Add, Code::Add},   {Op::Sub, Code::Sub},         {Op::Mul, Code::Mul},
+      {Op::Div, Code::Div},   {Op::Maximum, Code::Max}, {Op::Minimum, Code::Min}, {Op::Eq, Code::Eq},
+      {Op::Ne, Code::Ne},     {Op::Lt, Code::Lt},     {Op::Le, Code::Le},           {Op::Gt, Code::Gt},
+      {Op::Ge, Code::Ge},     {Op::Where, Code::Where}};
+  return codes;
+}
+
+// Appends `in` and keeps the frag's result last (an equal earlier instruction is repeated).
+void set_result(Frag& f, int k) {
+  if (k != int(f.ins.size()) - 1) f.ins.push_back(f.ins[k]);
+}
 
 struct Lowerer {
   const ir::Graph& g;
@@ -33,6 +63,8 @@ struct Lowerer {
   std::vector<int> param_slot;
   std::unordered_map<const Node*, int> param_of;  // leaf -> parameter number
   std::map<int, int> output_of_node;  // node index -> output number (first)
+  std::vector<int> users;             // distinct consumer nodes (+1 per output request)
+  bool fuse = true;
 
   explicit Lowerer(const ir::Graph& graph) : g(graph) {}
 
@@ -75,13 +107,47 @@ struct Lowerer {
     return int(st.inputs.size()) - 1;
   }
 
-  int emit(Step& st, Instr in) {
-    st.program.push_back(std::move(in));
-    return int(st.program.size()) - 1;
+  // A frag's instructions as a Step's program: loads renumbered to the Step's inputs.
+  void set_program(Step& st, const Frag& f) {
+    st.program = f.ins;
+    for (Instr& in : st.program)
+      if (in.code == Code::Load) in.input = input_index(st, in.input);
   }
 
-  // An instruction reading value v (of dtype t) over the step's domain via `map`.
-  int load(Step& st, const Val& v, const IndexMap& map, DType t) {
+  // The sources and cost of a Step computing the nodes of an expression.
+  void attribute(Step& st, const std::vector<int>& nodes, int self) {
+    st.sources.clear();
+    st.cost = {};
+    std::vector<int> all = nodes;
+    if (std::find(all.begin(), all.end(), self) == all.end()) all.push_back(self);
+    std::sort(all.begin(), all.end());
+    all.erase(std::unique(all.begin(), all.end()), all.end());
+    for (int k : all) {
+      const Node& n = *g.nodes[k];
+      st.sources.push_back({ir::op_name(n.op), *n.scope});
+      st.cost.flops += ir::info(n.op).cost(n).flops;
+    }
+    // Bytes: each input slot read once (at most the domain's worth) and the output written.
+    int64_t dom = numel(st.kind == StepKind::Row || st.kind == StepKind::Reduce ? st.domain : st.shape);
+    for (int s : st.inputs)
+      st.cost.bytes += double(std::min<size_t>(plan.slots[s].nbytes, size_t(dom) * itemsize(plan.slots[s].dtype)));
+    st.cost.bytes += double(numel(st.shape)) * double(itemsize(st.dtype));
+  }
+
+  Val slot_val(int slot, const Shape& s) {
+    Val v;
+    v.kind = Val::Slot;
+    v.slot = slot;
+    v.map = IndexMap::contiguous(s);
+    return v;
+  }
+
+  // A value as a fused expression over its node's shape.
+  Val as_expr(const Val& v, DType t, const Shape& shape) {
+    if (v.kind == Val::Expr) return v;
+    Val e;
+    e.kind = Val::Expr;
+    e.eval = shape;
     Instr in;
     in.dtype = t;
     if (v.kind == Val::Const) {
@@ -89,22 +155,27 @@ struct Lowerer {
       in.value = v.value;
     } else {
       in.code = Code::Load;
-      in.input = input_index(st, v.slot);
-      in.map = map;
+      in.input = v.slot;
+      in.map = v.map;
       in.value = v.value;
     }
-    return emit(st, std::move(in));
+    e.frag.add(in);
+    return e;
   }
-  int load(Step& st, int node) { return load(st, vals[node], vals[node].map, g.nodes[node]->dtype); }
 
-  Val finish(Step st, int node) {
+  // Emits the Step computing a pending expression into the node's slot; the node becomes a slot.
+  void materialize(int node) {
+    Val& v = vals[node];
+    if (v.kind != Val::Expr) return;
+    const Node& n = *g.nodes[node];
+    Step st = begin(v.row ? StepKind::Row : StepKind::Elementwise, node);
+    st.domain = v.eval;
+    st.row = v.row;
+    set_program(st, v.frag);
+    attribute(st, v.nodes, node);
     st.output = slot_for(node);
     plan.steps.push_back(std::move(st));
-    Val v;
-    v.kind = Val::Slot;
-    v.slot = plan.steps.back().output;
-    v.map = IndexMap::contiguous(g.nodes[node]->shape);
-    return v;
+    vals[node] = slot_val(plan.steps.back().output, n.shape);
   }
 
   // A Copy Step writing node's value densely into a new slot (attributed to `producer`).
@@ -114,21 +185,199 @@ struct Lowerer {
     st.shape = n.shape;
     st.dtype = n.dtype;
     st.cost = {0, 2.0 * double(n.numel()) * double(itemsize(n.dtype))};
-    load(st, node);
+    set_program(st, as_expr(vals[node], n.dtype, n.shape).frag);
     st.output = new_slot(kind, index, n.shape, n.dtype, st.sources.front());
     plan.steps.push_back(std::move(st));
-    Val r;
-    r.kind = Val::Slot;
-    r.slot = plan.steps.back().output;
-    r.map = IndexMap::contiguous(n.shape);
-    return r;
+    return slot_val(plan.steps.back().output, n.shape);
   }
 
-  // A value as a plain strided view (for BLAS and indexing Steps): copies when it is not one.
+  // A value as a plain strided view (for BLAS and indexing Steps): stores it when it is not one.
   Val strided(int node, int producer) {
+    materialize(node);
     const Val& v = vals[node];
     if (v.kind == Val::Slot && v.map.single()) return v;
     return copy_to_slot(node, producer, kir::SlotKind::Temp, 0);
+  }
+
+  // The value of input node k as a consumer sees it: a pending expression read by several
+  // nodes is stored first unless it is cheap enough to recompute in each.
+  const Val& operand(int node) {
+    Val& v = vals[node];
+    if (v.kind == Val::Expr && users[node] > 1 && v.frag.weight() > kMaxDuplicateWeight) materialize(node);
+    return vals[node];
+  }
+
+  // Applies a movement to every load of an expression (positions of the new shape -> old).
+  Val move_expr(const Val& v, const Shape& shape, const std::function<IndexMap(const IndexMap&)>& f) {
+    Val r = v;
+    r.frag = v.frag.rebuilt([&](Instr& in) {
+      if (in.code == Code::Load) in.map = f(in.map);
+    });
+    r.eval = shape;
+    return r;
+  }
+
+  Val lower_movement(int i) {
+    const Node& n = *g.nodes[i];
+    int x = g.index.at(n.inputs[0].get());
+    auto apply = [&](const IndexMap& m) {
+      switch (n.op) {
+        case Op::Reshape: return m.reshape(n.shape);
+        case Op::Permute: return m.permute(n.attrs.ints);
+        case Op::Expand: return m.expand(n.shape);
+        case Op::Slice: return m.slice(n.attrs.ints);
+        default: return m.pad(n.attrs.ints);
+      }
+    };
+    Val xv = operand(x);
+    if (xv.kind == Val::Const && (n.op != Op::Pad || n.attrs.f == xv.value)) return xv;
+    if (xv.kind == Val::Expr) {
+      const Shape& xs = g.nodes[x]->shape;
+      if (xv.rowconst && n.op == Op::Expand && n.shape == xv.eval) {  // a row reduction broadcast back
+        xv.rowconst = false;
+        xv.nodes.push_back(i);
+        return xv;
+      }
+      if (n.op == Op::Reshape && n.shape == xs) return xv;
+      bool blowup = n.op == Op::Expand && numel(n.shape) > numel(xs) && xv.frag.weight() > kExpandRecomputeWeight;
+      if (!fuse || xv.rowconst || xv.row || xv.positional || n.op == Op::Pad || blowup) {
+        materialize(x);
+        xv = vals[x];
+      } else {
+        Val r = move_expr(xv, n.shape, apply);
+        r.nodes.push_back(i);
+        return r;
+      }
+    }
+    if (xv.kind == Val::Const || (n.op == Op::Pad && xv.map.views.back().masked() && xv.value != n.attrs.f))
+      xv = vals[x] = strided(x, x);
+    Val v = xv;
+    v.map = apply(v.map);
+    if (n.op == Op::Pad) v.value = n.attrs.f;
+    return v;
+  }
+
+  // Brings operand v (of node shape `s`) to a row-constant expression over `eval`.
+  Val to_rowconst(int node, Val v, const Shape& eval, int64_t row) {
+    if (v.kind == Val::Expr && (v.rowconst ? (v.eval != eval || v.row != row) : (v.row || v.positional ||
+                                                                                  v.frag.weight() > kExpandRecomputeWeight))) {
+      materialize(node);
+      v = vals[node];
+    }
+    if (v.kind == Val::Const || (v.kind == Val::Expr && v.rowconst)) return v;
+    if (v.kind == Val::Slot) {
+      v.map = v.map.expand(eval);
+      return v;
+    }
+    Val r = move_expr(v, eval, [&](const IndexMap& m) { return m.expand(eval); });
+    return r;
+  }
+
+  Val lower_elementwise(int i) {
+    const Node& n = *g.nodes[i];
+    std::vector<int> in;
+    std::vector<Val> ops;
+    for (auto& p : n.inputs) {
+      in.push_back(g.index.at(p.get()));
+      ops.push_back(operand(in.back()));
+    }
+    // The domain: a row-constant operand makes the result row-constant over its positions.
+    const Val* rc = nullptr;
+    for (auto& v : ops)
+      if (v.kind == Val::Expr && v.rowconst) rc = rc ? rc : &v;
+    Shape eval = rc ? rc->eval : n.shape;
+    int64_t row = rc ? rc->row : 0;
+    if (rc) {
+      Val keep = *rc;
+      for (size_t k = 0; k < ops.size(); ++k) ops[k] = to_rowconst(in[k], ops[k], keep.eval, keep.row);
+    } else {
+      // Row Steps reduce one row length: expressions reducing other rows are stored first.
+      for (size_t k = 0; k < ops.size(); ++k)
+        if (ops[k].kind == Val::Expr && ops[k].row) {
+          if (!row) row = ops[k].row;
+          else if (ops[k].row != row) {
+            materialize(in[k]);
+            ops[k] = vals[in[k]];
+          }
+        }
+    }
+    for (int attempt = 0;; ++attempt) {
+      Val r;
+      r.kind = Val::Expr;
+      r.eval = eval;
+      r.row = row;
+      r.rowconst = rc != nullptr;
+      std::vector<int> args;
+      for (size_t k = 0; k < ops.size(); ++k) {
+        Val e = as_expr(ops[k], g.nodes[in[k]]->dtype, eval);
+        args.push_back(r.frag.paste(e.frag));
+        r.positional |= e.positional;
+        r.nodes.insert(r.nodes.end(), e.nodes.begin(), e.nodes.end());
+      }
+      Instr ins;
+      ins.dtype = n.dtype;
+      ins.a = args[0];
+      if (args.size() > 1) ins.b = args[1];
+      if (args.size() > 2) ins.c = args[2];
+      auto it = elementwise_codes().find(n.op);
+      if (it == elementwise_codes().end()) fail("lower", std::string("no lowering for primitive ") + ir::op_name(n.op), *n.scope);
+      ins.code = it->second;
+      set_result(r.frag, r.frag.add(ins));
+      r.nodes.push_back(i);
+      if (r.frag.ins.size() <= kMaxFragInstrs || attempt > 0) return r;
+      // Too large: store the operand expressions and combine their stored values.
+      for (size_t k = 0; k < ops.size(); ++k)
+        if (ops[k].kind == Val::Expr && !(rc && ops[k].rowconst)) {
+          materialize(in[k]);
+          ops[k] = rc ? to_rowconst(in[k], vals[in[k]], eval, row) : vals[in[k]];
+        }
+    }
+  }
+
+  Val lower_reduce(int i) {
+    const Node& n = *g.nodes[i];
+    int x = g.index.at(n.inputs[0].get());
+    const Shape& xs = g.nodes[x]->shape;
+    Val xv = operand(x);
+    const auto& axes = n.attrs.ints;
+    // Trailing axes: a row reduction, kept pending as a row-constant expression.
+    bool trailing = !axes.empty();
+    int64_t row = 1;
+    for (size_t k = 0; k < axes.size(); ++k) {
+      trailing &= axes[k] == int64_t(xs.size() - axes.size() + k);
+      row *= xs[axes[k]];
+    }
+    if (fuse && trailing && row > 0 && row <= kMaxRow && numel(xs) > 0 && xv.kind != Val::Const) {
+      if (xv.kind == Val::Expr && (xv.rowconst || xv.positional || (xv.row && xv.row != row))) {
+        materialize(x);
+        xv = vals[x];
+      }
+      Val r = as_expr(xv, g.nodes[x]->dtype, xs);
+      Instr red;
+      red.code = n.op == Op::ReduceSum ? Code::RowSum : Code::RowMax;
+      red.dtype = n.dtype;
+      red.a = int(r.frag.ins.size()) - 1;
+      set_result(r.frag, r.frag.add(red));
+      r.eval = xs;
+      r.row = row;
+      r.rowconst = true;
+      r.nodes.push_back(i);
+      return r;
+    }
+    if (xv.kind == Val::Expr && (xv.rowconst || xv.row || xv.positional)) {
+      materialize(x);
+      xv = vals[x];
+    }
+    Val e = as_expr(xv, g.nodes[x]->dtype, xs);
+    Step st = begin(StepKind::Reduce, i);
+    st.domain = xs;
+    st.axes = axes;
+    st.reduce_op = n.op;
+    set_program(st, e.frag);
+    attribute(st, e.nodes, i);
+    st.output = slot_for(i);
+    plan.steps.push_back(std::move(st));
+    return slot_val(plan.steps.back().output, n.shape);
   }
 
   Val lower_node(int i) {
@@ -137,101 +386,86 @@ struct Lowerer {
     Val v;
     switch (n.op) {
       case Op::Leaf:
-        v.kind = Val::Slot;
-        v.slot = param_slot.at(param_of.at(&n));
-        v.map = IndexMap::contiguous(n.shape);
-        return v;
+        return slot_val(param_slot.at(param_of.at(&n)), n.shape);
       case Op::Full:
         v.kind = Val::Const;
         v.value = n.attrs.f;
         return v;
       case Op::Iota:
       case Op::Rng: {
-        Step st = begin(StepKind::Elementwise, i);
+        v.kind = Val::Expr;
+        v.eval = n.shape;
+        v.positional = true;
         Instr ins;
         ins.code = n.op == Op::Iota ? Code::Iota : Code::Rng;
         ins.dtype = n.dtype;
         ins.i0 = n.attrs.ints[0];
         if (n.op == Op::Rng) ins.i1 = n.attrs.ints[1];
-        emit(st, ins);
-        return finish(std::move(st), i);
+        v.frag.add(ins);
+        v.nodes.push_back(i);
+        return v;
       }
       case Op::Reshape:
       case Op::Permute:
       case Op::Expand:
       case Op::Slice:
-      case Op::Pad: {
-        const Val& x = vals[in(0)];
-        if (x.kind == Val::Const && (n.op != Op::Pad || n.attrs.f == x.value)) return x;
-        if (x.kind == Val::Const || (n.op == Op::Pad && x.map.views.back().masked() && x.value != n.attrs.f))
-          vals[in(0)] = strided(in(0), in(0));
-        v = vals[in(0)];
-        switch (n.op) {
-          case Op::Reshape: v.map = v.map.reshape(n.shape); break;
-          case Op::Permute: v.map = v.map.permute(n.attrs.ints); break;
-          case Op::Expand: v.map = v.map.expand(n.shape); break;
-          case Op::Slice: v.map = v.map.slice(n.attrs.ints); break;
-          default:
-            v.map = v.map.pad(n.attrs.ints);
-            v.value = n.attrs.f;
-        }
-        return v;
-      }
+      case Op::Pad:
+        return lower_movement(i);
       case Op::Concat: {
         // out = where(pos < end0, x0, where(pos < end1, x1, ...)) along the axis; each x padded
         // into the output's extent so every load stays in bounds.
         Step st = begin(StepKind::Copy, i);
+        Frag f;
         int64_t ax = n.attrs.ints[0], start = 0;
         Instr io;
         io.code = Code::Iota;
         io.dtype = DType::Int64;
         io.i0 = ax;
-        int pos = emit(st, io);
-        int acc = -1;
+        int pos = f.add(io);
         std::vector<std::pair<int, int64_t>> parts;  // (instr, end)
         for (size_t k = 0; k < n.inputs.size(); ++k) {
           int node = in(int(k));
+          materialize(node);
           int64_t len = g.nodes[node]->shape[ax];
           std::vector<int64_t> pads(3 * n.shape.size(), 0);
           pads[3 * ax] = start;
           pads[3 * ax + 1] = n.shape[ax] - start - len;
-          const Val& xv = vals[node];
-          int ld = load(st, xv, xv.kind == Val::Slot ? xv.map.pad(pads) : xv.map, n.dtype);
+          Val xv = vals[node];
+          if (xv.kind == Val::Slot) xv.map = xv.map.pad(pads);
+          int ld = f.paste(as_expr(xv, n.dtype, n.shape).frag);
           start += len;
           parts.push_back({ld, start});
         }
-        acc = parts.back().first;
+        int acc = parts.back().first;
         for (size_t k = parts.size() - 1; k-- > 0;) {
           Instr c;
           c.code = Code::Const;
           c.dtype = DType::Int64;
           c.value = double(parts[k].second);
-          int bound = emit(st, c);
+          int bound = f.add(c);
           Instr lt;
           lt.code = Code::Lt;
           lt.dtype = DType::Bool;
           lt.a = pos;
           lt.b = bound;
-          int cond = emit(st, lt);
+          int cond = f.add(lt);
           Instr w;
           w.code = Code::Where;
           w.dtype = n.dtype;
           w.a = cond;
           w.b = parts[k].first;
           w.c = acc;
-          acc = emit(st, w);
+          acc = f.add(w);
         }
-        return finish(std::move(st), i);
+        set_result(f, acc);
+        set_program(st, f);
+        st.output = slot_for(i);
+        plan.steps.push_back(std::move(st));
+        return slot_val(plan.steps.back().output, n.shape);
       }
       case Op::ReduceSum:
-      case Op::ReduceMax: {
-        Step st = begin(StepKind::Reduce, i);
-        st.domain = n.inputs[0]->shape;
-        st.axes = n.attrs.ints;
-        st.reduce_op = n.op;
-        load(st, in(0));
-        return finish(std::move(st), i);
-      }
+      case Op::ReduceMax:
+        return lower_reduce(i);
       case Op::Matmul:
       case Op::Gather:
       case Op::ScatterAdd:
@@ -243,60 +477,52 @@ struct Lowerer {
         Step st = begin(kind, i);
         if (!n.attrs.ints.empty()) st.axis = n.attrs.ints[0];
         for (size_t k = 0; k < n.inputs.size(); ++k) {
-          Val x = vals[in(int(k))];
           // These Steps address their operands directly: plain strided views only.
-          if (x.kind == Val::Const || !x.map.single()) x = strided(in(int(k)), i);
+          Val x = strided(in(int(k)), i);
           st.inputs.push_back(x.slot);
           st.maps.push_back(x.map);
           st.input_dtypes.push_back(n.inputs[k]->dtype);
         }
-        return finish(std::move(st), i);
+        st.output = slot_for(i);
+        plan.steps.push_back(std::move(st));
+        return slot_val(plan.steps.back().output, n.shape);
       }
-      default: {
-        // Elementwise primitives: cast, unary, binary, compare, where.
-        Step st = begin(StepKind::Elementwise, i);
-        std::vector<int> args;
-        for (size_t k = 0; k < n.inputs.size(); ++k) args.push_back(load(st, in(int(k))));
-        Instr ins;
-        ins.dtype = n.dtype;
-        ins.a = args[0];
-        if (args.size() > 1) ins.b = args[1];
-        if (args.size() > 2) ins.c = args[2];
-        static const std::map<Op, Code> codes = {
-            {Op::Cast, Code::Cast}, {Op::Neg, Code::Neg},   {Op::Exp, Code::Exp},         {Op::Log, Code::Log},
-            {Op::Tanh, Code::Tanh}, {Op::Abs, Code::Abs},   {Op::Sign, Code::Sign},       {Op::Sqrt, Code::Sqrt},
-            {Op::Sin, Code::Sin},   {Op::Cos, Code::Cos},   {Op::Erf, Code::Erf},         {Op::Floor, Code::Floor},
-            {Op::Ceil, Code::Ceil}, {Op::Round, Code::Round}, {Op::Pow, Code::Pow},
-            {Op::Add, Code::Add},   {Op::Sub, Code::Sub},         {Op::Mul, Code::Mul},
-            {Op::Div, Code::Div},   {Op::Maximum, Code::Max}, {Op::Minimum, Code::Min}, {Op::Eq, Code::Eq},
-            {Op::Ne, Code::Ne},     {Op::Lt, Code::Lt},     {Op::Le, Code::Le},           {Op::Gt, Code::Gt},
-            {Op::Ge, Code::Ge},     {Op::Where, Code::Where}};
-        auto it = codes.find(n.op);
-        if (it == codes.end()) fail("lower", std::string("no lowering for primitive ") + ir::op_name(n.op), *n.scope);
-        ins.code = it->second;
-        emit(st, ins);
-        return finish(std::move(st), i);
-      }
+      default:
+        return lower_elementwise(i);
     }
   }
 
   // Outputs whose value is a view, a constant or a parameter get a Copy Step into their slot.
   void copy_out(int node, int out) { vals[node] = copy_to_slot(node, node, kir::SlotKind::Output, out); }
-
 };
 
 }  // namespace
 
 Plan lower(const ir::Graph& g, const std::vector<ir::NodePtr>& params) {
   Lowerer L(g);
+  L.fuse = pass_enabled("fuse");
   for (size_t p = 0; p < params.size(); ++p) {
     L.param_slot.push_back(L.new_slot(kir::SlotKind::Param, int(p), params[p]->shape, params[p]->dtype));
     L.param_of.emplace(params[p].get(), int(p));
   }
   L.plan.slots_of_params = L.param_slot;
   for (size_t k = 0; k < g.outputs.size(); ++k) L.output_of_node.emplace(g.outputs[k], int(k));
+  L.users.assign(g.nodes.size(), 0);
+  for (size_t i = 0; i < g.nodes.size(); ++i) {
+    auto& ins = g.nodes[i]->inputs;
+    for (size_t k = 0; k < ins.size(); ++k) {
+      bool seen = false;
+      for (size_t j = 0; j < k; ++j) seen |= ins[j] == ins[k];
+      if (!seen) L.users[g.index.at(ins[k].get())]++;
+    }
+  }
+  for (int o : g.outputs) L.users[o]++;
   L.vals.resize(g.nodes.size());
-  for (size_t i = 0; i < g.nodes.size(); ++i) L.vals[i] = L.lower_node(int(i));
+  for (size_t i = 0; i < g.nodes.size(); ++i) {
+    L.vals[i] = L.lower_node(int(i));
+    // Values computed by expressions are stored when the fusion pass is off, and for outputs.
+    if (L.vals[i].kind == Val::Expr && (!L.fuse || L.output_of_node.count(int(i)))) L.materialize(int(i));
+  }
   L.plan.output_slot.assign(g.outputs.size(), -1);
   for (size_t k = 0; k < g.outputs.size(); ++k) {
     int node = g.outputs[k];
@@ -327,7 +553,8 @@ bool try_donate(Plan& plan, int out, int p) {
   if (plan.slots[oslot].nbytes != plan.slots[pslot].nbytes || plan.slots[oslot].kind != kir::SlotKind::Output) return false;
   size_t producer = plan.steps.size();
   for (size_t s = 0; s < plan.steps.size(); ++s)
-    if (plan.steps[s].output == oslot) producer = s;
+    for (int o : plan.steps[s].outputs())
+      if (o == oslot) producer = s;
   if (producer == plan.steps.size()) return false;
   const Step& ps = plan.steps[producer];
   if (ps.kind != StepKind::Elementwise && ps.kind != StepKind::Copy) return false;
@@ -341,6 +568,8 @@ bool try_donate(Plan& plan, int out, int p) {
     for (int& x : st.inputs)
       if (x == oslot) x = pslot;
     if (st.output == oslot) st.output = pslot;
+    for (int& x : st.more_outputs)
+      if (x == oslot) x = pslot;
   }
   plan.output_slot[out] = pslot;
   return true;

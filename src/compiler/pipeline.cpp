@@ -15,8 +15,10 @@ Plan compile_graph(const ir::Graph& g, const std::vector<int>& donate_to) {
   if (pass_enabled("dce")) h = dce(h);
   dump_graph("ir-opt", h);
   Plan plan = lower(h, params);
-  if (pass_enabled("epilogue")) fuse_epilogues(plan);
+  // Scheduling sees single-output Steps; the merges after it keep its order valid.
   if (pass_enabled("schedule")) schedule(plan);
+  if (pass_enabled("epilogue")) fuse_epilogues(plan);
+  if (pass_enabled("merge")) merge_elementwise(plan);
   donate(plan, donate_to);
   plan_memory(plan);
   dump_plan(h, plan);

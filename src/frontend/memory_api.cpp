@@ -43,9 +43,9 @@ MemoryPlan from_plan(const compiler::Plan& plan) {
   std::vector<int> first(ns, -1), last(ns, -1);
   for (size_t s = 0; s < plan.steps.size(); ++s) {
     const kir::Step& st = plan.steps[s];
-    if (st.output >= 0) {
-      if (first[st.output] < 0) first[st.output] = int(s);
-      last[st.output] = int(s);
+    for (int o : st.outputs()) {
+      if (first[o] < 0) first[o] = int(s);
+      last[o] = int(s);
     }
     for (int x : st.inputs) last[x] = int(s);
   }

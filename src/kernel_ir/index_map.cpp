@@ -53,6 +53,21 @@ void ensure_mask(View& v) {
 
 IndexMap IndexMap::contiguous(const Shape& s) { return IndexMap{{plain(s)}}; }
 
+bool IndexMap::operator==(const IndexMap& o) const { return views == o.views; }
+
+size_t IndexMap::hash() const {
+  size_t h = views.size();
+  auto mix = [&](int64_t x) { h ^= size_t(x) + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2); };
+  for (const View& v : views) {
+    for (int64_t x : v.shape) mix(x);
+    for (int64_t x : v.strides) mix(x);
+    mix(v.offset);
+    for (int64_t x : v.lo) mix(x);
+    for (int64_t x : v.hi) mix(x);
+  }
+  return h;
+}
+
 bool IndexMap::is_contiguous() const {
   if (!single()) return false;
   const View& v = views[0];

@@ -17,6 +17,7 @@ struct View {
   std::vector<int64_t> lo, hi;      // mask per dimension (valid where lo <= i < hi); empty = none
 
   bool masked() const { return !lo.empty(); }
+  bool operator==(const View& o) const = default;
 };
 
 struct IndexMap {
@@ -41,6 +42,8 @@ struct IndexMap {
   // plain reshapes (dense, unmasked, offset 0) only renumber positions.
   size_t effective_top() const;
   std::string str() const;
+  bool operator==(const IndexMap& o) const;
+  size_t hash() const;
 };
 
 }  // namespace tessera::kir

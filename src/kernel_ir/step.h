@@ -22,6 +22,7 @@ enum class Code : uint8_t {
   Add, Sub, Mul, Div, Max, Min, Pow,
   Eq, Ne, Lt, Le, Gt, Ge,  // -> bool
   Where,                   // a ? b : c
+  RowSum, RowMax,          // Row Steps: a reduced over the row holding this position, at every position of the row
 };
 
 struct Instr {
@@ -42,6 +43,9 @@ enum class StepKind : uint8_t {
   Gather,       // out[i] = src[i with axis := index[i]]   (inputs: src, index)
   ScatterAdd,   // out = base; out[i with axis := index[i]] += src[i]   (inputs: base, index, src)
   DynamicUpdateSlice,  // out = base with update at clamped runtime offsets (inputs: base, update, offsets)
+  Row,          // program over `domain` whose RowSum/RowMax reduce each run of `row` consecutive
+                // positions; out = the program (shape == domain) or one value per row (the
+                // program is constant along rows; numel(shape) == numel(domain) / row)
 };
 const char* step_kind_name(StepKind k);
 
@@ -57,17 +61,30 @@ struct Step {
   DType dtype;   // of the output
   std::vector<int> inputs;  // slots read
   int output = -1;          // slot written (contiguous, row-major)
-  std::vector<Instr> program;   // Elementwise/Copy (domain = shape) and Reduce (domain = `domain`)
+  // Elementwise/Copy (domain = shape), Reduce and Row (domain = `domain`); Gemm: an epilogue
+  // over the product's positions, whose loads of the output slot read the product (empty: none).
+  std::vector<Instr> program;
   // Reduce: domain, sorted reduced axes, Op::ReduceSum or Op::ReduceMax.
   Shape domain;
+  int64_t row = 0;  // Row
   std::vector<int64_t> axes;
   ir::Op reduce_op = ir::Op::ReduceSum;
   // Gemm/Gather/ScatterAdd/DynamicUpdateSlice: one map per input (domain: that input's shape).
   std::vector<IndexMap> maps;
   std::vector<DType> input_dtypes;
   int64_t axis = 0;  // Gather/ScatterAdd
+  // Elementwise: further slots written (dense, the Step's shape), each with the instruction
+  // whose value it holds (the merge pass gives one Step several outputs).
+  std::vector<int> more_outputs, more_results;
   std::vector<Source> sources;
   ir::Cost cost;
+
+  // Every slot written: output, then more_outputs.
+  std::vector<int> outputs() const {
+    std::vector<int> o{output};
+    o.insert(o.end(), more_outputs.begin(), more_outputs.end());
+    return o;
+  }
 
   std::string str() const;  // one line, for dumps and errors
 };

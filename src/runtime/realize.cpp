@@ -213,9 +213,12 @@ std::vector<std::shared_ptr<Buffer>> realize(const std::vector<Request>& req, Rn
   std::vector<unsigned char> pattern(guard ? guard + 64 : 0, kGuardByte), seen(pattern.size());
   for (size_t s = 0; s < plan.steps.size(); ++s) {
     const kir::Step& st = plan.steps[s];
-    bool guarded = guard && st.output >= 0 && plan.slots[st.output].kind == kir::SlotKind::Temp;
-    if (guarded)
-      for (auto [b, e] : guard_ranges(plan.slots[st.output], guard))
+    std::vector<int> guarded;  // temporaries this Step writes
+    if (guard)
+      for (int o : st.outputs())
+        if (plan.slots[o].kind == kir::SlotKind::Temp) guarded.push_back(o);
+    for (int o : guarded)
+      for (auto [b, e] : guard_ranges(plan.slots[o], guard))
         be.copy_in(static_cast<char*>(arena->data) + b, pattern.data(), e - b);
     if (!time_steps) {
       be.launch(*exe->kernels[s], st, args);
@@ -226,9 +229,10 @@ std::vector<std::shared_ptr<Buffer>> realize(const std::vector<Request>& req, Rn
                    shape_str(st.shape).c_str(), double(since_ns(ts0)) / 1e6, st.sources[0].op.c_str(), st.sources[0].scope.c_str());
     }
     if (hook) hook(int(s), slots.data());
-    if (!guarded) continue;
+    if (guarded.empty()) continue;
     be.synchronize();
-    const kir::Slot& sl = plan.slots[st.output];
+    for (int o : guarded) {
+    const kir::Slot& sl = plan.slots[o];
     for (auto [b, e] : guard_ranges(sl, guard)) {
       be.copy_out(seen.data(), static_cast<char*>(arena->data) + b, e - b);
       g_guard_checked += int64_t(e - b);
@@ -239,9 +243,10 @@ std::vector<std::shared_ptr<Buffer>> realize(const std::vector<Request>& req, Rn
           std::snprintf(what, sizeof what, "the arena guard byte at offset %lld %s changed (0x%02x, expected 0x%02x)",
                         (long long)at, at < 0 ? "before its start" : "after its end", seen[i], kGuardByte);
           fail("sync", step_label(plan, s) + " wrote outside its " + std::to_string(sl.nbytes) + "-byte buffer (slot " +
-                           std::to_string(st.output) + "): " + what,
+                           std::to_string(o) + "): " + what,
                st.sources.empty() ? "" : st.sources[0].scope);
         }
+    }
     }
   }
   be.synchronize();

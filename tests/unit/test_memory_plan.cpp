@@ -236,9 +236,11 @@ TEST(MemoryPlan, ScheduleKeepsResultsAndDonationsOfAGptStep) {
   auto plan = runtime::compile_only(req);
   std::vector<bool> written(plan->slots.size(), false);
   for (size_t s = 0; s < plan->steps.size(); ++s) {
+    // A GEMM's epilogue reads the product from the Step's own output.
+    if (plan->steps[s].kind == kir::StepKind::Gemm) written[plan->steps[s].output] = true;
     for (int x : plan->steps[s].inputs)
       EXPECT_TRUE(written[x] || plan->slots[x].kind == kir::SlotKind::Param) << "step " << s << " reads slot " << x;
-    written[plan->steps[s].output] = true;
+    for (int o : plan->steps[s].outputs()) written[o] = true;
   }
 }
 
@@ -250,7 +252,9 @@ TEST(MemoryPlan, SchedulePassIsFastOnABigGraph) {
   ir::Graph g = ir::build_graph(outs);
   std::vector<ir::NodePtr> params;
   for (int p : g.params) params.push_back(g.nodes[p]);
+  compiler::set_disabled_passes("fuse");  // unfused: the largest plan of this graph
   compiler::Plan lowered = compiler::lower(g, params);
+  compiler::set_disabled_passes("");
   // Best of three (the machine may be shared).
   double ms = 1e9, mp_ms = 1e9;
   compiler::Plan plan;

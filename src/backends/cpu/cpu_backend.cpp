@@ -198,19 +198,22 @@ void tile_offsets(const IndexMap& m, int64_t start, int64_t n, int64_t* off, uin
 }
 
 struct Scratch {
-  std::vector<double> regs;  // kTile 8-byte lanes per instruction
+  std::vector<double> regs;  // `lanes` 8-byte lanes per instruction
+  int64_t lanes = kTile;
   std::vector<int64_t> off;
   std::vector<uint8_t> valid;
-  std::vector<int64_t> idx;
 };
-Scratch& scratch(size_t ninstr) {
+// Registers for ninstr instructions of `lanes` elements (Row Steps hold whole rows, so more).
+Scratch& scratch(size_t ninstr, int64_t lanes = kTile) {
   thread_local Scratch s;
-  if (s.regs.size() < ninstr * kTile) s.regs.resize(ninstr * kTile);
-  if (s.off.size() < size_t(kTile)) s.off.resize(kTile), s.valid.resize(kTile);
+  lanes = std::max(lanes, kTile);
+  if (s.lanes != lanes) s.lanes = lanes, s.regs.clear();
+  if (s.regs.size() < ninstr * size_t(lanes)) s.regs.resize(ninstr * size_t(lanes));
+  if (s.off.size() < size_t(lanes)) s.off.resize(size_t(lanes)), s.valid.resize(size_t(lanes));
   return s;
 }
 
-template <class T> T* reg(Scratch& sc, int i) { return reinterpret_cast<T*>(sc.regs.data() + size_t(i) * kTile); }
+template <class T> T* reg(Scratch& sc, int i) { return reinterpret_cast<T*>(sc.regs.data() + size_t(i) * size_t(sc.lanes)); }
 
 template <class T> inline T nan_max(T a, T b) {
   if constexpr (std::is_floating_point_v<T>) {
@@ -267,8 +270,9 @@ void load_strided(const Instr& I, const void* base_ptr, int64_t start, int64_t n
 }
 
 // Evaluates `prog` for domain positions [start, start + n) (n <= kTile); results in registers.
+// Row Steps pass `row`: then start and n are multiples of it and RowSum/RowMax reduce each run.
 void run_program(const std::vector<Instr>& prog, const std::vector<const void*>& in, const Shape& domain,
-                 int64_t start, int64_t n, const LaunchArgs& args, Scratch& sc) {
+                 int64_t start, int64_t n, const LaunchArgs& args, Scratch& sc, int64_t row = 0) {
   for (size_t k = 0; k < prog.size(); ++k) {
     const Instr& I = prog[k];
     int ki = int(k);
@@ -380,6 +384,27 @@ void run_program(const std::vector<Instr>& prog, const std::vector<const void*>&
           }
         });
         break;
+      case Code::RowSum:
+      case Code::RowMax:
+        with_compute(I.dtype, [&](auto* tp) {
+          using T = std::remove_pointer_t<decltype(tp)>;
+          using Acc = std::conditional_t<std::is_floating_point_v<T>, double, int64_t>;
+          const T* a = reg<T>(sc, I.a);
+          T* out = reg<T>(sc, ki);
+          for (int64_t r0 = 0; r0 < n; r0 += row) {  // in order: deterministic
+            T v;
+            if (I.code == Code::RowSum) {
+              Acc s = 0;
+              for (int64_t q = 0; q < row; ++q) s += Acc(a[r0 + q]);
+              v = T(s);
+            } else {
+              v = std::is_floating_point_v<T> ? -std::numeric_limits<T>::infinity() : std::numeric_limits<T>::lowest();
+              for (int64_t q = 0; q < row; ++q) v = nan_max(v, a[r0 + q]);
+            }
+            std::fill_n(out + r0, row, v);
+          }
+        });
+        break;
       case Code::Where:
         with_compute(I.dtype, [&](auto* tp) {
           using T = std::remove_pointer_t<decltype(tp)>;
@@ -421,19 +446,22 @@ void run_program(const std::vector<Instr>& prog, const std::vector<const void*>&
   }
 }
 
-// Stores the last register of the program into out[start, start + n).
-void store_tile(const Step& st, void* out, int64_t start, int64_t n, Scratch& sc) {
-  int last = int(st.program.size()) - 1;
-  with_compute(st.dtype, [&](auto* tp) {
+// Stores register r (of dtype t) into out[start, start + n).
+void store_reg(DType t, int r, void* out, int64_t start, int64_t n, Scratch& sc) {
+  with_compute(t, [&](auto* tp) {
     using T = std::remove_pointer_t<decltype(tp)>;
-    const T* r = reg<T>(sc, last);
-    with_storage(st.dtype, [&](auto* sp) {
+    const T* v = reg<T>(sc, r);
+    with_storage(t, [&](auto* sp) {
       using S = std::remove_pointer_t<decltype(sp)>;
       S* o = static_cast<S*>(out) + start;
-      if constexpr (std::is_same_v<S, T>) std::memcpy(o, r, size_t(n) * sizeof(T));
-      else for (int64_t i = 0; i < n; ++i) o[i] = store_as<S>(r[i]);
+      if constexpr (std::is_same_v<S, T>) std::memcpy(o, v, size_t(n) * sizeof(T));
+      else for (int64_t i = 0; i < n; ++i) o[i] = store_as<S>(v[i]);
     });
   });
+}
+// Stores the Step's result (the last register) and any further outputs.
+void store_tile(const Step& st, void* out, int64_t start, int64_t n, Scratch& sc) {
+  store_reg(st.dtype, int(st.program.size()) - 1, out, start, n, sc);
 }
 
 std::vector<const void*> inputs_of(const Step& st, const LaunchArgs& a) {
@@ -453,6 +481,41 @@ void run_elementwise(const Step& st, const LaunchArgs& args) {
     int64_t start = t * kTile, n = std::min(kTile, total - start);
     run_program(st.program, in, st.shape, start, n, args, sc);
     store_tile(st, out, start, n, sc);
+    for (size_t k = 0; k < st.more_outputs.size(); ++k) {
+      int r = st.more_results[k];
+      store_reg(st.program[r].dtype, r, args.slots[st.more_outputs[k]], start, n, sc);
+    }
+  }
+}
+
+// Row: tiles of whole rows; the output is the program (one value per position) or, when the
+// Step's shape has one element per row, the first lane of each row.
+void run_row(const Step& st, const LaunchArgs& args) {
+  int64_t total = numel(st.domain), row = st.row;
+  int64_t rows_per_tile = std::max<int64_t>(1, kTile / row), lanes = rows_per_tile * row;
+  int64_t ntiles = (total + lanes - 1) / lanes;
+  bool per_row = numel(st.shape) != total;
+  auto in = inputs_of(st, args);
+  void* out = args.slots[st.output];
+  int last = int(st.program.size()) - 1;
+#pragma omp parallel for schedule(static) if (total >= kParallelMin && ntiles > 1)
+  for (int64_t t = 0; t < ntiles; ++t) {
+    Scratch& sc = scratch(st.program.size(), lanes);
+    int64_t start = t * lanes, n = std::min(lanes, total - start);
+    run_program(st.program, in, st.domain, start, n, args, sc, row);
+    if (!per_row) {
+      store_tile(st, out, start, n, sc);
+      continue;
+    }
+    with_compute(st.dtype, [&](auto* tp) {
+      using T = std::remove_pointer_t<decltype(tp)>;
+      const T* r = reg<T>(sc, last);
+      with_storage(st.dtype, [&](auto* sp) {
+        using S = std::remove_pointer_t<decltype(sp)>;
+        S* o = static_cast<S*>(out) + start / row;
+        for (int64_t j = 0; j < n / row; ++j) o[j] = store_as<S>(r[j * row]);
+      });
+    });
   }
 }
 
@@ -686,8 +749,22 @@ void run_gemm(const Step& st, const LaunchArgs& args) {
   char* out = static_cast<char*>(args.slots[st.output]);
   size_t elem = itemsize(st.dtype);
   if (M * N == 0) return;
+  std::vector<const void*> epi_in = inputs_of(st, args);
+  // The epilogue over rows [m0, m1) and columns [n0, n1) of batch b, while they are in cache:
+  // its loads of the output slot read the product.
+  auto epilogue = [&](int64_t b, int64_t m0, int64_t m1, int64_t n0, int64_t n1) {
+    if (st.program.empty()) return;
+    Scratch& sc = scratch(st.program.size());
+    for (int64_t i = m0; i < m1; ++i)
+      for (int64_t p = b * M * N + i * N + n0, e = b * M * N + i * N + n1; p < e; p += kTile) {
+        int64_t n = std::min(kTile, e - p);
+        run_program(st.program, epi_in, st.shape, p, n, args, sc);
+        store_tile(st, out, p, n, sc);
+      }
+  };
   if (K == 0) {
     std::memset(out, 0, size_t(nb * M * N) * elem);
+    for (int64_t b = 0; b < nb; ++b) epilogue(b, 0, M, 0, N);
     return;
   }
   GemmOperand A = gemm_operand(av, args.slots[st.inputs[0]], st.dtype);
@@ -712,6 +789,7 @@ void run_gemm(const Step& st, const LaunchArgs& args) {
           if (st.dtype == DType::Int32) reinterpret_cast<int32_t*>(c)[i * N + j] = int32_t(sum);
           else reinterpret_cast<int64_t*>(c)[i * N + j] = sum;
         }
+      epilogue(b, m0, m1, n0, n1);
       return;
     }
     ao += A.trans ? m0 : m0 * A.ld;
@@ -724,6 +802,7 @@ void run_gemm(const Step& st, const LaunchArgs& args) {
     else
       cblas_dgemm(CblasRowMajor, ta, tb, m1 - m0, n1 - n0, K, 1.0, static_cast<const double*>(A.data) + ao, A.ld,
                   static_cast<const double*>(B.data) + bo, B.ld, 0.0, reinterpret_cast<double*>(c), N);
+    epilogue(b, m0, m1, n0, n1);
   };
   // Our pool runs the BLAS over fixed blocks (128 rows; 128 columns too when the matrix is only
   // a row block tall): blocks do not depend on the thread count, so results are bit-identical
@@ -805,6 +884,7 @@ class CpuBackend : public Backend {
         break;
       }
       case StepKind::Gemm: run_gemm(st, args); break;
+      case StepKind::Row: run_row(st, args); break;
       case StepKind::Gather: run_gather(st, args, st.dtype, st.input_dtypes.at(1)); break;
       case StepKind::ScatterAdd: run_scatter_add(st, args, st.dtype, st.input_dtypes.at(1)); break;
       case StepKind::DynamicUpdateSlice: run_dus(st, args); break;

@@ -143,9 +143,9 @@ void plan_memory(Plan& plan) {
   std::vector<int> first(ns, -1), last(ns, -1);
   for (size_t s = 0; s < nsteps; ++s) {
     const kir::Step& st = plan.steps[s];
-    if (st.output >= 0) {
-      if (first[st.output] < 0) first[st.output] = int(s);
-      last[st.output] = std::max(last[st.output], int(s));
+    for (int o : st.outputs()) {
+      if (first[o] < 0) first[o] = int(s);
+      last[o] = std::max(last[o], int(s));
     }
     for (int x : st.inputs) last[x] = std::max(last[x], int(s));
   }

@@ -5,8 +5,10 @@
 //   cse       IR -> IR   merges nodes equal but for their scope (interning merges the rest)
 //   dce       IR -> IR   drops nodes no output needs
 //   fuse      lowering   elementwise chains, maps and same-axis row reductions into one Step
-//   epilogue  Steps      elementwise consumers of a GEMM applied per row block inside it
 //   schedule  Steps      a topological order chosen to lower the peak of live bytes
+//   epilogue  Steps      elementwise consumers of a GEMM applied per row block inside it
+//   merge     Steps      elementwise Steps over the same positions that share inputs, or where one
+//                        reads the other's result element for element, become one multi-output Step
 //   memplan   Steps      temporaries share one arena by lifetime (off: each gets its own bytes)
 #pragma once
 #include <string>
@@ -34,6 +36,7 @@ ir::Graph dce(const ir::Graph& g);
 
 // Step passes rewrite plan.steps in place (before donation and memory planning).
 void fuse_epilogues(Plan& plan);
+void merge_elementwise(Plan& plan);
 void schedule(Plan& plan);
 // Places temporaries in the arena and fills plan.memory (peak, the Step at the peak, what is live).
 void plan_memory(Plan& plan);

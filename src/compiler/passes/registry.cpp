@@ -42,7 +42,7 @@ void check_names(const std::set<std::string>& s) {
 }  // namespace
 
 const std::vector<std::string>& pass_names() {
-  static const std::vector<std::string> names = {"simplify", "cse", "dce", "fuse", "epilogue", "schedule", "memplan"};
+  static const std::vector<std::string> names = {"simplify", "cse", "dce", "fuse", "schedule", "epilogue", "merge", "memplan"};
   return names;
 }
 

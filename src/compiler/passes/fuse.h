@@ -1,0 +1,43 @@
+// Fusion (the "fuse" pass): while lowering, elementwise nodes, the index maps that read them and
+// reductions over trailing axes stay pending expressions (Frags) instead of becoming Steps; the
+// consumer pastes them into its own program. This header holds the expression type and the
+// policy: when a pending expression may be duplicated into several consumers, how large it may
+// grow, and which rows a Row Step may reduce.
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <unordered_map>
+#include <vector>
+
+#include "kernel_ir/step.h"
+
+namespace tessera::compiler {
+
+// An expression being fused: instructions over row-major positions of some domain, with
+// common subexpressions merged as they are added. Load instructions name buffer slots directly
+// in `input`; they become Step input numbers when the expression is emitted as a Step.
+struct Frag {
+  std::vector<kir::Instr> ins;
+
+  // Appends an instruction (operands a/b/c index ins), or returns an equal one's index.
+  int add(const kir::Instr& in);
+  // Appends all of other's instructions (deduplicated) and returns the index of its result.
+  int paste(const Frag& other);
+  // A copy with `edit` applied to every instruction (e.g. to move its loads' maps).
+  Frag rebuilt(const std::function<void(kir::Instr&)>& edit) const;
+  // Rough cost of recomputing it: non-load instructions, reductions counted heavier.
+  int weight() const;
+  bool has(kir::Code c) const;
+
+ private:
+  std::unordered_multimap<size_t, int> seen_;
+};
+
+// Policy.
+constexpr size_t kMaxFragInstrs = 96;   // larger expressions are cut: their operands become Steps
+constexpr int kMaxDuplicateWeight = 12; // a pending expression read by several nodes is
+                                        // recomputed in each when at most this heavy
+constexpr int64_t kMaxRow = 1 << 14;    // longest row a Row Step reduces (else a Reduce Step)
+constexpr int kExpandRecomputeWeight = 2;  // heavier expressions are stored before a broadcast
+
+}  // namespace tessera::compiler

@@ -1,0 +1,122 @@
+#include <algorithm>
+#include <unordered_map>
+
+#include "compiler/passes/fuse.h"
+#include "compiler/passes/passes.h"
+
+namespace tessera::compiler {
+namespace {
+
+bool identity(const kir::Instr& in, const Shape& s) {
+  return in.map.is_contiguous() && in.map.views[0].offset == 0 && in.map.shape() == s;
+}
+
+// B's program appended to A's: B's loads of A's outputs become A's registers.
+void absorb(kir::Step& A, const kir::Step& B) {
+  std::vector<int> outs = A.outputs();
+  std::vector<int> results{int(A.program.size()) - 1};
+  results.insert(results.end(), A.more_results.begin(), A.more_results.end());
+  std::vector<int> at(B.program.size());
+  for (size_t k = 0; k < B.program.size(); ++k) {
+    kir::Instr in = B.program[k];
+    if (in.code == kir::Code::Load) {
+      int slot = B.inputs[in.input];
+      auto o = std::find(outs.begin(), outs.end(), slot);
+      if (o != outs.end()) {
+        at[k] = results[o - outs.begin()];
+        continue;
+      }
+      auto it = std::find(A.inputs.begin(), A.inputs.end(), slot);
+      in.input = int(it - A.inputs.begin());
+      if (it == A.inputs.end()) A.inputs.push_back(slot);
+    }
+    if (in.a >= 0) in.a = at[in.a];
+    if (in.b >= 0) in.b = at[in.b];
+    if (in.c >= 0) in.c = at[in.c];
+    A.program.push_back(in);
+    at[k] = int(A.program.size()) - 1;
+  }
+  // A's own result must stay last: move the result register references.
+  int a_last = results[0];
+  A.more_outputs.push_back(B.output);
+  A.more_results.push_back(at.back());
+  for (size_t j = 0; j < B.more_outputs.size(); ++j) {
+    A.more_outputs.push_back(B.more_outputs[j]);
+    A.more_results.push_back(at[B.more_results[j]]);
+  }
+  A.program.push_back(A.program[a_last]);  // A's result stays last: one instruction evaluated again
+  A.sources.insert(A.sources.end(), B.sources.begin(), B.sources.end());
+  A.cost.flops += B.cost.flops;
+  A.cost.bytes += B.cost.bytes;
+}
+
+}  // namespace
+
+// Elementwise Steps over the same shape are merged when B (later) shares an input with A or
+// reads A's outputs, only element for element. The merged Step goes where A was when all of
+// B's other inputs are written before A, else where B was when no Step between them reads A's
+// outputs; otherwise the pair is left alone.
+void merge_elementwise(Plan& plan) {
+  auto& steps = plan.steps;
+  std::vector<int> writer(plan.slots.size(), -1);
+  for (size_t s = 0; s < steps.size(); ++s)
+    for (int o : steps[s].outputs()) writer[o] = int(s);
+  std::vector<bool> gone(steps.size(), false);
+  std::unordered_map<int, std::vector<int>> readers_of;  // slot -> elementwise Steps reading it so far
+  for (size_t b = 0; b < steps.size(); ++b) {
+    kir::Step& B = steps[b];
+    if (B.kind != kir::StepKind::Elementwise) continue;
+    int target = -1;
+    for (int x : B.inputs) {
+      std::vector<int> cands = readers_of[x];
+      if (writer[x] >= 0 && steps[writer[x]].kind == kir::StepKind::Elementwise) cands.push_back(writer[x]);
+      for (int a : cands) {
+        if (gone[a] || a == int(b)) continue;
+        kir::Step& A = steps[a];
+        if (A.shape != B.shape || A.program.size() + B.program.size() > 2 * kMaxFragInstrs) continue;
+        std::vector<int> outs = A.outputs();
+        bool ok = true;
+        for (const kir::Instr& in : B.program)
+          if (in.code == kir::Code::Load && std::count(outs.begin(), outs.end(), B.inputs[in.input]))
+            ok &= identity(in, B.shape);
+        if (!ok) continue;
+        // Where can the merged Step run?
+        bool at_a = true;
+        for (int y : B.inputs)
+          if (!std::count(outs.begin(), outs.end(), y) && writer[y] > a) at_a = false;
+        bool at_b = true;
+        for (size_t m = a + 1; m < b && at_b; ++m) {
+          if (gone[m]) continue;
+          for (int y : steps[m].inputs) at_b &= !std::count(outs.begin(), outs.end(), y);
+        }
+        if (at_a || at_b) {
+          target = a;
+          if (!at_a) {  // run at B's position: move A's Step there
+            std::swap(steps[a], steps[b]);
+            for (int o : steps[b].outputs()) writer[o] = int(b);
+            target = int(b);
+            absorb(steps[b], steps[a]);
+            for (int o : steps[b].outputs()) writer[o] = int(b);
+            for (int y : steps[b].inputs) readers_of[y].push_back(int(b));
+            gone[a] = true;
+          } else {
+            absorb(A, B);
+            for (int o : A.outputs()) writer[o] = a;
+            for (int y : A.inputs) readers_of[y].push_back(a);
+            gone[b] = true;
+          }
+          break;
+        }
+      }
+      if (target >= 0) break;
+    }
+    if (target < 0)
+      for (int x : B.inputs) readers_of[x].push_back(int(b));
+  }
+  std::vector<kir::Step> kept;
+  for (size_t s = 0; s < steps.size(); ++s)
+    if (!gone[s]) kept.push_back(std::move(steps[s]));
+  steps = std::move(kept);
+}
+
+}  // namespace tessera::compiler

@@ -1,0 +1,100 @@
+// Fusion: how many Steps common patterns become, and that fused results equal unfused ones.
+#include <gtest/gtest.h>
+
+#include "compiler/passes/passes.h"
+#include "tessera/tessera.h"
+#include "test_util.h"
+
+using namespace tessera;
+using namespace tessera::testing;
+
+namespace {
+
+// Steps launched and values of f()'s result (f's inputs are realized before counting).
+struct Run {
+  int64_t steps;
+  std::vector<double> values;
+};
+template <class F>
+Run run(F&& f) {
+  int64_t before = metrics().steps_launched;
+  Tensor y = f();
+  auto v = y.to_vector<double>();  // realizes y's graph alone
+  int64_t steps = metrics().steps_launched - before;
+  return {steps, v};
+}
+
+// Runs f with every pass on and with every pass off; results must agree.
+template <class F>
+int64_t fused_steps(F&& f) {
+  compiler::set_disabled_passes("all");
+  Run off = run(f);
+  compiler::set_disabled_passes("");
+  Run on = run(f);
+  EXPECT_LE(normalized_error(on.values, off.values), 1e-6);
+  EXPECT_LT(on.steps, off.steps);
+  return on.steps;
+}
+
+struct PassesOn : ::testing::Test {
+  void TearDown() override { compiler::set_disabled_passes(""); }
+};
+
+TEST_F(PassesOn, BiasGeluDropoutAfterMatmulIsOneGemmStep) {
+  Tensor x = random_tensor({64, 32}, DType::Float32, 1), w = random_tensor({48, 32}, DType::Float32, 2);
+  Tensor b = random_tensor({48}, DType::Float32, 3);
+  nn::Dropout drop(0.25);
+  drop.train();
+  EXPECT_EQ(fused_steps([&] {
+              manual_seed(7);
+              return drop.forward(gelu(matmul(x, w.transpose(0, 1)) + b));
+            }),
+            1);
+}
+
+TEST_F(PassesOn, SoftmaxIsOneRowStep) {
+  Tensor x = random_tensor({64, 100}, DType::Float32, 4, -4, 4);
+  EXPECT_EQ(fused_steps([&] { return softmax(x, -1); }), 1);
+  EXPECT_EQ(fused_steps([&] { return softmax(x.reshape({8, 8, 100}), 2); }), 1);
+}
+
+TEST_F(PassesOn, LayerNormForwardIsOneRowStep) {
+  Tensor x = random_tensor({32, 128}, DType::Float32, 5, -3, 3);
+  Tensor w = random_tensor({128}, DType::Float32, 6), b = random_tensor({128}, DType::Float32, 7);
+  EXPECT_EQ(fused_steps([&] { return layer_norm(x, {128}, w, b); }), 1);
+}
+
+TEST_F(PassesOn, FusedRowStepsMatchTheFloat64Reference) {
+  Tensor x = random_tensor({16, 33}, DType::Float32, 8, -4, 4);
+  EXPECT_TRUE(matches_reference(softmax(x, -1)));
+  EXPECT_TRUE(matches_reference(log_softmax(x, 1)));
+  EXPECT_TRUE(matches_reference(layer_norm(x, {33})));
+  EXPECT_TRUE(matches_reference(softmax(x, 0)));  // not a trailing axis: a Reduce Step
+}
+
+// The benchmark GPT (bench/gpt_step.cpp): a whole training step — forward, cross entropy,
+// backward and the AdamW update — as one graph of at most 300 Steps.
+TEST_F(PassesOn, GptTrainingStepLaunchesAtMost300Steps) {
+  compiler::set_disabled_passes("");
+  manual_seed(0);
+  nn::GPTConfig cfg{.vocab = 114, .block = 64, .embd = 128, .heads = 4, .layers = 4, .dropout = 0.0, .bias = true,
+                    .tied_head = false};
+  nn::GPT model(cfg);
+  model.train();
+  optim::AdamW opt(model.parameters(), {.lr = 3e-3, .weight_decay = 0.1});
+  Tensor x = random_int({16, 64}, 0, 113, DType::Int64, 1), y = random_int({16, 64}, 0, 113, DType::Int64, 2);
+  int64_t steps = 0;
+  for (int i = 0; i < 3; ++i) {
+    int64_t before = metrics().steps_launched;
+    Tensor loss = model.loss(x, y);
+    loss.backward();
+    opt.step();
+    opt.zero_grad();
+    loss.item();
+    steps = metrics().steps_launched - before;
+  }
+  std::printf("GPT training step: %lld Steps\n", (long long)steps);
+  EXPECT_LE(steps, 300);
+}
+
+}  // namespace
