@@ -1,5 +1,7 @@
 #include "compiler/passes/fuse.h"
 
+#include <cstring>
+
 namespace tessera::compiler {
 namespace {
 
@@ -10,7 +12,9 @@ size_t instr_hash(const kir::Instr& in) {
   mix(size_t(in.b + 1));
   mix(size_t(in.c + 1));
   mix(size_t(in.input + 1));
-  mix(std::hash<double>()(in.value));
+  uint64_t vb;
+  std::memcpy(&vb, &in.value, 8);
+  mix(size_t(vb));
   mix(size_t(in.i0));
   mix(size_t(in.i1));
   if (in.code == kir::Code::Load) mix(in.map.hash());
@@ -19,7 +23,7 @@ size_t instr_hash(const kir::Instr& in) {
 
 bool same(const kir::Instr& x, const kir::Instr& y) {
   return x.code == y.code && x.dtype == y.dtype && x.a == y.a && x.b == y.b && x.c == y.c && x.input == y.input &&
-         (x.value == y.value || (x.value != x.value && y.value != y.value)) && x.i0 == y.i0 && x.i1 == y.i1 &&
+         std::memcmp(&x.value, &y.value, 8) == 0 && x.i0 == y.i0 && x.i1 == y.i1 &&  // -0 is not 0
          (x.code != kir::Code::Load || x.map == y.map);
 }
 
