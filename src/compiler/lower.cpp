@@ -217,6 +217,14 @@ struct Lowerer {
     return r;
   }
 
+  // True when moving an expression stacked views onto one of its loads.
+  static bool deeper(const Frag& before, const Frag& after) {
+    size_t a = 0, b = 0;
+    for (auto& in : before.ins) a = std::max(a, in.map.views.size());
+    for (auto& in : after.ins) b = std::max(b, in.map.views.size());
+    return b > a;
+  }
+
   Val lower_movement(int i) {
     const Node& n = *g.nodes[i];
     int x = g.index.at(n.inputs[0].get());
@@ -245,14 +253,25 @@ struct Lowerer {
         xv = vals[x];
       } else {
         Val r = move_expr(xv, n.shape, apply);
-        r.nodes.push_back(i);
-        return r;
+        if (!deeper(xv.frag, r.frag)) {
+          r.nodes.push_back(i);
+          return r;
+        }
+        materialize(x);  // a reshape no strides express: store the expression densely first
+        xv = vals[x];
       }
     }
     if (xv.kind == Val::Const || (n.op == Op::Pad && xv.map.views.back().masked() && xv.value != n.attrs.f))
       xv = vals[x] = strided(x, x);
     Val v = xv;
     v.map = apply(v.map);
+    if (n.op == Op::Reshape && fuse && v.map.views.size() > xv.map.views.size()) {
+      // No strides express this reshape of the view: reading it would unravel every position
+      // through stacked views, so the view is copied densely once and reshaped for free.
+      xv = vals[x] = copy_to_slot(x, x, kir::SlotKind::Temp, 0);
+      v = xv;
+      v.map = apply(v.map);
+    }
     if (n.op == Op::Pad) v.value = n.attrs.f;
     return v;
   }

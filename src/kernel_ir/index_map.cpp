@@ -79,6 +79,47 @@ bool IndexMap::is_contiguous() const {
   return true;
 }
 
+// A masked view reshaped in place: the dimensions are restrided, and every group of old
+// dimensions that becomes a group of new ones (equal products) either has no mask or has one
+// dimension longer than 1 on each side, which keeps its mask.
+static bool masked_reshape(const View& v, const Shape& s, View& out) {
+  std::vector<int64_t> st;
+  if (numel(v.shape) == 0 || !restride(v.shape, v.strides, s, st)) return false;
+  View r;
+  r.shape = s;
+  r.strides = st;
+  r.offset = v.offset;
+  r.lo.assign(s.size(), 0);
+  r.hi = s;
+  bool empty = false;
+  for (size_t d = 0; d < v.shape.size(); ++d) empty |= v.lo[d] >= v.hi[d];
+  size_t i = 0, j = 0, no = v.shape.size(), nn = s.size();
+  while (i < no || j < nn) {
+    size_t i0 = i, j0 = j;
+    int64_t po = i < no ? v.shape[i++] : 1, pn = j < nn ? s[j++] : 1;
+    while (po != pn) {
+      if (po < pn && i < no) po *= v.shape[i++];
+      else if (pn < po && j < nn) pn *= s[j++];
+      else return false;
+    }
+    int masked_old = -1, long_old = 0, long_new = -1, n_long_new = 0;
+    for (size_t a = i0; a < i; ++a) {
+      if (v.lo[a] != 0 || v.hi[a] != v.shape[a]) masked_old = int(a);
+      long_old += v.shape[a] > 1;
+    }
+    for (size_t b = j0; b < j; ++b)
+      if (s[b] > 1) long_new = int(b), n_long_new++;
+    if (masked_old < 0 || empty) continue;
+    if (long_old != 1 || n_long_new != 1 || v.shape[masked_old] <= 1) return false;
+    r.lo[long_new] = v.lo[masked_old];
+    r.hi[long_new] = v.hi[masked_old];
+  }
+  if (empty && !s.empty()) r.lo[0] = r.hi[0] = 0;
+  if (empty && s.empty()) return false;
+  out = r;
+  return true;
+}
+
 IndexMap IndexMap::reshape(const Shape& s) const {
   IndexMap r = *this;
   View& top = r.views.back();
@@ -87,6 +128,11 @@ IndexMap IndexMap::reshape(const Shape& s) const {
   if (!top.masked() && restride(top.shape, top.strides, s, st)) {
     top.shape = s;
     top.strides = st;
+    return r;
+  }
+  View m;
+  if (top.masked() && masked_reshape(top, s, m)) {
+    top = m;
     return r;
   }
   r.views.push_back(plain(s));  // index -> linear position in the previous view -> unravel

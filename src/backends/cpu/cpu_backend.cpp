@@ -228,15 +228,17 @@ template <class T> inline T nan_min(T a, T b) {
   return a < b ? a : b;
 }
 
-// A load through one unmasked strided view: copied run by run along the last dimension
-// (contiguous runs as plain copies, broadcast runs as fills), no offset arrays.
+// A load through one strided view: copied run by run along the last dimension (contiguous runs
+// as plain copies, broadcast runs as fills, masked parts as pad fills), no offset arrays.
 void load_strided(const Instr& I, const void* base_ptr, int64_t start, int64_t n, Scratch& sc, int ki) {
   const kir::View& v = I.map.views[0];
   const Shape& s = v.shape;
   size_t r = s.size();
+  bool masked = v.masked();
   with_compute(I.dtype, [&](auto* tp) {
     using T = std::remove_pointer_t<decltype(tp)>;
     T* out = reg<T>(sc, ki);
+    T pad = T(I.value);
     with_storage(I.dtype, [&](auto* sp) {
       using S = std::remove_pointer_t<decltype(sp)>;
       const S* src = static_cast<const S*>(base_ptr);
@@ -248,18 +250,30 @@ void load_strided(const Instr& I, const void* base_ptr, int64_t start, int64_t n
       unravel(start, s, idx);
       int64_t last = int64_t(r) - 1, inner = s[last], st = v.strides[last];
       for (int64_t i = 0; i < n;) {
-        int64_t o = v.offset;
-        for (int64_t d = 0; d < last; ++d) o += idx[d] * v.strides[d];
-        int64_t run = std::min(n - i, inner - idx[last]);
-        const S* p = src + o + idx[last] * st;
+        int64_t a = idx[last], run = std::min(n - i, inner - a), va = a, vb = a + run;
+        if (masked) {  // the valid part [va, vb) of this run
+          bool row_ok = true;
+          for (int64_t d = 0; d < last; ++d) row_ok &= idx[d] >= v.lo[d] && idx[d] < v.hi[d];
+          va = row_ok ? std::clamp(v.lo[last], a, a + run) : a;
+          vb = row_ok ? std::clamp(v.hi[last], va, a + run) : a;
+        }
         T* q = out + i;
-        if (st == 1) {
-          if constexpr (std::is_same_v<S, T>) std::memcpy(q, p, size_t(run) * sizeof(T));
-          else for (int64_t j = 0; j < run; ++j) q[j] = to_c<T>(p[j]);
-        } else if (st == 0) {
-          std::fill_n(q, run, to_c<T>(*p));
-        } else {
-          for (int64_t j = 0; j < run; ++j) q[j] = to_c<T>(p[j * st]);
+        std::fill(q, q + (va - a), pad);
+        std::fill(q + (vb - a), q + run, pad);
+        if (vb > va) {
+          int64_t o = v.offset;
+          for (int64_t d = 0; d < last; ++d) o += idx[d] * v.strides[d];
+          const S* p = src + o + va * st;
+          T* w = q + (va - a);
+          int64_t m = vb - va;
+          if (st == 1) {
+            if constexpr (std::is_same_v<S, T>) std::memcpy(w, p, size_t(m) * sizeof(T));
+            else for (int64_t j = 0; j < m; ++j) w[j] = to_c<T>(p[j]);
+          } else if (st == 0) {
+            std::fill_n(w, m, to_c<T>(*p));
+          } else {
+            for (int64_t j = 0; j < m; ++j) w[j] = to_c<T>(p[j * st]);
+          }
         }
         i += run;
         idx[last] += run - 1;
@@ -278,7 +292,7 @@ void run_program(const std::vector<Instr>& prog, const std::vector<const void*>&
     int ki = int(k);
     switch (I.code) {
       case Code::Load: {
-        if (I.map.effective_top() == 0 && !I.map.views[0].masked()) {
+        if (I.map.effective_top() == 0) {
           load_strided(I, in[I.input], start, n, sc, ki);
           break;
         }
@@ -306,12 +320,20 @@ void run_program(const std::vector<Instr>& prog, const std::vector<const void*>&
           std::fill_n(reg<T>(sc, ki), n, v);
         });
         break;
-      case Code::Iota: {
+      case Code::Iota: {  // run by run along the domain's last dimension
         int64_t* out = reg<int64_t>(sc, ki);
         int64_t idx[32];
         unravel(start, domain, idx);
-        for (int64_t i = 0; i < n; ++i) {
-          out[i] = idx[I.i0];
+        int64_t last = int64_t(domain.size()) - 1;
+        if (last < 0) std::fill_n(out, n, 0);
+        for (int64_t i = 0; i < n && last >= 0;) {
+          int64_t run = std::min(n - i, domain[last] - idx[last]);
+          if (I.i0 == last)
+            for (int64_t j = 0; j < run; ++j) out[i + j] = idx[last] + j;
+          else
+            std::fill_n(out + i, run, idx[I.i0]);
+          i += run;
+          idx[last] += run - 1;
           bump(idx, domain);
         }
         with_compute(I.dtype, [&](auto* tp) {  // iota may be typed narrower than int64

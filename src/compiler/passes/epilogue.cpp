@@ -23,8 +23,14 @@ void fuse_epilogues(Plan& plan) {
       int g = writer[x];
       if (g < 0 || gone[g] || plan.steps[g].kind != kir::StepKind::Gemm || !plan.steps[g].program.empty()) continue;
       const kir::Step& G = plan.steps[g];
-      if (plan.slots[x].kind != kir::SlotKind::Temp || readers[x] != 1 || G.shape != E.shape || G.dtype != E.dtype) continue;
+      // Same positions in the same order (shapes may differ by a reshape; then no Iota, which
+      // reads the domain's shape).
+      if (plan.slots[x].kind != kir::SlotKind::Temp || readers[x] != 1 || numel(G.shape) != numel(E.shape) ||
+          G.dtype != E.dtype)
+        continue;
       bool elementwise = true;
+      if (G.shape != E.shape)
+        for (const kir::Instr& in : E.program) elementwise &= in.code != kir::Code::Iota;
       for (const kir::Instr& in : E.program)
         if (in.code == kir::Code::Load && E.inputs[in.input] == x)
           elementwise &= in.map.is_contiguous() && in.map.views[0].offset == 0 && in.map.shape() == E.shape;
