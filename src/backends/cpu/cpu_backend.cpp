@@ -199,6 +199,9 @@ void tile_offsets(const IndexMap& m, int64_t start, int64_t n, int64_t* off, uin
 
 struct Scratch {
   std::vector<double> regs;  // `lanes` 8-byte lanes per instruction
+  // Where each instruction's values are: its register, or for a load of a dense run of the
+  // same type, the source memory itself (no copy).
+  std::vector<const void*> at;
   int64_t lanes = kTile;
   std::vector<int64_t> off;
   std::vector<uint8_t> valid;
@@ -214,6 +217,8 @@ Scratch& scratch(size_t ninstr, int64_t lanes = kTile) {
 }
 
 template <class T> T* reg(Scratch& sc, int i) { return reinterpret_cast<T*>(sc.regs.data() + size_t(i) * size_t(sc.lanes)); }
+// The values of instruction i (after run_program).
+template <class T> const T* val(const Scratch& sc, int i) { return static_cast<const T*>(sc.at[size_t(i)]); }
 
 template <class T> inline T nan_max(T a, T b) {
   if constexpr (std::is_floating_point_v<T>) {
@@ -287,11 +292,18 @@ void load_strided(const Instr& I, const void* base_ptr, int64_t start, int64_t n
 // Row Steps pass `row`: then start and n are multiples of it and RowSum/RowMax reduce each run.
 void run_program(const std::vector<Instr>& prog, const std::vector<const void*>& in, const Shape& domain,
                  int64_t start, int64_t n, const LaunchArgs& args, Scratch& sc, int64_t row = 0) {
+  if (sc.at.size() < prog.size()) sc.at.resize(prog.size());
   for (size_t k = 0; k < prog.size(); ++k) {
     const Instr& I = prog[k];
     int ki = int(k);
+    sc.at[k] = reg<double>(sc, ki);
     switch (I.code) {
       case Code::Load: {
+        if (I.map.is_contiguous() && compute_dtype(I.dtype) == I.dtype) {
+          // A dense run of the compute type: read in place.
+          sc.at[k] = static_cast<const char*>(in[I.input]) + size_t(I.map.views[0].offset + start) * itemsize(I.dtype);
+          break;
+        }
         if (I.map.effective_top() == 0) {
           load_strided(I, in[I.input], start, n, sc, ki);
           break;
@@ -360,7 +372,7 @@ void run_program(const std::vector<Instr>& prog, const std::vector<const void*>&
       case Code::Cast:
         with_compute(prog[I.a].dtype, [&](auto* ap) {
           using A = std::remove_pointer_t<decltype(ap)>;
-          const A* a = reg<A>(sc, I.a);
+          const A* a = val<A>(sc, I.a);
           with_compute(I.dtype, [&](auto* tp) {
             using T = std::remove_pointer_t<decltype(tp)>;
             T* out = reg<T>(sc, ki);
@@ -377,7 +389,7 @@ void run_program(const std::vector<Instr>& prog, const std::vector<const void*>&
       case Code::Round:
         with_compute(I.dtype, [&](auto* tp) {
           using T = std::remove_pointer_t<decltype(tp)>;
-          const T* a = reg<T>(sc, I.a);
+          const T* a = val<T>(sc, I.a);
           T* out = reg<T>(sc, ki);
           switch (I.code) {
             case Code::Neg: for (int64_t i = 0; i < n; ++i) out[i] = T(-a[i]); break;
@@ -411,7 +423,7 @@ void run_program(const std::vector<Instr>& prog, const std::vector<const void*>&
         with_compute(I.dtype, [&](auto* tp) {
           using T = std::remove_pointer_t<decltype(tp)>;
           using Acc = std::conditional_t<std::is_floating_point_v<T>, double, int64_t>;
-          const T* a = reg<T>(sc, I.a);
+          const T* a = val<T>(sc, I.a);
           T* out = reg<T>(sc, ki);
           for (int64_t r0 = 0; r0 < n; r0 += row) {  // in order: deterministic
             T v;
@@ -430,9 +442,9 @@ void run_program(const std::vector<Instr>& prog, const std::vector<const void*>&
       case Code::Where:
         with_compute(I.dtype, [&](auto* tp) {
           using T = std::remove_pointer_t<decltype(tp)>;
-          const uint8_t* c = reg<uint8_t>(sc, I.a);
-          const T* a = reg<T>(sc, I.b);
-          const T* b = reg<T>(sc, I.c);
+          const uint8_t* c = val<uint8_t>(sc, I.a);
+          const T* a = val<T>(sc, I.b);
+          const T* b = val<T>(sc, I.c);
           T* out = reg<T>(sc, ki);
           for (int64_t i = 0; i < n; ++i) out[i] = c[i] ? a[i] : b[i];
         });
@@ -440,8 +452,8 @@ void run_program(const std::vector<Instr>& prog, const std::vector<const void*>&
       default:  // binary arithmetic and comparisons; operands share one dtype
         with_compute(prog[I.a].dtype, [&](auto* tp) {
           using T = std::remove_pointer_t<decltype(tp)>;
-          const T* a = reg<T>(sc, I.a);
-          const T* b = reg<T>(sc, I.b);
+          const T* a = val<T>(sc, I.a);
+          const T* b = val<T>(sc, I.b);
           T* out = reg<T>(sc, ki);
           uint8_t* cmp = reg<uint8_t>(sc, ki);
           switch (I.code) {
@@ -472,11 +484,13 @@ void run_program(const std::vector<Instr>& prog, const std::vector<const void*>&
 void store_reg(DType t, int r, void* out, int64_t start, int64_t n, Scratch& sc) {
   with_compute(t, [&](auto* tp) {
     using T = std::remove_pointer_t<decltype(tp)>;
-    const T* v = reg<T>(sc, r);
+    const T* v = val<T>(sc, r);
     with_storage(t, [&](auto* sp) {
       using S = std::remove_pointer_t<decltype(sp)>;
       S* o = static_cast<S*>(out) + start;
-      if constexpr (std::is_same_v<S, T>) std::memcpy(o, v, size_t(n) * sizeof(T));
+      if constexpr (std::is_same_v<S, T>) {
+        if (static_cast<const void*>(o) != static_cast<const void*>(v)) std::memcpy(o, v, size_t(n) * sizeof(T));
+      }
       else for (int64_t i = 0; i < n; ++i) o[i] = store_as<S>(v[i]);
     });
   });
@@ -502,6 +516,16 @@ void run_elementwise(const Step& st, const LaunchArgs& args) {
     Scratch& sc = scratch(st.program.size());
     int64_t start = t * kTile, n = std::min(kTile, total - start);
     run_program(st.program, in, st.shape, start, n, args, sc);
+    if (!st.more_outputs.empty()) {
+      // Values read in place are copied out first: an earlier store may overwrite their source.
+      std::vector<int> rs = st.more_results;
+      rs.push_back(int(st.program.size()) - 1);
+      for (int r : rs)
+        if (sc.at[r] != reg<double>(sc, r)) {
+          std::memcpy(reg<double>(sc, r), sc.at[r], size_t(n) * itemsize(st.program[r].dtype));
+          sc.at[r] = reg<double>(sc, r);
+        }
+    }
     store_tile(st, out, start, n, sc);
     for (size_t k = 0; k < st.more_outputs.size(); ++k) {
       int r = st.more_results[k];
@@ -531,7 +555,7 @@ void run_row(const Step& st, const LaunchArgs& args) {
     }
     with_compute(st.dtype, [&](auto* tp) {
       using T = std::remove_pointer_t<decltype(tp)>;
-      const T* r = reg<T>(sc, last);
+      const T* r = val<T>(sc, last);
       with_storage(st.dtype, [&](auto* sp) {
         using S = std::remove_pointer_t<decltype(sp)>;
         S* o = static_cast<S*>(out) + start / row;
@@ -572,7 +596,7 @@ void run_column_reduce(const ReduceKernel& k, const Step& st, const LaunchArgs& 
                                                                  : std::numeric_limits<T>::lowest());
         for (int64_t r = 0; r < R; ++r) {  // rows in order: deterministic
           run_program(k.program, in, k.domain, r * K + k0, n, args, sc);
-          const T* v = reg<T>(sc, int(k.program.size()) - 1);
+          const T* v = val<T>(sc, int(k.program.size()) - 1);
           if (is_max)
             for (int64_t j = 0; j < n; ++j) mx[j] = nan_max(mx[j], v[j]);
           else
@@ -610,7 +634,7 @@ void run_reduce(const ReduceKernel& k, const Step& st, const LaunchArgs& args) {
         for (int64_t start = lo; start < hi; start += kTile) {
           int64_t n = std::min(kTile, hi - start);
           run_program(k.program, in, k.domain, start, n, args, sc);
-          const T* r = reg<T>(sc, int(k.program.size()) - 1);
+          const T* r = val<T>(sc, int(k.program.size()) - 1);
           for (int64_t i = 0; i < n;) {
             int64_t oi = (start + i) / inner, seg = std::min(n - i, (oi + 1) * inner - (start + i));
             int64_t j = oi - ob;
