@@ -234,6 +234,40 @@ template <class T> inline T nan_min(T a, T b) {
   return a < b ? a : b;
 }
 
+// Reductions of a run of values with 8 independent accumulators, so they vectorize; the order
+// is fixed by the run alone, so results are the same for any thread count. Sums of floats
+// accumulate in double, of integers in int64; a NaN anywhere makes the maximum NaN.
+template <class T> inline auto run_sum(const T* a, int64_t n) {
+  using Acc = std::conditional_t<std::is_floating_point_v<T>, double, int64_t>;
+  Acc acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    for (int j = 0; j < 8; ++j) acc[j] += Acc(a[i + j]);
+  for (int j = 0; i < n; ++i, ++j) acc[j] += Acc(a[i]);
+  return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+}
+template <class T> inline T run_max(const T* a, int64_t n, T init) {
+  T m[8];
+  std::fill_n(m, 8, init);
+  bool nan = false;
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    for (int j = 0; j < 8; ++j) {
+      T x = a[i + j];
+      m[j] = x > m[j] ? x : m[j];
+      if constexpr (std::is_floating_point_v<T>) nan |= x != x;
+    }
+  for (int j = 0; i < n; ++i, ++j) {
+    T x = a[i];
+    m[j] = x > m[j] ? x : m[j];
+    if constexpr (std::is_floating_point_v<T>) nan |= x != x;
+  }
+  if (nan) return std::numeric_limits<T>::quiet_NaN();
+  T r = m[0];
+  for (int j = 1; j < 8; ++j) r = m[j] > r ? m[j] : r;
+  return r;
+}
+
 // A load through one strided view: copied run by run along the last dimension (contiguous runs
 // as plain copies, broadcast runs as fills, masked parts as pad fills), no offset arrays.
 void load_strided(const Instr& I, const void* base_ptr, int64_t start, int64_t n, Scratch& sc, int ki) {
@@ -432,19 +466,11 @@ void run_program(const std::vector<Instr>& prog, const std::vector<const void*>&
       case Code::RowMax:
         with_compute(I.dtype, [&](auto* tp) {
           using T = std::remove_pointer_t<decltype(tp)>;
-          using Acc = std::conditional_t<std::is_floating_point_v<T>, double, int64_t>;
           const T* a = val<T>(sc, I.a);
           T* out = reg<T>(sc, ki);
-          for (int64_t r0 = 0; r0 < n; r0 += row) {  // in order: deterministic
-            T v;
-            if (I.code == Code::RowSum) {
-              Acc s = 0;
-              for (int64_t q = 0; q < row; ++q) s += Acc(a[r0 + q]);
-              v = T(s);
-            } else {
-              v = std::is_floating_point_v<T> ? -std::numeric_limits<T>::infinity() : std::numeric_limits<T>::lowest();
-              for (int64_t q = 0; q < row; ++q) v = nan_max(v, a[r0 + q]);
-            }
+          const T lowest = std::is_floating_point_v<T> ? -std::numeric_limits<T>::infinity() : std::numeric_limits<T>::lowest();
+          for (int64_t r0 = 0; r0 < n; r0 += row) {
+            T v = I.code == Code::RowSum ? T(run_sum(a + r0, row)) : run_max(a + r0, row, lowest);
             std::fill_n(out + r0, row, v);
           }
         });
@@ -648,15 +674,8 @@ void run_reduce(const ReduceKernel& k, const Step& st, const LaunchArgs& args) {
           for (int64_t i = 0; i < n;) {
             int64_t oi = (start + i) / inner, seg = std::min(n - i, (oi + 1) * inner - (start + i));
             int64_t j = oi - ob;
-            if (is_max) {
-              T m = mx[j];
-              for (int64_t q = 0; q < seg; ++q) m = nan_max(m, r[i + q]);
-              mx[j] = m;
-            } else {
-              Acc s = sum[j];
-              for (int64_t q = 0; q < seg; ++q) s += Acc(r[i + q]);
-              sum[j] = s;
-            }
+            if (is_max) mx[j] = nan_max(mx[j], run_max(r + i, seg, mx[j]));
+            else sum[j] += run_sum(r + i, seg);
             i += seg;
           }
         }
