@@ -1,6 +1,8 @@
 // Fusion: how many Steps common patterns become, and that fused results equal unfused ones.
 #include <gtest/gtest.h>
 
+#include <cmath>
+
 #include "compiler/passes/passes.h"
 #include "tessera/tessera.h"
 #include "test_util.h"
@@ -95,6 +97,55 @@ TEST_F(PassesOn, GptTrainingStepLaunchesAtMost300Steps) {
   }
   std::printf("GPT training step: %lld Steps\n", (long long)steps);
   EXPECT_LE(steps, 300);
+}
+
+}  // namespace
+
+namespace {
+
+// The compile cache on a real training loop: warmup + cosine changes the learning rate every
+// step (a runtime scalar, not a constant in the graph), so 20 steps compile at most 2 graphs
+// (the first step creates AdamW's moments); a new batch size compiles exactly one more, and
+// the metrics say which input changed.
+TEST_F(PassesOn, GptLoopCompilesTwiceThenOnceMorePerBatchSize) {
+  compiler::set_disabled_passes("");
+  manual_seed(3);
+  nn::GPTConfig cfg{.vocab = 37, .block = 16, .embd = 32, .heads = 2, .layers = 2, .dropout = 0.1, .bias = true,
+                    .tied_head = false};
+  nn::GPT model(cfg);
+  model.train();
+  optim::AdamW opt(model.parameters(), {.lr = 1e-3, .weight_decay = 0.1});
+  optim::WarmupCosine sched{.lr = 1e-3, .min_lr = 1e-4, .warmup = 5, .total = 20};
+  auto step = [&](int64_t i, int64_t batch) {
+    Tensor x = random_int({batch, 16}, 0, 36, DType::Int64, uint32_t(100 + i));
+    Tensor y = random_int({batch, 16}, 0, 36, DType::Int64, uint32_t(200 + i));
+    opt.set_lr(sched(i));
+    Tensor loss = model.loss(x, y);
+    loss.backward();
+    optim::clip_grad_norm(model.parameters(), 1.0);
+    opt.step();
+    opt.zero_grad();
+    return loss.item();
+  };
+  int64_t before = metrics().graphs_compiled;
+  std::vector<double> lrs;
+  for (int64_t i = 0; i < 20; ++i) {
+    EXPECT_TRUE(std::isfinite(step(i, 8)));
+    lrs.push_back(opt.lr());
+  }
+  int64_t compiled = metrics().graphs_compiled - before;
+  std::printf("GPT loop, 20 steps with warmup+cosine: %lld graphs compiled\n", (long long)compiled);
+  EXPECT_LE(compiled, 2);
+  EXPECT_NE(lrs[2], lrs[12]);  // the schedule really moved
+
+  before = metrics().graphs_compiled;
+  step(20, 4);
+  EXPECT_EQ(metrics().graphs_compiled - before, 1);
+  std::string why = metrics().compile_reasons.back();
+  EXPECT_NE(why.find("int64[8, 16] to int64[4, 16]"), std::string::npos) << why;
+  before = metrics().graphs_compiled;
+  step(21, 4);
+  EXPECT_EQ(metrics().graphs_compiled - before, 0);
 }
 
 }  // namespace
