@@ -10,6 +10,7 @@
 #include "frontend/tensor_impl.h"
 #include "runtime/allocator.h"
 #include "runtime/metrics_impl.h"
+#include "runtime/profiler_impl.h"
 #include "runtime/realize.h"
 #include "tessera/error.h"
 #include "tessera/scope.h"
@@ -92,6 +93,14 @@ void convert_from(const void* src, DType t, int64_t n, T* dst) {
 std::vector<char> host_bytes(const Tensor& t, const char* op) {
   need(t, op);
   runtime::counters().host_syncs++;
+  // Profiling: the sync is one slice; the copy back is runtime (Copy) time inside it.
+  struct ProfSync {
+    bool on;
+    ~ProfSync() {
+      if (on) runtime::prof::sync_end();
+    }
+  } prof_sync{runtime::prof::on()};
+  if (prof_sync.on) runtime::prof::sync_begin(op);
   sync();
   const auto& impl = t.impl();
   std::vector<char> bytes(size_t(numel(impl->shape)) * itemsize(impl->dtype));
@@ -159,10 +168,16 @@ void set_rng_state(const RngState& s) {
 }
 
 void sync() {
+  const bool prof = runtime::prof::on();
+  if (prof) runtime::prof::mark(runtime::prof::Region::Graph);
   auto impls = detail::pending_impls();
   struct Reset {
-    ~Reset() { detail::reset_draws(); }
-  } reset;
+    bool prof;
+    ~Reset() {
+      detail::reset_draws();
+      if (prof) runtime::prof::mark(runtime::prof::Region::Trace);  // back to the caller's code (Copy inside item())
+    }
+  } reset{prof};
   // One graph per device, in a deterministic order.
   std::vector<std::pair<Device, std::vector<std::shared_ptr<TensorImpl>>>> groups;
   for (auto& impl : impls) {

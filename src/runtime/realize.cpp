@@ -12,6 +12,7 @@
 #include "compiler/pipeline.h"
 #include "runtime/allocator.h"
 #include "runtime/metrics_impl.h"
+#include "runtime/profiler_impl.h"
 #include "tessera/error.h"
 
 namespace tessera::runtime {
@@ -100,7 +101,9 @@ std::atomic<int64_t> g_guard_checked{0};
 Prepared prepare(const std::vector<Request>& req) {
   std::vector<ir::NodePtr> outs;
   for (auto& r : req) outs.push_back(r.node);
+  if (prof::on()) prof::mark(prof::Region::Graph);
   Prepared p{ir::build_graph(outs), outs.front()->device, nullptr};
+  if (prof::on()) prof::mark(prof::Region::Lookup);
   const ir::Graph& g = p.g;
   const Device& dev = p.dev;
 
@@ -132,7 +135,9 @@ Prepared prepare(const std::vector<Request>& req) {
       std::lock_guard<std::mutex> lock(g_mu);
       why = miss_reason(g, dev);
     }
+    if (prof::on()) prof::compile_begin(why, int64_t(g.nodes.size()));
     exe = compile(g, dev, donate);
+    if (prof::on()) prof::mark(prof::Region::Lookup);
     std::lock_guard<std::mutex> lock(g_mu);
     cache()[key] = exe;
     record_compile(why);
@@ -155,6 +160,7 @@ std::string step_label(const compiler::Plan& plan, size_t s) {
 std::shared_ptr<const compiler::Plan> compile_only(const std::vector<Request>& req) {
   if (req.empty()) return nullptr;
   Prepared p = prepare(req);
+  if (prof::on()) prof::mark(prof::Region::Trace);
   return std::shared_ptr<const compiler::Plan>(p.exe, &p.exe->plan);
 }
 
@@ -190,6 +196,8 @@ std::vector<std::shared_ptr<Buffer>> realize(const std::vector<Request>& req, Rn
 
   auto t0 = std::chrono::steady_clock::now();
   const compiler::Plan& plan = exe->plan;
+  // Profiling: each Step is waited for and timed; the bookkeeping around it is Launch time.
+  const int prof_run = prof::on() ? prof::begin_run(std::shared_ptr<const compiler::Plan>(exe, &exe->plan), dev.str()) : -1;
   std::vector<std::shared_ptr<Buffer>> results(req.size());
   std::vector<void*> slots(plan.slots.size(), nullptr);
   std::shared_ptr<Buffer> arena = plan.arena_bytes ? allocate(dev, plan.arena_bytes) : nullptr;
@@ -220,7 +228,12 @@ std::vector<std::shared_ptr<Buffer>> realize(const std::vector<Request>& req, Rn
     for (int o : guarded)
       for (auto [b, e] : guard_ranges(plan.slots[o], guard))
         be.copy_in(static_cast<char*>(arena->data) + b, pattern.data(), e - b);
-    if (!time_steps) {
+    if (prof_run >= 0) {
+      int64_t ts0 = prof::now_ns();
+      be.launch(*exe->kernels[s], st, args);
+      be.synchronize();
+      prof::step(prof_run, int(s), ts0, prof::now_ns());
+    } else if (!time_steps) {
       be.launch(*exe->kernels[s], st, args);
     } else {
       auto ts0 = std::chrono::steady_clock::now();
@@ -253,6 +266,10 @@ std::vector<std::shared_ptr<Buffer>> realize(const std::vector<Request>& req, Rn
   counters().steps_launched += int64_t(plan.steps.size());
   counters().execute_ns += since_ns(t0);
   if (drew_random) *drew_random = g.has_rng;
+  if (prof_run >= 0) {
+    prof::end_run(prof_run);
+    prof::mark(prof::Region::Copy);  // the caller rebinding the results
+  }
   return results;
 }
 
