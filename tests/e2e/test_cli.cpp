@@ -509,6 +509,81 @@ TEST(Cli, MetricsFlagPrintsTheReportAtTheEnd) {
   EXPECT_NE(h.out.find("--metrics"), std::string::npos) << h.describe();
 }
 
+// ---- tessera profile / train --profile --------------------------------------------------------
+
+// profile gpt: the trace parses with a Step per executed Step (each naming its fused ops), a
+// compile and the host syncs; the CSV has every group with <runtime>; the memory viewer is one
+// self-contained page; stdout has the op table (rows summing to the wall time) and the peak.
+TEST(Profile, GptWritesTraceTableAndMemoryViewer) {
+  TempDir dir;
+  Result r = cli(cat({"profile", "gpt", "--steps", "3", "--skip", "0", "--trace", (dir / "t.json").string(), "--memory",
+                      (dir / "m.html").string(), "--table", (dir / "t.csv").string()}, kTiny), dir.path());
+  ASSERT_TRUE(r.exited && r.code == 0) << r.describe();
+  for (const char* s : {"by Step kind", "by module path", "by op and module", "<runtime>", "<compile>", "peak ", "live buffers"})
+    EXPECT_NE(r.out.find(s), std::string::npos) << s << "\n" << r.out;
+
+  json trace = json::parse(read_file(dir / "t.json"));
+  int steps = 0, compiles = 0, syncs = 0;
+  for (auto& e : trace.at("traceEvents")) {
+    ASSERT_TRUE(e.contains("name") && e.contains("ph") && e.contains("pid") && e.contains("tid")) << e.dump();
+    if (e["ph"] != "X") continue;
+    std::string cat_ = e.at("cat");
+    compiles += cat_ == "compile";
+    syncs += cat_ == "sync";
+    if (cat_ != "step") continue;
+    ++steps;
+    ASSERT_FALSE(e.at("args").at("ops").empty()) << e.dump();
+    EXPECT_NE(e.at("name").get<std::string>().find(": "), std::string::npos) << e.dump();
+  }
+  EXPECT_GT(steps, 3 * 40);
+  EXPECT_GE(compiles, 1);
+  EXPECT_GE(syncs, 3);
+
+  std::vector<std::string> csv = lines_of(read_file(dir / "t.csv"));
+  ASSERT_GT(csv.size(), 10u);
+  EXPECT_EQ(csv[0], "group,name,ms,calls,flops,bytes,gflops_per_s,gbytes_per_s,percent");
+  double kind_ms = 0;
+  std::set<std::string> groups;
+  bool runtime_row = false;
+  for (size_t i = 1; i < csv.size(); ++i) {
+    std::string group = csv[i].substr(0, csv[i].find(','));
+    groups.insert(group);
+    runtime_row = runtime_row || csv[i].rfind("kind,<runtime>,", 0) == 0;
+    if (group == "kind") {
+      size_t a = csv[i].find(',', 5) + 1;
+      kind_ms += std::stod(csv[i].substr(a, csv[i].find(',', a) - a));
+    }
+  }
+  EXPECT_EQ(groups, (std::set<std::string>{"kind", "module", "op"}));
+  EXPECT_TRUE(runtime_row);
+  size_t w = r.out.find("profile: ");
+  ASSERT_NE(w, std::string::npos);
+  double wall = std::stod(r.out.substr(w + 9));
+  EXPECT_NEAR(kind_ms, wall, 0.01 * wall + 0.01) << "the kind rows sum to the profiled wall time";
+
+  std::string html = read_file(dir / "m.html");
+  EXPECT_EQ(html.rfind("<!DOCTYPE html>", 0), 0u);
+  EXPECT_NE(html.find("id=\"peak\""), std::string::npos);
+  EXPECT_NE(html.find("<rect class=\"buf"), std::string::npos);
+  EXPECT_EQ(html.find("src=\"http"), std::string::npos);
+}
+
+// train gpt --profile DIR writes every file; a --skip past the last step is a clean error.
+TEST(Profile, TrainProfileDirAndErrors) {
+  TempDir dir;
+  Result r = cli(cat({"train", "gpt", "--steps", "2", "--profile", (dir / "prof").string()}, kTiny), dir.path());
+  ASSERT_TRUE(r.exited && r.code == 0) << r.describe();
+  for (const char* f : {"trace.json", "ops.csv", "ops.txt", "memory.html"})
+    EXPECT_GT(fs::file_size(dir / "prof" / f), 100u) << f;
+  EXPECT_NE(read_file(dir / "prof" / "ops.txt").find("<runtime>"), std::string::npos);
+  EXPECT_NO_THROW(json::parse(read_file(dir / "prof" / "trace.json")));
+  EXPECT_NE(r.out.find("held-out loss"), std::string::npos) << r.out;
+
+  Result bad = cli(cat({"profile", "gpt", "--steps", "2", "--skip", "2"}, kTiny), dir.path());
+  EXPECT_TRUE(bad.exited && bad.code != 0) << bad.describe();
+  EXPECT_NE(bad.err.find("--skip"), std::string::npos) << bad.describe();
+}
+
 }  // namespace
 
 #ifdef TESSERA_GPT_EXAMPLE

@@ -47,5 +47,6 @@ void add_devices(CLI::App& app);
 void add_train(CLI::App& app);   // train gpt
 void add_sample(CLI::App& app);
 void add_demo(CLI::App& app);
+void add_profile(CLI::App& app);  // profile gpt: Chrome trace, op table, memory viewer
 
 }  // namespace tessera::cli

@@ -234,6 +234,7 @@ TrainResult train_gpt(const TrainOptions& o) {
     double l = loss.item();  // runs the step's graph: forward, backward and update together
     if (!std::isfinite(l)) fail("train", "the loss became " + std::to_string(l) + " at step " + std::to_string(step) + "; try a smaller --lr", "");
     double ms = std::chrono::duration<double, std::milli>(clk::now() - t0).count();
+    if (o.on_step) o.on_step(step + 1);
     tokens += double(o.batch * o.block);
     double elapsed = std::chrono::duration<double>(clk::now() - t_begin).count();
     r.train_loss.push_back({step + 1, l});

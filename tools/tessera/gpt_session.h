@@ -1,5 +1,6 @@
 // Training and sampling of the character GPT, shared by `train gpt`, `sample` and `demo`.
 #pragma once
+#include <functional>
 #include <memory>
 #include <string>
 #include <utility>
@@ -22,6 +23,9 @@ struct TrainOptions {
   int64_t eval_every = 100, eval_batches = 8;
   int64_t ckpt_every = 0;  // also checkpoint every N steps (0: only at the end)
   bool quiet = false;
+  // Called after each training step's loss.item() (before any evaluation or checkpoint); `step`
+  // counts from 1. The profiler starts and stops around steps with it.
+  std::function<void(int64_t step)> on_step;
 };
 
 struct TrainResult {

@@ -16,6 +16,7 @@ int main(int argc, char** argv) {
   tessera::cli::add_train(app);
   tessera::cli::add_sample(app);
   tessera::cli::add_demo(app);
+  tessera::cli::add_profile(app);
   try {
     // An unknown word where a subcommand belongs gets a direct message (CLI11 would only say
     // that a subcommand is required).

@@ -6,6 +6,8 @@
 
 namespace tessera::cli {
 
+TrainResult train_gpt_profiled(const TrainOptions& o, const std::string& dir);  // profile.cpp
+
 void add_train_flags(CLI::App& cmd, TrainOptions& o) {
   cmd.add_option("--device", o.device, "device to run on (\"best\", cpu, ...)")->capture_default_str();
   cmd.add_option("--steps", o.steps, "training steps")->capture_default_str()->check(positive());
@@ -35,9 +37,12 @@ void add_train(CLI::App& app) {
   gpt->add_option("--out", o->out, "directory for the checkpoint (ckpt.safetensors)");
   gpt->add_flag("--resume", o->resume, "continue from the checkpoint in --out");
   gpt->add_option("--ckpt-every", o->ckpt_every, "also checkpoint every N steps")->check(non_negative());
+  auto profile_dir = std::make_shared<std::string>();
+  gpt->add_option("--profile", *profile_dir, "profile the whole run into DIR: trace.json (Chrome trace), ops.csv and "
+                                             "ops.txt (op table), memory.html (the training step's memory plan)");
   auto show_metrics = add_metrics_flag(*gpt);
-  gpt->callback([o, show_metrics] {
-    TrainResult r = train_gpt(*o);
+  gpt->callback([o, show_metrics, profile_dir] {
+    TrainResult r = profile_dir->empty() ? train_gpt(*o) : train_gpt_profiled(*o, *profile_dir);
     if (!r.val_loss.empty())
       std::printf("held-out loss %.4f nats/char after %lld steps (bigram baseline %.4f); %.0f tokens/s\n",
                   r.val_loss.back().second, (long long)r.last_step, r.bigram_entropy, r.tokens_per_s);
