@@ -1,5 +1,6 @@
 // Umbrella header of the public API.
 #pragma once
+#include "tessera/advise.h"
 #include "tessera/bucket.h"
 #include "tessera/data.h"
 #include "tessera/device.h"

@@ -598,3 +598,66 @@ TEST(Example, GptTrainsEvaluatesAndSamples) {
 }
 }  // namespace
 #endif
+
+// ---- tessera advise ---------------------------------------------------------------------------
+namespace {
+
+const std::vector<std::string> kAdviseTiny = {"advise", "gpt", "--layers", "1", "--embd", "32", "--heads", "2",
+                                              "--block", "16", "--vocab", "28", "--batch", "4"};
+
+}  // namespace
+
+// The table names every device asked for with its columns, then a plain recommendation.
+TEST(Cli, AdviseTableForATinyModel) {
+  TempDir dir;
+  Result r = cli(cat(kAdviseTiny, {"--devices", "t4,p100,tpu-v3-8,h100"}), dir.path());
+  ASSERT_TRUE(r.exited && r.code == 0) << r.describe();
+  for (const char* s : {"DEVICE", "STEP", "TOKENS/S", "PEAK / CAPACITY", "FITS", "MAX BATCH", "TOKENS/J", "BOTTLENECK", "t4",
+                        "p100", "tpu-v3-8", "h100", "Fastest: "})
+    EXPECT_NE(r.out.find(s), std::string::npos) << s << "\n" << r.out;
+  EXPECT_TRUE(r.err.empty()) << r.err;
+}
+
+// --json: one object with every device's prediction; a tiny model fits everywhere, bfloat16
+// never needs more memory, and data parallelism adds communication time.
+TEST(Cli, AdviseJsonHasEveryFieldAndDtypeAndDataParallelBehave) {
+  TempDir dir;
+  auto run_json = [&](std::vector<std::string> extra) {
+    Result r = cli(cat(cat(kAdviseTiny, {"--devices", "t4,a100-40,tpu-v3-8", "--json"}), extra), dir.path());
+    EXPECT_TRUE(r.exited && r.code == 0) << r.describe();
+    return json::parse(r.out);
+  };
+  json f = run_json({});
+  ASSERT_EQ(f["devices"].size(), 3u);
+  for (auto& d : f["devices"]) {
+    for (const char* k : {"device", "step_s", "tokens_per_s", "peak_bytes", "capacity_bytes", "fits", "max_batch",
+                          "tokens_per_joule", "bottleneck", "communication_s"})
+      EXPECT_TRUE(d.contains(k)) << k << " in " << d.dump();
+    EXPECT_TRUE(d["fits"].get<bool>());
+    EXPECT_GE(d["max_batch"].get<int64_t>(), 4);
+    EXPECT_GT(d["step_s"].get<double>(), 0);
+  }
+  EXPECT_EQ(f["devices"][2]["replicas"].get<int64_t>(), 8);
+  EXPECT_GT(f["devices"][2]["communication_s"].get<double>(), 0) << "a TPU v3-8 all-reduces over its 8 cores";
+  EXPECT_FALSE(f["recommendation"].get<std::string>().empty());
+  json b = run_json({"--dtype", "bfloat16", "--data-parallel", "2"});
+  for (size_t i = 0; i < 3; ++i) {
+    EXPECT_LT(b["devices"][i]["peak_bytes"].get<double>(), f["devices"][i]["peak_bytes"].get<double>());
+    EXPECT_GT(b["devices"][i]["communication_s"].get<double>(), 0);
+  }
+}
+
+// --validate runs the step here and prints predicted vs measured; bad input is one clean line.
+TEST(Cli, AdviseValidateAndErrors) {
+  TempDir dir;
+  setenv("XDG_CACHE_HOME", (dir / "cache").c_str(), 1);  // the host calibration lands in the test's dir
+  Result r = cli(cat(kAdviseTiny, {"--devices", "host", "--validate", "--no-max-batch"}), dir.path());
+  unsetenv("XDG_CACHE_HOME");
+  ASSERT_TRUE(r.exited && r.code == 0) << r.describe();
+  EXPECT_NE(r.out.find("validate on host"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("RESULT advise_validate"), std::string::npos) << r.out;
+  EXPECT_TRUE(fs::exists(dir / "cache" / "tessera")) << "the calibration is cached";
+  expect_clean_error(cli(cat(kAdviseTiny, {"--devices", "abacus"}), dir.path()), "unknown device");
+  expect_clean_error(cli(cat(kAdviseTiny, {"--dtype", "float8"}), dir.path()), "bad dtype");
+  expect_clean_error(cli(cat(kAdviseTiny, {"--device-file", (dir / "missing.json").string()}), dir.path()), "missing file");
+}

@@ -48,5 +48,6 @@ void add_train(CLI::App& app);   // train gpt
 void add_sample(CLI::App& app);
 void add_demo(CLI::App& app);
 void add_profile(CLI::App& app);  // profile gpt: Chrome trace, op table, memory viewer
+void add_advise(CLI::App& app);  // advise gpt
 
 }  // namespace tessera::cli

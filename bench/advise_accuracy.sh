@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# The advisor's accuracy on this host: predicted vs measured training-step time and peak memory
+# of the benchmark GPT (vocab 114, block 64, AdamW) at three model sizes and three batch sizes,
+# through `tessera advise gpt --devices host --validate` (calibrates the host once, cached).
+#
+#   bench/advise_accuracy.sh [path/to/tessera]     (threads: OMP_NUM_THREADS)
+#
+# Prints one line per case and the median absolute error of step time and of peak memory.
+set -euo pipefail
+exe=${1:-build/tools/tessera/tessera}
+models=("2 2 64" "4 4 128" "6 4 256")   # layers heads embd (the middle one is bench/gpt_step.cpp's)
+batches=(4 16 32)
+printf "%-22s %6s %12s %12s %8s %14s %14s %8s\n" model batch pred_ms meas_ms err% pred_peak_MB meas_peak_MB err%
+errs=(); perrs=()
+for m in "${models[@]}"; do
+  read -r layers heads embd <<<"$m"
+  for b in "${batches[@]}"; do
+    line=$("$exe" advise gpt --layers "$layers" --heads "$heads" --embd "$embd" --block 64 --vocab 114 --batch "$b" \
+             --devices host --validate --no-max-batch | grep '^RESULT advise_validate')
+    read -r ps ms pp mp < <(sed -E 's/.*predicted_s=([^ ]+) measured_s=([^ ]+) predicted_peak=([^ ]+) measured_peak=([^ ]+).*/\1 \2 \3 \4/' <<<"$line")
+    e=$(awk -v p="$ps" -v m="$ms" 'BEGIN{printf "%.1f", 100*(p-m)/m}')
+    pe=$(awk -v p="$pp" -v m="$mp" 'BEGIN{printf "%.2f", 100*(p-m)/m}')
+    errs+=("$e"); perrs+=("$pe")
+    printf "%-22s %6s %12.2f %12.2f %8s %14.2f %14.2f %8s\n" "L$layers H$heads E$embd" "$b" \
+      "$(awk -v x="$ps" 'BEGIN{print 1000*x}')" "$(awk -v x="$ms" 'BEGIN{print 1000*x}')" "$e" \
+      "$(awk -v x="$pp" 'BEGIN{print x/1e6}')" "$(awk -v x="$mp" 'BEGIN{print x/1e6}')" "$pe"
+  done
+done
+median_abs() { printf "%s\n" "$@" | awk '{print ($1<0)?-$1:$1}' | sort -g | awk '{a[NR]=$1} END{print (NR%2)?a[(NR+1)/2]:(a[NR/2]+a[NR/2+1])/2}'; }
+echo "RESULT advise_accuracy median_abs_time_err_pct=$(median_abs "${errs[@]}") median_abs_peak_err_pct=$(median_abs "${perrs[@]}")"

@@ -1,0 +1,151 @@
+// The advisor: predicts a training step's time and memory on accelerators that are not here.
+// A graph is traced on a device that is here (the cpu), compiled through the compile cache
+// without running (like plan_memory), and its Steps' {flops, bytes} and the static memory plan
+// are priced against a device table (src/advise/devices.cpp, every figure with its source).
+//
+//   auto devs = tessera::advise::builtin_devices();
+//   tessera::advise::GptWorkloads w(cfg);                      // a GPT + AdamW, realized on the cpu
+//   tessera::advise::Workload wl = w.at(16);                   // compile only, batch 16
+//   auto p = tessera::advise::predict(tessera::advise::find_device(devs, "t4"), wl, {});
+//   p.step_s, p.peak_bytes, p.fits, p.bottleneck
+#pragma once
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "tessera/memory.h"
+#include "tessera/nn.h"
+#include "tessera/tensor.h"
+
+namespace tessera::advise {
+
+// One device (or one board of `replicas` identical cores run data parallel, e.g. a TPU v3-8).
+// Rates are per replica. "Achievable" fractions scale the peaks (documented per class in
+// devices.cpp).
+struct DeviceSpec {
+  std::string name;          // "t4", "tpu-v3-8", "host"
+  std::string description;
+  std::string cls;           // "gpu" (no matrix unit), "gpu-tc" (tensor cores), "tpu", "cpu"
+  int replicas = 1;          // cores of a board that run data parallel (TPU v3-8: 8)
+  double fp32_flops = 0;     // dense peak FLOP/s, vector float32
+  double tf32_flops = 0;     // matrix unit on float32 inputs (0: none; not used by default)
+  double bf16_flops = 0;     // matrix unit bf16/fp16 dense peak (0: no matrix unit: vector rate)
+  double vec16_flops = 0;    // vector rate at bf16/fp16 (0: the fp32 vector rate)
+  double mem_bytes = 0;      // nominal memory per replica
+  double usable_bytes = 0;   // what a program can hold (nominal less context/reserve)
+  double mem_bw = 0;         // bytes/s per replica
+  double link_bw = 0;        // interconnect bytes/s per direction per replica (ring all-reduce)
+  double link_latency_s = 0; // alpha of the all-reduce, per ring hop
+  double power_w = 0;        // per replica (board power / replicas)
+  double matrix_eff = 0.75;  // achievable fraction of the matrix-unit peak on large GEMMs
+  double vector_eff = 0.8;   // of the vector peak
+  double bw_eff = 0.85;      // of the memory bandwidth
+  double link_eff = 0.8;     // of the interconnect
+  double launch_s = 5e-6;    // per-Step overhead (kernel launch / dispatch)
+  int64_t tile_mn = 1, tile_k = 1;     // matrix-unit padding of M,N and of K
+  double fp32_matmul_passes = 1;       // TPU: float32 matmul as this many bf16 passes
+  // Host only: GEMM efficiency falls on small problems: rate = peak * f / (f + gemm_half_flops).
+  double gemm_half_flops = 0;
+  std::string source;        // where the figures come from (table: see devices.cpp)
+};
+
+// The built-in table: t4, p100, v100-16, v100-32, a100-40, a100-80, h100, h200, tpu-v3-core,
+// tpu-v3-8, tpu-v4-chip, tpu-v4-8.
+std::vector<DeviceSpec> builtin_devices();
+// Devices from a JSON file: [{"name": ..., "fp32_tflops": ..., "bf16_tflops": ..., "mem_gb": ...,
+// "mem_bw_gbs": ..., "power_w": ..., ...}] (see devices.cpp for every key; missing keys take the
+// defaults of "cls").
+std::vector<DeviceSpec> load_devices_json(const std::string& path);
+// The host CPU, calibrated by microbenchmarks (GEMM rate at two sizes, memory bandwidth,
+// per-Step overhead), cached in $XDG_CACHE_HOME/tessera (or ~/.cache/tessera)/host-<threads>.json.
+DeviceSpec host_device(bool recalibrate = false);
+// The device named `name` in `devs` ("host" calibrates); throws tessera::Error naming the choices.
+DeviceSpec find_device(const std::vector<DeviceSpec>& devs, const std::string& name);
+
+// One Kernel-IR Step as the cost model sees it.
+struct StepCost {
+  bool gemm = false;
+  bool floating = true;          // output dtype floating (bytes halve under bfloat16)
+  double flops = 0, bytes = 0;   // the compiler's Step cost
+  int64_t batch = 1, m = 0, n = 0, k = 0;  // Gemm: out[batch.., m, n] = [m, k] @ [k, n]
+};
+
+// A compiled training step, independent of the device (the plan is the cpu's: no device
+// changes dtype or alignment today).
+struct Workload {
+  std::vector<StepCost> steps;
+  MemoryPlan plan;
+  int64_t batch = 0;             // per replica
+  double tokens = 0;             // tokens per replica per step
+  double grad_bytes = 0;         // float32 gradient bytes (all-reduced under data parallelism)
+  double float_peak_bytes = 0;   // floating buffers' share of the plan's peak
+};
+
+// Compiles the pending graph that computes `outputs` (compile only) into a Workload.
+Workload workload_of(const std::vector<Tensor>& outputs);
+
+enum class Bottleneck { Compute, Memory, Launch, Communication };
+const char* bottleneck_name(Bottleneck b);
+
+struct Options {
+  DType dtype = DType::Float32;  // Float32 or BFloat16 (bytes of floating buffers halved, bf16 rates)
+  int data_parallel = 1;         // devices (boards); replicas = data_parallel * device.replicas
+};
+
+// Time of one Step on one replica (seconds), and what bounds it.
+double step_seconds(const DeviceSpec& d, const StepCost& s, DType dtype, Bottleneck* why = nullptr);
+// Ring all-reduce of `bytes` over n replicas: 2(n-1) alpha + 2(n-1)/n bytes / (link_bw link_eff).
+double allreduce_seconds(const DeviceSpec& d, double bytes, int n);
+// A GEMM's dimension padded up to a multiple of the tile.
+int64_t pad_to(int64_t x, int64_t tile);
+
+struct Prediction {
+  std::string device;
+  double step_s = 0, compute_s = 0, memory_s = 0, launch_s = 0, comm_s = 0;
+  Bottleneck bottleneck = Bottleneck::Compute;
+  double peak_bytes = 0;      // per replica
+  double capacity_bytes = 0;  // usable per replica
+  bool fits = false;
+  double tokens_per_s = 0;    // all replicas
+  double tokens_per_joule = 0;  // 0: power unknown
+  int64_t max_batch = 0;      // global batch (all replicas); 0: not searched / none fits
+};
+
+// Prices one workload (compiled at the per-replica batch) on a device.
+Prediction predict(const DeviceSpec& d, const Workload& w, const Options& o);
+
+// The training step of a GPT with AdamW (no dropout) at any per-replica batch: the model and
+// the optimizer's state are realized on the cpu once; each batch size is traced, compiled
+// without running, and the model restored. Results are memoized.
+class GptWorkloads {
+ public:
+  explicit GptWorkloads(const nn::GPTConfig& cfg);
+  ~GptWorkloads();
+  const Workload& at(int64_t batch);
+  // The largest per-replica batch whose peak (under dtype) is at most `capacity` bytes: grows
+  // from the fitted line through two compiled sizes, then checks by compiling (at most `limit`).
+  int64_t max_batch(double capacity, DType dtype, int64_t limit = 1 << 16);
+  const nn::GPTConfig& config() const { return cfg_; }
+  int64_t compiles() const { return int64_t(memo_.size()); }
+
+ private:
+  struct State;
+  nn::GPTConfig cfg_;
+  std::unique_ptr<State> st_;
+  std::map<int64_t, Workload> memo_;
+};
+
+// The peak under a dtype: floating buffers at bf16 take half their float32 bytes.
+double peak_under(const Workload& w, DType dtype);
+
+// Runs `steps` training steps of the GPT at `batch` on the cpu after `warmup`, returning the
+// median measured step time and the allocator's high-water mark (params + the run's bytes).
+struct Measured {
+  double step_s = 0;
+  double high_water_bytes = 0;
+};
+Measured measure_gpt_on_host(const nn::GPTConfig& cfg, int64_t batch, int steps = 5, int warmup = 2);
+
+}  // namespace tessera::advise

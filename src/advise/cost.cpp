@@ -1,0 +1,290 @@
+// The advisor's cost model and workloads.
+//
+// Per Step (one replica): t = max(flops / (peak * eff), bytes / (bw * bw_eff)) + launch.
+//   Gemm Steps: M, N, K from the Step's output shape and its first input's map; on a matrix
+//   unit (tensor cores, a TPU MXU) the flops are those of M, N, K padded to the device's tiles;
+//   bfloat16 runs at the matrix unit's bf16/fp16 peak, float32 at the vector fp32 peak on GPUs
+//   and at the MXU peak / fp32_matmul_passes on TPUs; the host's GEMM rate falls on small
+//   problems (rate = peak f / (f + gemm_half_flops), calibrated).
+//   Other Steps run at the vector rate; under bfloat16 the bytes of floating Steps halve.
+// Data parallel over R replicas: + a ring all-reduce of the gradient bytes, not overlapped with
+// the backward pass (an upper bound; DDP overlaps most of it).
+// Memory per replica: the static memory plan's peak of the training step's graph at the
+// per-replica batch. That graph's parameters are the model's weights, AdamW's two moments, the
+// token batch and the step's runtime scalars; its outputs (the updated weights and moments) are
+// written into them (donation) and add nothing; the gradients and activations are temporaries,
+// so the peak counts weights + 2 moments + the most activations/gradients live at once. Under
+// data parallelism every replica holds all of it (plain DDP, no sharding). The plan is the cpu
+// device's: today no target changes dtypes or alignment, so it is every device's plan; bfloat16
+// halves the floating buffers of the plan's peak (pure bf16 training, no float32 master copy).
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <set>
+
+#include "frontend/tensor_impl.h"
+#include "runtime/realize.h"
+#include "tessera/advise.h"
+#include "tessera/error.h"
+#include "tessera/metrics.h"
+#include "tessera/optim.h"
+
+namespace tessera::advise {
+
+const char* bottleneck_name(Bottleneck b) {
+  switch (b) {
+    case Bottleneck::Compute: return "compute";
+    case Bottleneck::Memory: return "memory";
+    case Bottleneck::Launch: return "launch";
+    case Bottleneck::Communication: return "communication";
+  }
+  return "?";
+}
+
+int64_t pad_to(int64_t x, int64_t tile) {
+  if (tile <= 1) return x;
+  return (x + tile - 1) / tile * tile;
+}
+
+double step_seconds(const DeviceSpec& d, const StepCost& s, DType dtype, Bottleneck* why) {
+  const bool half = dtype == DType::BFloat16 && s.floating;
+  const double bytes = half ? s.bytes / 2 : s.bytes;
+  double flops = s.flops, rate = 0;
+  if (s.gemm) {
+    const bool matrix_unit = d.bf16_flops > 0 && (half || d.cls == "tpu");
+    if (matrix_unit) {
+      double mnk = double(s.m) * double(s.n) * double(s.k);
+      if (mnk > 0)
+        flops *= double(pad_to(s.m, d.tile_mn)) * double(pad_to(s.n, d.tile_mn)) * double(pad_to(s.k, d.tile_k)) / mnk;
+      rate = d.bf16_flops * d.matrix_eff / (half ? 1.0 : d.fp32_matmul_passes);
+    } else {
+      rate = (half && d.vec16_flops > 0 ? d.vec16_flops : d.fp32_flops) * d.vector_eff;
+      if (d.gemm_half_flops > 0 && flops > 0) rate *= flops / (flops + d.gemm_half_flops);
+    }
+  } else {
+    rate = (half && d.vec16_flops > 0 ? d.vec16_flops : d.fp32_flops) * d.vector_eff;
+  }
+  const double tc = rate > 0 ? flops / rate : 0;
+  const double tm = d.mem_bw > 0 ? bytes / (d.mem_bw * d.bw_eff) : 0;
+  if (why) *why = d.launch_s > std::max(tc, tm) ? Bottleneck::Launch : tc >= tm ? Bottleneck::Compute : Bottleneck::Memory;
+  return std::max(tc, tm) + d.launch_s;
+}
+
+double allreduce_seconds(const DeviceSpec& d, double bytes, int n) {
+  if (n <= 1 || bytes <= 0) return 0;
+  if (d.link_bw <= 0) fail("advise", "device '" + d.name + "' has no interconnect bandwidth for data parallelism", "");
+  const double hops = 2.0 * (n - 1);
+  return hops * d.link_latency_s + hops / n * bytes / (d.link_bw * d.link_eff);
+}
+
+double peak_under(const Workload& w, DType dtype) {
+  double p = double(w.plan.peak_bytes);
+  return dtype == DType::BFloat16 ? p - w.float_peak_bytes / 2 : p;
+}
+
+Prediction predict(const DeviceSpec& d, const Workload& w, const Options& o) {
+  if (o.dtype != DType::Float32 && o.dtype != DType::BFloat16) fail("advise", "dtype must be float32 or bfloat16", "");
+  if (o.data_parallel < 1) fail("advise", "data parallelism must be at least 1", "");
+  Prediction p;
+  p.device = d.name;
+  for (const StepCost& s : w.steps) {
+    Bottleneck why;
+    double t = step_seconds(d, s, o.dtype, &why);
+    (why == Bottleneck::Compute ? p.compute_s : why == Bottleneck::Memory ? p.memory_s : p.launch_s) += t;
+  }
+  const int replicas = o.data_parallel * d.replicas;
+  p.comm_s = allreduce_seconds(d, o.dtype == DType::BFloat16 ? w.grad_bytes / 2 : w.grad_bytes, replicas);
+  p.step_s = p.compute_s + p.memory_s + p.launch_s + p.comm_s;
+  double best = p.compute_s;
+  p.bottleneck = Bottleneck::Compute;
+  if (p.memory_s > best) best = p.memory_s, p.bottleneck = Bottleneck::Memory;
+  if (p.launch_s > best) best = p.launch_s, p.bottleneck = Bottleneck::Launch;
+  if (p.comm_s > best) best = p.comm_s, p.bottleneck = Bottleneck::Communication;
+  p.peak_bytes = peak_under(w, o.dtype);
+  p.capacity_bytes = d.usable_bytes > 0 ? d.usable_bytes : d.mem_bytes;
+  p.fits = p.peak_bytes <= p.capacity_bytes;
+  p.tokens_per_s = p.step_s > 0 ? w.tokens * replicas / p.step_s : 0;
+  p.tokens_per_joule = d.power_w > 0 ? p.tokens_per_s / (d.power_w * replicas) : 0;
+  return p;
+}
+
+// ---- workloads ---------------------------------------------------------------------------------
+namespace {
+
+Workload workload_from(const std::vector<std::shared_ptr<TensorImpl>>& impls, const MemoryPlan& plan) {
+  std::vector<runtime::Request> req;
+  for (auto& impl : impls) {
+    if (!impl->node || impl->node->op == ir::Op::Leaf) continue;
+    req.push_back({impl->node, impl->donor});
+  }
+  Workload w;
+  w.plan = plan;
+  if (req.empty()) return w;
+  auto compiled = runtime::compile_only(req);  // the same graph: a cache hit after plan_memory
+  for (const kir::Step& st : compiled->steps) {
+    StepCost c;
+    c.gemm = st.kind == kir::StepKind::Gemm;
+    c.floating = is_floating(st.dtype);
+    c.flops = st.cost.flops;
+    c.bytes = st.cost.bytes;
+    if (c.gemm && st.shape.size() >= 2 && !st.maps.empty() && !st.maps[0].shape().empty()) {
+      c.m = st.shape[st.shape.size() - 2];
+      c.n = st.shape.back();
+      c.k = st.maps[0].shape().back();
+      c.batch = std::max<int64_t>(1, numel(st.shape) / std::max<int64_t>(1, c.m * c.n));
+    }
+    w.steps.push_back(c);
+  }
+  for (const PlannedBuffer& b : plan.live_at_peak)
+    if (is_floating(b.dtype)) w.float_peak_bytes += double(b.bytes);
+  return w;
+}
+
+}  // namespace
+
+Workload workload_of(const std::vector<Tensor>& outputs) {
+  // In the order sync() would request them (as plan_memory does), so the graph is the same.
+  std::set<const TensorImpl*> wanted;
+  for (auto& t : outputs) wanted.insert(t.impl().get());
+  std::vector<std::shared_ptr<TensorImpl>> impls;
+  for (auto& impl : detail::pending_impls())
+    if (outputs.empty() || wanted.count(impl.get())) impls.push_back(impl);
+  MemoryPlan plan = outputs.empty() ? pending_memory_plan() : plan_memory(outputs);
+  return workload_from(impls, plan);
+}
+
+struct GptWorkloads::State {
+  std::unique_ptr<nn::GPT> model;
+  std::unique_ptr<optim::AdamW> opt;
+  double grad_bytes = 0;
+};
+
+GptWorkloads::GptWorkloads(const nn::GPTConfig& cfg) : cfg_(cfg), st_(std::make_unique<State>()) {
+  nn::GPTConfig c = cfg;
+  c.dropout = 0;  // no RNG in the step: the graph does not depend on the draw
+  st_->model = std::make_unique<nn::GPT>(c);
+  st_->model->train();
+  st_->opt = std::make_unique<optim::AdamW>(st_->model->parameters(), optim::AdamOptions{.lr = 3e-3, .weight_decay = 0.1});
+  // The steady state: AdamW's moments exist (realized zeros), as from the second step on.
+  std::map<std::string, Tensor> sd;
+  const auto& ps = st_->opt->params();
+  for (size_t i = 0; i < ps.size(); ++i) {
+    sd[std::to_string(i) + ".exp_avg"] = zeros_like(ps[i]);
+    sd[std::to_string(i) + ".exp_avg_sq"] = zeros_like(ps[i]);
+    st_->grad_bytes += double(ps[i].numel()) * 4;
+  }
+  sd["step"] = full({}, 1.0, TensorOptions{DType::Float32, Device("cpu")});
+  st_->opt->load_state_dict(sd);
+  sync();
+}
+
+GptWorkloads::~GptWorkloads() = default;
+
+const Workload& GptWorkloads::at(int64_t batch) {
+  if (batch < 1) fail("advise", "batch must be positive", "");
+  auto it = memo_.find(batch);
+  if (it != memo_.end()) return it->second;
+  // Everything the step updates in place; put back on its old buffer after. No strong reference
+  // to those buffers is held here: one would forbid donating them and change the plan (the
+  // pending graph's leaves keep them alive, and each rebound impl's donor names its buffer).
+  std::vector<std::shared_ptr<TensorImpl>> saved;
+  for (auto& p : st_->opt->params()) saved.push_back(p.impl());
+  for (auto& [k, t] : st_->opt->state_dict())
+    if (k != "step") saved.push_back(t.impl());
+  Workload w;
+  {
+    const int64_t T = cfg_.block;
+    std::vector<int64_t> ids(size_t(batch * T), 1);
+    TensorOptions o{DType::Int64, Device("cpu")};
+    Tensor x = from_vector(ids, {batch, T}, o), y = from_vector(ids, {batch, T}, o);
+    st_->opt->zero_grad();
+    Tensor loss = st_->model->loss(x, y);
+    loss.backward();
+    st_->opt->step();
+    st_->opt->zero_grad();  // as a training loop does before loss.item(): gradients are temporaries
+    w = workload_of({});
+    st_->opt->zero_grad();
+    std::vector<std::shared_ptr<Buffer>> old;
+    for (auto& impl : saved) old.push_back(impl->node ? impl->donor.lock() : impl->buffer);
+    for (size_t i = 0; i < saved.size(); ++i) {
+      if (!old[i]) fail("advise", "internal: lost a parameter's buffer while planning", "");
+      if (saved[i]->node) saved[i]->realize_to(old[i]);
+      saved[i]->realized_from.reset();
+    }
+  }
+  w.batch = batch;
+  w.tokens = double(batch * cfg_.block);
+  w.grad_bytes = st_->grad_bytes;
+  return memo_.emplace(batch, std::move(w)).first->second;
+}
+
+int64_t GptWorkloads::max_batch(double capacity, DType dtype, int64_t limit) {
+  auto fits = [&](int64_t b) { return peak_under(at(b), dtype) <= capacity; };
+  if (!fits(1)) return 0;
+  double p1 = peak_under(at(1), dtype), p2 = peak_under(at(2), dtype);
+  if (p2 > capacity) return 1;
+  double slope = p2 - p1;
+  int64_t est = slope > 0 ? int64_t(std::floor((capacity - p1) / slope)) + 1 : limit;
+  est = std::clamp<int64_t>(est, 1, limit);
+  int64_t lo, hi;  // fits(lo), !fits(hi) (hi may be limit + 1)
+  if (fits(est)) {
+    lo = est;
+    int64_t step = 1;
+    while (lo + step <= limit && fits(lo + step)) lo += step, step *= 2;
+    hi = std::min(lo + step, limit + 1);
+  } else {
+    hi = est;
+    int64_t step = 1;
+    while (hi - step >= 1 && !fits(hi - step)) hi -= step, step *= 2;
+    lo = std::max<int64_t>(hi - step, 1);
+  }
+  while (hi - lo > 1) {
+    int64_t mid = lo + (hi - lo) / 2;
+    (fits(mid) ? lo : hi) = mid;
+  }
+  return lo;
+}
+
+Measured measure_gpt_on_host(const nn::GPTConfig& cfg, int64_t batch, int steps, int warmup) {
+  using clk = std::chrono::steady_clock;
+  nn::GPTConfig c = cfg;
+  c.dropout = 0;
+  nn::GPT model(c);
+  model.train();
+  optim::AdamW opt(model.parameters(), {.lr = 3e-3, .weight_decay = 0.1});
+  TensorOptions o{DType::Int64, Device("cpu")};
+  uint64_t s = 1234;
+  auto batch_of = [&] {
+    std::vector<int64_t> v(size_t(batch * c.block));
+    for (auto& t : v) {
+      s = s * 6364136223846793005ull + 1442695040888963407ull;
+      t = int64_t((s >> 33) % uint64_t(c.vocab));
+    }
+    return from_vector(v, {batch, c.block}, o);
+  };
+  std::vector<double> times;
+  Measured m;
+  for (int i = 0; i < warmup + steps; ++i) {
+    Tensor x = batch_of(), y = batch_of();
+    sync();
+    auto t0 = clk::now();
+    Tensor loss = model.loss(x, y);
+    loss.backward();
+    opt.step();
+    opt.zero_grad();
+    int64_t before = metrics().live_bytes;
+    if (i == warmup) reset_peak_bytes();
+    loss.item();
+    double dt = std::chrono::duration<double>(clk::now() - t0).count();
+    if (i == warmup) {
+      MemoryPlan last = last_memory_plan();
+      m.high_water_bytes = double(last.param_bytes) + double(metrics().peak_bytes - before);
+    }
+    if (i >= warmup) times.push_back(dt);
+  }
+  std::sort(times.begin(), times.end());
+  m.step_s = times.empty() ? 0 : times[times.size() / 2];
+  return m;
+}
+
+}  // namespace tessera::advise

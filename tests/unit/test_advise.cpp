@@ -1,0 +1,308 @@
+// The advisor: the cost model on hand-computed cases (a pure GEMM, a pure bandwidth Step, tile
+// padding and the TPU's float32 passes, a ring all-reduce), Gemm Steps' M, N, K from the
+// compiled plan, the host's predicted peak against the allocator's high-water mark (within 2%),
+// the largest-batch search, the device table and JSON devices, and monotonicity over generated
+// models (more memory never turns "fits" into "does not fit"; faster on both roofs is never
+// predicted slower).
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <set>
+
+#include "frontend/tensor_impl.h"
+#include "tessera/advise.h"
+#include "tessera/metrics.h"
+#include "tessera/tessera.h"
+#include "test_util.h"
+
+namespace tessera {
+namespace {
+
+using namespace advise;
+
+// A device with round numbers: 1 TFLOP/s vector, 8 TFLOP/s matrix, 100 GB/s, 1 us per Step.
+DeviceSpec round_device() {
+  DeviceSpec d;
+  d.name = "round";
+  d.cls = "gpu-tc";
+  d.fp32_flops = 1e12;
+  d.bf16_flops = 8e12;
+  d.mem_bw = 1e11;
+  d.mem_bytes = d.usable_bytes = 1e9;
+  d.link_bw = 1e10;
+  d.link_latency_s = 1e-5;
+  d.matrix_eff = 0.5, d.vector_eff = 0.5, d.bw_eff = 0.5, d.link_eff = 1;
+  d.launch_s = 1e-6;
+  d.tile_mn = 128, d.tile_k = 128;
+  d.power_w = 100;
+  return d;
+}
+
+StepCost gemm(int64_t m, int64_t n, int64_t k, double bytes = 0) {
+  StepCost s;
+  s.gemm = true;
+  s.m = m, s.n = n, s.k = k;
+  s.flops = 2.0 * double(m) * double(n) * double(k);
+  s.bytes = bytes;
+  return s;
+}
+
+TEST(CostModel, PureGemmIsComputeBoundAtTheVectorRateInFloat32) {
+  DeviceSpec d = round_device();
+  StepCost s = gemm(1024, 1024, 1024, 12.0 * 1024 * 1024);  // 12 MiB: 0.25 ms at 50 GB/s
+  Bottleneck why;
+  double t = step_seconds(d, s, DType::Float32, &why);
+  // 2 * 1024^3 flops at 0.5 * 1e12 = 4.294967 ms, + 1 us; no padding off the matrix unit.
+  EXPECT_NEAR(t, 2.0 * 1073741824.0 / 0.5e12 + 1e-6, 1e-12);
+  EXPECT_EQ(why, Bottleneck::Compute);
+  // bfloat16 on the matrix unit: 8x the rate, 1024 is a multiple of the 128 tile, bytes halve.
+  double tb = step_seconds(d, s, DType::BFloat16, &why);
+  EXPECT_NEAR(tb, 2.0 * 1073741824.0 / 4e12 + 1e-6, 1e-12);
+  EXPECT_EQ(why, Bottleneck::Compute);
+}
+
+TEST(CostModel, PureBandwidthStepIsMemoryBound) {
+  DeviceSpec d = round_device();
+  StepCost s;
+  s.flops = 1e6;  // 2 us at 0.5 TFLOP/s
+  s.bytes = 1e9;  // 20 ms at 50 GB/s
+  Bottleneck why;
+  EXPECT_NEAR(step_seconds(d, s, DType::Float32, &why), 0.02 + 1e-6, 1e-12);
+  EXPECT_EQ(why, Bottleneck::Memory);
+  EXPECT_NEAR(step_seconds(d, s, DType::BFloat16, &why), 0.01 + 1e-6, 1e-12);  // floating: bytes halve
+  s.floating = false;  // e.g. int64 indices: no halving
+  EXPECT_NEAR(step_seconds(d, s, DType::BFloat16, &why), 0.02 + 1e-6, 1e-12);
+  // A tiny Step is launch-bound.
+  StepCost tiny;
+  tiny.flops = 10, tiny.bytes = 40;
+  step_seconds(d, tiny, DType::Float32, &why);
+  EXPECT_EQ(why, Bottleneck::Launch);
+}
+
+TEST(CostModel, MatrixDimensionsArePaddedToTheTile) {
+  EXPECT_EQ(pad_to(130, 128), 256);
+  EXPECT_EQ(pad_to(128, 128), 128);
+  EXPECT_EQ(pad_to(1, 128), 128);
+  EXPECT_EQ(pad_to(7, 1), 7);
+  DeviceSpec d = round_device();
+  StepCost s = gemm(130, 128, 100);
+  // Padded to 256 x 128 x 128 at 0.5 * 8e12.
+  EXPECT_NEAR(step_seconds(d, s, DType::BFloat16), 2.0 * 256 * 128 * 128 / 4e12 + 1e-6, 1e-15);
+  // A TPU runs float32 matmuls on its MXU in 6 bf16 passes (also padded).
+  d.cls = "tpu";
+  d.fp32_matmul_passes = 6;
+  EXPECT_NEAR(step_seconds(d, s, DType::Float32), 6 * 2.0 * 256 * 128 * 128 / 4e12 + 1e-6, 1e-15);
+}
+
+TEST(CostModel, RingAllReduceIsAlphaBeta) {
+  DeviceSpec d = round_device();
+  // 4 replicas: 2(n-1) = 6 hops of 10 us, and 2(n-1)/n = 1.5 times 1 GB at 10 GB/s.
+  EXPECT_NEAR(allreduce_seconds(d, 1e9, 4), 6e-5 + 0.15, 1e-12);
+  EXPECT_EQ(allreduce_seconds(d, 1e9, 1), 0.0);
+  // In a prediction it is added once per step and named the bottleneck when it dominates.
+  Workload w;
+  w.steps = {gemm(64, 64, 64)};
+  w.tokens = 64;
+  w.grad_bytes = 1e9;
+  Prediction p = predict(d, w, {.dtype = DType::Float32, .data_parallel = 4});
+  EXPECT_NEAR(p.comm_s, 6e-5 + 0.15, 1e-12);
+  EXPECT_NEAR(p.step_s, p.comm_s + step_seconds(d, w.steps[0], DType::Float32), 1e-12);
+  EXPECT_EQ(p.bottleneck, Bottleneck::Communication);
+  EXPECT_NEAR(p.tokens_per_s, 4 * 64 / p.step_s, 1e-6);
+  EXPECT_NEAR(p.tokens_per_joule, p.tokens_per_s / 400, 1e-9);
+}
+
+TEST(Workload, GemmStepsCarryMNKFromTheCompiledPlan) {
+  Tensor a = testing::random_tensor({2, 3, 5}, DType::Float32, 1), b = testing::random_tensor({2, 5, 7}, DType::Float32, 2);
+  sync();
+  int64_t launched = metrics().steps_launched;
+  Tensor c = matmul(a, b);
+  Workload w = workload_of({c});
+  EXPECT_EQ(metrics().steps_launched, launched) << "compile only";
+  int gemms = 0;
+  for (auto& s : w.steps)
+    if (s.gemm) {
+      ++gemms;
+      EXPECT_EQ(s.m, 3);
+      EXPECT_EQ(s.n, 7);
+      EXPECT_EQ(s.k, 5);
+      EXPECT_EQ(s.batch, 2);
+      EXPECT_DOUBLE_EQ(s.flops, 2.0 * 2 * 3 * 5 * 7);
+    }
+  EXPECT_EQ(gemms, 1);
+  EXPECT_GT(w.plan.peak_bytes, 0u);
+}
+
+nn::GPTConfig tiny_gpt(int64_t layers = 1, int64_t embd = 32, int64_t block = 16, int64_t vocab = 28) {
+  return {.vocab = vocab, .block = block, .embd = embd, .heads = 2, .layers = layers, .dropout = 0.0, .bias = true, .tied_head = false};
+}
+
+TEST(GptWorkloads, CompilesWithoutRunningAndRestoresTheModel) {
+  GptWorkloads g(tiny_gpt());
+  int64_t launched = metrics().steps_launched;
+  const Workload& w = g.at(3);
+  EXPECT_EQ(metrics().steps_launched, launched) << "tracing a batch size must not run anything";
+  EXPECT_TRUE(detail::pending_impls().empty()) << "the model and optimizer state are put back as they were";
+  EXPECT_EQ(w.batch, 3);
+  EXPECT_DOUBLE_EQ(w.tokens, 3.0 * 16);
+  EXPECT_GT(w.steps.size(), 20u);
+  EXPECT_GT(w.grad_bytes, 0);
+  // Params, both AdamW moments: the plan holds at least three copies of the weights.
+  EXPECT_GE(double(w.plan.param_bytes), 3 * w.grad_bytes);
+  // A second batch size traces the same restored model: same parameters, more activations.
+  const Workload& w2 = g.at(6);
+  EXPECT_EQ(w2.plan.param_bytes - w.plan.param_bytes, 2 * 3 * 16 * sizeof(int64_t)) << "only the token batches grow";
+  EXPECT_GT(w2.plan.peak_bytes, w.plan.peak_bytes);
+}
+
+TEST(HostMemory, PredictedPeakMatchesTheAllocatorHighWaterWithin2Percent) {
+  for (int64_t batch : {2, 8}) {
+    nn::GPTConfig cfg = tiny_gpt(2, 32, 16);
+    GptWorkloads g(cfg);
+    double predicted = double(g.at(batch).plan.peak_bytes);
+    Measured m = measure_gpt_on_host(cfg, batch, 2, 2);
+    std::printf("[advise] batch %lld: predicted peak %.0f B, allocator high-water %.0f B, ratio %.4f\n", (long long)batch,
+                predicted, m.high_water_bytes, predicted / m.high_water_bytes);
+    EXPECT_NEAR(predicted / m.high_water_bytes, 1.0, 0.02);
+  }
+}
+
+TEST(GptWorkloads, MaxBatchIsTheLargestThatFits) {
+  GptWorkloads g(tiny_gpt());
+  double cap = double(g.at(5).plan.peak_bytes) + 1;
+  int64_t b = g.max_batch(cap, DType::Float32);
+  EXPECT_GE(b, 5);
+  EXPECT_LE(peak_under(g.at(b), DType::Float32), cap);
+  EXPECT_GT(peak_under(g.at(b + 1), DType::Float32), cap);
+  EXPECT_EQ(g.max_batch(double(g.at(1).plan.peak_bytes) - 1, DType::Float32), 0) << "nothing fits";
+  // bfloat16 halves the floating buffers: a larger batch fits in the same bytes.
+  EXPECT_GT(g.max_batch(cap, DType::BFloat16), b);
+  EXPECT_LE(g.max_batch(1e12, DType::Float32, 64), 64) << "the search stops at its limit";
+}
+
+TEST(Devices, TableHasEveryDeviceWithPositiveFigures) {
+  std::vector<DeviceSpec> t = builtin_devices();
+  std::set<std::string> names;
+  for (auto& d : t) {
+    names.insert(d.name);
+    EXPECT_GT(d.fp32_flops, 0) << d.name;
+    EXPECT_GT(d.mem_bytes, 0) << d.name;
+    EXPECT_GT(d.usable_bytes, 0) << d.name;
+    EXPECT_LE(d.usable_bytes, d.mem_bytes) << d.name;
+    EXPECT_GT(d.mem_bw, 0) << d.name;
+    EXPECT_GT(d.link_bw, 0) << d.name;
+    EXPECT_GT(d.power_w, 0) << d.name;
+    EXPECT_FALSE(d.source.empty()) << d.name;
+  }
+  for (const char* n : {"t4", "p100", "v100-16", "v100-32", "a100-40", "a100-80", "h100", "h200", "tpu-v3-core", "tpu-v3-8",
+                        "tpu-v4-chip", "tpu-v4-8"})
+    EXPECT_TRUE(names.count(n)) << n;
+  DeviceSpec v3 = find_device(t, "tpu-v3-core");
+  EXPECT_DOUBLE_EQ(v3.mem_bytes, 16.0 * 1073741824.0);
+  EXPECT_DOUBLE_EQ(v3.usable_bytes, 14.5e9);
+  EXPECT_EQ(find_device(t, "tpu-v3-8").replicas, 8);
+  EXPECT_THROW(find_device(t, "abacus"), Error);
+}
+
+TEST(Devices, JsonFileAddsDevices) {
+  std::filesystem::path p = std::filesystem::temp_directory_path() / "tessera_advise_devices.json";
+  {
+    std::ofstream f(p);
+    f << R"([{"name": "mygpu", "fp32_tflops": 10, "bf16_tflops": 80, "mem_gb": 24, "mem_bw_gbs": 500, "power_w": 150,
+             "link_bw_gbs": 25}])";
+  }
+  std::vector<DeviceSpec> v = load_devices_json(p.string());
+  ASSERT_EQ(v.size(), 1u);
+  EXPECT_EQ(v[0].name, "mygpu");
+  EXPECT_DOUBLE_EQ(v[0].fp32_flops, 10e12);
+  EXPECT_DOUBLE_EQ(v[0].bf16_flops, 80e12);
+  EXPECT_DOUBLE_EQ(v[0].mem_bytes, 24e9);
+  EXPECT_DOUBLE_EQ(v[0].usable_bytes, 24e9);
+  EXPECT_DOUBLE_EQ(v[0].mem_bw, 500e9);
+  {
+    std::ofstream f(p);
+    f << R"([{"name": "broken", "mem_gb": 24}])";
+  }
+  EXPECT_THROW(load_devices_json(p.string()), Error);
+  {
+    std::ofstream f(p);
+    f << "not json";
+  }
+  EXPECT_THROW(load_devices_json(p.string()), Error);
+  std::filesystem::remove(p);
+}
+
+TEST(Devices, HostIsCalibratedAndCached) {
+  std::filesystem::path dir = std::filesystem::temp_directory_path() / "tessera_advise_cache";
+  std::filesystem::remove_all(dir);
+  const char* old = std::getenv("XDG_CACHE_HOME");
+  std::string saved = old ? old : "";
+  setenv("XDG_CACHE_HOME", dir.c_str(), 1);
+  DeviceSpec h = host_device();
+  EXPECT_GT(h.fp32_flops, 1e8);
+  EXPECT_GT(h.mem_bw, 1e8);
+  EXPECT_GT(h.launch_s, 0);
+  EXPECT_LT(h.launch_s, 1e-2);
+  bool cached = false;
+  for (auto& e : std::filesystem::directory_iterator(dir / "tessera")) cached = cached || e.path().extension() == ".json";
+  EXPECT_TRUE(cached);
+  DeviceSpec again = host_device();  // from the cache: the same figures
+  EXPECT_DOUBLE_EQ(again.fp32_flops, h.fp32_flops);
+  EXPECT_DOUBLE_EQ(again.mem_bw, h.mem_bw);
+  if (old) setenv("XDG_CACHE_HOME", saved.c_str(), 1);
+  else unsetenv("XDG_CACHE_HOME");
+  std::filesystem::remove_all(dir);
+}
+
+// ---- monotonicity over generated models ------------------------------------------------------
+TEST(Monotonic, MoreMemoryNeverUnfitsAndFasterRoofsNeverPredictSlower) {
+  std::mt19937_64 rng(42);
+  std::vector<DeviceSpec> table = builtin_devices();
+  int checked = 0;
+  for (int model = 0; model < 6; ++model) {
+    auto pick = [&](std::vector<int64_t> v) { return v[rng() % v.size()]; };
+    nn::GPTConfig cfg = tiny_gpt(pick({1, 2}), pick({16, 32, 48}), pick({8, 16, 32}), pick({20, 60}));
+    GptWorkloads g(cfg);
+    const Workload& w = g.at(pick({1, 2, 4}));
+    for (DType dt : {DType::Float32, DType::BFloat16}) {
+      for (const DeviceSpec& base : table) {
+        std::uniform_real_distribution<double> up(1.0, 4.0);
+        Options o{.dtype = dt, .data_parallel = int(rng() % 3) + 1};
+        Prediction p = predict(base, w, o);
+        // More memory: fits stays fits.
+        DeviceSpec big = base;
+        big.usable_bytes *= up(rng);
+        big.mem_bytes *= up(rng);
+        Prediction pb = predict(big, w, o);
+        if (p.fits) {
+          EXPECT_TRUE(pb.fits) << base.name;
+        }
+        // A capacity just at the peak fits; just below does not.
+        DeviceSpec edge = base;
+        edge.usable_bytes = p.peak_bytes;
+        EXPECT_TRUE(predict(edge, w, o).fits);
+        edge.usable_bytes = p.peak_bytes - 1;
+        EXPECT_FALSE(predict(edge, w, o).fits);
+        // Faster on both roofs (and not slower anywhere else): never predicted slower.
+        DeviceSpec fast = base;
+        double fc = up(rng), fm = up(rng);
+        fast.fp32_flops *= fc;
+        fast.bf16_flops *= fc;
+        fast.vec16_flops *= fc;
+        fast.mem_bw *= fm;
+        if (rng() % 2) fast.link_bw *= up(rng);
+        Prediction pf = predict(fast, w, o);
+        EXPECT_LE(pf.step_s, p.step_s * (1 + 1e-12)) << base.name;
+        ++checked;
+      }
+    }
+  }
+  EXPECT_GT(checked, 100);
+}
+
+}  // namespace
+}  // namespace tessera

@@ -1,0 +1,216 @@
+// `tessera advise gpt`: predicted training-step time and memory of a GPT on accelerators that
+// are not here (and on this host), from the compiled step's Steps and its static memory plan.
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+#include <tessera/advise.h>
+#include <tessera/tessera.h>
+
+#include "commands.h"
+
+namespace tessera::cli {
+namespace {
+
+struct AdviseOptions {
+  int64_t batch = 16, block = 64, layers = 4, heads = 4, embd = 128, vocab = 114;
+  std::string preset;
+  std::string devices = "t4,p100,v100-16,a100-40,a100-80,h100,h200,tpu-v3-8,tpu-v4-8";
+  std::string device_file;
+  std::string dtype = "float32";
+  int64_t data_parallel = 1;
+  bool json = false, validate = false, no_max_batch = false, recalibrate = false;
+};
+
+std::string human_bytes(double b) {
+  char buf[32];
+  if (b >= 1e9) std::snprintf(buf, sizeof buf, "%.2f GB", b / 1e9);
+  else if (b >= 1e6) std::snprintf(buf, sizeof buf, "%.1f MB", b / 1e6);
+  else std::snprintf(buf, sizeof buf, "%.0f kB", b / 1e3);
+  return buf;
+}
+std::string human_time(double s) {
+  char buf[32];
+  if (s >= 1) std::snprintf(buf, sizeof buf, "%.2f s", s);
+  else if (s >= 1e-3) std::snprintf(buf, sizeof buf, "%.2f ms", s * 1e3);
+  else std::snprintf(buf, sizeof buf, "%.1f us", s * 1e6);
+  return buf;
+}
+std::string human_rate(double r) {
+  char buf[32];
+  if (r >= 1e6) std::snprintf(buf, sizeof buf, "%.2fM", r / 1e6);
+  else if (r >= 1e3) std::snprintf(buf, sizeof buf, "%.1fk", r / 1e3);
+  else std::snprintf(buf, sizeof buf, "%.1f", r);
+  return buf;
+}
+
+std::vector<std::string> split(const std::string& s) {
+  std::vector<std::string> out;
+  std::stringstream ss(s);
+  std::string item;
+  while (std::getline(ss, item, ','))
+    if (!item.empty()) out.push_back(item);
+  return out;
+}
+
+struct Row {
+  advise::DeviceSpec dev;
+  advise::Prediction p;
+  int64_t per_replica = 0, replicas = 1;
+};
+
+void run_advise(const AdviseOptions& o) {
+  nn::GPTConfig cfg{.vocab = o.vocab, .block = o.block, .embd = o.embd, .heads = o.heads, .layers = o.layers,
+                    .dropout = 0.0, .bias = true, .tied_head = false};
+  if (o.preset == "gpt2-small") cfg = {.vocab = 50257, .block = 1024, .embd = 768, .heads = 12, .layers = 12,
+                                       .dropout = 0.0, .bias = true, .tied_head = true};
+  else if (!o.preset.empty() && o.preset != "demo") fail("advise", "unknown --preset '" + o.preset + "' (presets: demo, gpt2-small)", "");
+  if (cfg.embd % cfg.heads) fail("advise", "--embd must be a multiple of --heads", "");
+  DType dtype = o.dtype == "bfloat16" ? DType::BFloat16 : DType::Float32;
+
+  std::vector<advise::DeviceSpec> table = advise::builtin_devices();
+  if (!o.device_file.empty())
+    for (auto& d : advise::load_devices_json(o.device_file)) table.push_back(d);
+  std::vector<advise::DeviceSpec> devs;
+  for (auto& name : split(o.devices)) devs.push_back(name == "host" ? advise::host_device(o.recalibrate) : advise::find_device(table, name));
+  if (devs.empty()) fail("advise", "--devices names no device", "");
+
+  advise::GptWorkloads works(cfg);
+  advise::Options opts{.dtype = dtype, .data_parallel = int(o.data_parallel)};
+  std::vector<Row> rows;
+  for (auto& d : devs) {
+    Row r;
+    r.dev = d;
+    r.replicas = o.data_parallel * d.replicas;
+    r.per_replica = (o.batch + r.replicas - 1) / r.replicas;
+    r.p = advise::predict(d, works.at(r.per_replica), opts);
+    if (!o.no_max_batch) {
+      double cap = d.usable_bytes > 0 ? d.usable_bytes : d.mem_bytes;
+      r.p.max_batch = works.max_batch(cap, dtype) * r.replicas;
+    }
+    rows.push_back(r);
+  }
+
+  // The recommendation: the fastest device that fits, the most tokens per joule, what doesn't fit.
+  const Row* fastest = nullptr;
+  const Row* thrifty = nullptr;
+  std::vector<const Row*> misfits;
+  for (auto& r : rows) {
+    if (!r.p.fits) {
+      misfits.push_back(&r);
+      continue;
+    }
+    if (!fastest || r.p.tokens_per_s > fastest->p.tokens_per_s) fastest = &r;
+    if (r.p.tokens_per_joule > 0 && (!thrifty || r.p.tokens_per_joule > thrifty->p.tokens_per_joule)) thrifty = &r;
+  }
+  std::ostringstream rec;
+  if (!fastest) {
+    rec << "No device fits batch " << o.batch << ".";
+    const Row* most = nullptr;
+    for (auto& r : rows)
+      if (!most || r.p.max_batch > most->p.max_batch) most = &r;
+    if (most && most->p.max_batch > 0)
+      rec << " The largest batch fits on " << most->dev.name << " (" << most->p.max_batch << "); lower --batch, use "
+          << "--dtype bfloat16 or more data-parallel devices.";
+  } else {
+    rec << "Fastest: " << fastest->dev.name << " at " << human_rate(fastest->p.tokens_per_s) << " tokens/s ("
+        << human_time(fastest->p.step_s) << " per step, bound by " << advise::bottleneck_name(fastest->p.bottleneck) << ").";
+    if (thrifty && thrifty != fastest)
+      rec << " Most tokens per joule: " << thrifty->dev.name << " (" << human_rate(thrifty->p.tokens_per_joule) << "/J vs "
+          << human_rate(fastest->p.tokens_per_joule) << "/J).";
+    for (auto& r : rows)
+      if (r.p.fits && r.p.bottleneck == advise::Bottleneck::Launch) {
+        rec << " This model is small: launch overhead dominates on " << r.dev.name << " and the like, so a larger batch is nearly free there.";
+        break;
+      }
+    if (dtype == DType::Float32)
+      rec << " Tensor cores and TPU matrix units need bfloat16/float16 to reach their peak: try --dtype bfloat16.";
+  }
+  if (!misfits.empty()) {
+    rec << " Does not fit at batch " << o.batch << ":";
+    for (auto* r : misfits) rec << " " << r->dev.name << " (max batch " << r->p.max_batch << ")";
+    rec << ".";
+  }
+
+  if (o.json) {
+    nlohmann::json j;
+    j["model"] = {{"vocab", cfg.vocab}, {"block", cfg.block}, {"embd", cfg.embd}, {"heads", cfg.heads}, {"layers", cfg.layers}};
+    j["batch"] = o.batch;
+    j["dtype"] = o.dtype;
+    j["data_parallel"] = o.data_parallel;
+    j["devices"] = nlohmann::json::array();
+    for (auto& r : rows)
+      j["devices"].push_back({{"device", r.dev.name}, {"description", r.dev.description}, {"replicas", r.replicas},
+                              {"per_replica_batch", r.per_replica}, {"step_s", r.p.step_s}, {"tokens_per_s", r.p.tokens_per_s},
+                              {"peak_bytes", r.p.peak_bytes}, {"capacity_bytes", r.p.capacity_bytes}, {"fits", r.p.fits},
+                              {"max_batch", r.p.max_batch}, {"tokens_per_joule", r.p.tokens_per_joule},
+                              {"bottleneck", advise::bottleneck_name(r.p.bottleneck)}, {"compute_s", r.p.compute_s},
+                              {"memory_s", r.p.memory_s}, {"launch_s", r.p.launch_s}, {"communication_s", r.p.comm_s}});
+    j["recommendation"] = rec.str();
+    std::printf("%s\n", j.dump(2).c_str());
+  } else {
+    std::printf("GPT %lld layers, %lld heads, embd %lld, block %lld, vocab %lld; AdamW training step at batch %lld, %s%s\n",
+                (long long)cfg.layers, (long long)cfg.heads, (long long)cfg.embd, (long long)cfg.block, (long long)cfg.vocab,
+                (long long)o.batch, o.dtype.c_str(),
+                o.data_parallel > 1 ? (", data parallel over " + std::to_string(o.data_parallel)).c_str() : "");
+    std::printf("%-12s %10s %10s %21s %5s %9s %9s %13s\n", "DEVICE", "STEP", "TOKENS/S", "PEAK / CAPACITY", "FITS", "MAX BATCH",
+                "TOKENS/J", "BOTTLENECK");
+    for (auto& r : rows) {
+      std::string mem = human_bytes(r.p.peak_bytes) + " / " + human_bytes(r.p.capacity_bytes);
+      std::string mb = o.no_max_batch ? "-" : std::to_string(r.p.max_batch);
+      std::string tpj = r.p.tokens_per_joule > 0 ? human_rate(r.p.tokens_per_joule) : "n/a";
+      std::printf("%-12s %10s %10s %21s %5s %9s %9s %13s\n", r.dev.name.c_str(), human_time(r.p.step_s).c_str(),
+                  human_rate(r.p.tokens_per_s).c_str(), mem.c_str(), r.p.fits ? "yes" : "NO", mb.c_str(), tpj.c_str(),
+                  advise::bottleneck_name(r.p.bottleneck));
+    }
+    std::printf("Memory is per device (replica); TPU boards run their cores data parallel (batch split across them).\n");
+    std::printf("\n%s\n", rec.str().c_str());
+  }
+
+  if (o.validate) {
+    advise::DeviceSpec host = advise::host_device(o.recalibrate);
+    const advise::Workload& w = works.at(o.batch);
+    advise::Prediction p = advise::predict(host, w, {});
+    advise::Measured m = advise::measure_gpt_on_host(cfg, o.batch);
+    std::printf("\nvalidate on host (float32, batch %lld): step predicted %s, measured %s (%+.1f%%); peak predicted %s, "
+                "allocator high-water %s (%+.2f%%)\n",
+                (long long)o.batch, human_time(p.step_s).c_str(), human_time(m.step_s).c_str(),
+                100 * (p.step_s - m.step_s) / m.step_s, human_bytes(p.peak_bytes).c_str(),
+                human_bytes(m.high_water_bytes).c_str(), 100 * (p.peak_bytes - m.high_water_bytes) / m.high_water_bytes);
+    std::printf("RESULT advise_validate batch=%lld predicted_s=%.6f measured_s=%.6f predicted_peak=%.0f measured_peak=%.0f\n",
+                (long long)o.batch, p.step_s, m.step_s, p.peak_bytes, m.high_water_bytes);
+  }
+}
+
+}  // namespace
+
+void add_advise(CLI::App& app) {
+  CLI::App* adv = app.add_subcommand("advise", "Predict training step time and memory on accelerators (compiles, does not run)");
+  adv->require_subcommand(1);
+  auto o = std::make_shared<AdviseOptions>();
+  CLI::App* gpt = adv->add_subcommand("gpt", "Advice for the character GPT's AdamW training step");
+  gpt->add_option("--preset", o->preset, "model preset: demo, gpt2-small (12 layers, 12 heads, embd 768, block 1024, vocab 50257)");
+  gpt->add_option("--batch", o->batch, "sequences per step (over all devices)")->capture_default_str()->check(positive());
+  gpt->add_option("--block", o->block, "context length")->capture_default_str()->check(CLI::Range(2, 65536));
+  gpt->add_option("--layers", o->layers, "transformer blocks")->capture_default_str()->check(positive());
+  gpt->add_option("--heads", o->heads, "attention heads")->capture_default_str()->check(positive());
+  gpt->add_option("--embd", o->embd, "embedding width")->capture_default_str()->check(positive());
+  gpt->add_option("--vocab", o->vocab, "vocabulary size")->capture_default_str()->check(positive());
+  gpt->add_option("--devices", o->devices, "comma-separated devices (t4, p100, v100-16, v100-32, a100-40, a100-80, h100, h200, "
+                                           "tpu-v3-core, tpu-v3-8, tpu-v4-chip, tpu-v4-8, host, or from --device-file)")
+      ->capture_default_str();
+  gpt->add_option("--device-file", o->device_file, "JSON file of more devices (see src/advise/devices.cpp for the keys)");
+  gpt->add_option("--dtype", o->dtype, "float32 or bfloat16")->capture_default_str()->check(CLI::IsMember({"float32", "bfloat16"}));
+  gpt->add_option("--data-parallel", o->data_parallel, "devices (boards) in data parallel")->capture_default_str()->check(positive());
+  gpt->add_flag("--json", o->json, "print JSON instead of a table");
+  gpt->add_flag("--validate", o->validate, "also run the step on this host and print predicted vs measured time and peak memory");
+  gpt->add_flag("--no-max-batch", o->no_max_batch, "skip the search for the largest batch that fits");
+  gpt->add_flag("--recalibrate", o->recalibrate, "re-run the host microbenchmarks instead of using the cached calibration");
+  gpt->callback([o] { run_advise(*o); });
+}
+
+}  // namespace tessera::cli
