@@ -46,8 +46,12 @@ struct DeviceSpec {
   double launch_s = 5e-6;    // per-Step overhead (kernel launch / dispatch)
   int64_t tile_mn = 1, tile_k = 1;     // matrix-unit padding of M,N and of K
   double fp32_matmul_passes = 1;       // TPU: float32 matmul as this many bf16 passes
-  // Host only: GEMM efficiency falls on small problems: rate = peak * f / (f + gemm_half_flops).
+  // Host only: the GEMM peak (0: fp32_flops), whose efficiency falls on small problems:
+  // rate = gemm_flops * f / (f + gemm_half_flops). fp32_flops is then the elementwise rate.
+  double gemm_flops = 0;
   double gemm_half_flops = 0;
+  // Host only: tracing is synchronous with running there, so its time is added to the step.
+  bool add_trace_time = false;
   std::string source;        // where the figures come from (table: see devices.cpp)
 };
 
@@ -81,6 +85,7 @@ struct Workload {
   double tokens = 0;             // tokens per replica per step
   double grad_bytes = 0;         // float32 gradient bytes (all-reduced under data parallelism)
   double float_peak_bytes = 0;   // floating buffers' share of the plan's peak
+  double trace_s = 0;            // host time to trace the step (added on devices with add_trace_time)
 };
 
 // Compiles the pending graph that computes `outputs` (compile only) into a Workload.
@@ -103,7 +108,7 @@ int64_t pad_to(int64_t x, int64_t tile);
 
 struct Prediction {
   std::string device;
-  double step_s = 0, compute_s = 0, memory_s = 0, launch_s = 0, comm_s = 0;
+  double step_s = 0, compute_s = 0, memory_s = 0, launch_s = 0, comm_s = 0, trace_s = 0;
   Bottleneck bottleneck = Bottleneck::Compute;
   double peak_bytes = 0;      // per replica
   double capacity_bytes = 0;  // usable per replica

@@ -58,7 +58,7 @@ double step_seconds(const DeviceSpec& d, const StepCost& s, DType dtype, Bottlen
         flops *= double(pad_to(s.m, d.tile_mn)) * double(pad_to(s.n, d.tile_mn)) * double(pad_to(s.k, d.tile_k)) / mnk;
       rate = d.bf16_flops * d.matrix_eff / (half ? 1.0 : d.fp32_matmul_passes);
     } else {
-      rate = (half && d.vec16_flops > 0 ? d.vec16_flops : d.fp32_flops) * d.vector_eff;
+      rate = (half && d.vec16_flops > 0 ? d.vec16_flops : d.gemm_flops > 0 ? d.gemm_flops : d.fp32_flops) * d.vector_eff;
       if (d.gemm_half_flops > 0 && flops > 0) rate *= flops / (flops + d.gemm_half_flops);
     }
   } else {
@@ -94,6 +94,8 @@ Prediction predict(const DeviceSpec& d, const Workload& w, const Options& o) {
   }
   const int replicas = o.data_parallel * d.replicas;
   p.comm_s = allreduce_seconds(d, o.dtype == DType::BFloat16 ? w.grad_bytes / 2 : w.grad_bytes, replicas);
+  p.trace_s = d.add_trace_time ? w.trace_s : 0;
+  p.launch_s += p.trace_s;  // host-side overhead, like launching
   p.step_s = p.compute_s + p.memory_s + p.launch_s + p.comm_s;
   double best = p.compute_s;
   p.bottleneck = Bottleneck::Compute;
@@ -198,11 +200,14 @@ const Workload& GptWorkloads::at(int64_t batch) {
     TensorOptions o{DType::Int64, Device("cpu")};
     Tensor x = from_vector(ids, {batch, T}, o), y = from_vector(ids, {batch, T}, o);
     st_->opt->zero_grad();
+    auto t0 = std::chrono::steady_clock::now();
     Tensor loss = st_->model->loss(x, y);
     loss.backward();
     st_->opt->step();
     st_->opt->zero_grad();  // as a training loop does before loss.item(): gradients are temporaries
+    double trace_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     w = workload_of({});
+    w.trace_s = trace_s;
     st_->opt->zero_grad();
     std::vector<std::shared_ptr<Buffer>> old;
     for (auto& impl : saved) old.push_back(impl->node ? impl->donor.lock() : impl->buffer);
