@@ -161,7 +161,8 @@ void run_advise(const AdviseOptions& o) {
                 "TOKENS/J", "BOTTLENECK");
     for (auto& r : rows) {
       std::string mem = human_bytes(r.p.peak_bytes) + " / " + human_bytes(r.p.capacity_bytes);
-      std::string mb = o.no_max_batch ? "-" : std::to_string(r.p.max_batch);
+      // The search stops at 65536 per replica: say "at least" there.
+      std::string mb = o.no_max_batch ? "-" : (r.p.max_batch >= (int64_t(1) << 16) * r.replicas ? ">=" : "") + std::to_string(r.p.max_batch);
       std::string tpj = r.p.tokens_per_joule > 0 ? human_rate(r.p.tokens_per_joule) : "n/a";
       std::printf("%-12s %10s %10s %21s %5s %9s %9s %13s\n", r.dev.name.c_str(), human_time(r.p.step_s).c_str(),
                   human_rate(r.p.tokens_per_s).c_str(), mem.c_str(), r.p.fits ? "yes" : "NO", mb.c_str(), tpj.c_str(),
