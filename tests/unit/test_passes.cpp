@@ -286,7 +286,11 @@ TEST(Passes, UnsafeFoldsAreNotDone) {
   EXPECT_EQ(count(h, Op::Add), 3);
   EXPECT_EQ(count(h, Op::Cast), 2);
   EXPECT_EQ(count(h, Op::Sub) + count(h, Op::Div), 2);
-  std::vector<Tensor> checked(outs.begin(), outs.begin() + 4);  // (the rest is undefined on the CPU)
+  // Overflowing integers and out-of-range casts are undefined behaviour on the CPU: dropped
+  // before anything runs (a sync computes every live pending tensor).
+  for (int k : {4, 5, 6, 7}) outs[size_t(k)] = Tensor();
+  h = ir::Graph{};
+  std::vector<Tensor> checked(outs.begin(), outs.begin() + 4);
   checked.push_back(outs[8]);
   checked.push_back(outs[9]);
   EXPECT_TRUE(same_on_and_off(checked));
