@@ -672,7 +672,10 @@ std::string memory_viewer_html(const MemoryPlan& plan, const std::string& title)
      << "body{font:13px sans-serif;margin:16px} .ax{font-size:11px;fill:#444} rect.buf{stroke:#fff;stroke-width:0.3}\n"
      << "rect.buf:hover{stroke:#000;stroke-width:1.5} rect.peak{stroke:#600;stroke-width:0.6}\n"
      << "#tip{position:fixed;display:none;background:#fff;border:1px solid #888;padding:6px;font:12px monospace;"
-        "pointer-events:none;white-space:pre}\npre{background:#f4f4f4;padding:8px}\n</style></head><body>\n"
+        "pointer-events:none;white-space:pre}\npre{background:#f4f4f4;padding:8px}\n</style>\n"
+     // Script errors are recorded on the page, so a headless check can see them.
+     << "<script>window.onerror = function(m){ document.documentElement.setAttribute('data-error', String(m)); };</script>\n"
+     << "</head><body>\n"
      << "<h3>" << html_escape(title) << "</h3>\n<p>" << B.size() << " buffers over " << plan.num_steps
      << " Steps: parameters (grey) and outputs (blue) for the whole run, temporaries at their arena offsets over their "
         "lifetimes (colour by module and op; dark outline: live at the peak). The black line is the live bytes. Hover a "
@@ -691,7 +694,9 @@ std::string memory_viewer_html(const MemoryPlan& plan, const std::string& title)
         "  });\n"
         "  r.addEventListener('mouseleave', function(){ tip.style.display = 'none'; });\n"
         "});\n"
-        "document.title = document.title + ' (' + buffers.length + ' buffers)';\n</script>\n</body></html>\n";
+        "document.title = document.title + ' (' + buffers.length + ' buffers)';\n"
+        "document.body.setAttribute('data-buffers', buffers.length);\n"
+        "document.body.setAttribute('data-rects', document.querySelectorAll('rect.buf').length);\n</script>\n</body></html>\n";
   return os.str();
 }
 

@@ -584,6 +584,46 @@ TEST(Profile, TrainProfileDirAndErrors) {
   EXPECT_NE(bad.err.find("--skip"), std::string::npos) << bad.describe();
 }
 
+// The memory viewer rendered by headless Chromium (Debian's chromium): the page's script runs
+// without errors and draws one rect per buffer, and a screenshot is written (look at it:
+// $TMPDIR/tessera-memory-viewer.png is kept). Skips when chromium is absent, unless CI=true.
+TEST(Profile, MemoryViewerRendersInHeadlessChromium) {
+  const char* ci = std::getenv("CI");
+  const bool in_ci = ci && std::string(ci) == "true";
+  const std::string chromium = "/usr/bin/chromium";
+  if (!fs::exists(chromium)) {
+    if (in_ci) FAIL() << chromium << " is missing (Debian's chromium package, listed in scripts/run) and CI=true";
+    GTEST_SKIP() << chromium << " is missing: install Debian's chromium (scripts/run installs it) to render the memory viewer";
+  }
+  TempDir dir;
+  fs::path page = dir / "m.html", png = dir / "m.png";
+  Result r = cli(cat({"profile", "gpt", "--steps", "2", "--memory", page.string()}, kTiny), dir.path());
+  ASSERT_TRUE(r.exited && r.code == 0) << r.describe();
+  std::string html = read_file(page);
+  size_t rects = 0;
+  for (size_t p = 0; (p = html.find("<rect class=\"buf", p)) != std::string::npos; ++p) ++rects;
+  ASSERT_GT(rects, 10u);
+  auto browse = [&](const std::string& what, const std::string& profile) {
+    return run(chromium, {"--headless", "--no-sandbox", "--disable-gpu", "--user-data-dir=" + (dir / profile).string(),
+                          "--window-size=1250,900", what, "file://" + page.string()}, dir.path());
+  };
+  Result dom = browse("--dump-dom", "profile-dom");
+  ASSERT_TRUE(dom.exited && dom.code == 0) << dom.describe();
+  size_t error = dom.out.find("data-error=\"");
+  EXPECT_EQ(error, std::string::npos) << "script error: " << dom.out.substr(error == std::string::npos ? 0 : error, 300);
+  EXPECT_NE(dom.out.find("data-rects=\"" + std::to_string(rects) + "\""), std::string::npos)
+      << "the script should see one rect per buffer (" << rects << ")";
+  EXPECT_NE(dom.out.find("data-buffers=\"" + std::to_string(rects) + "\""), std::string::npos);
+  Result shot = browse("--screenshot=" + png.string(), "profile-shot");
+  ASSERT_TRUE(shot.exited && shot.code == 0) << shot.describe();
+  ASSERT_TRUE(fs::exists(png)) << shot.describe();
+  std::string bytes = read_file(png);
+  ASSERT_GT(bytes.size(), 5000u);
+  EXPECT_EQ(bytes.substr(1, 3), "PNG");
+  std::error_code ec;
+  fs::copy_file(png, fs::temp_directory_path() / "tessera-memory-viewer.png", fs::copy_options::overwrite_existing, ec);
+}
+
 }  // namespace
 
 #ifdef TESSERA_GPT_EXAMPLE
