@@ -254,5 +254,38 @@ TEST(Profiler, MemoryViewerDrawsEveryBuffer) {
   out.item();
 }
 
+// A hand-built tower: three 128x128 matmuls, each in its own scope; the third runs while the first
+// two are still live, so the peak is there and the report names it and its buffers.
+TEST(Profiler, PeakReportOfAHandBuiltGraphNamesTheOpAndBuffers) {
+  Tensor x = testing::random_tensor({128, 128}, DType::Float32, 3), w = testing::random_tensor({128, 128}, DType::Float32, 4);
+  Tensor out;
+  {
+    Scope tower("tower");
+    Tensor a, b, c;
+    {
+      Scope s("first");
+      a = matmul(x, w);
+    }
+    {
+      Scope s("second");
+      b = matmul(a, w);
+    }
+    {
+      Scope s("third");
+      c = matmul(a, b);
+    }
+    out = c.sum();
+  }
+  MemoryPlan plan = plan_memory({out});
+  std::string report = plan.report();
+  EXPECT_NE(report.find("gemm f32[128, 128]: matmul in tower.third"), std::string::npos) << report;
+  for (const char* s : {"temp f32[128, 128] 64.0 KiB matmul in tower.first", "temp f32[128, 128] 64.0 KiB matmul in tower.second",
+                        "temp f32[128, 128] 64.0 KiB matmul in tower.third"})
+    EXPECT_NE(report.find(s), std::string::npos) << s << "\n" << report;
+  std::string html = memory_viewer_html(plan);
+  EXPECT_NE(html.find("tower.third"), std::string::npos);
+  out.item();
+}
+
 }  // namespace
 }  // namespace tessera
