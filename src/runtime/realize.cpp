@@ -170,6 +170,12 @@ std::shared_ptr<const compiler::Plan> last_executed_plan() {
   return std::shared_ptr<const compiler::Plan>(g_last, &g_last->plan);
 }
 
+void clear_compile_cache() {
+  std::lock_guard<std::mutex> lock(g_mu);
+  cache().clear();
+  seen_structures().clear();
+}
+
 void set_arena_guard(size_t bytes) { compiler::set_arena_guard_bytes(bytes); }
 int64_t guard_bytes_checked() { return g_guard_checked; }
 void set_after_step_hook(StepHook hook) {

@@ -28,6 +28,9 @@ std::vector<std::shared_ptr<Buffer>> realize(const std::vector<Request>& request
 std::shared_ptr<const compiler::Plan> compile_only(const std::vector<Request>& requests);
 // The plan of the graph realize() ran last (null before the first).
 std::shared_ptr<const compiler::Plan> last_executed_plan();
+// Benchmarks: forgets every compiled graph (and the structures seen, so the next compile's reason
+// reads "new graph structure"); the next realize() of any graph compiles it afresh.
+void clear_compile_cache();
 
 // Arena guards (debug): set_arena_guard(bytes) = compiler::set_arena_guard_bytes, part of the
 // cache key. With guards on, realize() fills each temporary's guards with kGuardByte before the
