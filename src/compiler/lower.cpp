@@ -242,6 +242,13 @@ struct Lowerer {
     if (xv.kind == Val::Expr) {
       const Shape& xs = g.nodes[x]->shape;
       if (xv.rowconst && n.op == Op::Expand && n.shape == xv.eval) {  // a row reduction broadcast back
+        if (users[i] > 1 && xv.frag.weight() > kMaxDuplicateWeight) {
+          // Read by several nodes: stored once per row (not once per position) and broadcast.
+          materialize(x);
+          Val v = vals[x];
+          v.map = v.map.expand(n.shape);
+          return v;
+        }
         xv.rowconst = false;
         xv.nodes.push_back(i);
         return xv;
