@@ -28,6 +28,7 @@
 
 #include <tessera/tessera.h>
 
+#include "bench_common.h"
 #include "compiler/passes/passes.h"
 #include "runtime/realize.h"
 
@@ -53,14 +54,6 @@ int64_t minor_faults() {
   return int64_t(ru.ru_minflt);
 }
 
-double load_average() {
-  double l = -1;
-  if (FILE* f = std::fopen("/proc/loadavg", "r")) {
-    if (std::fscanf(f, "%lf", &l) != 1) l = -1;
-    std::fclose(f);
-  }
-  return l;
-}
 
 [[noreturn]] void die(const std::string& what) {
   std::fprintf(stderr, "bench_compiler: %s\n", what.c_str());
@@ -199,31 +192,7 @@ ChainResult bench_chain(int reps) {
 
 // ---------------------------------------------------------------- 2 and 3. the GPT training step
 
-constexpr int64_t kVocab = 114, kBlock = 64, kEmbd = 128, kHeads = 4, kLayers = 4, kBatch = 16, kBatches = 4;
-
-uint64_t splitmix64(uint64_t& s) {
-  uint64_t z = (s += 0x9E3779B97F4A7C15ull);
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
-}
-
-// The batches of bench/gpt_step.cpp (seed 1234, 4 batches cycled).
-std::vector<std::pair<std::vector<int64_t>, std::vector<int64_t>>> make_batches() {
-  uint64_t s = 1234;
-  std::vector<std::pair<std::vector<int64_t>, std::vector<int64_t>>> r;
-  for (int64_t b = 0; b < kBatches; ++b) {
-    std::vector<int64_t> x, y;
-    for (int64_t i = 0; i < kBatch; ++i) {
-      std::vector<int64_t> row;
-      for (int64_t t = 0; t <= kBlock; ++t) row.push_back(int64_t(splitmix64(s) % uint64_t(kVocab)));
-      x.insert(x.end(), row.begin(), row.end() - 1);
-      y.insert(y.end(), row.begin() + 1, row.end());
-    }
-    r.emplace_back(std::move(x), std::move(y));
-  }
-  return r;
-}
+using namespace bench;
 
 struct GptResult {
   double first_compile_ms = 0, cold_compile_ms = 0, cold_compile_min = 0, cold_compile_max = 0;

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include <tessera/tessera.h>
+#include "bench_common.h"
 
 namespace ts = tessera;
 using Clock = std::chrono::steady_clock;
@@ -39,15 +40,7 @@ std::vector<float> random_floats(size_t n, uint32_t seed) {
   return v;
 }
 
-// The 1-minute load average: a busy machine makes every number here meaningless.
-double load_average() {
-  double l = -1;
-  if (FILE* f = std::fopen("/proc/loadavg", "r")) {
-    if (std::fscanf(f, "%lf", &l) != 1) l = -1;
-    std::fclose(f);
-  }
-  return l;
-}
+using bench::load_average;
 
 const char* env_or(const char* name, const char* fallback) {
   const char* v = std::getenv(name);

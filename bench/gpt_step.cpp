@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "bench_common.h"
 #include "tessera/metrics.h"
 #include "tessera/nn.h"
 #include "tessera/optim.h"
@@ -29,32 +30,7 @@ using clk = std::chrono::steady_clock;
 
 namespace {
 
-constexpr int64_t kVocab = 114, kBlock = 64, kEmbd = 128, kHeads = 4, kLayers = 4, kBatch = 16, kBatches = 4;
-
-uint64_t splitmix64(uint64_t& s) {
-  uint64_t z = (s += 0x9E3779B97F4A7C15ull);
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
-}
-
-// kBatches (inputs, targets) pairs of [kBatch, kBlock] token ids in [0, kVocab): the targets are
-// the inputs shifted by one within a stream of kBlock + 1 tokens, as a text loader gives them.
-std::vector<std::pair<std::vector<int64_t>, std::vector<int64_t>>> make_batches() {
-  uint64_t s = 1234;
-  std::vector<std::pair<std::vector<int64_t>, std::vector<int64_t>>> r;
-  for (int64_t b = 0; b < kBatches; ++b) {
-    std::vector<int64_t> x, y;
-    for (int64_t i = 0; i < kBatch; ++i) {
-      std::vector<int64_t> row;
-      for (int64_t t = 0; t <= kBlock; ++t) row.push_back(int64_t(splitmix64(s) % uint64_t(kVocab)));
-      x.insert(x.end(), row.begin(), row.end() - 1);
-      y.insert(y.end(), row.begin() + 1, row.end());
-    }
-    r.emplace_back(std::move(x), std::move(y));
-  }
-  return r;
-}
+using namespace bench;
 
 double percentile(std::vector<double> v, double p) {  // linear interpolation, as numpy's default
   std::sort(v.begin(), v.end());
