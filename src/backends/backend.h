@@ -9,6 +9,7 @@
 
 #include "core/buffer.h"
 #include "kernel_ir/step.h"
+#include "kernel_ir/target.h"
 #include "tessera/device.h"
 
 namespace tessera::backends {
@@ -35,6 +36,9 @@ class Backend {
   virtual DeviceInfo info(int index) const = 0;
   // False for backends that compile but never run (null).
   virtual bool can_execute() const { return true; }
+  // What the compiler plans for on this device (alignment, native dtypes); the defaults suit a
+  // host-memory device.
+  virtual kir::Target properties(int /*index*/) const { return {}; }
 
   // Raw device memory (the runtime's caching allocator sits on top). nbytes may be 0.
   virtual void* allocate(int index, size_t nbytes) = 0;

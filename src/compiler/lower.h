@@ -23,6 +23,7 @@ struct Plan {
   std::vector<kir::Step> steps;
   std::vector<kir::Slot> slots;
   size_t arena_bytes = 0;
+  size_t alignment = 64;             // of arena offsets and sizes (the target's)
   std::vector<int> slots_of_params;  // per parameter: its slot
   std::vector<int> output_slot;      // per graph output (g.outputs order)
   std::vector<int> donated;          // per graph output: parameter whose buffer it is written into, or -1

@@ -5,7 +5,7 @@
 
 namespace tessera::compiler {
 
-Plan compile_graph(const ir::Graph& g, const std::vector<int>& donate_to) {
+Plan compile_graph(const ir::Graph& g, const std::vector<int>& donate_to, const kir::Target& target) {
   std::vector<ir::NodePtr> params;
   for (int p : g.params) params.push_back(g.nodes[p]);
   dump_graph("ir", g);
@@ -20,7 +20,7 @@ Plan compile_graph(const ir::Graph& g, const std::vector<int>& donate_to) {
   if (pass_enabled("epilogue")) fuse_epilogues(plan);
   if (pass_enabled("merge")) merge_elementwise(plan);
   donate(plan, donate_to);
-  plan_memory(plan);
+  plan_memory(plan, target.alignment);
   dump_plan(h, plan);
   return plan;
 }

@@ -4,10 +4,12 @@
 #include <vector>
 
 #include "compiler/lower.h"
+#include "kernel_ir/target.h"
 
 namespace tessera::compiler {
 
-// donate: as for compiler::donate (per output, a parameter number of g or -1).
-Plan compile_graph(const ir::Graph& g, const std::vector<int>& donate);
+// donate: as for compiler::donate (per output, a parameter number of g or -1); target: the
+// device's properties (the arena's alignment).
+Plan compile_graph(const ir::Graph& g, const std::vector<int>& donate, const kir::Target& target = {});
 
 }  // namespace tessera::compiler

@@ -66,9 +66,10 @@ int64_t since_ns(std::chrono::steady_clock::time_point t0) {
 std::shared_ptr<Executable> compile(const ir::Graph& g, const Device& dev, const std::vector<int>& donate) {
   auto t0 = std::chrono::steady_clock::now();
   auto exe = std::make_shared<Executable>();
-  exe->guard = compiler::arena_guard_bytes();
-  exe->plan = compiler::compile_graph(g, donate);
   backends::Backend& be = backends::backend_for(dev);
+  exe->plan = compiler::compile_graph(g, donate, be.properties(dev.index));
+  size_t a = exe->plan.alignment;
+  exe->guard = (compiler::arena_guard_bytes() + a - 1) / a * a;
   for (const kir::Step& st : exe->plan.steps) exe->kernels.push_back(be.compile(st));
   counters().graphs_compiled++;
   counters().compile_ns += since_ns(t0);
@@ -146,8 +147,8 @@ Prepared prepare(const std::vector<Request>& req) {
 }
 
 // Guard mode: the guard byte ranges [begin, end) around temporary slot s, in arena offsets.
-std::vector<std::pair<size_t, size_t>> guard_ranges(const kir::Slot& sl, size_t guard) {
-  size_t padded_end = sl.offset + (sl.nbytes + 63) / 64 * 64;
+std::vector<std::pair<size_t, size_t>> guard_ranges(const kir::Slot& sl, size_t guard, size_t align) {
+  size_t padded_end = sl.offset + (sl.nbytes + align - 1) / align * align;
   return {{sl.offset - guard, sl.offset}, {sl.offset + sl.nbytes, padded_end + guard}};
 }
 
@@ -224,7 +225,7 @@ std::vector<std::shared_ptr<Buffer>> realize(const std::vector<Request>& req, Rn
   backends::LaunchArgs args{slots.data(), rng.seed, rng.offset};
   static const bool time_steps = std::getenv("TESSERA_STEP_TIMES") != nullptr;
   const size_t guard = arena ? exe->guard : 0;
-  std::vector<unsigned char> pattern(guard ? guard + 64 : 0, kGuardByte), seen(pattern.size());
+  std::vector<unsigned char> pattern(guard ? guard + plan.alignment : 0, kGuardByte), seen(pattern.size());
   for (size_t s = 0; s < plan.steps.size(); ++s) {
     const kir::Step& st = plan.steps[s];
     std::vector<int> guarded;  // temporaries this Step writes
@@ -232,7 +233,7 @@ std::vector<std::shared_ptr<Buffer>> realize(const std::vector<Request>& req, Rn
       for (int o : st.outputs())
         if (plan.slots[o].kind == kir::SlotKind::Temp) guarded.push_back(o);
     for (int o : guarded)
-      for (auto [b, e] : guard_ranges(plan.slots[o], guard))
+      for (auto [b, e] : guard_ranges(plan.slots[o], guard, plan.alignment))
         be.copy_in(static_cast<char*>(arena->data) + b, pattern.data(), e - b);
     if (prof_run >= 0) {
       int64_t ts0 = prof::now_ns();
@@ -252,7 +253,7 @@ std::vector<std::shared_ptr<Buffer>> realize(const std::vector<Request>& req, Rn
     be.synchronize();
     for (int o : guarded) {
     const kir::Slot& sl = plan.slots[o];
-    for (auto [b, e] : guard_ranges(sl, guard)) {
+    for (auto [b, e] : guard_ranges(sl, guard, plan.alignment)) {
       be.copy_out(seen.data(), static_cast<char*>(arena->data) + b, e - b);
       g_guard_checked += int64_t(e - b);
       for (size_t i = 0; i < e - b; ++i)

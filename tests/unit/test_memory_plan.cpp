@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "compiler/passes/passes.h"
+#include "compiler/pipeline.h"
 #include "frontend/tensor_impl.h"
 #include "ir/graph.h"
 #include "runtime/realize.h"
@@ -206,6 +207,29 @@ TEST(MemoryPlan, GptTrainingStepArenaHasNoOverlapAndIsNearTheLowerBound) {
     DisabledPasses d("schedule");
     check_arena(pending_memory_plan());
   }
+}
+
+// A target's alignment places every temporary of a GPT step at a multiple of it; the arena may
+// only grow, and an alignment that is not a power-of-two multiple of 64 is refused.
+TEST(MemoryPlan, TargetAlignmentPlacesEveryTemporary) {
+  GptStep st(2);
+  Tensor loss = st.trace();
+  ir::Graph g = ir::build_graph({detail::node_of(loss)});
+  std::vector<int> no_donation(g.outputs.size(), -1);
+  compiler::Plan p64 = compiler::compile_graph(g, no_donation);
+  compiler::Plan p4k = compiler::compile_graph(g, no_donation, kir::Target{4096, {}});
+  EXPECT_EQ(p4k.alignment, 4096u);
+  int temps = 0;
+  for (const kir::Slot& sl : p4k.slots)
+    if (sl.kind == kir::SlotKind::Temp) {
+      EXPECT_EQ(sl.offset % 4096, 0u) << sl.source.op << " at " << sl.offset;
+      ++temps;
+    }
+  EXPECT_GT(temps, 10);
+  EXPECT_GE(p4k.arena_bytes, p64.arena_bytes);
+  EXPECT_EQ(p4k.memory.peak_bytes, p64.memory.peak_bytes);  // live bytes do not depend on padding
+  EXPECT_NE(testing::error_message([&] { compiler::compile_graph(g, no_donation, kir::Target{96, {}}); }).find("[memplan]"),
+            std::string::npos);
 }
 
 TEST(MemoryPlan, ScheduleKeepsResultsAndDonationsOfAGptStep) {

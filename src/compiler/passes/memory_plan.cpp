@@ -16,11 +16,12 @@
 #include <map>
 
 #include "compiler/passes/passes.h"
+#include "tessera/error.h"
 
 namespace tessera::compiler {
 namespace {
-constexpr size_t kAlign = 64;
-size_t padded(size_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
+constexpr size_t kGuardAlign = 64;
+size_t padded(size_t n, size_t align = kGuardAlign) { return (n + align - 1) / align * align; }
 
 std::atomic<size_t>& guard() {
   static std::atomic<size_t> g{[] {
@@ -138,7 +139,10 @@ size_t place_online(std::vector<Block>& blocks, size_t nsteps, bool reuse) {
 void set_arena_guard_bytes(size_t bytes) { guard() = padded(bytes); }
 size_t arena_guard_bytes() { return guard(); }
 
-void plan_memory(Plan& plan) {
+void plan_memory(Plan& plan, size_t alignment) {
+  if (alignment == 0 || (alignment & (alignment - 1)) || alignment % kGuardAlign)
+    fail("memplan", "target alignment " + std::to_string(alignment) + " is not a power of two multiple of 64", "");
+  plan.alignment = alignment;
   const size_t ns = plan.slots.size(), nsteps = plan.steps.size();
   std::vector<int> first(ns, -1), last(ns, -1);
   for (size_t s = 0; s < nsteps; ++s) {
@@ -150,11 +154,11 @@ void plan_memory(Plan& plan) {
     for (int x : st.inputs) last[x] = std::max(last[x], int(s));
   }
 
-  const size_t g = arena_guard_bytes();
+  const size_t g = padded(arena_guard_bytes(), alignment);
   std::vector<Block> blocks;
   for (size_t k = 0; k < ns; ++k)
     if (plan.slots[k].kind == kir::SlotKind::Temp && first[k] >= 0)
-      blocks.push_back({int(k), padded(plan.slots[k].nbytes) + 2 * g, first[k], last[k]});
+      blocks.push_back({int(k), padded(plan.slots[k].nbytes, alignment) + 2 * g, first[k], last[k]});
   bool reuse = pass_enabled("memplan");
   std::vector<Block> online = blocks;
   size_t arena = place_online(online, nsteps, reuse);

@@ -39,7 +39,7 @@ void fuse_epilogues(Plan& plan);
 void merge_elementwise(Plan& plan);
 void schedule(Plan& plan);
 // Places temporaries in the arena and fills plan.memory (peak, the Step at the peak, what is live).
-void plan_memory(Plan& plan);
+void plan_memory(Plan& plan, size_t alignment = 64);
 // Debug: guard bytes (rounded up to 64) before and after each arena temporary, which the runtime
 // fills and checks around the Steps writing it; 0 (default) is off. TESSERA_ARENA_GUARD=<bytes>.
 void set_arena_guard_bytes(size_t bytes);
