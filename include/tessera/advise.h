@@ -1,12 +1,15 @@
 // The advisor: predicts a training step's time and memory on accelerators that are not here.
-// A graph is traced on a device that is here (the cpu), compiled through the compile cache
-// without running (like plan_memory), and its Steps' {flops, bytes} and the static memory plan
-// are priced against a device table (src/advise/devices.cpp, every figure with its source).
+// A graph is traced on a device that is here (the cpu) and compiled without running for the
+// target's properties (through the null backend posing as it: alignment, buffer tiling, dtypes;
+// bfloat16 substituted for float32 when asked), so the Steps' {flops, bytes} and the static memory
+// plan are the target's; they are priced against a device table (src/advise/devices.cpp, every
+// figure with its source).
 //
 //   auto devs = tessera::advise::builtin_devices();
+//   auto t4 = tessera::advise::find_device(devs, "t4");
 //   tessera::advise::GptWorkloads w(cfg);                      // a GPT + AdamW, realized on the cpu
-//   tessera::advise::Workload wl = w.at(16);                   // compile only, batch 16
-//   auto p = tessera::advise::predict(tessera::advise::find_device(devs, "t4"), wl, {});
+//   const auto& wl = w.at(16, t4, tessera::DType::BFloat16);   // compile only, batch 16, t4's plan
+//   auto p = tessera::advise::predict(t4, wl, {});
 //   p.step_s, p.peak_bytes, p.fits, p.bottleneck
 #pragma once
 #include <cstdint>
@@ -52,6 +55,10 @@ struct DeviceSpec {
   double gemm_half_flops = 0;
   // Host only: tracing is synchronous with running there, so its time is added to the step.
   bool add_trace_time = false;
+  // What changes the compiled plan on this device (kir::Target, see src/kernel_ir/target.h):
+  size_t alignment = 64;     // of arena temporaries, bytes (CUDA: 256)
+  int64_t layout_tile_rows = 1, layout_tile_cols = 1;  // buffer tiling (TPU: 8 x 128; 1 x 1 none)
+  std::vector<DType> dtypes; // dtypes it computes (empty: all; a TPU: no float64)
   std::string source;        // where the figures come from (table: see devices.cpp)
 };
 
@@ -68,39 +75,43 @@ DeviceSpec host_device(bool recalibrate = false);
 // The device named `name` in `devs` ("host" calibrates); throws tessera::Error naming the choices.
 DeviceSpec find_device(const std::vector<DeviceSpec>& devs, const std::string& name);
 
-// One Kernel-IR Step as the cost model sees it.
+// One Kernel-IR Step of a target's plan as the cost model sees it.
 struct StepCost {
   bool gemm = false;
-  bool floating = true;          // output dtype floating (bytes halve under bfloat16)
-  double flops = 0, bytes = 0;   // the compiler's Step cost
+  DType dtype = DType::Float32;  // its output's (bfloat16/float16: matrix-unit and 16-bit vector rates)
+  double flops = 0, bytes = 0;   // the compiler's Step cost on the target (bytes of its layout)
   int64_t batch = 1, m = 0, n = 0, k = 0;  // Gemm: out[batch.., m, n] = [m, k] @ [k, n]
 };
 
-// A compiled training step, independent of the device (the plan is the cpu's: no device
-// changes dtype or alignment today).
+// A training step compiled for one target (device properties and dtype).
 struct Workload {
   std::vector<StepCost> steps;
-  MemoryPlan plan;
+  MemoryPlan plan;               // the target's plan (its buffer sizes, dtypes, alignment)
+  DType dtype = DType::Float32;  // float32 as traced, or bfloat16 substituted for it
   int64_t batch = 0;             // per replica
   double tokens = 0;             // tokens per replica per step
-  double grad_bytes = 0;         // float32 gradient bytes (all-reduced under data parallelism)
-  double float_peak_bytes = 0;   // floating buffers' share of the plan's peak
+  double grad_bytes = 0;         // gradient bytes on the target (all-reduced under data parallelism)
   double trace_s = 0;            // host time to trace the step (added on devices with add_trace_time)
+  // What the device holds during the step: the plan's parameters plus what the run allocates
+  // (outputs and the arena, whose placement honours the target's alignment).
+  double footprint_bytes() const { return double(plan.param_bytes + plan.run_bytes()); }
 };
 
-// Compiles the pending graph that computes `outputs` (compile only) into a Workload.
-Workload workload_of(const std::vector<Tensor>& outputs);
+// Compiles the pending graph that computes `outputs` (compile only; all pending tensors when
+// empty) into a Workload: for `target`'s properties when given, else for the tensors' device;
+// dtype BFloat16 stores float32 as bfloat16 (target only).
+Workload workload_of(const std::vector<Tensor>& outputs, const DeviceSpec* target = nullptr,
+                     DType dtype = DType::Float32);
 
 enum class Bottleneck { Compute, Memory, Launch, Communication };
 const char* bottleneck_name(Bottleneck b);
 
 struct Options {
-  DType dtype = DType::Float32;  // Float32 or BFloat16 (bytes of floating buffers halved, bf16 rates)
   int data_parallel = 1;         // devices (boards); replicas = data_parallel * device.replicas
 };
 
 // Time of one Step on one replica (seconds), and what bounds it.
-double step_seconds(const DeviceSpec& d, const StepCost& s, DType dtype, Bottleneck* why = nullptr);
+double step_seconds(const DeviceSpec& d, const StepCost& s, Bottleneck* why = nullptr);
 // Ring all-reduce of `bytes` over n replicas: 2(n-1) alpha + 2(n-1)/n bytes / (link_bw link_eff).
 double allreduce_seconds(const DeviceSpec& d, double bytes, int n);
 // A GEMM's dimension padded up to a multiple of the tile.
@@ -110,7 +121,7 @@ struct Prediction {
   std::string device;
   double step_s = 0, compute_s = 0, memory_s = 0, launch_s = 0, comm_s = 0, trace_s = 0;
   Bottleneck bottleneck = Bottleneck::Compute;
-  double peak_bytes = 0;      // per replica
+  double peak_bytes = 0;      // per replica: the workload's footprint
   double capacity_bytes = 0;  // usable per replica
   bool fits = false;
   double tokens_per_s = 0;    // all replicas
@@ -118,32 +129,33 @@ struct Prediction {
   int64_t max_batch = 0;      // global batch (all replicas); 0: not searched / none fits
 };
 
-// Prices one workload (compiled at the per-replica batch) on a device.
+// Prices one workload (compiled for d at the per-replica batch) on a device.
 Prediction predict(const DeviceSpec& d, const Workload& w, const Options& o);
 
 // The training step of a GPT with AdamW (no dropout) at any per-replica batch: the model and
 // the optimizer's state are realized on the cpu once; each batch size is traced, compiled
-// without running, and the model restored. Results are memoized.
+// without running for a target, and the model restored. Results are memoized per batch and
+// target properties (devices with equal properties share them).
 class GptWorkloads {
  public:
   explicit GptWorkloads(const nn::GPTConfig& cfg);
   ~GptWorkloads();
-  const Workload& at(int64_t batch);
-  // The largest per-replica batch whose peak (under dtype) is at most `capacity` bytes: grows
-  // from the fitted line through two compiled sizes, then checks by compiling (at most `limit`).
-  int64_t max_batch(double capacity, DType dtype, int64_t limit = 1 << 16);
+  const Workload& at(int64_t batch);  // the cpu's plan (float32)
+  const Workload& at(int64_t batch, const DeviceSpec& target, DType dtype);
+  // The largest per-replica batch whose footprint on `target` (under dtype) fits its usable
+  // memory: grows from the fitted line through two compiled sizes, then checks by compiling (at
+  // most `limit`).
+  int64_t max_batch(const DeviceSpec& target, DType dtype, int64_t limit = 1 << 16);
   const nn::GPTConfig& config() const { return cfg_; }
   int64_t compiles() const { return int64_t(memo_.size()); }
 
  private:
   struct State;
+  const Workload& trace_and_compile(int64_t batch, const DeviceSpec* target, DType dtype);
   nn::GPTConfig cfg_;
   std::unique_ptr<State> st_;
-  std::map<int64_t, Workload> memo_;
+  std::map<std::pair<int64_t, int>, Workload> memo_;  // (batch, target: null device index; -1 the cpu)
 };
-
-// The peak under a dtype: floating buffers at bf16 take half their float32 bytes.
-double peak_under(const Workload& w, DType dtype);
 
 // Runs `steps` training steps of the GPT at `batch` on the cpu after `warmup`, returning the
 // median measured step time and the allocator's high-water mark (params + the run's bytes).

@@ -1,28 +1,36 @@
 // The advisor's cost model and workloads.
 //
+// The target's plan: the step traced on the cpu is compiled for the null device posing as the
+// target (backends::null_device_for with the DeviceSpec's alignment, buffer tiling and dtypes;
+// under bfloat16 also float32_as = bfloat16), so buffer sizes, Step bytes, the arena and the
+// peak are what the compiler plans for that device (compiler/passes/target.cpp). bfloat16 is
+// pure bf16 training: weights, moments, activations and gradients all bf16, no float32 master.
 // Per Step (one replica): t = max(flops / (peak * eff), bytes / (bw * bw_eff)) + launch.
 //   Gemm Steps: M, N, K from the Step's output shape and its first input's map; on a matrix
 //   unit (tensor cores, a TPU MXU) the flops are those of M, N, K padded to the device's tiles;
 //   bfloat16 runs at the matrix unit's bf16/fp16 peak, float32 at the vector fp32 peak on GPUs
 //   and at the MXU peak / fp32_matmul_passes on TPUs; the host's GEMM rate falls on small
 //   problems (rate = peak f / (f + gemm_half_flops), calibrated).
-//   Other Steps run at the vector rate; under bfloat16 the bytes of floating Steps halve.
+//   Other Steps run at the vector rate (the 16-bit one for bfloat16 Steps).
 // Data parallel over R replicas: + a ring all-reduce of the gradient bytes, not overlapped with
 // the backward pass (an upper bound; DDP overlaps most of it).
-// Memory per replica: the static memory plan's peak of the training step's graph at the
-// per-replica batch. That graph's parameters are the model's weights, AdamW's two moments, the
-// token batch and the step's runtime scalars; its outputs (the updated weights and moments) are
-// written into them (donation) and add nothing; the gradients and activations are temporaries,
-// so the peak counts weights + 2 moments + the most activations/gradients live at once. Under
-// data parallelism every replica holds all of it (plain DDP, no sharding). The plan is the cpu
-// device's: today no target changes dtypes or alignment, so it is every device's plan; bfloat16
-// halves the floating buffers of the plan's peak (pure bf16 training, no float32 master copy).
+// Memory per replica: the footprint of the target's plan of the training step at the
+// per-replica batch: its parameters plus what the run allocates (outputs and the arena). The
+// graph's parameters are the model's weights, AdamW's two moments, the token batch and the
+// step's runtime scalars; its outputs (the updated weights and moments) are written into them
+// (donation) and add nothing; the gradients and activations are temporaries in the arena, so
+// the footprint is weights + 2 moments + the arena (within ~1% of the most activations and
+// gradients live at once, plus alignment padding). Under data parallelism every replica holds all
+// of it (plain DDP, no sharding).
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <set>
 
+#include "backends/backend.h"
+#include "frontend/memory_impl.h"
 #include "frontend/tensor_impl.h"
+#include "kernel_ir/target.h"
 #include "runtime/realize.h"
 #include "tessera/advise.h"
 #include "tessera/error.h"
@@ -46,9 +54,9 @@ int64_t pad_to(int64_t x, int64_t tile) {
   return (x + tile - 1) / tile * tile;
 }
 
-double step_seconds(const DeviceSpec& d, const StepCost& s, DType dtype, Bottleneck* why) {
-  const bool half = dtype == DType::BFloat16 && s.floating;
-  const double bytes = half ? s.bytes / 2 : s.bytes;
+double step_seconds(const DeviceSpec& d, const StepCost& s, Bottleneck* why) {
+  const bool half = s.dtype == DType::BFloat16 || s.dtype == DType::Float16;
+  const double bytes = s.bytes;
   double flops = s.flops, rate = 0;
   if (s.gemm) {
     const bool matrix_unit = d.bf16_flops > 0 && (half || d.cls == "tpu");
@@ -77,23 +85,17 @@ double allreduce_seconds(const DeviceSpec& d, double bytes, int n) {
   return hops * d.link_latency_s + hops / n * bytes / (d.link_bw * d.link_eff);
 }
 
-double peak_under(const Workload& w, DType dtype) {
-  double p = double(w.plan.peak_bytes);
-  return dtype == DType::BFloat16 ? p - w.float_peak_bytes / 2 : p;
-}
-
 Prediction predict(const DeviceSpec& d, const Workload& w, const Options& o) {
-  if (o.dtype != DType::Float32 && o.dtype != DType::BFloat16) fail("advise", "dtype must be float32 or bfloat16", "");
   if (o.data_parallel < 1) fail("advise", "data parallelism must be at least 1", "");
   Prediction p;
   p.device = d.name;
   for (const StepCost& s : w.steps) {
     Bottleneck why;
-    double t = step_seconds(d, s, o.dtype, &why);
+    double t = step_seconds(d, s, &why);
     (why == Bottleneck::Compute ? p.compute_s : why == Bottleneck::Memory ? p.memory_s : p.launch_s) += t;
   }
   const int replicas = o.data_parallel * d.replicas;
-  p.comm_s = allreduce_seconds(d, o.dtype == DType::BFloat16 ? w.grad_bytes / 2 : w.grad_bytes, replicas);
+  p.comm_s = allreduce_seconds(d, w.grad_bytes, replicas);
   p.trace_s = d.add_trace_time ? w.trace_s : 0;
   p.launch_s += p.trace_s;  // host-side overhead, like launching
   p.step_s = p.compute_s + p.memory_s + p.launch_s + p.comm_s;
@@ -102,7 +104,7 @@ Prediction predict(const DeviceSpec& d, const Workload& w, const Options& o) {
   if (p.memory_s > best) best = p.memory_s, p.bottleneck = Bottleneck::Memory;
   if (p.launch_s > best) best = p.launch_s, p.bottleneck = Bottleneck::Launch;
   if (p.comm_s > best) best = p.comm_s, p.bottleneck = Bottleneck::Communication;
-  p.peak_bytes = peak_under(w, o.dtype);
+  p.peak_bytes = w.footprint_bytes();
   p.capacity_bytes = d.usable_bytes > 0 ? d.usable_bytes : d.mem_bytes;
   p.fits = p.peak_bytes <= p.capacity_bytes;
   p.tokens_per_s = p.step_s > 0 ? w.tokens * replicas / p.step_s : 0;
@@ -113,20 +115,52 @@ Prediction predict(const DeviceSpec& d, const Workload& w, const Options& o) {
 // ---- workloads ---------------------------------------------------------------------------------
 namespace {
 
-Workload workload_from(const std::vector<std::shared_ptr<TensorImpl>>& impls, const MemoryPlan& plan) {
+kir::Target target_of(const DeviceSpec& d, DType dtype) {
+  if (dtype != DType::Float32 && dtype != DType::BFloat16)
+    fail("advise", std::string("dtype must be float32 or bfloat16, not ") + dtype_name(dtype), "");
+  kir::Target t;
+  t.alignment = d.alignment;
+  t.compute_dtypes = d.dtypes;
+  t.tile_rows = d.layout_tile_rows;
+  t.tile_cols = d.layout_tile_cols;
+  if (dtype == DType::BFloat16) t.float32_as = DType::BFloat16;
+  return t;
+}
+
+// The pending impls computing `outputs` (all when empty), in the order sync() would request
+// them, so the graph (and its cache key) is the one sync() would run.
+std::vector<runtime::Request> requests_for(const std::vector<Tensor>& outputs) {
+  std::set<const TensorImpl*> wanted;
+  for (auto& t : outputs) wanted.insert(t.impl().get());
   std::vector<runtime::Request> req;
-  for (auto& impl : impls) {
-    if (!impl->node || impl->node->op == ir::Op::Leaf) continue;
-    req.push_back({impl->node, impl->donor});
-  }
+  for (auto& impl : detail::pending_impls())
+    if ((outputs.empty() || wanted.count(impl.get())) && impl->node && impl->node->op != ir::Op::Leaf)
+      req.push_back({impl->node, impl->donor});
+  return req;
+}
+
+// Compiles the requests for `target` (null: their own device) into a Workload.
+Workload compile_workload(const std::vector<runtime::Request>& req, const DeviceSpec* target, DType dtype) {
   Workload w;
-  w.plan = plan;
+  w.dtype = dtype;
   if (req.empty()) return w;
-  auto compiled = runtime::compile_only(req);  // the same graph: a cache hit after plan_memory
+  std::shared_ptr<const compiler::Plan> compiled;
+  if (target) {
+    Device dev = backends::null_device_for(target_of(*target, dtype));
+    try {
+      compiled = runtime::compile_only(req, &dev);
+    } catch (const Error& e) {
+      fail("advise", "the step does not compile for device '" + target->name + "': " + e.what(), "");
+    }
+  } else {
+    if (dtype != DType::Float32) fail("advise", "bfloat16 is substituted only when compiling for a target device", "");
+    compiled = runtime::compile_only(req);
+  }
+  w.plan = detail::memory_plan_of(*compiled);
   for (const kir::Step& st : compiled->steps) {
     StepCost c;
     c.gemm = st.kind == kir::StepKind::Gemm;
-    c.floating = is_floating(st.dtype);
+    c.dtype = st.dtype;
     c.flops = st.cost.flops;
     c.bytes = st.cost.bytes;
     if (c.gemm && st.shape.size() >= 2 && !st.maps.empty() && !st.maps[0].shape().empty()) {
@@ -137,28 +171,18 @@ Workload workload_from(const std::vector<std::shared_ptr<TensorImpl>>& impls, co
     }
     w.steps.push_back(c);
   }
-  for (const PlannedBuffer& b : plan.live_at_peak)
-    if (is_floating(b.dtype)) w.float_peak_bytes += double(b.bytes);
   return w;
 }
 
 }  // namespace
 
-Workload workload_of(const std::vector<Tensor>& outputs) {
-  // In the order sync() would request them (as plan_memory does), so the graph is the same.
-  std::set<const TensorImpl*> wanted;
-  for (auto& t : outputs) wanted.insert(t.impl().get());
-  std::vector<std::shared_ptr<TensorImpl>> impls;
-  for (auto& impl : detail::pending_impls())
-    if (outputs.empty() || wanted.count(impl.get())) impls.push_back(impl);
-  MemoryPlan plan = outputs.empty() ? pending_memory_plan() : plan_memory(outputs);
-  return workload_from(impls, plan);
+Workload workload_of(const std::vector<Tensor>& outputs, const DeviceSpec* target, DType dtype) {
+  return compile_workload(requests_for(outputs), target, dtype);
 }
 
 struct GptWorkloads::State {
   std::unique_ptr<nn::GPT> model;
   std::unique_ptr<optim::AdamW> opt;
-  double grad_bytes = 0;
 };
 
 GptWorkloads::GptWorkloads(const nn::GPTConfig& cfg) : cfg_(cfg), st_(std::make_unique<State>()) {
@@ -173,7 +197,6 @@ GptWorkloads::GptWorkloads(const nn::GPTConfig& cfg) : cfg_(cfg), st_(std::make_
   for (size_t i = 0; i < ps.size(); ++i) {
     sd[std::to_string(i) + ".exp_avg"] = zeros_like(ps[i]);
     sd[std::to_string(i) + ".exp_avg_sq"] = zeros_like(ps[i]);
-    st_->grad_bytes += double(ps[i].numel()) * 4;
   }
   sd["step"] = full({}, 1.0, TensorOptions{DType::Float32, Device("cpu")});
   st_->opt->load_state_dict(sd);
@@ -182,9 +205,17 @@ GptWorkloads::GptWorkloads(const nn::GPTConfig& cfg) : cfg_(cfg), st_(std::make_
 
 GptWorkloads::~GptWorkloads() = default;
 
-const Workload& GptWorkloads::at(int64_t batch) {
+const Workload& GptWorkloads::at(int64_t batch) { return trace_and_compile(batch, nullptr, DType::Float32); }
+
+const Workload& GptWorkloads::at(int64_t batch, const DeviceSpec& target, DType dtype) {
+  return trace_and_compile(batch, &target, dtype);
+}
+
+const Workload& GptWorkloads::trace_and_compile(int64_t batch, const DeviceSpec* target, DType dtype) {
   if (batch < 1) fail("advise", "batch must be positive", "");
-  auto it = memo_.find(batch);
+  const kir::Target props = target ? target_of(*target, dtype) : kir::Target{};
+  const int dev_index = target ? backends::null_device_for(props).index : -1;
+  auto it = memo_.find({batch, dev_index});
   if (it != memo_.end()) return it->second;
   // Everything the step updates in place; put back on its old buffer after. No strong reference
   // to those buffers is held here: one would forbid donating them and change the plan (the
@@ -206,27 +237,39 @@ const Workload& GptWorkloads::at(int64_t batch) {
     st_->opt->step();
     st_->opt->zero_grad();  // as a training loop does before loss.item(): gradients are temporaries
     double trace_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    w = workload_of({});
-    w.trace_s = trace_s;
-    st_->opt->zero_grad();
-    std::vector<std::shared_ptr<Buffer>> old;
-    for (auto& impl : saved) old.push_back(impl->node ? impl->donor.lock() : impl->buffer);
-    for (size_t i = 0; i < saved.size(); ++i) {
-      if (!old[i]) fail("advise", "internal: lost a parameter's buffer while planning", "");
-      if (saved[i]->node) saved[i]->realize_to(old[i]);
-      saved[i]->realized_from.reset();
+    // Put the model back (also when the target refuses the step); no strong reference to the
+    // donors may exist while compiling.
+    auto restore = [&] {
+      st_->opt->zero_grad();
+      std::vector<std::shared_ptr<Buffer>> old;
+      for (auto& impl : saved) old.push_back(impl->node ? impl->donor.lock() : impl->buffer);
+      for (size_t i = 0; i < saved.size(); ++i) {
+        if (!old[i]) fail("advise", "internal: lost a parameter's buffer while planning", "");
+        if (saved[i]->node) saved[i]->realize_to(old[i]);
+        saved[i]->realized_from.reset();
+      }
+    };
+    try {
+      w = compile_workload(requests_for({}), target, dtype);
+    } catch (...) {
+      restore();
+      throw;
     }
+    w.trace_s = trace_s;
+    restore();
   }
   w.batch = batch;
   w.tokens = double(batch * cfg_.block);
-  w.grad_bytes = st_->grad_bytes;
-  return memo_.emplace(batch, std::move(w)).first->second;
+  for (auto& p : st_->opt->params()) w.grad_bytes += double(props.buffer_bytes(p.shape(), p.dtype()));
+  return memo_.emplace(std::make_pair(batch, dev_index), std::move(w)).first->second;
 }
 
-int64_t GptWorkloads::max_batch(double capacity, DType dtype, int64_t limit) {
-  auto fits = [&](int64_t b) { return peak_under(at(b), dtype) <= capacity; };
+int64_t GptWorkloads::max_batch(const DeviceSpec& target, DType dtype, int64_t limit) {
+  const double capacity = target.usable_bytes > 0 ? target.usable_bytes : target.mem_bytes;
+  auto peak = [&](int64_t b) { return at(b, target, dtype).footprint_bytes(); };
+  auto fits = [&](int64_t b) { return peak(b) <= capacity; };
   if (!fits(1)) return 0;
-  double p1 = peak_under(at(1), dtype), p2 = peak_under(at(2), dtype);
+  double p1 = peak(1), p2 = peak(2);
   if (p2 > capacity) return 1;
   double slope = p2 - p1;
   int64_t est = slope > 0 ? int64_t(std::floor((capacity - p1) / slope)) + 1 : limit;

@@ -46,6 +46,9 @@ DeviceSpec gpu(std::string name, std::string desc) {
   d.launch_s = 5e-6;
   d.link_latency_s = 10e-6;  // NCCL ring step latency, order of 10 us
   d.tile_mn = 64, d.tile_k = 16;
+  // cudaMalloc returns 256-byte aligned memory (CUDA C Best Practices Guide, "Device memory
+  // allocation"; RAPIDS rmm's CUDA_ALLOCATION_ALIGNMENT is 256): the arena aligns temporaries so.
+  d.alignment = 256;
   return d;
 }
 
@@ -63,6 +66,13 @@ DeviceSpec tpu_core(std::string name, std::string desc) {
   d.link_latency_s = 5e-6;
   d.tile_mn = 128, d.tile_k = 128;
   d.fp32_matmul_passes = 6;
+  // Arrays in TPU HBM are tiled: one dimension padded to a multiple of 8, another to 128
+  // (cloud.google.com/tpu/docs/performance-guide, "Consequences of tiling"); XLA's default for a
+  // row-major array is T(8,128) on the two minor dimensions, T(8,128)(2,1) (16 rows) for bf16 and
+  // T(1024) for vectors (as TPU HLO dumps print layouts). No float64: the TPU has no float64
+  // arithmetic (XLA emulates part of it and rejects the rest).
+  d.layout_tile_rows = 8, d.layout_tile_cols = 128;
+  d.dtypes = {DType::Bool, DType::Int32, DType::Int64, DType::Float16, DType::BFloat16, DType::Float32};
   return d;
 }
 
@@ -234,6 +244,22 @@ void set_from_json(DeviceSpec& d, const nlohmann::json& j) {
   num("fp32_matmul_passes", d.fp32_matmul_passes, 1);
   if (j.contains("tile_mn")) d.tile_mn = j.at("tile_mn").get<int64_t>();
   if (j.contains("tile_k")) d.tile_k = j.at("tile_k").get<int64_t>();
+  // What changes the plan: "alignment" (bytes), "layout_tile": [rows, cols], "dtypes": ["float32", ...].
+  if (j.contains("alignment")) d.alignment = j.at("alignment").get<size_t>();
+  if (j.contains("layout_tile")) {
+    auto t = j.at("layout_tile").get<std::vector<int64_t>>();
+    if (t.size() != 2 || t[0] < 1 || t[1] < 1) fail("advise", "device '" + d.name + "': layout_tile must be [rows, cols], both positive", "");
+    d.layout_tile_rows = t[0], d.layout_tile_cols = t[1];
+  }
+  if (j.contains("dtypes")) {
+    d.dtypes.clear();
+    for (auto& name : j.at("dtypes").get<std::vector<std::string>>()) {
+      bool known = false;
+      for (DType t : {DType::Bool, DType::Int32, DType::Int64, DType::Float16, DType::BFloat16, DType::Float32, DType::Float64})
+        if (name == dtype_name(t)) d.dtypes.push_back(t), known = true;
+      if (!known) fail("advise", "device '" + d.name + "': unknown dtype '" + name + "'", "");
+    }
+  }
 }
 
 }  // namespace
@@ -261,6 +287,8 @@ std::vector<DeviceSpec> load_devices_json(const std::string& path) {
       d.source = path;
       set_from_json(d, e);
       if (d.usable_bytes <= 0) d.usable_bytes = d.mem_bytes;
+      if (d.alignment < 64 || (d.alignment & (d.alignment - 1)))
+        fail("advise", "device '" + d.name + "' in '" + path + "': alignment must be a power of two of at least 64 bytes", "");
       if (d.fp32_flops <= 0 || d.mem_bytes <= 0 || d.mem_bw <= 0)
         fail("advise", "device '" + d.name + "' in '" + path + "' needs fp32_tflops, mem_gb and mem_bw_gbs (all positive)", "");
       out.push_back(d);

@@ -60,5 +60,8 @@ class Backend {
 void register_backend(std::shared_ptr<Backend> b);
 Backend& backend_for(const Device& d);  // throws "[device] unknown device 'x'; available: ..."
 std::vector<std::shared_ptr<Backend>> all_backends();
+// The null device posing as `target` ("null:K", whose properties() are `target`; equal targets
+// share one index, and indices are never reused, so compile-cache keys stay valid).
+Device null_device_for(const kir::Target& target);
 
 }  // namespace tessera::backends

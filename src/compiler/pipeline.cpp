@@ -15,6 +15,7 @@ Plan compile_graph(const ir::Graph& g, const std::vector<int>& donate_to, const 
   if (pass_enabled("dce")) h = dce(h);
   dump_graph("ir-opt", h);
   Plan plan = lower(h, params);
+  apply_target(plan, target);
   // Scheduling sees single-output Steps; the merges after it keep its order valid.
   if (pass_enabled("schedule")) schedule(plan);
   if (pass_enabled("epilogue")) fuse_epilogues(plan);

@@ -4,6 +4,7 @@
 #include <set>
 #include <sstream>
 
+#include "frontend/memory_impl.h"
 #include "frontend/tensor_impl.h"
 #include "runtime/realize.h"
 #include "tessera/memory.h"
@@ -37,7 +38,9 @@ std::string step_text(const kir::Step& st) {
   return t;
 }
 
-MemoryPlan from_plan(const compiler::Plan& plan) {
+}  // namespace
+
+MemoryPlan detail::memory_plan_of(const compiler::Plan& plan) {
   MemoryPlan m;
   const size_t ns = plan.slots.size();
   std::vector<int> first(ns, -1), last(ns, -1);
@@ -81,6 +84,8 @@ MemoryPlan from_plan(const compiler::Plan& plan) {
   return m;
 }
 
+namespace {
+
 MemoryPlan plan_of(const std::vector<std::shared_ptr<TensorImpl>>& impls) {
   std::vector<runtime::Request> req;
   for (auto& impl : impls) {
@@ -92,7 +97,7 @@ MemoryPlan plan_of(const std::vector<std::shared_ptr<TensorImpl>>& impls) {
   }
   if (req.empty()) return {};
   auto plan = runtime::compile_only(req);
-  return from_plan(*plan);
+  return detail::memory_plan_of(*plan);
 }
 
 }  // namespace
@@ -134,7 +139,7 @@ MemoryPlan pending_memory_plan() { return plan_of(detail::pending_impls()); }
 
 MemoryPlan last_memory_plan() {
   auto plan = runtime::last_executed_plan();
-  return plan ? from_plan(*plan) : MemoryPlan{};
+  return plan ? detail::memory_plan_of(*plan) : MemoryPlan{};
 }
 
 }  // namespace tessera

@@ -1,17 +1,33 @@
 // What the compiler plans for: the properties of a device that change a plan. Backends report
-// them (Backend::properties); the null backend can pose as any target, so the advisor plans for
-// devices that are not here with the same pipeline.
+// them (Backend::properties); the null backend can pose as any target (backends::null_device_for),
+// so the advisor plans for devices that are not here with the same pipeline
+// (compiler/passes/target.cpp applies everything but the alignment, which the memory plan uses).
 #pragma once
 #include <cstddef>
+#include <cstdint>
+#include <optional>
 #include <vector>
 
 #include "tessera/dtype.h"
+#include "tessera/shape.h"
 
 namespace tessera::kir {
 
 struct Target {
-  size_t alignment = 64;              // bytes; every arena temporary starts at a multiple of it
-  std::vector<DType> compute_dtypes;  // dtypes the device computes natively; empty = all
+  // Bytes; every arena temporary starts at a multiple of it (a power-of-two multiple of 64).
+  // CUDA allocations are 256-byte aligned.
+  size_t alignment = 64;
+  // Dtypes the device computes; empty = all. A plan with a buffer or an instruction of another
+  // dtype is refused, naming the op (a TPU has no float64).
+  std::vector<DType> compute_dtypes;
+  // Tiled buffer layout (a TPU's): the last dimension of every buffer is padded to a multiple of
+  // tile_cols and the one before it to tile_rows x (4 / itemsize) for items narrower than 4 bytes
+  // (two bfloat16 rows share a 32-bit row); rank <= 1 buffers to a multiple of the whole tile.
+  // 1 x 1 = untiled. Step bytes grow with their buffers.
+  int64_t tile_rows = 1, tile_cols = 1;
+  // float32 values are stored, moved and matrix-multiplied as this dtype (the advisor's
+  // --dtype bfloat16: pure bfloat16 training). Unset: as traced.
+  std::optional<DType> float32_as;
 
   bool computes(DType t) const {
     if (compute_dtypes.empty()) return true;
@@ -19,6 +35,21 @@ struct Target {
       if (d == t) return true;
     return false;
   }
+  DType stored(DType t) const { return t == DType::Float32 && float32_as ? *float32_as : t; }
+  bool tiled() const { return tile_rows > 1 || tile_cols > 1; }
+  // Bytes of a buffer of `shape` and traced dtype `t` on this target.
+  size_t buffer_bytes(const Shape& shape, DType t) const {
+    const DType s = stored(t);
+    const size_t item = itemsize(s);
+    if (!tiled()) return size_t(numel(shape)) * item;
+    auto up = [](int64_t x, int64_t m) { return m <= 1 ? x : (x + m - 1) / m * m; };
+    const int64_t rows = tile_rows * (item < 4 ? int64_t(4 / item) : 1);
+    if (shape.size() <= 1) return size_t(up(numel(shape), rows * tile_cols)) * item;
+    int64_t n = up(shape.back(), tile_cols) * up(shape[shape.size() - 2], rows);
+    for (size_t i = 0; i + 2 < shape.size(); ++i) n *= shape[i];
+    return size_t(n) * item;
+  }
+  bool operator==(const Target&) const = default;
 };
 
 }  // namespace tessera::kir

@@ -98,12 +98,13 @@ std::shared_ptr<Executable> g_last;  // the executable realize() ran last (under
 StepHook g_hook;
 std::atomic<int64_t> g_guard_checked{0};
 
-// Builds the graph, decides donations and finds or compiles its executable.
-Prepared prepare(const std::vector<Request>& req) {
+// Builds the graph, decides donations and finds or compiles its executable (for `target`
+// instead of the nodes' device when given).
+Prepared prepare(const std::vector<Request>& req, const Device* target = nullptr) {
   std::vector<ir::NodePtr> outs;
   for (auto& r : req) outs.push_back(r.node);
   if (prof::on()) prof::mark(prof::Region::Graph);
-  Prepared p{ir::build_graph(outs), outs.front()->device, nullptr};
+  Prepared p{ir::build_graph(outs), target ? *target : outs.front()->device, nullptr};
   if (prof::on()) prof::mark(prof::Region::Lookup);
   const ir::Graph& g = p.g;
   const Device& dev = p.dev;
@@ -158,9 +159,9 @@ std::string step_label(const compiler::Plan& plan, size_t s) {
 
 }  // namespace
 
-std::shared_ptr<const compiler::Plan> compile_only(const std::vector<Request>& req) {
+std::shared_ptr<const compiler::Plan> compile_only(const std::vector<Request>& req, const Device* target) {
   if (req.empty()) return nullptr;
-  Prepared p = prepare(req);
+  Prepared p = prepare(req, target);
   if (prof::on()) prof::mark(prof::Region::Trace);
   return std::shared_ptr<const compiler::Plan>(p.exe, &p.exe->plan);
 }

@@ -24,8 +24,9 @@ struct RngArgs {
 std::vector<std::shared_ptr<Buffer>> realize(const std::vector<Request>& requests, RngArgs rng, bool* drew_random);
 
 // What realize() would run for `requests`, compiled (or found in the compile cache, counted as a
-// compile or a hit, with the same donation decisions) but not run.
-std::shared_ptr<const compiler::Plan> compile_only(const std::vector<Request>& requests);
+// compile or a hit, with the same donation decisions) but not run. With `target`, compiled for
+// that device (its backend and properties, e.g. backends::null_device_for) instead of the nodes'.
+std::shared_ptr<const compiler::Plan> compile_only(const std::vector<Request>& requests, const Device* target = nullptr);
 // The plan of the graph realize() ran last (null before the first).
 std::shared_ptr<const compiler::Plan> last_executed_plan();
 // Benchmarks: forgets every compiled graph (and the structures seen, so the next compile's reason

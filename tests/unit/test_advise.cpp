@@ -55,12 +55,14 @@ TEST(CostModel, PureGemmIsComputeBoundAtTheVectorRateInFloat32) {
   DeviceSpec d = round_device();
   StepCost s = gemm(1024, 1024, 1024, 12.0 * 1024 * 1024);  // 12 MiB: 0.25 ms at 50 GB/s
   Bottleneck why;
-  double t = step_seconds(d, s, DType::Float32, &why);
+  double t = step_seconds(d, s, &why);
   // 2 * 1024^3 flops at 0.5 * 1e12 = 4.294967 ms, + 1 us; no padding off the matrix unit.
   EXPECT_NEAR(t, 2.0 * 1073741824.0 / 0.5e12 + 1e-6, 1e-12);
   EXPECT_EQ(why, Bottleneck::Compute);
-  // bfloat16 on the matrix unit: 8x the rate, 1024 is a multiple of the 128 tile, bytes halve.
-  double tb = step_seconds(d, s, DType::BFloat16, &why);
+  // A bfloat16 Step (of a plan with bfloat16 substituted) on the matrix unit: 8x the rate, 1024
+  // is a multiple of the 128 tile.
+  s.dtype = DType::BFloat16;
+  double tb = step_seconds(d, s, &why);
   EXPECT_NEAR(tb, 2.0 * 1073741824.0 / 4e12 + 1e-6, 1e-12);
   EXPECT_EQ(why, Bottleneck::Compute);
 }
@@ -71,15 +73,15 @@ TEST(CostModel, PureBandwidthStepIsMemoryBound) {
   s.flops = 1e6;  // 2 us at 0.5 TFLOP/s
   s.bytes = 1e9;  // 20 ms at 50 GB/s
   Bottleneck why;
-  EXPECT_NEAR(step_seconds(d, s, DType::Float32, &why), 0.02 + 1e-6, 1e-12);
+  EXPECT_NEAR(step_seconds(d, s, &why), 0.02 + 1e-6, 1e-12);
   EXPECT_EQ(why, Bottleneck::Memory);
-  EXPECT_NEAR(step_seconds(d, s, DType::BFloat16, &why), 0.01 + 1e-6, 1e-12);  // floating: bytes halve
-  s.floating = false;  // e.g. int64 indices: no halving
-  EXPECT_NEAR(step_seconds(d, s, DType::BFloat16, &why), 0.02 + 1e-6, 1e-12);
+  // The bytes are the target plan's (halved there under bfloat16): the model does not halve again.
+  s.dtype = DType::BFloat16;
+  EXPECT_NEAR(step_seconds(d, s, &why), 0.02 + 1e-6, 1e-12);
   // A tiny Step is launch-bound.
   StepCost tiny;
   tiny.flops = 10, tiny.bytes = 40;
-  step_seconds(d, tiny, DType::Float32, &why);
+  step_seconds(d, tiny, &why);
   EXPECT_EQ(why, Bottleneck::Launch);
 }
 
@@ -90,12 +92,14 @@ TEST(CostModel, MatrixDimensionsArePaddedToTheTile) {
   EXPECT_EQ(pad_to(7, 1), 7);
   DeviceSpec d = round_device();
   StepCost s = gemm(130, 128, 100);
+  s.dtype = DType::BFloat16;
   // Padded to 256 x 128 x 128 at 0.5 * 8e12.
-  EXPECT_NEAR(step_seconds(d, s, DType::BFloat16), 2.0 * 256 * 128 * 128 / 4e12 + 1e-6, 1e-15);
+  EXPECT_NEAR(step_seconds(d, s), 2.0 * 256 * 128 * 128 / 4e12 + 1e-6, 1e-15);
   // A TPU runs float32 matmuls on its MXU in 6 bf16 passes (also padded).
   d.cls = "tpu";
   d.fp32_matmul_passes = 6;
-  EXPECT_NEAR(step_seconds(d, s, DType::Float32), 6 * 2.0 * 256 * 128 * 128 / 4e12 + 1e-6, 1e-15);
+  s.dtype = DType::Float32;
+  EXPECT_NEAR(step_seconds(d, s), 6 * 2.0 * 256 * 128 * 128 / 4e12 + 1e-6, 1e-15);
 }
 
 TEST(CostModel, RingAllReduceIsAlphaBeta) {
@@ -108,9 +112,9 @@ TEST(CostModel, RingAllReduceIsAlphaBeta) {
   w.steps = {gemm(64, 64, 64)};
   w.tokens = 64;
   w.grad_bytes = 1e9;
-  Prediction p = predict(d, w, {.dtype = DType::Float32, .data_parallel = 4});
+  Prediction p = predict(d, w, {.data_parallel = 4});
   EXPECT_NEAR(p.comm_s, 6e-5 + 0.15, 1e-12);
-  EXPECT_NEAR(p.step_s, p.comm_s + step_seconds(d, w.steps[0], DType::Float32), 1e-12);
+  EXPECT_NEAR(p.step_s, p.comm_s + step_seconds(d, w.steps[0]), 1e-12);
   EXPECT_EQ(p.bottleneck, Bottleneck::Communication);
   EXPECT_NEAR(p.tokens_per_s, 4 * 64 / p.step_s, 1e-6);
   EXPECT_NEAR(p.tokens_per_joule, p.tokens_per_s / 400, 1e-9);
@@ -163,7 +167,7 @@ TEST(HostMemory, PredictedPeakMatchesTheAllocatorHighWaterWithin2Percent) {
   for (int64_t batch : {2, 8}) {
     nn::GPTConfig cfg = tiny_gpt(2, 32, 16);
     GptWorkloads g(cfg);
-    double predicted = double(g.at(batch).plan.peak_bytes);
+    double predicted = g.at(batch).footprint_bytes();
     Measured m = measure_gpt_on_host(cfg, batch, 2, 2);
     std::printf("[advise] batch %lld: predicted peak %.0f B, allocator high-water %.0f B, ratio %.4f\n", (long long)batch,
                 predicted, m.high_water_bytes, predicted / m.high_water_bytes);
@@ -173,15 +177,20 @@ TEST(HostMemory, PredictedPeakMatchesTheAllocatorHighWaterWithin2Percent) {
 
 TEST(GptWorkloads, MaxBatchIsTheLargestThatFits) {
   GptWorkloads g(tiny_gpt());
-  double cap = double(g.at(5).plan.peak_bytes) + 1;
-  int64_t b = g.max_batch(cap, DType::Float32);
+  DeviceSpec d = find_device(builtin_devices(), "t4");
+  d.usable_bytes = g.at(5, d, DType::Float32).footprint_bytes() + 1;
+  int64_t b = g.max_batch(d, DType::Float32);
   EXPECT_GE(b, 5);
-  EXPECT_LE(peak_under(g.at(b), DType::Float32), cap);
-  EXPECT_GT(peak_under(g.at(b + 1), DType::Float32), cap);
-  EXPECT_EQ(g.max_batch(double(g.at(1).plan.peak_bytes) - 1, DType::Float32), 0) << "nothing fits";
-  // bfloat16 halves the floating buffers: a larger batch fits in the same bytes.
-  EXPECT_GT(g.max_batch(cap, DType::BFloat16), b);
-  EXPECT_LE(g.max_batch(1e12, DType::Float32, 64), 64) << "the search stops at its limit";
+  EXPECT_LE(g.at(b, d, DType::Float32).footprint_bytes(), d.usable_bytes);
+  EXPECT_GT(g.at(b + 1, d, DType::Float32).footprint_bytes(), d.usable_bytes);
+  // bfloat16 stores every float32 buffer in half the bytes: a larger batch fits in the same bytes.
+  EXPECT_GT(g.max_batch(d, DType::BFloat16), b);
+  DeviceSpec small = d;
+  small.usable_bytes = g.at(1, d, DType::Float32).footprint_bytes() - 1;
+  EXPECT_EQ(g.max_batch(small, DType::Float32), 0) << "nothing fits";
+  DeviceSpec huge = d;
+  huge.usable_bytes = 1e12;
+  EXPECT_LE(g.max_batch(huge, DType::Float32, 64), 64) << "the search stops at its limit";
 }
 
 TEST(Devices, TableHasEveryDeviceWithPositiveFigures) {
@@ -267,11 +276,12 @@ TEST(Monotonic, MoreMemoryNeverUnfitsAndFasterRoofsNeverPredictSlower) {
     auto pick = [&](std::vector<int64_t> v) { return v[rng() % v.size()]; };
     nn::GPTConfig cfg = tiny_gpt(pick({1, 2}), pick({16, 32, 48}), pick({8, 16, 32}), pick({20, 60}));
     GptWorkloads g(cfg);
-    const Workload& w = g.at(pick({1, 2, 4}));
+    const int64_t batch = pick({1, 2, 4});
     for (DType dt : {DType::Float32, DType::BFloat16}) {
       for (const DeviceSpec& base : table) {
+        const Workload& w = g.at(batch, base, dt);  // the device's own plan
         std::uniform_real_distribution<double> up(1.0, 4.0);
-        Options o{.dtype = dt, .data_parallel = int(rng() % 3) + 1};
+        Options o{.data_parallel = int(rng() % 3) + 1};
         Prediction p = predict(base, w, o);
         // More memory: fits stays fits.
         DeviceSpec big = base;

@@ -80,18 +80,15 @@ void run_advise(const AdviseOptions& o) {
   if (devs.empty()) fail("advise", "--devices names no device", "");
 
   advise::GptWorkloads works(cfg);
-  advise::Options opts{.dtype = dtype, .data_parallel = int(o.data_parallel)};
+  advise::Options opts{.data_parallel = int(o.data_parallel)};
   std::vector<Row> rows;
   for (auto& d : devs) {
     Row r;
     r.dev = d;
     r.replicas = o.data_parallel * d.replicas;
     r.per_replica = (o.batch + r.replicas - 1) / r.replicas;
-    r.p = advise::predict(d, works.at(r.per_replica), opts);
-    if (!o.no_max_batch) {
-      double cap = d.usable_bytes > 0 ? d.usable_bytes : d.mem_bytes;
-      r.p.max_batch = works.max_batch(cap, dtype) * r.replicas;
-    }
+    r.p = advise::predict(d, works.at(r.per_replica, d, dtype), opts);  // d's own plan
+    if (!o.no_max_batch) r.p.max_batch = works.max_batch(d, dtype) * r.replicas;
     rows.push_back(r);
   }
 

@@ -1,16 +1,34 @@
 // The null backend: compiles every Step like a real device and refuses to run or hold data.
-// It proves the compile path needs no hardware, and lets the advisor plan for absent devices.
+// It proves the compile path needs no hardware, and lets the advisor plan for absent devices:
+// device null:K poses as the K-th target registered by null_device_for (null:0 is a plain host-like
+// target), so a graph compiled for it gets that device's plan.
+#include <mutex>
+
 #include "backends/backend.h"
 #include "tessera/error.h"
 
 namespace tessera::backends {
 namespace {
 
+std::mutex g_pose_mu;
+std::vector<kir::Target>& poses() {
+  static auto* p = new std::vector<kir::Target>{kir::Target{}};
+  return *p;
+}
+
 struct NullKernel : Kernel {};
 
 class NullBackend : public Backend {
  public:
   std::string name() const override { return "null"; }
+  int device_count() const override {
+    std::lock_guard<std::mutex> lock(g_pose_mu);
+    return int(poses().size());
+  }
+  kir::Target properties(int index) const override {
+    std::lock_guard<std::mutex> lock(g_pose_mu);
+    return poses().at(size_t(index));
+  }
   DeviceInfo info(int index) const override {
     return {Device("null", index), "compiles graphs without running them (no memory, no execution)", false};
   }
@@ -29,6 +47,15 @@ class NullBackend : public Backend {
 };
 
 }  // namespace
+
+Device null_device_for(const kir::Target& target) {
+  std::lock_guard<std::mutex> lock(g_pose_mu);
+  auto& p = poses();
+  for (size_t i = 0; i < p.size(); ++i)
+    if (p[i] == target) return Device("null", int(i));
+  p.push_back(target);
+  return Device("null", int(p.size()) - 1);
+}
 
 std::shared_ptr<Backend> make_null_backend() { return std::make_shared<NullBackend>(); }
 

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "compiler/lower.h"
+#include "kernel_ir/target.h"
 #include "ir/graph.h"
 
 namespace tessera::compiler {
@@ -38,6 +39,10 @@ ir::Graph dce(const ir::Graph& g);
 void fuse_epilogues(Plan& plan);
 void merge_elementwise(Plan& plan);
 void schedule(Plan& plan);
+// Lays the lowered plan out for a target (target.cpp; always on, a no-op for a host target):
+// refuses dtypes it does not compute, stores float32 as target.float32_as, sizes every buffer
+// by its tiled layout and scales each Step's bytes with its buffers.
+void apply_target(Plan& plan, const kir::Target& target);
 // Places temporaries in the arena and fills plan.memory (peak, the Step at the peak, what is live).
 void plan_memory(Plan& plan, size_t alignment = 64);
 // Debug: guard bytes (rounded up to 64) before and after each arena temporary, which the runtime
