@@ -163,6 +163,51 @@ TEST(GptWorkloads, CompilesWithoutRunningAndRestoresTheModel) {
   EXPECT_GT(w2.plan.peak_bytes, w.plan.peak_bytes);
 }
 
+// Each device's workload is compiled for its own properties: a GPU's arena aligns temporaries to
+// 256 bytes, a TPU's buffers are tiled (8 x 128), bfloat16 stores every float32 buffer in half the
+// bytes; the host's plan is the cpu's. The flops do not depend on the layout.
+TEST(GptWorkloads, EachDeviceGetsItsOwnPlan) {
+  GptWorkloads g(tiny_gpt());
+  std::vector<DeviceSpec> t = builtin_devices();
+  DeviceSpec t4 = find_device(t, "t4"), tpu = find_device(t, "tpu-v3-core"), h100 = find_device(t, "h100");
+  const Workload& host = g.at(4);
+  const Workload& gpu = g.at(4, t4, DType::Float32);
+  const Workload& tp = g.at(4, tpu, DType::Float32);
+  const Workload& half = g.at(4, t4, DType::BFloat16);
+  EXPECT_EQ(&g.at(4, h100, DType::Float32), &gpu) << "devices with equal properties share one plan";
+  int temps = 0;
+  for (const PlannedBuffer& b : gpu.plan.buffers)
+    if (b.kind == "temp") {
+      EXPECT_EQ(b.offset % 256, 0u) << b.op;
+      ++temps;
+    }
+  EXPECT_GT(temps, 10);
+  EXPECT_GE(gpu.plan.arena_bytes, host.plan.arena_bytes);
+  EXPECT_EQ(gpu.plan.peak_bytes, host.plan.peak_bytes) << "alignment pads the arena, not the live bytes";
+  // embd 32, 2 heads of 16, block 16: tiles pad every minor dimension to 128 columns.
+  EXPECT_GT(tp.plan.param_bytes, 2 * host.plan.param_bytes);
+  EXPECT_GT(tp.footprint_bytes(), 2 * host.footprint_bytes());
+  EXPECT_GT(tp.grad_bytes, host.grad_bytes) << "the all-reduced gradients are the tiled buffers";
+  for (const PlannedBuffer& b : half.plan.buffers) EXPECT_NE(b.dtype, DType::Float32) << b.op;
+  EXPECT_LT(half.footprint_bytes(), 0.55 * gpu.footprint_bytes());
+  EXPECT_DOUBLE_EQ(half.grad_bytes, gpu.grad_bytes / 2);
+  double fh = 0, ft = 0, bh = 0, bt = 0;
+  for (auto& s : host.steps) fh += s.flops, bh += s.bytes;
+  for (auto& s : tp.steps) ft += s.flops, bt += s.bytes;
+  EXPECT_DOUBLE_EQ(ft, fh);
+  EXPECT_GT(bt, bh) << "tiled buffers move more bytes";
+  // A device that does not compute the step's dtypes is refused with its name, and the model is
+  // put back (the next compile still works).
+  DeviceSpec odd = t4;
+  odd.name = "no-bf16";
+  odd.dtypes = {DType::Bool, DType::Int64, DType::Float32};
+  std::string msg = testing::error_message([&] { g.at(4, odd, DType::BFloat16); });
+  EXPECT_NE(msg.find("does not compile for device 'no-bf16'"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("bfloat16 is not computed"), std::string::npos) << msg;
+  EXPECT_TRUE(detail::pending_impls().empty());
+  EXPECT_EQ(g.at(5).batch, 5);
+}
+
 TEST(HostMemory, PredictedPeakMatchesTheAllocatorHighWaterWithin2Percent) {
   for (int64_t batch : {2, 8}) {
     nn::GPTConfig cfg = tiny_gpt(2, 32, 16);
