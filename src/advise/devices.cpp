@@ -1,20 +1,30 @@
 // The advisor's device table, user devices from JSON, and the calibrated host.
 //
-// Figures are dense peaks (NVIDIA pages often print the 2:4-sparse tensor figure, twice these).
-// Achievable fractions per class, applied to the peaks by the cost model:
-//   gpu-tc / gpu:  matrix 0.75 of the tensor-core peak on large GEMMs (measured on one H200:
-//                  ~790 of 989 TFLOP/s at 8192^3 bf16 through PyTorch, 0.80; smaller training
-//                  GEMMs do worse), vector 0.8, memory 0.85 (measured H200 device copy ~4.3 of
-//                  4.8 TB/s, 0.9), interconnect 0.8, 5 us per Step (kernel launch + dispatch of
-//                  an eager runtime; CUDA graphs would be ~2 us).
+// Every figure carries its source. "[V]" marks a figure checked against a public page (the page
+// is named); "[S]" one checked only against secondary spec pages that agree with each other;
+// "[A]" an assumption or estimate of this project, not a published figure. Figures are dense
+// peaks (NVIDIA pages often print the 2:4-sparse tensor figure, twice these).
+// Achievable fractions per class, applied to the peaks by the cost model [A], calibrated where a
+// device was at hand:
+//   gpu-tc / gpu:  matrix 0.75 of the tensor-core peak on large GEMMs (measured on this project's
+//                  lent H200: ~790 of 989 TFLOP/s at 8192^3 bf16 through PyTorch, 0.80; smaller
+//                  training GEMMs do worse), vector 0.8, memory 0.85 (same H200: device copy
+//                  ~4.3 of 4.8 TB/s, 0.9), interconnect 0.8 (NVIDIA/nccl issue #1264: H100 NVLink
+//                  p2p 376-380 of 450 GB/s per direction, 0.84), 5 us per Step (kernel launch +
+//                  dispatch of an eager runtime; CUDA graphs would be ~2 us).
 //   tpu:           matrix 0.8 (XLA fuses and tiles for the 128x128 MXU), memory 0.85, 1 us per
 //                  Step (one compiled XLA program: no per-op host launch).
 //   cpu (host):    calibrated, not assumed (host_device()).
-// Padding: tensor cores run M,N in 64-wide tiles and K in multiples of 16 (bf16/fp16) or 8;
-// a TPU MXU is 128x128 (M,N,K padded to 128). float32 on a TPU's MXU is emulated by bf16 passes:
-// we model "HIGHEST" precision, 6 passes (JAX/XLA precision docs: bf16_6x), as float32 semantics.
-// Float32 matmuls on NVIDIA parts run on the CUDA cores at the fp32 rate (PyTorch's default
-// since 1.12: TF32 off for matmul); tf32_flops is recorded but not used.
+// Padding [A, after NVIDIA's "Matrix Multiplication Background User's Guide", tile
+// quantization]: tensor cores run M,N in 64-wide tiles and K in multiples of 16 (bf16/fp16) or
+// 8; a TPU MXU is 128x128 (cloud.google.com/tpu/docs/performance-guide: "128 x 128 matrix unit"),
+// so M,N,K are padded to 128. float32 on a TPU's MXU is emulated by bf16 passes: we model
+// "HIGHEST" precision, 6 passes (XLA's bf16_6x), as float32 semantics. Float32 matmuls on NVIDIA
+// parts run on the CUDA cores at the fp32 rate (PyTorch's default since 1.12: TF32 off for
+// matmul); tf32_flops is recorded but not used.
+// NVIDIA's memory sizes are binary: an "A100 40 GB" reports 42,405,855,232 B (> 40e9) to CUDA,
+// so mem_bytes is the printed figure in GiB. Usable memory of an NVIDIA GPU: what CUDA reports as
+// total (deviceQuery) less 0.6 GB [A] for the CUDA context, cuBLAS workspace and allocator slack.
 #include <unistd.h>
 
 #include <algorithm>
@@ -44,7 +54,7 @@ DeviceSpec gpu(std::string name, std::string desc) {
   d.cls = "gpu-tc";
   d.matrix_eff = 0.75, d.vector_eff = 0.8, d.bw_eff = 0.85, d.link_eff = 0.8;
   d.launch_s = 5e-6;
-  d.link_latency_s = 10e-6;  // NCCL ring step latency, order of 10 us
+  d.link_latency_s = 10e-6;  // [A] NCCL ring step latency, order of 10 us
   d.tile_mn = 64, d.tile_k = 16;
   // cudaMalloc returns 256-byte aligned memory (CUDA C Best Practices Guide, "Device memory
   // allocation"; RAPIDS rmm's CUDA_ALLOCATION_ALIGNMENT is 256): the arena aligns temporaries so.
@@ -52,9 +62,12 @@ DeviceSpec gpu(std::string name, std::string desc) {
   return d;
 }
 
-// Usable memory of an NVIDIA GPU: nominal less ~0.6 GB of CUDA context, cuBLAS workspace and
-// allocator slack (what torch.cuda.mem_get_info reports free on an idle GPU is about this).
-double cuda_usable(double nominal) { return nominal - 0.6 * G; }
+// Usable bytes from what CUDA reports as the device's total memory (see the header).
+double cuda_usable(double visible) { return visible - 0.6 * G; }
+// Visible bytes of an HBM part of `gib` nominal GiB where no deviceQuery was found [A]: the A100
+// 40 GB's measured ratio (42,405,855,232 B of 40 GiB, 0.987; the smallest of the parts checked),
+// which also gives the ~139 GiB the H200 lent to this project reports for "141 GB".
+double hbm_visible(double gib) { return 0.987 * gib * GiB; }
 
 DeviceSpec tpu_core(std::string name, std::string desc) {
   DeviceSpec d;
@@ -63,7 +76,7 @@ DeviceSpec tpu_core(std::string name, std::string desc) {
   d.cls = "tpu";
   d.matrix_eff = 0.8, d.vector_eff = 0.8, d.bw_eff = 0.85, d.link_eff = 0.8;
   d.launch_s = 1e-6;
-  d.link_latency_s = 5e-6;
+  d.link_latency_s = 5e-6;   // [A] ICI hop latency
   d.tile_mn = 128, d.tile_k = 128;
   d.fp32_matmul_passes = 6;
   // Arrays in TPU HBM are tiled: one dimension padded to a multiple of 8, another to 128
@@ -81,136 +94,160 @@ DeviceSpec tpu_core(std::string name, std::string desc) {
 std::vector<DeviceSpec> builtin_devices() {
   std::vector<DeviceSpec> v;
   {
-    // NVIDIA T4 datasheet: https://www.nvidia.com/content/dam/en-zz/Solutions/Data-Center/tesla-t4/t4-tensor-core-datasheet-951643.pdf
-    // (checked against https://sysrqmts.com/en/gpus/nvidia/tesla/t4: FP32 8.141 TFLOPS, FP16 65.13, 320 GB/s, 70 W)
+    // NVIDIA T4 (Turing, PCIe). [S] sysrqmts.com/en/gpus/nvidia/tesla/t4 (FP32 8.141, FP16 65.13
+    // TFLOPS, 16 GB GDDR6, 320.0 GB/s, 70 W) and archive-lib.hpctech.co.jp/gpuproduct/tesla-t4
+    // agree with NVIDIA's T4 datasheet figures (8.1 / 65 / 320+ GB/s / 70 W), which could not be
+    // opened here.
     DeviceSpec d = gpu("t4", "NVIDIA T4 16 GB (Turing, PCIe)");
-    d.fp32_flops = 8.1 * T;          // datasheet: 8.1 TFLOPS FP32
-    d.bf16_flops = 65 * T;           // datasheet: 65 TFLOPS mixed FP16/FP32 tensor (no bf16: fp16 rate)
-    d.vec16_flops = 16.2 * T;        // FP16 on the CUDA cores runs at 2x FP32 (Turing)
-    d.mem_bytes = 16 * G;            // datasheet: 16 GB GDDR6
-    d.usable_bytes = cuda_usable(15.0 * G);  // 15 GB visible (ECC on), as nvidia-smi shows 15360 MiB
-    d.mem_bw = 320 * G;              // datasheet: 320+ GB/s
-    d.link_bw = 16 * G;              // PCIe Gen3 x16: 15.75 GB/s per direction (no NVLink)
-    d.power_w = 70;                  // datasheet: 70 W
-    d.source = "nvidia.com T4 datasheet";
+    d.fp32_flops = 8.1 * T;          // [S] 8.1 TFLOPS FP32
+    d.bf16_flops = 65 * T;           // [S] 65 TFLOPS FP16 tensor, FP32 accumulate (Turing has no bf16: fp16 stands in)
+    d.vec16_flops = 16.2 * T;        // [A] FP16 on the CUDA cores at 2x FP32 (Turing)
+    d.mem_bytes = 16 * GiB;          // [S] 16 GB GDDR6 (NVIDIA's memory "GB" are GiB: see the header)
+    d.usable_bytes = cuda_usable(15835660288.0);  // [V] deviceQuery of a T4: 15,835,660,288 B (ECC on), gist.github.com/Terminus-IMRC/5e4b7782c27106dec287050b323cd059
+    d.mem_bw = 320 * G;              // [S] 320 GB/s
+    d.link_bw = 15.75 * G;           // [A] PCIe 3.0 x16 per direction (8 GT/s x 16 x 128/130); no NVLink
+    d.power_w = 70;                  // [S] 70 W
+    d.source = "T4 figures as NVIDIA's datasheet prints them, checked on secondary spec pages";
     v.push_back(d);
   }
   {
-    // NVIDIA Tesla P100 PCIe datasheet: https://images.nvidia.com/content/tesla/pdf/nvidia-tesla-p100-PCIe-datasheet.pdf
+    // NVIDIA Tesla P100 PCIe 16 GB (Pascal, no tensor cores). [S] tech4gamers.com and the
+    // Tesla-series table there (PCIe: 9.3 TFLOPS single, 18.7 half, 250 W); 732 GB/s for the 16 GB
+    // PCIe part as announced (techrival.com, techwormam: "732GB/s and 549GB/s"); NVIDIA's P100
+    // whitepaper prints 720 GB/s for the SXM2 part.
     DeviceSpec d = gpu("p100", "NVIDIA P100 PCIe 16 GB (Pascal, no tensor cores)");
     d.cls = "gpu";
-    d.fp32_flops = 9.3 * T;          // datasheet: 9.3 TFLOPS single precision
+    d.fp32_flops = 9.3 * T;          // [S] 9.3 TFLOPS single precision (PCIe)
     d.bf16_flops = 0;                // no tensor cores
-    d.vec16_flops = 18.7 * T;        // datasheet: 18.7 TFLOPS half precision (no bf16 at all)
-    d.mem_bytes = 16 * G;            // datasheet: 16 GB CoWoS HBM2
-    d.usable_bytes = cuda_usable(16 * G);
-    d.mem_bw = 732 * G;              // datasheet: 732 GB/s (16 GB part)
-    d.link_bw = 16 * G;              // PCIe Gen3 x16, 32 GB/s bidirectional
-    d.power_w = 250;                 // datasheet: 250 W
-    d.tile_mn = 32, d.tile_k = 1;    // SIMT sgemm tiles
-    d.source = "nvidia.com P100 PCIe datasheet";
+    d.vec16_flops = 18.7 * T;        // [S] 18.7 TFLOPS half precision (no bf16 at all: fp16 stands in)
+    d.mem_bytes = 16 * GiB;          // [S] 16 GB CoWoS HBM2
+    d.usable_bytes = cuda_usable(hbm_visible(16));
+    d.mem_bw = 732 * G;              // [S] 732 GB/s (16 GB PCIe)
+    d.link_bw = 15.75 * G;           // [A] PCIe 3.0 x16 per direction
+    d.power_w = 250;                 // [S] 250 W
+    d.tile_mn = 32, d.tile_k = 1;    // [A] SIMT sgemm tiles
+    d.source = "P100 PCIe figures from launch coverage of NVIDIA's announcement (secondary)";
     v.push_back(d);
   }
   for (double gb : {16.0, 32.0}) {
-    // NVIDIA V100 datasheet: https://images.nvidia.com/content/technologies/volta/pdf/volta-v100-datasheet-update-us-1165301-r5.pdf
+    // NVIDIA V100 SXM2 16/32 GB. [S] huggingface.co/RajBhope/gpu-runtime-predictor gpu_catalog
+    // (15.7 FP32, 125 FP16 tensor, 900 GB/s, 300 W) and the V100 spec summary at
+    // grokipedia.opelly.me (15.7 TFLOPS FP32, 125 TFLOPS tensor, 16/32 GB HBM2); NVIDIA's V100
+    // datasheet could not be opened here. Pre-launch figures (15 / 120 TFLOPS at 1455 MHz,
+    // techrival.com) are superseded.
     DeviceSpec d = gpu(gb == 16 ? "v100-16" : "v100-32", gb == 16 ? "NVIDIA V100 SXM2 16 GB" : "NVIDIA V100 SXM2 32 GB");
-    d.fp32_flops = 15.7 * T;         // datasheet (SXM2): 15.7 TFLOPS single precision
-    d.bf16_flops = 125 * T;          // datasheet: 125 TFLOPS tensor (fp16; Volta has no bf16)
-    d.vec16_flops = 31.4 * T;        // 2x FP32 on the CUDA cores
-    d.mem_bytes = gb * G;            // datasheet: 16 or 32 GB HBM2
-    d.usable_bytes = cuda_usable(gb * G);
-    d.mem_bw = 900 * G;              // datasheet: 900 GB/s
-    d.link_bw = 150 * G;             // datasheet: NVLink 300 GB/s (both directions)
-    d.power_w = 300;                 // datasheet: 300 W
+    d.fp32_flops = 15.7 * T;         // [S] 15.7 TFLOPS single precision (SXM2)
+    d.bf16_flops = 125 * T;          // [S] 125 TFLOPS tensor (fp16; Volta has no bf16: fp16 stands in)
+    d.vec16_flops = 31.4 * T;        // [A] 2x FP32 on the CUDA cores
+    d.mem_bytes = gb * GiB;          // [S] 16 or 32 GB HBM2
+    d.usable_bytes = cuda_usable(hbm_visible(gb));
+    d.mem_bw = 900 * G;              // [S] 900 GB/s
+    d.link_bw = 150 * G;             // [S] NVLink 300 GB/s both directions (NVIDIA's figure), 150 per direction
+    d.power_w = 300;                 // [S] 300 W
     d.tile_k = 8;
-    d.source = "nvidia.com V100 datasheet";
+    d.source = "V100 SXM2 figures as NVIDIA's datasheet prints them, checked on secondary pages";
     v.push_back(d);
   }
   for (double gb : {40.0, 80.0}) {
-    // NVIDIA A100 datasheet: https://www.nvidia.com/content/dam/en-zz/Solutions/Data-Center/a100/pdf/nvidia-a100-datasheet-us-nvidia-1758950-r4-web.pdf
+    // NVIDIA A100 SXM4 40/80 GB. [V] glennklockwood.com/garden/processors/A100 (tabulated from
+    // NVIDIA's A100 datasheet, nvidia-a100-datasheet-us-nvidia-1758950-r4-web.pdf: FP32 19.5,
+    // TF32 156, BF16/FP16 312 dense; 1.555 TB/s (40 GB), 2.039 TB/s (80 GB); 300+300 GB/s
+    // NVLink; 400 W), agreeing with the Paderborn PC2 system page and thundercompute.com.
     DeviceSpec d = gpu(gb == 40 ? "a100-40" : "a100-80", gb == 40 ? "NVIDIA A100 SXM4 40 GB" : "NVIDIA A100 SXM4 80 GB");
-    d.fp32_flops = 19.5 * T;         // datasheet: FP32 19.5 TFLOPS
-    d.tf32_flops = 156 * T;          // datasheet: TF32 156 TFLOPS dense (312 with sparsity)
-    d.bf16_flops = 312 * T;          // datasheet: BF16/FP16 tensor 312 TFLOPS dense (624 sparse)
-    d.vec16_flops = 39 * T;          // datasheet: FP16/BF16 non-tensor 78 TFLOPS is with FMA packing; use 2x FP32
-    d.mem_bytes = gb * G;            // datasheet: 40 GB HBM2 / 80 GB HBM2e
-    d.usable_bytes = cuda_usable(gb * G);
-    d.mem_bw = (gb == 40 ? 1555 : 2039) * G;  // datasheet: 1,555 GB/s (40 GB), 2,039 GB/s (80 GB SXM)
-    d.link_bw = 300 * G;             // datasheet: NVLink 600 GB/s (both directions)
-    d.power_w = 400;                 // datasheet: 400 W (SXM)
-    d.source = "nvidia.com A100 datasheet";
+    d.fp32_flops = 19.5 * T;         // [V] FP32 19.5 TFLOPS
+    d.tf32_flops = 156 * T;          // [V] TF32 156 TFLOPS dense (312 with sparsity)
+    d.bf16_flops = 312 * T;          // [V] BF16/FP16 tensor 312 TFLOPS dense (624 sparse)
+    d.vec16_flops = 39 * T;          // [V] BF16 non-tensor 39 TFLOPS (NVIDIA's Hopper in-depth blog, table 3, quoted on forums.developer.nvidia.com/t/218102; FP16 non-tensor is 78)
+    d.mem_bytes = gb * GiB;          // [V] 40 GB HBM2 / 80 GB HBM2e
+    // [V] 40 GB: deviceQuery 42,405,855,232 B (upb-pc2.atlassian.net, "NVIDIA A100 40GB with NVLINK").
+    d.usable_bytes = cuda_usable(gb == 40 ? 42405855232.0 : hbm_visible(80));
+    d.mem_bw = (gb == 40 ? 1555 : 2039) * G;  // [V] 1,555 GB/s (40 GB), 2,039 GB/s (80 GB SXM)
+    d.link_bw = 300 * G;             // [V] NVLink 300 GB/s per direction (600 both)
+    d.power_w = 400;                 // [V] 400 W (SXM)
+    d.source = "NVIDIA A100 datasheet (as tabulated by glennklockwood.com)";
     v.push_back(d);
   }
   {
-    // NVIDIA H100 datasheet: https://resources.nvidia.com/en-us-tensor-core/nvidia-tensor-core-gpu-datasheet
-    // dense figures checked at https://glennklockwood.com/garden/processors/h100 (FP32 66.9, TF32 494.7,
-    // BF16 989.4 dense) and https://archive-lib.hpctech.co.jp/gpuproduct/nvidia-h100.html (sparse 1,979; 3,350 GB/s; 700 W)
+    // NVIDIA H100 SXM5 80 GB. [V] archive-lib.hpctech.co.jp/gpuproduct/nvidia-h100 (NVIDIA's H100
+    // table: FP32 67, TF32 989*, BF16 1,979* TFLOPS, "* with sparsity, 1/2 lower without";
+    // 3,350 GB/s; 700 W; NVLink 900 GB/s) and glennklockwood.com/garden/processors/h100 (dense:
+    // FP32 66.9, TF32 494.7, BF16 989.4, FP16/BF16 vector 133.8).
     DeviceSpec d = gpu("h100", "NVIDIA H100 SXM5 80 GB");
-    d.fp32_flops = 67 * T;           // datasheet: FP32 67 TFLOPS
-    d.tf32_flops = 494.7 * T;        // datasheet: TF32 989 TFLOPS with sparsity -> 494.7 dense
-    d.bf16_flops = 989.4 * T;        // datasheet: BF16 1,979 TFLOPS with sparsity -> 989.4 dense
-    d.vec16_flops = 133.8 * T;       // non-tensor FP16/BF16 (Klockwood's table, VFMA column)
-    d.mem_bytes = 80 * G;            // datasheet: 80 GB HBM3
-    d.usable_bytes = cuda_usable(80 * G);
-    d.mem_bw = 3350 * G;             // datasheet: 3.35 TB/s
-    d.link_bw = 450 * G;             // datasheet: NVLink 900 GB/s (both directions)
-    d.power_w = 700;                 // datasheet: up to 700 W
+    d.fp32_flops = 67 * T;           // [V] FP32 67 TFLOPS
+    d.tf32_flops = 494.7 * T;        // [V] TF32 989 TFLOPS with sparsity -> 494.7 dense
+    d.bf16_flops = 989.4 * T;        // [V] BF16 1,979 TFLOPS with sparsity -> 989.4 dense
+    d.vec16_flops = 133.8 * T;       // [V] non-tensor FP16/BF16 (2x FP32, Klockwood's VFMA column)
+    d.mem_bytes = 80 * GiB;          // [V] 80 GB HBM3
+    d.usable_bytes = cuda_usable(hbm_visible(80));
+    d.mem_bw = 3350 * G;             // [V] 3.35 TB/s
+    d.link_bw = 450 * G;             // [V] NVLink 900 GB/s both directions, 450 per direction
+    d.power_w = 700;                 // [V] up to 700 W
     d.matrix_eff = 0.8;              // measured on an H200 (same SMs): 790/989 at 8192^3 bf16
-    d.source = "nvidia.com H100 datasheet";
+    d.source = "NVIDIA H100 SXM table (hpctech.co.jp), dense figures from glennklockwood.com";
     v.push_back(d);
   }
   {
-    // NVIDIA H200 datasheet: https://www.nvidia.com/en-us/data-center/h200/ (same compute as H100 SXM)
+    // NVIDIA H200 SXM 141 GB: the H100's GH100 with HBM3e. [V] MLPerf Inference v4.1 system
+    // description H200-SXM-141GBx8 (141 GB HBM3e, "18x 4th Gen NVLink, 900GB/s", "H200 TGP
+    // 700W"); 4.8 TB/s [S] (openmetal.io, aiminingco.com, geektopia.es on NVIDIA's SC23
+    // announcement); compute as the H100 SXM (same die and clocks class).
     DeviceSpec d = gpu("h200", "NVIDIA H200 SXM 141 GB");
-    d.fp32_flops = 67 * T;           // datasheet: FP32 67 TFLOPS
-    d.tf32_flops = 494.7 * T;        // datasheet: TF32 989 TFLOPS with sparsity
-    d.bf16_flops = 989.4 * T;        // datasheet: BF16 1,979 TFLOPS with sparsity
+    d.fp32_flops = 67 * T;           // [S] as H100 SXM
+    d.tf32_flops = 494.7 * T;        // [S] as H100 SXM (dense)
+    d.bf16_flops = 989.4 * T;        // [S] BF16 1,979 TFLOPS with sparsity, as H100 SXM
     d.vec16_flops = 133.8 * T;
-    d.mem_bytes = 141 * G;           // datasheet: 141 GB HBM3e
-    d.usable_bytes = cuda_usable(141 * G);
-    d.mem_bw = 4800 * G;             // datasheet: 4.8 TB/s
-    d.link_bw = 450 * G;             // datasheet: NVLink 900 GB/s
-    d.power_w = 700;                 // datasheet: up to 700 W
+    d.mem_bytes = 141 * GiB;         // [V] 141 GB HBM3e
+    d.usable_bytes = cuda_usable(hbm_visible(141));  // ~139 GiB, as the H200 lent to this project reports
+    d.mem_bw = 4800 * G;             // [S] 4.8 TB/s
+    d.link_bw = 450 * G;             // [V] NVLink 900 GB/s both directions
+    d.power_w = 700;                 // [V] 700 W TGP
     d.matrix_eff = 0.8;              // measured: ~790 TFLOP/s on 8192^3 bf16 (shared/accelerators.md)
     d.bw_eff = 0.9;                  // measured: ~4.3 TB/s device-to-device copy
-    d.source = "nvidia.com H200 page";
+    d.source = "MLPerf H200 system description; bandwidth from NVIDIA's announcement (secondary)";
     v.push_back(d);
   }
-  // Google TPU v3: https://cloud.google.com/tpu/docs/v3 — per chip (2 TensorCores): 123 TFLOP/s
-  // bf16, 32 GiB HBM2 at 900 GB/s, measured power 123/220/262 W (min/mean/max), all-reduce
-  // bandwidth per 1024-chip pod 340 TB/s (-> ~332 GB/s per chip, 166 GB/s per core).
-  // A v3 core sees 16 GiB; programs run out near 14.5 GB (reported by practitioners; XLA keeps
-  // program, infeed and scratch buffers there), so 14.5 GB is the usable figure.
+  // Google TPU v3. [V] cloud.google.com/tpu/docs/v3: per chip (2 TensorCores) 123 TFLOP/s bf16,
+  // 32 GiB HBM2 at 900 GBps, measured power 123/220/262 W (min/mean/max), all-reduce bandwidth
+  // per 1024-chip pod 340 TB/s (-> ~332 GB/s per chip, 166 GB/s per core). [V] A v3-8 is 8 cores
+  // (cloud.google.com/tpu/docs/performance-guide: "all 8 cores of a TPU device (for example v2-8
+  // or v3-8)"). A v3 core sees 16 GiB; XLA's out-of-memory reports give programs "15.48G"
+  // (16 GiB less 530 MiB reserved; e.g. "Used 19.46G of 15.48G hbm" in public logs);
+  // practitioners report running out near 14.5 GB [A: not found in a public source here], which
+  // is the usable figure (XLA's own scoped buffers and fragmentation; tiling padding is modelled
+  // separately in the plan).
   for (int cores : {1, 8}) {
     DeviceSpec d = tpu_core(cores == 1 ? "tpu-v3-core" : "tpu-v3-8",
                             cores == 1 ? "Google TPU v3, one TensorCore (16 GiB)" : "Google TPU v3-8 board (4 chips, 8 cores, data parallel)");
     d.replicas = cores;
-    d.bf16_flops = 123 * T / 2;      // 123 TFLOP/s per chip, 2 cores
-    d.fp32_flops = 123 * T / 2 / 16; // vector unit: not published; estimate 1/16 of the MXU (elementwise is bandwidth-bound anyway)
+    d.bf16_flops = 123 * T / 2;      // [V] 123 TFLOP/s per chip, 2 cores
+    d.fp32_flops = 123 * T / 2 / 16; // [A] vector unit: not published; 1/16 of the MXU (elementwise is bandwidth-bound anyway)
     d.vec16_flops = d.fp32_flops;
-    d.mem_bytes = 16 * GiB;          // 32 GiB per chip
-    d.usable_bytes = 14.5 * G;
-    d.mem_bw = 900 * G / 2;          // 900 GB/s per chip
-    d.link_bw = 340e12 / 1024 / 2;   // pod all-reduce bandwidth per core
-    d.power_w = 220.0 / 2;           // mean measured power per chip, per core
+    d.mem_bytes = 16 * GiB;          // [V] 32 GiB per chip
+    d.usable_bytes = 14.5 * G;       // see above
+    d.mem_bw = 900 * G / 2;          // [V] 900 GBps per chip
+    d.link_bw = 340e12 / 1024 / 2;   // [V] pod all-reduce bandwidth per core
+    d.power_w = 220.0 / 2;           // [V] mean measured power per chip, per core
     d.source = "cloud.google.com/tpu/docs/v3";
     v.push_back(d);
   }
-  // Google TPU v4: https://cloud.google.com/tpu/docs/v4 — per chip (2 TensorCores as one
-  // "megacore" device): 275 TFLOP/s bf16, 32 GiB HBM2 at 1,200 GB/s, measured power 90/170/192 W,
-  // all-reduce bandwidth per 4096-chip pod 1.1 PB/s (-> ~268 GB/s per chip). A v4-8 is 4 chips.
+  // Google TPU v4. [V] cloud.google.com/tpu/docs/v4: per chip (2 TensorCores, one device):
+  // 275 TFLOP/s bf16, 32 GiB HBM2 at 1200 GBps, measured power 90/170/192 W, all-reduce
+  // bandwidth per 4096-chip pod 1.1 PB/s (-> ~268 GB/s per chip). [V] A v4-8 is 8 TensorCores =
+  // 4 chips (cloud.google.com/tpu/docs/types-topologies: "v4-128 ... 128 TensorCores"). Usable:
+  // [V] XLA reports "Used 63.80G of 30.75G hbm" with "reserved 1.25G" on a v4 chip (public
+  // EasyDeL issue #166): 30.75 GiB.
   for (int chips : {1, 4}) {
     DeviceSpec d = tpu_core(chips == 1 ? "tpu-v4-chip" : "tpu-v4-8",
                             chips == 1 ? "Google TPU v4, one chip (32 GiB)" : "Google TPU v4-8 board (4 chips, data parallel)");
     d.replicas = chips;
-    d.bf16_flops = 275 * T;
-    d.fp32_flops = 275 * T / 16;     // vector unit: not published; estimate as for v3
+    d.bf16_flops = 275 * T;          // [V]
+    d.fp32_flops = 275 * T / 16;     // [A] vector unit: not published; estimate as for v3
     d.vec16_flops = d.fp32_flops;
-    d.mem_bytes = 32 * GiB;
-    d.usable_bytes = 30 * G;         // assumption: same ~10% reserve as a v3 core
-    d.mem_bw = 1200 * G;
-    d.link_bw = 1.1e15 / 4096;
-    d.power_w = 170;
+    d.mem_bytes = 32 * GiB;          // [V]
+    d.usable_bytes = 30.75 * GiB;    // [V] XLA's capacity figure
+    d.mem_bw = 1200 * G;             // [V]
+    d.link_bw = 1.1e15 / 4096;       // [V] pod all-reduce bandwidth per chip
+    d.power_w = 170;                 // [V] mean measured power
     d.source = "cloud.google.com/tpu/docs/v4";
     v.push_back(d);
   }
