@@ -616,22 +616,35 @@ std::string memory_viewer_html(const MemoryPlan& plan, const std::string& title)
   svg.precision(2);
   svg << "<svg id=\"plot\" xmlns=\"http://www.w3.org/2000/svg\" width=\"" << L + W + 20 << "\" height=\"" << T + H + 50 << "\">\n";
   svg << "<rect x=\"" << L << "\" y=\"" << T << "\" width=\"" << W << "\" height=\"" << H << "\" fill=\"#fafafa\" stroke=\"#999\"/>\n";
-  for (int k = 0; k <= 4; ++k) {  // axes ticks
-    double b = top / 1.05 * k / 4;
+  // Axes: ticks at round values (1, 2 or 5 times a power of ten; of MiB on the bytes axis) with
+  // light grid lines.
+  auto nice = [](double range, int want) {
+    double raw = range / want, p = std::pow(10.0, std::floor(std::log10(raw)));
+    for (double m : {1.0, 2.0, 5.0, 10.0})
+      if (m * p >= raw) return m * p;
+    return 10 * p;
+  };
+  const double MiB = 1048576.0, ystep = top >= MiB ? nice(top / MiB, 6) * MiB : nice(top, 6);
+  for (double b = 0; b <= top; b += ystep) {
+    svg << "<line x1=\"" << L << "\" y1=\"" << Y(b) << "\" x2=\"" << L + W << "\" y2=\"" << Y(b) << "\" stroke=\"#e4e4e4\"/>\n";
     svg << "<text class=\"ax\" x=\"" << L - 4 << "\" y=\"" << Y(b) + 4 << "\" text-anchor=\"end\">" << human(b) << "</text>\n";
-    int s = int(std::lround(double(n) * k / 4));
-    svg << "<text class=\"ax\" x=\"" << X(s) << "\" y=\"" << T + H + 16 << "\" text-anchor=\"middle\">" << s << "</text>\n";
   }
+  const double xstep = std::max(1.0, nice(double(n), 8));
+  for (double s = 0; s <= n; s += xstep)
+    svg << "<text class=\"ax\" x=\"" << X(s) << "\" y=\"" << T + H + 16 << "\" text-anchor=\"middle\">" << int64_t(s) << "</text>\n";
   svg << "<text class=\"ax\" x=\"" << L + W / 2 << "\" y=\"" << T + H + 36 << "\" text-anchor=\"middle\">program order (Step)</text>\n";
+  // A temporary's colour comes from its module and op (the legend below uses the same).
+  auto colour = [](const PlannedBuffer& b) {
+    unsigned h = 0;
+    for (char c : b.scope + b.op) h = h * 31 + (unsigned char)c;
+    return b.kind == "param" ? std::string("#b0b0b0") : b.kind == "output" ? std::string("#8fb3d9")
+                                                                           : "hsl(" + std::to_string(h % 360) + ",60%,62%)";
+  };
   svg << "<g id=\"buffers\">\n";
   for (size_t i = 0; i < B.size(); ++i) {
     const PlannedBuffer& b = B[i];
     bool peak = plan.peak_step >= 0 && (b.kind != "temp" || (b.first_step <= plan.peak_step && plan.peak_step <= b.last_step));
-    unsigned h = 0;
-    for (char c : b.scope + b.op) h = h * 31 + (unsigned char)c;
-    std::string fill = b.kind == "param"    ? "#b0b0b0"
-                       : b.kind == "output" ? "#8fb3d9"
-                                            : "hsl(" + std::to_string(h % 360) + ",60%,62%)";
+    std::string fill = colour(b);
     double hgt = std::max(Y(y0[i]) - Y(y0[i] + double(b.bytes)), 0.0);
     svg << "<rect class=\"buf" << (peak && b.kind == "temp" ? " peak" : "") << "\" data-i=\"" << i << "\" x=\"" << X(x0[i])
         << "\" y=\"" << Y(y0[i] + double(b.bytes)) << "\" width=\"" << std::max(X(x1[i]) - X(x0[i]), 0.5) << "\" height=\""
@@ -639,7 +652,11 @@ std::string memory_viewer_html(const MemoryPlan& plan, const std::string& title)
                                                                       b.op + (b.scope.empty() ? "" : " in " + b.scope))
         << "</title></rect>\n";
   }
-  svg << "</g>\n<polyline id=\"live\" fill=\"none\" stroke=\"#222\" stroke-width=\"1.2\" points=\"";
+  svg << "</g>\n";
+  if (Y(0) - Y(base) >= 14)  // name the band of parameters and outputs when there is room
+    svg << "<text class=\"ax\" x=\"" << L + 6 << "\" y=\"" << Y(base / 2) + 4 << "\">parameters and outputs, "
+        << human(base) << ", live for the whole run</text>\n";
+  svg << "<polyline id=\"live\" fill=\"none\" stroke=\"#222\" stroke-width=\"1.2\" points=\"";
   for (int s = 0; s < n; ++s) svg << X(s) << "," << Y(live[size_t(s)]) << " " << X(s + 1) << "," << Y(live[size_t(s)]) << " ";
   svg << "\"/>\n";
   if (plan.peak_step >= 0) {
@@ -652,6 +669,19 @@ std::string memory_viewer_html(const MemoryPlan& plan, const std::string& title)
         << human(double(plan.peak_bytes)) << " at step " << plan.peak_step << "</text>\n";
   }
   svg << "</svg>\n";
+
+  // Legend: the largest temporaries live at the peak, each with its colour.
+  std::ostringstream legend;
+  legend << "<div id=\"legend\"><b>Largest temporaries at the peak</b>";
+  int shown = 0;
+  for (const PlannedBuffer& b : plan.live_at_peak) {
+    if (b.kind != "temp" || shown == 8) continue;
+    legend << "<div><span class=\"sw\" style=\"background:" << colour(b) << "\"></span>" << html_escape(human(double(b.bytes)))
+           << " " << dtype_short(b.dtype) << html_escape(shape_str(b.shape)) << " " << html_escape(b.op)
+           << (b.scope.empty() ? "" : " in " + html_escape(b.scope)) << "</div>";
+    ++shown;
+  }
+  legend << "</div>\n";
 
   std::ostringstream data;
   data << "[";
@@ -672,7 +702,9 @@ std::string memory_viewer_html(const MemoryPlan& plan, const std::string& title)
      << "body{font:13px sans-serif;margin:16px} .ax{font-size:11px;fill:#444} rect.buf{stroke:#fff;stroke-width:0.3}\n"
      << "rect.buf:hover{stroke:#000;stroke-width:1.5} rect.peak{stroke:#600;stroke-width:0.6}\n"
      << "#tip{position:fixed;display:none;background:#fff;border:1px solid #888;padding:6px;font:12px monospace;"
-        "pointer-events:none;white-space:pre}\npre{background:#f4f4f4;padding:8px}\n</style>\n"
+        "pointer-events:none;white-space:pre}\npre{background:#f4f4f4;padding:8px}\n"
+        "#legend{margin:4px 0 8px 80px;font-size:12px;columns:2;max-width:1100px} #legend b{column-span:all;display:block}\n"
+        ".sw{display:inline-block;width:11px;height:11px;margin-right:6px;vertical-align:-1px;border:1px solid #666}\n</style>\n"
      // Script errors are recorded on the page, so a headless check can see them.
      << "<script>window.onerror = function(m){ document.documentElement.setAttribute('data-error', String(m)); };</script>\n"
      << "</head><body>\n"
@@ -680,7 +712,7 @@ std::string memory_viewer_html(const MemoryPlan& plan, const std::string& title)
      << " Steps: parameters (grey) and outputs (blue) for the whole run, temporaries at their arena offsets over their "
         "lifetimes (colour by module and op; dark outline: live at the peak). The black line is the live bytes. Hover a "
         "buffer for its shape, dtype, producing op and module.</p>\n"
-     << svg.str() << "<div id=\"tip\"></div>\n<pre id=\"report\">" << html_escape(plan.report(10)) << "</pre>\n"
+     << svg.str() << "<div id=\"tip\"></div>\n" << legend.str() << "<pre id=\"report\">" << html_escape(plan.report(10)) << "</pre>\n"
      << "<script>\nconst buffers = " << data_js << ";\n"
      << "const tip = document.getElementById('tip');\n"
         "function human(b){const u=['B','KiB','MiB','GiB'];let i=0;while(b>=1024&&i<3){b/=1024;i++;}return b.toFixed(i?1:0)+' '+u[i];}\n"
