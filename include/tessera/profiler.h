@@ -12,10 +12,12 @@
 //   tessera::write_memory_viewer("mem.html", tessera::last_memory_plan());
 //
 // Attribution rule (fused Steps): a Step's time, flops and bytes are split over its source ops in
-// proportion to each op's estimated flops: elementwise and reduction ops (and rng) count one
-// flop per element of the Step's domain, a matmul counts the Step's flops minus those of the
-// other ops, movement, indexing, cast and source ops count zero; when every source counts zero
-// (a copy, a gather) the split is equal. A module path gets the shares of the ops traced in it.
+// proportion to each op's flops by its own cost rule (the rules that sum to the Step's flops: a
+// matmul 2mnk, an elementwise op or a reduction one per element of its own output or input,
+// movement, indexing and casts zero), so per-op flops are exact as far as the cost rules are;
+// time and bytes follow the flops (fused ops share one pass over memory, which has no exact
+// split). When no source has flops (a copy, a gather) the split is equal. A module path gets the
+// shares of the ops traced in it.
 //
 // Time outside Steps is timed directly between clock readings at region boundaries (see
 // ProfileEvent): the table's `<runtime>` row is the sum of those intervals, `<compile>` the

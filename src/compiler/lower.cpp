@@ -95,8 +95,8 @@ struct Lowerer {
     st.kind = kind;
     st.shape = n.shape;
     st.dtype = n.dtype;
-    st.sources.push_back({ir::op_name(n.op), *n.scope});
     st.cost = ir::info(n.op).cost(n);
+    st.sources.push_back({ir::op_name(n.op), *n.scope, st.cost.flops});
     return st;
   }
 
@@ -124,8 +124,9 @@ struct Lowerer {
     all.erase(std::unique(all.begin(), all.end()), all.end());
     for (int k : all) {
       const Node& n = *g.nodes[k];
-      st.sources.push_back({ir::op_name(n.op), *n.scope});
-      st.cost.flops += ir::info(n.op).cost(n).flops;
+      const double flops = ir::info(n.op).cost(n).flops;
+      st.sources.push_back({ir::op_name(n.op), *n.scope, flops});
+      st.cost.flops += flops;
     }
     // Bytes: each input slot read once (at most the domain's worth) and the output written.
     int64_t dom = numel(st.kind == StepKind::Row || st.kind == StepKind::Reduce ? st.domain : st.shape);
@@ -185,6 +186,7 @@ struct Lowerer {
     st.shape = n.shape;
     st.dtype = n.dtype;
     st.cost = {0, 2.0 * double(n.numel()) * double(itemsize(n.dtype))};
+    st.sources.front().flops = 0;  // a copy computes nothing
     set_program(st, as_expr(vals[node], n.dtype, n.shape).frag);
     st.output = new_slot(kind, index, n.shape, n.dtype, st.sources.front());
     plan.steps.push_back(std::move(st));

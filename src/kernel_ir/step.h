@@ -53,6 +53,7 @@ const char* step_kind_name(StepKind k);
 struct Source {
   std::string op;
   std::string scope;
+  double flops = 0;  // the node's flops by its cost rule; a Step's sources sum to its cost.flops
 };
 
 struct Step {

@@ -163,41 +163,17 @@ struct StepInfo {
   double flops = 0, bytes = 0;
 };
 
-const std::map<std::string, ir::Category>& categories() {
-  static const auto* m = [] {
-    auto* r = new std::map<std::string, ir::Category>();
-    for (int i = 0; i < ir::kNumOps; ++i) (*r)[ir::info(ir::Op(i)).name] = ir::info(ir::Op(i)).category;
-    return r;
-  }();
-  return *m;
-}
-
 StepInfo describe(const kir::Step& st) {
   StepInfo si;
   si.kind = kir::step_kind_name(st.kind);
   si.shape = std::string(dtype_short(st.dtype)) + shape_str(st.shape);
   si.flops = st.cost.flops;
   si.bytes = st.cost.bytes;
-  double dom = double(numel(st.kind == kir::StepKind::Row || st.kind == kir::StepKind::Reduce ? st.domain : st.shape));
+  // Each source op's share is its flops by its own cost rule (Source::flops, summing to the
+  // Step's flops): exact as far as the cost rules are; equal shares when no source has flops.
   std::vector<double> w(st.sources.size(), 0);
-  double others = 0;
-  int matmuls = 0;
-  for (size_t i = 0; i < st.sources.size(); ++i) {
-    auto it = categories().find(st.sources[i].op);
-    ir::Category c = it == categories().end() ? ir::Category::Movement : it->second;
-    const std::string& op = st.sources[i].op;
-    if (c == ir::Category::Contraction) {
-      ++matmuls;
-    } else if ((c == ir::Category::Elementwise && op != "cast") || c == ir::Category::Reduce || op == "rng") {
-      w[i] = dom;
-      others += dom;
-    }
-  }
-  for (size_t i = 0; i < st.sources.size(); ++i)
-    if (categories().count(st.sources[i].op) && categories().at(st.sources[i].op) == ir::Category::Contraction)
-      w[i] = std::max(st.cost.flops - others, dom) / matmuls;
   double total = 0;
-  for (double x : w) total += x;
+  for (size_t i = 0; i < st.sources.size(); ++i) total += (w[i] = st.sources[i].flops);
   for (size_t i = 0; i < st.sources.size(); ++i)
     si.ops.push_back({st.sources[i].op, st.sources[i].scope,
                       total > 0 ? w[i] / total : 1.0 / double(st.sources.size())});
@@ -440,10 +416,10 @@ std::string Profiler::table_text() const {
   std::snprintf(line, sizeof line, "profile: %.3f ms wall, %zu graph runs, %lld Steps, %lld host syncs, %zu compiles\n", wall,
                 graphs.size(), (long long)nsteps, (long long)nsync, compiles.size());
   os << line
-     << "fused Steps: time, flops and bytes split over their source ops by estimated flops (elementwise and\n"
-        "reduction ops: one per element of the Step's domain; matmul: the rest of the Step's flops; movement,\n"
-        "indexing and casts: zero; equal split when all are zero). <runtime>: host time outside Steps and\n"
-        "compiles, timed directly between clock readings; rows of each table sum to the wall time.\n";
+     << "fused Steps: time, flops and bytes split over their source ops by each op's flops from its cost rule\n"
+        "(matmul 2mnk; elementwise and reduction ops one per element; movement, indexing and casts zero; equal\n"
+        "split when all are zero). <runtime>: host time outside Steps and compiles, timed directly between clock\n"
+        "readings; rows of each table sum to the wall time.\n";
   for (const char* g : {"kind", "module", "op"}) {
     std::vector<OpTableRow> rows = op_table(g);
     size_t w = 10;

@@ -217,7 +217,12 @@ TEST(MemoryPlan, TargetAlignmentPlacesEveryTemporary) {
   ir::Graph g = ir::build_graph({detail::node_of(loss)});
   std::vector<int> no_donation(g.outputs.size(), -1);
   compiler::Plan p64 = compiler::compile_graph(g, no_donation);
-  compiler::Plan p4k = compiler::compile_graph(g, no_donation, kir::Target{4096, {}});
+  auto aligned = [](size_t a) {
+    kir::Target t;
+    t.alignment = a;
+    return t;
+  };
+  compiler::Plan p4k = compiler::compile_graph(g, no_donation, aligned(4096));
   EXPECT_EQ(p4k.alignment, 4096u);
   int temps = 0;
   for (const kir::Slot& sl : p4k.slots)
@@ -228,7 +233,7 @@ TEST(MemoryPlan, TargetAlignmentPlacesEveryTemporary) {
   EXPECT_GT(temps, 10);
   EXPECT_GE(p4k.arena_bytes, p64.arena_bytes);
   EXPECT_EQ(p4k.memory.peak_bytes, p64.memory.peak_bytes);  // live bytes do not depend on padding
-  EXPECT_NE(testing::error_message([&] { compiler::compile_graph(g, no_donation, kir::Target{96, {}}); }).find("[memplan]"),
+  EXPECT_NE(testing::error_message([&] { compiler::compile_graph(g, no_donation, aligned(96)); }).find("[memplan]"),
             std::string::npos);
 }
 

@@ -170,7 +170,9 @@ TEST(Profiler, OpTableRowsAddUpToTheWallTimeMeasuredOutside) {
       bool has_runtime = false;
       for (size_t k = 0; k < rows.size(); ++k) {
         sum += rows[k].ms;
-        if (k) EXPECT_GE(rows[k - 1].ms, rows[k].ms) << "sorted by time";
+        if (k) {
+          EXPECT_GE(rows[k - 1].ms, rows[k].ms) << "sorted by time";
+        }
         if (rows[k].name == "<runtime>") {
           has_runtime = true;
           EXPECT_GT(rows[k].ms, 0);
@@ -191,7 +193,9 @@ TEST(Profiler, OpTableRowsAddUpToTheWallTimeMeasuredOutside) {
   }
 }
 
-TEST(Profiler, FusedStepTimeIsSplitByEstimatedFlops) {
+// A fused Step's shares are its source ops' flops by their own cost rules: exact for a GEMM with
+// an elementwise epilogue (matmul 2mnk, tanh and mul one flop per element each).
+TEST(Profiler, FusedStepTimeIsSplitByEachOpsFlops) {
   Tensor x = testing::random_tensor({64, 32}, DType::Float32, 1), w = testing::random_tensor({32, 48}, DType::Float32, 2);
   Tensor y;
   {
@@ -201,19 +205,30 @@ TEST(Profiler, FusedStepTimeIsSplitByEstimatedFlops) {
   Profiler prof;
   y.to_vector<float>();
   prof.stop();
-  bool found = false;
+  const double mm_flops = 2.0 * 64 * 32 * 48, ew_flops = 64.0 * 48;
+  int found = 0;
   for (auto& e : prof.events()) {
     if (e.type != "step" || e.kind != "gemm") continue;
-    found = true;
-    double mm = 0, rest = 0;
-    for (auto& o : e.ops) (o.op == "matmul" ? mm : rest) += o.share;
-    ASSERT_GT(mm, 0) << e.name;
-    // matmul: 2*64*32*48 - (others: 64*48 each); elementwise ops: 64*48 each.
-    if (rest > 0) EXPECT_GT(mm, 10 * rest) << "the matmul has most of the flops";
+    ++found;
+    std::map<std::string, double> share;
+    for (auto& o : e.ops) share[o.op] += o.share;
+    ASSERT_EQ(share.size(), 3u) << e.name << ": the epilogue's ops are fused into the GEMM";
+    EXPECT_DOUBLE_EQ(e.flops, mm_flops + 2 * ew_flops);
+    EXPECT_DOUBLE_EQ(share["matmul"], mm_flops / e.flops);
+    EXPECT_DOUBLE_EQ(share["tanh"], ew_flops / e.flops);
+    EXPECT_DOUBLE_EQ(share["mul"], ew_flops / e.flops);
     EXPECT_EQ(e.scope, "mlp");
     EXPECT_EQ(e.name.rfind("mlp: matmul", 0), 0u) << e.name;
   }
-  EXPECT_TRUE(found);
+  EXPECT_EQ(found, 1);
+  // The op table gives each op exactly its own flops.
+  for (const OpTableRow& r : prof.op_table("op")) {
+    if (r.name == "matmul @ mlp") {
+      EXPECT_DOUBLE_EQ(r.flops, mm_flops);
+    } else if (r.name == "tanh @ mlp") {
+      EXPECT_DOUBLE_EQ(r.flops, ew_flops);
+    }
+  }
 }
 
 TEST(Profiler, OneAtATimeAndQuietWhenOff) {

@@ -111,7 +111,9 @@ TEST(Target, Float32AsBfloat16SubstitutesEveryFloat32BufferAndStep) {
     bool all_float = true;
     for (int x : a.inputs) all_float &= f32.slots[size_t(x)].dtype == DType::Float32;
     for (int o : a.outputs()) all_float &= f32.slots[size_t(o)].dtype == DType::Float32;
-    if (all_float) EXPECT_DOUBLE_EQ(b.cost.bytes, a.cost.bytes / 2) << b.str();
+    if (all_float) {
+      EXPECT_DOUBLE_EQ(b.cost.bytes, a.cost.bytes / 2) << b.str();
+    }
     EXPECT_DOUBLE_EQ(b.cost.flops, a.cost.flops);
   }
   EXPECT_LT(bf16.memory.peak_bytes, f32.memory.peak_bytes);
