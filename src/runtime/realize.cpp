@@ -222,7 +222,7 @@ std::vector<std::shared_ptr<Buffer>> realize(const std::vector<Request>& req, Rn
       slots[s] = results[k]->data;
     }
   }
-  backends::LaunchArgs args{slots.data(), rng.seed, rng.offset};
+  backends::LaunchArgs args{slots.data(), rng.seed, rng.offset, dev.index};
   static const bool time_steps = std::getenv("TESSERA_STEP_TIMES") != nullptr;
   const size_t guard = arena ? exe->guard : 0;
   std::vector<unsigned char> pattern(guard ? guard + plan.alignment : 0, kGuardByte), seen(pattern.size());
