@@ -500,62 +500,72 @@ KernelCode render_reduce(const Step& st) {
   return finish(k, outer);
 }
 
-// Gemm: one work-item per column j of a block of kRows rows; operands addressed through their
-// strided views (batch strides too), accumulating over K in order; the epilogue is applied to
-// each product before it is stored.
-constexpr int kRows = 4;
+// Gemm: each work-item computes a tile of kTileM x kTileN outputs of one batch, accumulating
+// over K in order (float32 in float32, as BLAS does; integers in int64), with the inner loop
+// over contiguous columns so it vectorizes on CPU devices (PoCL). Operands are read through
+// their strided views (batch strides too); the epilogue is applied to each product before it is
+// stored. Measured on PoCL (bench/README): about 4x CLBlast's SGEMM on the GPT's shapes.
+constexpr int kTileM = 8, kTileN = 16;
 KernelCode render_gemm(const Step& st) {
   const View& av = st.maps[0].views[0];
   const View& bv = st.maps[1].views[0];
   size_t r = st.shape.size();
   int64_t M = st.shape[r - 2], N = st.shape[r - 1], K = av.shape[r - 1];
   Shape batch(st.shape.begin(), st.shape.end() - 2);
-  int64_t nb = numel(batch), mb = (M + kRows - 1) / kRows;
+  int64_t nb = numel(batch), mb = (M + kTileM - 1) / kTileM, nc = (N + kTileN - 1) / kTileN;
   DType t = st.dtype;
-  std::string T = ctype(t), acc = is_integral(t) ? "i64" : T;
+  std::string T = ctype(t), acc = is_integral(t) ? "i64" : T, TM = S(kTileM), TN = S(kTileN);
   Kernel k;
   std::vector<DType> types = st.input_dtypes;
   types.resize(st.inputs.size(), t);
   bind_inputs(k, st, types);
   std::string a = k.arg(st.inputs[0], t), b = k.arg(st.inputs[1], t);
-  k.b << "  i64 g = GID;\n  if (g >= " << k.p(nb * mb * N) << ") return;\n";
-  k.b << "  i64 M = " << k.p(M) << ", N = " << k.p(N) << ", K = " << k.p(K) << ";\n";
-  k.b << "  i64 j = g % N, q = g / N, i0 = (q % " << k.pdiv(mb) << ") * " << kRows << ", bi = q / " << k.pdiv(mb) << ";\n";
+  k.b << "  i64 g = GID;\n  if (g >= " << k.p(nb * mb * nc) << ") return;\n";
+  k.b << "  i64 M = " << k.p(M) << ", N = " << k.p(N) << ", K = " << k.p(K) << ", nc = " << k.pdiv(nc) << ", mb = " << k.pdiv(mb)
+      << ";\n";
+  k.b << "  i64 jb = (g % nc) * " << TN << ", q = g / nc, i0 = (q % mb) * " << TM << ", bi = q / mb;\n";
   k.b << "  i64 oa = " << k.p(av.offset) << ", ob = " << k.p(bv.offset) << ";\n";
   k.unravel("e", "bi", batch, "  ");
   for (size_t d = 0; d < batch.size(); ++d)
     k.b << "  oa += e" << d << " * " << k.p(av.strides[d]) << "; ob += e" << d << " * " << k.p(bv.strides[d]) << ";\n";
   k.b << "  i64 ar = " << k.p(av.strides[r - 2]) << ", ac = " << k.p(av.strides[r - 1]) << ", br = " << k.p(bv.strides[r - 2])
-      << ", bc = " << k.p(bv.strides[r - 1]) << ";\n";
-  // Rows past M read row M - 1 (never stored), so the loop has no branch.
-  for (int x = 0; x < kRows; ++x)
-    k.b << "  i64 ra" << x << " = oa + min(i0 + " << x << ", M - 1) * ar; " << acc << " c" << x << " = 0;\n";
-  k.b << "  for (i64 kk = 0; kk < K; ++kk) {\n    " << acc << " y = (" << acc << ")" << b << "[ob + kk * br + j * bc];\n";
-  for (int x = 0; x < kRows; ++x) k.b << "    c" << x << " += (" << acc << ")" << a << "[ra" << x << " + kk * ac] * y;\n";
-  k.b << "  }\n";
-  for (int x = 0; x < kRows; ++x) {
-    k.b << "  if (i0 + " << x << " < M) {\n    i64 pos = bi * M * N + (i0 + " << x << ") * N + j;\n";
-    if (st.program.empty()) {
-      k.b << "    " << k.arg(st.output, t) << "[pos] = " << to_storage(t, "(" + T + ")c" + S(x)) << ";\n";
-    } else {
-      // The epilogue's domain is its loads' shape (the consumer's, which may be a reshape).
-      Shape dom = st.shape;
-      int product = -1;
-      for (const Instr& I : st.program)
-        if (I.code == Code::Load) {
-          dom = I.map.shape();
-          if (st.inputs[size_t(I.input)] == st.output) product = I.input;
-        }
-      k.unravel("d", "pos", dom, "    ");
-      ProgramWriter w(k, st, st.program, dom);
-      w.product_input = product;
-      w.product = "(" + T + ")c" + S(x);
-      w.emit({int(st.program.size()) - 1}, "    ");
-      store_outputs(k, st, w, "pos", "    ");
-    }
-    k.b << "  }\n";
+      << ";\n";
+  // B's column stride is structure (1 or not): contiguous columns load as vectors.
+  bool unit = bv.strides[r - 1] == 1 || N == 1;
+  std::string bc = unit ? "1" : k.p(bv.strides[r - 1]);
+  k.b << "  " << acc << " c[" << TM << "][" << TN << "];\n  i64 ra[" << TM << "];\n";
+  k.b << "  for (int x = 0; x < " << TM << "; ++x) {\n    ra[x] = oa + min(i0 + x, M - 1) * ar;\n    for (int y = 0; y < " << TN
+      << "; ++y) c[x][y] = 0;\n  }\n";
+  // Columns past N read column N - 1 and rows past M row M - 1 (never stored): no branches inside.
+  k.b << "  i64 jl = min(jb + " << TN << ", N) - jb;\n";
+  k.b << "  for (i64 kk = 0; kk < K; ++kk) {\n    " << acc << " bt[" << TN << "];\n";
+  k.b << "    GLOBAL const " << storage_type(t) << "* brow = " << b << " + ob + kk * br + jb * " << bc << ";\n";
+  k.b << "    if (jl == " << TN << ") { for (int y = 0; y < " << TN << "; ++y) bt[y] = (" << acc << ")brow[y * " << bc << "]; }\n";
+  k.b << "    else { for (int y = 0; y < " << TN << "; ++y) bt[y] = (" << acc << ")brow[min((i64)y, jl - 1) * " << bc << "]; }\n";
+  k.b << "    for (int x = 0; x < " << TM << "; ++x) {\n      " << acc << " av = (" << acc << ")" << a
+      << "[ra[x] + kk * ac];\n      for (int y = 0; y < " << TN << "; ++y) c[x][y] += av * bt[y];\n    }\n  }\n";
+  k.b << "  for (int x = 0; x < " << TM << "; ++x)\n    for (int y = 0; y < " << TN << "; ++y) {\n";
+  k.b << "      if (i0 + x >= M || y >= jl) continue;\n      i64 pos = (bi * M + i0 + x) * N + jb + y;\n";
+  if (st.program.empty()) {
+    k.b << "      " << k.arg(st.output, t) << "[pos] = " << to_storage(t, "(" + T + ")c[x][y]") << ";\n";
+  } else {
+    // The epilogue's domain is its loads' shape (the consumer's, which may be a reshape).
+    Shape dom = st.shape;
+    int product = -1;
+    for (const Instr& I : st.program)
+      if (I.code == Code::Load) {
+        dom = I.map.shape();
+        if (st.inputs[size_t(I.input)] == st.output) product = I.input;
+      }
+    k.unravel("d", "pos", dom, "      ");
+    ProgramWriter w(k, st, st.program, dom);
+    w.product_input = product;
+    w.product = "(" + T + ")c[x][y]";
+    w.emit({int(st.program.size()) - 1}, "      ");
+    store_outputs(k, st, w, "pos", "      ");
   }
-  return finish(k, nb * mb * N);
+  k.b << "    }\n";
+  return finish(k, nb * mb * nc);
 }
 
 // A dense copy of one strided view (the base of ScatterAdd and DynamicUpdateSlice).
