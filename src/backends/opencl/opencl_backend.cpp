@@ -7,6 +7,8 @@
 
 #include <algorithm>
 #include <climits>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <unordered_map>
@@ -51,7 +53,6 @@ struct Dev {
   cl_command_queue queue = nullptr;
   cl_mem err = nullptr;                                 // E[0] of bounds-checked kernels
   std::unordered_map<std::string, cl_program> programs;  // kernel name -> program holding it
-  int64_t builds = 0, kernels_built = 0;
 };
 
 struct Alloc {
@@ -267,8 +268,13 @@ class OpenCLBackend : public Backend {
                            "):\n" + log.substr(0, 4000), "");
       }
       for (const render::KernelCode* c : batch) d.programs[c->name] = prog;
-      d.builds++;
-      d.kernels_built += int64_t(batch.size());
+      // TESSERA_OPENCL_BUILD_LOG=<file>: one line per kernel built (to count a test run's builds).
+      static const char* log_path = std::getenv("TESSERA_OPENCL_BUILD_LOG");
+      if (log_path)
+        if (FILE* f = std::fopen(log_path, "a")) {
+          for (const render::KernelCode* c : batch) std::fprintf(f, "%s %zu\n", c->name.c_str(), batch.size());
+          std::fclose(f);
+        }
     }
     pending_.clear();
     std::vector<OclKernel::Built>& out = k.built[index];
