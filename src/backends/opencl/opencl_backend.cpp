@@ -3,6 +3,7 @@
 // goes into one program) and cached in-process by kernel name (a hash of its source); PoCL
 // keeps its own disk cache (POCL_CACHE_DIR). Shapes travel in a parameter buffer made once per
 // compiled Step, so one built kernel serves every shape of the same structure.
+#define CL_TARGET_OPENCL_VERSION 120
 #include <CL/cl.h>
 
 #include <algorithm>
