@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <set>
 
 #include "../../bench/bench_common.h"
@@ -293,4 +294,27 @@ TEST(OpenCL, BenchmarkGptTrainsToTheCpuLosses) {
   for (size_t i = 0; i < cpu.size(); ++i) EXPECT_NEAR(cl[i], cpu[i], 1e-4 * std::abs(cpu[i])) << "step " << i;
   EXPECT_LT(cpu.back(), cpu.front());
   std::printf("[opencl] gpt losses: step 0 %.6f / %.6f, step 49 %.6f / %.6f (cpu / opencl)\n", cpu[0], cl[0], cpu[49], cl[49]);
+}
+
+// With no OpenCL platform (the ICD loader pointed at an empty vendor folder) naming the device is
+// a clear error and the cpu still works. The loader reads its vendors once per process, so the
+// check runs in a child: this binary, filtered to OpenCLNoDevice.Child.
+TEST(OpenCLNoDevice, Child) {
+  if (!std::getenv("TESSERA_NO_DEVICE_CHILD")) GTEST_SKIP() << "runs as the child of OpenCL.NoDeviceIsAClearError";
+  std::string msg;
+  try {
+    from_vector<float>({1.0f}, {1}, {DType::Float32, kCL});
+  } catch (const Error& e) {
+    msg = e.what();
+  }
+  EXPECT_EQ(msg.rfind("[device] no OpenCL device found; install pocl-opencl-icd", 0), 0u) << msg;
+  EXPECT_EQ((ones({1}) * 2.0).item(), 2.0);
+}
+
+TEST(OpenCL, NoDeviceIsAClearError) {
+  NEED_OPENCL();
+  std::string self = std::filesystem::read_symlink("/proc/self/exe").string();
+  std::string cmd = "TESSERA_NO_DEVICE_CHILD=1 OCL_ICD_VENDORS=/nonexistent-vendors '" + self +
+                    "' --gtest_filter=OpenCLNoDevice.Child > /dev/null 2>&1";
+  EXPECT_EQ(std::system(cmd.c_str()), 0) << "the child failed: run " << cmd;
 }
