@@ -58,7 +58,7 @@ int main(int argc, char** argv) {
       if (step == warmup) reset_peak_bytes(), exec0 = metrics().execute_ms;
       auto t0 = clk::now();
       auto& [x, y] = batches[size_t(step % 4)];
-      Tensor loss = nn::cross_entropy((*model)(x), y);
+      Tensor loss = cross_entropy((*model)(x), y);
       loss.backward();
       opt.step();
       opt.zero_grad();

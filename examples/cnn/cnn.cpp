@@ -41,7 +41,7 @@ int main(int argc, char** argv) {
 
     for (int64_t step = 1; step <= steps; ++step) {
       auto [x, y] = loader.next(dev);
-      ts::Tensor loss = ts::nn::cross_entropy(model(x), y);
+      ts::Tensor loss = ts::cross_entropy(model(x), y);
       loss.backward();
       opt.step();
       opt.zero_grad();

@@ -376,7 +376,8 @@ struct Lowerer {
       row *= xs[axes[k]];
     }
     if (fuse && trailing && row > 0 && row <= kMaxRow && numel(xs) > 0 && xv.kind != Val::Const) {
-      if (xv.kind == Val::Expr && (xv.rowconst || xv.positional || (xv.row && xv.row != row))) {
+      // (A positional expression stays: the Row Step's domain is its own positions.)
+      if (xv.kind == Val::Expr && (xv.rowconst || (xv.row && xv.row != row))) {
         materialize(x);
         xv = vals[x];
       }
@@ -461,37 +462,65 @@ struct Lowerer {
       xslot = copy_map(xslot, pm.slice(crop), n.dtype, i);
       xm = IndexMap::contiguous(padded);
     }
-    // Window: [B, G, F/G, kernel..., positions...] over the padded input.
-    Shape ws{B, G, Fg};
-    std::vector<int64_t> dims{0, 1, 1}, steps{1, Fg, 1};
-    for (size_t d = 0; d < S; ++d) ws.push_back(ks[d + 2]), dims.push_back(int64_t(d + 2)), steps.push_back(c.axes[d].rhs_dilation);
-    for (size_t d = 0; d < S; ++d) ws.push_back(n.shape[d + 2]), dims.push_back(int64_t(d + 2)), steps.push_back(c.axes[d].stride);
-    Shape cols{B, G, Fg * kk, pp};
-    IndexMap cm = xm.window(ws, dims, steps).reshape(cols);
-    const kir::View& cv = cm.views[0];
-    bool blas_ready = cm.single() && cv.strides[3] == 1 && (kk == 1 || Fg == 1);  // 1x1 kernels, unit strides
-    if (!blas_ready) {
-      cm = xm.window(ws, dims, steps);
-      int cs = copy_map(xslot, cm, n.dtype, i);
+    // Columns [B, G, F/G * kernel, positions] (output positions innermost) for a GEMM per batch
+    // element and group, out[b, g] = kernel[g] @ cols[b, g]. When the kernel's last extent is the
+    // longer (kernel gradients, whose kernel is an output gradient), transposed instead:
+    // [G, B * positions, F/G * kernel], so the copy moves the longer runs and one GEMM per group,
+    // cols[g] @ kernel[g]^T, has the batch folded into its rows.
+    bool transposed = ks.back() > n.shape.back();
+    Shape ws, cols;
+    std::vector<int64_t> dims, steps;
+    auto add = [&](int64_t extent, int64_t dim, int64_t step) { ws.push_back(extent), dims.push_back(dim), steps.push_back(step); };
+    auto add_kernel = [&] {
+      add(Fg, 1, 1);
+      for (size_t d = 0; d < S; ++d) add(ks[d + 2], int64_t(d + 2), c.axes[d].rhs_dilation);
+    };
+    auto add_positions = [&] {
+      for (size_t d = 0; d < S; ++d) add(n.shape[d + 2], int64_t(d + 2), c.axes[d].stride);
+    };
+    if (transposed) {
+      add(G, 1, Fg), add(B, 0, 1), add_positions(), add_kernel();
+      cols = {G, B * pp, Fg * kk};
+    } else {
+      add(B, 0, 1), add(G, 1, Fg), add_kernel(), add_positions();
+      cols = {B, G, Fg * kk, pp};
+    }
+    IndexMap cm = xm.window(ws, dims, steps);
+    if (!transposed && kk == 1 && cm.reshape(cols).single() && cm.reshape(cols).views[0].strides[3] == 1) {
+      cm = cm.reshape(cols);  // 1x1 kernels with unit strides: the input itself is the operand
+    } else {
+      xslot = copy_map(xslot, cm, n.dtype, i);
       cm = IndexMap::contiguous(cols);
-      xslot = cs;
     }
-    // Kernel [O, F/G, kernel...] as [B (stride 0), G, O/G, F/G * kernel].
-    Shape kshape{B, G, O / G, Fg * kk};
+    // The kernel [O, F/G, kernel...] as [B (stride 0), G, O/G, F/G * kernel], or transposed as
+    // [G, F/G * kernel, O/G].
+    Shape kshape = transposed ? Shape{G, O / G, Fg * kk} : Shape{1, G, O / G, Fg * kk};
     Val wv = strided(wn, i);
-    IndexMap wm = wv.map.reshape({1, G, O / G, Fg * kk}).expand(kshape);
-    if (!wm.single()) {
-      wv = copy_to_slot(wn, i, kir::SlotKind::Temp, 0);
-      wm = wv.map.reshape({1, G, O / G, Fg * kk}).expand(kshape);
-    }
+    if (!wv.map.reshape(kshape).single()) wv = copy_to_slot(wn, i, kir::SlotKind::Temp, 0);
+    IndexMap wm = wv.map.reshape(kshape);
     Step st = begin(StepKind::Gemm, i);
-    st.shape = {B, G, O / G, pp};
-    st.inputs = {wv.slot, xslot};
-    st.maps = {wm, cm};
     st.input_dtypes = {n.dtype, n.dtype};
-    st.output = slot_for(i);
+    if (!transposed) {
+      st.shape = {B, G, O / G, pp};
+      st.inputs = {wv.slot, xslot};
+      st.maps = {wm.expand({B, G, O / G, Fg * kk}), cm};
+      st.output = slot_for(i);
+      plan.steps.push_back(std::move(st));
+      return slot_val(plan.steps.back().output, n.shape);
+    }
+    st.shape = {G, B * pp, O / G};
+    st.inputs = {xslot, wv.slot};
+    st.maps = {cm, wm.permute({0, 2, 1})};
+    st.output = new_slot(kir::SlotKind::Temp, 0, st.shape, n.dtype, st.sources.front());
     plan.steps.push_back(std::move(st));
-    return slot_val(plan.steps.back().output, n.shape);
+    // The product [G, B, positions..., O/G] read as [B, O, positions...].
+    Shape prod{G, B};
+    std::vector<int64_t> perm{1, 0, int64_t(S + 2)};
+    for (size_t d = 0; d < S; ++d) prod.push_back(n.shape[d + 2]), perm.push_back(int64_t(d + 2));
+    prod.push_back(O / G);
+    Val v = slot_val(plan.steps.back().output, prod);
+    v.map = v.map.permute(perm).reshape(n.shape);
+    return v;
   }
 
   Val lower_node(int i) {

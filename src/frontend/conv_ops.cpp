@@ -101,20 +101,25 @@ Pool pool_geometry(const char* op, const Tensor& x, std::vector<int64_t> kernel,
   return g;
 }
 
-// The pooling windows of x as [N, C, OH, OW, kH * kW] (padded with `pad`). Non-overlapping
-// windows without padding are a reshape and permute; others stack one strided slice per tap.
-Tensor windows(const Tensor& x, const Pool& g, double pad) {
+// The taps of the pooling windows: tap (i, j) is [N, C, OH, OW], each window's element at
+// offset (i, j). Non-overlapping windows without padding are slices of a tap-major view
+// [N, C, kH, kW, OH, OW] of x (a reshape and permute), so the gradient is summed in that layout
+// with the output width innermost; others are strided slices of the padded input.
+std::vector<Tensor> taps(const Tensor& x, const Pool& g, double pad) {
+  Shape s = x.shape();
+  std::vector<Tensor> r;
   if (g.p[0] == 0 && g.p[1] == 0 && g.s == g.k) {
-    Tensor c = x.slice(2, 0, g.oh * g.k[0]).slice(3, 0, g.ow * g.k[1]);
-    Shape s = x.shape();
-    return c.reshape({s[0], s[1], g.oh, g.k[0], g.ow, g.k[1]}).permute({0, 1, 2, 4, 3, 5}).reshape({s[0], s[1], g.oh, g.ow, g.k[0] * g.k[1]});
+    Tensor t = x.slice(2, 0, g.oh * g.k[0]).slice(3, 0, g.ow * g.k[1]);
+    t = t.reshape({s[0], s[1], g.oh, g.k[0], g.ow, g.k[1]}).permute({0, 1, 3, 5, 2, 4});
+    for (int64_t i = 0; i < g.k[0]; ++i)
+      for (int64_t j = 0; j < g.k[1]; ++j) r.push_back(t.slice(2, i, i + 1).slice(3, j, j + 1).reshape({s[0], s[1], g.oh, g.ow}));
+    return r;
   }
-  Tensor xp = pad == 0 && g.p[0] == 0 && g.p[1] == 0 ? x : tessera::pad(x, {0, 0, 0, 0, g.p[0], g.p[0], g.p[1], g.p[1]}, pad);
-  std::vector<Tensor> taps;
+  Tensor xp = g.p[0] == 0 && g.p[1] == 0 ? x : tessera::pad(x, {0, 0, 0, 0, g.p[0], g.p[0], g.p[1], g.p[1]}, pad);
   for (int64_t i = 0; i < g.k[0]; ++i)
     for (int64_t j = 0; j < g.k[1]; ++j)
-      taps.push_back(xp.slice(2, i, i + (g.oh - 1) * g.s[0] + 1, g.s[0]).slice(3, j, j + (g.ow - 1) * g.s[1] + 1, g.s[1]));
-  return stack(taps, 4);
+      r.push_back(xp.slice(2, i, i + (g.oh - 1) * g.s[0] + 1, g.s[0]).slice(3, j, j + (g.ow - 1) * g.s[1] + 1, g.s[1]));
+  return r;
 }
 
 }  // namespace
@@ -178,7 +183,20 @@ Tensor max_pool2d(const Tensor& input, std::vector<int64_t> kernel, std::vector<
     Pool g = pool_geometry("max_pool2d", x, kernel, stride, padding);
     if (x.dtype() == DType::Bool) fail("max_pool2d", "not defined for bool tensors, got " + desc(x));
     double lowest = is_floating(x.dtype()) ? -INFINITY : double(std::numeric_limits<int32_t>::min());
-    return windows(x, g, lowest).max({4});
+    // The winning tap of each window: a later tap wins only when strictly larger (or the first
+    // NaN), so ties go to the first maximum in row-major window order. The output selects the
+    // winner's value, so the gradient (where's) reaches that tap alone.
+    std::vector<Tensor> t = taps(x, g, lowest);
+    Tensor best = t[0], win = zeros(best.shape(), {DType::Int32, x.device()});
+    for (size_t k = 1; k < t.size(); ++k) {
+      const Tensor& c = t[k];
+      Tensor wins = logical_or(c > best, logical_and(c != c, best == best));
+      win = where(wins, full({}, double(k), {DType::Int32, x.device()}), win);
+      best = where(wins, c, best);
+    }
+    Tensor y = t.back();
+    for (size_t k = t.size() - 1; k-- > 0;) y = where(win == full({}, double(k), {DType::Int32, x.device()}), t[k], y);
+    return y;
   };
   if (input.defined() && input.dim() == 3) return squeeze(body(unsqueeze(input, 0)), 0);
   return body(input);
@@ -189,10 +207,15 @@ Tensor avg_pool2d(const Tensor& input, std::vector<int64_t> kernel, std::vector<
   auto body = [&](const Tensor& x0) {
     Pool g = pool_geometry("avg_pool2d", x0, kernel, stride, padding);
     Tensor x = is_floating(x0.dtype()) ? x0 : x0.to(DType::Float32);
-    Tensor sum = windows(x, g, 0).sum({4});
+    auto window_sum = [&](const Tensor& a) {
+      std::vector<Tensor> t = taps(a, g, 0);
+      Tensor s = t[0];
+      for (size_t k = 1; k < t.size(); ++k) s = s + t[k];
+      return s;
+    };
+    Tensor sum = window_sum(x);
     if (count_include_pad || (g.p[0] == 0 && g.p[1] == 0)) return sum / double(g.k[0] * g.k[1]);
-    Tensor ones = tessera::ones({1, 1, x.shape()[2], x.shape()[3]}, {x.dtype(), x.device()});
-    return sum / windows(ones, g, 0).sum({4});
+    return sum / window_sum(tessera::ones({1, 1, x.shape()[2], x.shape()[3]}, {x.dtype(), x.device()}));
   };
   if (input.defined() && input.dim() == 3) return squeeze(body(unsqueeze(input, 0)), 0);
   return body(input);

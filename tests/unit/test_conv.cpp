@@ -28,26 +28,30 @@ struct ConvCase {
   ConvGeneralOptions o;
 };
 
-// {stride, pad_lo, pad_hi, lhs_dilation, rhs_dilation, groups}
+using I = std::vector<int64_t>;
+ConvGeneralOptions O(I stride = {}, I lo = {}, I hi = {}, I lhs_dilation = {}, I rhs_dilation = {}, int64_t groups = 1) {
+  return {stride, lo, hi, lhs_dilation, rhs_dilation, groups};
+}
+
 std::vector<ConvCase> conv_cases() {
   return {
-      {"1d plain", {2, 3, 9}, {4, 3, 3}, {}},
-      {"1d stride", {2, 3, 10}, {4, 3, 3}, {{3}}},
-      {"1d padding", {1, 2, 5}, {3, 2, 4}, {{1}, {2}, {1}}},
-      {"1d negative padding", {1, 2, 8}, {3, 2, 2}, {{1}, {-1}, {-2}}},
-      {"1d lhs dilation", {2, 2, 4}, {3, 2, 3}, {{1}, {2}, {2}, {3}}},
-      {"1d rhs dilation", {1, 3, 11}, {2, 3, 3}, {{2}, {0}, {0}, {1}, {3}}},
-      {"1d groups", {2, 6, 7}, {9, 2, 3}, {{1}, {1}, {1}, {1}, {1}, 3}},
-      {"2d plain", {2, 3, 6, 5}, {4, 3, 3, 2}, {}},
-      {"2d stride and padding", {2, 2, 7, 7}, {3, 2, 3, 3}, {{2, 1}, {1}, {1}}},
-      {"2d asymmetric padding", {1, 2, 6, 5}, {2, 2, 2, 3}, {{1, 2}, {0, 2}, {1, 0}}},
-      {"2d lhs dilation", {1, 2, 4, 3}, {3, 2, 3, 3}, {{1}, {2}, {2}, {2, 3}}},
-      {"2d rhs dilation", {1, 2, 9, 8}, {2, 2, 3, 3}, {{1}, {1}, {1}, {1}, {2, 3}}},
-      {"2d depthwise", {2, 4, 6, 6}, {4, 1, 3, 3}, {{1}, {1}, {1}, {1}, {1}, 4}},
-      {"2d every option", {2, 4, 7, 6}, {6, 2, 3, 2}, {{2, 1}, {1, 2}, {2, -1}, {2, 1}, {1, 2}, 2}},
-      {"2d 1x1", {2, 8, 5, 5}, {4, 8, 1, 1}, {}},
-      {"2d 1x1 stride 2", {2, 8, 5, 5}, {4, 8, 1, 1}, {{2}}},
-      {"3d", {1, 2, 4, 4, 3}, {2, 2, 2, 2, 2}, {{1}, {1}, {0}}},
+      {"1d plain", {2, 3, 9}, {4, 3, 3}, O()},
+      {"1d stride", {2, 3, 10}, {4, 3, 3}, O({3})},
+      {"1d padding", {1, 2, 5}, {3, 2, 4}, O({1}, {2}, {1})},
+      {"1d negative padding", {1, 2, 8}, {3, 2, 2}, O({1}, {-1}, {-2})},
+      {"1d lhs dilation", {2, 2, 4}, {3, 2, 3}, O({1}, {2}, {2}, {3})},
+      {"1d rhs dilation", {1, 3, 11}, {2, 3, 3}, O({2}, {0}, {0}, {1}, {3})},
+      {"1d groups", {2, 6, 7}, {9, 2, 3}, O({1}, {1}, {1}, {1}, {1}, 3)},
+      {"2d plain", {2, 3, 6, 5}, {4, 3, 3, 2}, O()},
+      {"2d stride and padding", {2, 2, 7, 7}, {3, 2, 3, 3}, O({2, 1}, {1}, {1})},
+      {"2d asymmetric padding", {1, 2, 6, 5}, {2, 2, 2, 3}, O({1, 2}, {0, 2}, {1, 0})},
+      {"2d lhs dilation", {1, 2, 4, 3}, {3, 2, 3, 3}, O({1}, {2}, {2}, {2, 3})},
+      {"2d rhs dilation", {1, 2, 9, 8}, {2, 2, 3, 3}, O({1}, {1}, {1}, {1}, {2, 3})},
+      {"2d depthwise", {2, 4, 6, 6}, {4, 1, 3, 3}, O({1}, {1}, {1}, {1}, {1}, 4)},
+      {"2d every option", {2, 4, 7, 6}, {6, 2, 3, 2}, O({2, 1}, {1, 2}, {2, -1}, {2, 1}, {1, 2}, 2)},
+      {"2d 1x1", {2, 8, 5, 5}, {4, 8, 1, 1}, O()},
+      {"2d 1x1 stride 2", {2, 8, 5, 5}, {4, 8, 1, 1}, O({2})},
+      {"3d", {1, 2, 4, 4, 3}, {2, 2, 2, 2, 2}, O({1}, {1}, {0})},
   };
 }
 
@@ -78,7 +82,7 @@ TEST(Conv, HandComputedValues) {
   EXPECT_EQ(conv1d(x, w, Tensor(), 1, 1).to_vector<double>(), (V{-2, -2, -2, 3}));
   // lhs dilation 2: [1, 0, 2, 0, 3, 0, 4] correlated with [1, 1].
   Tensor ones2 = make_tensor({1, 1}, {1, 1, 2}, F64);
-  EXPECT_EQ(conv_general(x, ones2, {{1}, {0}, {0}, {2}}).to_vector<double>(), (V{1, 2, 2, 3, 3, 4}));
+  EXPECT_EQ(conv_general(x, ones2, O({1}, {0}, {0}, {2})).to_vector<double>(), (V{1, 2, 2, 3, 3, 4}));
   // A stride-2 transposed convolution spreads each pixel over a 2x2 block.
   Tensor img = make_tensor({1, 2, 3, 4}, {1, 1, 2, 2}, F64);
   Tensor k = make_tensor({1, 1, 1, 1}, {1, 1, 2, 2}, F64);
