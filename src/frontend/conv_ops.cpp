@@ -183,14 +183,14 @@ Tensor max_pool2d(const Tensor& input, std::vector<int64_t> kernel, std::vector<
     Pool g = pool_geometry("max_pool2d", x, kernel, stride, padding);
     if (x.dtype() == DType::Bool) fail("max_pool2d", "not defined for bool tensors, got " + desc(x));
     double lowest = is_floating(x.dtype()) ? -INFINITY : double(std::numeric_limits<int32_t>::min());
-    // The winning tap of each window: a later tap wins only when strictly larger (or the first
-    // NaN), so ties go to the first maximum in row-major window order. The output selects the
-    // winner's value, so the gradient (where's) reaches that tap alone.
+    // The winning tap of each window: a later tap wins only when strictly larger or NaN (as in
+    // PyTorch's kernel), so ties go to the first maximum in row-major window order. The output
+    // selects the winner's value, so the gradient (where's) reaches that tap alone.
     std::vector<Tensor> t = taps(x, g, lowest);
     Tensor best = t[0], win = zeros(best.shape(), {DType::Int32, x.device()});
     for (size_t k = 1; k < t.size(); ++k) {
       const Tensor& c = t[k];
-      Tensor wins = logical_or(c > best, logical_and(c != c, best == best));
+      Tensor wins = logical_or(c > best, c != c);
       win = where(wins, full({}, double(k), {DType::Int32, x.device()}), win);
       best = where(wins, c, best);
     }

@@ -289,7 +289,7 @@ void load_strided(const Instr& I, const void* base_ptr, int64_t start, int64_t n
       int64_t idx[32];
       unravel(start, s, idx);
       int64_t last = int64_t(r) - 1, inner = s[last], st = v.strides[last];
-      if (r >= 2 && inner < 16) {
+      if (r >= 2 && inner <= 4) {
         // Short rows (pooling windows, kernel taps): element by element over blocks of the last
         // two dimensions, the block's offset and outer mask computed once per block.
         int64_t A = s[last - 1], sa = v.strides[last - 1];
