@@ -7,7 +7,7 @@
 //
 //   OMP_NUM_THREADS=1 bench_profiler_overhead [--rounds N] [--steps N]
 //   OMP_NUM_THREADS=1 valgrind --tool=callgrind --toggle-collect='*measured_steps*'
-//       bench_profiler_overhead --only on|off [--steps N]      (one command line)
+//       bench_profiler_overhead --only on|off [--steps N] [--warmup N]      (one command line)
 // The second form runs only `--steps` steps with the profiler on or off inside measured_steps(),
 // so callgrind's instruction counts of the two runs compare the step itself, free of noise.
 //
@@ -21,7 +21,9 @@
 #include <vector>
 
 #include "bench_common.h"
+#include "tessera/metrics.h"
 #include "tessera/nn.h"
+#include "tessera/ops.h"
 #include "tessera/optim.h"
 #include "tessera/profiler.h"
 #include "tessera/tensor.h"
@@ -56,21 +58,21 @@ template <class F>
 }  // namespace
 
 int main(int argc, char** argv) {
-  int rounds = 16, steps = 4;
+  int rounds = 16, steps = 4, warmup = 3;
   std::string only;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
-    if ((a == "--rounds" || a == "--steps") && i + 1 < argc) {
-      (a == "--rounds" ? rounds : steps) = std::atoi(argv[++i]);
+    if ((a == "--rounds" || a == "--steps" || a == "--warmup") && i + 1 < argc) {
+      (a == "--rounds" ? rounds : a == "--steps" ? steps : warmup) = std::atoi(argv[++i]);
     } else if (a == "--only" && i + 1 < argc && (std::string(argv[i + 1]) == "on" || std::string(argv[i + 1]) == "off")) {
       only = argv[++i];
     } else {
-      std::fprintf(stderr, "usage: %s [--rounds N] [--steps N] [--only on|off]   (threads: OMP_NUM_THREADS)\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--rounds N] [--steps N] [--warmup N] [--only on|off]   (threads: OMP_NUM_THREADS)\n", argv[0]);
       return 2;
     }
   }
-  if (rounds < 2 || steps < 1) {
-    std::fprintf(stderr, "--rounds must be at least 2 and --steps positive\n");
+  if (rounds < 2 || steps < 1 || warmup < 1) {
+    std::fprintf(stderr, "--rounds must be at least 2, --steps and --warmup positive\n");
     return 2;
   }
   using namespace bench;
@@ -92,7 +94,7 @@ int main(int argc, char** argv) {
     opt.zero_grad();
     return loss.item();
   };
-  for (int i = 0; i < 3; ++i) train_step();  // compile and warm the allocator
+  for (int i = 0; i < warmup; ++i) train_step();  // compile and warm the allocator
   if (!only.empty()) {
     measured_steps(only == "on", steps, train_step);
     std::printf("RESULT profiler_overhead_only mode=%s steps=%d\n", only.c_str(), steps);
@@ -115,6 +117,7 @@ int main(int argc, char** argv) {
     *cpu_med = quantile(c, 0.5);
   };
   std::vector<double> wall_ratio, cpu_ratio, wall_on, wall_off;
+  const int64_t launched0 = metrics().steps_launched, steps0 = step_no;
   for (int r = 0; r < rounds; ++r) {
     double won = 0, con = 0, woff = 0, coff = 0;
     if (r % 2 == 0) {
@@ -131,6 +134,34 @@ int main(int argc, char** argv) {
     std::printf("round %2d: on %7.2f ms, off %7.2f ms (wall %+6.2f%%, cpu %+6.2f%%)\n", r, 1e3 * won, 1e3 * woff,
                 100 * wall_ratio.back(), 100 * cpu_ratio.back());
   }
+  const double steps_per_gpt_step = double(metrics().steps_launched - launched0) / double(step_no - steps0);
+  // The recording cost per Step, robust to other processes (fastest of many repetitions): a chain
+  // of 64 tiny GEMM Steps (they cannot fuse) run with and without a profiler.
+  double per_step_ns = 0;
+  {
+    Tensor a = randn({4, 4}, TensorOptions{DType::Float32, Device("cpu")});
+    tessera::sync();
+    auto chain = [&] {
+      Tensor x = a;
+      for (int i = 0; i < 64; ++i) x = matmul(x, a) * 0.5;
+      return x.sum();
+    };
+    auto fastest = [&](bool profiled) {
+      double best = 1e9;
+      for (int r = 0; r < 40; ++r) {
+        Tensor t = chain();
+        Profiler prof(false);
+        if (profiled) prof.start();
+        double w0 = wall_s();
+        t.item();
+        best = std::min(best, wall_s() - w0);
+      }
+      return best;
+    };
+    fastest(false);  // compile
+    double off = fastest(false), on = fastest(true), off2 = fastest(false);
+    per_step_ns = 1e9 * (on - std::min(off, off2)) / 65;  // 64 GEMM Steps + the sum
+  }
   auto pct = [](const std::vector<double>& v, double q) { return 100 * quantile(v, q); };
   const char* omp = std::getenv("OMP_NUM_THREADS");
   std::printf("profiler overhead over %d rounds of %d steps (threads %s, load %.2f): wall median %+.2f%% "
@@ -138,9 +169,13 @@ int main(int argc, char** argv) {
               rounds, steps, omp && *omp ? omp : "default", load_average(), pct(wall_ratio, 0.5), pct(wall_ratio, 0.25),
               pct(wall_ratio, 0.75), pct(wall_ratio, 0), pct(wall_ratio, 1), pct(cpu_ratio, 0.5), pct(cpu_ratio, 0.25),
               pct(cpu_ratio, 0.75));
+  const double derived = 100 * per_step_ns * 1e-9 * steps_per_gpt_step / quantile(wall_off, 0.5);
+  std::printf("recording costs %.0f ns per Step (fastest of 40 runs of a 65-Step chain); the GPT step launches ~%.0f Steps: "
+              "%.3f%% of its %.1f ms\n",
+              per_step_ns, steps_per_gpt_step, derived, 1e3 * quantile(wall_off, 0.5));
   std::printf("RESULT profiler_overhead wall_median_pct=%.3f wall_q1_pct=%.3f wall_q3_pct=%.3f cpu_median_pct=%.3f "
-              "step_on_ms=%.3f step_off_ms=%.3f\n",
+              "step_on_ms=%.3f step_off_ms=%.3f per_step_ns=%.1f derived_pct=%.4f\n",
               pct(wall_ratio, 0.5), pct(wall_ratio, 0.25), pct(wall_ratio, 0.75), pct(cpu_ratio, 0.5),
-              1e3 * quantile(wall_on, 0.5), 1e3 * quantile(wall_off, 0.5));
+              1e3 * quantile(wall_on, 0.5), 1e3 * quantile(wall_off, 0.5), per_step_ns, derived);
   return 0;
 }
