@@ -27,5 +27,5 @@ for m in "${models[@]}"; do
       "$(awk -v x="$pp" 'BEGIN{print x/1e6}')" "$(awk -v x="$mp" 'BEGIN{print x/1e6}')" "$pe"
   done
 done
-median_abs() { printf "%s\n" "$@" | awk '{print ($1<0)?-$1:$1}' | sort -g | awk '{a[NR]=$1} END{print (NR%2)?a[(NR+1)/2]:(a[NR/2]+a[NR/2+1])/2}'; }
+median_abs() { printf "%s\n" "$@" | awk '{x=$1; sub(/^-/,"",x); print x}' | sort -g | awk '{a[NR]=$1} END{print (NR%2)?a[(NR+1)/2]:(a[NR/2]+a[NR/2+1])/2}'; }
 echo "RESULT advise_accuracy median_abs_time_err_pct=$(median_abs "${errs[@]}") median_abs_peak_err_pct=$(median_abs "${perrs[@]}")"

@@ -277,6 +277,33 @@ TEST(Devices, JsonFileAddsDevices) {
   EXPECT_DOUBLE_EQ(v[0].mem_bytes, 24e9);
   EXPECT_DOUBLE_EQ(v[0].usable_bytes, 24e9);
   EXPECT_DOUBLE_EQ(v[0].mem_bw, 500e9);
+  EXPECT_EQ(v[0].alignment, 256u) << "a GPU class device takes CUDA's alignment";
+  EXPECT_TRUE(v[0].dtypes.empty());
+  // What changes the plan: alignment, tiling and dtypes; a TPU class device takes the TPU's.
+  {
+    std::ofstream f(p);
+    f << R"([{"name": "mytpu", "cls": "tpu", "fp32_tflops": 4, "bf16_tflops": 64, "mem_gb": 16, "mem_bw_gbs": 400},
+             {"name": "odd", "fp32_tflops": 1, "mem_gb": 1, "mem_bw_gbs": 10, "alignment": 1024,
+              "layout_tile": [4, 64], "dtypes": ["bool", "int64", "float32"]}])";
+  }
+  v = load_devices_json(p.string());
+  ASSERT_EQ(v.size(), 2u);
+  EXPECT_EQ(v[0].layout_tile_rows, 8);
+  EXPECT_EQ(v[0].layout_tile_cols, 128);
+  EXPECT_FALSE(v[0].dtypes.empty());
+  EXPECT_EQ(v[1].alignment, 1024u);
+  EXPECT_EQ(v[1].layout_tile_rows, 4);
+  EXPECT_EQ(v[1].layout_tile_cols, 64);
+  EXPECT_EQ(v[1].dtypes, (std::vector<DType>{DType::Bool, DType::Int64, DType::Float32}));
+  for (const char* bad : {R"([{"name": "b", "fp32_tflops": 1, "mem_gb": 1, "mem_bw_gbs": 1, "dtypes": ["float8"]}])",
+                          R"([{"name": "b", "fp32_tflops": 1, "mem_gb": 1, "mem_bw_gbs": 1, "alignment": 96}])",
+                          R"([{"name": "b", "fp32_tflops": 1, "mem_gb": 1, "mem_bw_gbs": 1, "layout_tile": [8]}])"}) {
+    {
+      std::ofstream f(p);
+      f << bad;
+    }
+    EXPECT_NE(testing::error_message([&] { load_devices_json(p.string()); }).rfind("[advise] device 'b'", 0), std::string::npos) << bad;
+  }
   {
     std::ofstream f(p);
     f << R"([{"name": "broken", "mem_gb": 24}])";
