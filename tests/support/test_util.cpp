@@ -296,7 +296,7 @@ bool in_ci() {
 }
 
 std::string repo_root() {
-  return std::filesystem::path(__FILE__).parent_path().parent_path().parent_path().string();
+  return TESSERA_SOURCE_DIR;
 }
 
 std::string scratch_dir(const std::string& name) {
