@@ -361,9 +361,9 @@ struct Accumulator {
   bool is_max, fl;
   DType t;
   Accumulator(std::string n, DType dt, bool mx) : name(std::move(n)), is_max(mx), fl(is_float(dt)), t(dt) {
-    // Sums accumulate in double (float64 devices) or int64, as the CPU's; a max in the compute type.
-    type = is_max ? ctype(dt) : fl ? "FACC" : "i64";
-    if (compute_dtype(dt) == DType::Float64) type = is_max ? "double" : "double";
+    // Sums accumulate in double (FACC: float on devices without float64) or int64, as the CPU's;
+    // a max in the compute type.
+    type = is_max ? ctype(dt) : compute_dtype(dt) == DType::Float64 ? "double" : fl ? "FACC" : "i64";
   }
   std::string init() const {
     std::string T = ctype(t);
