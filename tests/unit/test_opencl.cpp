@@ -30,15 +30,11 @@ bool have_opencl() {
     if (d.device.kind == "opencl") return true;
   return false;
 }
-bool ci() {
-  const char* c = std::getenv("CI");
-  return c && std::string(c) == "true";
-}
 
 #define NEED_OPENCL()                                                                                 \
   do {                                                                                                \
     if (!have_opencl()) {                                                                             \
-      if (ci()) FAIL() << "no OpenCL device (CI=true requires one: scripts/run installs pocl-opencl-icd)"; \
+      if (tt::in_ci()) FAIL() << "no OpenCL device (CI=true requires one: scripts/run installs pocl-opencl-icd)"; \
       GTEST_SKIP() << "no OpenCL device";                                                             \
     }                                                                                                 \
   } while (0)
