@@ -185,7 +185,7 @@ void set_after_step_hook(StepHook hook) {
   g_hook = std::move(hook);
 }
 
-std::vector<std::shared_ptr<Buffer>> realize(const std::vector<Request>& req, RngArgs rng, bool* drew_random) {
+std::vector<std::shared_ptr<Buffer>> realize(const std::vector<Request>& req, RngArgs rng) {
   Prepared prep = prepare(req);
   const ir::Graph& g = prep.g;
   const Device& dev = prep.dev;
@@ -274,7 +274,6 @@ std::vector<std::shared_ptr<Buffer>> realize(const std::vector<Request>& req, Rn
   be.synchronize();
   counters().steps_launched += int64_t(plan.steps.size());
   counters().execute_ns += since_ns(t0);
-  if (drew_random) *drew_random = g.has_rng;
   if (prof_run >= 0) {
     prof::end_run(prof_run);
     prof::mark(prof::Region::Copy);  // the caller rebinding the results
