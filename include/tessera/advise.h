@@ -161,6 +161,7 @@ class GptWorkloads {
 // median measured step time and the allocator's high-water mark (params + the run's bytes).
 struct Measured {
   double step_s = 0;
+  double fastest_step_s = 0;  // the fastest step: comparable to the calibration's best-of timing on a busy machine
   double high_water_bytes = 0;
 };
 Measured measure_gpt_on_host(const nn::GPTConfig& cfg, int64_t batch, int steps = 5, int warmup = 2);
