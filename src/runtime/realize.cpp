@@ -71,6 +71,7 @@ std::shared_ptr<Executable> compile(const ir::Graph& g, const Device& dev, const
   size_t a = exe->plan.alignment;
   exe->guard = (compiler::arena_guard_bytes() + a - 1) / a * a;
   for (const kir::Step& st : exe->plan.steps) exe->kernels.push_back(be.compile(st));
+  device_counters(dev.kind).kernels_compiled += int64_t(exe->plan.steps.size());
   counters().graphs_compiled++;
   counters().compile_ns += since_ns(t0);
   return exe;
@@ -226,6 +227,7 @@ std::vector<std::shared_ptr<Buffer>> realize(const std::vector<Request>& req, Rn
   static const bool time_steps = std::getenv("TESSERA_STEP_TIMES") != nullptr;
   const size_t guard = arena ? exe->guard : 0;
   std::vector<unsigned char> pattern(guard ? guard + plan.alignment : 0, kGuardByte), seen(pattern.size());
+  const int64_t moved_before = backends::reported_host_transfers(dev.kind);
   for (size_t s = 0; s < plan.steps.size(); ++s) {
     const kir::Step& st = plan.steps[s];
     std::vector<int> guarded;  // temporaries this Step writes
@@ -271,6 +273,9 @@ std::vector<std::shared_ptr<Buffer>> realize(const std::vector<Request>& req, Rn
   }
   be.synchronize();
   counters().steps_launched += int64_t(plan.steps.size());
+  DeviceCounters& dc = device_counters(dev.kind);
+  dc.steps_launched += int64_t(plan.steps.size());
+  dc.bytes_moved_in_graphs += backends::reported_host_transfers(dev.kind) - moved_before;
   counters().execute_ns += since_ns(t0);
   if (drew_random) *drew_random = g.has_rng;
   if (prof_run >= 0) {
