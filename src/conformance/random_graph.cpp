@@ -28,13 +28,14 @@ struct Builder {
   Rng& r;
   DType dt;
   Device dev;
+  LeafMaker leaf;
   std::vector<Tensor> pool;
   std::function<Tensor()> last_op;
   Tensor last_result;
   int scopes = 0;
   size_t visible = 0;  // partners come from pool[0, visible): what existed when the op was drawn
 
-  Builder(Rng& rng, DType t, Device d) : r(rng), dt(t), dev(std::move(d)) {}
+  Builder(Rng& rng, DType t, Device d, LeafMaker l) : r(rng), dt(t), dev(std::move(d)), leaf(std::move(l)) {}
 
   Shape random_shape(int max_rank = 3) {
     Shape s(size_t(uni(r, 1, max_rank)));
@@ -48,7 +49,7 @@ struct Builder {
       int k = int(uni(r, 0, 15));
       x = k == 0 ? 0.0 : k == 1 ? -0.0 : k == 2 ? 1.0 : u(r);
     }
-    return from_vector<double>(v, s, TensorOptions{dt, dev});
+    return leaf ? leaf(v, s, dt) : from_vector<double>(v, s, TensorOptions{dt, dev});
   }
   Tensor constant(const Shape& s) {
     static const std::vector<double> vals = {0.0, 1.0, -0.0, 2.0, 0.5};
@@ -276,10 +277,10 @@ struct Builder {
 
 }  // namespace
 
-std::vector<ir::NodePtr> random_graph(int i, const Device& device) {
+std::vector<ir::NodePtr> random_graph(int i, const Device& device, const LeafMaker& leaf) {
   Rng r(kRandomGraphSeed + uint32_t(i));
   DType dt = uni(r, 0, 4) == 0 ? DType::Float64 : DType::Float32;
-  Builder b(r, dt, device);
+  Builder b(r, dt, device, leaf);
   int n_in = int(uni(r, 1, 3));
   for (int k = 0; k < n_in; ++k) b.pool.push_back(b.input(b.random_shape()));
   int n_ops = int(uni(r, 3, 12));

@@ -28,16 +28,20 @@
 // Outputs: the last value and up to two other random values.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "ir/node.h"
-#include "tessera/device.h"
+#include "tessera/tensor.h"
 
 namespace tessera::conformance {
 
 constexpr uint32_t kRandomGraphSeed = 20240611;
 
-// The output nodes of random graph i, traced on `device` (its inputs are realized there).
-std::vector<ir::NodePtr> random_graph(int i, const Device& device);
+// Makes a realized input tensor holding `values` (the default: from_vector on the device).
+using LeafMaker = std::function<Tensor(const std::vector<double>& values, const Shape& s, DType t)>;
+
+// The output nodes of random graph i, traced on `device`; its inputs are made by `leaf`.
+std::vector<ir::NodePtr> random_graph(int i, const Device& device, const LeafMaker& leaf = nullptr);
 
 }  // namespace tessera::conformance
