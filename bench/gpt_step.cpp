@@ -3,7 +3,7 @@
 // each step ending with loss.item(), which runs the step's graph. bench/gpt_step_torch.py is the
 // same model in PyTorch; bench/gpt_vs_torch.sh runs both side by side.
 //
-//   OMP_NUM_THREADS=2 bench_gpt_step [--steps N] [--warmup N]
+//   OMP_NUM_THREADS=2 bench_gpt_step [--steps N] [--warmup N] [--device cpu|opencl|...]
 //
 // The token batches come from splitmix64 (seed 1234, 4 batches cycled), the same as the PyTorch
 // side draws. The last line is machine-readable: RESULT tessera threads=... median_ms=...
@@ -43,13 +43,16 @@ double percentile(std::vector<double> v, double p) {  // linear interpolation, a
 
 int main(int argc, char** argv) {
   int64_t steps = 30, warmup = 3;
+  std::string device = "cpu";
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
-    if ((a == "--steps" || a == "--warmup") && i + 1 < argc) {
+    if (a == "--device" && i + 1 < argc) {
+      device = argv[++i];
+    } else if ((a == "--steps" || a == "--warmup") && i + 1 < argc) {
       int64_t v = std::atoll(argv[++i]);
       (a == "--steps" ? steps : warmup) = v;
     } else {
-      std::fprintf(stderr, "usage: %s [--steps N] [--warmup N]   (threads: OMP_NUM_THREADS)\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--steps N] [--warmup N] [--device NAME]   (threads: OMP_NUM_THREADS)\n", argv[0]);
       return 2;
     }
   }
@@ -64,10 +67,11 @@ int main(int argc, char** argv) {
   nn::GPTConfig cfg{.vocab = kVocab, .block = kBlock, .embd = kEmbd, .heads = kHeads, .layers = kLayers,
                     .dropout = 0.0, .bias = true, .tied_head = false};
   nn::GPT model(cfg);
+  model.to(Device(device));
   model.train();
   optim::AdamW opt(model.parameters(), {.lr = 3e-3, .weight_decay = 0.1});
   auto batches = make_batches();
-  TensorOptions ids{DType::Int64, Device("cpu")};
+  TensorOptions ids{DType::Int64, Device(device)};
 
   std::vector<double> ms;
   double first_loss = 0, last_loss = 0;
@@ -104,9 +108,9 @@ int main(int argc, char** argv) {
   double maxrss_mb = double(ru.ru_maxrss) / 1024.0;  // Linux reports kilobytes
   double peak_mb = double(m.peak_bytes) / (1024.0 * 1024.0);
   double med = percentile(ms, 0.5), p10 = percentile(ms, 0.1), p90 = percentile(ms, 0.9);
-  std::printf("tessera GPT step (vocab %lld, block %lld, embd %lld, %lld heads, %lld layers, batch %lld, AdamW), "
+  std::printf("tessera GPT step on %s (vocab %lld, block %lld, embd %lld, %lld heads, %lld layers, batch %lld, AdamW), "
               "OMP_NUM_THREADS=%s\n",
-              (long long)kVocab, (long long)kBlock, (long long)kEmbd, (long long)kHeads, (long long)kLayers,
+              device.c_str(), (long long)kVocab, (long long)kBlock, (long long)kEmbd, (long long)kHeads, (long long)kLayers,
               (long long)kBatch, threads.c_str());
   std::printf("  parameters %lld, %lld warm-up + %lld timed steps\n", (long long)model.num_parameters(), (long long)warmup,
               (long long)steps);
@@ -119,8 +123,8 @@ int main(int argc, char** argv) {
   std::printf("  graphs compiled %lld (%lld during timed steps), cache hits %lld, host syncs %lld\n",
               (long long)m.graphs_compiled, (long long)(m.graphs_compiled - graphs_after_warmup), (long long)m.cache_hits,
               (long long)m.host_syncs);
-  std::printf("RESULT tessera threads=%s median_ms=%.3f p10=%.3f p90=%.3f peak_mb=%.1f maxrss_mb=%.1f graphs=%lld "
+  std::printf("RESULT tessera device=%s threads=%s median_ms=%.3f p10=%.3f p90=%.3f peak_mb=%.1f maxrss_mb=%.1f graphs=%lld "
               "exec_ms=%.3f last_loss=%.4f\n",
-              threads.c_str(), med, p10, p90, peak_mb, maxrss_mb, (long long)m.graphs_compiled, exec_per_step, last_loss);
+              device.c_str(), threads.c_str(), med, p10, p90, peak_mb, maxrss_mb, (long long)m.graphs_compiled, exec_per_step, last_loss);
   return 0;
 }

@@ -18,7 +18,8 @@ struct Device {
   bool operator==(const Device& o) const { return kind == o.kind && index == o.index; }
   bool operator!=(const Device& o) const { return !(*this == o); }
 
-  // The best device that can run programs ("cpu" until an accelerator backend exists).
+  // The best device that can run programs: the first accelerator (an OpenCL GPU), else "cpu";
+  // an OpenCL device that is really the host CPU (PoCL) ranks below the native cpu backend.
   static Device best();
 };
 
@@ -26,6 +27,7 @@ struct DeviceInfo {
   Device device;
   std::string description;  // one line: what it is, memory, threads
   bool can_execute = true;  // false for "null", which compiles but never runs
+  bool accelerator = false; // a device other than the host CPU (ranked first by Device::best)
 };
 
 // Every registered device, in order of preference.

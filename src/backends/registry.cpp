@@ -8,11 +8,19 @@ namespace tessera::backends {
 
 std::shared_ptr<Backend> make_cpu_backend();
 std::shared_ptr<Backend> make_null_backend();
+#ifdef TESSERA_HAVE_OPENCL
+std::shared_ptr<Backend> make_opencl_backend();
+#endif
 
 namespace {
 std::mutex g_mu;
 std::vector<std::shared_ptr<Backend>>& registry() {
-  static std::vector<std::shared_ptr<Backend>> r = {make_cpu_backend(), make_null_backend()};
+  static std::vector<std::shared_ptr<Backend>> r = {
+      make_cpu_backend(),
+#ifdef TESSERA_HAVE_OPENCL
+      make_opencl_backend(),
+#endif
+      make_null_backend()};
   return r;
 }
 }  // namespace
@@ -46,6 +54,7 @@ Backend& backend_for(const Device& d) {
   std::string names;
   for (auto& b : registry()) {
     if (b->name() == d.kind) {
+      if (b->device_count() == 0 && !b->no_device_message().empty()) fail("device", b->no_device_message(), "");
       if (d.index < 0 || d.index >= b->device_count())
         fail("device", "'" + d.str() + "' does not exist; " + b->name() + " has " + std::to_string(b->device_count()) +
                            " device(s)", "");
@@ -53,6 +62,9 @@ Backend& backend_for(const Device& d) {
     }
     names += (names.empty() ? "" : ", ") + b->name();
   }
+  if (d.kind == "opencl")
+    fail("device", "this build has no OpenCL backend (OpenCL was not found when it was configured: install "
+                   "ocl-icd-opencl-dev and opencl-headers, then reconfigure); available: " + names, "");
   fail("device", "unknown device '" + d.str() + "'; available: " + names, "");
 }
 

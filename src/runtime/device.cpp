@@ -31,6 +31,9 @@ std::string Device::str() const { return kind + ":" + std::to_string(index); }
 
 Device Device::best() {
   for (auto& b : backends::all_backends())
+    for (int i = 0; i < (b->can_execute() ? b->device_count() : 0); ++i)
+      if (b->info(i).accelerator) return Device(b->name(), i);
+  for (auto& b : backends::all_backends())
     if (b->can_execute() && b->device_count() > 0) return Device(b->name(), 0);
   fail("device", "no backend can execute programs", "");
 }

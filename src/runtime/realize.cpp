@@ -223,7 +223,7 @@ std::vector<std::shared_ptr<Buffer>> realize(const std::vector<Request>& req, Rn
       slots[s] = results[k]->data;
     }
   }
-  backends::LaunchArgs args{slots.data(), rng.seed, rng.offset};
+  backends::LaunchArgs args{slots.data(), rng.seed, rng.offset, dev.index};
   static const bool time_steps = std::getenv("TESSERA_STEP_TIMES") != nullptr;
   const size_t guard = arena ? exe->guard : 0;
   std::vector<unsigned char> pattern(guard ? guard + plan.alignment : 0, kGuardByte), seen(pattern.size());
@@ -247,6 +247,7 @@ std::vector<std::shared_ptr<Buffer>> realize(const std::vector<Request>& req, Rn
     } else {
       auto ts0 = std::chrono::steady_clock::now();
       be.launch(*exe->kernels[s], st, args);
+      be.synchronize();  // asynchronous devices: the Step's own time
       std::fprintf(stderr, "step %zu %s %s%s %.3f ms %s@%s\n", s, kir::step_kind_name(st.kind), dtype_short(st.dtype),
                    shape_str(st.shape).c_str(), double(since_ns(ts0)) / 1e6, st.sources[0].op.c_str(), st.sources[0].scope.c_str());
     }

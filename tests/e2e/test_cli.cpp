@@ -702,6 +702,40 @@ TEST(Cli, AdviseValidateAndErrors) {
   expect_clean_error(cli(cat(kAdviseTiny, {"--device-file", (dir / "missing.json").string()}), dir.path()), "missing file");
 }
 
+// The same program on opencl by changing only --device: the tiny model's losses equal the cpu's
+// (to 1e-4 relative), `tessera devices` lists the OpenCL device, and a missing index is a clean
+// error. With CI=true a missing OpenCL device fails; elsewhere it skips.
+TEST(Cli, OpenCLDeviceRunsTheSameTraining) {
+  TempDir dir;
+  Result d = cli({"devices"}, dir.path());
+  ASSERT_TRUE(d.exited && d.code == 0) << d.describe();
+  if (d.out.find("opencl:0") == std::string::npos) {
+    const char* ci = std::getenv("CI");
+    if (ci && std::string(ci) == "true") FAIL() << "no OpenCL device listed (CI=true requires pocl-opencl-icd):\n" << d.out;
+    GTEST_SKIP() << "no OpenCL device";
+  }
+  EXPECT_NE(d.out.find("compute units"), std::string::npos) << d.out;
+  std::vector<std::vector<json>> logs;
+  for (std::string dev : {"cpu", "opencl"}) {
+    std::vector<std::string> args = cat({"train", "gpt", "--steps", "3", "--out", (dir / dev).string(), "--log-json",
+                                         (dir / (dev + ".jsonl")).string()}, kTiny);
+    args.back() = dev;  // kTiny ends with --device cpu
+    Result r = cli(args, dir.path());
+    ASSERT_TRUE(r.exited && r.code == 0) << r.describe();
+    logs.push_back(read_log(dir / (dev + ".jsonl")));
+  }
+  ASSERT_EQ(logs[0].size(), logs[1].size());
+  for (size_t i = 0; i < logs[0].size(); ++i) {
+    double a = logs[0][i]["loss"].get<double>(), b = logs[1][i]["loss"].get<double>();
+    EXPECT_NEAR(b, a, 1e-4 * std::abs(a)) << "step " << i + 1;
+  }
+  std::vector<std::string> bad = cat({"train", "gpt", "--steps", "1", "--out", (dir / "bad").string()}, kTiny);
+  bad.back() = "opencl:99";
+  Result e = cli(bad, dir.path());
+  expect_clean_error(e, "--device opencl:99");
+  EXPECT_NE(e.err.find("opencl:99"), std::string::npos) << e.describe();
+}
+
 // ---- tessera conformance ----------------------------------------------------------------------
 // The matrix: a line per op with one cell per backend, the totals and the time per backend.
 TEST(Cli, ConformanceMatrix) {

@@ -130,6 +130,7 @@ Device pick_device(const std::string& name) {
       if (!info.can_execute) fail("device", "'" + d.str() + "' cannot run programs (it only compiles)", "");
       return d;
     }
+  from_vector<float>({0.0f}, {1}, {DType::Float32, d});  // the registry's own error ("no OpenCL device found ...")
   std::string names;
   for (auto& info : devices()) names += (names.empty() ? "" : ", ") + info.device.str();
   fail("device", "unknown device '" + name + "'; available: " + names, "");

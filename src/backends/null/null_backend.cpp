@@ -1,12 +1,16 @@
 // The null backend: compiles every Step like a real device and refuses to run or hold data.
 // It proves the compile path needs no hardware, and lets the advisor plan for absent devices.
 #include "backends/backend.h"
+#include "backends/render/c_render.h"
 #include "tessera/error.h"
 
 namespace tessera::backends {
 namespace {
 
-struct NullKernel : Kernel {};
+// The kernels the shared C renderer makes for the Step, as a source-compiling device gets them.
+struct NullKernel : Kernel {
+  std::vector<render::KernelCode> code;
+};
 
 class NullBackend : public Backend {
  public:
@@ -21,7 +25,11 @@ class NullBackend : public Backend {
   void free(int, void*, size_t) override {}
   void copy_in(void*, const void*, size_t) override { fail("null", "device 'null' cannot receive data", ""); }
   void copy_out(void*, const void*, size_t) override { fail("null", "device 'null' cannot return data", ""); }
-  std::unique_ptr<Kernel> compile(const kir::Step&) override { return std::make_unique<NullKernel>(); }
+  std::unique_ptr<Kernel> compile(const kir::Step& st) override {
+    auto k = std::make_unique<NullKernel>();
+    k->code = render::render(st);  // the OpenCL backend's compile path, without building
+    return k;
+  }
   void launch(const Kernel&, const kir::Step& st, const LaunchArgs&) override {
     const kir::Source& s = st.sources.front();
     fail(s.op, "device 'null' compiles but cannot execute (step: " + std::string(kir::step_kind_name(st.kind)) + ")", s.scope);

@@ -1,0 +1,48 @@
+// The shared C-style renderer: Kernel-IR Steps -> C kernel source for devices that compile
+// source (OpenCL C now, CUDA C next). A Step renders to one or more kernels whose text depends
+// only on the Step's structure (kind, program, dtypes, ranks, which views are masked); shapes,
+// strides, offsets, masks and constants travel in a small int64 parameter buffer, so one
+// compiled kernel serves every shape. Dialects differ only in their preamble (types, qualifiers,
+// bit casts, atomics) and in how a kernel finds its work-item number.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "kernel_ir/step.h"
+
+namespace tessera::render {
+
+// Per-dialect hooks. Kernel bodies use only the names the preamble defines: the types
+// i8/u8/u16/i32/u32/i64/u64, KERNEL, GLOBAL, FN (helper functions), GID (this work-item's
+// linear number, i64), F32_BITS/F64_BITS/BITS_F32 (bit casts), ATOMIC_MIN(p, v) on a GLOBAL int,
+// FACC (float accumulator: double where the device has it) and HAS_FP64.
+struct Dialect {
+  std::string name;      // "opencl", "cuda"
+  std::string preamble;  // prepended once to every program (before the shared helpers)
+};
+const Dialect& opencl_c();
+
+// Every kernel takes (GLOBAL const i64* P, GLOBAL int* E, i64 seed, i64 offset, then for each
+// buffer argument GLOBAL char* b<k>, i64 o<k> (a byte offset)). E[0] is the lowest failing
+// position of a bounds-checked kernel (INT_MAX when none).
+struct KernelCode {
+  std::string name;             // "t" + hash of the source: equal sources, equal names
+  std::string source;           // the kernel function alone (see program_source)
+  std::vector<int64_t> params;  // the P buffer
+  int64_t work_items = 0;       // 1-D global size (before rounding up to a work-group)
+  std::vector<int> slots;       // the Step's slots bound to b0, b1, ...
+  bool checks_index = false;    // sets E[0] on an out-of-range index (Gather, ScatterAdd)
+  bool uses_f64 = false;        // needs a device with float64 (cl_khr_fp64)
+};
+
+// The kernels that run a Step, in launch order. Throws tessera::Error for Steps it cannot render.
+std::vector<KernelCode> render(const kir::Step& step);
+
+// A whole program: the dialect's preamble, the shared helpers, then the kernels.
+std::string program_source(const Dialect& d, const std::vector<const KernelCode*>& kernels);
+
+// 64-bit FNV-1a, stable across runs (kernel names and program cache keys).
+uint64_t fnv1a(const std::string& s);
+
+}  // namespace tessera::render
