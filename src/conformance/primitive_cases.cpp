@@ -80,12 +80,12 @@ std::vector<Case> unary_cases(Op op, const UnarySpec& u, Rng& r) {
   }
   c.push_back(one(variant_name(F32, {3, 0, 5}), input({3, 0, 5}, F32, u.gen), f, tol));
   c.push_back(one(variant_name(F32, {}), input({}, F32, u.gen), f, tol));
-  c.push_back(one(variant_name(F32, {3, 1531}), input({3, 1531}, F32, u.gen), f, tol));
+  c.push_back(one(variant_name(F32, {3, 5, 307}), input({3, 5, 307}, F32, u.gen), f, tol));
   if (u.specials)
-    for (DType t : {F32, F64}) c.push_back(one(variant_name(t, {4, 9}, "nan/inf"), input({4, 9}, t, with_specials(u.gen)), f, tol));
+    for (DType t : {F32, F64}) c.push_back(one(variant_name(t, {4, 3, 3}, "nan/inf"), input({4, 3, 3}, t, with_specials(u.gen)), f, tol));
   if (ir::info(op).differentiable) {
-    c.push_back(one(variant_name(F32, {4, 5}, "strided grad"), input({4, 5}, F32, u.gen, L::Strided, true), f));
-    c.push_back(one(variant_name(F64, {3, 7}, "grad"), input({3, 7}, F64, u.gen, L::Contiguous, true), f));
+    c.push_back(one(variant_name(F32, {4, 5, 3}, "strided grad"), input({4, 5, 3}, F32, u.gen, L::Strided, true), f));
+    c.push_back(one(variant_name(F32, {3, 7, 2}, "grad"), input({3, 7, 2}, F32, u.gen, L::Contiguous, true), f));
   }
   return c;
 }
@@ -130,13 +130,13 @@ std::vector<Case> binary_cases(Op op, const BinarySpec& b, Rng& r) {
   c.push_back(two(variant_name(F32, s, "expanded op contiguous"), input(s, F32, b.ga, L::Expanded), input(s, F32, b.gb), f, tol));
   c.push_back(two("f32[2,0,3] op [1,3]", input({2, 0, 3}, F32, b.ga), input({1, 3}, F32, b.gb), f, tol));
   c.push_back(two("f32[] op [7]", input({}, F32, b.ga), input({7}, F32, b.gb), f, tol));
-  c.push_back(two(variant_name(F32, {2, 2600}), input({2, 2600}, F32, b.ga), input({2, 2600}, F32, b.gb), f, tol));
+  c.push_back(two(variant_name(F32, {2, 5, 520}), input({2, 5, 520}, F32, b.ga), input({2, 5, 520}, F32, b.gb), f, tol));
   for (DType t : {F32, F64})
-    c.push_back(two(variant_name(t, {6, 7}, "nan/inf"), input({6, 7}, t, with_specials(b.ga)), input({6, 7}, t, with_specials(b.gb)), f, tol));
+    c.push_back(two(variant_name(t, {6, 7, 2}, "nan/inf"), input({6, 7, 2}, t, with_specials(b.ga)), input({6, 7, 2}, t, with_specials(b.gb)), f, tol));
   if (ir::info(op).differentiable) {
     c.push_back(two("f32[3,4,5] op [1,4,1] grad", input({3, 4, 5}, F32, b.ga, L::Strided, true),
                     input({1, 4, 1}, F32, b.gb, L::Contiguous, true), f));
-    c.push_back(two("f64[4,6] grad", input({4, 6}, F64, b.ga, L::Contiguous, true), input({4, 6}, F64, b.gb, L::Contiguous, true), f));
+    c.push_back(two("f32[4,6,2] grad", input({4, 6, 2}, F32, b.ga, L::Contiguous, true), input({4, 6, 2}, F32, b.gb, L::Contiguous, true), f));
   }
   return c;
 }
@@ -156,7 +156,7 @@ std::vector<Case> where_cases(Rng& r) {
   c.push_back({"f32[0,4]", {input({0, 4}, B, integers(0, 1)), input({0, 4}, F32, g), input({0, 4}, F32, g)}, f, 0});
   c.push_back({"f32[4,7] nan/inf", {input({4, 7}, B, integers(0, 1)), input({4, 7}, F32, with_specials(g)), input({4, 7}, F32, with_specials(g))}, f, 0});
   c.push_back({"f32[3,5] broadcast grad", {input({3, 5}, B, integers(0, 1)), input({3, 1}, F32, g, L::Contiguous, true), input({3, 5}, F32, g, L::Strided, true)}, f});
-  c.push_back({"f64[4,4] grad", {input({4, 4}, B, integers(0, 1)), input({4, 4}, F64, g, L::Contiguous, true), input({4, 4}, F64, g, L::Contiguous, true)}, f});
+  c.push_back({"f32[4,4] grad", {input({4, 4}, B, integers(0, 1)), input({4, 4}, F32, g, L::Contiguous, true), input({4, 4}, F32, g, L::Contiguous, true)}, f});
   return c;
 }
 
@@ -230,8 +230,8 @@ std::vector<Case> reduce_cases(bool is_max, Rng& r) {
   c.push_back(one("f32[3001,3] dim 0", input({3001, 3}, F32, g), red({0}, false), tol));
   for (DType t : {F32, F64}) c.push_back(one(variant_name(t, {5, 8}, "nan/inf dim 1"), input({5, 8}, t, with_specials(g)), red({1}, false), tol));
   c.push_back(one("f32[4,6,5] strided dim 1 grad", input({4, 6, 5}, F32, g, L::Strided, true), red({1}, false)));
-  c.push_back(one("f64[3,4,5] dims 0,2 grad", input({3, 4, 5}, F64, g, L::Contiguous, true), red({0, 2}, true)));
-  if (is_max) c.push_back(one("f64[4,9] ties dim 1 grad", input({4, 9}, F64, integers(-2, 2), L::Contiguous, true), red({1}, false)));
+  c.push_back(one("f32[3,4,5] dims 0,2 grad", input({3, 4, 5}, F32, g, L::Contiguous, true), red({0, 2}, true)));
+  if (is_max) c.push_back(one("f32[4,6,5] ties dim 1 grad", input({4, 6, 5}, F32, integers(-2, 2), L::Strided, true), red({1}, false)));
   return c;
 }
 
@@ -249,7 +249,7 @@ std::vector<Case> reshape_cases(Rng& r) {
   c.push_back(one("f32[70,90] strided -> [90,70]", input({70, 90}, F32, g, L::Strided), to({90, 70}), 0));
   (void)r;
   c.push_back(one("f32[4,6] permuted -> [3,8] grad", input({4, 6}, F32, g, L::Permuted, true), to({3, 8})));
-  c.push_back(one("f64[2,3,4] strided -> [6,4] grad", input({2, 3, 4}, F64, g, L::Strided, true), to({6, 4})));
+  c.push_back(one("f32[2,3,4] strided -> [6,4] grad", input({2, 3, 4}, F32, g, L::Strided, true), to({6, 4})));
   return c;
 }
 
@@ -269,7 +269,7 @@ std::vector<Case> permute_cases(Rng& r) {
   c.push_back(one("f32[3,0,2] (2,0,1)", input({3, 0, 2}, F32, g), perm({2, 0, 1}), 0));
   c.push_back(one("f32[67,71] (1,0)", input({67, 71}, F32, g), perm({1, 0}), 0));
   c.push_back(one("f32[3,4,5] strided (2,0,1) grad", input({3, 4, 5}, F32, g, L::Strided, true), perm({2, 0, 1})));
-  c.push_back(one("f64[3,5] (1,0) grad", input({3, 5}, F64, g, L::Contiguous, true), perm({1, 0})));
+  c.push_back(one("f32[3,5] (1,0) grad", input({3, 5}, F32, g, L::Contiguous, true), perm({1, 0})));
   return c;
 }
 
@@ -286,7 +286,7 @@ std::vector<Case> expand_cases(Rng& r) {
   c.push_back(one("f32[1,3000] -> [3,3000]", input({1, 3000}, F32, g), to({3, 3000}), 0));
   (void)r;
   c.push_back(one("f32[3,1,4] strided -> [3,5,4] grad", input({3, 1, 4}, F32, g, L::Strided, true), to({3, 5, 4})));
-  c.push_back(one("f64[1,5] -> [4,5] grad", input({1, 5}, F64, g, L::Contiguous, true), to({4, 5})));
+  c.push_back(one("f32[1,5] -> [4,5] grad", input({1, 5}, F32, g, L::Contiguous, true), to({4, 5})));
   return c;
 }
 
@@ -304,7 +304,7 @@ std::vector<Case> slice_cases(Rng& r) {
   c.push_back(one("f32[3,9000] dim 1 [7:8999:5]", input({3, 9000}, F32, g), sl(1, 7, 8999, 5), 0));
   (void)r;
   c.push_back(one("f32[7,6] dim 0 [1:7:3] grad", input({7, 6}, F32, g, L::Strided, true), sl(0, 1, 7, 3)));
-  c.push_back(one("f64[5,8] dim 1 [1:8:2] grad", input({5, 8}, F64, g, L::Contiguous, true), sl(1, 1, 8, 2)));
+  c.push_back(one("f32[5,8] dim 1 [1:8:2] grad", input({5, 8}, F32, g, L::Contiguous, true), sl(1, 1, 8, 2)));
   return c;
 }
 
@@ -325,7 +325,7 @@ std::vector<Case> pad_cases(Rng& r) {
   c.push_back(one("f32[2,3000] {0,0, 5,7}", input({2, 3000}, F32, g), pd({0, 0, 5, 7}, 0), 0));
   (void)r;
   c.push_back(one("f32[4,5] strided {1,2, 2,0} grad", input({4, 5}, F32, g, L::Strided, true), pd({1, 2, 2, 0}, 0.5)));
-  c.push_back(one("f64[3,3] {0,1, 1,1} grad", input({3, 3}, F64, g, L::Contiguous, true), pd({0, 1, 1, 1}, 0)));
+  c.push_back(one("f32[3,3] {0,1, 1,1} grad", input({3, 3}, F32, g, L::Contiguous, true), pd({0, 1, 1, 1}, 0)));
   return c;
 }
 
@@ -343,7 +343,7 @@ std::vector<Case> concat_cases(Rng& r) {
   c.push_back({"f32[2,3000] + [2,1100] dim 1", {input({2, 3000}, F32, g), input({2, 1100}, F32, g)}, cat_fn(1), 0});
   (void)r;
   c.push_back({"f32[3,2] strided + [3,4] dim 1 grad", {input({3, 2}, F32, g, L::Strided, true), input({3, 4}, F32, g, L::Contiguous, true)}, cat_fn(1)});
-  c.push_back({"f64[2,3] + [4,3] dim 0 grad", {input({2, 3}, F64, g, L::Contiguous, true), input({4, 3}, F64, g, L::Contiguous, true)}, cat_fn(0)});
+  c.push_back({"f32[2,3] + [4,3] dim 0 grad", {input({2, 3}, F32, g, L::Contiguous, true), input({4, 3}, F32, g, L::Contiguous, true)}, cat_fn(0)});
   return c;
 }
 
@@ -391,7 +391,7 @@ std::vector<Case> gather_cases(Rng& r) {
   c.push_back(two("f32[3000,2] dim 0 index [5000,2]", input({3000, 2}, F32, g), input({5000, 2}, I64, integers(0, 2999)), ga(0), 0));
   (void)r;
   c.push_back(two("f32[4,5] strided dim 0 index [6,5] grad", input({4, 5}, F32, g, L::Strided, true), input({6, 5}, I64, integers(0, 3)), ga(0)));
-  c.push_back(two("f64[3,6] dim 1 index [3,8] grad", input({3, 6}, F64, g, L::Contiguous, true), input({3, 8}, I64, integers(0, 5)), ga(1)));
+  c.push_back(two("f32[3,6] dim 1 index [3,8] grad", input({3, 6}, F32, g, L::Contiguous, true), input({3, 8}, I64, integers(0, 5)), ga(1)));
   return c;
 }
 
@@ -409,7 +409,7 @@ std::vector<Case> scatter_add_cases(Rng& r) {
   c.push_back({"f32[40,3] dim 0 index [5000,3]", {input({40, 3}, F32, g), input({5000, 3}, I64, integers(0, 39)), input({5000, 3}, F32, g)}, sa(0), 1e-4});
   (void)r;
   c.push_back({"f32[4,5] dim 0 grad", {input({4, 5}, F32, g, L::Strided, true), input({6, 5}, I64, integers(0, 3)), input({6, 5}, F32, g, L::Contiguous, true)}, sa(0)});
-  c.push_back({"f64[3,4] dim 1 grad", {input({3, 4}, F64, g, L::Contiguous, true), input({3, 6}, I64, integers(0, 3)), input({3, 6}, F64, g, L::Contiguous, true)}, sa(1)});
+  c.push_back({"f32[3,4] dim 1 grad", {input({3, 4}, F32, g, L::Contiguous, true), input({3, 6}, I64, integers(0, 3)), input({3, 6}, F32, g, L::Contiguous, true)}, sa(1)});
   return c;
 }
 
@@ -427,7 +427,7 @@ std::vector<Case> dus_cases(Rng& r) {
   c.push_back({"f32[2,5000] update [1,3000]", {input({2, 5000}, F32, g), input({1, 3000}, F32, g), fixed({2}, I64, {1, 1999})}, dus, 0});
   (void)r;
   c.push_back({"f32[5,6] update [2,3] grad", {input({5, 6}, F32, g, L::Strided, true), input({2, 3}, F32, g, L::Contiguous, true), fixed({2}, I64, {2, 1})}, dus});
-  c.push_back({"f64[4,4] update [3,2] clamped grad", {input({4, 4}, F64, g, L::Contiguous, true), input({3, 2}, F64, g, L::Contiguous, true), fixed({2}, I64, {3, 3})}, dus});
+  c.push_back({"f32[4,4] update [3,2] clamped grad", {input({4, 4}, F32, g, L::Contiguous, true), input({3, 2}, F32, g, L::Contiguous, true), fixed({2}, I64, {3, 3})}, dus});
   return c;
 }
 
@@ -527,7 +527,7 @@ std::vector<Case> primitive_cases(Op op) {
     case Op::Pow: {
       c = binary_cases(op, {floats, uniform(0.2, 3), uniform(-2, 2), false}, r);
       c.push_back(one("f32[4,5] ^ 2.5 grad", input({4, 5}, F32, uniform(0.2, 3), L::Strided, true), [](const Tensor& x) { return pow(x, 2.5); }));
-      c.push_back(one("2 ^ f64[3,4] grad", input({3, 4}, F64, uniform(-2, 2), L::Contiguous, true), [](const Tensor& x) { return pow(2.0, x); }));
+      c.push_back(one("2 ^ f64[3,4] grad", input({3, 4}, F32, uniform(-2, 2), L::Contiguous, true), [](const Tensor& x) { return pow(2.0, x); }));
       break;
     }
     case Op::Eq: case Op::Ne: case Op::Lt: case Op::Le: case Op::Gt: case Op::Ge: {

@@ -29,6 +29,7 @@ bool in_ci() {
 struct CellParam {
   std::string backend, op;
 };
+void PrintTo(const CellParam& p, std::ostream* os) { *os << p.op << " on " << p.backend; }
 std::string cell_name(const ::testing::TestParamInfo<CellParam>& p) {
   std::string s = p.param.backend + "_" + p.param.op;
   for (char& c : s)
