@@ -12,6 +12,7 @@
 #include <set>
 
 #include "backends/backend.h"
+#include "backends/render/c_render.h"
 #include "conformance/suite.h"
 #include "tessera/conformance.h"
 
@@ -106,6 +107,36 @@ TEST(Coverage, EveryFunctionOfOpsHeaderHasARow) {
 TEST(Coverage, FiftyRandomGraphs) {
   auto c = cf::random_graph_cases();
   EXPECT_EQ(c.size(), size_t(cf::kRandomGraphCount));
+}
+
+// The OpenCL part's cold time is PoCL building kernels (~0.06 s each plus ~0.3 s per program,
+// one program per cell): the suite must keep sharing kernels between cases (shapes are kernel
+// arguments). Counted by rendering every compiled Step as OpenCL does, without a device.
+struct Renders : backends::Backend {
+  std::set<std::string> kernels;
+  std::string name() const override { return "renders"; }
+  DeviceInfo info(int) const override { return {Device("renders"), "counts rendered kernels", false}; }
+  bool can_execute() const override { return false; }
+  void* allocate(int, size_t) override { return nullptr; }
+  void free(int, void*, size_t) override {}
+  void copy_in(void*, const void*, size_t) override {}
+  void copy_out(void*, const void*, size_t) override {}
+  std::unique_ptr<backends::Kernel> compile(const kir::Step& st) override {
+    for (const render::KernelCode& k : render::render(st)) kernels.insert(k.name);
+    return std::make_unique<backends::Kernel>();
+  }
+  void launch(const backends::Kernel&, const kir::Step&, const backends::LaunchArgs&) override {}
+};
+
+TEST(Coverage, OpenCLKernelsStayWithinBudget) {
+  auto r = std::make_shared<Renders>();
+  backends::register_backend(r);
+  cf::Options o;
+  o.backends = {"renders"};
+  EXPECT_TRUE(cf::run(o).ok());
+  std::printf("the suite renders %zu distinct OpenCL kernels\n", r->kernels.size());
+  EXPECT_LE(r->kernels.size(), 1000u);
+  EXPECT_GE(r->kernels.size(), 300u) << "the count should see every row";
 }
 
 // ---- the planted backend ----
