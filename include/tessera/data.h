@@ -55,27 +55,103 @@ class TextDataset {
   std::vector<int64_t> train_, val_;
 };
 
-// Draws batches of random window starts with its own seeded generator (std::mt19937_64), with
-// an epoch-shuffled order when shuffle is true; its position can be saved and restored so a
-// resumed run draws exactly the batches an uninterrupted one would.
+// An endless, seeded stream of dataset indices in batches: epoch e is a permutation of [0, n)
+// drawn from (seed, e) with std::mt19937_64 (the identity without shuffle), and batch k takes
+// stream positions [k * batch, (k + 1) * batch), so a batch may straddle two epochs. Its
+// position is the number of batches drawn, which can be saved and restored so a resumed run
+// draws exactly the batches an uninterrupted one would.
+class IndexStream {
+ public:
+  // `what` names the caller and `items` what is indexed, for error messages.
+  IndexStream(int64_t n, int64_t batch, uint64_t seed, bool shuffle, std::string what = "DataLoader",
+              std::string items = "windows");
+  std::vector<int64_t> next();
+  int64_t drawn() const { return drawn_; }
+  int64_t position() const { return drawn_ * batch_; }  // stream position of the next batch's first index
+  uint64_t seed() const { return seed_; }
+  // {seed (bit pattern), batches drawn, batch size, n, shuffle}; the last three guard against
+  // restoring into a stream that would draw differently.
+  std::vector<int64_t> state() const;
+  void load_state(const std::vector<int64_t>& s);
+
+ private:
+  int64_t n_, batch_;
+  uint64_t seed_;
+  bool shuffle_;
+  std::string what_, items_;
+  int64_t drawn_ = 0;
+  std::vector<int64_t> order_;  // one epoch's permutation, its epoch number appended
+  void fill_order(int64_t epoch);
+};
+
+// Draws batches of random window starts through an IndexStream.
 class DataLoader {
  public:
   DataLoader(const TextDataset& ds, int64_t batch, uint64_t seed, bool shuffle = true, Split split = Split::Train);
   std::pair<Tensor, Tensor> next(const Device& d = Device("cpu"));
   // The loader's position as a few integers (seed, batches drawn), and back.
-  std::vector<int64_t> state() const;
-  void load_state(const std::vector<int64_t>& s);
+  std::vector<int64_t> state() const { return stream_.state(); }
+  void load_state(const std::vector<int64_t>& s) { stream_.load_state(s); }
 
  private:
   const TextDataset* ds_;
-  int64_t batch_;
-  uint64_t seed_;
-  bool shuffle_;
   Split split_;
-  int64_t drawn_ = 0;
-  std::vector<int64_t> order_;
-  void fill_order(int64_t epoch);
-  std::vector<int64_t> starts_for(int64_t batch_index);
+  IndexStream stream_;
+};
+
+// ---- images: Fashion-MNIST ----
+
+// The directory of Debian's dataset-fashion-mnist (/usr/share/datasets/fashion-mnist); throws
+// tessera::Error naming the package when its files are not there.
+std::string fashion_mnist_dir();
+
+// Pixels are scaled to [0, 1]; with normalize, then shifted and scaled to (x - mean) / std
+// (Fashion-MNIST's training-set statistics by default).
+struct ImageOptions {
+  bool normalize = true;
+  double mean = 0.2860, std = 0.3530;
+};
+
+// One part of Fashion-MNIST read from its IDX .gz files (zlib): 28x28 grayscale images and
+// labels 0-9 (60,000 training images, 10,000 test images).
+class FashionMNIST {
+ public:
+  enum class Part { Train, Test };
+  explicit FashionMNIST(Part part, const std::string& dir = "", ImageOptions o = {});  // dir "": fashion_mnist_dir()
+  int64_t size() const { return int64_t(labels_.size()); }
+  int64_t height() const { return rows_; }
+  int64_t width() const { return cols_; }
+  const std::vector<uint8_t>& pixels() const { return pixels_; }  // size() * height() * width(), row-major
+  const std::vector<uint8_t>& labels() const { return labels_; }
+  static const char* class_name(int64_t label);  // "T-shirt/top", ... "Ankle boot"
+  // Images [n, 1, H, W] (float32) and labels [n] (int64) of the given indices; flip (empty, or
+  // one flag per index) mirrors an image left to right.
+  std::pair<Tensor, Tensor> batch_at(const std::vector<int64_t>& idx, const Device& d = Device("cpu"),
+                                     const std::vector<uint8_t>& flip = {}) const;
+  const ImageOptions& options() const { return o_; }
+
+ private:
+  ImageOptions o_;
+  int64_t rows_ = 0, cols_ = 0;
+  std::vector<uint8_t> pixels_, labels_;
+};
+
+// Batches of images through an IndexStream, with optional random horizontal flips: whether
+// the image at stream position p is flipped is drawn from (seed, p), so a restored loader
+// flips exactly as an uninterrupted one.
+class ImageLoader {
+ public:
+  ImageLoader(const FashionMNIST& ds, int64_t batch, uint64_t seed, bool shuffle = true, bool random_flip = false);
+  std::pair<Tensor, Tensor> next(const Device& d = Device("cpu"));
+  int64_t batches_per_epoch() const;  // ceil(size / batch)
+  std::vector<int64_t> state() const { return stream_.state(); }
+  void load_state(const std::vector<int64_t>& s) { stream_.load_state(s); }
+
+ private:
+  const FashionMNIST* ds_;
+  int64_t batch_;
+  bool flip_;
+  IndexStream stream_;
 };
 
 }  // namespace tessera::data

@@ -237,6 +237,139 @@ struct SampleOptions {
 std::vector<int64_t> generate(GPT& model, const std::vector<int64_t>& prompt, const SampleOptions& o,
                               const std::function<void(int64_t)>& on_token = {});
 
+// ---- convolutional layers (channels first; initialized like PyTorch's defaults) ----
+struct ConvOptions {
+  std::vector<int64_t> stride{1}, padding{0}, dilation{1};  // one value, or one per spatial dim
+  int64_t groups = 1;
+  bool bias = true;
+  std::vector<int64_t> output_padding{0};  // ConvTranspose2d only
+};
+
+class Conv1d : public Module {
+ public:
+  Conv1d(int64_t in, int64_t out, int64_t kernel, ConvOptions o = {});
+  Tensor forward(const Tensor& x) override;  // [N, in, L] -> [N, out, L']
+  Tensor weight, bias;                       // weight [out, in/groups, kernel]
+  ConvOptions options;
+};
+
+class Conv2d : public Module {
+ public:
+  Conv2d(int64_t in, int64_t out, std::vector<int64_t> kernel, ConvOptions o = {});
+  Tensor forward(const Tensor& x) override;  // [N, in, H, W] -> [N, out, H', W']
+  Tensor weight, bias;                       // weight [out, in/groups, kH, kW]
+  ConvOptions options;
+};
+
+class ConvTranspose2d : public Module {
+ public:
+  ConvTranspose2d(int64_t in, int64_t out, std::vector<int64_t> kernel, ConvOptions o = {});
+  Tensor forward(const Tensor& x) override;
+  Tensor weight, bias;  // weight [in, out/groups, kH, kW]
+  ConvOptions options;
+};
+
+class MaxPool2d : public Module {
+ public:
+  explicit MaxPool2d(std::vector<int64_t> kernel, std::vector<int64_t> stride = {}, std::vector<int64_t> padding = {0})
+      : Module("MaxPool2d"), kernel(std::move(kernel)), stride(std::move(stride)), padding(std::move(padding)) {}
+  Tensor forward(const Tensor& x) override { return max_pool2d(x, kernel, stride, padding); }
+  std::vector<int64_t> kernel, stride, padding;
+};
+
+class AvgPool2d : public Module {
+ public:
+  explicit AvgPool2d(std::vector<int64_t> kernel, std::vector<int64_t> stride = {}, std::vector<int64_t> padding = {0},
+                     bool count_include_pad = true)
+      : Module("AvgPool2d"), kernel(std::move(kernel)), stride(std::move(stride)), padding(std::move(padding)),
+        count_include_pad(count_include_pad) {}
+  Tensor forward(const Tensor& x) override { return avg_pool2d(x, kernel, stride, padding, count_include_pad); }
+  std::vector<int64_t> kernel, stride, padding;
+  bool count_include_pad;
+};
+
+class AdaptiveAvgPool2d : public Module {
+ public:
+  explicit AdaptiveAvgPool2d(std::vector<int64_t> output_size) : Module("AdaptiveAvgPool2d"), output_size(std::move(output_size)) {}
+  Tensor forward(const Tensor& x) override { return adaptive_avg_pool2d(x, output_size); }
+  std::vector<int64_t> output_size;
+};
+
+// Batch normalization over channel dim 1. In training mode it normalizes with the batch's
+// statistics and updates running_mean/running_var/num_batches_tracked in place (no autodiff
+// history, the same graph every step); in eval mode it uses the running statistics.
+class BatchNorm : public Module {
+ public:
+  BatchNorm(const char* type, int64_t features, double eps, double momentum, bool affine, bool track_running_stats);
+  Tensor forward(const Tensor& x) override;
+  Tensor weight, bias, running_mean, running_var, num_batches_tracked;
+  double eps, momentum;
+
+ protected:
+  virtual void check_input(const Tensor& x) const = 0;
+};
+class BatchNorm1d : public BatchNorm {  // [N, C] or [N, C, L]
+ public:
+  explicit BatchNorm1d(int64_t features, double eps = 1e-5, double momentum = 0.1, bool affine = true, bool track = true)
+      : BatchNorm("BatchNorm1d", features, eps, momentum, affine, track) {}
+
+ protected:
+  void check_input(const Tensor& x) const override;
+};
+class BatchNorm2d : public BatchNorm {  // [N, C, H, W]
+ public:
+  explicit BatchNorm2d(int64_t features, double eps = 1e-5, double momentum = 0.1, bool affine = true, bool track = true)
+      : BatchNorm("BatchNorm2d", features, eps, momentum, affine, track) {}
+
+ protected:
+  void check_input(const Tensor& x) const override;
+};
+
+class Flatten : public Module {
+ public:
+  explicit Flatten(int64_t start_dim = 1, int64_t end_dim = -1) : Module("Flatten"), start_dim(start_dim), end_dim(end_dim) {}
+  Tensor forward(const Tensor& x) override { return flatten(x, start_dim, end_dim); }
+  int64_t start_dim, end_dim;
+};
+
+// ---- image classifiers ----
+// conv 3x3 pad 1 (32) -> ReLU -> max-pool 2 -> conv 3x3 pad 1 (64) -> ReLU -> max-pool 2 ->
+// flatten -> linear 128 -> ReLU -> linear `classes`, for [N, channels, H, W] images.
+class SmallCNN : public Module {
+ public:
+  explicit SmallCNN(int64_t channels = 1, int64_t classes = 10, int64_t height = 28, int64_t width = 28);
+  Tensor forward(const Tensor& x) override;
+  std::shared_ptr<Conv2d> conv1, conv2;
+  std::shared_ptr<MaxPool2d> pool;
+  std::shared_ptr<Linear> fc1, fc2;
+};
+
+// Two 3x3 conv + batch-norm layers with a skip connection (a 1x1 conv + batch norm when the
+// stride or width changes): relu(bn2(conv2(relu(bn1(conv1(x))))) + shortcut(x)).
+class BasicBlock : public Module {
+ public:
+  BasicBlock(int64_t in, int64_t out, int64_t stride);
+  Tensor forward(const Tensor& x) override;
+  std::shared_ptr<Conv2d> conv1, conv2, down;
+  std::shared_ptr<BatchNorm2d> bn1, bn2, down_bn;
+};
+
+struct ResNetConfig {
+  int64_t channels = 1, classes = 10;
+  std::vector<int64_t> widths{16, 32, 64};  // one stage per width; stages after the first halve the resolution
+  int64_t blocks = 1;                       // basic blocks per stage
+};
+// A small ResNet: 3x3 stem conv + batch norm + ReLU, the stages, global average pool, linear.
+class ResNet : public Module {
+ public:
+  explicit ResNet(const ResNetConfig& c = {});
+  Tensor forward(const Tensor& x) override;
+  std::shared_ptr<Conv2d> stem;
+  std::shared_ptr<BatchNorm2d> stem_bn;
+  std::shared_ptr<Sequential> stages;
+  std::shared_ptr<Linear> head;
+};
+
 // ---- losses ----
 // Mean over targets != ignore_index; label_smoothing mixes the one-hot target with uniform.
 Tensor cross_entropy(const Tensor& logits, const Tensor& target, int64_t ignore_index, double label_smoothing = 0);

@@ -84,6 +84,43 @@ Tensor scatter_add(const Tensor& a, int64_t dim, const Tensor& index, const Tens
 // update fits (XLA semantics)  (P)
 Tensor dynamic_update_slice(const Tensor& a, const Tensor& update, const Tensor& offsets);
 
+// ---- convolution and pooling (channels first: [batch, channels, spatial...]) ----
+Tensor flip(const Tensor& a, std::vector<int64_t> dims);  // (P) reverses the given dims
+// The general convolution (P): input [B, C, X...], weight [O, C/groups, K...]. Each per-dim
+// vector has one entry per spatial dim, or one entry for all, or is empty (the default).
+// lhs_dilation inserts zeros between input elements (transposed convolutions); padding is
+// applied after it and may be negative (crops); rhs_dilation spaces the kernel taps.
+struct ConvGeneralOptions {
+  std::vector<int64_t> stride, pad_lo, pad_hi, lhs_dilation, rhs_dilation;
+  int64_t groups = 1;
+};
+Tensor conv_general(const Tensor& input, const Tensor& weight, const ConvGeneralOptions& o = {});
+// PyTorch's conv1d/conv2d/conv_transpose2d (symmetric padding; bias optional). Per-dim
+// vectors may hold one value for every spatial dim.
+Tensor conv1d(const Tensor& input, const Tensor& weight, const Tensor& bias = Tensor(), int64_t stride = 1,
+              int64_t padding = 0, int64_t dilation = 1, int64_t groups = 1);
+Tensor conv2d(const Tensor& input, const Tensor& weight, const Tensor& bias = Tensor(), std::vector<int64_t> stride = {1},
+              std::vector<int64_t> padding = {0}, std::vector<int64_t> dilation = {1}, int64_t groups = 1);
+// weight [C_in, C_out/groups, kH, kW]; output extent (in-1)*stride - 2*padding + dilation*(k-1) + output_padding + 1.
+Tensor conv_transpose2d(const Tensor& input, const Tensor& weight, const Tensor& bias = Tensor(),
+                        std::vector<int64_t> stride = {1}, std::vector<int64_t> padding = {0},
+                        std::vector<int64_t> output_padding = {0}, int64_t groups = 1, std::vector<int64_t> dilation = {1});
+// Pooling over the last two dims of [N, C, H, W] (or [C, H, W]); stride defaults to the kernel;
+// padding at most half the kernel. Max pooling pads with -inf and its gradient goes to the
+// first maximum of each window (row-major); average pooling pads with zeros.
+Tensor max_pool2d(const Tensor& input, std::vector<int64_t> kernel, std::vector<int64_t> stride = {},
+                  std::vector<int64_t> padding = {0});
+Tensor avg_pool2d(const Tensor& input, std::vector<int64_t> kernel, std::vector<int64_t> stride = {},
+                  std::vector<int64_t> padding = {0}, bool count_include_pad = true);
+// PyTorch's adaptive windows: output cell i covers [floor(i*H/OH), ceil((i+1)*H/OH)).
+Tensor adaptive_avg_pool2d(const Tensor& input, std::vector<int64_t> output_size);
+// Batch normalization over every dim but 1 of [N, C, ...]. In training it normalizes with the
+// batch statistics and, when running_mean/running_var are defined, updates them in place
+// (r = (1 - momentum) * r + momentum * batch statistic; the variance unbiased), without
+// autodiff history; in eval it normalizes with the running statistics. weight/bias optional.
+Tensor batch_norm(const Tensor& input, Tensor running_mean, Tensor running_var, const Tensor& weight = Tensor(),
+                  const Tensor& bias = Tensor(), bool training = true, double momentum = 0.1, double eps = 1e-5);
+
 // ---- composites for networks ----
 Tensor softmax(const Tensor& a, int64_t dim);      // numerically stable
 Tensor log_softmax(const Tensor& a, int64_t dim);

@@ -8,6 +8,7 @@
 
 #include "compiler/passes/fuse.h"
 #include "compiler/passes/passes.h"
+#include "ir/conv.h"
 #include "tessera/error.h"
 
 namespace tessera::compiler {
@@ -234,6 +235,7 @@ struct Lowerer {
         case Op::Permute: return m.permute(n.attrs.ints);
         case Op::Expand: return m.expand(n.shape);
         case Op::Slice: return m.slice(n.attrs.ints);
+        case Op::Reverse: return m.reverse(n.attrs.ints);
         default: return m.pad(n.attrs.ints);
       }
     };
@@ -374,7 +376,8 @@ struct Lowerer {
       row *= xs[axes[k]];
     }
     if (fuse && trailing && row > 0 && row <= kMaxRow && numel(xs) > 0 && xv.kind != Val::Const) {
-      if (xv.kind == Val::Expr && (xv.rowconst || xv.positional || (xv.row && xv.row != row))) {
+      // (A positional expression stays: the Row Step's domain is its own positions.)
+      if (xv.kind == Val::Expr && (xv.rowconst || (xv.row && xv.row != row))) {
         materialize(x);
         xv = vals[x];
       }
@@ -404,6 +407,120 @@ struct Lowerer {
     st.output = slot_for(i);
     plan.steps.push_back(std::move(st));
     return slot_val(plan.steps.back().output, n.shape);
+  }
+
+  // A Copy Step writing `map` (over slot `src`, masked positions read 0) densely into a temp.
+  int copy_map(int src, const IndexMap& map, DType t, int producer) {
+    Step st = begin(StepKind::Copy, producer);
+    st.shape = map.shape();
+    st.dtype = t;
+    st.cost = {0, 2.0 * double(numel(st.shape)) * double(itemsize(t))};
+    Instr ld;
+    ld.code = Code::Load;
+    ld.dtype = t;
+    ld.input = 0;
+    ld.map = map;
+    st.inputs = {src};
+    st.program = {ld};
+    st.output = new_slot(kir::SlotKind::Temp, 0, st.shape, t, st.sources.front());
+    plan.steps.push_back(std::move(st));
+    return plan.steps.back().output;
+  }
+
+  // conv as im2col + GEMM: the input, padded and dilated (stored densely first when it is, so
+  // its masked view is read once rather than once per kernel position), is copied through a
+  // window view into columns [B, G, F/G * kernel, positions]; a GEMM batched over batch and
+  // groups multiplies the kernel [G, O/G, F/G * kernel] (broadcast over the batch) with them.
+  Val lower_conv(int i) {
+    const Node& n = *g.nodes[i];
+    int xn = g.index.at(n.inputs[0].get()), wn = g.index.at(n.inputs[1].get());
+    const Shape &xs = g.nodes[xn]->shape, &ks = g.nodes[wn]->shape;
+    ir::ConvAttrs c = ir::ConvAttrs::from(n.attrs);
+    size_t S = c.axes.size(), r = S + 2;
+    int64_t B = xs[0], G = c.groups, Fg = ks[1], O = ks[0], kk = 1, pp = 1;
+    for (size_t d = 0; d < S; ++d) kk *= ks[d + 2], pp *= n.shape[d + 2];
+    Val xv = strided(xn, i);
+    int xslot = xv.slot;
+    IndexMap xm = xv.map;
+    bool plain = true;
+    std::vector<int64_t> pads(3 * r, 0), crop;
+    Shape padded = xs;
+    for (size_t d = 0; d < S; ++d) {
+      const ir::ConvAxis& a = c.axes[d];
+      plain &= a.lo == 0 && a.hi == 0 && a.lhs_dilation == 1;
+      pads[3 * (d + 2)] = std::max<int64_t>(a.lo, 0);
+      pads[3 * (d + 2) + 1] = std::max<int64_t>(a.hi, 0);
+      pads[3 * (d + 2) + 2] = a.lhs_dilation - 1;
+      padded[d + 2] = ir::conv_padded_extent(xs[d + 2], a);
+    }
+    if (!plain) {
+      IndexMap pm = xm.pad(pads);
+      for (size_t d = 0; d < r; ++d) {  // negative padding crops
+        int64_t lo = d < 2 ? 0 : std::max<int64_t>(-c.axes[d - 2].lo, 0);
+        crop.insert(crop.end(), {lo, lo + padded[d], 1});
+      }
+      xslot = copy_map(xslot, pm.slice(crop), n.dtype, i);
+      xm = IndexMap::contiguous(padded);
+    }
+    // Columns [B, G, F/G * kernel, positions] (output positions innermost) for a GEMM per batch
+    // element and group, out[b, g] = kernel[g] @ cols[b, g]. When the kernel's last extent is the
+    // longer (kernel gradients, whose kernel is an output gradient), transposed instead:
+    // [G, B * positions, F/G * kernel], so the copy moves the longer runs and one GEMM per group,
+    // cols[g] @ kernel[g]^T, has the batch folded into its rows.
+    bool transposed = ks.back() > n.shape.back();
+    Shape ws, cols;
+    std::vector<int64_t> dims, steps;
+    auto add = [&](int64_t extent, int64_t dim, int64_t step) { ws.push_back(extent), dims.push_back(dim), steps.push_back(step); };
+    auto add_kernel = [&] {
+      add(Fg, 1, 1);
+      for (size_t d = 0; d < S; ++d) add(ks[d + 2], int64_t(d + 2), c.axes[d].rhs_dilation);
+    };
+    auto add_positions = [&] {
+      for (size_t d = 0; d < S; ++d) add(n.shape[d + 2], int64_t(d + 2), c.axes[d].stride);
+    };
+    if (transposed) {
+      add(G, 1, Fg), add(B, 0, 1), add_positions(), add_kernel();
+      cols = {G, B * pp, Fg * kk};
+    } else {
+      add(B, 0, 1), add(G, 1, Fg), add_kernel(), add_positions();
+      cols = {B, G, Fg * kk, pp};
+    }
+    IndexMap cm = xm.window(ws, dims, steps);
+    if (!transposed && kk == 1 && cm.reshape(cols).single() && cm.reshape(cols).views[0].strides[3] == 1) {
+      cm = cm.reshape(cols);  // 1x1 kernels with unit strides: the input itself is the operand
+    } else {
+      xslot = copy_map(xslot, cm, n.dtype, i);
+      cm = IndexMap::contiguous(cols);
+    }
+    // The kernel [O, F/G, kernel...] as [B (stride 0), G, O/G, F/G * kernel], or transposed as
+    // [G, F/G * kernel, O/G].
+    Shape kshape = transposed ? Shape{G, O / G, Fg * kk} : Shape{1, G, O / G, Fg * kk};
+    Val wv = strided(wn, i);
+    if (!wv.map.reshape(kshape).single()) wv = copy_to_slot(wn, i, kir::SlotKind::Temp, 0);
+    IndexMap wm = wv.map.reshape(kshape);
+    Step st = begin(StepKind::Gemm, i);
+    st.input_dtypes = {n.dtype, n.dtype};
+    if (!transposed) {
+      st.shape = {B, G, O / G, pp};
+      st.inputs = {wv.slot, xslot};
+      st.maps = {wm.expand({B, G, O / G, Fg * kk}), cm};
+      st.output = slot_for(i);
+      plan.steps.push_back(std::move(st));
+      return slot_val(plan.steps.back().output, n.shape);
+    }
+    st.shape = {G, B * pp, O / G};
+    st.inputs = {xslot, wv.slot};
+    st.maps = {cm, wm.permute({0, 2, 1})};
+    st.output = new_slot(kir::SlotKind::Temp, 0, st.shape, n.dtype, st.sources.front());
+    plan.steps.push_back(std::move(st));
+    // The product [G, B, positions..., O/G] read as [B, O, positions...].
+    Shape prod{G, B};
+    std::vector<int64_t> perm{1, 0, int64_t(S + 2)};
+    for (size_t d = 0; d < S; ++d) prod.push_back(n.shape[d + 2]), perm.push_back(int64_t(d + 2));
+    prod.push_back(O / G);
+    Val v = slot_val(plan.steps.back().output, prod);
+    v.map = v.map.permute(perm).reshape(n.shape);
+    return v;
   }
 
   Val lower_node(int i) {
@@ -436,7 +553,10 @@ struct Lowerer {
       case Op::Expand:
       case Op::Slice:
       case Op::Pad:
+      case Op::Reverse:
         return lower_movement(i);
+      case Op::Conv:
+        return lower_conv(i);
       case Op::Concat: {
         // out = where(pos < end0, x0, where(pos < end1, x1, ...)) along the axis; each x padded
         // into the output's extent so every load stays in bounds.

@@ -9,7 +9,6 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
-#include <random>
 #include <sstream>
 
 #include "tessera/error.h"
@@ -166,77 +165,14 @@ std::pair<Tensor, Tensor> TextDataset::batch_at(Split s, const std::vector<int64
 }
 
 // ---- DataLoader ----
-//
-// The loader reads an endless stream of window starts: epoch e is a permutation of
-// [0, windows) (the identity without shuffle), and batch k takes stream positions
-// [k * batch, (k + 1) * batch). So the position is just the number of batches drawn, and a batch
-// may straddle two epochs when the batch size does not divide the number of windows.
-// order_ caches one epoch's permutation, with the epoch number appended as its last element.
 
 DataLoader::DataLoader(const TextDataset& ds, int64_t batch, uint64_t seed, bool shuffle, Split split)
-    : ds_(&ds), batch_(batch), seed_(seed), shuffle_(shuffle), split_(split) {
-  if (batch < 1) fail("DataLoader", "batch must be at least 1, got " + std::to_string(batch));
+    : ds_(&ds), split_(split), stream_(std::max<int64_t>(ds.size(split), 1), batch, seed, shuffle) {
   if (ds.size(split) < 1)
     fail("DataLoader", std::string("the ") + split_name(split) + " split has " + std::to_string(ds.tokens(split).size()) +
                            " tokens, fewer than one window of block + 1 = " + std::to_string(ds.block() + 1));
 }
 
-void DataLoader::fill_order(int64_t epoch) {
-  const int64_t n = ds_->size(split_);
-  order_.resize(size_t(n) + 1);
-  for (int64_t i = 0; i < n; ++i) order_[size_t(i)] = i;
-  if (shuffle_) {
-    // Epoch e has its own generator seeded by (seed, e); Fisher-Yates with a multiply-shift
-    // bounded draw, so the order is the same with every standard library.
-    std::seed_seq seq{uint32_t(seed_), uint32_t(seed_ >> 32), uint32_t(uint64_t(epoch)), uint32_t(uint64_t(epoch) >> 32)};
-    std::mt19937_64 rng(seq);
-    for (int64_t i = n - 1; i > 0; --i) {
-      auto j = int64_t((static_cast<unsigned __int128>(rng()) * static_cast<unsigned __int128>(i + 1)) >> 64);
-      std::swap(order_[size_t(i)], order_[size_t(j)]);
-    }
-  }
-  order_[size_t(n)] = epoch;
-}
-
-std::vector<int64_t> DataLoader::starts_for(int64_t batch_index) {
-  const int64_t n = ds_->size(split_);
-  std::vector<int64_t> starts(size_t(batch_), 0);
-  for (int64_t j = 0; j < batch_; ++j) {
-    int64_t p = batch_index * batch_ + j;
-    int64_t epoch = p / n;
-    if (order_.size() != size_t(n) + 1 || order_.back() != epoch) fill_order(epoch);
-    starts[size_t(j)] = order_[size_t(p % n)];
-  }
-  return starts;
-}
-
-std::pair<Tensor, Tensor> DataLoader::next(const Device& d) {
-  std::vector<int64_t> starts = starts_for(drawn_);
-  auto out = ds_->batch_at(split_, starts, d);
-  ++drawn_;
-  return out;
-}
-
-// {seed (bit pattern), batches drawn, batch size, number of windows, shuffle}: the last three
-// guard against restoring into a loader that would draw a different stream.
-std::vector<int64_t> DataLoader::state() const {
-  return {int64_t(seed_), drawn_, batch_, ds_->size(split_), shuffle_ ? 1 : 0};
-}
-
-void DataLoader::load_state(const std::vector<int64_t>& s) {
-  if (s.size() < 2)
-    fail("DataLoader", "a loader state holds at least {seed, batches drawn}, got " + std::to_string(s.size()) + " values");
-  if (s[1] < 0) fail("DataLoader", "negative batch count " + std::to_string(s[1]) + " in loader state");
-  if (s.size() >= 4 && (s[2] != batch_ || s[3] != ds_->size(split_)))
-    fail("DataLoader", "state was saved by a loader of batch " + std::to_string(s[2]) + " over " + std::to_string(s[3]) +
-                           " windows; this one has batch " + std::to_string(batch_) + " over " +
-                           std::to_string(ds_->size(split_)) + " windows");
-  if (s.size() >= 5 && (s[4] != 0) != shuffle_)
-    fail("DataLoader", std::string("state was saved by a loader ") + (s[4] ? "with" : "without") +
-                           " shuffling; this one is " + (shuffle_ ? "shuffled" : "sequential"));
-  seed_ = uint64_t(s[0]);
-  drawn_ = s[1];
-  order_.clear();
-}
+std::pair<Tensor, Tensor> DataLoader::next(const Device& d) { return ds_->batch_at(split_, stream_.next(), d); }
 
 }  // namespace tessera::data

@@ -50,4 +50,9 @@ NodePtr dynamic_update_slice(const NodePtr& base, const NodePtr& update, const N
   return make(Op::DynamicUpdateSlice, {base, update, offsets});
 }
 
+NodePtr reverse(const NodePtr& n, const std::vector<int64_t>& axes) {
+  return axes.empty() ? n : make(Op::Reverse, {n}, Attrs{axes, 0});
+}
+NodePtr conv(const NodePtr& lhs, const NodePtr& rhs, const ConvAttrs& a) { return make(Op::Conv, {lhs, rhs}, a.to_attrs()); }
+
 }  // namespace tessera::ir::build

@@ -1,6 +1,7 @@
 // Small builders over ir::make for code that writes IR directly (VJP rules, decompositions).
 // Operands must already agree in shape and dtype, as the primitives require.
 #pragma once
+#include "ir/conv.h"
 #include "ir/node.h"
 
 namespace tessera::ir::build {
@@ -31,5 +32,7 @@ NodePtr iota(const Shape& s, int64_t axis, const Device& d);
 NodePtr gather(const NodePtr& src, int64_t axis, const NodePtr& index);
 NodePtr scatter_add(const NodePtr& base, int64_t axis, const NodePtr& index, const NodePtr& src);
 NodePtr dynamic_update_slice(const NodePtr& base, const NodePtr& update, const NodePtr& offsets);
+NodePtr reverse(const NodePtr& n, const std::vector<int64_t>& axes);  // sorted axes
+NodePtr conv(const NodePtr& lhs, const NodePtr& rhs, const ConvAttrs& a);
 
 }  // namespace tessera::ir::build

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <array>
 
+#include "ir/conv.h"
 #include "ir/node.h"
 #include "ir/vjp.h"
 #include "tessera/error.h"
@@ -216,6 +217,44 @@ TypeShape infer_dus(In a) {
   return {base->shape, base->dtype};
 }
 
+TypeShape infer_reverse(In a) {
+  const NodePtr& x = a.inputs[0];
+  int64_t prev = -1;
+  for (int64_t ax : a.attrs.ints) {
+    if (ax <= prev || ax >= int64_t(x->shape.size())) fail("reverse", "bad axes for " + desc(x));
+    prev = ax;
+  }
+  return {x->shape, x->dtype};
+}
+
+TypeShape infer_conv(In a) {
+  const NodePtr &x = a.inputs[0], &w = a.inputs[1];
+  ConvAttrs c = ConvAttrs::from(a.attrs);
+  size_t S = c.axes.size(), r = S + 2;
+  std::string both = desc(x) + " and kernel " + desc(w);
+  if (x->shape.size() != r || w->shape.size() != r)
+    fail("conv", std::to_string(S) + " spatial dims need rank-" + std::to_string(r) + " input and kernel, got " + both);
+  if (x->dtype != w->dtype || !(x->dtype == DType::Float32 || x->dtype == DType::Float64))
+    fail("conv", "input and kernel must both be float32 or float64, got " + both);
+  int64_t g = c.groups, F = x->shape[1], O = w->shape[0];
+  if (g < 1 || F % g != 0 || O % g != 0 || w->shape[1] * g != F)
+    fail("conv", "groups=" + std::to_string(g) + " needs input channels " + std::to_string(F) +
+                     " = groups * kernel dim 1 and output channels divisible by groups, got " + both);
+  Shape s{x->shape[0], O};
+  for (size_t d = 0; d < S; ++d) {
+    const ConvAxis& ax = c.axes[d];
+    int64_t n = x->shape[d + 2], k = w->shape[d + 2];
+    if (ax.stride < 1 || ax.lhs_dilation < 1 || ax.rhs_dilation < 1)
+      fail("conv", "stride and dilations must be >= 1 (spatial dim " + std::to_string(d) + ") for " + both);
+    if (n < 1 || k < 1) fail("conv", "empty spatial dimension " + std::to_string(d) + " in " + both);
+    if (conv_padded_extent(n, ax) < conv_kernel_extent(k, ax))
+      fail("conv", "kernel extent " + std::to_string(conv_kernel_extent(k, ax)) + " exceeds the padded input extent " +
+                       std::to_string(conv_padded_extent(n, ax)) + " in spatial dim " + std::to_string(d) + " of " + both);
+    s.push_back(conv_output_extent(n, k, ax));
+  }
+  return {s, x->dtype};
+}
+
 TypeShape infer_leaf(In) { fail("leaf", "leaves are made by ir::leaf()"); }
 
 // ---- cost rules (flops; bytes = bytes read + bytes written) ----
@@ -234,6 +273,12 @@ Cost cost_matmul(const Node& n) {
 Cost cost_gather(const Node& n) { return {0, bytes_of(*n.inputs[1]) + 2 * bytes_of(n)}; }
 Cost cost_scatter_add(const Node& n) {
   return {double(n.inputs[2]->numel()), 2 * bytes_of(n) + bytes_of(*n.inputs[1]) + bytes_of(*n.inputs[2])};
+}
+Cost cost_conv(const Node& n) {
+  const Shape& w = n.inputs[1]->shape;
+  double per_out = 1;
+  for (size_t d = 1; d < w.size(); ++d) per_out *= double(w[d]);  // F/groups * kernel positions
+  return {2.0 * double(n.numel()) * per_out, in_bytes(n) + bytes_of(n)};
 }
 Cost cost_dus(const Node& n) { return {0, 2 * bytes_of(n) + bytes_of(*n.inputs[1])}; }
 
@@ -267,6 +312,8 @@ std::array<PrimitiveInfo, kNumOps> kTable = {{
     {"gather", 2, C::Indexing, true, infer_gather, cost_gather, vjp_rule(Op::Gather)},
     {"scatter_add", 3, C::Indexing, true, infer_scatter_add, cost_scatter_add, vjp_rule(Op::ScatterAdd)},
     {"dynamic_update_slice", 3, C::Indexing, true, infer_dus, cost_dus, vjp_rule(Op::DynamicUpdateSlice)},
+    {"reverse", 1, C::Movement, true, infer_reverse, cost_movement, vjp_rule(Op::Reverse)},
+    {"conv", 2, C::Contraction, true, infer_conv, cost_conv, vjp_rule(Op::Conv)},
 }};
 #undef UN
 #undef BIN

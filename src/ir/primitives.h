@@ -40,6 +40,12 @@ enum class Op : uint8_t {
   ScatterAdd,  // ints = {axis}; (base, int index, src): out = base; out[i with i_axis := index[i]] += src[i]
   DynamicUpdateSlice,  // (base, update, int64 offsets[rank]): base with update written at the
                        // offsets, each clamped to [0, base_d - update_d] (XLA semantics)
+  Reverse,  // ints = sorted axes to reverse (out[i] = x[i with i_d := n_d - 1 - i_d])
+  Conv,     // (lhs [B, F, X...], rhs [O, F/groups, K...]) -> [B, O, P...] over S >= 1 spatial dims;
+            // ints = {groups, then per spatial dim: stride, pad_lo, pad_hi, lhs_dilation,
+            // rhs_dilation}. lhs is dilated (lhs_dilation - 1 zeros between elements), then
+            // padded (negative padding crops); out[b, o, p] = sum over f, k of
+            // lhs'[b, g*F/groups + f, p*stride + k*rhs_dilation] * rhs[o, f, k], g = o / (O/groups)
   Count_
 };
 constexpr int kNumOps = static_cast<int>(Op::Count_);

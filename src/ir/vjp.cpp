@@ -146,6 +146,48 @@ Grads vjp_dus(const Node& n, const NodePtr&, const NodePtr& g) {
   return {dynamic_update_slice(g, c(upd, 0), off), cur, nullptr};
 }
 
+Grads vjp_reverse(const Node& n, const NodePtr&, const NodePtr& g) { return {reverse(g, n.attrs.ints)}; }
+
+// Both cotangents are convolutions. The input's: the output cotangent dilated by the stride,
+// correlated with the kernel flipped and transposed per group (input and output channels
+// swapped), window stride = the lhs dilation. The kernel's: the input (batch and channels
+// swapped) correlated with the output cotangent as the kernel, rhs dilation = the stride.
+Grads vjp_conv(const Node& n, const NodePtr&, const NodePtr& g) {
+  const NodePtr &x = in(n, 0), &w = in(n, 1);
+  ConvAttrs c = ConvAttrs::from(n.attrs);
+  size_t S = c.axes.size();
+  int64_t G = c.groups, B = x->shape[0], F = x->shape[1], Fg = F / G, O = w->shape[0], Og = O / G;
+  Shape sx(x->shape.begin() + 2, x->shape.end()), sk(w->shape.begin() + 2, w->shape.end()),
+      sp(n.shape.begin() + 2, n.shape.end());
+  auto with = [](Shape lead, const Shape& tail) {
+    lead.insert(lead.end(), tail.begin(), tail.end());
+    return lead;
+  };
+  auto perm = [S](std::vector<int64_t> lead) {
+    for (size_t d = 0; d < S; ++d) lead.push_back(int64_t(lead.size()));
+    return lead;
+  };
+  std::vector<int64_t> spatial;
+  for (size_t d = 0; d < S; ++d) spatial.push_back(int64_t(d + 2));
+  ConvAttrs cx, cw;
+  cx.groups = cw.groups = G;
+  for (size_t d = 0; d < S; ++d) {
+    const ConvAxis& a = c.axes[d];
+    int64_t X = sx[d], K = sk[d], P = sp[d];
+    ConvAxis bx{a.lhs_dilation, (K - 1) * a.rhs_dilation - a.lo, 0, a.stride, a.rhs_dilation};
+    bx.hi = (X - 1) * a.lhs_dilation + conv_kernel_extent(K, a) - ((P - 1) * a.stride + 1) - bx.lo;
+    cx.axes.push_back(bx);
+    int64_t extra = conv_padded_extent(X, a) - (P - 1) * a.stride - conv_kernel_extent(K, a);
+    cw.axes.push_back({a.rhs_dilation, a.lo, a.hi - extra, a.lhs_dilation, a.stride});
+  }
+  NodePtr wt = reshape(permute(reshape(w, with({G, Og, Fg}, sk)), perm({0, 2, 1})), with({F, Og}, sk));
+  NodePtr dx = conv(g, reverse(wt, spatial), cx);
+  NodePtr xt = reshape(permute(reshape(x, with({B, G, Fg}, sx)), perm({2, 1, 0})), with({Fg, G * B}, sx));
+  NodePtr gt = reshape(permute(reshape(g, with({B, G, Og}, sp)), perm({1, 2, 0})), with({O, B}, sp));
+  NodePtr dw = permute(conv(xt, gt, cw), perm({1, 0}));
+  return {dx, dw};
+}
+
 }  // namespace
 
 VjpRule vjp_rule(Op op) {
@@ -180,6 +222,8 @@ VjpRule vjp_rule(Op op) {
     case Op::Gather: return vjp_gather;
     case Op::ScatterAdd: return vjp_scatter_add;
     case Op::DynamicUpdateSlice: return vjp_dus;
+    case Op::Reverse: return vjp_reverse;
+    case Op::Conv: return vjp_conv;
     default: return nullptr;
   }
 }

@@ -219,6 +219,36 @@ IndexMap IndexMap::pad(const std::vector<int64_t>& v) const {
   return r;
 }
 
+IndexMap IndexMap::reverse(const std::vector<int64_t>& axes) const {
+  IndexMap r = *this;
+  View& top = r.views.back();
+  for (int64_t d : axes) {
+    int64_t n = top.shape[d];
+    if (n == 0) continue;
+    top.offset += (n - 1) * top.strides[d];
+    top.strides[d] = -top.strides[d];
+    if (top.masked()) {
+      int64_t lo = top.lo[d];
+      top.lo[d] = n - top.hi[d];
+      top.hi[d] = n - lo;
+    }
+  }
+  return r;
+}
+
+IndexMap IndexMap::window(const Shape& s, const std::vector<int64_t>& dims, const std::vector<int64_t>& steps) const {
+  IndexMap r = *this;
+  const View& top = r.views.back();
+  View w;
+  w.shape = s;
+  w.offset = top.masked() ? 0 : top.offset;
+  std::vector<int64_t> base = top.masked() ? contiguous_strides(top.shape) : top.strides;
+  for (size_t j = 0; j < s.size(); ++j) w.strides.push_back(steps[j] * base[size_t(dims[j])]);
+  if (top.masked()) r.views.push_back(w);
+  else r.views.back() = w;
+  return r;
+}
+
 size_t IndexMap::effective_top() const {
   size_t k = views.size() - 1;
   while (k > 0) {

@@ -33,6 +33,12 @@ struct IndexMap {
   IndexMap expand(const Shape& s) const;
   IndexMap slice(const std::vector<int64_t>& start_stop_step) const;
   IndexMap pad(const std::vector<int64_t>& lo_hi_interior) const;
+  IndexMap reverse(const std::vector<int64_t>& axes) const;
+  // A window over this map's domain: new dimension j (extent shape[j]) moves dimension dims[j]
+  // of the domain by steps[j] per index (several new dimensions may move one old dimension, as
+  // a convolution's kernel and output positions do); the caller keeps the sums in bounds.
+  // Composed into the top view when it is unmasked, else stacked over it.
+  IndexMap window(const Shape& shape, const std::vector<int64_t>& dims, const std::vector<int64_t>& steps) const;
 
   // Element offset of multi-index idx (in shape()); false where a mask hides it.
   bool offset(const int64_t* idx, int64_t* off) const { return offset_from(views.size() - 1, idx, off); }

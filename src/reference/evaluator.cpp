@@ -315,6 +315,52 @@ Value eval_node(const Node& n, const std::vector<const Value*>& in, uint64_t see
       break;
     }
 
+    case Op::Reverse: {
+      const Value& x = *in[0];
+      for (int64_t i = 0; i < total; ++i) {
+        unravel(i, n.shape, idx);
+        for (int64_t ax : ints) idx[size_t(ax)] = n.shape[size_t(ax)] - 1 - idx[size_t(ax)];
+        out.data[i] = x.data[ravel(idx, x.shape)];
+      }
+      break;
+    }
+
+    case Op::Conv: {
+      // out[b, o, p] = sum over f < F/groups and kernel positions k of
+      // lhs'[b, g*F/groups + f, p*stride + k*rhs_dil] * rhs[o, f, k], where lhs' is lhs with
+      // lhs_dil - 1 zeros between elements and pad_lo/pad_hi zeros around (negative: cropped).
+      const Value &x = *in[0], &w = *in[1];
+      size_t S = n.shape.size() - 2;
+      int64_t groups = ints.at(0), Fg = w.shape[1], Og = w.shape[0] / groups;
+      Shape kshape(w.shape.begin() + 2, w.shape.end());
+      Index k, xi(x.shape.size()), wi(w.shape.size());
+      for (int64_t i = 0; i < total; ++i) {
+        unravel(i, n.shape, idx);
+        int64_t b = idx[0], o = idx[1], g = o / Og;
+        double acc = 0;
+        for (int64_t f = 0; f < Fg; ++f)
+          for (int64_t kl = 0; kl < numel(kshape); ++kl) {
+            unravel(kl, kshape, k);
+            bool inside = true;
+            for (size_t d = 0; d < S && inside; ++d) {
+              int64_t stride = ints[1 + 5 * d], lo = ints[2 + 5 * d], ld = ints[4 + 5 * d], rd = ints[5 + 5 * d];
+              int64_t t = idx[d + 2] * stride + k[d] * rd - lo;  // position in the dilated input
+              if (t < 0 || t % ld != 0 || t / ld >= x.shape[d + 2]) inside = false;
+              else xi[d + 2] = t / ld;
+              wi[d + 2] = k[d];
+            }
+            if (!inside) continue;
+            xi[0] = b;
+            xi[1] = g * Fg + f;
+            wi[0] = o;
+            wi[1] = f;
+            acc += x.data[ravel(xi, x.shape)] * w.data[ravel(wi, w.shape)];
+          }
+        out.data[i] = acc;
+      }
+      break;
+    }
+
     case Op::Count_:
       break;
   }

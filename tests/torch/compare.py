@@ -68,6 +68,13 @@ def manual_softmax(x):
     return e / e.sum(1, keepdim=True)
 
 
+def batch_norm_train(x, w, b):
+    rm = torch.zeros(3, dtype=torch.float64)
+    rv = torch.ones(3, dtype=torch.float64)
+    y = F.batch_norm(x, rm, rv, w, b, training=True, momentum=0.1, eps=1e-5)
+    return torch.cat([y.reshape(-1), rm, rv])
+
+
 EXPRS = {
     "softmax_affine": lambda x, w, b: torch.softmax(x @ w + b, -1),
     "gelu_x_sigmoid": lambda x, y: F.gelu(x) * torch.sigmoid(y),
@@ -116,6 +123,25 @@ EXPRS = {
     "abs_sign_floor": lambda x, y: x.abs() * torch.sign(y) + torch.floor(x * 3) * y,
     "cast_roundtrip": lambda x, y: (x.double() * y.double()).float() * x,
     "logsumexp_keepdim_sub": lambda x: x - torch.logsumexp(x, (0, 2), keepdim=True),
+    "conv2d_bias": lambda x, w, b: F.conv2d(x, w, b),
+    "conv2d_stride_pad": lambda x, w: F.conv2d(x, w, stride=(2, 1), padding=(1, 2)),
+    "conv2d_dilation_groups": lambda x, w, b: F.conv2d(x, w, b, padding=2, dilation=2, groups=2),
+    "conv2d_depthwise_stride": lambda x, w: F.conv2d(x, w, stride=2, padding=1, groups=4),
+    "conv1d_stride_dilation": lambda x, w, b: F.conv1d(x, w, b, stride=2, padding=1, dilation=2),
+    "conv_transpose2d_stride": lambda x, w, b: F.conv_transpose2d(x, w, b, stride=2, padding=1, output_padding=1),
+    "conv_transpose2d_groups_dilation": lambda x, w: F.conv_transpose2d(x, w, stride=(1, 2), padding=(0, 1), groups=2,
+                                                                        dilation=(2, 1)),
+    "max_pool2d_2": lambda x: F.max_pool2d(x, 2),
+    "max_pool2d_3s2p1": lambda x: F.max_pool2d(x, 3, 2, 1),
+    "avg_pool2d_pad": lambda x: F.avg_pool2d(x, 3, 2, 1),
+    "avg_pool2d_exclude_pad": lambda x: F.avg_pool2d(x, (2, 3), (1, 2), 1, count_include_pad=False),
+    "adaptive_avg_pool2d": lambda x: F.adaptive_avg_pool2d(x, (3, 2)),
+    "batch_norm2d_train": batch_norm_train,
+    "batch_norm2d_eval": lambda x, w, b: F.batch_norm(x, torch.tensor([0.1, -0.2, 0.3], dtype=torch.float64),
+                                                      torch.tensor([0.5, 1.5, 2.0], dtype=torch.float64), w, b,
+                                                      training=False, eps=1e-5),
+    "conv_bn_relu_pool": lambda x, w, g, b: F.max_pool2d(
+        torch.relu(F.batch_norm(F.conv2d(x, w, padding=1), None, None, g, b, training=True)), 2),
 }
 
 

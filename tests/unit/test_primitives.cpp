@@ -95,6 +95,15 @@ std::map<Op, Builder> cases() {
     Tensor off = testing::make_tensor({4, 1}, {2}, DType::Int64);  // row 4 clamps to 3
     return Case{{base, upd, off}, {0, 1}, ir::build::dynamic_update_slice(N(base), N(upd), N(off))};
   };
+  c[Op::Reverse] = [] { return one(Op::Reverse, R({3, 4, 2}, 35), ir::Attrs{{0, 2}, 0}); };
+  // Every conv option at once: 2 groups, stride, padding (one side negative), both dilations.
+  c[Op::Conv] = [] {
+    Tensor x = R({2, 4, 7, 6}, 36), w = R({6, 2, 3, 2}, 37);
+    ir::ConvAttrs a;
+    a.groups = 2;
+    a.axes = {{2, 1, 2, 2, 1}, {1, 2, -1, 1, 2}};
+    return Case{{x, w}, {0, 1}, ir::build::conv(N(x), N(w), a)};
+  };
   return c;
 }
 

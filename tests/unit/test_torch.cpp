@@ -146,6 +146,41 @@ std::vector<Case> cases() {
        [](const Ts& x) { return (x[0].to(DType::Float64) * x[1].to(DType::Float64)).to(kF32) * x[0]; }},
       {"logsumexp_keepdim_sub", {f({2, 3, 4}, -3, 3)},
        [](const Ts& x) { return x[0] - logsumexp(x[0], {0, 2}, true); }},
+      // Convolutions, pooling and batch norm (issue 9): a grid of options.
+      {"conv2d_bias", {f({2, 3, 7, 6}), f({4, 3, 3, 3}), f({4})}, [](const Ts& x) { return conv2d(x[0], x[1], x[2]); }},
+      {"conv2d_stride_pad", {f({2, 2, 9, 8}), f({3, 2, 3, 2})},
+       [](const Ts& x) { return conv2d(x[0], x[1], Tensor(), {2, 1}, {1, 2}); }},
+      {"conv2d_dilation_groups", {f({2, 4, 9, 9}), f({6, 2, 3, 3}), f({6})},
+       [](const Ts& x) { return conv2d(x[0], x[1], x[2], {1}, {2}, {2}, 2); }},
+      {"conv2d_depthwise_stride", {f({1, 4, 8, 8}), f({4, 1, 3, 3})},
+       [](const Ts& x) { return conv2d(x[0], x[1], Tensor(), {2}, {1}, {1}, 4); }},
+      {"conv1d_stride_dilation", {f({2, 3, 10}), f({5, 3, 4}), f({5})},
+       [](const Ts& x) { return conv1d(x[0], x[1], x[2], 2, 1, 2); }},
+      {"conv_transpose2d_stride", {f({2, 3, 4, 5}), f({3, 2, 3, 3}), f({2})},
+       [](const Ts& x) { return conv_transpose2d(x[0], x[1], x[2], {2}, {1}, {1}); }},
+      {"conv_transpose2d_groups_dilation", {f({1, 4, 5, 4}), f({4, 3, 2, 3})},
+       [](const Ts& x) { return conv_transpose2d(x[0], x[1], Tensor(), {1, 2}, {0, 1}, {0}, 2, {2, 1}); }},
+      {"max_pool2d_2", {f({2, 3, 8, 8})}, [](const Ts& x) { return max_pool2d(x[0], {2}); }},
+      {"max_pool2d_3s2p1", {f({2, 2, 9, 7})}, [](const Ts& x) { return max_pool2d(x[0], {3}, {2}, {1}); }},
+      {"avg_pool2d_pad", {f({2, 2, 7, 7})}, [](const Ts& x) { return avg_pool2d(x[0], {3}, {2}, {1}); }},
+      {"avg_pool2d_exclude_pad", {f({2, 2, 6, 5})}, [](const Ts& x) { return avg_pool2d(x[0], {2, 3}, {1, 2}, {1}, false); }},
+      {"adaptive_avg_pool2d", {f({2, 3, 7, 5})}, [](const Ts& x) { return adaptive_avg_pool2d(x[0], {3, 2}); }},
+      {"batch_norm2d_train", {f({4, 3, 5, 5}, -2, 3), f({3}, 0.5, 1.5), f({3})},
+       [](const Ts& x) {
+         Tensor rm = zeros({3}), rv = ones({3});
+         Tensor y = batch_norm(x[0], rm, rv, x[1], x[2], true, 0.1, 1e-5);
+         return cat({y.reshape({-1}), rm, rv}, 0);
+       }},
+      {"batch_norm2d_eval", {f({4, 3, 5, 5}, -2, 3), f({3}, 0.5, 1.5), f({3})},
+       [](const Ts& x) {
+         Tensor rm = make_tensor({0.1, -0.2, 0.3}, {3}), rv = make_tensor({0.5, 1.5, 2.0}, {3});
+         return batch_norm(x[0], rm, rv, x[1], x[2], false, 0.1, 1e-5);
+       }},
+      {"conv_bn_relu_pool", {f({2, 2, 8, 8}), f({4, 2, 3, 3}), f({4}, 0.5, 1.5), f({4})},
+       [](const Ts& x) {
+         Tensor y = batch_norm(conv2d(x[0], x[1], Tensor(), {1}, {1}), Tensor(), Tensor(), x[2], x[3], true);
+         return max_pool2d(relu(y), {2});
+       }},
   };
 }
 

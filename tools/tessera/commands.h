@@ -44,7 +44,8 @@ inline void print_metrics(bool on) {
 
 // `tessera devices`: lists every registered device, whether it can execute, and a description.
 void add_devices(CLI::App& app);
-void add_train(CLI::App& app);   // train gpt
+void add_train(CLI::App& app);   // train gpt, train cnn
+void add_train_cnn(CLI::App& train);  // train_cnn.cpp
 void add_sample(CLI::App& app);
 void add_demo(CLI::App& app);
 void add_profile(CLI::App& app);  // profile gpt: Chrome trace, op table, memory viewer

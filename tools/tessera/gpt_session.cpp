@@ -52,26 +52,6 @@ nn::GPTConfig config_from(const json& j) {
   return c;
 }
 
-std::string join(const std::vector<int64_t>& v) {
-  std::string r;
-  for (int64_t x : v) r += (r.empty() ? "" : ",") + std::to_string(x);
-  return r;
-}
-std::vector<int64_t> split_ints(const std::string& s) {
-  std::vector<int64_t> r;
-  std::stringstream ss(s);
-  std::string item;
-  while (std::getline(ss, item, ',')) r.push_back(std::stoll(item));
-  return r;
-}
-
-std::string fmt_time(double s) {
-  char buf[32];
-  int t = int(s + 0.5);
-  std::snprintf(buf, sizeof buf, "%d:%02d", t / 60, t % 60);
-  return buf;
-}
-
 // Mean loss over fixed, evenly spaced held-out windows (eval mode, no gradients).
 double held_out_loss(nn::GPT& model, const data::TextDataset& ds, int64_t batches, int64_t batch, const Device& d) {
   NoGradGuard ng;
@@ -89,52 +69,7 @@ double held_out_loss(nn::GPT& model, const data::TextDataset& ds, int64_t batche
   return sum / double(batches);
 }
 
-// A checkpoint's metadata: every malformed value is a clear "[load]" error naming the key.
-struct Metadata {
-  const std::string& path;
-  const io::Metadata& meta;
-
-  const std::string& at(const char* key) const {
-    auto it = meta.find(key);
-    if (it == meta.end()) fail("load", path + ": not a tessera GPT checkpoint (no '" + key + "' metadata)", "");
-    return it->second;
-  }
-  template <class F>
-  auto parse(const char* key, F&& f) const {
-    try {
-      return f(at(key));
-    } catch (const Error&) {
-      throw;
-    } catch (const std::exception&) {
-      fail("load", path + ": corrupt checkpoint metadata '" + key + "'", "");
-    }
-  }
-  int64_t integer(const char* key) const {
-    return parse(key, [](const std::string& v) {
-      size_t used = 0;
-      int64_t x = std::stoll(v, &used);
-      if (used != v.size()) throw std::invalid_argument(v);
-      return x;
-    });
-  }
-  std::vector<int64_t> ints(const char* key) const { return parse(key, split_ints); }
-  json json_of(const char* key) const { return parse(key, [](const std::string& v) { return json::parse(v); }); }
-};
-
 }  // namespace
-
-Device pick_device(const std::string& name) {
-  Device d = name == "best" ? Device::best() : Device(name);
-  for (auto& info : devices())
-    if (info.device == d) {
-      if (!info.can_execute) fail("device", "'" + d.str() + "' cannot run programs (it only compiles)", "");
-      return d;
-    }
-  from_vector<float>({0.0f}, {1}, {DType::Float32, d});  // the registry's own error ("no OpenCL device found ...")
-  std::string names;
-  for (auto& info : devices()) names += (names.empty() ? "" : ", ") + info.device.str();
-  fail("device", "unknown device '" + name + "'; available: " + names, "");
-}
 
 double bigram_entropy(const std::string& text) {
   std::vector<double> pair(256 * 256, 0), first(256, 0);
@@ -177,20 +112,8 @@ TrainResult train_gpt(const TrainOptions& o) {
   std::string ckpt = o.out.empty() ? "" : (fs::path(o.out) / "ckpt.safetensors").string();
   int64_t start = 0;
   if (o.resume && fs::exists(ckpt)) {
-    io::Metadata meta;
-    io::TensorMap t = io::load_safetensors(ckpt, &meta, dev);
-    Metadata m{ckpt, meta};
-    if (m.json_of("config") != config_json(cfg))
-      fail("train", "--resume: the checkpoint's model configuration differs from the flags", "");
-    std::map<std::string, Tensor> ms, os;
-    for (auto& [k, v] : t) {
-      if (k.rfind("model.", 0) == 0) ms[k.substr(6)] = v;
-      else if (k.rfind("optim.", 0) == 0) os[k.substr(6)] = v;
-    }
-    model.load_state_dict(ms);
-    opt.load_state_dict(os);
+    Metadata m{ckpt, load_training(ckpt, dev, config_json(cfg), model, opt), "GPT"};
     loader.load_state(m.ints("loader"));
-    set_rng_state({uint64_t(m.integer("rng_seed")), uint64_t(m.integer("rng_offset"))});
     start = m.integer("step");
     if (!o.quiet) std::printf("resumed from %s at step %lld\n", ckpt.c_str(), (long long)start);
   } else if (o.resume && !o.quiet) {
@@ -200,22 +123,12 @@ TrainResult train_gpt(const TrainOptions& o) {
   auto save = [&](int64_t step) {
     if (ckpt.empty()) return;
     fs::create_directories(o.out);
-    io::TensorMap t;
-    for (auto& [k, v] : model.state_dict()) t["model." + k] = v;
-    for (auto& [k, v] : opt.state_dict()) t["optim." + k] = v;
-    RngState rs = rng_state();
-    io::Metadata meta{{"format", "tessera-gpt-1"}, {"config", config_json(cfg).dump()}, {"vocab_hex", hex(ds.tokenizer().vocab())},
-                      {"step", std::to_string(step)}, {"rng_seed", std::to_string(rs.seed)},
-                      {"rng_offset", std::to_string(rs.offset)}, {"loader", join(loader.state())}};
-    io::save_safetensors(ckpt, t, meta);
+    save_training(ckpt, model, opt, step, loader.state(),
+                  {{"format", "tessera-gpt-1"}, {"config", config_json(cfg).dump()}, {"vocab_hex", hex(ds.tokenizer().vocab())}});
     r.checkpoint = ckpt;
   };
 
-  std::FILE* log = nullptr;
-  if (!o.log_json.empty()) {
-    log = std::fopen(o.log_json.c_str(), start > 0 ? "a" : "w");
-    if (!log) fail("train", "cannot write --log-json file '" + o.log_json + "'", "");
-  }
+  std::FILE* log = open_log(o.log_json, start > 0);
   bool tty = isatty(STDOUT_FILENO);
   int64_t every = std::max<int64_t>(1, (o.steps - start) / 20);
   auto t_begin = clk::now();
@@ -283,7 +196,7 @@ TrainResult train_gpt(const TrainOptions& o) {
 Loaded load_checkpoint(const std::string& path, const Device& device) {
   io::Metadata meta;
   io::TensorMap t = io::load_safetensors(path, &meta, device);
-  Metadata m{path, meta};
+  Metadata m{path, meta, "GPT"};
   Loaded l;
   nn::GPTConfig cfg = m.parse("config", [](const std::string& v) { return config_from(json::parse(v)); });
   l.step = m.integer("step");
@@ -291,10 +204,7 @@ Loaded load_checkpoint(const std::string& path, const Device& device) {
   if (l.tokenizer.vocab_size() != cfg.vocab) fail("load", path + ": vocabulary and model disagree", "");
   l.model = std::make_shared<nn::GPT>(cfg);
   l.model->to(device);
-  std::map<std::string, Tensor> ms;
-  for (auto& [k, v] : t)
-    if (k.rfind("model.", 0) == 0) ms[k.substr(6)] = v;
-  l.model->load_state_dict(ms);
+  l.model->load_state_dict(model_tensors(t));
   return l;
 }
 

@@ -8,6 +8,8 @@
 
 #include <tessera/tessera.h>
 
+#include "session.h"
+
 namespace tessera::cli {
 
 struct TrainOptions {
@@ -48,7 +50,5 @@ struct Loaded {
   int64_t step = 0;
 };
 Loaded load_checkpoint(const std::string& path, const Device& device);
-
-Device pick_device(const std::string& name);  // "best" or a device name
 
 }  // namespace tessera::cli

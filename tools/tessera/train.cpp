@@ -41,6 +41,7 @@ void add_train(CLI::App& app) {
   gpt->add_option("--profile", *profile_dir, "profile the whole run into DIR: trace.json (Chrome trace), ops.csv and "
                                              "ops.txt (op table), memory.html (the training step's memory plan)");
   auto show_metrics = add_metrics_flag(*gpt);
+  add_train_cnn(*train);
   gpt->callback([o, show_metrics, profile_dir] {
     TrainResult r = profile_dir->empty() ? train_gpt(*o) : train_gpt_profiled(*o, *profile_dir);
     if (!r.val_loss.empty())

@@ -289,6 +289,40 @@ void load_strided(const Instr& I, const void* base_ptr, int64_t start, int64_t n
       int64_t idx[32];
       unravel(start, s, idx);
       int64_t last = int64_t(r) - 1, inner = s[last], st = v.strides[last];
+      if (r >= 2 && inner <= 4) {
+        // Short rows (pooling windows, kernel taps): element by element over blocks of the last
+        // two dimensions, the block's offset and outer mask computed once per block.
+        int64_t A = s[last - 1], sa = v.strides[last - 1];
+        int64_t o = v.offset;
+        for (int64_t d = 0; d + 1 < last; ++d) o += idx[d] * v.strides[d];
+        int64_t alo = masked ? v.lo[last - 1] : 0, ahi = masked ? v.hi[last - 1] : A;
+        int64_t blo = masked ? v.lo[last] : 0, bhi = masked ? v.hi[last] : inner;
+        for (int64_t i = 0; i < n;) {
+          bool outer_ok = true;
+          if (masked)
+            for (int64_t d = 0; d + 1 < last; ++d) outer_ok &= idx[d] >= v.lo[d] && idx[d] < v.hi[d];
+          int64_t a = idx[last - 1], b = idx[last], run = std::min(n - i, (A - a) * inner - b);
+          T* q = out + i;
+          for (int64_t j = 0; j < run; ++j) {
+            bool ok = outer_ok && a >= alo && a < ahi && b >= blo && b < bhi;
+            q[j] = ok ? to_c<T>(src[o + a * sa + b * st]) : pad;
+            if (++b == inner) b = 0, ++a;
+          }
+          i += run;
+          idx[last - 1] = a, idx[last] = b;
+          if (a < A) continue;
+          idx[last - 1] = 0;
+          for (int64_t d = last - 1; d-- > 0;) {  // next block: carry through the outer dimensions
+            o += v.strides[d];
+            if (++idx[d] < s[d]) break;
+            o -= v.strides[d] * s[d];
+            idx[d] = 0;
+          }
+        }
+        return;
+      }
+      int64_t o = v.offset;  // of the current row (the last index at 0), kept incrementally
+      for (int64_t d = 0; d < last; ++d) o += idx[d] * v.strides[d];
       for (int64_t i = 0; i < n;) {
         int64_t a = idx[last], run = std::min(n - i, inner - a), va = a, vb = a + run;
         if (masked) {  // the valid part [va, vb) of this run
@@ -301,12 +335,10 @@ void load_strided(const Instr& I, const void* base_ptr, int64_t start, int64_t n
         std::fill(q, q + (va - a), pad);
         std::fill(q + (vb - a), q + run, pad);
         if (vb > va) {
-          int64_t o = v.offset;
-          for (int64_t d = 0; d < last; ++d) o += idx[d] * v.strides[d];
           const S* p = src + o + va * st;
           T* w = q + (va - a);
           int64_t m = vb - va;
-          if (st == 1) {
+          if (st == 1 && m > 4) {
             if constexpr (std::is_same_v<S, T>) std::memcpy(w, p, size_t(m) * sizeof(T));
             else for (int64_t j = 0; j < m; ++j) w[j] = to_c<T>(p[j]);
           } else if (st == 0) {
@@ -316,8 +348,15 @@ void load_strided(const Instr& I, const void* base_ptr, int64_t start, int64_t n
           }
         }
         i += run;
-        idx[last] += run - 1;
-        bump(idx, s);
+        idx[last] += run;
+        if (idx[last] < inner) continue;
+        idx[last] = 0;
+        for (int64_t d = last; d-- > 0;) {  // next row: carry through the outer dimensions
+          o += v.strides[d];
+          if (++idx[d] < s[d]) break;
+          o -= v.strides[d] * s[d];
+          idx[d] = 0;
+        }
       }
     });
   });
@@ -540,6 +579,60 @@ std::vector<const void*> inputs_of(const Step& st, const LaunchArgs& a) {
   std::vector<const void*> in;
   for (int s : st.inputs) in.push_back(a.slots[s]);
   return in;
+}
+
+// A Copy whose one load is a single strided view (masked or not) of the output's dtype -- im2col,
+// padding, transposes: written row by row along the view's last dimension straight from the
+// source (no registers), rows split over the pool. False when the Step is not of that form.
+bool run_view_copy(const Step& st, const LaunchArgs& args) {
+  if (st.kind != StepKind::Copy || st.program.size() != 1 || st.program[0].code != Code::Load) return false;
+  const Instr& I = st.program[0];
+  if (I.dtype != st.dtype || I.map.effective_top() != 0 || numel(st.shape) == 0) return false;
+  const kir::View& v = I.map.views[0];
+  const Shape& s = v.shape;
+  if (s.empty() || s.size() > 32) return false;
+  size_t r = s.size(), last = r - 1;
+  int64_t inner = s[last], rows = numel(s) / inner, st_in = v.strides[last];
+  bool masked = v.masked();
+  with_storage(st.dtype, [&](auto* sp) {
+    using S = std::remove_pointer_t<decltype(sp)>;
+    const S* src = static_cast<const S*>(args.slots[st.inputs[I.input]]);
+    S* out = static_cast<S*>(args.slots[st.output]);
+    S pad = from_c<S>(I.value);
+    int nt = numel(st.shape) >= kParallelMin ? omp_get_max_threads() : 1;
+#pragma omp parallel num_threads(nt)
+    {
+      int t = omp_get_thread_num(), n = omp_get_num_threads();
+      int64_t r0 = rows * t / n, r1 = rows * (t + 1) / n;
+      int64_t idx[32] = {0}, off = v.offset;
+      unravel(r0, Shape(s.begin(), s.end() - 1), idx);
+      for (size_t d = 0; d < last; ++d) off += idx[d] * v.strides[d];
+      for (int64_t row = r0; row < r1; ++row) {
+        S* o = out + row * inner;
+        int64_t a = 0, b = inner;
+        if (masked) {
+          bool ok = true;
+          for (size_t d = 0; d < last; ++d) ok &= idx[d] >= v.lo[d] && idx[d] < v.hi[d];
+          a = ok ? std::clamp<int64_t>(v.lo[last], 0, inner) : 0;
+          b = ok ? std::clamp<int64_t>(v.hi[last], a, inner) : 0;
+          std::fill(o, o + a, pad);
+          std::fill(o + b, o + inner, pad);
+        }
+        const S* p = src + off + a * st_in;
+        if (st_in == 1) {
+          if (o + a != p) std::memmove(o + a, p, size_t(b - a) * sizeof(S));
+        }
+        else for (int64_t j = a; j < b; ++j) o[j] = p[(j - a) * st_in];
+        for (size_t d = last; d-- > 0;) {  // next row: carry through the outer dimensions
+          off += v.strides[d];
+          if (++idx[d] < s[d]) break;
+          off -= v.strides[d] * s[d];
+          idx[d] = 0;
+        }
+      }
+    }
+  });
+  return true;
 }
 
 void run_elementwise(const Step& st, const LaunchArgs& args) {
@@ -952,7 +1045,9 @@ class CpuBackend : public Backend {
   void launch(const Kernel& k, const Step& st, const LaunchArgs& args) override {
     switch (st.kind) {
       case StepKind::Elementwise:
-      case StepKind::Copy: run_elementwise(st, args); break;
+      case StepKind::Copy:
+        if (!run_view_copy(st, args)) run_elementwise(st, args);
+        break;
       case StepKind::Reduce: {
         auto& rk = static_cast<const ReduceKernel&>(k);
         rk.columns ? run_column_reduce(rk, st, args) : run_reduce(rk, st, args);

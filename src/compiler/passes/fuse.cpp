@@ -21,19 +21,19 @@ size_t instr_hash(const kir::Instr& in) {
   return h;
 }
 
-bool same(const kir::Instr& x, const kir::Instr& y) {
+}  // namespace
+
+bool same_instr(const kir::Instr& x, const kir::Instr& y) {
   return x.code == y.code && x.dtype == y.dtype && x.a == y.a && x.b == y.b && x.c == y.c && x.input == y.input &&
          std::memcmp(&x.value, &y.value, 8) == 0 && x.i0 == y.i0 && x.i1 == y.i1 &&  // -0 is not 0
          (x.code != kir::Code::Load || x.map == y.map);
 }
 
-}  // namespace
-
 int Frag::add(const kir::Instr& in) {
   size_t h = instr_hash(in);
   auto [lo, hi] = seen_.equal_range(h);
   for (auto it = lo; it != hi; ++it)
-    if (same(ins[it->second], in)) return it->second;
+    if (same_instr(ins[it->second], in)) return it->second;
   ins.push_back(in);
   int k = int(ins.size()) - 1;
   seen_.emplace(h, k);

@@ -33,6 +33,9 @@ struct Frag {
   std::unordered_multimap<size_t, int> seen_;
 };
 
+// Whether two instructions compute the same value (same operands, attributes and map).
+bool same_instr(const kir::Instr& x, const kir::Instr& y);
+
 // Policy.
 constexpr size_t kMaxFragInstrs = 96;   // larger expressions are cut: their operands become Steps
 constexpr int kMaxDuplicateWeight = 12; // a pending expression read by several nodes is

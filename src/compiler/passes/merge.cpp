@@ -33,6 +33,12 @@ void absorb(kir::Step& A, const kir::Step& B) {
     if (in.a >= 0) in.a = at[in.a];
     if (in.b >= 0) in.b = at[in.b];
     if (in.c >= 0) in.c = at[in.c];
+    // An instruction A already computes is reused, not evaluated twice.
+    auto same = std::find_if(A.program.begin(), A.program.end(), [&](const kir::Instr& x) { return same_instr(x, in); });
+    if (same != A.program.end()) {
+      at[k] = int(same - A.program.begin());
+      continue;
+    }
     A.program.push_back(in);
     at[k] = int(A.program.size()) - 1;
   }
