@@ -30,15 +30,11 @@ bool have_opencl() {
     if (d.device.kind == "opencl") return true;
   return false;
 }
-bool ci() {
-  const char* c = std::getenv("CI");
-  return c && std::string(c) == "true";
-}
 
 #define NEED_OPENCL()                                                                                 \
   do {                                                                                                \
     if (!have_opencl()) {                                                                             \
-      if (ci()) FAIL() << "no OpenCL device (CI=true requires one: scripts/run installs pocl-opencl-icd)"; \
+      if (tt::in_ci()) FAIL() << "no OpenCL device (CI=true requires one: scripts/run installs pocl-opencl-icd)"; \
       GTEST_SKIP() << "no OpenCL device";                                                             \
     }                                                                                                 \
   } while (0)
@@ -261,6 +257,40 @@ TEST(OpenCL, DeviceSelectionAndErrors) {
   kir::Target t = backends::backend_for(kCL).properties(0);
   EXPECT_GE(t.alignment, 64u);
   EXPECT_EQ(t.alignment % 64, 0u);
+}
+
+// Convolutions lower to Steps every backend runs: conv (strided, dilated, grouped, transposed),
+// pooling and their gradients match the cpu, and a SmallCNN trains to the cpu's losses.
+TEST(OpenCL, ConvolutionsAndASmallCnnMatchTheCpu) {
+  NEED_OPENCL();
+  auto run = [](Device d) {
+    std::vector<double> out;
+    manual_seed(1);
+    nn::SmallCNN m(1, 10, 12, 12);
+    m.to(d);
+    tessera::sync();  // the initial weights are drawn here on both devices (to(cpu) alone would not sync)
+    optim::SGD opt(m.parameters(), {.lr = 0.05});
+    for (int s = 0; s < 3; ++s) {
+      Tensor x = randn({4, 1, 12, 12}, {DType::Float32, d});
+      Tensor y = from_vector<int64_t>({s, 3, 7, 9}, {4}, {DType::Int64, d});
+      opt.zero_grad();
+      Tensor loss = nn::cross_entropy(m(x), y, -100, 0.0);
+      loss.backward();
+      opt.step();
+      out.push_back(loss.item());
+    }
+    Tensor a = randn({2, 4, 9, 7}, {DType::Float32, d}).requires_grad_();
+    Tensor w = randn({6, 2, 3, 3}, {DType::Float32, d}).requires_grad_();
+    Tensor c = conv2d(a, w, Tensor(), {2, 1}, {1}, {1, 2}, 2);
+    Tensor t = conv_transpose2d(a, randn({4, 3, 2, 2}, {DType::Float32, d}), Tensor(), {2});
+    (c.sum() + (t * t).sum() + max_pool2d(a, {2}).sum() + avg_pool2d(a, {3}, {2}, {1}).sum()).backward();
+    for (const Tensor& v : {c, t, a.grad(), w.grad()})
+      for (double x : v.to_vector<double>()) out.push_back(x);
+    return out;
+  };
+  std::vector<double> c = run(Device("cpu")), o = run(kCL);
+  for (int s = 0; s < 3; ++s) EXPECT_NEAR(o[size_t(s)], c[size_t(s)], 1e-5 * std::abs(c[size_t(s)])) << "step " << s;
+  EXPECT_TRUE(tt::all_close(o, c, 1e-5));
 }
 
 // The benchmark GPT (bench/bench_common.h) with dropout on, 50 AdamW steps: the loss on opencl

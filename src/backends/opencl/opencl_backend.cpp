@@ -53,6 +53,8 @@ struct Dev {
   cl_context ctx = nullptr;
   cl_command_queue queue = nullptr;
   cl_mem err = nullptr;                                 // E[0] of bounds-checked kernels
+  cl_mem scratch = nullptr;                             // render::kScratchSlot (packed operands)
+  size_t scratch_bytes = 0;
   std::unordered_map<std::string, cl_program> programs;  // kernel name -> program holding it
 };
 
@@ -160,10 +162,22 @@ class OpenCLBackend : public Backend {
       clSetKernelArg(kern, 1, sizeof(cl_mem), &d.err);
       clSetKernelArg(kern, 2, sizeof seed, &seed);
       clSetKernelArg(kern, 3, sizeof off, &off);
+      if (size_t(c.scratch_bytes) > d.scratch_bytes) {  // released once the queued kernels finish
+        if (d.scratch) clReleaseMemObject(d.scratch);
+        cl_int e;
+        d.scratch = clCreateBuffer(d.ctx, CL_MEM_READ_WRITE, size_t(c.scratch_bytes), nullptr, &e);
+        check(e, "clCreateBuffer (scratch)");
+        d.scratch_bytes = size_t(c.scratch_bytes);
+      }
       for (size_t a = 0; a < c.slots.size(); ++a) {
-        auto [al, boff] = resolve(args.slots[c.slots[a]]);
-        cl_long o = cl_long(boff);
-        clSetKernelArg(kern, cl_uint(4 + 2 * a), sizeof(cl_mem), &al->mem);
+        cl_mem mem = d.scratch;
+        cl_long o = 0;
+        if (c.slots[a] != render::kScratchSlot) {
+          auto [al, boff] = resolve(args.slots[c.slots[a]]);
+          mem = al->mem;
+          o = cl_long(boff);
+        }
+        clSetKernelArg(kern, cl_uint(4 + 2 * a), sizeof(cl_mem), &mem);
         clSetKernelArg(kern, cl_uint(5 + 2 * a), sizeof o, &o);
       }
       size_t global = (size_t(c.work_items) + kLocal - 1) / kLocal * kLocal, local = kLocal;

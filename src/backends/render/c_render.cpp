@@ -361,9 +361,9 @@ struct Accumulator {
   bool is_max, fl;
   DType t;
   Accumulator(std::string n, DType dt, bool mx) : name(std::move(n)), is_max(mx), fl(is_float(dt)), t(dt) {
-    // Sums accumulate in double (float64 devices) or int64, as the CPU's; a max in the compute type.
-    type = is_max ? ctype(dt) : fl ? "FACC" : "i64";
-    if (compute_dtype(dt) == DType::Float64) type = is_max ? "double" : "double";
+    // Sums accumulate in double (FACC: float on devices without float64) or int64, as the CPU's;
+    // a max in the compute type.
+    type = is_max ? ctype(dt) : compute_dtype(dt) == DType::Float64 ? "double" : fl ? "FACC" : "i64";
   }
   std::string init() const {
     std::string T = ctype(t);
@@ -504,7 +504,7 @@ KernelCode render_reduce(const Step& st) {
 // over K in order (float32 in float32, as BLAS does; integers in int64), with the inner loop
 // over contiguous columns so it vectorizes on CPU devices (PoCL). Operands are read through
 // their strided views (batch strides too); the epilogue is applied to each product before it is
-// stored. Measured on PoCL (bench/README): about 4x CLBlast's SGEMM on the GPT's shapes.
+// stored. Measured on PoCL (bench/opencl_gemm.cpp): several times CLBlast's SGEMM on the GPT's shapes.
 constexpr int kTileM = 8, kTileN = 16;
 KernelCode render_gemm(const Step& st) {
   const View& av = st.maps[0].views[0];
@@ -568,17 +568,20 @@ KernelCode render_gemm(const Step& st) {
   return finish(k, nb * mb * nc);
 }
 
-// A dense copy of one strided view (the base of ScatterAdd and DynamicUpdateSlice).
-KernelCode render_copy_view(const Step& st, int in, const View& v) {
+// A dense copy of one strided view of slot `src` into slot `dst` (the base of ScatterAdd and
+// DynamicUpdateSlice; a Gemm operand packed into the scratch slot).
+KernelCode render_copy_view(int src_slot, int dst_slot, DType t, const View& v) {
   Kernel k;
-  std::string src = k.arg(st.inputs[size_t(in)], st.dtype), dst = k.arg(st.output, st.dtype);
-  int64_t n = numel(st.shape);
+  std::string src = k.arg(src_slot, t), dst = k.arg(dst_slot, t);
+  int64_t n = numel(v.shape);
   k.b << "  i64 pos = GID;\n  if (pos >= " << k.p(n) << ") return;\n";
   k.unravel("d", "pos", v.shape, "  ");
   k.b << "  i64 f = " << k.p(v.offset);
   for (size_t d = 0; d < v.shape.size(); ++d) k.b << " + d" << d << " * " << k.p(v.strides[d]);
   k.b << ";\n  " << dst << "[pos] = " << src << "[f];\n";
-  return finish(k, n);
+  KernelCode kc = finish(k, n);
+  if (dst_slot == kScratchSlot) kc.scratch_bytes = n * int64_t(itemsize(t));
+  return kc;
 }
 
 // Offset through a single strided view of multi-index d<pre> with axis `ax` replaced by `val`.
@@ -700,10 +703,22 @@ std::vector<KernelCode> render(const Step& st) {
     case StepKind::Copy: return {render_elementwise(st)};
     case StepKind::Row: return {render_row(st)};
     case StepKind::Reduce: return {render_reduce(st)};
-    case StepKind::Gemm: return {render_gemm(st)};
+    case StepKind::Gemm: {
+      // A B whose columns are not contiguous (a Linear layer's transposed weight) is packed
+      // densely into the scratch slot first, so the GEMM's inner loop reads contiguous columns.
+      const View& bv = st.maps[1].views[0];
+      bool epilogue_reads_b = false;
+      for (const Instr& I : st.program) epilogue_reads_b |= I.code == Code::Load && I.input == 1;
+      if (bv.strides.back() == 1 || bv.shape.back() == 1 || numel(bv.shape) == 0 || epilogue_reads_b) return {render_gemm(st)};
+      Step packed = st;
+      packed.inputs[1] = kScratchSlot;
+      packed.maps[1] = IndexMap::contiguous(bv.shape);
+      return {render_copy_view(st.inputs[1], kScratchSlot, st.dtype, bv), render_gemm(packed)};
+    }
     case StepKind::Gather: return {render_gather(st)};
-    case StepKind::ScatterAdd: return {render_copy_view(st, 0, st.maps[0].views[0]), render_scatter(st)};
-    case StepKind::DynamicUpdateSlice: return {render_copy_view(st, 0, st.maps[0].views[0]), render_dus(st)};
+    case StepKind::ScatterAdd: return {render_copy_view(st.inputs[0], st.output, st.dtype, st.maps[0].views[0]), render_scatter(st)};
+    case StepKind::DynamicUpdateSlice:
+      return {render_copy_view(st.inputs[0], st.output, st.dtype, st.maps[0].views[0]), render_dus(st)};
   }
   fail("render", "unknown step kind", "");
 }

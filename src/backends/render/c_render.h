@@ -34,7 +34,12 @@ struct KernelCode {
   std::vector<int> slots;       // the Step's slots bound to b0, b1, ...
   bool checks_index = false;    // sets E[0] on an out-of-range index (Gather, ScatterAdd)
   bool uses_f64 = false;        // needs a device with float64 (cl_khr_fp64)
+  int64_t scratch_bytes = 0;    // bytes of the scratch slot this kernel writes (see kScratchSlot)
 };
+
+// A slot number standing for a device scratch buffer the backend provides (at least the largest
+// scratch_bytes of the Step's kernels), valid from one kernel of a Step to the next.
+constexpr int kScratchSlot = -1;
 
 // The kernels that run a Step, in launch order. Throws tessera::Error for Steps it cannot render.
 std::vector<KernelCode> render(const kir::Step& step);
