@@ -8,7 +8,8 @@
 // around every arena temporary, and fails on: a result off the reference by more than its
 // normalized tolerance, a NaN or infinity where the reference has none (or the reverse), a
 // changed sentinel, no Step launched on the device under test, a Step launched on another
-// device kind, or host <-> device bytes moved while the graph ran (a silent host fallback).
+// device kind, host <-> device bytes moved while the graph ran (a silent host fallback), or a
+// host sync while the case was traced (an op that runs a graph to build itself).
 // The only skips are per dtype: a dtype the backend's Target does not compute.
 //
 // `tessera conformance` prints run(...).matrix(); tests/conformance asserts the same cells.

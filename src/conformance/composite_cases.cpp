@@ -290,6 +290,87 @@ std::vector<Row> make_rows() {
     };
   });
 
+  // ---- convolution and pooling (flip and conv_general are the reverse and conv rows) ----
+  add("conv1d", [g] {
+    Many f = [](const std::vector<Tensor>& x) { return std::vector<Tensor>{conv1d(x[0], x[1], x[2], 2, 1, 1, 1)}; };
+    return std::vector<Case>{
+        of("f32 x[2,3,11] w[4,3,3] bias stride 2 pad 1", {input({2, 3, 11}, F32, g), input({4, 3, 3}, F32, g), input({4}, F32, g)}, f, 2e-5),
+        of("f32 x[2,3,9] w[2,3,2] bias grad", {input({2, 3, 9}, F32, g, L::Strided, true), input({2, 3, 2}, F32, g, L::Contiguous, true),
+                                              input({2}, F32, g, L::Contiguous, true)}, f),
+    };
+  });
+  add("conv2d", [g] {
+    auto f = [](std::vector<int64_t> st, std::vector<int64_t> pd, std::vector<int64_t> dl, int64_t gr) {
+      return [=](const std::vector<Tensor>& x) { return std::vector<Tensor>{conv2d(x[0], x[1], x[2], st, pd, dl, gr)}; };
+    };
+    return std::vector<Case>{
+        of("f32 x[2,4,9,8] w[6,4,3,3] bias pad 1", {input({2, 4, 9, 8}, F32, g), input({6, 4, 3, 3}, F32, g), input({6}, F32, g)}, f({1}, {1}, {1}, 1), 2e-5),
+        of("f64 x[1,4,7,7] w[4,2,3,3] stride 2 groups 2 dilation (1,2)", {input({1, 4, 7, 7}, F64, g), input({4, 2, 3, 3}, F64, g), input({4}, F64, g)},
+           f({2}, {1, 2}, {1, 2}, 2)),
+        of("f32 x[2,3,6,6] permuted grad", {input({2, 3, 6, 6}, F32, g, L::Permuted, true), input({4, 3, 3, 3}, F32, g, L::Contiguous, true),
+                                            input({4}, F32, g, L::Contiguous, true)}, f({1}, {1}, {1}, 1)),
+    };
+  });
+  add("conv_transpose2d", [g] {
+    Many f = [](const std::vector<Tensor>& x) { return std::vector<Tensor>{conv_transpose2d(x[0], x[1], x[2], {2}, {1}, {1})}; };
+    return std::vector<Case>{
+        of("f32 x[2,4,5,4] w[4,3,3,3] stride 2 pad 1 output_padding 1", {input({2, 4, 5, 4}, F32, g), input({4, 3, 3, 3}, F32, g), input({3}, F32, g)}, f, 2e-5),
+        of("f32 x[1,2,3,3] w[2,2,3,3] grad", {input({1, 2, 3, 3}, F32, g, L::Strided, true), input({2, 2, 3, 3}, F32, g, L::Contiguous, true),
+                                              input({2}, F32, g, L::Contiguous, true)}, f),
+    };
+  });
+  add("max_pool2d", [g] {
+    auto mp = [](std::vector<int64_t> k, std::vector<int64_t> st, std::vector<int64_t> pd) {
+      return [=](const Tensor& x) { return max_pool2d(x, k, st, pd); };
+    };
+    return std::vector<Case>{
+        one("f32[2,3,8,8] 2x2", input({2, 3, 8, 8}, F32, g), mp({2}, {}, {0}), 0),
+        one("f32[1,2,7,9] 3x3 stride 2 pad 1", input({1, 2, 7, 9}, F32, g, L::Permuted), mp({3}, {2}, {1}), 0),
+        one("i32[1,2,6,6] 3x2", input({1, 2, 6, 6}, I32, integers(-9, 9)), mp({3, 2}, {}, {0}), 0),
+        one("f32[2,2,6,6] nan/inf 2x2", input({2, 2, 6, 6}, F32, with_specials(g)), mp({2}, {}, {0}), 0),
+        one("f32[1,2,6,6] ties grad", input({1, 2, 6, 6}, F32, integers(-1, 1), L::Strided, true), mp({2}, {}, {0})),
+        one("f32[2,1,7,7] 3x3 stride 2 pad 1 grad", input({2, 1, 7, 7}, F32, g, L::Contiguous, true), mp({3}, {2}, {1})),
+    };
+  });
+  add("avg_pool2d", [g] {
+    auto ap = [](std::vector<int64_t> k, std::vector<int64_t> st, std::vector<int64_t> pd, bool inc) {
+      return [=](const Tensor& x) { return avg_pool2d(x, k, st, pd, inc); };
+    };
+    return std::vector<Case>{
+        one("f32[2,3,8,8] 2x2", input({2, 3, 8, 8}, F32, g), ap({2}, {}, {0}, true)),
+        one("f32[1,2,7,9] 3x3 stride 2 pad 1 exclude pad", input({1, 2, 7, 9}, F32, g, L::Strided), ap({3}, {2}, {1}, false)),
+        one("f64[1,2,6,5] 3x2 pad (1,1)", input({1, 2, 6, 5}, F64, g), ap({3, 2}, {1}, {1}, true)),
+        one("f32[2,2,7,7] 3x3 stride 2 pad 1 grad", input({2, 2, 7, 7}, F32, g, L::Permuted, true), ap({3}, {2}, {1}, false)),
+    };
+  });
+  add("adaptive_avg_pool2d", [g] {
+    auto aa = [](std::vector<int64_t> o) { return [o](const Tensor& x) { return adaptive_avg_pool2d(x, o); }; };
+    return std::vector<Case>{
+        one("f32[2,3,7,9] -> [3,4]", input({2, 3, 7, 9}, F32, g), aa({3, 4})),
+        one("f32[1,2,5,5] strided -> [1,1]", input({1, 2, 5, 5}, F32, g, L::Strided), aa({1, 1})),
+        one("f32[2,2,6,7] -> [4,3] grad", input({2, 2, 6, 7}, F32, g, L::Permuted, true), aa({4, 3})),
+    };
+  });
+  add("batch_norm", [g] {
+    // Training with running statistics: the output and both updated statistics are checked.
+    Many train = [](const std::vector<Tensor>& x) {
+      Tensor rm = x[1], rv = x[2];
+      Tensor y = batch_norm(x[0], rm, rv, x[3], x[4], true, 0.1);
+      return std::vector<Tensor>{y, rm, rv};
+    };
+    Many eval = [](const std::vector<Tensor>& x) { return std::vector<Tensor>{batch_norm(x[0], x[1], x[2], x[3], x[4], false)}; };
+    Many plain = [](const std::vector<Tensor>& x) { return std::vector<Tensor>{batch_norm(x[0], Tensor(), Tensor())}; };
+    Gen var = uniform(0.5, 2);
+    return std::vector<Case>{
+        of("f32 x[4,3,5,5] training, running stats", {input({4, 3, 5, 5}, F32, g), input({3}, F32, g), input({3}, F32, var), input({3}, F32, g), input({3}, F32, g)}, train),
+        of("f32 x[3,4,6] strided eval", {input({3, 4, 6}, F32, g, L::Strided), input({4}, F32, g), input({4}, F32, var), input({4}, F32, g), input({4}, F32, g)}, eval),
+        of("f64 x[5,2] no weight", {input({5, 2}, F64, g)}, plain),
+        of("f32 x[3,2,4,4] permuted training grad", {input({3, 2, 4, 4}, F32, g, L::Permuted, true), input({2}, F32, g), input({2}, F32, var),
+                                                     input({2}, F32, g, L::Contiguous, true), input({2}, F32, g, L::Contiguous, true)},
+           [](const std::vector<Tensor>& x) { return std::vector<Tensor>{batch_norm(x[0], Tensor(), Tensor(), x[3], x[4])}; }, -1, 2e-4),
+    };
+  });
+
   // ---- networks ----
   add("softmax", [] { return softmax_like([](const Tensor& x, int64_t d) { return softmax(x, d); }); });
   add("log_softmax", [] { return softmax_like([](const Tensor& x, int64_t d) { return log_softmax(x, d); }); });

@@ -241,6 +241,7 @@ CaseResult run_once(const Case& c, const std::string& row, const Target& tg, boo
       leaves.push_back(leaf);
       viewed.push_back(in.view ? in.view(leaf) : leaf);
     }
+    const int64_t syncs = metrics().host_syncs;
     std::vector<Tensor> results = c.fn(viewed, ctx);
     viewed.clear();
     std::vector<std::string> labels;
@@ -265,6 +266,8 @@ CaseResult run_once(const Case& c, const std::string& row, const Target& tg, boo
       }
     }
 
+    if (metrics().host_syncs != syncs)
+      return fail_with("the op (or its backward) synced with the host while it was traced");
     std::vector<ir::NodePtr> nodes;
     for (const Tensor& t : results) nodes.push_back(detail::node_of(t));
     ir::Graph g = ir::build_graph(nodes);
@@ -279,13 +282,6 @@ CaseResult run_once(const Case& c, const std::string& row, const Target& tg, boo
         r.detail = why;
         return r;
       }
-    std::vector<reference::Value> params;
-    for (int p : g.params) {
-      const ir::Node& n = *g.nodes[size_t(p)];
-      auto it = known.find(n.buffer.get());
-      if (it == known.end()) return fail_with("a graph input was not made by the case (" + shape_str(n.shape) + ")");
-      params.push_back({n.shape, n.dtype, it->second});
-    }
     if (!tg.executes) {  // compile-only device, or the compile pass of run_cell
       std::vector<runtime::Request> req;
       for (auto& n : nodes) req.push_back({n, {}});
@@ -293,6 +289,22 @@ CaseResult run_once(const Case& c, const std::string& row, const Target& tg, boo
       detail::reset_draws();  // as a sync would: the run traces the same draw numbers
       r.status = Status::Compiled;
       return r;
+    }
+    // The reference reads what each leaf holds: the case's inputs from their host values, a
+    // tensor an op made itself (a constant table) from the device.
+    std::vector<reference::Value> params;
+    for (int p : g.params) {
+      const ir::Node& n = *g.nodes[size_t(p)];
+      auto it = known.find(n.buffer.get());
+      std::vector<double> v;
+      if (it != known.end()) {
+        v = it->second;
+      } else {
+        std::vector<char> bytes(size_t(n.numel()) * itemsize(n.dtype));
+        runtime::download(*n.buffer, bytes.data(), bytes.size());
+        v = reference::read_host(bytes.data(), n.dtype, n.numel());
+      }
+      params.push_back({n.shape, n.dtype, std::move(v)});
     }
     RngState rs = detail::rng_state();
     std::vector<reference::Value> ref = reference::evaluate(g, rs.seed, rs.offset, params);

@@ -431,6 +431,53 @@ std::vector<Case> dus_cases(Rng& r) {
   return c;
 }
 
+std::vector<Case> reverse_cases(Rng& r) {
+  auto fl = [](std::vector<int64_t> d) { return [d](const Tensor& x) { return flip(x, d); }; };
+  Gen g = uniform(-2, 2);
+  std::vector<Case> c;
+  for (DType t : {F32, F64, F16, I32, I64, B}) {
+    Shape s = odd_shape(r, 3);
+    c.push_back(one(variant_name(t, s, "dims 0,2"), input(s, t, ints_for(t, g)), fl({0, 2}), 0));
+  }
+  Shape s = odd_shape(r, 3);
+  c.push_back(one(variant_name(F32, s, "permuted dim 1"), input(s, F32, g, L::Permuted), fl({1}), 0));
+  c.push_back(one(variant_name(F32, s, "strided dims 0,1,2"), input(s, F32, g, L::Strided), fl({0, 1, 2}), 0));
+  c.push_back(one(variant_name(F32, s, "expanded dim 2"), input(s, F32, g, L::Expanded), fl({2}), 0));
+  c.push_back(one("f32[3,0,4] dim 2", input({3, 0, 4}, F32, g), fl({2}), 0));
+  c.push_back(one("f32[3,5,307] dim 2", input({3, 5, 307}, F32, g), fl({2}), 0));
+  c.push_back(one("f32[4,5,3] strided dim 1 grad", input({4, 5, 3}, F32, g, L::Strided, true), fl({1})));
+  c.push_back(one("f32[3,4,2] dims 0,2 grad", input({3, 4, 2}, F32, g, L::Permuted, true), fl({0, 2})));
+  return c;
+}
+
+// The general convolution through conv_general: 1-3 spatial dims, strides, padding (negative
+// crops), lhs dilation (transposed convolutions), kernel dilation, groups.
+std::vector<Case> conv_cases() {
+  using O = ConvGeneralOptions;
+  auto cv = [](O o) { return [o](const Tensor& x, const Tensor& w) { return conv_general(x, w, o); }; };
+  auto cc = [&](std::string v, Input x, Input w, O o) { return two(std::move(v), std::move(x), std::move(w), cv(o), 2e-5); };
+  Gen g = uniform(-1, 1);
+  std::vector<Case> c;
+  c.push_back(cc("f32 x[2,3,9] w[4,3,3]", input({2, 3, 9}, F32, g), input({4, 3, 3}, F32, g), {}));
+  c.push_back(cc("f64 x[2,3,7,6] w[5,3,3,2] stride 2 pad 1", input({2, 3, 7, 6}, F64, g), input({5, 3, 3, 2}, F64, g), {{2}, {1}, {1}, {}, {}, 1}));
+  c.push_back(cc("f32 x[1,4,6,7] w[6,2,3,3] groups 2 dilation 2", input({1, 4, 6, 7}, F32, g), input({6, 2, 3, 3}, F32, g), {{}, {2}, {1}, {}, {2}, 2}));
+  c.push_back(cc("f32 x[2,2,4,5] w[3,2,3,3] lhs dilation 2 (transposed)", input({2, 2, 4, 5}, F32, g), input({3, 2, 3, 3}, F32, g), {{}, {2}, {2}, {2}, {}, 1}));
+  c.push_back(cc("f32 x[1,2,8,8] w[2,2,2,2] crop -1", input({1, 2, 8, 8}, F32, g), input({2, 2, 2, 2}, F32, g), {{}, {-1}, {0}, {}, {}, 1}));
+  c.push_back(cc("f32 x[1,2,4,4,5] w[3,2,2,3,2] (3-d)", input({1, 2, 4, 4, 5}, F32, g), input({3, 2, 2, 3, 2}, F32, g), {}));
+  c.push_back(cc("f32 x[3,3,5,6] permuted, w strided", input({3, 3, 5, 6}, F32, g, L::Permuted), input({4, 3, 3, 3}, F32, g, L::Strided), {{1, 2}, {1}, {0}, {}, {}, 1}));
+  c.push_back(cc("f32 x[0,2,5] w[3,2,2] (empty batch)", input({0, 2, 5}, F32, g), input({3, 2, 2}, F32, g), {}));
+  c.push_back(cc("f32 x[2,8,20,20] w[8,8,3,3]", input({2, 8, 20, 20}, F32, g), input({8, 8, 3, 3}, F32, g), {{}, {1}, {1}, {}, {}, 1}));
+  Case gr = cc("f32 x[2,4,6,5] w[4,2,3,2] stride 2 groups 2 grad", input({2, 4, 6, 5}, F32, g, L::Strided, true),
+               input({4, 2, 3, 2}, F32, g, L::Contiguous, true), {{2}, {1}, {0}, {}, {}, 2});
+  gr.tol = -1;
+  c.push_back(gr);
+  Case gt = cc("f32 x[1,3,4,4] w[2,3,2,2] lhs dilation 2, dilation 2 grad", input({1, 3, 4, 4}, F32, g, L::Contiguous, true),
+               input({2, 3, 2, 2}, F32, g, L::Permuted, true), {{}, {1}, {1}, {2}, {2}, 1});
+  gt.tol = -1;
+  c.push_back(gt);
+  return c;
+}
+
 // ---- sources ----
 std::vector<Case> leaf_cases() {
   // Graph inputs of every dtype at odd byte counts, read by a Step (a copy of a slice).
@@ -549,6 +596,8 @@ std::vector<Case> primitive_cases(Op op) {
     case Op::Gather: c = gather_cases(r); break;
     case Op::ScatterAdd: c = scatter_add_cases(r); break;
     case Op::DynamicUpdateSlice: c = dus_cases(r); break;
+    case Op::Reverse: c = reverse_cases(r); break;
+    case Op::Conv: c = conv_cases(); break;
     case Op::Count_: break;
   }
   for (Case& k : c) k.primitive = op;

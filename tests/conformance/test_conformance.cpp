@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <map>
 #include <regex>
 #include <set>
 
@@ -101,7 +102,12 @@ TEST(Coverage, EveryFunctionOfOpsHeaderHasARow) {
   std::set<std::string> names;
   for (auto it = std::sregex_iterator(text.begin(), text.end(), decl); it != std::sregex_iterator(); ++it) names.insert((*it)[1]);
   EXPECT_GT(names.size(), 40u);
-  for (auto& n : names) EXPECT_NE(std::find(rows.begin(), rows.end(), n), rows.end()) << "ops.h declares '" << n << "' but the suite has no row for it";
+  // ops.h's own entry points of primitives named otherwise: covered by the primitive's row
+  const std::map<std::string, std::string> entry = {{"flip", "reverse"}, {"conv_general", "conv"}};
+  for (auto& n : names) {
+    std::string row = entry.count(n) ? entry.at(n) : n;
+    EXPECT_NE(std::find(rows.begin(), rows.end(), row), rows.end()) << "ops.h declares '" << n << "' but the suite has no row for it";
+  }
 }
 
 TEST(Coverage, FiftyRandomGraphs) {
