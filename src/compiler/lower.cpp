@@ -442,18 +442,42 @@ struct Lowerer {
     Val xv = strided(xn, i);
     int xslot = xv.slot;
     IndexMap xm = xv.map;
-    bool plain = true;
+    bool has_pad = false;
     std::vector<int64_t> pads(3 * r, 0), crop;
     Shape padded = xs;
     for (size_t d = 0; d < S; ++d) {
       const ir::ConvAxis& a = c.axes[d];
-      plain &= a.lo == 0 && a.hi == 0 && a.lhs_dilation == 1;
+      has_pad |= a.lo != 0 || a.hi != 0;
       pads[3 * (d + 2)] = std::max<int64_t>(a.lo, 0);
       pads[3 * (d + 2) + 1] = std::max<int64_t>(a.hi, 0);
       pads[3 * (d + 2) + 2] = a.lhs_dilation - 1;
       padded[d + 2] = ir::conv_padded_extent(xs[d + 2], a);
     }
-    if (!plain) {
+    bool dilated = false;
+    for (const ir::ConvAxis& a : c.axes) dilated |= a.lhs_dilation > 1;
+    if (dilated) {
+      // Dilation first, as its own dense copy through one masked view: each spatial dim split
+      // into [X, dilation] whose second index reads x only at 0 (interior padding would stack
+      // views). The result [.., X * dilation, ..] has dilation - 1 zeros after each element.
+      Shape split{xs[0], xs[1]}, merged{xs[0], xs[1]};
+      std::vector<int64_t> sp(6, 0);
+      for (size_t d = 0; d < S; ++d) {
+        int64_t ld = c.axes[d].lhs_dilation;
+        split.insert(split.end(), {xs[d + 2], 1});
+        merged.push_back(xs[d + 2] * ld);
+        sp.insert(sp.end(), {0, 0, 0, 0, ld - 1, 0});
+      }
+      xslot = copy_map(xslot, xm.reshape(split).pad(sp), n.dtype, i);
+      xm = IndexMap::contiguous(merged);
+      std::vector<int64_t> keep;
+      for (size_t d = 0; d < r; ++d) {
+        int64_t ext = d < 2 ? xs[d] : (xs[d] - 1) * c.axes[d - 2].lhs_dilation + 1;
+        keep.insert(keep.end(), {0, ext, 1});
+        if (d >= 2) pads[3 * d + 2] = 0;
+      }
+      xm = xm.slice(keep);
+    }
+    if (has_pad) {
       IndexMap pm = xm.pad(pads);
       for (size_t d = 0; d < r; ++d) {  // negative padding crops
         int64_t lo = d < 2 ? 0 : std::max<int64_t>(-c.axes[d - 2].lo, 0);

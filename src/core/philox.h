@@ -1,6 +1,9 @@
 // The counter-based generator that defines Tessera's random numbers (Philox4x32-10, Salmon et
 // al. 2011). Every backend and the reference draw element i of draw d of a graph executed with
-// (seed, offset) as philox(seed, offset, d, i), so all produce the same numbers.
+// (seed, offset) as philox(seed, offset, d, i), so all produce the same numbers. The counter
+// holds the stream offset + d: the frontend numbers draws in trace order and advances the
+// offset by the draws traced before each sync, so a tensor's numbers do not depend on how
+// syncs grouped the draws into graphs.
 #pragma once
 #include <cmath>
 #include <cstdint>
@@ -12,8 +15,9 @@ struct Words {
 };
 
 inline Words philox(uint64_t seed, uint64_t offset, uint32_t draw, uint64_t index) {
-  uint32_t c0 = uint32_t(index), c1 = uint32_t(index >> 32), c2 = draw, c3 = uint32_t(offset);
-  uint32_t k0 = uint32_t(seed), k1 = uint32_t(seed >> 32) ^ uint32_t(offset >> 32);
+  const uint64_t stream = offset + draw;
+  uint32_t c0 = uint32_t(index), c1 = uint32_t(index >> 32), c2 = uint32_t(stream), c3 = uint32_t(stream >> 32);
+  uint32_t k0 = uint32_t(seed), k1 = uint32_t(seed >> 32);
   for (int r = 0; r < 10; ++r) {
     uint64_t p0 = uint64_t(0xD2511F53u) * c0, p1 = uint64_t(0xCD9E8D57u) * c2;
     uint32_t n0 = uint32_t(p1 >> 32) ^ c1 ^ k0, n2 = uint32_t(p0 >> 32) ^ c3 ^ k1;

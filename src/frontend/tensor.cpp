@@ -153,8 +153,11 @@ std::vector<std::shared_ptr<TensorImpl>> pending_impls() {
 }
 RngState rng_state() { return {rng().seed, rng().offset}; }
 uint32_t next_draw() { return rng().draws++; }
-void advance_rng() { rng().offset++; }
-void reset_draws() { rng().draws = 0; }
+// Draws are numbered from the offset: the next sync's draws follow every draw traced before.
+void reset_draws() {
+  rng().offset += rng().draws;
+  rng().draws = 0;
+}
 }  // namespace detail
 
 void manual_seed(uint64_t seed) {
@@ -192,12 +195,10 @@ void sync() {
   for (auto& [dev, group] : groups) {
     std::vector<runtime::Request> req;
     for (auto& impl : group) req.push_back({impl->node, impl->donor});
-    bool drew = false;
     auto st = detail::rng_state();
-    auto bufs = runtime::realize(req, {st.seed, st.offset}, &drew);
+    auto bufs = runtime::realize(req, {st.seed, st.offset});
     req.clear();
     for (size_t k = 0; k < group.size(); ++k) group[k]->realize_to(std::move(bufs[k]));
-    if (drew) detail::advance_rng();
   }
 }
 

@@ -44,8 +44,7 @@ using tessera::RngState;
 RngState rng_state();
 // Reserves a draw index for an RNG node of the graph being traced (reset after each sync).
 uint32_t next_draw();
-// Called by the runtime after executing a graph that draws random numbers.
-void advance_rng();
+// After each sync: advances the offset past the draws traced and restarts their numbering.
 void reset_draws();
 }  // namespace detail
 

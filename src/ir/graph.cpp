@@ -25,7 +25,6 @@ Graph build_graph(const std::vector<NodePtr>& outputs) {
       if (!g.index.count(&n)) {
         g.index[&n] = int(g.nodes.size());
         if (n.op == Op::Leaf) g.params.push_back(int(g.nodes.size()));
-        if (n.op == Op::Rng) g.has_rng = true;
         g.nodes.push_back(*np);
       }
       stack.pop_back();

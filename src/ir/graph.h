@@ -15,7 +15,6 @@ struct Graph {
   std::vector<int> outputs;           // indices into nodes, one per requested output
   std::vector<int> params;            // indices of Leaf nodes, numbered by first appearance
   std::unordered_map<const Node*, int> index;  // node -> position in nodes
-  bool has_rng = false;
   std::string key;                    // canonical serialization (structure, shapes, dtypes)
   size_t hash = 0;                    // of key
 };

@@ -185,7 +185,7 @@ void set_after_step_hook(StepHook hook) {
   g_hook = std::move(hook);
 }
 
-std::vector<std::shared_ptr<Buffer>> realize(const std::vector<Request>& req, RngArgs rng, bool* drew_random) {
+std::vector<std::shared_ptr<Buffer>> realize(const std::vector<Request>& req, RngArgs rng) {
   Prepared prep = prepare(req);
   const ir::Graph& g = prep.g;
   const Device& dev = prep.dev;
@@ -278,7 +278,6 @@ std::vector<std::shared_ptr<Buffer>> realize(const std::vector<Request>& req, Rn
   dc.steps_launched += int64_t(plan.steps.size());
   dc.bytes_moved_in_graphs += backends::reported_host_transfers(dev.kind) - moved_before;
   counters().execute_ns += since_ns(t0);
-  if (drew_random) *drew_random = g.has_rng;
   if (prof_run >= 0) {
     prof::end_run(prof_run);
     prof::mark(prof::Region::Copy);  // the caller rebinding the results

@@ -20,8 +20,8 @@ struct RngArgs {
 };
 
 // Computes every requested node (all on one device) in one graph; returns one buffer per
-// request (contiguous, row-major). Sets *drew_random when the graph contains RNG nodes.
-std::vector<std::shared_ptr<Buffer>> realize(const std::vector<Request>& requests, RngArgs rng, bool* drew_random);
+// request (contiguous, row-major).
+std::vector<std::shared_ptr<Buffer>> realize(const std::vector<Request>& requests, RngArgs rng);
 
 // What realize() would run for `requests`, compiled (or found in the compile cache, counted as a
 // compile or a hit, with the same donation decisions) but not run.

@@ -33,7 +33,8 @@ TEST(Cnn, SmallReaches86PercentTestAccuracyAfterOneEpoch) {
 
 TEST(Cnn, ResnetResumesBitIdentically) {
   TempDir dir;
-  const std::vector<std::string> cfg = {"train", "cnn", "--model", "resnet", "--batch", "16", "--device", "cpu", "--seed", "3", "--flip"};
+  const std::vector<std::string> cfg = {"train", "cnn", "--model", "resnet", "--batch", "16", "--device", "cpu",
+                                        "--seed", "3", "--flip", "--test-images", "200"};
   auto with = [&](std::vector<std::string> extra) {
     std::vector<std::string> a = cfg;
     a.insert(a.end(), extra.begin(), extra.end());

@@ -295,9 +295,7 @@ bool in_ci() {
   return c && std::string(c) == "true";
 }
 
-std::string repo_root() {
-  return std::filesystem::path(__FILE__).parent_path().parent_path().parent_path().string();
-}
+std::string repo_root() { return TESSERA_SOURCE_DIR; }
 
 std::string scratch_dir(const std::string& name) {
   auto dir = std::filesystem::temp_directory_path() / (name + "_" + std::to_string(::getpid()));

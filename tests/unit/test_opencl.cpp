@@ -161,6 +161,20 @@ TEST(OpenCL, GemmWithEpilogueBatchedAndTransposed) {
   }, 1e-14, kir::StepKind::Gemm);
 }
 
+// Convolutions run as the Steps every backend has (im2col copies, GEMMs): forward and both
+// gradients for strides, negative padding, lhs/rhs dilation and groups, and pooling.
+TEST(OpenCL, ConvolutionsPoolingAndTheirGradients) {
+  NEED_OPENCL();
+  same_on_both([](Device d) {
+    Tensor x = random_tensor({2, 4, 7, 6}, DType::Float32, 8, -1, 1, d).requires_grad_();
+    Tensor w = random_tensor({6, 2, 3, 2}, DType::Float32, 9, -1, 1, d).requires_grad_();
+    Tensor y = conv_general(x, w, {{2, 1}, {1, 2}, {2, -1}, {2, 1}, {1, 2}, 2});
+    Tensor p = max_pool2d(relu(conv2d(x, random_tensor({3, 4, 3, 3}, DType::Float32, 10, -1, 1, d), Tensor(), {1}, {1})), {2});
+    ((y * y).sum() + p.sum()).backward();
+    return std::vector<Tensor>{y, p, x.grad(), w.grad()};
+  }, 1e-5, kir::StepKind::Gemm);
+}
+
 TEST(OpenCL, GatherScatterAndDynamicUpdateSlice) {
   NEED_OPENCL();
   same_on_both([](Device d) {

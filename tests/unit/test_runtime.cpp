@@ -143,6 +143,27 @@ TEST(InPlace, NoDonationWhileAnotherTensorReadsTheOldValue) {
   EXPECT_EQ(y2.to_vector<float>(), (std::vector<float>{5, 6}));
 }
 
+// A tensor's numbers depend on its place in trace order, not on how syncs grouped the draws:
+// three draws synced together equal the same draws synced one by one (a dead draw included).
+TEST(Random, NumbersDoNotDependOnHowSyncsGroupDraws) {
+  auto draw = [](bool sync_each) {
+    ts::manual_seed(7);
+    std::vector<ts::Tensor> kept;
+    for (int k = 0; k < 4; ++k) {
+      ts::Tensor t = k == 2 ? ts::randn({5, 3}) : ts::rand({64});
+      if (k != 1) kept.push_back(t);  // draw 1 dies unrealized
+      if (sync_each) ts::sync();
+    }
+    ts::sync();
+    std::vector<std::vector<float>> v;
+    for (auto& t : kept) v.push_back(t.to_vector<float>());
+    return v;
+  };
+  auto together = draw(false), apart = draw(true);
+  EXPECT_EQ(together, apart);
+  EXPECT_NE(together[0], together[2]);
+}
+
 TEST(Random, OffsetAdvancesWithoutRecompiling) {
   ts::manual_seed(42);
   auto a = ts::rand({1000});

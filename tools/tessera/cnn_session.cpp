@@ -28,24 +28,24 @@ std::shared_ptr<nn::Module> make_cnn(const std::string& model) {
   fail("train", "unknown --model '" + model + "' (small or resnet)", "");
 }
 
-double accuracy(nn::Module& model, const data::FashionMNIST& ds, int64_t batch, const Device& d) {
+double accuracy(nn::Module& model, const data::FashionMNIST& ds, int64_t batch, const Device& d, int64_t limit) {
   NoGradGuard ng;
   bool was_training = model.is_training();
   model.eval();
-  int64_t correct = 0;
-  for (int64_t s = 0; s < ds.size(); s += batch) {
+  int64_t correct = 0, n = limit > 0 ? std::min(limit, ds.size()) : ds.size();
+  for (int64_t s = 0; s < n; s += batch) {
     std::vector<int64_t> idx;
-    for (int64_t i = s; i < std::min(ds.size(), s + batch); ++i) idx.push_back(i);
+    for (int64_t i = s; i < std::min(n, s + batch); ++i) idx.push_back(i);
     auto [x, y] = ds.batch_at(idx, d);
     correct += int64_t((argmax(model(x), 1) == y).to(DType::Int64).sum().item());
   }
   model.train(was_training);
-  return double(correct) / double(ds.size());
+  return double(correct) / double(n);
 }
 
 CnnResult train_cnn(const CnnOptions& o) {
-  if (o.epochs < 1 || o.batch < 1 || o.steps < 0 || o.eval_batch < 1 || !(o.lr > 0))
-    fail("train", "epochs, batch and lr must be positive and steps non-negative", "");
+  if (o.epochs < 1 || o.batch < 1 || o.steps < 0 || o.eval_batch < 1 || o.test_images < 0 || !(o.lr > 0))
+    fail("train", "epochs, batch and lr must be positive and steps and test images non-negative", "");
   if (o.resume && o.out.empty()) fail("train", "--resume needs --out DIR (the checkpoint directory)", "");
   Device dev = pick_device(o.device);
   data::FashionMNIST train(data::FashionMNIST::Part::Train, o.data), test(data::FashionMNIST::Part::Test, o.data);
@@ -100,13 +100,14 @@ CnnResult train_cnn(const CnnOptions& o) {
       std::fflush(stdout);
     }
     if (!epoch_end) continue;
-    double acc = accuracy(*model, test, o.eval_batch, dev);
+    double acc = accuracy(*model, test, o.eval_batch, dev, o.test_images);
+    int64_t tested = o.test_images > 0 ? std::min(o.test_images, test.size()) : test.size();
     r.test_accuracy.push_back({step + 1, acc});
     double elapsed = std::chrono::duration<double>(clk::now() - t_begin).count();
     if (!o.quiet) {
       std::printf("epoch %.2f (step %lld): train loss %.4f, test accuracy %.2f%% (%lld images), %s elapsed\n",
                   double(step + 1) / double(per_epoch), (long long)(step + 1), loss_sum / double(loss_n), 100 * acc,
-                  (long long)test.size(), fmt_time(elapsed).c_str());
+                  (long long)tested, fmt_time(elapsed).c_str());
       std::fflush(stdout);
     }
     if (log) {

@@ -23,6 +23,7 @@ struct CnnOptions {
   uint64_t seed = 1;
   std::string log_json;         // one JSON object per step and per evaluation
   int64_t eval_batch = 500;
+  int64_t test_images = 0;      // evaluate on the first N test images (0: all 10,000)
   bool quiet = false;
 };
 
@@ -34,8 +35,9 @@ struct CnnResult {
 };
 
 std::shared_ptr<nn::Module> make_cnn(const std::string& model);  // "small" or "resnet"
-// Fraction of a dataset classified correctly (eval mode, no gradients; batches of `batch`).
-double accuracy(nn::Module& model, const data::FashionMNIST& ds, int64_t batch, const Device& d);
+// Fraction of the first `limit` images of a dataset (0: all) classified correctly (eval mode, no
+// gradients; batches of `batch`).
+double accuracy(nn::Module& model, const data::FashionMNIST& ds, int64_t batch, const Device& d, int64_t limit = 0);
 CnnResult train_cnn(const CnnOptions& o);
 
 }  // namespace tessera::cli

@@ -18,6 +18,9 @@ void add_train_cnn(CLI::App& train) {
   cmd->add_option("--batch", o->batch, "images per step")->capture_default_str()->check(positive());
   cmd->add_option("--lr", o->lr, "Adam learning rate")->capture_default_str()->check(positive());
   cmd->add_flag("--flip", o->flip, "augment with random horizontal flips");
+  cmd->add_option("--test-images", o->test_images, "evaluate on the first N test images (0: all 10,000)")
+      ->capture_default_str()
+      ->check(non_negative());
   cmd->add_option("--data", o->data, "directory of the Fashion-MNIST .gz files (default: Debian's)");
   cmd->add_option("--out", o->out, "directory for the checkpoint (ckpt.safetensors, written after every epoch)");
   cmd->add_flag("--resume", o->resume, "continue from the checkpoint in --out");

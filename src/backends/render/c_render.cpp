@@ -57,8 +57,9 @@ FN float bf16_to_f32(u16 h) { return F32_BITS((u32)h << 16); }
 FN float round_f16(float f) { return f16_to_f32(f32_to_f16(f)); }
 FN float round_bf16(float f) { return bf16_to_f32(f32_to_bf16(f)); }
 FN u64 philox(u64 seed, u64 off, u32 draw, u64 index) {
-  u32 c0 = (u32)index, c1 = (u32)(index >> 32), c2 = draw, c3 = (u32)off;
-  u32 k0 = (u32)seed, k1 = (u32)(seed >> 32) ^ (u32)(off >> 32);
+  u64 stream = off + draw;
+  u32 c0 = (u32)index, c1 = (u32)(index >> 32), c2 = (u32)stream, c3 = (u32)(stream >> 32);
+  u32 k0 = (u32)seed, k1 = (u32)(seed >> 32);
   for (int r = 0; r < 10; ++r) {
     u64 p0 = (u64)0xD2511F53u * c0, p1 = (u64)0xCD9E8D57u * c2;
     u32 n0 = (u32)(p1 >> 32) ^ c1 ^ k0, n2 = (u32)(p0 >> 32) ^ c3 ^ k1;
