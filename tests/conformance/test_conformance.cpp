@@ -15,6 +15,7 @@
 #include "backends/backend.h"
 #include "backends/render/c_render.h"
 #include "conformance/suite.h"
+#include "runtime/allocator.h"
 #include "tessera/conformance.h"
 
 namespace tessera {
@@ -224,7 +225,9 @@ bool any_failure_says(const cf::Cell& c, const std::string& what) {
 
 TEST(Planted, WithoutAFaultItPasses) {
   PlantedFault none(Fault::None);
+  int64_t checked = runtime::sentinel_bytes_checked();
   for (const char* op : {"exp", "softmax", "matmul"}) EXPECT_TRUE(planted_cell(op).ok()) << op;
+  EXPECT_GT(runtime::sentinel_bytes_checked(), checked) << "the cases ran with sentinels";
 }
 
 TEST(Planted, AWrongValueFails) {
