@@ -13,8 +13,8 @@ struct DeviceMetrics {
   int64_t kernels_compiled = 0;  // Steps compiled for it (Backend::compile calls)
   int64_t bytes_to_device = 0;   // host -> device copies made by the runtime
   int64_t bytes_to_host = 0;     // device -> host copies made by the runtime
-  // Host <-> device bytes the backend itself moved while a graph ran (a host fallback would
-  // show here; see backends::report_host_transfer).
+  // Host <-> device bytes the backend itself moved while launching a graph's Steps (a host
+  // fallback would show here; see backends::report_host_transfer).
   int64_t bytes_moved_in_graphs = 0;
 };
 

@@ -83,8 +83,9 @@ class Backend {
 
 // Host <-> device bytes a backend moves by itself (anything besides the runtime's copy_in /
 // copy_out calls: a flag read back, data staged through the host by a fallback) must be
-// reported here. The runtime counts the bytes reported while a graph runs per device kind
-// (Metrics::devices, bytes_moved_in_graphs); the conformance suite fails a Step that moves any.
+// reported here. The runtime counts the bytes reported during launch() calls per device kind
+// (Metrics::devices, bytes_moved_in_graphs; synchronize() may read back a status word
+// uncounted); the conformance suite fails a case whose Steps move any.
 void report_host_transfer(const std::string& kind, int64_t bytes);
 int64_t reported_host_transfers(const std::string& kind);  // bytes reported so far
 

@@ -123,7 +123,7 @@ std::string Metrics::report() const {
   for (auto& [kind, d] : devices)
     os << "  on " << kind << ": " << d.steps_launched << " steps launched, " << d.kernels_compiled
        << " kernels compiled, " << bytes_text(d.bytes_to_device) << " in, " << bytes_text(d.bytes_to_host) << " out, "
-       << bytes_text(d.bytes_moved_in_graphs) << " moved by the backend while graphs ran\n";
+       << bytes_text(d.bytes_moved_in_graphs) << " moved by the backend while launching\n";
   if (compile_reasons.empty()) {
     os << "why graphs were compiled: " << (graphs_compiled ? "(not recorded)" : "(none compiled)") << "\n";
   } else {
