@@ -1,10 +1,22 @@
 // Process-wide counters: compilation, cache behaviour, host syncs and the allocator.
 #pragma once
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
 namespace tessera {
+
+// Counters of one device kind: what ran there and what crossed between it and the host.
+struct DeviceMetrics {
+  int64_t steps_launched = 0;    // Steps launched on a device of this kind
+  int64_t kernels_compiled = 0;  // Steps compiled for it (Backend::compile calls)
+  int64_t bytes_to_device = 0;   // host -> device copies made by the runtime
+  int64_t bytes_to_host = 0;     // device -> host copies made by the runtime
+  // Host <-> device bytes the backend itself moved while launching a graph's Steps (a host
+  // fallback would show here; see backends::report_host_transfer).
+  int64_t bytes_moved_in_graphs = 0;
+};
 
 struct Metrics {
   int64_t graphs_compiled = 0;   // cache misses that compiled a graph
@@ -17,6 +29,7 @@ struct Metrics {
   int64_t bytes_to_host = 0;     // device -> host copies (item, to_vector, printing, saving, to(device))
   double compile_ms = 0;         // total time spent compiling
   double execute_ms = 0;         // total time spent running compiled graphs
+  std::map<std::string, DeviceMetrics> devices;  // per device kind ("cpu", "opencl"), once used
   // Why each recent graph was compiled: a new structure, or which input's shape/dtype changed.
   std::vector<std::string> compile_reasons;
   // Every field, one per line, then the compile reasons; for logs and the CLI's --metrics.

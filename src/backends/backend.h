@@ -81,6 +81,14 @@ class Backend {
   virtual void synchronize() {}
 };
 
+// Host <-> device bytes a backend moves by itself (anything besides the runtime's copy_in /
+// copy_out calls: a flag read back, data staged through the host by a fallback) must be
+// reported here. The runtime counts the bytes reported during launch() calls per device kind
+// (Metrics::devices, bytes_moved_in_graphs; synchronize() may read back a status word
+// uncounted); the conformance suite fails a case whose Steps move any.
+void report_host_transfer(const std::string& kind, int64_t bytes);
+int64_t reported_host_transfers(const std::string& kind);  // bytes reported so far
+
 // The registry: backends add themselves at start-up; lookups throw for unknown devices.
 void register_backend(std::shared_ptr<Backend> b);
 Backend& backend_for(const Device& d);  // throws "[device] unknown device 'x'; available: ..."

@@ -1,3 +1,4 @@
+#include <map>
 #include <mutex>
 
 #include "backends/backend.h"
@@ -23,6 +24,20 @@ std::vector<std::shared_ptr<Backend>>& registry() {
   return r;
 }
 }  // namespace
+
+std::mutex g_transfers_mu;
+std::map<std::string, int64_t> g_transfers;
+
+void report_host_transfer(const std::string& kind, int64_t bytes) {
+  std::lock_guard<std::mutex> lock(g_transfers_mu);
+  g_transfers[kind] += bytes;
+}
+
+int64_t reported_host_transfers(const std::string& kind) {
+  std::lock_guard<std::mutex> lock(g_transfers_mu);
+  auto it = g_transfers.find(kind);
+  return it == g_transfers.end() ? 0 : it->second;
+}
 
 void register_backend(std::shared_ptr<Backend> b) {
   std::lock_guard<std::mutex> lock(g_mu);

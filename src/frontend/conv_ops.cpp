@@ -235,14 +235,14 @@ Tensor adaptive_avg_pool2d(const Tensor& input, std::vector<int64_t> output_size
     int64_t H = x.shape()[2], W = x.shape()[3];
     if (os[0] < 1 || os[1] < 1) fail(op, "output size must be positive, got " + shape_str(os));
     if (H % os[0] == 0 && W % os[1] == 0) return avg_pool2d(x, {H / os[0], W / os[1]});
-    // Uneven windows: averaging matrices on both sides, A_h [OH, H] @ x @ A_w^T [W, OW].
+    // Uneven windows: averaging matrices on both sides, A_h [OH, H] @ x @ A_w^T [W, OW], traced
+    // on x's device (no host data, so compile-only devices trace it too). Row i covers
+    // floor(i*in/out) <= j < ceil((i+1)*in/out), in exact integer arithmetic.
     auto averaging = [&](int64_t in, int64_t out) {
-      std::vector<double> m(size_t(out * in), 0.0);
-      for (int64_t i = 0; i < out; ++i) {
-        int64_t a = i * in / out, b = ((i + 1) * in + out - 1) / out;
-        for (int64_t j = a; j < b; ++j) m[size_t(i * in + j)] = 1.0 / double(b - a);
-      }
-      return from_vector<double>(m, {out, in}, {DType::Float64, Device("cpu")}).to(x.dtype()).to(x.device());
+      TensorOptions o{DType::Int64, x.device()};
+      Tensor i = arange(0, double(out), 1, o).reshape({out, 1}), j = arange(0, double(in), 1, o).reshape({1, in});
+      Tensor m = logical_and(j * double(out) + double(out) > i * double(in), j * double(out) < (i + 1.0) * double(in)).to(x.dtype());
+      return m / m.sum({1}, true);
     };
     return matmul(matmul(averaging(H, os[0]), x), averaging(W, os[1]).transpose(0, 1));
   };

@@ -1,5 +1,7 @@
 #include "runtime/allocator.h"
 
+#include <atomic>
+#include <cstdio>
 #include <map>
 #include <mutex>
 #include <vector>
@@ -37,9 +39,101 @@ void release(const Device& d, void* p, size_t rounded) {
   backends::backend_for(d).free(d.index, p, rounded);
 }
 
+// ---- sentinel mode (debug) ----
+// A guarded block is [guard][nbytes of data][slack to a multiple of kRound][guard]; the caller
+// gets base + guard. Guarded blocks bypass the cache: each comes from and goes back to the backend.
+struct Guarded {
+  Device device;
+  void* base;
+  size_t nbytes, guard, total;
+};
+struct Sentinels {
+  std::mutex mu;
+  std::atomic<size_t> bytes{0};
+  std::map<void*, Guarded> live;  // by the pointer handed out
+  std::vector<std::string> violations;
+  int64_t checked = 0;
+};
+Sentinels& sentinels() {
+  static Sentinels* s = new Sentinels();
+  return *s;
+}
+
+// The guard ranges of a block, relative to its base: before the data and after it.
+std::vector<std::pair<size_t, size_t>> guard_ranges(const Guarded& g) {
+  return {{0, g.guard}, {g.guard + g.nbytes, g.total}};
+}
+
+// Reads a block's guards back; returns a description of the first changed byte ("" when intact).
+std::string check_block(const Guarded& g) {
+  backends::Backend& be = backends::backend_for(g.device);
+  be.synchronize();
+  for (auto [b, e] : guard_ranges(g)) {
+    std::vector<unsigned char> seen(e - b);
+    be.copy_out(seen.data(), static_cast<char*>(g.base) + b, e - b);
+    for (size_t i = 0; i < seen.size(); ++i)
+      if (seen[i] != kSentinelByte) {
+        int64_t at = int64_t(b + i) - int64_t(g.guard);
+        char what[200];
+        std::snprintf(what, sizeof what,
+                      "a %zu-byte buffer on %s: the sentinel byte %lld byte(s) %s it changed (0x%02x, expected 0x%02x)",
+                      g.nbytes, g.device.str().c_str(), (long long)(at < 0 ? -at : at - int64_t(g.nbytes) + 1),
+                      at < 0 ? "before the start of" : "past the end of", seen[i], kSentinelByte);
+        return what;
+      }
+  }
+  return "";
+}
+
+void record_check(Sentinels& s, const Guarded& g, const std::string& why) {
+  s.checked += int64_t(g.total - g.nbytes);
+  if (!why.empty()) s.violations.push_back(why);
+}
+
+std::shared_ptr<Buffer> allocate_guarded(const Device& d, size_t nbytes, size_t guard) {
+  backends::Backend& be = backends::backend_for(d);
+  size_t rounded = (nbytes + kRound - 1) / kRound * kRound;
+  Guarded g{d, nullptr, nbytes, guard, guard + rounded + guard};
+  g.base = be.allocate(d.index, g.total);
+  for (auto [b, e] : guard_ranges(g)) {
+    std::vector<unsigned char> pattern(e - b, kSentinelByte);
+    be.copy_in(static_cast<char*>(g.base) + b, pattern.data(), e - b);
+  }
+  void* p = static_cast<char*>(g.base) + guard;
+  {
+    Sentinels& s = sentinels();
+    std::lock_guard<std::mutex> lock(s.mu);
+    s.live.emplace(p, g);
+  }
+  add_live_bytes(int64_t(rounded));
+  return std::make_shared<Buffer>(d, p, nbytes, [rounded](void* ptr, size_t) {
+    add_live_bytes(-int64_t(rounded));
+    Sentinels& s = sentinels();
+    Guarded blk;
+    {
+      std::lock_guard<std::mutex> lock(s.mu);
+      auto it = s.live.find(ptr);
+      blk = it->second;
+      s.live.erase(it);
+    }
+    std::string why;
+    try {
+      why = check_block(blk);
+    } catch (const std::exception& e) {  // a deleter must not throw
+      why = std::string("sentinels of a buffer could not be read back: ") + e.what();
+    }
+    {
+      std::lock_guard<std::mutex> lock(s.mu);
+      record_check(s, blk, why.empty() ? why : why + " (found when it was freed)");
+    }
+    backends::backend_for(blk.device).free(blk.device.index, blk.base, blk.total);
+  });
+}
+
 }  // namespace
 
 std::shared_ptr<Buffer> allocate(const Device& d, size_t nbytes) {
+  if (size_t guard = sentinels().bytes.load()) return allocate_guarded(d, nbytes, guard);
   size_t rounded = (nbytes + kRound - 1) / kRound * kRound;
   void* p = nullptr;
   Cache& c = cache();
@@ -62,14 +156,39 @@ std::shared_ptr<Buffer> upload(const Device& d, const void* bytes, size_t nbytes
   auto buf = allocate(d, nbytes);
   backends::backend_for(d).copy_in(buf->data, bytes, nbytes);
   counters().bytes_to_device += int64_t(nbytes);
+  device_counters(d.kind).bytes_to_device += int64_t(nbytes);
   return buf;
 }
 
 void download(const Buffer& b, void* host, size_t nbytes) {
   backends::backend_for(b.device).copy_out(host, b.data, nbytes);
   counters().bytes_to_host += int64_t(nbytes);
+  device_counters(b.device.kind).bytes_to_host += int64_t(nbytes);
 }
 
 void check_device(const Device& d) { backends::backend_for(d); }
+
+void set_sentinels(size_t bytes) { sentinels().bytes = (bytes + kRound - 1) / kRound * kRound; }
+
+std::vector<std::string> check_sentinels() {
+  Sentinels& s = sentinels();
+  std::vector<Guarded> blocks;
+  {
+    std::lock_guard<std::mutex> lock(s.mu);
+    for (auto& [p, g] : s.live) blocks.push_back(g);
+  }
+  std::vector<std::string> found;
+  for (const Guarded& g : blocks) found.push_back(check_block(g));
+  std::lock_guard<std::mutex> lock(s.mu);
+  for (size_t i = 0; i < blocks.size(); ++i) record_check(s, blocks[i], found[i]);
+  std::vector<std::string> v;
+  v.swap(s.violations);
+  return v;
+}
+
+int64_t sentinel_bytes_checked() {
+  std::lock_guard<std::mutex> lock(sentinels().mu);
+  return sentinels().checked;
+}
 
 }  // namespace tessera::runtime

@@ -2,6 +2,8 @@
 // exact (rounded) sizes and are reused; live and high-water bytes feed tessera::metrics().
 #pragma once
 #include <memory>
+#include <string>
+#include <vector>
 
 #include "core/buffer.h"
 
@@ -14,5 +16,16 @@ std::shared_ptr<Buffer> upload(const Device& d, const void* bytes, size_t nbytes
 void download(const Buffer& b, void* host, size_t nbytes);
 // Throws the registry's clear error for unknown devices.
 void check_device(const Device& d);
+
+// Sentinel mode (debug, any backend): while set_sentinels(bytes > 0) is on, every buffer
+// allocated gets `bytes` (rounded up to 256) of kSentinelByte right before its first byte and
+// from right after its last byte, written with the backend's copy_in; it bypasses the cache.
+// The guards are read back with copy_out when the buffer is freed and by check_sentinels(),
+// which checks every live guarded buffer and returns (and forgets) every violation found
+// since the last call, each naming the buffer's size and device and the byte that changed.
+constexpr unsigned char kSentinelByte = 0x5A;
+void set_sentinels(size_t bytes);  // 0: off (buffers already guarded stay guarded)
+std::vector<std::string> check_sentinels();
+int64_t sentinel_bytes_checked();  // guard bytes verified so far
 
 }  // namespace tessera::runtime

@@ -1,4 +1,6 @@
 #include <iomanip>
+#include <map>
+#include <memory>
 #include <mutex>
 #include <sstream>
 #include <vector>
@@ -13,6 +15,21 @@ namespace runtime {
 Counters& counters() {
   static Counters c;
   return c;
+}
+
+namespace {
+std::mutex g_devices_mu;
+std::map<std::string, std::unique_ptr<DeviceCounters>>& device_table() {
+  static auto* m = new std::map<std::string, std::unique_ptr<DeviceCounters>>();
+  return *m;
+}
+}  // namespace
+
+DeviceCounters& device_counters(const std::string& kind) {
+  std::lock_guard<std::mutex> lock(g_devices_mu);
+  auto& p = device_table()[kind];
+  if (!p) p = std::make_unique<DeviceCounters>();
+  return *p;
 }
 
 void add_live_bytes(int64_t delta) {
@@ -53,6 +70,12 @@ Metrics metrics() {
   m.execute_ms = double(c.execute_ns) / 1e6;
   m.bytes_to_device = c.bytes_to_device;
   m.bytes_to_host = c.bytes_to_host;
+  {
+    std::lock_guard<std::mutex> lock(runtime::g_devices_mu);
+    for (auto& [kind, d] : runtime::device_table())
+      m.devices[kind] = {d->steps_launched, d->kernels_compiled, d->bytes_to_device, d->bytes_to_host,
+                         d->bytes_moved_in_graphs};
+  }
   std::lock_guard<std::mutex> lock(runtime::g_reasons_mu);
   m.compile_reasons = runtime::reasons();
   return m;
@@ -97,6 +120,10 @@ std::string Metrics::report() const {
      << "  device -> host:    " << bytes_text(bytes_to_host) << "\n"
      << "  live memory:       " << bytes_text(live_bytes) << "\n"
      << "  peak memory:       " << bytes_text(peak_bytes) << "\n";
+  for (auto& [kind, d] : devices)
+    os << "  on " << kind << ": " << d.steps_launched << " steps launched, " << d.kernels_compiled
+       << " kernels compiled, " << bytes_text(d.bytes_to_device) << " in, " << bytes_text(d.bytes_to_host) << " out, "
+       << bytes_text(d.bytes_moved_in_graphs) << " moved by the backend while launching\n";
   if (compile_reasons.empty()) {
     os << "why graphs were compiled: " << (graphs_compiled ? "(not recorded)" : "(none compiled)") << "\n";
   } else {

@@ -13,6 +13,12 @@ struct Counters {
   std::atomic<int64_t> bytes_to_device{0}, bytes_to_host{0};  // counted by runtime::upload/download
 };
 Counters& counters();
+// Per device kind ("cpu", "opencl"); see tessera::DeviceMetrics.
+struct DeviceCounters {
+  std::atomic<int64_t> steps_launched{0}, kernels_compiled{0};
+  std::atomic<int64_t> bytes_to_device{0}, bytes_to_host{0}, bytes_moved_in_graphs{0};
+};
+DeviceCounters& device_counters(const std::string& kind);  // a stable reference
 void add_live_bytes(int64_t delta);
 // Notes why a graph was compiled (the cache missed); the last reasons show in metrics().
 void record_compile(const std::string& reason);

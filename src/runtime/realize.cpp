@@ -71,6 +71,7 @@ std::shared_ptr<Executable> compile(const ir::Graph& g, const Device& dev, const
   size_t a = exe->plan.alignment;
   exe->guard = (compiler::arena_guard_bytes() + a - 1) / a * a;
   for (const kir::Step& st : exe->plan.steps) exe->kernels.push_back(be.compile(st));
+  device_counters(dev.kind).kernels_compiled += int64_t(exe->plan.steps.size());
   counters().graphs_compiled++;
   counters().compile_ns += since_ns(t0);
   return exe;
@@ -227,6 +228,7 @@ std::vector<std::shared_ptr<Buffer>> realize(const std::vector<Request>& req, Rn
   static const bool time_steps = std::getenv("TESSERA_STEP_TIMES") != nullptr;
   const size_t guard = arena ? exe->guard : 0;
   std::vector<unsigned char> pattern(guard ? guard + plan.alignment : 0, kGuardByte), seen(pattern.size());
+  int64_t moved = 0;  // host <-> device bytes the backend reported while launching Steps
   for (size_t s = 0; s < plan.steps.size(); ++s) {
     const kir::Step& st = plan.steps[s];
     std::vector<int> guarded;  // temporaries this Step writes
@@ -236,6 +238,7 @@ std::vector<std::shared_ptr<Buffer>> realize(const std::vector<Request>& req, Rn
     for (int o : guarded)
       for (auto [b, e] : guard_ranges(plan.slots[o], guard, plan.alignment))
         be.copy_in(static_cast<char*>(arena->data) + b, pattern.data(), e - b);
+    const int64_t moved_before = backends::reported_host_transfers(dev.kind);
     if (prof_run >= 0) {
       int64_t ts0 = prof::now_ns();
       be.launch(*exe->kernels[s], st, args);
@@ -250,6 +253,7 @@ std::vector<std::shared_ptr<Buffer>> realize(const std::vector<Request>& req, Rn
       std::fprintf(stderr, "step %zu %s %s%s %.3f ms %s@%s\n", s, kir::step_kind_name(st.kind), dtype_short(st.dtype),
                    shape_str(st.shape).c_str(), double(since_ns(ts0)) / 1e6, st.sources[0].op.c_str(), st.sources[0].scope.c_str());
     }
+    moved += backends::reported_host_transfers(dev.kind) - moved_before;
     if (hook) hook(int(s), slots.data());
     if (guarded.empty()) continue;
     be.synchronize();
@@ -273,6 +277,9 @@ std::vector<std::shared_ptr<Buffer>> realize(const std::vector<Request>& req, Rn
   }
   be.synchronize();
   counters().steps_launched += int64_t(plan.steps.size());
+  DeviceCounters& dc = device_counters(dev.kind);
+  dc.steps_launched += int64_t(plan.steps.size());
+  dc.bytes_moved_in_graphs += moved;
   counters().execute_ns += since_ns(t0);
   if (prof_run >= 0) {
     prof::end_run(prof_run);

@@ -735,3 +735,19 @@ TEST(Cli, OpenCLDeviceRunsTheSameTraining) {
   expect_clean_error(e, "--device opencl:99");
   EXPECT_NE(e.err.find("opencl:99"), std::string::npos) << e.describe();
 }
+
+// ---- tessera conformance ----------------------------------------------------------------------
+// The matrix: a line per op with one cell per backend, the totals and the time per backend.
+TEST(Cli, ConformanceMatrix) {
+  TempDir dir;
+  Result r = cli({"conformance", "--backend", "cpu,null", "--op", "add", "--op", "softmax"}, dir.path());
+  ASSERT_TRUE(r.exited && r.code == 0) << r.describe();
+  for (const char* s : {"op ", "cpu", "null", "add (P)", "softmax", "ok ", "compiles ", " 0 failed", "time on cpu"})
+    EXPECT_NE(r.out.find(s), std::string::npos) << s << "\n" << r.out;
+  EXPECT_NE(r.err.find("softmax"), std::string::npos) << "progress lines on stderr: " << r.err;
+  Result l = cli({"conformance", "--list"}, dir.path());
+  ASSERT_TRUE(l.exited && l.code == 0) << l.describe();
+  for (const char* s : {"matmul (primitive)", "layer_norm\n", "random_graphs\n"}) EXPECT_NE(l.out.find(s), std::string::npos) << s;
+  expect_clean_error(cli({"conformance", "--op", "frobnicate"}, dir.path()), "unknown op 'frobnicate'");
+  expect_clean_error(cli({"conformance", "--backend", "abacus"}, dir.path()), "unknown device");
+}

@@ -50,5 +50,6 @@ void add_sample(CLI::App& app);
 void add_demo(CLI::App& app);
 void add_profile(CLI::App& app);  // profile gpt: Chrome trace, op table, memory viewer
 void add_advise(CLI::App& app);  // advise gpt
+void add_conformance(CLI::App& app);  // the op x backend support matrix
 
 }  // namespace tessera::cli
