@@ -142,8 +142,6 @@ std::vector<char> encode(const std::vector<double>& v, DType t) {
   return bytes;
 }
 
-DType computed_as(DType t) { return t == DType::Float16 || t == DType::BFloat16 ? DType::Float32 : t; }
-
 uint32_t seed_of(const std::string& row, const std::string& variant) {
   uint32_t h = 2166136261u;  // FNV-1a: a stable seed per case, whatever the order cases run in
   for (char c : row + "/" + variant) h = (h ^ uint8_t(c)) * 16777619u;
@@ -435,9 +433,8 @@ bool is_primitive(const std::string& row) {
 
 std::string skip_reason(const std::string& backend, DType t) {
   for (auto& b : backends::all_backends())
-    if (b->name() == backend && b->device_count() > 0 && !b->properties(0).computes(computed_as(t)))
-      return std::string(dtype_name(t)) + ": " + backend + " does not compute " + dtype_name(computed_as(t)) +
-             " (its Target's compute_dtypes)";
+    if (b->name() == backend && b->device_count() > 0 && !b->properties(0).computes(t))
+      return std::string(dtype_name(t)) + ": " + backend + " does not compute it (its Target's compute_dtypes)";
   return "";
 }
 

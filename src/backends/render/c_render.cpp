@@ -297,7 +297,12 @@ struct ProgramWriter {
       case Code::Neg: return "(" + T + ")(-" + a + ")";
       case Code::Exp: return "exp(" + a + ")";
       case Code::Log: return "log(" + a + ")";
-      case Code::Tanh: return "tanh(" + a + ")";
+      case Code::Tanh: {
+        // Past these bounds tanh rounds to +-1; PoCL's stops one ulp short, so 0.5x(1+tanh(x))
+        // (GELU) at -inf gave -inf instead of NaN.
+        std::string big = compute_dtype(t) == DType::Float64 ? "19.1" : "9.1f";
+        return "(fabs(" + a + ") > " + big + " ? copysign((" + T + ")1, " + a + ") : tanh(" + a + "))";
+      }
       case Code::Sqrt: return "sqrt(" + a + ")";
       case Code::Sin: return "sin(" + a + ")";
       case Code::Cos: return "cos(" + a + ")";
