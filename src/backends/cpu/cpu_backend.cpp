@@ -2,6 +2,9 @@
 // across the whole tile; matmul through OpenBLAS (its OpenMP build, sharing our OpenMP pool).
 #include <cblas.h>
 #include <omp.h>
+#if defined(__SSE2__)
+#include <immintrin.h>
+#endif
 #include <unistd.h>
 
 #include <algorithm>
@@ -27,6 +30,7 @@ using kir::StepKind;
 
 constexpr int64_t kTile = 1024;             // elements per tile: a few tiles fit in L1
 constexpr int64_t kParallelMin = 1 << 16;   // below this many elements, one thread
+constexpr int64_t kStreamMin = 8 << 20;     // outputs of at least this many bytes bypass the caches
 
 struct F16 { uint16_t v; };
 struct BF16 { uint16_t v; };
@@ -199,7 +203,8 @@ void tile_offsets(const IndexMap& m, int64_t start, int64_t n, int64_t* off, uin
 }
 
 struct Scratch {
-  std::vector<double> regs;  // `lanes` 8-byte lanes per instruction
+  std::vector<double> regs;  // `lanes` 8-byte lanes per register
+  std::vector<double> consts;  // one 8-byte lane per instruction: scalar constants
   // Where each instruction's values are: its register, or for a load of a dense run of the
   // same type, the source memory itself (no copy).
   std::vector<const void*> at;
@@ -207,12 +212,65 @@ struct Scratch {
   std::vector<int64_t> off;
   std::vector<uint8_t> valid;
 };
-// Registers for ninstr instructions of `lanes` elements (Row Steps hold whole rows, so more).
-Scratch& scratch(size_t ninstr, int64_t lanes = kTile) {
+// How a program uses registers, planned once per Step (CpuKernel): an instruction's register is
+// reused once its last reader has run, so a long program's live values stay within L1; a Const
+// read only by binary ops and where's value operands is a scalar (one lane, never filled).
+// An instruction never writes a register one of its operands is in.
+struct RegPlan {
+  std::vector<int> reg;          // per instruction (-1: a scalar constant)
+  std::vector<uint8_t> scalar;   // per instruction: a scalar constant
+  int nregs = 0;
+};
+
+bool is_binary(Code c) { return c >= Code::Add && c <= Code::Ge; }
+
+// `keep`: instructions whose values are read after the program (results).
+RegPlan plan_registers(const std::vector<Instr>& prog, const std::vector<int>& keep) {
+  const int n = int(prog.size());
+  RegPlan p;
+  p.reg.assign(size_t(n), -1);
+  p.scalar.assign(size_t(n), 0);
+  std::vector<int> last(size_t(n), -1);
+  for (int k = 0; k < n; ++k) {
+    const Instr& I = prog[size_t(k)];
+    if (I.code == Code::Const) p.scalar[size_t(k)] = 1;
+    for (int o : {I.a, I.b, I.c})
+      if (o >= 0) {
+        last[size_t(o)] = k;
+        bool as_scalar = is_binary(I.code) || (I.code == Code::Where && o != I.a);
+        if (!as_scalar) p.scalar[size_t(o)] = 0;
+      }
+  }
+  for (int k : keep) last[size_t(k)] = n, p.scalar[size_t(k)] = 0;
+  std::vector<int> free_regs;  // kept sorted descending: the lowest register is reused first
+  auto release = [&](int r) {
+    free_regs.insert(std::upper_bound(free_regs.begin(), free_regs.end(), r, std::greater<int>()), r);
+  };
+  for (int k = 0; k < n; ++k) {
+    const Instr& I = prog[size_t(k)];
+    if (!p.scalar[size_t(k)]) {
+      if (free_regs.empty()) free_regs.push_back(p.nregs++);
+      p.reg[size_t(k)] = free_regs.back();
+      free_regs.pop_back();
+    }
+    for (int o : {I.a, I.b, I.c})
+      if (o >= 0 && last[size_t(o)] == k && p.reg[size_t(o)] >= 0) {
+        release(p.reg[size_t(o)]);
+        last[size_t(o)] = -2;  // released once, even when read twice
+      }
+    if (last[size_t(k)] == -1 && p.reg[size_t(k)] >= 0) release(p.reg[size_t(k)]);  // never read
+  }
+  return p;
+}
+
+// Registers of `lanes` elements (Row Steps hold whole rows, so more) for a program of ninstr
+// instructions using nregs registers.
+Scratch& scratch(size_t ninstr, size_t nregs, int64_t lanes = kTile) {
   thread_local Scratch s;
   lanes = std::max(lanes, kTile);
   if (s.lanes != lanes) s.lanes = lanes, s.regs.clear();
-  if (s.regs.size() < ninstr * size_t(lanes)) s.regs.resize(ninstr * size_t(lanes));
+  if (s.regs.size() < nregs * size_t(lanes)) s.regs.resize(nregs * size_t(lanes));
+  if (s.consts.size() < ninstr) s.consts.resize(ninstr);
   if (s.off.size() < size_t(lanes)) s.off.resize(size_t(lanes)), s.valid.resize(size_t(lanes));
   return s;
 }
@@ -270,14 +328,14 @@ template <class T> inline T run_max(const T* a, int64_t n, T init) {
 
 // A load through one strided view: copied run by run along the last dimension (contiguous runs
 // as plain copies, broadcast runs as fills, masked parts as pad fills), no offset arrays.
-void load_strided(const Instr& I, const void* base_ptr, int64_t start, int64_t n, Scratch& sc, int ki) {
+void load_strided(const Instr& I, const void* base_ptr, int64_t start, int64_t n, void* dst) {
   const kir::View& v = I.map.views[0];
   const Shape& s = v.shape;
   size_t r = s.size();
   bool masked = v.masked();
   with_compute(I.dtype, [&](auto* tp) {
     using T = std::remove_pointer_t<decltype(tp)>;
-    T* out = reg<T>(sc, ki);
+    T* out = static_cast<T*>(dst);
     T pad = T(I.value);
     with_storage(I.dtype, [&](auto* sp) {
       using S = std::remove_pointer_t<decltype(sp)>;
@@ -362,15 +420,37 @@ void load_strided(const Instr& I, const void* base_ptr, int64_t start, int64_t n
   });
 }
 
+// out[i] = f(a[i], b[i]) for i < n, where a scalar operand (sa, sb) is its lane 0.
+template <class T, class R, class F>
+inline void binary(const T* a, const T* b, bool sa, bool sb, R* out, int64_t n, F f) {
+  if (sa && sb) {
+    std::fill_n(out, n, R(f(a[0], b[0])));
+  } else if (sb) {
+    const T y = b[0];
+    for (int64_t i = 0; i < n; ++i) out[i] = f(a[i], y);
+  } else if (sa) {
+    const T x = a[0];
+    for (int64_t i = 0; i < n; ++i) out[i] = f(x, b[i]);
+  } else {
+    for (int64_t i = 0; i < n; ++i) out[i] = f(a[i], b[i]);
+  }
+}
+
 // Evaluates `prog` for domain positions [start, start + n) (n <= kTile); results in registers.
 // Row Steps pass `row`: then start and n are multiples of it and RowSum/RowMax reduce each run.
-void run_program(const std::vector<Instr>& prog, const std::vector<const void*>& in, const Shape& domain,
-                 int64_t start, int64_t n, const LaunchArgs& args, Scratch& sc, int64_t row = 0) {
+// `final_dst` (optional): where the last instruction writes instead of its register, when its
+// compute type is the storage type there (the output itself: no copy out of a register).
+void run_program(const std::vector<Instr>& prog, const RegPlan& rp, const std::vector<const void*>& in,
+                 const Shape& domain, int64_t start, int64_t n, const LaunchArgs& args, Scratch& sc, int64_t row = 0,
+                 void* final_dst = nullptr) {
   if (sc.at.size() < prog.size()) sc.at.resize(prog.size());
   for (size_t k = 0; k < prog.size(); ++k) {
     const Instr& I = prog[k];
-    int ki = int(k);
-    sc.at[k] = reg<double>(sc, ki);
+    const int ki = rp.reg[k];
+    void* dst = k + 1 == prog.size() && final_dst && I.code != Code::Iota ? final_dst
+                : ki >= 0                                                   ? static_cast<void*>(reg<double>(sc, ki))
+                                                                            : &sc.consts[k];
+    sc.at[k] = dst;
     switch (I.code) {
       case Code::Load: {
         if (I.map.is_contiguous() && compute_dtype(I.dtype) == I.dtype) {
@@ -379,7 +459,7 @@ void run_program(const std::vector<Instr>& prog, const std::vector<const void*>&
           break;
         }
         if (I.map.effective_top() == 0) {
-          load_strided(I, in[I.input], start, n, sc, ki);
+          load_strided(I, in[I.input], start, n, dst);
           break;
         }
         tile_offsets(I.map, start, n, sc.off.data(), sc.valid.data());
@@ -387,7 +467,7 @@ void run_program(const std::vector<Instr>& prog, const std::vector<const void*>&
         const uint8_t* valid = sc.valid.data();
         with_compute(I.dtype, [&](auto* tp) {
           using T = std::remove_pointer_t<decltype(tp)>;
-          T* out = reg<T>(sc, ki);
+          T* out = static_cast<T*>(dst);
           T pad = T(I.value);
           with_storage(I.dtype, [&](auto* sp) {
             using S = std::remove_pointer_t<decltype(sp)>;
@@ -403,11 +483,12 @@ void run_program(const std::vector<Instr>& prog, const std::vector<const void*>&
           T v = store_as<T>(I.value);
           if (I.dtype == DType::Float16) v = T(half::f16_to_float(half::float_to_f16(float(I.value))));
           if (I.dtype == DType::BFloat16) v = T(half::bf16_to_float(half::float_to_bf16(float(I.value))));
-          std::fill_n(reg<T>(sc, ki), n, v);
+          if (ki < 0) *static_cast<T*>(dst) = v;
+          else std::fill_n(static_cast<T*>(dst), n, v);
         });
         break;
       case Code::Iota: {  // run by run along the domain's last dimension
-        int64_t* out = reg<int64_t>(sc, ki);
+        int64_t* out = static_cast<int64_t*>(dst);
         int64_t idx[32];
         unravel(start, domain, idx);
         int64_t last = int64_t(domain.size()) - 1;
@@ -425,7 +506,7 @@ void run_program(const std::vector<Instr>& prog, const std::vector<const void*>&
         with_compute(I.dtype, [&](auto* tp) {  // iota may be typed narrower than int64
           using T = std::remove_pointer_t<decltype(tp)>;
           if constexpr (!std::is_same_v<T, int64_t>) {
-            T* o = reg<T>(sc, ki);
+            T* o = static_cast<T*>(dst);
             for (int64_t i = 0; i < n; ++i) o[i] = T(out[i]);
           }
         });
@@ -434,7 +515,7 @@ void run_program(const std::vector<Instr>& prog, const std::vector<const void*>&
       case Code::Rng:
         with_compute(I.dtype, [&](auto* tp) {
           using T = std::remove_pointer_t<decltype(tp)>;
-          T* out = reg<T>(sc, ki);
+          T* out = static_cast<T*>(dst);
           for (int64_t i = 0; i < n; ++i) {
             double v = rng::sample(args.seed, args.offset, uint32_t(I.i0), uint64_t(start + i), int(I.i1));
             if (I.dtype == DType::Float16) v = half::f16_to_float(half::float_to_f16(float(v)));
@@ -449,7 +530,7 @@ void run_program(const std::vector<Instr>& prog, const std::vector<const void*>&
           const A* a = val<A>(sc, I.a);
           with_compute(I.dtype, [&](auto* tp) {
             using T = std::remove_pointer_t<decltype(tp)>;
-            T* out = reg<T>(sc, ki);
+            T* out = static_cast<T*>(dst);
             for (int64_t i = 0; i < n; ++i) out[i] = store_as<T>(a[i]);
             if (I.dtype == DType::Float16)
               for (int64_t i = 0; i < n; ++i) out[i] = T(half::f16_to_float(half::float_to_f16(float(out[i]))));
@@ -464,7 +545,7 @@ void run_program(const std::vector<Instr>& prog, const std::vector<const void*>&
         with_compute(I.dtype, [&](auto* tp) {
           using T = std::remove_pointer_t<decltype(tp)>;
           const T* a = val<T>(sc, I.a);
-          T* out = reg<T>(sc, ki);
+          T* out = static_cast<T*>(dst);
           switch (I.code) {
             case Code::Neg: for (int64_t i = 0; i < n; ++i) out[i] = T(-a[i]); break;
             case Code::Abs: for (int64_t i = 0; i < n; ++i) out[i] = a[i] < T(0) ? T(-a[i]) : a[i]; break;
@@ -506,7 +587,7 @@ void run_program(const std::vector<Instr>& prog, const std::vector<const void*>&
         with_compute(I.dtype, [&](auto* tp) {
           using T = std::remove_pointer_t<decltype(tp)>;
           const T* a = val<T>(sc, I.a);
-          T* out = reg<T>(sc, ki);
+          T* out = static_cast<T*>(dst);
           const T lowest = std::is_floating_point_v<T> ? -std::numeric_limits<T>::infinity() : std::numeric_limits<T>::lowest();
           for (int64_t r0 = 0; r0 < n; r0 += row) {
             T v = I.code == Code::RowSum ? T(run_sum(a + r0, row)) : run_max(a + r0, row, lowest);
@@ -520,8 +601,16 @@ void run_program(const std::vector<Instr>& prog, const std::vector<const void*>&
           const uint8_t* c = val<uint8_t>(sc, I.a);
           const T* a = val<T>(sc, I.b);
           const T* b = val<T>(sc, I.c);
-          T* out = reg<T>(sc, ki);
-          for (int64_t i = 0; i < n; ++i) out[i] = c[i] ? a[i] : b[i];
+          T* out = static_cast<T*>(dst);
+          const bool sa = rp.scalar[size_t(I.b)], sb = rp.scalar[size_t(I.c)];
+          if (sa && sb)
+            for (int64_t i = 0; i < n; ++i) out[i] = c[i] ? a[0] : b[0];
+          else if (sa)
+            for (int64_t i = 0; i < n; ++i) out[i] = c[i] ? a[0] : b[i];
+          else if (sb)
+            for (int64_t i = 0; i < n; ++i) out[i] = c[i] ? a[i] : b[0];
+          else
+            for (int64_t i = 0; i < n; ++i) out[i] = c[i] ? a[i] : b[i];
         });
         break;
       default:  // binary arithmetic and comparisons; operands share one dtype
@@ -529,25 +618,26 @@ void run_program(const std::vector<Instr>& prog, const std::vector<const void*>&
           using T = std::remove_pointer_t<decltype(tp)>;
           const T* a = val<T>(sc, I.a);
           const T* b = val<T>(sc, I.b);
-          T* out = reg<T>(sc, ki);
-          uint8_t* cmp = reg<uint8_t>(sc, ki);
+          T* out = static_cast<T*>(dst);
+          uint8_t* cmp = static_cast<uint8_t*>(dst);
+          const bool sa = rp.scalar[size_t(I.a)], sb = rp.scalar[size_t(I.b)];
+          auto op = [&](auto* o, auto f) { binary(a, b, sa, sb, o, n, f); };
           switch (I.code) {
-            case Code::Add: for (int64_t i = 0; i < n; ++i) out[i] = T(a[i] + b[i]); break;
-            case Code::Sub: for (int64_t i = 0; i < n; ++i) out[i] = T(a[i] - b[i]); break;
-            case Code::Mul: for (int64_t i = 0; i < n; ++i) out[i] = T(a[i] * b[i]); break;
-            case Code::Div: for (int64_t i = 0; i < n; ++i) out[i] = T(a[i] / b[i]); break;
-            case Code::Max: for (int64_t i = 0; i < n; ++i) out[i] = nan_max(a[i], b[i]); break;
-            case Code::Min: for (int64_t i = 0; i < n; ++i) out[i] = nan_min(a[i], b[i]); break;
+            case Code::Add: op(out, [](T x, T y) { return T(x + y); }); break;
+            case Code::Sub: op(out, [](T x, T y) { return T(x - y); }); break;
+            case Code::Mul: op(out, [](T x, T y) { return T(x * y); }); break;
+            case Code::Div: op(out, [](T x, T y) { return T(x / y); }); break;
+            case Code::Max: op(out, [](T x, T y) { return nan_max(x, y); }); break;
+            case Code::Min: op(out, [](T x, T y) { return nan_min(x, y); }); break;
             case Code::Pow:
-              if constexpr (std::is_floating_point_v<T>)
-                for (int64_t i = 0; i < n; ++i) out[i] = std::pow(a[i], b[i]);
+              if constexpr (std::is_floating_point_v<T>) op(out, [](T x, T y) { return T(std::pow(x, y)); });
               break;
-            case Code::Eq: for (int64_t i = 0; i < n; ++i) cmp[i] = a[i] == b[i]; break;
-            case Code::Ne: for (int64_t i = 0; i < n; ++i) cmp[i] = a[i] != b[i]; break;
-            case Code::Lt: for (int64_t i = 0; i < n; ++i) cmp[i] = a[i] < b[i]; break;
-            case Code::Le: for (int64_t i = 0; i < n; ++i) cmp[i] = a[i] <= b[i]; break;
-            case Code::Gt: for (int64_t i = 0; i < n; ++i) cmp[i] = a[i] > b[i]; break;
-            case Code::Ge: for (int64_t i = 0; i < n; ++i) cmp[i] = a[i] >= b[i]; break;
+            case Code::Eq: op(cmp, [](T x, T y) { return uint8_t(x == y); }); break;
+            case Code::Ne: op(cmp, [](T x, T y) { return uint8_t(x != y); }); break;
+            case Code::Lt: op(cmp, [](T x, T y) { return uint8_t(x < y); }); break;
+            case Code::Le: op(cmp, [](T x, T y) { return uint8_t(x <= y); }); break;
+            case Code::Gt: op(cmp, [](T x, T y) { return uint8_t(x > y); }); break;
+            case Code::Ge: op(cmp, [](T x, T y) { return uint8_t(x >= y); }); break;
             default: break;
           }
         });
@@ -635,25 +725,59 @@ bool run_view_copy(const Step& st, const LaunchArgs& args) {
   return true;
 }
 
-void run_elementwise(const Step& st, const LaunchArgs& args) {
+// Copies with non-temporal stores (no read-for-ownership of the destination, no cache
+// pollution), for outputs far larger than the caches; 16-byte aligned pointers, else memcpy.
+void stream_copy(void* dst, const void* src, size_t bytes) {
+#if defined(__SSE2__)
+  auto* d = static_cast<char*>(dst);
+  auto* s = static_cast<const char*>(src);
+  if ((reinterpret_cast<uintptr_t>(d) | reinterpret_cast<uintptr_t>(s)) % 16 == 0) {
+    size_t i = 0;
+    for (; i + 16 <= bytes; i += 16)
+      _mm_stream_si128(reinterpret_cast<__m128i*>(d + i), _mm_load_si128(reinterpret_cast<const __m128i*>(s + i)));
+    std::memcpy(d + i, s + i, bytes - i);
+    _mm_sfence();  // ordered before this thread's later stores and the pool's barrier
+    return;
+  }
+#endif
+  std::memcpy(dst, src, bytes);
+}
+
+// A compiled Step: its program's register plan (Reduce Steps: of the permuted program).
+struct CpuKernel : Kernel {
+  RegPlan regs;
+};
+
+void run_elementwise(const CpuKernel& k, const Step& st, const LaunchArgs& args) {
   int64_t total = numel(st.shape);
   int64_t ntiles = (total + kTile - 1) / kTile;
   auto in = inputs_of(st, args);
   void* out = args.slots[st.output];
 #pragma omp parallel for schedule(static) if (total >= kParallelMin)
   for (int64_t t = 0; t < ntiles; ++t) {
-    Scratch& sc = scratch(st.program.size());
+    Scratch& sc = scratch(st.program.size(), size_t(k.regs.nregs));
     int64_t start = t * kTile, n = std::min(kTile, total - start);
-    run_program(st.program, in, st.shape, start, n, args, sc);
+    // A single output of its compute type is written by the last instruction itself, or, when
+    // it is far larger than the caches, streamed out of the register.
+    char* dst = static_cast<char*>(out) + size_t(start) * itemsize(st.dtype);
+    const bool plain = st.more_outputs.empty() && compute_dtype(st.dtype) == st.dtype;
+    const bool stream = plain && total * int64_t(itemsize(st.dtype)) >= kStreamMin;
+    run_program(st.program, k.regs, in, st.shape, start, n, args, sc, 0, plain && !stream ? dst : nullptr);
+    if (stream) {
+      stream_copy(dst, sc.at[st.program.size() - 1], size_t(n) * itemsize(st.dtype));
+      continue;
+    }
     if (!st.more_outputs.empty()) {
       // Values read in place are copied out first: an earlier store may overwrite their source.
       std::vector<int> rs = st.more_results;
       rs.push_back(int(st.program.size()) - 1);
-      for (int r : rs)
-        if (sc.at[r] != reg<double>(sc, r)) {
-          std::memcpy(reg<double>(sc, r), sc.at[r], size_t(n) * itemsize(st.program[r].dtype));
-          sc.at[r] = reg<double>(sc, r);
+      for (int r : rs) {
+        double* rr = reg<double>(sc, k.regs.reg[size_t(r)]);
+        if (sc.at[r] != rr) {
+          std::memcpy(rr, sc.at[r], size_t(n) * itemsize(st.program[r].dtype));
+          sc.at[r] = rr;
         }
+      }
     }
     store_tile(st, out, start, n, sc);
     for (size_t k = 0; k < st.more_outputs.size(); ++k) {
@@ -665,7 +789,7 @@ void run_elementwise(const Step& st, const LaunchArgs& args) {
 
 // Row: tiles of whole rows; the output is the program (one value per position) or, when the
 // Step's shape has one element per row, the first lane of each row.
-void run_row(const Step& st, const LaunchArgs& args) {
+void run_row(const CpuKernel& k, const Step& st, const LaunchArgs& args) {
   int64_t total = numel(st.domain), row = st.row;
   int64_t rows_per_tile = std::max<int64_t>(1, kTile / row), lanes = rows_per_tile * row;
   int64_t ntiles = (total + lanes - 1) / lanes;
@@ -675,9 +799,9 @@ void run_row(const Step& st, const LaunchArgs& args) {
   int last = int(st.program.size()) - 1;
 #pragma omp parallel for schedule(static) if (total >= kParallelMin && ntiles > 1)
   for (int64_t t = 0; t < ntiles; ++t) {
-    Scratch& sc = scratch(st.program.size(), lanes);
+    Scratch& sc = scratch(st.program.size(), size_t(k.regs.nregs), lanes);
     int64_t start = t * lanes, n = std::min(lanes, total - start);
-    run_program(st.program, in, st.domain, start, n, args, sc, row);
+    run_program(st.program, k.regs, in, st.domain, start, n, args, sc, row);
     if (!per_row) {
       store_tile(st, out, start, n, sc);
       continue;
@@ -696,7 +820,7 @@ void run_row(const Step& st, const LaunchArgs& args) {
 
 // Reduce: the domain is permuted so kept axes come first; output o then owns the contiguous
 // range [o * R, (o + 1) * R) of the permuted domain, reduced in order (deterministic).
-struct ReduceKernel : Kernel {
+struct ReduceKernel : CpuKernel {
   std::vector<Instr> program;  // loads permuted to the kept-first order
   Shape domain;                // permuted
   int64_t outer = 1, inner = 1;
@@ -718,13 +842,13 @@ void run_column_reduce(const ReduceKernel& k, const Step& st, const LaunchArgs& 
       int64_t nblocks = (K + kTile - 1) / kTile;
 #pragma omp parallel for schedule(static) if (K * R >= kParallelMin && nblocks > 1)
       for (int64_t b = 0; b < nblocks; ++b) {
-        Scratch& sc = scratch(k.program.size());
+        Scratch& sc = scratch(k.program.size(), size_t(k.regs.nregs));
         int64_t k0 = b * kTile, n = std::min(kTile, K - k0);
         std::vector<Acc> sum(size_t(n), Acc(0));
         std::vector<T> mx(size_t(n), std::is_floating_point_v<T> ? -std::numeric_limits<T>::infinity()
                                                                  : std::numeric_limits<T>::lowest());
         for (int64_t r = 0; r < R; ++r) {  // rows in order: deterministic
-          run_program(k.program, in, k.domain, r * K + k0, n, args, sc);
+          run_program(k.program, k.regs, in, k.domain, r * K + k0, n, args, sc);
           const T* v = val<T>(sc, int(k.program.size()) - 1);
           if (is_max)
             for (int64_t j = 0; j < n; ++j) mx[j] = nan_max(mx[j], v[j]);
@@ -752,7 +876,7 @@ void run_reduce(const ReduceKernel& k, const Step& st, const LaunchArgs& args) {
       bool par = outer > 1 && outer * inner >= kParallelMin;
 #pragma omp parallel for schedule(static) if (par)
       for (int64_t ob = 0; ob < outer; ob += 64) {
-        Scratch& sc = scratch(k.program.size());
+        Scratch& sc = scratch(k.program.size(), size_t(k.regs.nregs));
         int64_t oe = std::min(outer, ob + 64);
         Acc sum[64];
         T mx[64];
@@ -762,7 +886,7 @@ void run_reduce(const ReduceKernel& k, const Step& st, const LaunchArgs& args) {
         int64_t lo = ob * inner, hi = oe * inner;
         for (int64_t start = lo; start < hi; start += kTile) {
           int64_t n = std::min(kTile, hi - start);
-          run_program(k.program, in, k.domain, start, n, args, sc);
+          run_program(k.program, k.regs, in, k.domain, start, n, args, sc);
           const T* r = val<T>(sc, int(k.program.size()) - 1);
           for (int64_t i = 0; i < n;) {
             int64_t oi = (start + i) / inner, seg = std::min(n - i, (oi + 1) * inner - (start + i));
@@ -907,7 +1031,7 @@ GemmOperand gemm_operand(const kir::View& v, const void* data, DType t) {
   return g;
 }
 
-void run_gemm(const Step& st, const LaunchArgs& args) {
+void run_gemm(const CpuKernel& k, const Step& st, const LaunchArgs& args) {
   const kir::View& av = st.maps[0].views[0];
   const kir::View& bv = st.maps[1].views[0];
   size_t r = st.shape.size();
@@ -919,16 +1043,19 @@ void run_gemm(const Step& st, const LaunchArgs& args) {
   if (M * N == 0) return;
   std::vector<const void*> epi_in = inputs_of(st, args);
   // The epilogue over rows [m0, m1) and columns [n0, n1) of batch b, while they are in cache:
-  // its loads of the output slot read the product.
+  // its loads of the output slot read the product. Blocks of whole rows are one range.
   auto epilogue = [&](int64_t b, int64_t m0, int64_t m1, int64_t n0, int64_t n1) {
     if (st.program.empty()) return;
-    Scratch& sc = scratch(st.program.size());
-    for (int64_t i = m0; i < m1; ++i)
-      for (int64_t p = b * M * N + i * N + n0, e = b * M * N + i * N + n1; p < e; p += kTile) {
+    Scratch& sc = scratch(st.program.size(), size_t(k.regs.nregs));
+    auto range = [&](int64_t p, int64_t e) {
+      for (; p < e; p += kTile) {
         int64_t n = std::min(kTile, e - p);
-        run_program(st.program, epi_in, st.shape, p, n, args, sc);
+        run_program(st.program, k.regs, epi_in, st.shape, p, n, args, sc);
         store_tile(st, out, p, n, sc);
       }
+    };
+    if (n0 == 0 && n1 == N) return range(b * M * N + m0 * N, b * M * N + m1 * N);
+    for (int64_t i = m0; i < m1; ++i) range(b * M * N + i * N + n0, b * M * N + i * N + n1);
   };
   if (K == 0) {
     std::memset(out, 0, size_t(nb * M * N) * elem);
@@ -988,8 +1115,6 @@ void run_gemm(const Step& st, const LaunchArgs& args) {
   }
 }
 
-struct PlainKernel : Kernel {};
-
 class CpuBackend : public Backend {
  public:
   // Parallelism comes from our pool only. In OpenBLAS's OpenMP build this call also shrinks
@@ -1018,8 +1143,15 @@ class CpuBackend : public Backend {
   void copy_out(void* host, const void* src, size_t n) override { if (n) std::memcpy(host, src, n); }
 
   std::unique_ptr<Kernel> compile(const Step& st) override {
-    if (st.kind != StepKind::Reduce) return std::make_unique<PlainKernel>();
+    std::vector<int> keep;
+    if (!st.program.empty()) keep = st.more_results, keep.push_back(int(st.program.size()) - 1);
+    if (st.kind != StepKind::Reduce) {
+      auto k = std::make_unique<CpuKernel>();
+      k->regs = plan_registers(st.program, keep);
+      return k;
+    }
     auto k = std::make_unique<ReduceKernel>();
+    k->regs = plan_registers(st.program, keep);
     std::vector<int64_t> perm;
     std::vector<bool> red(st.domain.size(), false);
     for (int64_t a : st.axes) red[a] = true;
@@ -1042,19 +1174,20 @@ class CpuBackend : public Backend {
     return k;
   }
 
-  void launch(const Kernel& k, const Step& st, const LaunchArgs& args) override {
+  void launch(const Kernel& kernel, const Step& st, const LaunchArgs& args) override {
+    const auto& k = static_cast<const CpuKernel&>(kernel);
     switch (st.kind) {
       case StepKind::Elementwise:
       case StepKind::Copy:
-        if (!run_view_copy(st, args)) run_elementwise(st, args);
+        if (!run_view_copy(st, args)) run_elementwise(k, st, args);
         break;
       case StepKind::Reduce: {
         auto& rk = static_cast<const ReduceKernel&>(k);
         rk.columns ? run_column_reduce(rk, st, args) : run_reduce(rk, st, args);
         break;
       }
-      case StepKind::Gemm: run_gemm(st, args); break;
-      case StepKind::Row: run_row(st, args); break;
+      case StepKind::Gemm: run_gemm(k, st, args); break;
+      case StepKind::Row: run_row(k, st, args); break;
       case StepKind::Gather: run_gather(st, args, st.dtype, st.input_dtypes.at(1)); break;
       case StepKind::ScatterAdd: run_scatter_add(st, args, st.dtype, st.input_dtypes.at(1)); break;
       case StepKind::DynamicUpdateSlice: run_dus(st, args); break;
