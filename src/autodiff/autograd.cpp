@@ -72,9 +72,12 @@ void record(const Tensor& out, const std::vector<const Tensor*>& inputs) {
   out.impl()->grad_meta = std::move(meta);
 }
 
+namespace {
+
+// vjp_region over `memo`: the nodes already rebuilt over realized values (shared by every region
+// of one backward(), so each node of the history is rebuilt once, not once per op above it).
 std::vector<ir::NodePtr> vjp_region(const ir::NodePtr& out, const std::vector<ir::NodePtr>& boundary,
-                                    const ir::NodePtr& g,
-                                    const std::vector<std::pair<ir::NodePtr, ir::NodePtr>>& values) {
+                                    const ir::NodePtr& g, NodeMap& memo) {
   std::unordered_set<const ir::Node*> stop;
   for (auto& b : boundary) stop.insert(b.get());
   // Nodes between out and the boundary, in post-order; `reaches` marks those leading to it.
@@ -93,8 +96,6 @@ std::vector<ir::NodePtr> vjp_region(const ir::NodePtr& out, const std::vector<ir
     return r;
   };
   visit(out);
-  NodeMap memo;
-  for (auto& [node, leaf] : values) memo.emplace(node.get(), leaf);
   std::unordered_map<const ir::Node*, ir::NodePtr> cot;
   cot[out.get()] = g;
   for (size_t k = order.size(); k-- > 0;) {
@@ -122,6 +123,16 @@ std::vector<ir::NodePtr> vjp_region(const ir::NodePtr& out, const std::vector<ir
     r.push_back(it == cot.end() ? nullptr : it->second);
   }
   return r;
+}
+
+}  // namespace
+
+std::vector<ir::NodePtr> vjp_region(const ir::NodePtr& out, const std::vector<ir::NodePtr>& boundary,
+                                    const ir::NodePtr& g,
+                                    const std::vector<std::pair<ir::NodePtr, ir::NodePtr>>& values) {
+  NodeMap memo;
+  for (auto& [node, leaf] : values) memo.emplace(node.get(), leaf);
+  return vjp_region(out, boundary, g, memo);
 }
 
 void backward(const Tensor& root, const Tensor& grad) {
@@ -159,6 +170,16 @@ void backward(const Tensor& root, const Tensor& grad) {
   };
   Meta* root_meta = root.impl()->grad_meta.get();
   dfs(root_meta);
+  // Every value realized since the forward pass, read instead of recomputed wherever the
+  // history uses it.
+  NodeMap memo;
+  for (Meta* m : post) {
+    if (!m->grad_fn) continue;
+    const GradFn& fn = *m->grad_fn;
+    for (auto& e : fn.inputs)
+      if (auto v = realized_value(e.tensor, e.node)) memo.emplace(e.node.get(), v);
+    if (auto v = realized_value(fn.out_tensor, fn.out)) memo.emplace(fn.out.get(), v);
+  }
   std::unordered_map<Meta*, ir::NodePtr> cot;
   cot[root_meta] = seed;
   for (size_t k = post.size(); k-- > 0;) {
@@ -167,13 +188,8 @@ void backward(const Tensor& root, const Tensor& grad) {
     if (!m->grad_fn || !g) continue;  // leaves are accumulated below, once complete
     GradFn& fn = *m->grad_fn;
     std::vector<ir::NodePtr> boundary;
-    std::vector<std::pair<ir::NodePtr, ir::NodePtr>> values;
-    for (auto& e : fn.inputs) {
-      boundary.push_back(e.node);
-      if (auto v = realized_value(e.tensor, e.node)) values.push_back({e.node, v});
-    }
-    if (auto v = realized_value(fn.out_tensor, fn.out)) values.push_back({fn.out, v});
-    std::vector<ir::NodePtr> grads = vjp_region(fn.out, boundary, g, values);
+    for (auto& e : fn.inputs) boundary.push_back(e.node);
+    std::vector<ir::NodePtr> grads = vjp_region(fn.out, boundary, g, memo);
     std::unordered_set<const ir::Node*> given;  // an input read twice gets its total once
     for (size_t i = 0; i < fn.inputs.size(); ++i) {
       const Edge& e = fn.inputs[i];
