@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -361,11 +362,26 @@ void load_strided(const Instr& I, const void* base_ptr, int64_t start, int64_t n
             for (int64_t d = 0; d + 1 < last; ++d) outer_ok &= idx[d] >= v.lo[d] && idx[d] < v.hi[d];
           int64_t a = idx[last - 1], b = idx[last], run = std::min(n - i, (A - a) * inner - b);
           T* q = out + i;
-          for (int64_t j = 0; j < run; ++j) {
+          int64_t j = 0;
+          auto one = [&] {  // element j at (a, b)
             bool ok = outer_ok && a >= alo && a < ahi && b >= blo && b < bhi;
-            q[j] = ok ? to_c<T>(src[o + a * sa + b * st]) : pad;
+            q[j++] = ok ? to_c<T>(src[o + a * sa + b * st]) : pad;
             if (++b == inner) b = 0, ++a;
+          };
+          while (j < run && b != 0) one();  // a partial first row
+          if (int64_t rows = (run - j) / inner; rows > 0) {
+            // Whole rows: pads first, then each valid column of the block as one strided run.
+            T* qr = q + j;
+            int64_t a0 = outer_ok ? std::max(a, alo) : a, a1 = outer_ok ? std::min(a + rows, ahi) : a;
+            if (masked) std::fill_n(qr, rows * inner, pad);
+            for (int64_t c = std::max<int64_t>(blo, 0); a1 > a0 && c < std::min(bhi, inner); ++c) {
+              const S* p = src + o + c * st;
+              for (int64_t x = a0; x < a1; ++x) qr[(x - a) * inner + c] = to_c<T>(p[x * sa]);
+            }
+            j += rows * inner;
+            a += rows;
           }
+          while (j < run) one();  // a partial last row
           i += run;
           idx[last - 1] = a, idx[last] = b;
           if (a < A) continue;
@@ -418,6 +434,16 @@ void load_strided(const Instr& I, const void* base_ptr, int64_t start, int64_t n
       }
     });
   });
+}
+
+// c ? x : y as bit operations: where's condition is data, on which a branch mispredicts, and
+// this form vectorizes.
+template <class T>
+inline T select(uint8_t c, T x, T y) {
+  using U = std::conditional_t<sizeof(T) == 1, uint8_t, std::conditional_t<sizeof(T) == 4, uint32_t, uint64_t>>;
+  static_assert(sizeof(T) == sizeof(U));
+  const U m = U(U(0) - U(c != 0));
+  return std::bit_cast<T>(U((std::bit_cast<U>(x) & m) | (std::bit_cast<U>(y) & U(~m))));
 }
 
 // out[i] = f(a[i], b[i]) for i < n, where a scalar operand (sa, sb) is its lane 0.
@@ -604,13 +630,13 @@ void run_program(const std::vector<Instr>& prog, const RegPlan& rp, const std::v
           T* out = static_cast<T*>(dst);
           const bool sa = rp.scalar[size_t(I.b)], sb = rp.scalar[size_t(I.c)];
           if (sa && sb)
-            for (int64_t i = 0; i < n; ++i) out[i] = c[i] ? a[0] : b[0];
+            for (int64_t i = 0; i < n; ++i) out[i] = select(c[i], a[0], b[0]);
           else if (sa)
-            for (int64_t i = 0; i < n; ++i) out[i] = c[i] ? a[0] : b[i];
+            for (int64_t i = 0; i < n; ++i) out[i] = select(c[i], a[0], b[i]);
           else if (sb)
-            for (int64_t i = 0; i < n; ++i) out[i] = c[i] ? a[i] : b[0];
+            for (int64_t i = 0; i < n; ++i) out[i] = select(c[i], a[i], b[0]);
           else
-            for (int64_t i = 0; i < n; ++i) out[i] = c[i] ? a[i] : b[i];
+            for (int64_t i = 0; i < n; ++i) out[i] = select(c[i], a[i], b[i]);
         });
         break;
       default:  // binary arithmetic and comparisons; operands share one dtype
