@@ -757,6 +757,45 @@ TEST(Ops, Where) {
   EXPECT_TRUE(matches_reference(mixed, 0));
 }
 
+// where() picks bits, whatever they are: NaN, infinities and signed zeros pass through, scalar
+// constants on either side (the cpu backend keeps those as scalars) included.
+TEST(Ops, WhereKeepsSpecialValuesBitExactly) {
+  const double inf = std::numeric_limits<double>::infinity();
+  V av = {kNaN, -0.0, inf, -inf, 1.5, 0.0, -2.0, 3.25, kNaN};
+  V bv = {-0.0, kNaN, -inf, 0.0, -0.0, inf, 7.0, kNaN, 2.0};
+  V cv = {1, 0, 1, 0, 1, 0, 1, 0, 0};
+  for (DType t : {kF32, kF64}) {
+    Tensor a = make_tensor(av, {9}, t), b = make_tensor(bv, {9}, t), c = make_tensor(cv, {9}, kBool);
+    std::vector<Tensor> outs = {where(c, a, b), where(c, a, full_like(a, -0.0)), where(c, full_like(b, 2.5), b)};
+    for (size_t k = 0; k < outs.size(); ++k) {
+      V got = outs[k].to_vector<double>();
+      for (size_t i = 0; i < 9; ++i) {
+        double want = cv[i] ? (k == 2 ? 2.5 : av[i]) : (k == 1 ? -0.0 : bv[i]);
+        if (std::isnan(want)) {
+          EXPECT_TRUE(std::isnan(got[i])) << k << " " << i;
+        } else {
+          EXPECT_EQ(got[i], want) << k << " " << i;
+          EXPECT_EQ(std::signbit(got[i]), std::signbit(want)) << k << " " << i;
+        }
+      }
+    }
+  }
+  Tensor ci = make_tensor(cv, {9}, kBool);
+  expect_values(where(ci, make_tensor({1, 2, 3, 4, 5, 6, 7, 8, 9}, {9}, kI64), full({9}, -5.0, opts(kI64))),
+                {1, -5, 3, -5, 5, -5, 7, -5, -5});
+  expect_values(where(ci, ci, make_tensor({1, 1, 0, 0, 1, 1, 0, 0, 1}, {9}, kBool)), {1, 1, 1, 0, 1, 1, 1, 0, 1});
+}
+
+// Outputs of 8 MiB and more are written with non-temporal stores on the cpu backend; a length
+// that is no multiple of the tile checks the tail, a second output the multi-output path.
+TEST(Ops, LargeElementwiseOutputs) {
+  const int64_t n = (int64_t(3) << 20) + 7;
+  Tensor x = random_tensor({n}, kF32, 130), y = random_tensor({n}, kF32, 131);
+  Tensor chain = maximum(abs(x * 1.5 + 0.25) - y, scalar_tensor(0.5)) * 2.0;
+  EXPECT_TRUE(matches_reference(chain));  // one Step, one output: streamed
+  EXPECT_TRUE(matches_reference(std::vector<Tensor>{x * y, x.to(kF64) * 3.0 + y}));
+}
+
 // ---------------------------------------------------------------- in place, reading, misc
 
 TEST(Ops, InPlaceOps) {
