@@ -930,15 +930,26 @@ void run_reduce(const ReduceKernel& k, const Step& st, const LaunchArgs& args) {
 
 // Copies a single strided view of `elem`-byte elements into a dense buffer.
 void strided_copy(const void* src, const kir::View& v, void* dst, size_t elem) {
-  int64_t total = numel(v.shape);
-  std::vector<int64_t> idx(v.shape.size(), 0);
   const char* s = static_cast<const char*>(src);
   char* d = static_cast<char*>(dst);
-  for (int64_t i = 0; i < total; ++i) {
+  if (v.shape.empty()) {
+    std::memcpy(d, s + size_t(v.offset) * elem, elem);
+    return;
+  }
+  // Row by row along the last dimension: dense rows as one copy, others element by element.
+  const size_t last = v.shape.size() - 1;
+  const int64_t inner = v.shape[last], st = v.strides[last], total = numel(v.shape);
+  std::vector<int64_t> idx(last, 0);
+  for (int64_t i = 0; i < total; i += inner) {
     int64_t off = v.offset;
-    for (size_t k = 0; k < idx.size(); ++k) off += idx[k] * v.strides[k];
-    std::memcpy(d + size_t(i) * elem, s + size_t(off) * elem, elem);
-    bump(idx.data(), v.shape);
+    for (size_t k = 0; k < last; ++k) off += idx[k] * v.strides[k];
+    char* o = d + size_t(i) * elem;
+    if (st == 1) std::memcpy(o, s + size_t(off) * elem, size_t(inner) * elem);
+    else for (int64_t j = 0; j < inner; ++j) std::memcpy(o + size_t(j) * elem, s + size_t(off + j * st) * elem, elem);
+    for (size_t k = last; k-- > 0;) {
+      if (++idx[k] < v.shape[k]) break;
+      idx[k] = 0;
+    }
   }
 }
 
@@ -953,23 +964,62 @@ int64_t read_index(const void* base, DType t, int64_t off) {
        s.scope);
 }
 
+// Gather and scatter-add walk the index row by row along the last dimension: a row's offsets are
+// computed once and each element steps by the views' last strides; a row with one index (an
+// embedding's) is checked once and moved as a run. Row-major order, so the first out-of-range
+// index is the one reported and scatter-add adds in a fixed order.
+struct IndexRows {
+  const Shape& shape;  // the index's
+  int64_t last, inner, rows, ax, istride, sstride;
+  bool along_last;
+  std::vector<int64_t> idx;  // the row's position over every dimension but the last
+  // iv: the index's view; sv: the view walked along the row besides it (gather's source,
+  // scatter-add's updates).
+  IndexRows(const Step& st, const kir::View& iv, const kir::View& sv)
+      : shape(iv.shape), last(int64_t(iv.shape.size()) - 1), inner(iv.shape[size_t(last)]),
+        rows(inner ? numel(iv.shape) / inner : 0), ax(st.axis), istride(iv.strides[size_t(last)]),
+        sstride(sv.strides[size_t(last)]), along_last(st.axis == last), idx(size_t(last), 0) {}
+  // Offset in view v of the row's first element; the axis term left out when skip_axis.
+  int64_t row_offset(const kir::View& v, bool skip_axis) const {
+    int64_t o = v.offset;
+    for (int64_t d = 0; d < last; ++d)
+      if (!(skip_axis && d == ax)) o += idx[size_t(d)] * v.strides[size_t(d)];
+    return o;
+  }
+  void next() {
+    for (int64_t d = last; d-- > 0;) {
+      if (++idx[size_t(d)] < shape[size_t(d)]) return;
+      idx[size_t(d)] = 0;
+    }
+  }
+};
+
 void run_gather(const Step& st, const LaunchArgs& args, DType src_t, DType idx_t) {
   const kir::View& sv = st.maps[0].views[0];
   const kir::View& iv = st.maps[1].views[0];
   const char* src = static_cast<const char*>(args.slots[st.inputs[0]]);
   const void* index = args.slots[st.inputs[1]];
   char* out = static_cast<char*>(args.slots[st.output]);
-  size_t elem = itemsize(src_t);
-  int64_t total = numel(st.shape), ax = st.axis, extent = sv.shape[ax];
-  std::vector<int64_t> idx(st.shape.size(), 0);
-  for (int64_t i = 0; i < total; ++i) {
-    int64_t ioff = iv.offset, soff = sv.offset;
-    for (size_t d = 0; d < idx.size(); ++d) ioff += idx[d] * iv.strides[d];
-    int64_t v = read_index(index, idx_t, ioff);
-    if (v < 0 || v >= extent) index_error(st, v, extent, sv.shape);
-    for (size_t d = 0; d < idx.size(); ++d) soff += (int64_t(d) == ax ? v : idx[d]) * sv.strides[d];
-    std::memcpy(out + size_t(i) * elem, src + size_t(soff) * elem, elem);
-    bump(idx.data(), st.shape);
+  const size_t elem = itemsize(src_t);
+  const int64_t extent = sv.shape[size_t(st.axis)], sax = sv.strides[size_t(st.axis)];
+  IndexRows w(st, iv, sv);
+  for (int64_t row = 0; row < w.rows; ++row, w.next()) {
+    const int64_t ioff = w.row_offset(iv, false), soff = w.row_offset(sv, true);
+    char* o = out + size_t(row * w.inner) * elem;
+    if (!w.along_last && w.istride == 0) {
+      int64_t v = read_index(index, idx_t, ioff);
+      if (v < 0 || v >= extent) index_error(st, v, extent, sv.shape);
+      const char* p = src + size_t(soff + v * sax) * elem;
+      if (w.sstride == 1) std::memcpy(o, p, size_t(w.inner) * elem);
+      else for (int64_t j = 0; j < w.inner; ++j) std::memcpy(o + size_t(j) * elem, p + j * w.sstride * int64_t(elem), elem);
+      continue;
+    }
+    for (int64_t j = 0; j < w.inner; ++j) {
+      int64_t v = read_index(index, idx_t, ioff + j * w.istride);
+      if (v < 0 || v >= extent) index_error(st, v, extent, sv.shape);
+      int64_t so = soff + v * sax + (w.along_last ? 0 : j * w.sstride);
+      std::memcpy(o + size_t(j) * elem, src + size_t(so) * elem, elem);
+    }
   }
 }
 
@@ -979,24 +1029,33 @@ void run_scatter_add(const Step& st, const LaunchArgs& args, DType t, DType idx_
   const kir::View& sv = st.maps[2].views[0];
   void* out = args.slots[st.output];
   strided_copy(args.slots[st.inputs[0]], bv, out, itemsize(t));
-  const Shape& ishape = iv.shape;
-  std::vector<int64_t> ostr = contiguous_strides(st.shape), idx(ishape.size(), 0);
-  int64_t total = numel(ishape), ax = st.axis, extent = st.shape[ax];
+  const void* index = args.slots[st.inputs[1]];
+  const std::vector<int64_t> ostr = contiguous_strides(st.shape);
+  const int64_t extent = st.shape[size_t(st.axis)], oax = ostr[size_t(st.axis)];
+  kir::View ov{st.shape, ostr, 0, {}, {}};  // the output as a view, for row offsets
+  IndexRows w(st, iv, sv);
   with_storage(t, [&](auto* sp) {
     using S = std::remove_pointer_t<decltype(sp)>;
     S* o = static_cast<S*>(out);
     const S* src = static_cast<const S*>(args.slots[st.inputs[2]]);
-    for (int64_t i = 0; i < total; ++i) {
-      int64_t ioff = iv.offset, soff = sv.offset, ooff = 0;
-      for (size_t d = 0; d < idx.size(); ++d) ioff += idx[d] * iv.strides[d], soff += idx[d] * sv.strides[d];
-      int64_t v = read_index(args.slots[st.inputs[1]], idx_t, ioff);
-      if (v < 0 || v >= extent) index_error(st, v, extent, st.shape);
-      for (size_t d = 0; d < idx.size(); ++d) ooff += (int64_t(d) == ax ? v : idx[d]) * ostr[d];
-      if constexpr (std::is_same_v<S, F16> || std::is_same_v<S, BF16>)
-        o[ooff] = from_c<S>(to_c<float>(o[ooff]) + to_c<float>(src[soff]));
-      else
-        o[ooff] = S(o[ooff] + src[soff]);
-      bump(idx.data(), ishape);
+    auto add = [](S& dst, S v) {
+      if constexpr (std::is_same_v<S, F16> || std::is_same_v<S, BF16>) dst = from_c<S>(to_c<float>(dst) + to_c<float>(v));
+      else dst = S(dst + v);
+    };
+    for (int64_t row = 0; row < w.rows; ++row, w.next()) {
+      const int64_t ioff = w.row_offset(iv, false), soff = w.row_offset(sv, false), obase = w.row_offset(ov, true);
+      if (!w.along_last && w.istride == 0) {
+        int64_t v = read_index(index, idx_t, ioff);
+        if (v < 0 || v >= extent) index_error(st, v, extent, st.shape);
+        S* q = o + obase + v * oax;
+        for (int64_t j = 0; j < w.inner; ++j) add(q[j], src[soff + j * w.sstride]);
+        continue;
+      }
+      for (int64_t j = 0; j < w.inner; ++j) {
+        int64_t v = read_index(index, idx_t, ioff + j * w.istride);
+        if (v < 0 || v >= extent) index_error(st, v, extent, st.shape);
+        add(o[obase + v * oax + (w.along_last ? 0 : j)], src[soff + j * w.sstride]);
+      }
     }
   });
 }
