@@ -899,11 +899,14 @@ void run_reduce(const ReduceKernel& k, const Step& st, const LaunchArgs& args) {
     with_storage(st.dtype, [&](auto* sp) {
       using S = std::remove_pointer_t<decltype(sp)>;
       S* o = static_cast<S*>(out);
+      // Outputs per task: 64 short reductions, or one long one (a few outputs, such as a conv's
+      // per-channel bias gradient, still spread over the pool). Fixed by the shape alone.
+      const int64_t group = inner >= kTile ? 1 : 64;
       bool par = outer > 1 && outer * inner >= kParallelMin;
 #pragma omp parallel for schedule(static) if (par)
-      for (int64_t ob = 0; ob < outer; ob += 64) {
+      for (int64_t ob = 0; ob < outer; ob += group) {
         Scratch& sc = scratch(k.program.size(), size_t(k.regs.nregs));
-        int64_t oe = std::min(outer, ob + 64);
+        int64_t oe = std::min(outer, ob + group);
         Acc sum[64];
         T mx[64];
         for (int64_t j = 0; j < oe - ob; ++j) sum[j] = 0, mx[j] = std::numeric_limits<T>::lowest();
