@@ -1195,6 +1195,47 @@ void run_gemm(const CpuKernel& k, const Step& st, const LaunchArgs& args) {
   constexpr int64_t kBlock = 128;
   int64_t mb = (M + kBlock - 1) / kBlock, nbk = M <= kBlock ? (N + kBlock - 1) / kBlock : 1;
   int64_t per = mb * nbk, tasks = nb * per;
+  // Deep, narrow products (a conv's kernel gradient: K = batch x pixels, M x N a few hundred by
+  // a few dozen) give those blocks too few tasks: K is then cut into fixed chunks whose partial
+  // products are added in chunk order (fixed by the shape, so the same for any thread count),
+  // and the epilogue runs on the sum.
+  constexpr int64_t kChunkK = 2048;
+  const bool floating = st.dtype == DType::Float32 || st.dtype == DType::Float64;
+  if (floating && nb == 1 && tasks < 8 && K >= 2 * kChunkK) {
+    const int64_t chunks = (K + kChunkK - 1) / kChunkK;
+    auto split_k = [&](auto* rp) {
+      using R = std::remove_pointer_t<decltype(rp)>;
+      std::vector<R> part(size_t(chunks * M * N));
+      const R* a = static_cast<const R*>(A.data);
+      const R* bm = static_cast<const R*>(B.data);
+      auto ta = A.trans ? CblasTrans : CblasNoTrans, tb = B.trans ? CblasTrans : CblasNoTrans;
+#pragma omp parallel for schedule(static)
+      for (int64_t t = 0; t < chunks * per; ++t) {
+        int64_t q = t / per, i = (t % per) / nbk, j = t % nbk;
+        int64_t m0 = i * kBlock, m1 = std::min(M, m0 + kBlock);
+        int64_t n0 = nbk == 1 ? 0 : j * kBlock, n1 = nbk == 1 ? N : std::min(N, n0 + kBlock);
+        int64_t k0 = q * kChunkK, k1 = std::min(K, k0 + kChunkK);
+        int64_t ao = A.offset + (A.trans ? k0 * A.ld + m0 : m0 * A.ld + k0);
+        int64_t bo = B.offset + (B.trans ? n0 * B.ld + k0 : k0 * B.ld + n0);
+        R* c = part.data() + q * M * N + m0 * N + n0;
+        if constexpr (std::is_same_v<R, float>)
+          cblas_sgemm(CblasRowMajor, ta, tb, m1 - m0, n1 - n0, k1 - k0, 1.0f, a + ao, A.ld, bm + bo, B.ld, 0.0f, c, N);
+        else
+          cblas_dgemm(CblasRowMajor, ta, tb, m1 - m0, n1 - n0, k1 - k0, 1.0, a + ao, A.ld, bm + bo, B.ld, 0.0, c, N);
+      }
+      R* c = reinterpret_cast<R*>(out);
+#pragma omp parallel for schedule(static) if (M * N * chunks >= kParallelMin)
+      for (int64_t e = 0; e < M * N; ++e) {
+        R sum = part[size_t(e)];
+        for (int64_t q = 1; q < chunks; ++q) sum += part[size_t(q * M * N + e)];
+        c[e] = sum;
+      }
+    };
+    if (st.dtype == DType::Float32) split_k((float*)nullptr);
+    else split_k((double*)nullptr);
+    epilogue(0, 0, M, 0, N);
+    return;
+  }
 #pragma omp parallel for schedule(static)
   for (int64_t t = 0; t < tasks; ++t) {
     int64_t b = t / per, i = (t % per) / nbk, j = t % nbk;
