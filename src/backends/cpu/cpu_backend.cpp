@@ -806,9 +806,9 @@ void run_elementwise(const CpuKernel& k, const Step& st, const LaunchArgs& args)
       }
     }
     store_tile(st, out, start, n, sc);
-    for (size_t k = 0; k < st.more_outputs.size(); ++k) {
-      int r = st.more_results[k];
-      store_reg(st.program[r].dtype, r, args.slots[st.more_outputs[k]], start, n, sc);
+    for (size_t o = 0; o < st.more_outputs.size(); ++o) {
+      int r = st.more_results[o];
+      store_reg(st.program[r].dtype, r, args.slots[st.more_outputs[o]], start, n, sc);
     }
   }
 }
@@ -1198,11 +1198,12 @@ void run_gemm(const CpuKernel& k, const Step& st, const LaunchArgs& args) {
   // Deep, narrow products (a conv's kernel gradient: K = batch x pixels, M x N a few hundred by
   // a few dozen) give those blocks too few tasks: K is then cut into fixed chunks whose partial
   // products are added in chunk order (fixed by the shape, so the same for any thread count),
-  // and the epilogue runs on the sum.
-  constexpr int64_t kChunkK = 2048;
+  // and the epilogue runs on the sum. The partial products are bounded (a vocabulary-sized
+  // weight gradient keeps the blocks).
+  constexpr int64_t kChunkK = 2048, kMaxPartial = int64_t(1) << 22;
   const bool floating = st.dtype == DType::Float32 || st.dtype == DType::Float64;
-  if (floating && nb == 1 && tasks < 8 && K >= 2 * kChunkK) {
-    const int64_t chunks = (K + kChunkK - 1) / kChunkK;
+  const int64_t chunks = (K + kChunkK - 1) / kChunkK;
+  if (floating && nb == 1 && tasks < 8 && K >= 2 * kChunkK && chunks * M * N <= kMaxPartial) {
     auto split_k = [&](auto* rp) {
       using R = std::remove_pointer_t<decltype(rp)>;
       std::vector<R> part(size_t(chunks * M * N));
