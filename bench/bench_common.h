@@ -1,6 +1,7 @@
 // Pieces the benchmarks share: the machine's load, and the benchmark GPT's configuration and
 // token batches (the same ones bench/gpt_step_torch.py draws, so both sides train on equal data).
 #pragma once
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <utility>
@@ -16,6 +17,14 @@ inline double load_average() {
     std::fclose(f);
   }
   return l;
+}
+
+// The p-quantile of v with linear interpolation (numpy's default), p in [0, 1].
+inline double percentile(std::vector<double> v, double p) {
+  std::sort(v.begin(), v.end());
+  double pos = p * double(v.size() - 1);
+  size_t lo = size_t(pos), hi = std::min(lo + 1, v.size() - 1);
+  return v[lo] + (v[hi] - v[lo]) * (pos - double(lo));
 }
 
 // The benchmark GPT: vocab 114, block 64, embd 128, 4 heads, 4 layers, batch 16.

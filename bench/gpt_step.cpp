@@ -32,13 +32,6 @@ namespace {
 
 using namespace bench;
 
-double percentile(std::vector<double> v, double p) {  // linear interpolation, as numpy's default
-  std::sort(v.begin(), v.end());
-  double pos = p * double(v.size() - 1);
-  size_t lo = size_t(pos), hi = std::min(lo + 1, v.size() - 1);
-  return v[lo] + (v[hi] - v[lo]) * (pos - double(lo));
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {

@@ -39,13 +39,6 @@ double cpu_s() {
 }
 double wall_s() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
 
-double quantile(std::vector<double> v, double q) {
-  std::sort(v.begin(), v.end());
-  double pos = q * double(v.size() - 1);
-  size_t lo = size_t(pos), hi = std::min(lo + 1, v.size() - 1);
-  return v[lo] + (v[hi] - v[lo]) * (pos - double(lo));
-}
-
 // The steps callgrind counts (--toggle-collect); not inlined so its name stays in the binary.
 template <class F>
 [[gnu::noinline]] void measured_steps(bool profiled, int steps, F& train_step) {
@@ -113,8 +106,8 @@ int main(int argc, char** argv) {
       c.push_back(cpu_s() - c0);
     }
     prof.stop();
-    *wall_med = quantile(w, 0.5);
-    *cpu_med = quantile(c, 0.5);
+    *wall_med = bench::percentile(w, 0.5);
+    *cpu_med = bench::percentile(c, 0.5);
   };
   std::vector<double> wall_ratio, cpu_ratio, wall_on, wall_off;
   const int64_t launched0 = metrics().steps_launched, steps0 = step_no;
@@ -162,20 +155,20 @@ int main(int argc, char** argv) {
     double off = fastest(false), on = fastest(true), off2 = fastest(false);
     per_step_ns = 1e9 * (on - std::min(off, off2)) / 65;  // 64 GEMM Steps + the sum
   }
-  auto pct = [](const std::vector<double>& v, double q) { return 100 * quantile(v, q); };
+  auto pct = [](const std::vector<double>& v, double q) { return 100 * bench::percentile(v, q); };
   const char* omp = std::getenv("OMP_NUM_THREADS");
   std::printf("profiler overhead over %d rounds of %d steps (threads %s, load %.2f): wall median %+.2f%% "
               "(quartiles %+.2f%% .. %+.2f%%, range %+.2f%% .. %+.2f%%); cpu median %+.2f%% (quartiles %+.2f%% .. %+.2f%%)\n",
               rounds, steps, omp && *omp ? omp : "default", load_average(), pct(wall_ratio, 0.5), pct(wall_ratio, 0.25),
               pct(wall_ratio, 0.75), pct(wall_ratio, 0), pct(wall_ratio, 1), pct(cpu_ratio, 0.5), pct(cpu_ratio, 0.25),
               pct(cpu_ratio, 0.75));
-  const double derived = 100 * per_step_ns * 1e-9 * steps_per_gpt_step / quantile(wall_off, 0.5);
+  const double derived = 100 * per_step_ns * 1e-9 * steps_per_gpt_step / bench::percentile(wall_off, 0.5);
   std::printf("recording costs %.0f ns per Step (fastest of 40 runs of a 65-Step chain); the GPT step launches ~%.0f Steps: "
               "%.3f%% of its %.1f ms\n",
-              per_step_ns, steps_per_gpt_step, derived, 1e3 * quantile(wall_off, 0.5));
+              per_step_ns, steps_per_gpt_step, derived, 1e3 * bench::percentile(wall_off, 0.5));
   std::printf("RESULT profiler_overhead wall_median_pct=%.3f wall_q1_pct=%.3f wall_q3_pct=%.3f cpu_median_pct=%.3f "
               "step_on_ms=%.3f step_off_ms=%.3f per_step_ns=%.1f derived_pct=%.4f\n",
               pct(wall_ratio, 0.5), pct(wall_ratio, 0.25), pct(wall_ratio, 0.75), pct(cpu_ratio, 0.5),
-              1e3 * quantile(wall_on, 0.5), 1e3 * quantile(wall_off, 0.5), per_step_ns, derived);
+              1e3 * bench::percentile(wall_on, 0.5), 1e3 * bench::percentile(wall_off, 0.5), per_step_ns, derived);
   return 0;
 }

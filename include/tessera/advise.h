@@ -38,6 +38,7 @@ struct DeviceSpec {
   double vec16_flops = 0;    // vector rate at bf16/fp16 (0: the fp32 vector rate)
   double mem_bytes = 0;      // nominal memory per replica
   double usable_bytes = 0;   // what a program can hold (nominal less context/reserve)
+  double capacity_bytes() const { return usable_bytes > 0 ? usable_bytes : mem_bytes; }  // usable, else nominal
   double mem_bw = 0;         // bytes/s per replica
   double link_bw = 0;        // interconnect bytes/s per direction per replica (ring all-reduce)
   double link_latency_s = 0; // alpha of the all-reduce, per ring hop

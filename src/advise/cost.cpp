@@ -105,7 +105,7 @@ Prediction predict(const DeviceSpec& d, const Workload& w, const Options& o) {
   if (p.launch_s > best) best = p.launch_s, p.bottleneck = Bottleneck::Launch;
   if (p.comm_s > best) best = p.comm_s, p.bottleneck = Bottleneck::Communication;
   p.peak_bytes = w.footprint_bytes();
-  p.capacity_bytes = d.usable_bytes > 0 ? d.usable_bytes : d.mem_bytes;
+  p.capacity_bytes = d.capacity_bytes();
   p.fits = p.peak_bytes <= p.capacity_bytes;
   p.tokens_per_s = p.step_s > 0 ? w.tokens * replicas / p.step_s : 0;
   p.tokens_per_joule = d.power_w > 0 ? p.tokens_per_s / (d.power_w * replicas) : 0;
@@ -265,7 +265,7 @@ const Workload& GptWorkloads::trace_and_compile(int64_t batch, const DeviceSpec*
 }
 
 int64_t GptWorkloads::max_batch(const DeviceSpec& target, DType dtype, int64_t limit) {
-  const double capacity = target.usable_bytes > 0 ? target.usable_bytes : target.mem_bytes;
+  const double capacity = target.capacity_bytes();
   auto peak = [&](int64_t b) { return at(b, target, dtype).footprint_bytes(); };
   auto fits = [&](int64_t b) { return peak(b) <= capacity; };
   if (!fits(1)) return 0;

@@ -15,6 +15,7 @@
 // Required: name, info, allocate, free, copy_in, copy_out, compile, launch. The rest have
 // defaults and are optional.
 #pragma once
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -87,7 +88,8 @@ class Backend {
 // (Metrics::devices, bytes_moved_in_graphs; synchronize() may read back a status word
 // uncounted); the conformance suite fails a case whose Steps move any.
 void report_host_transfer(const std::string& kind, int64_t bytes);
-int64_t reported_host_transfers(const std::string& kind);  // bytes reported so far
+// Bytes reported so far for a device kind (a stable counter: look it up once, read it often).
+std::atomic<int64_t>& reported_host_transfers(const std::string& kind);
 
 // The registry: backends add themselves at start-up; lookups throw for unknown devices.
 void register_backend(std::shared_ptr<Backend> b);

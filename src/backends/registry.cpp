@@ -25,19 +25,14 @@ std::vector<std::shared_ptr<Backend>>& registry() {
 }
 }  // namespace
 
-std::mutex g_transfers_mu;
-std::map<std::string, int64_t> g_transfers;
-
-void report_host_transfer(const std::string& kind, int64_t bytes) {
-  std::lock_guard<std::mutex> lock(g_transfers_mu);
-  g_transfers[kind] += bytes;
+std::atomic<int64_t>& reported_host_transfers(const std::string& kind) {
+  static std::mutex mu;
+  static std::map<std::string, std::atomic<int64_t>> counters;  // map nodes never move
+  std::lock_guard<std::mutex> lock(mu);
+  return counters[kind];
 }
 
-int64_t reported_host_transfers(const std::string& kind) {
-  std::lock_guard<std::mutex> lock(g_transfers_mu);
-  auto it = g_transfers.find(kind);
-  return it == g_transfers.end() ? 0 : it->second;
-}
+void report_host_transfer(const std::string& kind, int64_t bytes) { reported_host_transfers(kind) += bytes; }
 
 void register_backend(std::shared_ptr<Backend> b) {
   std::lock_guard<std::mutex> lock(g_mu);

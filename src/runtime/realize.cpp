@@ -229,6 +229,7 @@ std::vector<std::shared_ptr<Buffer>> realize(const std::vector<Request>& req, Rn
   const size_t guard = arena ? exe->guard : 0;
   std::vector<unsigned char> pattern(guard ? guard + plan.alignment : 0, kGuardByte), seen(pattern.size());
   int64_t moved = 0;  // host <-> device bytes the backend reported while launching Steps
+  const std::atomic<int64_t>& reported = backends::reported_host_transfers(dev.kind);
   for (size_t s = 0; s < plan.steps.size(); ++s) {
     const kir::Step& st = plan.steps[s];
     std::vector<int> guarded;  // temporaries this Step writes
@@ -238,7 +239,7 @@ std::vector<std::shared_ptr<Buffer>> realize(const std::vector<Request>& req, Rn
     for (int o : guarded)
       for (auto [b, e] : guard_ranges(plan.slots[o], guard, plan.alignment))
         be.copy_in(static_cast<char*>(arena->data) + b, pattern.data(), e - b);
-    const int64_t moved_before = backends::reported_host_transfers(dev.kind);
+    const int64_t moved_before = reported.load();
     if (prof_run >= 0) {
       int64_t ts0 = prof::now_ns();
       be.launch(*exe->kernels[s], st, args);
@@ -253,7 +254,7 @@ std::vector<std::shared_ptr<Buffer>> realize(const std::vector<Request>& req, Rn
       std::fprintf(stderr, "step %zu %s %s%s %.3f ms %s@%s\n", s, kir::step_kind_name(st.kind), dtype_short(st.dtype),
                    shape_str(st.shape).c_str(), double(since_ns(ts0)) / 1e6, st.sources[0].op.c_str(), st.sources[0].scope.c_str());
     }
-    moved += backends::reported_host_transfers(dev.kind) - moved_before;
+    moved += reported.load() - moved_before;
     if (hook) hook(int(s), slots.data());
     if (guarded.empty()) continue;
     be.synchronize();

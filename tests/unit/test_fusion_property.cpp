@@ -14,11 +14,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <map>
-#include <cmath>
 #include <cstdio>
-#include <functional>
-#include <limits>
-#include <random>
 #include <sstream>
 
 #include "compiler/passes/passes.h"
@@ -35,11 +31,6 @@ namespace {
 constexpr uint32_t kSeed = conformance::kRandomGraphSeed;
 constexpr int kGraphs = 1200;
 constexpr double kTol = 1e-6;
-
-struct Case {
-  std::vector<ir::NodePtr> outputs;
-};
-Case make_case(int i) { return {conformance::random_graph(i, Device("cpu"))}; }
 
 std::vector<std::vector<double>> run(const std::vector<ir::NodePtr>& nodes, const std::string& disabled) {
   compiler::set_disabled_passes(disabled);
@@ -69,9 +60,9 @@ TEST(FusionProperty, PassesOnAndOffAgreeOnRandomGraphs) {
   if (only) first = std::atoi(only), last = first + 1;
   std::map<std::string, int> ops;
   for (int i = first; i < last && failures < 3; ++i) {
-    Case c = make_case(i);
-    if (only) std::printf("%s", describe(i, c.outputs).c_str());
-    ir::Graph g = ir::build_graph(c.outputs);
+    const std::vector<ir::NodePtr> outputs = conformance::random_graph(i, Device("cpu"));
+    if (only) std::printf("%s", describe(i, outputs).c_str());
+    ir::Graph g = ir::build_graph(outputs);
     for (auto& n : g.nodes) ops[ir::op_name(n->op)]++;
     ir::Graph s = compiler::simplify(g);
     simplified += s.key != g.key;
@@ -81,14 +72,14 @@ TEST(FusionProperty, PassesOnAndOffAgreeOnRandomGraphs) {
     for (auto& n : g.nodes) f64 &= n->dtype != DType::Float32;
     if (f64) ref = reference::evaluate(g, 0, 0);
 
-    auto on = run(c.outputs, ""), off = run(c.outputs, "all");
-    for (size_t k = 0; k < c.outputs.size(); ++k) {
+    auto on = run(outputs, ""), off = run(outputs, "all");
+    for (size_t k = 0; k < outputs.size(); ++k) {
       double err = testing::normalized_error(on[k], off[k]);
       if (!(err <= kTol)) {
         ++failures;
         ADD_FAILURE() << "output " << k << ": passes on vs off, normalized error " << err << "\n  on:  "
                       << testing::values_str(on[k], 64) << "\n  off: " << testing::values_str(off[k], 64) << "\n"
-                      << describe(i, c.outputs);
+                      << describe(i, outputs);
         break;
       }
       if (f64) {
@@ -97,7 +88,7 @@ TEST(FusionProperty, PassesOnAndOffAgreeOnRandomGraphs) {
         if (!res) {
           ++failures;
           ADD_FAILURE() << "output " << k << ": passes on vs the float64 reference: " << res.message() << "\n"
-                        << describe(i, c.outputs);
+                        << describe(i, outputs);
           break;
         }
       }

@@ -779,15 +779,15 @@ void run_elementwise(const CpuKernel& k, const Step& st, const LaunchArgs& args)
   int64_t ntiles = (total + kTile - 1) / kTile;
   auto in = inputs_of(st, args);
   void* out = args.slots[st.output];
+  // A single output of its compute type is written by the last instruction itself, or, when it
+  // is far larger than the caches, streamed out of the register.
+  const bool plain = st.more_outputs.empty() && compute_dtype(st.dtype) == st.dtype;
+  const bool stream = plain && total * int64_t(itemsize(st.dtype)) >= kStreamMin;
 #pragma omp parallel for schedule(static) if (total >= kParallelMin)
   for (int64_t t = 0; t < ntiles; ++t) {
     Scratch& sc = scratch(st.program.size(), size_t(k.regs.nregs));
     int64_t start = t * kTile, n = std::min(kTile, total - start);
-    // A single output of its compute type is written by the last instruction itself, or, when
-    // it is far larger than the caches, streamed out of the register.
     char* dst = static_cast<char*>(out) + size_t(start) * itemsize(st.dtype);
-    const bool plain = st.more_outputs.empty() && compute_dtype(st.dtype) == st.dtype;
-    const bool stream = plain && total * int64_t(itemsize(st.dtype)) >= kStreamMin;
     run_program(st.program, k.regs, in, st.shape, start, n, args, sc, 0, plain && !stream ? dst : nullptr);
     if (stream) {
       stream_copy(dst, sc.at[st.program.size() - 1], size_t(n) * itemsize(st.dtype));
@@ -942,17 +942,14 @@ void strided_copy(const void* src, const kir::View& v, void* dst, size_t elem) {
   // Row by row along the last dimension: dense rows as one copy, others element by element.
   const size_t last = v.shape.size() - 1;
   const int64_t inner = v.shape[last], st = v.strides[last], total = numel(v.shape);
+  const Shape outer(v.shape.begin(), v.shape.end() - 1);
   std::vector<int64_t> idx(last, 0);
-  for (int64_t i = 0; i < total; i += inner) {
+  for (int64_t i = 0; i < total; i += inner, bump(idx.data(), outer)) {
     int64_t off = v.offset;
     for (size_t k = 0; k < last; ++k) off += idx[k] * v.strides[k];
     char* o = d + size_t(i) * elem;
     if (st == 1) std::memcpy(o, s + size_t(off) * elem, size_t(inner) * elem);
     else for (int64_t j = 0; j < inner; ++j) std::memcpy(o + size_t(j) * elem, s + size_t(off + j * st) * elem, elem);
-    for (size_t k = last; k-- > 0;) {
-      if (++idx[k] < v.shape[k]) break;
-      idx[k] = 0;
-    }
   }
 }
 
@@ -972,14 +969,14 @@ int64_t read_index(const void* base, DType t, int64_t off) {
 // embedding's) is checked once and moved as a run. Row-major order, so the first out-of-range
 // index is the one reported and scatter-add adds in a fixed order.
 struct IndexRows {
-  const Shape& shape;  // the index's
+  Shape outer;  // the index's shape but the last dimension
   int64_t last, inner, rows, ax, istride, sstride;
   bool along_last;
   std::vector<int64_t> idx;  // the row's position over every dimension but the last
   // iv: the index's view; sv: the view walked along the row besides it (gather's source,
   // scatter-add's updates).
   IndexRows(const Step& st, const kir::View& iv, const kir::View& sv)
-      : shape(iv.shape), last(int64_t(iv.shape.size()) - 1), inner(iv.shape[size_t(last)]),
+      : outer(iv.shape.begin(), iv.shape.end() - 1), last(int64_t(iv.shape.size()) - 1), inner(iv.shape[size_t(last)]),
         rows(inner ? numel(iv.shape) / inner : 0), ax(st.axis), istride(iv.strides[size_t(last)]),
         sstride(sv.strides[size_t(last)]), along_last(st.axis == last), idx(size_t(last), 0) {}
   // Offset in view v of the row's first element; the axis term left out when skip_axis.
@@ -989,12 +986,7 @@ struct IndexRows {
       if (!(skip_axis && d == ax)) o += idx[size_t(d)] * v.strides[size_t(d)];
     return o;
   }
-  void next() {
-    for (int64_t d = last; d-- > 0;) {
-      if (++idx[size_t(d)] < shape[size_t(d)]) return;
-      idx[size_t(d)] = 0;
-    }
-  }
+  void next() { bump(idx.data(), outer); }
 };
 
 void run_gather(const Step& st, const LaunchArgs& args, DType src_t, DType idx_t) {
@@ -1086,6 +1078,15 @@ void run_dus(const Step& st, const LaunchArgs& args) {
   }
 }
 
+// C[m, n] = op(A)[m, k] @ op(B)[k, n] through the BLAS, row-major, R float or double.
+template <class R>
+void blas_gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const R* a, int64_t lda, const R* b, int64_t ldb, R* c,
+               int64_t ldc) {
+  auto oa = ta ? CblasTrans : CblasNoTrans, ob = tb ? CblasTrans : CblasNoTrans;
+  if constexpr (std::is_same_v<R, float>) cblas_sgemm(CblasRowMajor, oa, ob, m, n, k, 1.0f, a, lda, b, ldb, 0.0f, c, ldc);
+  else cblas_dgemm(CblasRowMajor, oa, ob, m, n, k, 1.0, a, lda, b, ldb, 0.0, c, ldc);
+}
+
 // One operand of a matmul as BLAS sees it.
 struct GemmOperand {
   std::vector<int64_t> batch_strides;
@@ -1150,6 +1151,7 @@ void run_gemm(const CpuKernel& k, const Step& st, const LaunchArgs& args) {
     for (int64_t b = 0; b < nb; ++b) epilogue(b, 0, M, 0, N);
     return;
   }
+  const bool floating = st.dtype == DType::Float32 || st.dtype == DType::Float64;
   GemmOperand A = gemm_operand(av, args.slots[st.inputs[0]], st.dtype);
   GemmOperand B = gemm_operand(bv, args.slots[st.inputs[1]], st.dtype);
   // Rows [m0, m1) of batch b. op(A)'s rows are A's rows, or A's columns when transposed.
@@ -1161,7 +1163,7 @@ void run_gemm(const CpuKernel& k, const Step& st, const LaunchArgs& args) {
     int64_t ao = A.offset, bo = B.offset;
     for (size_t d = 0; d < batch.size(); ++d) ao += idx[d] * A.batch_strides[d], bo += idx[d] * B.batch_strides[d];
     char* c = out + size_t(b * M * N) * elem;
-    if (st.dtype != DType::Float32 && st.dtype != DType::Float64) {  // integers: int64 accumulation
+    if (!floating) {  // integers: int64 accumulation
       auto at = [&](const GemmOperand& g, int64_t off, int64_t i, int64_t j) {
         return read_index(g.data, st.dtype, off + (g.trans ? j * g.ld + i : i * g.ld + j));
       };
@@ -1178,13 +1180,12 @@ void run_gemm(const CpuKernel& k, const Step& st, const LaunchArgs& args) {
     ao += A.trans ? m0 : m0 * A.ld;
     bo += B.trans ? n0 * B.ld : n0;
     c += size_t(m0 * N + n0) * elem;
-    auto ta = A.trans ? CblasTrans : CblasNoTrans, tb = B.trans ? CblasTrans : CblasNoTrans;
     if (st.dtype == DType::Float32)
-      cblas_sgemm(CblasRowMajor, ta, tb, m1 - m0, n1 - n0, K, 1.0f, static_cast<const float*>(A.data) + ao, A.ld,
-                  static_cast<const float*>(B.data) + bo, B.ld, 0.0f, reinterpret_cast<float*>(c), N);
+      blas_gemm(A.trans, B.trans, m1 - m0, n1 - n0, K, static_cast<const float*>(A.data) + ao, A.ld,
+                static_cast<const float*>(B.data) + bo, B.ld, reinterpret_cast<float*>(c), N);
     else
-      cblas_dgemm(CblasRowMajor, ta, tb, m1 - m0, n1 - n0, K, 1.0, static_cast<const double*>(A.data) + ao, A.ld,
-                  static_cast<const double*>(B.data) + bo, B.ld, 0.0, reinterpret_cast<double*>(c), N);
+      blas_gemm(A.trans, B.trans, m1 - m0, n1 - n0, K, static_cast<const double*>(A.data) + ao, A.ld,
+                static_cast<const double*>(B.data) + bo, B.ld, reinterpret_cast<double*>(c), N);
     epilogue(b, m0, m1, n0, n1);
   };
   // Our pool runs the BLAS over fixed blocks (128 rows; 128 columns too when the matrix is only
@@ -1201,7 +1202,6 @@ void run_gemm(const CpuKernel& k, const Step& st, const LaunchArgs& args) {
   // and the epilogue runs on the sum. The partial products are bounded (a vocabulary-sized
   // weight gradient keeps the blocks).
   constexpr int64_t kChunkK = 2048, kMaxPartial = int64_t(1) << 22;
-  const bool floating = st.dtype == DType::Float32 || st.dtype == DType::Float64;
   const int64_t chunks = (K + kChunkK - 1) / kChunkK;
   if (floating && nb == 1 && tasks < 8 && K >= 2 * kChunkK && chunks * M * N <= kMaxPartial) {
     auto split_k = [&](auto* rp) {
@@ -1209,7 +1209,6 @@ void run_gemm(const CpuKernel& k, const Step& st, const LaunchArgs& args) {
       std::vector<R> part(size_t(chunks * M * N));
       const R* a = static_cast<const R*>(A.data);
       const R* bm = static_cast<const R*>(B.data);
-      auto ta = A.trans ? CblasTrans : CblasNoTrans, tb = B.trans ? CblasTrans : CblasNoTrans;
 #pragma omp parallel for schedule(static)
       for (int64_t t = 0; t < chunks * per; ++t) {
         int64_t q = t / per, i = (t % per) / nbk, j = t % nbk;
@@ -1218,11 +1217,8 @@ void run_gemm(const CpuKernel& k, const Step& st, const LaunchArgs& args) {
         int64_t k0 = q * kChunkK, k1 = std::min(K, k0 + kChunkK);
         int64_t ao = A.offset + (A.trans ? k0 * A.ld + m0 : m0 * A.ld + k0);
         int64_t bo = B.offset + (B.trans ? n0 * B.ld + k0 : k0 * B.ld + n0);
-        R* c = part.data() + q * M * N + m0 * N + n0;
-        if constexpr (std::is_same_v<R, float>)
-          cblas_sgemm(CblasRowMajor, ta, tb, m1 - m0, n1 - n0, k1 - k0, 1.0f, a + ao, A.ld, bm + bo, B.ld, 0.0f, c, N);
-        else
-          cblas_dgemm(CblasRowMajor, ta, tb, m1 - m0, n1 - n0, k1 - k0, 1.0, a + ao, A.ld, bm + bo, B.ld, 0.0, c, N);
+        blas_gemm(A.trans, B.trans, m1 - m0, n1 - n0, k1 - k0, a + ao, A.ld, bm + bo, B.ld,
+                  part.data() + q * M * N + m0 * N + n0, N);
       }
       R* c = reinterpret_cast<R*>(out);
 #pragma omp parallel for schedule(static) if (M * N * chunks >= kParallelMin)
@@ -1275,13 +1271,14 @@ class CpuBackend : public Backend {
   std::unique_ptr<Kernel> compile(const Step& st) override {
     std::vector<int> keep;
     if (!st.program.empty()) keep = st.more_results, keep.push_back(int(st.program.size()) - 1);
+    RegPlan regs = plan_registers(st.program, keep);
     if (st.kind != StepKind::Reduce) {
       auto k = std::make_unique<CpuKernel>();
-      k->regs = plan_registers(st.program, keep);
+      k->regs = std::move(regs);
       return k;
     }
     auto k = std::make_unique<ReduceKernel>();
-    k->regs = plan_registers(st.program, keep);
+    k->regs = std::move(regs);
     std::vector<int64_t> perm;
     std::vector<bool> red(st.domain.size(), false);
     for (int64_t a : st.axes) red[a] = true;

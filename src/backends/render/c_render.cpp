@@ -93,7 +93,6 @@ const char* storage_type(DType t) {
   return "?";
 }
 const char* ctype(DType t) { return storage_type(compute_dtype(t)); }
-bool is_float(DType t) { return is_floating(t); }
 std::string S(int64_t v) { return std::to_string(v); }
 
 // Storage value expression -> compute value, and back.
@@ -123,7 +122,6 @@ struct Kernel {
   std::vector<int> slots;
   std::vector<DType> slot_types;
   std::ostringstream b;  // body
-  bool f64 = false;
 
   std::string p(int64_t v) {
     P.push_back(v);
@@ -137,7 +135,6 @@ struct Kernel {
       if (slots[k] == slot) return "s" + S(int64_t(k));
     slots.push_back(slot);
     slot_types.push_back(t);
-    if (compute_dtype(t) == DType::Float64) f64 = true;
     return "s" + S(int64_t(slots.size()) - 1);
   }
   // A constant of dtype t as a compute value: passed as bits, so the source does not depend on it.
@@ -198,18 +195,19 @@ std::string source_of(const std::string& name_placeholder, Kernel& k, const std:
 }
 
 KernelCode finish(Kernel& k, int64_t work, bool checks = false) {
-  std::string text = source_of("KNAME", k, k.b.str());
-  if (k.f64 || text.find("double") != std::string::npos) k.f64 = true;
+  // Named by the hash of its text with a placeholder name, which is then replaced.
+  const std::string placeholder = "KNAME";
+  std::string text = source_of(placeholder, k, k.b.str());
   KernelCode kc;
   char name[24];
   std::snprintf(name, sizeof name, "t%016llx", (unsigned long long)fnv1a(text));
   kc.name = name;
-  kc.source = source_of(name, k, k.b.str());
+  kc.uses_f64 = text.find("double") != std::string::npos;  // a float64 slot, sum or value
+  kc.source = text.replace(text.find(placeholder), placeholder.size(), name);
   kc.params = std::move(k.P);
   kc.work_items = work;
   kc.slots = k.slots;
   kc.checks_index = checks;
-  kc.uses_f64 = k.f64;
   return kc;
 }
 
@@ -279,7 +277,7 @@ struct ProgramWriter {
     const Instr& I = prog[size_t(i)];
     DType t = I.dtype;
     std::string T = ctype(t), a = I.a >= 0 ? v(I.a) : "", bb = I.b >= 0 ? v(I.b) : "", c = I.c >= 0 ? v(I.c) : "";
-    bool fl = is_float(t);
+    bool fl = is_floating(t);
     switch (I.code) {
       case Code::Const: return k.constant(t, I.value, true);
       case Code::Iota: return "(" + T + ")" + dom + S(I.i0);
@@ -366,13 +364,12 @@ struct Accumulator {
   std::string name, type;
   bool is_max, fl;
   DType t;
-  Accumulator(std::string n, DType dt, bool mx) : name(std::move(n)), is_max(mx), fl(is_float(dt)), t(dt) {
+  Accumulator(std::string n, DType dt, bool mx) : name(std::move(n)), is_max(mx), fl(is_floating(dt)), t(dt) {
     // Sums accumulate in double (FACC: float on devices without float64) or int64, as the CPU's;
     // a max in the compute type.
     type = is_max ? ctype(dt) : compute_dtype(dt) == DType::Float64 ? "double" : fl ? "FACC" : "i64";
   }
   std::string init() const {
-    std::string T = ctype(t);
     std::string start = !is_max ? "0"
                         : fl    ? "-INFINITY"
                         : t == DType::Int32 ? "(-2147483647 - 1)"
