@@ -796,6 +796,21 @@ TEST(Ops, LargeElementwiseOutputs) {
   EXPECT_TRUE(matches_reference(std::vector<Tensor>{x * y, x.to(kF64) * 3.0 + y}));
 }
 
+// Elementwise Steps whose last dim is short after a long one ([.., OH, kH, OW, kW], a pooling
+// gradient's layout) run on the cpu in a permuted order and store with strides; masked loads
+// (pads), iota, several outputs and narrow dtypes through that path.
+TEST(Ops, InterleavedShortDimsMatchTheReference) {
+  Tensor g = random_tensor({3, 5, 9, 1, 11, 1}, kF32, 140);
+  Tensor taps = pad(g, {0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 2}) + pad(g * 2.0, {0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 1, 1}) +
+                pad(g * 3.0, {0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 2, 0});
+  EXPECT_EQ(taps.shape(), (Shape{3, 5, 9, 2, 11, 3}));
+  EXPECT_TRUE(matches_reference(taps));
+  Tensor x = random_tensor({3, 5, 9, 2, 11, 3}, kF32, 141);
+  Tensor tap = arange(0, 3, 1, opts(kI64)).reshape({1, 1, 1, 1, 1, 3}).to(kF32);
+  EXPECT_TRUE(matches_reference(std::vector<Tensor>{x * tap + 1.0, (x > 0.25).to(kI32), (x * 3.0).to(kF16)}));
+  EXPECT_TRUE(matches_reference(x.to(kBF16) * 2.0));
+}
+
 // ---------------------------------------------------------------- in place, reading, misc
 
 TEST(Ops, InPlaceOps) {

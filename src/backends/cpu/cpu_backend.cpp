@@ -13,6 +13,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <limits>
+#include <numeric>
+#include <optional>
 
 #include "backends/backend.h"
 #include "backends/cpu/vmath.h"
@@ -221,7 +223,22 @@ struct RegPlan {
   std::vector<int> reg;          // per instruction (-1: a scalar constant)
   std::vector<uint8_t> scalar;   // per instruction: a scalar constant
   int nregs = 0;
+  std::vector<uint8_t> load;     // per instruction: how a Load reads (LoadPath), fixed per Step
 };
+
+// How a Load reads its input: a dense run of the compute type in place, through one strided
+// view (load_strided), or per element through a stack of views.
+enum LoadPath : uint8_t { kInPlace, kStrided, kStacked };
+std::vector<uint8_t> load_paths(const std::vector<Instr>& prog) {
+  std::vector<uint8_t> r(prog.size(), kStacked);
+  for (size_t k = 0; k < prog.size(); ++k) {
+    const Instr& I = prog[k];
+    if (I.code != Code::Load) continue;
+    if (I.map.is_contiguous() && compute_dtype(I.dtype) == I.dtype) r[k] = kInPlace;
+    else if (I.map.effective_top() == 0) r[k] = kStrided;
+  }
+  return r;
+}
 
 bool is_binary(Code c) { return c >= Code::Add && c <= Code::Ge; }
 
@@ -479,12 +496,11 @@ void run_program(const std::vector<Instr>& prog, const RegPlan& rp, const std::v
     sc.at[k] = dst;
     switch (I.code) {
       case Code::Load: {
-        if (I.map.is_contiguous() && compute_dtype(I.dtype) == I.dtype) {
-          // A dense run of the compute type: read in place.
+        if (rp.load[k] == kInPlace) {
           sc.at[k] = static_cast<const char*>(in[I.input]) + size_t(I.map.views[0].offset + start) * itemsize(I.dtype);
           break;
         }
-        if (I.map.effective_top() == 0) {
+        if (rp.load[k] == kStrided) {
           load_strided(I, in[I.input], start, n, dst);
           break;
         }
@@ -671,13 +687,40 @@ void run_program(const std::vector<Instr>& prog, const RegPlan& rp, const std::v
   }
 }
 
-// Stores register r (of dtype t) into out[start, start + n).
-void store_reg(DType t, int r, void* out, int64_t start, int64_t n, Scratch& sc) {
+// Stores register r (of dtype t) into out[start, start + n), or, given `view` (a domain walked
+// in a permuted order: CpuKernel::out), at the view's offsets of those positions, run by run
+// along its last dimension.
+void store_reg(DType t, int r, void* out, int64_t start, int64_t n, Scratch& sc, const kir::View* view = nullptr) {
   with_compute(t, [&](auto* tp) {
     using T = std::remove_pointer_t<decltype(tp)>;
     const T* v = val<T>(sc, r);
     with_storage(t, [&](auto* sp) {
       using S = std::remove_pointer_t<decltype(sp)>;
+      if (view) {
+        const Shape& s = view->shape;
+        const size_t last = s.size() - 1;
+        int64_t idx[32] = {};
+        unravel(start, s, idx);
+        int64_t o = view->offset;
+        for (size_t d = 0; d < last; ++d) o += idx[d] * view->strides[d];
+        const int64_t inner = s[last], st = view->strides[last];
+        for (int64_t i = 0; i < n;) {
+          int64_t a = idx[last], run = std::min(n - i, inner - a);
+          S* q = static_cast<S*>(out) + o + a * st;
+          for (int64_t j = 0; j < run; ++j) q[j * st] = store_as<S>(v[i + j]);
+          i += run;
+          idx[last] += run;
+          if (idx[last] < inner) continue;
+          idx[last] = 0;
+          for (size_t d = last; d-- > 0;) {  // next row: carry through the outer dimensions
+            o += view->strides[d];
+            if (++idx[d] < s[d]) break;
+            o -= view->strides[d] * s[d];
+            idx[d] = 0;
+          }
+        }
+        return;
+      }
       S* o = static_cast<S*>(out) + start;
       if constexpr (std::is_same_v<S, T>) {
         if (static_cast<const void*>(o) != static_cast<const void*>(v)) std::memcpy(o, v, size_t(n) * sizeof(T));
@@ -769,10 +812,84 @@ void stream_copy(void* dst, const void* src, size_t bytes) {
   std::memcpy(dst, src, bytes);
 }
 
-// A compiled Step: its program's register plan (Reduce Steps: of the permuted program).
+// A compiled Step: its program's register plan and, for Elementwise, Copy and Reduce Steps,
+// the program and domain as run (loads' views coalesced, permuted along with the domain).
 struct CpuKernel : Kernel {
   RegPlan regs;
+  std::vector<Instr> program;
+  Shape domain;
+  // Elementwise Steps walked in a permuted order (interleave_order): where each position's
+  // output element lies, as a view over `domain`.
+  std::optional<kir::View> out;
 };
+
+// The view with adjacent dims merged where they walk memory as one (stride[d] = stride[d + 1] *
+// extent[d + 1], neither masked) and unmasked extent-1 dims dropped: the same row-major positions
+// in fewer, longer rows for load_strided and store_reg.
+kir::View coalesced(const kir::View& v) {
+  kir::View r;
+  r.offset = v.offset;
+  const bool masked = v.masked();
+  auto whole = [&](size_t d) { return !masked || (v.lo[d] <= 0 && v.hi[d] >= v.shape[d]); };
+  bool prev_whole = false, any_mask = false;
+  for (size_t d = 0; d < v.shape.size(); ++d) {
+    const bool w = whole(d);
+    if (w && v.shape[d] == 1) continue;
+    if (w && prev_whole && r.strides.back() == v.strides[d] * v.shape[d]) {
+      r.shape.back() *= v.shape[d];
+      r.strides.back() = v.strides[d];
+      if (masked) r.hi.back() = r.shape.back();
+      continue;
+    }
+    r.shape.push_back(v.shape[d]);
+    r.strides.push_back(v.strides[d]);
+    if (masked) r.lo.push_back(w ? 0 : v.lo[d]), r.hi.push_back(w ? v.shape[d] : v.hi[d]);
+    prev_whole = w;
+    any_mask |= !w;
+  }
+  if (!any_mask) r.lo.clear(), r.hi.clear();
+  return r;
+}
+
+// The order to walk an elementwise domain in, or {} for its own: when its last dim is short (at
+// most 4: pooling windows, the interleaved taps of a pooling gradient) after a long one, the last
+// (up to) four dims are reordered short ones first, so loads and masks run along the long dims
+// ([N, C, OH, kH, OW, kW] as [N, C, kH, kW, OH, OW]: each pooling tap a dense block).
+std::vector<int64_t> interleave_order(const Step& st) {
+  const Shape& s = st.shape;
+  const size_t r = s.size();
+  if (r < 2 || s[r - 1] > 4 || s[r - 2] <= 4) return {};
+  for (const Instr& I : st.program)
+    if (I.code == Code::Rng) return {};  // Philox streams follow the position
+  std::vector<int64_t> perm(r);
+  std::iota(perm.begin(), perm.end(), int64_t(0));
+  auto tail = perm.end() - std::ptrdiff_t(std::min<size_t>(r, 4));
+  std::stable_partition(tail, perm.end(), [&](int64_t d) { return s[size_t(d)] <= 4; });
+  return perm;
+}
+
+// An Elementwise or Copy Step's program as run: in interleave_order when every load stays one
+// strided view there, with each load's view coalesced.
+void prepare_elementwise(CpuKernel& k, const Step& st) {
+  k.program = st.program;
+  k.domain = st.shape;
+  if (std::vector<int64_t> perm = interleave_order(st); !perm.empty()) {
+    std::vector<Instr> prog = st.program;
+    bool ok = true;
+    for (Instr& I : prog) {
+      if (I.code == Code::Load) I.map = I.map.permute(perm), ok &= I.map.effective_top() == 0;
+      if (I.code == Code::Iota) I.i0 = std::find(perm.begin(), perm.end(), I.i0) - perm.begin();
+    }
+    if (ok) {
+      k.program = std::move(prog);
+      kir::View out = kir::IndexMap::contiguous(st.shape).permute(perm).views[0];
+      k.domain = out.shape;
+      k.out = coalesced(out);
+    }
+  }
+  for (Instr& I : k.program)
+    if (I.code == Code::Load && I.map.views.size() == 1) I.map.views[0] = coalesced(I.map.views[0]);
+}
 
 void run_elementwise(const CpuKernel& k, const Step& st, const LaunchArgs& args) {
   int64_t total = numel(st.shape);
@@ -781,14 +898,15 @@ void run_elementwise(const CpuKernel& k, const Step& st, const LaunchArgs& args)
   void* out = args.slots[st.output];
   // A single output of its compute type is written by the last instruction itself, or, when it
   // is far larger than the caches, streamed out of the register.
-  const bool plain = st.more_outputs.empty() && compute_dtype(st.dtype) == st.dtype;
+  const kir::View* view = k.out ? &*k.out : nullptr;
+  const bool plain = st.more_outputs.empty() && compute_dtype(st.dtype) == st.dtype && !view;
   const bool stream = plain && total * int64_t(itemsize(st.dtype)) >= kStreamMin;
 #pragma omp parallel for schedule(static) if (total >= kParallelMin)
   for (int64_t t = 0; t < ntiles; ++t) {
     Scratch& sc = scratch(st.program.size(), size_t(k.regs.nregs));
     int64_t start = t * kTile, n = std::min(kTile, total - start);
     char* dst = static_cast<char*>(out) + size_t(start) * itemsize(st.dtype);
-    run_program(st.program, k.regs, in, st.shape, start, n, args, sc, 0, plain && !stream ? dst : nullptr);
+    run_program(k.program, k.regs, in, k.domain, start, n, args, sc, 0, plain && !stream ? dst : nullptr);
     if (stream) {
       stream_copy(dst, sc.at[st.program.size() - 1], size_t(n) * itemsize(st.dtype));
       continue;
@@ -805,10 +923,10 @@ void run_elementwise(const CpuKernel& k, const Step& st, const LaunchArgs& args)
         }
       }
     }
-    store_tile(st, out, start, n, sc);
+    store_reg(st.dtype, int(st.program.size()) - 1, out, start, n, sc, view);
     for (size_t o = 0; o < st.more_outputs.size(); ++o) {
       int r = st.more_results[o];
-      store_reg(st.program[r].dtype, r, args.slots[st.more_outputs[o]], start, n, sc);
+      store_reg(st.program[r].dtype, r, args.slots[st.more_outputs[o]], start, n, sc, view);
     }
   }
 }
@@ -846,9 +964,7 @@ void run_row(const CpuKernel& k, const Step& st, const LaunchArgs& args) {
 
 // Reduce: the domain is permuted so kept axes come first; output o then owns the contiguous
 // range [o * R, (o + 1) * R) of the permuted domain, reduced in order (deterministic).
-struct ReduceKernel : CpuKernel {
-  std::vector<Instr> program;  // loads permuted to the kept-first order
-  Shape domain;                // permuted
+struct ReduceKernel : CpuKernel {  // program and domain permuted to the kept-first order
   int64_t outer = 1, inner = 1;
   // When the reduced axes all come before the kept ones (column sums, bias gradients), the
   // domain is walked in its own order, each row adding into a vector of accumulators.
@@ -1275,6 +1391,8 @@ class CpuBackend : public Backend {
     if (st.kind != StepKind::Reduce) {
       auto k = std::make_unique<CpuKernel>();
       k->regs = std::move(regs);
+      if (st.kind == StepKind::Elementwise || st.kind == StepKind::Copy) prepare_elementwise(*k, st);
+      k->regs.load = load_paths(k->program.empty() ? st.program : k->program);
       return k;
     }
     auto k = std::make_unique<ReduceKernel>();
@@ -1298,6 +1416,7 @@ class CpuBackend : public Backend {
       if (I.code == Code::Load && !k->columns) I.map = I.map.permute(perm);
     }
     if (k->columns) k->domain = st.domain;
+    k->regs.load = load_paths(k->program);
     return k;
   }
 
