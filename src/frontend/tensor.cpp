@@ -2,7 +2,6 @@
 #include <cmath>
 #include <cstring>
 #include <iomanip>
-#include <map>
 #include <mutex>
 #include <sstream>
 
@@ -18,28 +17,34 @@
 namespace tessera {
 namespace {
 
-// Pending impls in the order they last became pending, so graphs are built deterministically.
+// Pending impls in the order they last became pending, so graphs are built deterministically:
+// an intrusive list (no allocation per tensor), re-registering moves an impl to the end.
 struct Registry {
   std::mutex mu;
-  std::map<uint64_t, TensorImpl*> pending;
-  std::map<TensorImpl*, uint64_t> seq_of;
-  uint64_t next = 0;
+  TensorImpl* head = nullptr;
+  TensorImpl* tail = nullptr;
+  size_t count = 0;
 };
 Registry& registry() {
   static Registry* r = new Registry();
   return *r;
 }
+
 void set_pending(TensorImpl* t, bool on) {
   Registry& r = registry();
   std::lock_guard<std::mutex> lock(r.mu);
-  auto it = r.seq_of.find(t);
-  if (it != r.seq_of.end()) {
-    r.pending.erase(it->second);
-    r.seq_of.erase(it);
+  if (t->pending) {
+    (t->pending_prev ? t->pending_prev->pending_next : r.head) = t->pending_next;
+    (t->pending_next ? t->pending_next->pending_prev : r.tail) = t->pending_prev;
+    t->pending_prev = t->pending_next = nullptr;
+    --r.count;
   }
+  t->pending = on;
   if (on) {
-    r.pending[r.next] = t;
-    r.seq_of[t] = r.next++;
+    t->pending_prev = r.tail;
+    (r.tail ? r.tail->pending_next : r.head) = t;
+    r.tail = t;
+    ++r.count;
   }
 }
 
@@ -144,8 +149,8 @@ std::vector<std::shared_ptr<TensorImpl>> pending_impls() {
   Registry& r = registry();
   std::lock_guard<std::mutex> lock(r.mu);
   std::vector<std::shared_ptr<TensorImpl>> out;
-  out.reserve(r.pending.size());
-  for (auto& [seq, impl] : r.pending) {
+  out.reserve(r.count);
+  for (TensorImpl* impl = r.head; impl; impl = impl->pending_next) {
     // Handles own impls through shared_ptr; a dying impl is skipped (it unregisters itself).
     if (auto sp = impl->self.lock()) out.push_back(std::move(sp));
   }

@@ -25,6 +25,10 @@ struct TensorImpl {
   bool is_view = false;            // made by a movement op: in-place ops on it are refused
   std::shared_ptr<autodiff::Meta> grad_meta;   // autodiff state; null when it needs no gradient
   std::weak_ptr<const ir::Node> realized_from;  // the node whose value `buffer` holds
+  // Links in the list of pending impls, in the order they last became pending (tensor.cpp).
+  TensorImpl* pending_prev = nullptr;
+  TensorImpl* pending_next = nullptr;
+  bool pending = false;
 
   TensorImpl(ir::NodePtr n);                                      // pending
   TensorImpl(std::shared_ptr<Buffer> b, Shape s, DType t);        // realized

@@ -9,24 +9,24 @@ namespace tessera::ir {
 
 Graph build_graph(const std::vector<NodePtr>& outputs) {
   Graph g;
-  // Iterative post-order DFS; inputs are visited in order, so the order is deterministic.
+  // Iterative post-order DFS; inputs are visited in order, so the order is deterministic. A
+  // node is entered in the index (-1) when first pushed and numbered when its inputs are done.
   std::vector<std::pair<const NodePtr*, size_t>> stack;
+  g.index.reserve(1024);
   for (const NodePtr& out : outputs) {
-    if (g.index.count(out.get())) continue;
+    if (!g.index.emplace(out.get(), -1).second) continue;
     stack.push_back({&out, 0});
     while (!stack.empty()) {
       auto& [np, next] = stack.back();
       const Node& n = **np;
       if (next < n.inputs.size()) {
         const NodePtr* child = &n.inputs[next++];
-        if (!g.index.count(child->get())) stack.push_back({child, 0});
+        if (g.index.emplace(child->get(), -1).second) stack.push_back({child, 0});
         continue;
       }
-      if (!g.index.count(&n)) {
-        g.index[&n] = int(g.nodes.size());
-        if (n.op == Op::Leaf) g.params.push_back(int(g.nodes.size()));
-        g.nodes.push_back(*np);
-      }
+      g.index[&n] = int(g.nodes.size());
+      if (n.op == Op::Leaf) g.params.push_back(int(g.nodes.size()));
+      g.nodes.push_back(*np);
       stack.pop_back();
     }
   }

@@ -78,8 +78,10 @@ Node::~Node() {
 const std::string* intern_scope(const std::string& s) {
   static std::mutex mu;
   static std::unordered_set<std::string> scopes;
+  thread_local const std::string* last = nullptr;  // consecutive nodes mostly share a scope
+  if (last && *last == s) return last;
   std::lock_guard<std::mutex> lock(mu);
-  return &*scopes.insert(s).first;
+  return last = &*scopes.insert(s).first;
 }
 
 NodePtr make(Op op, std::vector<NodePtr> inputs, Attrs attrs, const Shape* shape, std::optional<DType> dtype,

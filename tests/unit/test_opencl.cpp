@@ -264,7 +264,9 @@ TEST(OpenCL, DeviceSelectionAndErrors) {
   // PoCL runs on the host CPU: the native cpu backend ranks above it.
   bool accel = false;
   for (const DeviceInfo& d : devices()) accel |= d.accelerator;
-  if (!accel) EXPECT_EQ(Device::best(), Device("cpu"));
+  if (!accel) {
+    EXPECT_EQ(Device::best(), Device("cpu"));
+  }
   // An op across devices names both.
   EXPECT_THROW((ones({2}) + ones({2}, {DType::Float32, kCL})).item(), Error);
   // The interface's alignment: the device's base-address alignment.
