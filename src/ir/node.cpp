@@ -1,9 +1,10 @@
 #include "ir/node.h"
 
+#include <algorithm>
 #include <atomic>
+#include <bit>
 #include <cstring>
 #include <mutex>
-#include <unordered_map>
 #include <unordered_set>
 
 #include "tessera/error.h"
@@ -12,8 +13,60 @@
 namespace tessera::ir {
 namespace {
 
+// The intern table: live interned nodes by hash, open addressing with linear probing (no
+// allocation per node); weak: nodes remove themselves when they die (backward-shift deletion,
+// so probes never need tombstones). Guarded by g_mu.
+class Table {
+ public:
+  // Calls f on each node with hash h until f returns true.
+  template <class F> void for_each(size_t h, F f) const {
+    if (slots_.empty()) return;
+    for (size_t i = home(h); slots_[i]; i = (i + 1) & mask_)
+      if (slots_[i]->hash == h && f(slots_[i])) return;
+  }
+  void insert(Node* n) {
+    if ((used_ + 1) * 2 > slots_.size()) rehash(std::max<size_t>(1024, slots_.size() * 2));
+    size_t i = home(n->hash);
+    while (slots_[i]) i = (i + 1) & mask_;
+    slots_[i] = n;
+    ++used_;
+  }
+  bool erase(const Node* n) {
+    if (slots_.empty()) return false;
+    size_t i = home(n->hash);
+    while (slots_[i] != n)
+      if (!slots_[i = (i + 1) & mask_]) return false;
+    for (size_t j = i;;) {  // shift later members of the probe run back into the hole
+      j = (j + 1) & mask_;
+      if (!slots_[j]) break;
+      size_t k = home(slots_[j]->hash);
+      if (i <= j ? (i < k && k <= j) : (i < k || k <= j)) continue;  // its home is after the hole
+      slots_[i] = slots_[j];
+      i = j;
+    }
+    slots_[i] = nullptr;
+    --used_;
+    return true;
+  }
+
+ private:
+  size_t home(size_t h) const { return size_t((uint64_t(h) * 0x9e3779b97f4a7c15ULL) >> shift_); }
+  void rehash(size_t n) {
+    std::vector<Node*> old(n, nullptr);
+    old.swap(slots_);
+    mask_ = n - 1;
+    shift_ = 64 - std::countr_zero(n);
+    used_ = 0;
+    for (Node* x : old)
+      if (x) insert(x);
+  }
+  std::vector<Node*> slots_;
+  size_t mask_ = 0, used_ = 0;
+  int shift_ = 64;
+};
+
 std::mutex g_mu;
-std::unordered_multimap<size_t, Node*> g_table;  // weak: nodes remove themselves when they die
+Table g_table;
 std::atomic<int64_t> g_live{0};
 
 inline size_t mix(size_t h, size_t v) { return h ^ (v + 0x9e3779b97f4a7c15ULL + (h << 6) + (h >> 2)); }
@@ -48,13 +101,10 @@ NodePtr intern(std::shared_ptr<Node> n) {
   n->hash = hash_node(*n);
   {
     std::lock_guard<std::mutex> lock(g_mu);
-    auto [lo, hi] = g_table.equal_range(n->hash);
-    for (auto it = lo; it != hi; ++it) {
-      if (same(*it->second, *n)) {
-        if (NodePtr existing = it->second->weak_from_this().lock()) return existing;
-      }
-    }
-    g_table.emplace(n->hash, n.get());
+    NodePtr existing;
+    g_table.for_each(n->hash, [&](Node* m) { return same(*m, *n) && (existing = m->weak_from_this().lock()); });
+    if (existing) return existing;
+    g_table.insert(n.get());
     n->interned = true;
   }
   g_live.fetch_add(1, std::memory_order_relaxed);
@@ -66,13 +116,7 @@ NodePtr intern(std::shared_ptr<Node> n) {
 Node::~Node() {
   if (!interned) return;
   std::lock_guard<std::mutex> lock(g_mu);
-  auto [lo, hi] = g_table.equal_range(hash);
-  for (auto it = lo; it != hi; ++it)
-    if (it->second == this) {
-      g_table.erase(it);
-      g_live.fetch_sub(1, std::memory_order_relaxed);
-      break;
-    }
+  if (g_table.erase(this)) g_live.fetch_sub(1, std::memory_order_relaxed);
 }
 
 const std::string* intern_scope(const std::string& s) {

@@ -25,6 +25,37 @@ TEST(IR, NodesAreInternedWhileAlive) {
   EXPECT_EQ(ts::live_nodes(), before);  // weakly interned: dead nodes leave the table
 }
 
+// The intern table under churn: thousands of nodes (growing it several times), every other one
+// dropped (deletions shift probe runs back), then all traced again: the survivors are found,
+// the dropped ones made anew, and the table empties back to where it started.
+TEST(IR, InternTableFindsSurvivorsAfterDeletions) {
+  auto x = ts::from_vector<float>({1, 2, 3}, {3});
+  const int64_t before = ts::live_nodes();
+  {
+    std::vector<ts::Tensor> first, kept;
+    for (int i = 0; i < 6000; ++i) first.push_back(x + double(i));
+    for (int i = 0; i < 6000; i += 2) kept.push_back(first[size_t(i)]);
+    std::vector<const ts::ir::Node*> kept_nodes;
+    for (auto& t : kept) kept_nodes.push_back(node_of(t).get());
+    first.clear();
+    const int64_t live = ts::live_nodes();
+    EXPECT_GT(live, before + 3000);
+    int64_t fresh = -1;  // nodes one dropped expression makes anew
+    for (int i = 0; i < 6000; ++i) {
+      ts::Tensor again = x + double(i);
+      if (i % 2 == 0) {
+        EXPECT_EQ(node_of(again).get(), kept_nodes[size_t(i / 2)]) << i;
+        EXPECT_EQ(ts::live_nodes(), live) << i;  // every node found, none made
+      } else {
+        if (fresh < 0) fresh = ts::live_nodes() - live;
+        EXPECT_EQ(ts::live_nodes(), live + fresh) << i;
+      }
+    }
+    EXPECT_GE(fresh, 1);
+  }
+  EXPECT_EQ(ts::live_nodes(), before);
+}
+
 TEST(IR, RandomNodesAreNeverMerged) {
   auto a = ts::rand({4}), b = ts::rand({4});
   EXPECT_NE(node_of(a).get(), node_of(b).get());
