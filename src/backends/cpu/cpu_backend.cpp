@@ -1414,6 +1414,7 @@ class CpuBackend : public Backend {
       if (I.code == Code::Iota || I.code == Code::Rng)
         fail("cpu", "reduce programs cannot use iota or rng (step " + st.str() + ")", "");
       if (I.code == Code::Load && !k->columns) I.map = I.map.permute(perm);
+      if (I.code == Code::Load && I.map.views.size() == 1) I.map.views[0] = coalesced(I.map.views[0]);
     }
     if (k->columns) k->domain = st.domain;
     k->regs.load = load_paths(k->program);
