@@ -32,9 +32,10 @@ Graph build_graph(const std::vector<NodePtr>& outputs) {
   }
   for (const NodePtr& out : outputs) g.outputs.push_back(g.index.at(out.get()));
 
-  // Canonical key: a flat sequence of 64-bit words.
-  std::vector<int64_t> w;
-  w.reserve(g.nodes.size() * 12);
+  // Canonical key: a flat sequence of 64-bit words (built in a buffer kept across calls: the
+  // GPT step's key is ~170 KB, and fresh blocks that size cost a malloc consolidation each).
+  thread_local std::vector<int64_t> w;
+  w.clear();
   for (const NodePtr& p : g.nodes) {
     const Node& n = *p;
     w.push_back(int64_t(n.op) << 8 | int64_t(n.dtype));
@@ -53,7 +54,6 @@ Graph build_graph(const std::vector<NodePtr>& outputs) {
   w.push_back(-1);
   w.insert(w.end(), g.outputs.begin(), g.outputs.end());
   g.key.assign(reinterpret_cast<const char*>(w.data()), w.size() * sizeof(int64_t));
-  g.hash = std::hash<std::string>()(g.key);
   return g;
 }
 

@@ -16,7 +16,6 @@ struct Graph {
   std::vector<int> params;            // indices of Leaf nodes, numbered by first appearance
   std::unordered_map<const Node*, int> index;  // node -> position in nodes
   std::string key;                    // canonical serialization (structure, shapes, dtypes)
-  size_t hash = 0;                    // of key
 };
 
 Graph build_graph(const std::vector<NodePtr>& outputs);

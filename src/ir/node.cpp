@@ -14,53 +14,58 @@ namespace tessera::ir {
 namespace {
 
 // The intern table: live interned nodes by hash, open addressing with linear probing (no
-// allocation per node); weak: nodes remove themselves when they die (backward-shift deletion,
-// so probes never need tombstones). Guarded by g_mu.
+// allocation per node; each slot keeps its node's hash, so probes compare without touching
+// nodes); weak: nodes remove themselves when they die (backward-shift deletion, so probes never
+// need tombstones). Guarded by g_mu.
 class Table {
  public:
   // Calls f on each node with hash h until f returns true.
   template <class F> void for_each(size_t h, F f) const {
     if (slots_.empty()) return;
-    for (size_t i = home(h); slots_[i]; i = (i + 1) & mask_)
-      if (slots_[i]->hash == h && f(slots_[i])) return;
+    for (size_t i = home(h); slots_[i].node; i = (i + 1) & mask_)
+      if (slots_[i].hash == h && f(slots_[i].node)) return;
   }
   void insert(Node* n) {
     if ((used_ + 1) * 2 > slots_.size()) rehash(std::max<size_t>(1024, slots_.size() * 2));
     size_t i = home(n->hash);
-    while (slots_[i]) i = (i + 1) & mask_;
-    slots_[i] = n;
+    while (slots_[i].node) i = (i + 1) & mask_;
+    slots_[i] = {n->hash, n};
     ++used_;
   }
   bool erase(const Node* n) {
     if (slots_.empty()) return false;
     size_t i = home(n->hash);
-    while (slots_[i] != n)
-      if (!slots_[i = (i + 1) & mask_]) return false;
+    while (slots_[i].node != n)
+      if (!slots_[i = (i + 1) & mask_].node) return false;
     for (size_t j = i;;) {  // shift later members of the probe run back into the hole
       j = (j + 1) & mask_;
-      if (!slots_[j]) break;
-      size_t k = home(slots_[j]->hash);
+      if (!slots_[j].node) break;
+      size_t k = home(slots_[j].hash);
       if (i <= j ? (i < k && k <= j) : (i < k || k <= j)) continue;  // its home is after the hole
       slots_[i] = slots_[j];
       i = j;
     }
-    slots_[i] = nullptr;
+    slots_[i] = {};
     --used_;
     return true;
   }
 
  private:
+  struct Slot {
+    size_t hash = 0;
+    Node* node = nullptr;
+  };
   size_t home(size_t h) const { return size_t((uint64_t(h) * 0x9e3779b97f4a7c15ULL) >> shift_); }
   void rehash(size_t n) {
-    std::vector<Node*> old(n, nullptr);
+    std::vector<Slot> old(n);
     old.swap(slots_);
     mask_ = n - 1;
     shift_ = 64 - std::countr_zero(n);
     used_ = 0;
-    for (Node* x : old)
-      if (x) insert(x);
+    for (const Slot& x : old)
+      if (x.node) insert(x.node);
   }
-  std::vector<Node*> slots_;
+  std::vector<Slot> slots_;
   size_t mask_ = 0, used_ = 0;
   int shift_ = 64;
 };

@@ -77,10 +77,10 @@ std::shared_ptr<Executable> compile(const ir::Graph& g, const Device& dev, const
   return exe;
 }
 
-// Cache key: graph structure + device + which outputs may overwrite which parameters + the
-// passes switched off + the arena guard.
-std::string cache_key(const ir::Graph& g, const Device& dev, const std::vector<int>& donate) {
-  std::string k = g.key;
+// Cache key: graph structure (g.key, moved: nothing reads it after the lookup) + device + which
+// outputs may overwrite which parameters + the passes switched off + the arena guard.
+std::string cache_key(ir::Graph& g, const Device& dev, const std::vector<int>& donate) {
+  std::string k = std::move(g.key);
   k += '|';
   k += dev.str();
   k += '|' + compiler::disabled_passes_key();
@@ -107,7 +107,7 @@ Prepared prepare(const std::vector<Request>& req, const Device* target = nullptr
   if (prof::on()) prof::mark(prof::Region::Graph);
   Prepared p{ir::build_graph(outs), target ? *target : outs.front()->device, nullptr};
   if (prof::on()) prof::mark(prof::Region::Lookup);
-  const ir::Graph& g = p.g;
+  ir::Graph& g = p.g;
   const Device& dev = p.dev;
 
   // Donation: a request's old buffer whose only remaining owner is its leaf node in this graph.

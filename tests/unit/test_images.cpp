@@ -168,7 +168,9 @@ TEST(ConvModules, BatchNormUpdatesRunningStatisticsWithoutRecompiling) {
     opt.zero_grad();
     int64_t before = metrics().graphs_compiled;
     loss.item();
-    if (step > 1) EXPECT_EQ(metrics().graphs_compiled, before) << "step " << step << " recompiled";
+    if (step > 1) {
+      EXPECT_EQ(metrics().graphs_compiled, before) << "step " << step << " recompiled";
+    }
   }
   EXPECT_TRUE(testing::all_close(bn.running_mean.to_vector<double>(), rm, 1e-5));
   EXPECT_EQ(bn.num_batches_tracked.item(), 4);
