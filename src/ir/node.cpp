@@ -5,6 +5,7 @@
 #include <bit>
 #include <cstring>
 #include <mutex>
+#include <optional>
 #include <unordered_set>
 
 #include "tessera/error.h"
@@ -19,6 +20,11 @@ namespace {
 // need tombstones). Guarded by g_mu.
 class Table {
  public:
+  // Starts loading h's home slot into the cache (a hint: may race with a rehash, never faults).
+  void prefetch(size_t h) const {
+    const Slot* base = base_.load(std::memory_order_relaxed);
+    if (base) __builtin_prefetch(base + home_in(h, shift_hint_.load(std::memory_order_relaxed)));
+  }
   // Calls f on each node with hash h until f returns true.
   template <class F> void for_each(size_t h, F f) const {
     if (slots_.empty()) return;
@@ -55,19 +61,24 @@ class Table {
     size_t hash = 0;
     Node* node = nullptr;
   };
-  size_t home(size_t h) const { return size_t((uint64_t(h) * 0x9e3779b97f4a7c15ULL) >> shift_); }
+  static size_t home_in(size_t h, int shift) { return size_t((uint64_t(h) * 0x9e3779b97f4a7c15ULL) >> shift); }
+  size_t home(size_t h) const { return home_in(h, shift_); }
   void rehash(size_t n) {
     std::vector<Slot> old(n);
     old.swap(slots_);
     mask_ = n - 1;
     shift_ = 64 - std::countr_zero(n);
     used_ = 0;
+    base_.store(slots_.data(), std::memory_order_relaxed);
+    shift_hint_.store(shift_, std::memory_order_relaxed);
     for (const Slot& x : old)
       if (x.node) insert(x.node);
   }
   std::vector<Slot> slots_;
   size_t mask_ = 0, used_ = 0;
   int shift_ = 64;
+  std::atomic<const Slot*> base_{nullptr};  // for prefetch(), read without the lock
+  std::atomic<int> shift_hint_{64};
 };
 
 std::mutex g_mu;
@@ -76,18 +87,22 @@ std::atomic<int64_t> g_live{0};
 
 inline size_t mix(size_t h, size_t v) { return h ^ (v + 0x9e3779b97f4a7c15ULL + (h << 6) + (h >> 2)); }
 
-size_t hash_node(const Node& n) {
-  size_t h = mix(static_cast<size_t>(n.op), static_cast<size_t>(n.dtype));
-  for (int64_t d : n.shape) h = mix(h, size_t(d));
-  h = mix(h, std::hash<std::string>()(n.device.kind));
-  h = mix(h, size_t(n.device.index));
-  for (auto& i : n.inputs) h = mix(h, reinterpret_cast<size_t>(i.get()));
-  for (int64_t v : n.attrs.ints) h = mix(h, size_t(v));
+// A node's hash from what make() is given (its shape and dtype follow from these, so they are
+// left out): computed before shape inference, so the table slot can be fetched meanwhile.
+size_t hash_parts(Op op, const std::vector<NodePtr>& inputs, const Attrs& attrs, const Shape* shape,
+                  std::optional<DType> dtype, const Device& dev, const std::string* scope, const Buffer* buffer) {
+  size_t h = mix(static_cast<size_t>(op), dtype ? size_t(*dtype) + 1 : 0);
+  if (shape)
+    for (int64_t d : *shape) h = mix(h, size_t(d));
+  h = mix(h, std::hash<std::string>()(dev.kind));
+  h = mix(h, size_t(dev.index));
+  for (auto& i : inputs) h = mix(h, reinterpret_cast<size_t>(i.get()));
+  for (int64_t v : attrs.ints) h = mix(h, size_t(v));
   uint64_t fb;
-  std::memcpy(&fb, &n.attrs.f, 8);
+  std::memcpy(&fb, &attrs.f, 8);
   h = mix(h, fb);
-  h = mix(h, reinterpret_cast<size_t>(n.scope));
-  h = mix(h, reinterpret_cast<size_t>(n.buffer.get()));
+  h = mix(h, reinterpret_cast<size_t>(scope));
+  h = mix(h, reinterpret_cast<size_t>(buffer));
   return h;
 }
 
@@ -101,9 +116,9 @@ bool same(const Node& a, const Node& b) {
   return true;
 }
 
-// The candidate `n` is destroyed (when an equal node exists) only after the lock is released.
+// The candidate `n` (its hash set) is destroyed, when an equal node exists, only after the lock
+// is released.
 NodePtr intern(std::shared_ptr<Node> n) {
-  n->hash = hash_node(*n);
   {
     std::lock_guard<std::mutex> lock(g_mu);
     NodePtr existing;
@@ -145,6 +160,9 @@ NodePtr make(Op op, std::vector<NodePtr> inputs, Attrs attrs, const Shape* shape
     if (i->device != dev)
       fail(pi.name, "tensors on different devices: " + dev.str() + " and " + i->device.str() +
                         "; move one with .to(device)");
+  const std::string* scope = intern_scope(current_scope());
+  const size_t hash = hash_parts(op, inputs, attrs, shape, dtype, dev, scope, nullptr);
+  g_table.prefetch(hash);
   TypeShape ts = pi.infer(InferArgs{inputs, attrs, shape, dtype});
   if (ts.shape.size() > 16) fail(pi.name, "tensors of rank " + std::to_string(ts.shape.size()) + " (over 16) are not supported");
   auto n = std::make_shared<Node>();
@@ -154,7 +172,8 @@ NodePtr make(Op op, std::vector<NodePtr> inputs, Attrs attrs, const Shape* shape
   n->device = std::move(dev);
   n->inputs = std::move(inputs);
   n->attrs = std::move(attrs);
-  n->scope = intern_scope(current_scope());
+  n->scope = scope;
+  n->hash = hash;
   return intern(std::move(n));
 }
 
@@ -166,6 +185,7 @@ NodePtr leaf(std::shared_ptr<Buffer> buf, const Shape& shape, DType dtype) {
   n->device = buf->device;
   n->scope = intern_scope("");
   n->buffer = std::move(buf);
+  n->hash = hash_parts(Op::Leaf, {}, {}, &shape, dtype, n->device, n->scope, n->buffer.get());
   return intern(std::move(n));
 }
 
