@@ -1,30 +1,68 @@
 #include "ir/graph.h"
 
+#include <algorithm>
+#include <bit>
 #include <cstring>
+#include <stdexcept>
 #include <sstream>
 
 #include "tessera/error.h"
 
 namespace tessera::ir {
 
+size_t NodeIndex::slot_of(const Node* n) const {
+  const size_t mask = slots_.size() - 1;
+  size_t i = size_t((uint64_t(reinterpret_cast<uintptr_t>(n)) * 0x9e3779b97f4a7c15ULL) >> shift_);
+  while (slots_[i].node && slots_[i].node != n) i = (i + 1) & mask;
+  return i;
+}
+
+bool NodeIndex::emplace(const Node* n, int v) {
+  if ((used_ + 1) * 2 > slots_.size()) {  // at most half full
+    std::vector<Slot> old(std::max<size_t>(256, slots_.size() * 2));
+    old.swap(slots_);
+    shift_ = 64 - std::countr_zero(slots_.size());
+    for (const Slot& s : old)
+      if (s.node) slots_[slot_of(s.node)] = s;
+  }
+  Slot& s = slots_[slot_of(n)];
+  if (s.node) return false;
+  s = {n, v};
+  ++used_;
+  return true;
+}
+
+void NodeIndex::set(const Node* n, int v) { slots_[slot_of(n)].value = v; }
+
+const int* NodeIndex::find(const Node* n) const {
+  if (slots_.empty()) return nullptr;
+  const Slot& s = slots_[slot_of(n)];
+  return s.node ? &s.value : nullptr;
+}
+
+int NodeIndex::at(const Node* n) const {
+  const int* v = find(n);
+  if (!v) throw std::out_of_range("NodeIndex::at: node not in the graph");
+  return *v;
+}
+
 Graph build_graph(const std::vector<NodePtr>& outputs) {
   Graph g;
   // Iterative post-order DFS; inputs are visited in order, so the order is deterministic. A
   // node is entered in the index (-1) when first pushed and numbered when its inputs are done.
   std::vector<std::pair<const NodePtr*, size_t>> stack;
-  g.index.reserve(1024);
   for (const NodePtr& out : outputs) {
-    if (!g.index.emplace(out.get(), -1).second) continue;
+    if (!g.index.emplace(out.get(), -1)) continue;
     stack.push_back({&out, 0});
     while (!stack.empty()) {
       auto& [np, next] = stack.back();
       const Node& n = **np;
       if (next < n.inputs.size()) {
         const NodePtr* child = &n.inputs[next++];
-        if (g.index.emplace(child->get(), -1).second) stack.push_back({child, 0});
+        if (g.index.emplace(child->get(), -1)) stack.push_back({child, 0});
         continue;
       }
-      g.index[&n] = int(g.nodes.size());
+      g.index.set(&n, int(g.nodes.size()));
       if (n.op == Op::Leaf) g.params.push_back(int(g.nodes.size()));
       g.nodes.push_back(*np);
       stack.pop_back();
@@ -103,8 +141,8 @@ void verify(const Graph& g) {
     const PrimitiveInfo& pi = info(n.op);
     auto bad = [&](const std::string& why) { fail("verify", node_text(g, int(i)) + ": " + why, *n.scope); };
     for (auto& in : n.inputs) {
-      auto it = g.index.find(in.get());
-      if (it == g.index.end() || it->second >= int(i)) bad("input not defined before use");
+      const int* at = g.index.find(in.get());
+      if (!at || *at >= int(i)) bad("input not defined before use");
     }
     if (n.op == Op::Leaf) {
       if (!n.buffer || n.buffer->nbytes < size_t(n.numel()) * itemsize(n.dtype)) bad("leaf without a large enough buffer");

@@ -3,18 +3,39 @@
 // numbered parameters (shape, dtype), never by identity or contents.
 #pragma once
 #include <string>
-#include <unordered_map>
 #include <vector>
 
 #include "ir/node.h"
 
 namespace tessera::ir {
 
+// Node -> position: open addressing over the nodes' addresses (one array, no allocation per
+// node; graphs are built on every sync).
+class NodeIndex {
+ public:
+  // Adds n -> v; false (and no change) when n is already present.
+  bool emplace(const Node* n, int v);
+  void set(const Node* n, int v);  // n must be present
+  const int* find(const Node* n) const;  // null when absent
+  int at(const Node* n) const;           // throws std::out_of_range when absent
+  size_t size() const { return used_; }
+
+ private:
+  struct Slot {
+    const Node* node = nullptr;
+    int value = 0;
+  };
+  size_t slot_of(const Node* n) const;  // n's slot, or the empty one where it would go
+  std::vector<Slot> slots_;
+  size_t used_ = 0;
+  int shift_ = 64;
+};
+
 struct Graph {
   std::vector<NodePtr> nodes;         // topological order (inputs before users)
   std::vector<int> outputs;           // indices into nodes, one per requested output
   std::vector<int> params;            // indices of Leaf nodes, numbered by first appearance
-  std::unordered_map<const Node*, int> index;  // node -> position in nodes
+  NodeIndex index;                    // node -> position in nodes
   std::string key;                    // canonical serialization (structure, shapes, dtypes)
 };
 

@@ -90,7 +90,7 @@ TEST(IR, VerifierRejectsABrokenNode) {
   broken->shape = {4};  // lies about its shape
   broken->interned = false;
   g.nodes.back() = broken;
-  g.index[broken.get()] = int(g.nodes.size()) - 1;
+  g.index.emplace(broken.get(), int(g.nodes.size()) - 1);
   EXPECT_THROW(ts::ir::verify(g), ts::Error);
 }
 

@@ -131,7 +131,7 @@ double vjp_error(const Case& c, std::string* detail) {
   for (size_t k : c.diff) {
     std::vector<double> analytic =
         grads[k] ? detail::from_node(grads[k]).to_vector<double>() : std::vector<double>(size_t(c.inputs[k].numel()), 0.0);
-    int p = g.index.count(boundary[k].get()) ? int(std::find(g.params.begin(), g.params.end(), g.index.at(boundary[k].get())) - g.params.begin()) : -1;
+    int p = g.index.find(boundary[k].get()) ? int(std::find(g.params.begin(), g.params.end(), g.index.at(boundary[k].get())) - g.params.begin()) : -1;
     if (p < 0) continue;
     std::vector<double> fd(analytic.size());
     for (size_t i = 0; i < fd.size(); ++i) {
