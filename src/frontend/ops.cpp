@@ -70,7 +70,7 @@ Tensor binary_scalar(Op op, const Tensor& a, double s, bool scalar_first, bool f
   DType t = promote_scalar(a.dtype(), s);
   if (float_result && !is_floating(t)) t = DType::Float32;
   NodePtr x = cast(N(a), t);
-  NodePtr c = broadcast_to(constant(s, t, a.device()), a.shape());
+  NodePtr c = constant(s, t, a.device(), a.shape());  // one node, not a scalar reshaped and expanded
   return T(scalar_first ? ir::make(op, {c, x}) : ir::make(op, {x, c}), {&a});
 }
 
@@ -421,8 +421,8 @@ Tensor arange(double start, double end, double step, std::optional<TensorOptions
   NodePtr i = ir::make(Op::Iota, {}, Attrs{{0}, 0}, &s, DType::Int64, opt.device);
   // start + i * step, computed in the result dtype (float64 for float32 results, then rounded).
   DType work = is_floating(opt.dtype) ? DType::Float64 : DType::Int64;
-  NodePtr v = ir::make(Op::Add, {ir::make(Op::Mul, {cast(i, work), broadcast_to(constant(step, work, opt.device), s)}),
-                                 broadcast_to(constant(start, work, opt.device), s)});
+  NodePtr v = ir::make(Op::Add, {ir::make(Op::Mul, {cast(i, work), constant(step, work, opt.device, s)}),
+                                 constant(start, work, opt.device, s)});
   return T(cast(v, opt.dtype));
 }
 
