@@ -105,15 +105,11 @@ std::vector<ir::NodePtr> vjp_region(const ir::NodePtr& out, const std::vector<ir
     ir::VjpRule rule = ir::info(n->op).vjp;
     if (!rule) continue;
     ir::NodePtr self = rebuild(n, memo), node = with_input_values(n, memo);
-    std::vector<ir::NodePtr> grads;
-    {
-      ScopeAs s(n->scope->empty() ? std::string("backward") : *n->scope + ".backward");
-      grads = rule(*node, self, c->second);
-    }
+    ScopeAs s(n->scope->empty() ? std::string("backward") : *n->scope + ".backward");
+    std::vector<ir::NodePtr> grads = rule(*node, self, c->second);
     for (size_t i = 0; i < grads.size() && i < n->inputs.size(); ++i) {
       const ir::NodePtr& x = n->inputs[i];
       if (!grads[i] || !reaches[x.get()] || !is_floating(x->dtype)) continue;
-      ScopeAs s(n->scope->empty() ? std::string("backward") : *n->scope + ".backward");
       cot[x.get()] = accumulate(cot[x.get()], grads[i]);
     }
   }
