@@ -74,49 +74,84 @@ void record(const Tensor& out, const std::vector<const Tensor*>& inputs) {
 
 namespace {
 
+// A map keyed by node, searched linearly while small: a region is usually one recorded op's few
+// nodes (a composite's tens), where hashing and a heap node per entry cost more than the scan.
+// Past kLinear entries it keeps a hash index, so large regions stay linear overall.
+template <class V> class SmallMap {
+ public:
+  V* find(const ir::Node* k) {
+    if (!index_.empty()) {
+      auto it = index_.find(k);
+      return it == index_.end() ? nullptr : &kv_[it->second].second;
+    }
+    for (auto& [key, v] : kv_)
+      if (key == k) return &v;
+    return nullptr;
+  }
+  V& operator[](const ir::Node* k) {
+    if (V* v = find(k)) return *v;
+    kv_.emplace_back(k, V{});
+    if (kv_.size() > kLinear) {
+      if (index_.empty())
+        for (size_t i = 0; i < kv_.size(); ++i) index_.emplace(kv_[i].first, i);
+      else
+        index_.emplace(k, kv_.size() - 1);
+    }
+    return kv_.back().second;
+  }
+
+ private:
+  static constexpr size_t kLinear = 32;
+  std::vector<std::pair<const ir::Node*, V>> kv_;
+  std::unordered_map<const ir::Node*, size_t> index_;
+};
+
 // vjp_region over `memo`: the nodes already rebuilt over realized values (shared by every region
 // of one backward(), so each node of the history is rebuilt once, not once per op above it).
 std::vector<ir::NodePtr> vjp_region(const ir::NodePtr& out, const std::vector<ir::NodePtr>& boundary,
                                     const ir::NodePtr& g, NodeMap& memo) {
-  std::unordered_set<const ir::Node*> stop;
-  for (auto& b : boundary) stop.insert(b.get());
+  auto stop = [&](const ir::Node* n) {
+    for (auto& b : boundary)
+      if (b.get() == n) return true;
+    return false;
+  };
   // Nodes between out and the boundary, in post-order; `reaches` marks those leading to it.
-  std::unordered_map<const ir::Node*, bool> reaches;
+  SmallMap<bool> reaches;
   std::vector<const ir::NodePtr*> order;
-  std::function<bool(const ir::NodePtr&)> visit = [&](const ir::NodePtr& n) -> bool {
-    auto it = reaches.find(n.get());
-    if (it != reaches.end()) return it->second;
-    bool r = stop.count(n.get()) > 0;
+  auto visit = [&](auto& self, const ir::NodePtr& n) -> bool {
+    if (bool* seen = reaches.find(n.get())) return *seen;
+    bool r = stop(n.get());
     if (!r) {
       reaches[n.get()] = false;
-      for (auto& i : n->inputs) r |= visit(i);
+      for (auto& i : n->inputs) r |= self(self, i);
     }
     reaches[n.get()] = r;
-    if (r && !stop.count(n.get())) order.push_back(&n);
+    if (r && !stop(n.get())) order.push_back(&n);
     return r;
   };
-  visit(out);
-  std::unordered_map<const ir::Node*, ir::NodePtr> cot;
+  visit(visit, out);
+  SmallMap<ir::NodePtr> cot;
   cot[out.get()] = g;
   for (size_t k = order.size(); k-- > 0;) {
     const ir::NodePtr& n = *order[k];
-    auto c = cot.find(n.get());
-    if (c == cot.end() || !is_floating(n->dtype)) continue;
+    ir::NodePtr* c = cot.find(n.get());
+    if (!c || !is_floating(n->dtype)) continue;
     ir::VjpRule rule = ir::info(n->op).vjp;
     if (!rule) continue;
     ir::NodePtr self = rebuild(n, memo), node = with_input_values(n, memo);
     ScopeAs s(n->scope->empty() ? std::string("backward") : *n->scope + ".backward");
-    std::vector<ir::NodePtr> grads = rule(*node, self, c->second);
+    std::vector<ir::NodePtr> grads = rule(*node, self, *c);
     for (size_t i = 0; i < grads.size() && i < n->inputs.size(); ++i) {
       const ir::NodePtr& x = n->inputs[i];
       if (!grads[i] || !reaches[x.get()] || !is_floating(x->dtype)) continue;
-      cot[x.get()] = accumulate(cot[x.get()], grads[i]);
+      ir::NodePtr& acc = cot[x.get()];
+      acc = accumulate(acc, grads[i]);
     }
   }
   std::vector<ir::NodePtr> r;
   for (auto& b : boundary) {
-    auto it = cot.find(b.get());
-    r.push_back(it == cot.end() ? nullptr : it->second);
+    ir::NodePtr* it = cot.find(b.get());
+    r.push_back(it ? *it : nullptr);
   }
   return r;
 }
