@@ -5,7 +5,6 @@
 #include <bit>
 #include <cstring>
 #include <mutex>
-#include <optional>
 #include <unordered_set>
 
 #include "tessera/error.h"
@@ -87,13 +86,13 @@ std::atomic<int64_t> g_live{0};
 
 inline size_t mix(size_t h, size_t v) { return h ^ (v + 0x9e3779b97f4a7c15ULL + (h << 6) + (h >> 2)); }
 
-// A node's hash from what make() is given (its shape and dtype follow from these, so they are
-// left out): computed before shape inference, so the table slot can be fetched meanwhile.
-size_t hash_parts(Op op, const std::vector<NodePtr>& inputs, const Attrs& attrs, const Shape* shape,
-                  std::optional<DType> dtype, const Device& dev, const std::string* scope, const Buffer* buffer) {
-  size_t h = mix(static_cast<size_t>(op), dtype ? size_t(*dtype) + 1 : 0);
-  if (shape)
-    for (int64_t d : *shape) h = mix(h, size_t(d));
+// A node's hash over everything but its shape and dtype, which make() may infer or be given
+// (equal nodes must hash alike however they were made): known before shape inference, so the
+// table slot is fetched meanwhile. Nodes differing only in shape or dtype (one constant at
+// several shapes) share a hash; same() tells them apart.
+size_t hash_parts(Op op, const std::vector<NodePtr>& inputs, const Attrs& attrs, const Device& dev,
+                  const std::string* scope, const Buffer* buffer) {
+  size_t h = static_cast<size_t>(op);
   h = mix(h, std::hash<std::string>()(dev.kind));
   h = mix(h, size_t(dev.index));
   for (auto& i : inputs) h = mix(h, reinterpret_cast<size_t>(i.get()));
@@ -161,7 +160,7 @@ NodePtr make(Op op, std::vector<NodePtr> inputs, Attrs attrs, const Shape* shape
       fail(pi.name, "tensors on different devices: " + dev.str() + " and " + i->device.str() +
                         "; move one with .to(device)");
   const std::string* scope = intern_scope(current_scope());
-  const size_t hash = hash_parts(op, inputs, attrs, shape, dtype, dev, scope, nullptr);
+  const size_t hash = hash_parts(op, inputs, attrs, dev, scope, nullptr);
   g_table.prefetch(hash);
   TypeShape ts = pi.infer(InferArgs{inputs, attrs, shape, dtype});
   if (ts.shape.size() > 16) fail(pi.name, "tensors of rank " + std::to_string(ts.shape.size()) + " (over 16) are not supported");
@@ -185,7 +184,7 @@ NodePtr leaf(std::shared_ptr<Buffer> buf, const Shape& shape, DType dtype) {
   n->device = buf->device;
   n->scope = intern_scope("");
   n->buffer = std::move(buf);
-  n->hash = hash_parts(Op::Leaf, {}, {}, &shape, dtype, n->device, n->scope, n->buffer.get());
+  n->hash = hash_parts(Op::Leaf, {}, {}, n->device, n->scope, n->buffer.get());
   return intern(std::move(n));
 }
 

@@ -20,6 +20,10 @@ TEST(IR, NodesAreInternedWhileAlive) {
     auto d = x * 2 + 1;
     EXPECT_NE(node_of(a).get(), node_of(d).get());  // scopes are part of a node
   }
+  // However make() is called (shape and dtype inferred, or given as autodiff's rebuild does),
+  // an equal node is the same node.
+  ts::ir::NodePtr n = node_of(a);
+  EXPECT_EQ(ts::ir::make(n->op, n->inputs, n->attrs, &n->shape, n->dtype, n->device).get(), n.get());
   int64_t before = ts::live_nodes();
   { auto tmp = (x + 7.5).exp(); }
   EXPECT_EQ(ts::live_nodes(), before);  // weakly interned: dead nodes leave the table
