@@ -3,8 +3,8 @@
 #include <algorithm>
 #include <bit>
 #include <cstring>
-#include <stdexcept>
 #include <sstream>
+#include <stdexcept>
 
 #include "tessera/error.h"
 
