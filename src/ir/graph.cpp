@@ -12,7 +12,7 @@ namespace tessera::ir {
 
 size_t NodeIndex::slot_of(const Node* n) const {
   const size_t mask = slots_.size() - 1;
-  size_t i = size_t((uint64_t(reinterpret_cast<uintptr_t>(n)) * 0x9e3779b97f4a7c15ULL) >> shift_);
+  size_t i = table_slot(reinterpret_cast<uintptr_t>(n), shift_);
   while (slots_[i].node && slots_[i].node != n) i = (i + 1) & mask;
   return i;
 }

@@ -18,7 +18,6 @@ class NodeIndex {
   void set(const Node* n, int v);  // n must be present
   const int* find(const Node* n) const;  // null when absent
   int at(const Node* n) const;           // throws std::out_of_range when absent
-  size_t size() const { return used_; }
 
  private:
   struct Slot {

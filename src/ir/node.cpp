@@ -22,7 +22,7 @@ class Table {
   // Starts loading h's home slot into the cache (a hint: may race with a rehash, never faults).
   void prefetch(size_t h) const {
     const Slot* base = base_.load(std::memory_order_relaxed);
-    if (base) __builtin_prefetch(base + home_in(h, shift_hint_.load(std::memory_order_relaxed)));
+    if (base) __builtin_prefetch(base + table_slot(h, shift_hint_.load(std::memory_order_relaxed)));
   }
   // Calls f on each node with hash h until f returns true.
   template <class F> void for_each(size_t h, F f) const {
@@ -60,8 +60,7 @@ class Table {
     size_t hash = 0;
     Node* node = nullptr;
   };
-  static size_t home_in(size_t h, int shift) { return size_t((uint64_t(h) * 0x9e3779b97f4a7c15ULL) >> shift); }
-  size_t home(size_t h) const { return home_in(h, shift_); }
+  size_t home(size_t h) const { return table_slot(h, shift_); }
   void rehash(size_t n) {
     std::vector<Slot> old(n);
     old.swap(slots_);

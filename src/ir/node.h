@@ -48,6 +48,9 @@ NodePtr make(Op op, std::vector<NodePtr> inputs, Attrs attrs = {}, const Shape* 
 NodePtr leaf(std::shared_ptr<Buffer> buf, const Shape& shape, DType dtype);
 
 const std::string* intern_scope(const std::string& s);
+// The home slot of hash h in an open-addressing table of 2^(64 - shift) slots (Fibonacci
+// hashing: the top bits of h times 2^64 / phi), shared by the intern table and NodeIndex.
+inline size_t table_slot(uint64_t h, int shift) { return size_t((h * 0x9e3779b97f4a7c15ULL) >> shift); }
 int64_t live_node_count();
 
 }  // namespace tessera::ir

@@ -95,6 +95,16 @@ inline void bump(int64_t* idx, const Shape& s) {
     idx[d] = 0;
   }
 }
+// Advances the multi-index idx over the first `dims` dims of view v by one (row-major), keeping
+// `off` the view's offset of it: the next row (dims = rank - 1) or block of rows (rank - 2).
+inline void next_outer(int64_t* idx, int64_t& off, const kir::View& v, size_t dims) {
+  for (size_t d = dims; d-- > 0;) {
+    off += v.strides[d];
+    if (++idx[d] < v.shape[d]) return;
+    off -= v.strides[d] * v.shape[d];
+    idx[d] = 0;
+  }
+}
 inline void unravel(int64_t lin, const Shape& s, int64_t* idx) {
   for (size_t d = s.size(); d-- > 0;) {
     int64_t e = s[d] == 0 ? 1 : s[d];
@@ -403,12 +413,7 @@ void load_strided(const Instr& I, const void* base_ptr, int64_t start, int64_t n
           idx[last - 1] = a, idx[last] = b;
           if (a < A) continue;
           idx[last - 1] = 0;
-          for (int64_t d = last - 1; d-- > 0;) {  // next block: carry through the outer dimensions
-            o += v.strides[d];
-            if (++idx[d] < s[d]) break;
-            o -= v.strides[d] * s[d];
-            idx[d] = 0;
-          }
+          next_outer(idx, o, v, size_t(last - 1));
         }
         return;
       }
@@ -442,12 +447,7 @@ void load_strided(const Instr& I, const void* base_ptr, int64_t start, int64_t n
         idx[last] += run;
         if (idx[last] < inner) continue;
         idx[last] = 0;
-        for (int64_t d = last; d-- > 0;) {  // next row: carry through the outer dimensions
-          o += v.strides[d];
-          if (++idx[d] < s[d]) break;
-          o -= v.strides[d] * s[d];
-          idx[d] = 0;
-        }
+        next_outer(idx, o, v, size_t(last));
       }
     });
   });
@@ -712,12 +712,7 @@ void store_reg(DType t, int r, void* out, int64_t start, int64_t n, Scratch& sc,
           idx[last] += run;
           if (idx[last] < inner) continue;
           idx[last] = 0;
-          for (size_t d = last; d-- > 0;) {  // next row: carry through the outer dimensions
-            o += view->strides[d];
-            if (++idx[d] < s[d]) break;
-            o -= view->strides[d] * s[d];
-            idx[d] = 0;
-          }
+          next_outer(idx, o, *view, last);
         }
         return;
       }
@@ -782,12 +777,7 @@ bool run_view_copy(const Step& st, const LaunchArgs& args) {
           if (o + a != p) std::memmove(o + a, p, size_t(b - a) * sizeof(S));
         }
         else for (int64_t j = a; j < b; ++j) o[j] = p[(j - a) * st_in];
-        for (size_t d = last; d-- > 0;) {  // next row: carry through the outer dimensions
-          off += v.strides[d];
-          if (++idx[d] < s[d]) break;
-          off -= v.strides[d] * s[d];
-          idx[d] = 0;
-        }
+        next_outer(idx, off, v, last);
       }
     }
   });
