@@ -42,15 +42,21 @@ void absorb(kir::Step& A, const kir::Step& B) {
     A.program.push_back(in);
     at[k] = int(A.program.size()) - 1;
   }
-  // A's own result must stay last: move the result register references.
-  int a_last = results[0];
-  A.more_outputs.push_back(B.output);
-  A.more_results.push_back(at.back());
+  // The main result is the last instruction: B's result becomes the main output (appended last
+  // unless A already computed it) and A's outputs join the further ones.
+  int b_last = at.back();
+  if (b_last != int(A.program.size()) - 1) {  // B's result was found in A: evaluate it last again
+    A.program.push_back(A.program[size_t(b_last)]);
+    b_last = int(A.program.size()) - 1;
+  }
+  A.more_outputs.insert(A.more_outputs.begin(), A.output);
+  A.more_results.insert(A.more_results.begin(), results[0]);
+  A.output = B.output;
+  A.dtype = B.dtype;
   for (size_t j = 0; j < B.more_outputs.size(); ++j) {
     A.more_outputs.push_back(B.more_outputs[j]);
     A.more_results.push_back(at[B.more_results[j]]);
   }
-  A.program.push_back(A.program[a_last]);  // A's result stays last: one instruction evaluated again
   A.sources.insert(A.sources.end(), B.sources.begin(), B.sources.end());
   A.cost.flops += B.cost.flops;
   A.cost.bytes += B.cost.bytes;
