@@ -221,6 +221,35 @@ TEST(Passes, MovementChainsCollapse) {
   EXPECT_TRUE(same_on_and_off(outs));
 }
 
+// (a @ b)^T read only through the transpose becomes b^T @ a^T (a Linear's weight gradient comes
+// out in the weight's layout); a product read elsewhere too is left alone (no second product),
+// and so are batched products.
+TEST(Passes, TransposedProductSwapsItsOperands) {
+  Tensor a = random_tensor({5, 4}, kF32, 1), b = random_tensor({4, 6}, kF32, 2);
+  Tensor t = matmul(a, b).transpose(0, 1);
+  ir::Graph h = optimized({t});
+  EXPECT_EQ(count(h, Op::Matmul), 1) << ir::to_text(h);
+  ASSERT_EQ(h.nodes[size_t(h.outputs[0])]->op, Op::Matmul) << ir::to_text(h);
+  EXPECT_EQ(h.nodes[size_t(h.outputs[0])]->inputs[0]->shape, (Shape{6, 4}));
+  Tensor u = matmul(b.transpose(0, 1), a.transpose(0, 1)).transpose(0, 1);  // (b^T a^T)^T: a @ b
+  ir::Graph hu = optimized({u});
+  EXPECT_EQ(count(hu, Op::Permute), 0) << ir::to_text(hu);
+  EXPECT_EQ(count(hu, Op::Matmul), 1) << ir::to_text(hu);
+  Tensor p = matmul(a, b), q = p.transpose(0, 1), r = p * 2;
+  ir::Graph h2 = optimized({q, r});
+  EXPECT_EQ(count(h2, Op::Matmul), 1) << ir::to_text(h2);
+  EXPECT_EQ(h2.nodes[size_t(h2.outputs[0])]->op, Op::Permute) << ir::to_text(h2);
+  Tensor bt = matmul(random_tensor({3, 5, 4}, kF32, 3), random_tensor({3, 4, 6}, kF32, 4)).transpose(1, 2);
+  ir::Graph h3 = optimized({bt});
+  EXPECT_EQ(h3.nodes[size_t(h3.outputs[0])]->op, Op::Permute) << ir::to_text(h3);
+  // The same dot products: equal to float32 rounding, checked against the unrewritten graph.
+  for (const Tensor& x : {t, u}) {
+    auto on = run({node_of(x)}, ""), off = run({node_of(x)}, "all");
+    ASSERT_EQ(on[0].size(), off[0].size());
+    for (size_t i = 0; i < on[0].size(); ++i) EXPECT_NEAR(on[0][i], off[0][i], 1e-5 * (1 + std::abs(off[0][i]))) << i;
+  }
+}
+
 TEST(Passes, EmptySliceOfSliceStaysInRange) {
   Tensor x = random_tensor({5, 2}, kF32, 8);
   Tensor s = x.slice(0, 0, 5, 2).slice(0, 3, 3);  // empty, past the inner slice's end

@@ -278,6 +278,14 @@ struct Simplifier : rewrite::Rewriter {
           if (id) return x->inputs[0];
           return make_in(n.scope, Op::Permute, {x->inputs[0]}, ir::Attrs{r, 0}, &n.shape, n.dtype, n.device);
         }
+        // (a @ b)^T = b^T @ a^T for a matrix product read only here: the product comes out in the
+        // layout its reader wants (a Linear's weight gradient, which AdamW would otherwise read
+        // across rows). BLAS takes the transposed operands as they are; each element is the same
+        // dot product, though BLAS may round it differently. (Batched products, attention's, are
+        // left alone: their readers move heads around, and a transposed read is no worse there.)
+        if (x->op == Op::Matmul && p.size() == 2 && uses[size_t(g.index.at(n.inputs[0].get()))] == 1)
+          return make_in(n.scope, Op::Matmul, {transposed(n, x->inputs[1]), transposed(n, x->inputs[0])}, x->attrs,
+                         &n.shape, n.dtype, n.device);
         return nullptr;
       }
       case Op::Slice: {
@@ -385,6 +393,21 @@ struct Simplifier : rewrite::Rewriter {
     }
     auto r = fold(n.op, in[0]->dtype, n.dtype, v[0], v[1]);
     return r ? full(n, *r, n.shape, n.dtype) : nullptr;
+  }
+
+  // How many nodes (and graph outputs) read each node of g.
+  std::vector<int> uses = [&] {
+    std::vector<int> u(g.nodes.size(), 0);
+    for (const NodePtr& np : g.nodes)
+      for (const NodePtr& x : np->inputs) ++u[size_t(g.index.at(x.get()))];
+    for (int o : g.outputs) ++u[size_t(o)];
+    return u;
+  }();
+
+  // Matrix x transposed, in `like`'s scope: x's own input when x is a transpose.
+  NodePtr transposed(const Node& like, const NodePtr& x) {
+    if (x->op == Op::Permute && x->attrs.ints == std::vector<int64_t>{1, 0}) return x->inputs[0];
+    return make_in(like.scope, Op::Permute, {x}, ir::Attrs{{1, 0}, 0}, nullptr, x->dtype, like.device);
   }
 
   ir::Graph run() {
