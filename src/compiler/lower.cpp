@@ -65,6 +65,10 @@ struct Lowerer {
   std::unordered_map<const Node*, int> param_of;  // leaf -> parameter number
   std::map<int, int> output_of_node;  // node index -> output number (first)
   std::vector<int> users;             // distinct consumer nodes (+1 per output request)
+  // Expressions stored as soon as they are lowered: read by a BLAS or indexing Step (which
+  // stores its operands) through reshapes and permutes, and by other nodes too, which then read
+  // the stored values instead of recomputing them.
+  std::vector<uint8_t> store_early;
   bool fuse = true;
 
   explicit Lowerer(const ir::Graph& graph) : g(graph) {}
@@ -689,11 +693,24 @@ Plan lower(const ir::Graph& g, const std::vector<ir::NodePtr>& params) {
     }
   }
   for (int o : g.outputs) L.users[o]++;
+  L.store_early.assign(g.nodes.size(), 0);
+  for (const ir::NodePtr& n : g.nodes) {
+    if (n->op != Op::Matmul && n->op != Op::Gather && n->op != Op::ScatterAdd && n->op != Op::DynamicUpdateSlice)
+      continue;
+    for (const ir::NodePtr& x : n->inputs) {
+      const Node* s = x.get();
+      while (s->op == Op::Reshape || s->op == Op::Permute) s = s->inputs[0].get();
+      int si = g.index.at(s);
+      if (s != x.get() && L.users[size_t(si)] > 1) L.store_early[size_t(si)] = 1;
+    }
+  }
   L.vals.resize(g.nodes.size());
   for (size_t i = 0; i < g.nodes.size(); ++i) {
     L.vals[i] = L.lower_node(int(i));
-    // Values computed by expressions are stored when the fusion pass is off, and for outputs.
-    if (L.vals[i].kind == Val::Expr && (!L.fuse || L.output_of_node.count(int(i)))) L.materialize(int(i));
+    // Values computed by expressions are stored when the fusion pass is off, for outputs, and
+    // when a BLAS or indexing Step stores them anyway.
+    if (L.vals[i].kind == Val::Expr && (!L.fuse || L.output_of_node.count(int(i)) || L.store_early[i]))
+      L.materialize(int(i));
   }
   L.plan.output_slot.assign(g.outputs.size(), -1);
   for (size_t k = 0; k < g.outputs.size(); ++k) {
