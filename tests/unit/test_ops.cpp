@@ -811,6 +811,41 @@ TEST(Ops, InterleavedShortDimsMatchTheReference) {
   EXPECT_TRUE(matches_reference(x.to(kBF16) * 2.0));
 }
 
+// Row Steps with rows of at least 32 keep values constant along a row once per row (row sums
+// and maxima, broadcast statistics, what is computed from them) and evaluate what mixes them
+// with per-position values row by row. Rows of 48 (21 to a tile, a partial last tile), of 64
+// with a padded non-row dim, and every way a row constant meets a per-position value.
+TEST(Ops, RowConstantsMatchTheReference) {
+  // Each expression is its own graph, so its statistics are fused into one Row Step with it.
+  std::vector<std::function<Tensor(const Tensor&)>> cases = {
+      [](const Tensor& x) { return softmax(x, 2); },
+      [](const Tensor& x) { return log_softmax(x, 2); },
+      [](const Tensor& x) { return layer_norm(x, {x.shape()[2]}); },
+      [](const Tensor& x) { return where(x > x.max({2}, true) * 0.5, x, x.max({2}, true)); },  // where's values
+      [](const Tensor& x) { return where(x < mean(x, {2}, true), x.max({2}, true), x); },
+      [](const Tensor& x) { return where(x.max({2}, true) > mean(x, {2}, true), x, x * -2.0); },  // condition
+      [](const Tensor& x) { return (x.max({2}, true) - x) / (x.sum({2}, true) + 3.0); },  // left and right
+      [](const Tensor& x) { return (x > mean(x, {2}, true)).to(kF32).sum({2}); },  // one value per row
+      [](const Tensor& x) { return x.max({2}, true).expand(x.shape()) * 2.0 + 1.0; },  // at every position
+      [](const Tensor& x) { return (x.max({2}, true).expand(x.shape()) * 2.0).sum({2}); },  // sum of a constant row
+      [](const Tensor& x) { return amax(x.sum({2}, true).expand(x.shape()) * x, {2}); },
+      [](const Tensor& x) {
+        Tensor xi = (x * 8.0).to(kI32);
+        return (xi - xi.max({2}, true)).sum({2});
+      },
+      [](const Tensor& x) { return softmax(x.to(kF16), 2); },
+  };
+  for (Shape s : {Shape{6, 7, 48}, Shape{3, 5, 64}}) {
+    Tensor x = random_tensor(s, kF32, 150);
+    if (s[2] == 64) x = pad(x.slice(1, 0, 4), {0, 0, 1, 0, 0, 0});  // a pad along a non-row dim
+    for (size_t k = 0; k < cases.size(); ++k) EXPECT_TRUE(matches_reference(cases[k](x))) << "rows of " << s[2] << ", case " << k;
+    // A per-row input (a stored statistic) read by a Row Step: loaded once per row.
+    Tensor st = random_tensor({x.shape()[0], x.shape()[1], 1}, kF32, 151);
+    Tensor y = (x - x.max({2}, true)) * st + x.sum({2}, true) * st;  // (temporaries gone before the sync)
+    EXPECT_TRUE(matches_reference(y)) << s[2];
+  }
+}
+
 // ---------------------------------------------------------------- in place, reading, misc
 
 TEST(Ops, InPlaceOps) {

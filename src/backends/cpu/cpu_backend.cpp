@@ -34,6 +34,7 @@ using kir::StepKind;
 constexpr int64_t kTile = 1024;             // elements per tile: a few tiles fit in L1
 constexpr int64_t kParallelMin = 1 << 16;   // below this many elements, one thread
 constexpr int64_t kStreamMin = 8 << 20;     // outputs of at least this many bytes bypass the caches
+constexpr int64_t kRowConstMin = 32;       // Row Steps with rows this long keep row-constant values once per row
 
 struct F16 { uint16_t v; };
 struct BF16 { uint16_t v; };
@@ -234,7 +235,43 @@ struct RegPlan {
   std::vector<uint8_t> scalar;   // per instruction: a scalar constant
   int nregs = 0;
   std::vector<uint8_t> load;     // per instruction: how a Load reads (LoadPath), fixed per Step
+  // Row Steps (empty otherwise): per instruction, whether its value is constant along each row;
+  // such values are computed and kept once per row (lane r: the tile's row r), see row_constants.
+  std::vector<uint8_t> rowc;
 };
+
+// Which instructions of a Row Step are constant along each row (RegPlan::rowc): row reductions,
+// loads that stay put along the row (a per-row statistic broadcast back), and what is computed
+// from those and scalar constants. Empty (every value per position) for other Steps and for
+// rows shorter than kRowConstMin, where evaluating row by row costs more than it saves.
+std::vector<uint8_t> row_constants(const Step& st, const RegPlan& rp) {
+  const Shape& d = st.domain;
+  if (st.kind != StepKind::Row || st.row < kRowConstMin) return {};
+  size_t first = d.size();  // the row: dims [first, rank)
+  int64_t p = 1;
+  while (first > 0 && p < st.row) p *= d[--first];
+  if (p != st.row) return {};
+  std::vector<uint8_t> rc(st.program.size(), 0);
+  auto still = [&](int o) { return o < 0 || rc[size_t(o)] || rp.scalar[size_t(o)]; };
+  for (size_t k = 0; k < st.program.size(); ++k) {
+    const Instr& I = st.program[k];
+    switch (I.code) {
+      case Code::RowSum: case Code::RowMax: rc[k] = 1; break;
+      case Code::Const: rc[k] = !rp.scalar[k]; break;
+      case Code::Iota: case Code::Rng: break;
+      case Code::Load: {
+        const kir::View& v = I.map.views.back();
+        bool c = I.map.views.size() == 1 && v.shape == d;
+        for (size_t j = first; j < d.size() && c; ++j)
+          c = v.strides[j] == 0 && (!v.masked() || (v.lo[j] <= 0 && v.hi[j] >= d[j]));
+        rc[k] = c;
+        break;
+      }
+      default: rc[k] = still(I.a) && still(I.b) && still(I.c); break;
+    }
+  }
+  return rc;
+}
 
 // How a Load reads its input: a dense run of the compute type in place, through one strided
 // view (load_strided), or per element through a stack of views.
@@ -479,32 +516,53 @@ inline void binary(const T* a, const T* b, bool sa, bool sb, R* out, int64_t n, 
   }
 }
 
+// dst[r * row + j] = src[r] for rows r < rows (dst may be src: rows are filled from the last one
+// down, so each row's value is read before its lanes are written).
+template <class T>
+void expand_rows(T* dst, const T* src, int64_t rows, int64_t row) {
+  for (int64_t r = rows - 1; r >= 0; --r) std::fill_n(dst + r * row, row, T(src[r]));
+}
+
 // Evaluates `prog` for domain positions [start, start + n) (n <= kTile); results in registers.
 // Row Steps pass `row`: then start and n are multiples of it and RowSum/RowMax reduce each run.
-// `final_dst` (optional): where the last instruction writes instead of its register, when its
-// compute type is the storage type there (the output itself: no copy out of a register).
+// `direct` (optional, per instruction): an output whose element `start` instruction k writes
+// instead of its register (the output itself: no copy out of a register; see direct_outputs).
 void run_program(const std::vector<Instr>& prog, const RegPlan& rp, const std::vector<const void*>& in,
                  const Shape& domain, int64_t start, int64_t n, const LaunchArgs& args, Scratch& sc, int64_t row = 0,
-                 void* final_dst = nullptr) {
+                 char* const* direct = nullptr) {
   if (sc.at.size() < prog.size()) sc.at.resize(prog.size());
+  const bool rowc = row > 0 && !rp.rowc.empty();
+  const int64_t rows = row > 0 ? n / row : 0;
+  // A value not constant along rows computed from one that is: evaluated row by row.
+  auto per_row = [&](const Instr& I) {
+    return rowc && !rp.rowc[size_t(&I - prog.data())] &&
+           ((I.a >= 0 && rp.rowc[size_t(I.a)]) || (I.b >= 0 && rp.rowc[size_t(I.b)]) || (I.c >= 0 && rp.rowc[size_t(I.c)]));
+  };
   for (size_t k = 0; k < prog.size(); ++k) {
     const Instr& I = prog[k];
     const int ki = rp.reg[k];
-    void* dst = k + 1 == prog.size() && final_dst && I.code != Code::Iota ? final_dst
-                : ki >= 0                                                   ? static_cast<void*>(reg<double>(sc, ki))
-                                                                            : &sc.consts[k];
+    const int64_t m = rowc && rp.rowc[k] ? rows : n;  // lanes computed: one per row, or one per position
+    void* dst = direct && direct[k] ? direct[k] + size_t(start) * itemsize(I.dtype)
+                : ki >= 0           ? static_cast<void*>(reg<double>(sc, ki))
+                                    : &sc.consts[k];
     sc.at[k] = dst;
     switch (I.code) {
       case Code::Load: {
-        if (rp.load[k] == kInPlace) {
+        if (m < n) {  // one element per row: at each row's first position
+          int64_t idx[32];
+          for (int64_t r = 0; r < rows; ++r) {
+            unravel(start + r * row, domain, idx);
+            sc.valid[size_t(r)] = I.map.offset(idx, &sc.off[size_t(r)]);
+          }
+        } else if (rp.load[k] == kInPlace) {
           sc.at[k] = static_cast<const char*>(in[I.input]) + size_t(I.map.views[0].offset + start) * itemsize(I.dtype);
           break;
-        }
-        if (rp.load[k] == kStrided) {
+        } else if (rp.load[k] == kStrided) {
           load_strided(I, in[I.input], start, n, dst);
           break;
+        } else {
+          tile_offsets(I.map, start, n, sc.off.data(), sc.valid.data());
         }
-        tile_offsets(I.map, start, n, sc.off.data(), sc.valid.data());
         const int64_t* off = sc.off.data();
         const uint8_t* valid = sc.valid.data();
         with_compute(I.dtype, [&](auto* tp) {
@@ -514,7 +572,7 @@ void run_program(const std::vector<Instr>& prog, const RegPlan& rp, const std::v
           with_storage(I.dtype, [&](auto* sp) {
             using S = std::remove_pointer_t<decltype(sp)>;
             const S* src = static_cast<const S*>(in[I.input]);
-            for (int64_t i = 0; i < n; ++i) out[i] = valid[i] ? to_c<T>(src[off[i]]) : pad;
+            for (int64_t i = 0; i < m; ++i) out[i] = valid[i] ? to_c<T>(src[off[i]]) : pad;
           });
         });
         break;
@@ -526,7 +584,7 @@ void run_program(const std::vector<Instr>& prog, const RegPlan& rp, const std::v
           if (I.dtype == DType::Float16) v = T(half::f16_to_float(half::float_to_f16(float(I.value))));
           if (I.dtype == DType::BFloat16) v = T(half::bf16_to_float(half::float_to_bf16(float(I.value))));
           if (ki < 0) *static_cast<T*>(dst) = v;
-          else std::fill_n(static_cast<T*>(dst), n, v);
+          else std::fill_n(static_cast<T*>(dst), m, v);
         });
         break;
       case Code::Iota: {  // run by run along the domain's last dimension
@@ -573,11 +631,11 @@ void run_program(const std::vector<Instr>& prog, const RegPlan& rp, const std::v
           with_compute(I.dtype, [&](auto* tp) {
             using T = std::remove_pointer_t<decltype(tp)>;
             T* out = static_cast<T*>(dst);
-            for (int64_t i = 0; i < n; ++i) out[i] = store_as<T>(a[i]);
+            for (int64_t i = 0; i < m; ++i) out[i] = store_as<T>(a[i]);
             if (I.dtype == DType::Float16)
-              for (int64_t i = 0; i < n; ++i) out[i] = T(half::f16_to_float(half::float_to_f16(float(out[i]))));
+              for (int64_t i = 0; i < m; ++i) out[i] = T(half::f16_to_float(half::float_to_f16(float(out[i]))));
             if (I.dtype == DType::BFloat16)
-              for (int64_t i = 0; i < n; ++i) out[i] = T(half::bf16_to_float(half::float_to_bf16(float(out[i]))));
+              for (int64_t i = 0; i < m; ++i) out[i] = T(half::bf16_to_float(half::float_to_bf16(float(out[i]))));
           });
         });
         break;
@@ -589,37 +647,37 @@ void run_program(const std::vector<Instr>& prog, const RegPlan& rp, const std::v
           const T* a = val<T>(sc, I.a);
           T* out = static_cast<T*>(dst);
           switch (I.code) {
-            case Code::Neg: for (int64_t i = 0; i < n; ++i) out[i] = T(-a[i]); break;
-            case Code::Abs: for (int64_t i = 0; i < n; ++i) out[i] = a[i] < T(0) ? T(-a[i]) : a[i]; break;
+            case Code::Neg: for (int64_t i = 0; i < m; ++i) out[i] = T(-a[i]); break;
+            case Code::Abs: for (int64_t i = 0; i < m; ++i) out[i] = a[i] < T(0) ? T(-a[i]) : a[i]; break;
             case Code::Sign:
-              for (int64_t i = 0; i < n; ++i) out[i] = a[i] > T(0) ? T(1) : a[i] < T(0) ? T(-1) : a[i];
+              for (int64_t i = 0; i < m; ++i) out[i] = a[i] > T(0) ? T(1) : a[i] < T(0) ? T(-1) : a[i];
               break;
             default:
               if constexpr (std::is_same_v<T, float>) {  // vectorized float32 (within 1.02 ulp)
                 switch (I.code) {
-                  case Code::Exp: vmath::vexp(a, out, n); return;
-                  case Code::Log: vmath::vlog(a, out, n); return;
-                  case Code::Tanh: vmath::vtanh(a, out, n); return;
-                  case Code::Erf: vmath::verf(a, out, n); return;
+                  case Code::Exp: vmath::vexp(a, out, m); return;
+                  case Code::Log: vmath::vlog(a, out, m); return;
+                  case Code::Tanh: vmath::vtanh(a, out, m); return;
+                  case Code::Erf: vmath::verf(a, out, m); return;
                   default: break;
                 }
               }
               if constexpr (std::is_floating_point_v<T>) {
                 switch (I.code) {
-                  case Code::Exp: for (int64_t i = 0; i < n; ++i) out[i] = std::exp(a[i]); break;
-                  case Code::Log: for (int64_t i = 0; i < n; ++i) out[i] = std::log(a[i]); break;
-                  case Code::Tanh: for (int64_t i = 0; i < n; ++i) out[i] = std::tanh(a[i]); break;
-                  case Code::Sqrt: for (int64_t i = 0; i < n; ++i) out[i] = std::sqrt(a[i]); break;
-                  case Code::Sin: for (int64_t i = 0; i < n; ++i) out[i] = std::sin(a[i]); break;
-                  case Code::Cos: for (int64_t i = 0; i < n; ++i) out[i] = std::cos(a[i]); break;
-                  case Code::Erf: for (int64_t i = 0; i < n; ++i) out[i] = std::erf(a[i]); break;
-                  case Code::Floor: for (int64_t i = 0; i < n; ++i) out[i] = std::floor(a[i]); break;
-                  case Code::Ceil: for (int64_t i = 0; i < n; ++i) out[i] = std::ceil(a[i]); break;
-                  case Code::Round: for (int64_t i = 0; i < n; ++i) out[i] = std::nearbyint(a[i]); break;
+                  case Code::Exp: for (int64_t i = 0; i < m; ++i) out[i] = std::exp(a[i]); break;
+                  case Code::Log: for (int64_t i = 0; i < m; ++i) out[i] = std::log(a[i]); break;
+                  case Code::Tanh: for (int64_t i = 0; i < m; ++i) out[i] = std::tanh(a[i]); break;
+                  case Code::Sqrt: for (int64_t i = 0; i < m; ++i) out[i] = std::sqrt(a[i]); break;
+                  case Code::Sin: for (int64_t i = 0; i < m; ++i) out[i] = std::sin(a[i]); break;
+                  case Code::Cos: for (int64_t i = 0; i < m; ++i) out[i] = std::cos(a[i]); break;
+                  case Code::Erf: for (int64_t i = 0; i < m; ++i) out[i] = std::erf(a[i]); break;
+                  case Code::Floor: for (int64_t i = 0; i < m; ++i) out[i] = std::floor(a[i]); break;
+                  case Code::Ceil: for (int64_t i = 0; i < m; ++i) out[i] = std::ceil(a[i]); break;
+                  case Code::Round: for (int64_t i = 0; i < m; ++i) out[i] = std::nearbyint(a[i]); break;
                   default: break;
                 }
               } else {  // floor/ceil/round of an integer is itself
-                std::copy_n(a, n, out);
+                std::copy_n(a, m, out);
               }
           }
         });
@@ -630,40 +688,66 @@ void run_program(const std::vector<Instr>& prog, const RegPlan& rp, const std::v
           using T = std::remove_pointer_t<decltype(tp)>;
           const T* a = val<T>(sc, I.a);
           T* out = static_cast<T*>(dst);
+          if (rowc && rp.rowc[size_t(I.a)]) {  // a row of equal values: spelled out, then reduced
+            expand_rows(out, a, rows, row);
+            a = out;
+          }
           const T lowest = std::is_floating_point_v<T> ? -std::numeric_limits<T>::infinity() : std::numeric_limits<T>::lowest();
-          for (int64_t r0 = 0; r0 < n; r0 += row) {
-            T v = I.code == Code::RowSum ? T(run_sum(a + r0, row)) : run_max(a + r0, row, lowest);
-            std::fill_n(out + r0, row, v);
+          for (int64_t r = 0; r < rows; ++r) {  // row r is read before lane r (< r * row) is written
+            T v = I.code == Code::RowSum ? T(run_sum(a + r * row, row)) : run_max(a + r * row, row, lowest);
+            if (rowc) out[r] = v;
+            else std::fill_n(out + r * row, row, v);
           }
         });
         break;
       case Code::Where:
         with_compute(I.dtype, [&](auto* tp) {
           using T = std::remove_pointer_t<decltype(tp)>;
+          auto where = [](const uint8_t* c, const T* a, const T* b, bool sc_, bool sa, bool sb, T* out, int64_t m) {
+            if (sc_) {  // one condition: a row's worth of a or of b
+              const uint8_t c0 = c[0];
+              for (int64_t i = 0; i < m; ++i) out[i] = select(c0, a[sa ? 0 : i], b[sb ? 0 : i]);
+            } else if (sa && sb) {
+              for (int64_t i = 0; i < m; ++i) out[i] = select(c[i], a[0], b[0]);
+            } else if (sa) {
+              for (int64_t i = 0; i < m; ++i) out[i] = select(c[i], a[0], b[i]);
+            } else if (sb) {
+              for (int64_t i = 0; i < m; ++i) out[i] = select(c[i], a[i], b[0]);
+            } else {
+              for (int64_t i = 0; i < m; ++i) out[i] = select(c[i], a[i], b[i]);
+            }
+          };
           const uint8_t* c = val<uint8_t>(sc, I.a);
           const T* a = val<T>(sc, I.b);
           const T* b = val<T>(sc, I.c);
           T* out = static_cast<T*>(dst);
           const bool sa = rp.scalar[size_t(I.b)], sb = rp.scalar[size_t(I.c)];
-          if (sa && sb)
-            for (int64_t i = 0; i < n; ++i) out[i] = select(c[i], a[0], b[0]);
-          else if (sa)
-            for (int64_t i = 0; i < n; ++i) out[i] = select(c[i], a[0], b[i]);
-          else if (sb)
-            for (int64_t i = 0; i < n; ++i) out[i] = select(c[i], a[i], b[0]);
-          else
-            for (int64_t i = 0; i < n; ++i) out[i] = select(c[i], a[i], b[i]);
+          if (!per_row(I)) {
+            where(c, a, b, false, sa, sb, out, m);
+            return;
+          }
+          const bool rc = rp.rowc[size_t(I.a)], ra = rp.rowc[size_t(I.b)], rb = rp.rowc[size_t(I.c)];
+          for (int64_t r = 0; r < rows; ++r)
+            where(c + (rc ? r : r * row), a + (sa ? 0 : ra ? r : r * row), b + (sb ? 0 : rb ? r : r * row), rc,
+                  sa || ra, sb || rb, out + r * row, row);
         });
         break;
       default:  // binary arithmetic and comparisons; operands share one dtype
         with_compute(prog[I.a].dtype, [&](auto* tp) {
           using T = std::remove_pointer_t<decltype(tp)>;
-          const T* a = val<T>(sc, I.a);
-          const T* b = val<T>(sc, I.b);
-          T* out = static_cast<T*>(dst);
-          uint8_t* cmp = static_cast<uint8_t*>(dst);
-          const bool sa = rp.scalar[size_t(I.a)], sb = rp.scalar[size_t(I.b)];
-          auto op = [&](auto* o, auto f) { binary(a, b, sa, sb, o, n, f); };
+          const T* a0 = val<T>(sc, I.a);
+          const T* b0 = val<T>(sc, I.b);
+          const bool sa0 = rp.scalar[size_t(I.a)], sb0 = rp.scalar[size_t(I.b)];
+          const bool pr = per_row(I);
+          const bool ra = pr && rp.rowc[size_t(I.a)], rb = pr && rp.rowc[size_t(I.b)];
+          for (int64_t r = 0; r < (pr ? rows : 1); ++r) {  // once, or row by row
+          const int64_t at = pr ? r * row : 0, cnt = pr ? row : m;
+          const T* a = a0 + (sa0 ? 0 : ra ? r : at);
+          const T* b = b0 + (sb0 ? 0 : rb ? r : at);
+          const bool sa = sa0 || ra, sb = sb0 || rb;
+          T* out = static_cast<T*>(dst) + at;
+          uint8_t* cmp = static_cast<uint8_t*>(dst) + at;
+          auto op = [&](auto* o, auto f) { binary(a, b, sa, sb, o, cnt, f); };
           switch (I.code) {
             case Code::Add: op(out, [](T x, T y) { return T(x + y); }); break;
             case Code::Sub: op(out, [](T x, T y) { return T(x - y); }); break;
@@ -681,6 +765,7 @@ void run_program(const std::vector<Instr>& prog, const RegPlan& rp, const std::v
             case Code::Gt: op(cmp, [](T x, T y) { return uint8_t(x > y); }); break;
             case Code::Ge: op(cmp, [](T x, T y) { return uint8_t(x >= y); }); break;
             default: break;
+          }
           }
         });
     }
@@ -811,6 +896,7 @@ struct CpuKernel : Kernel {
   // Elementwise Steps walked in a permuted order (interleave_order): where each position's
   // output element lies, as a view over `domain`.
   std::optional<kir::View> out;
+  std::vector<int> last_read;  // per instruction of `program`: its last reader (results: past the end)
 };
 
 // The view with adjacent dims merged where they walk memory as one (stride[d] = stride[d + 1] *
@@ -881,42 +967,69 @@ void prepare_elementwise(CpuKernel& k, const Step& st) {
     if (I.code == Code::Load && I.map.views.size() == 1) I.map.views[0] = coalesced(I.map.views[0]);
 }
 
+// Which results of an Elementwise Step write their output themselves (per instruction: the
+// output's base, else null): those computed (not loaded, constant or iota) in the output's own
+// type, stored in row-major order, one output per instruction, and -- when the output is also an
+// input (an in-place update) -- computed after every load of it has been read for the last time.
+std::vector<char*> direct_outputs(const CpuKernel& k, const Step& st, const std::vector<const void*>& in,
+                                  const LaunchArgs& args, bool stream) {
+  std::vector<char*> direct(k.program.size(), nullptr);
+  if (k.out) return direct;
+  auto take = [&](int r, int slot) {
+    const Instr& R = k.program[size_t(r)];
+    if (direct[size_t(r)] || compute_dtype(R.dtype) != R.dtype || R.code == Code::Load || R.code == Code::Const ||
+        R.code == Code::Iota)
+      return;
+    char* out = static_cast<char*>(args.slots[slot]);
+    for (size_t l = 0; l < k.program.size(); ++l) {
+      const Instr& L = k.program[l];
+      if (L.code == Code::Load && in[size_t(L.input)] == out && (int(l) > r || k.last_read[l] >= r)) return;
+    }
+    direct[size_t(r)] = out;
+  };
+  if (!stream) take(int(st.program.size()) - 1, st.output);
+  for (size_t o = 0; o < st.more_outputs.size(); ++o) take(st.more_results[o], st.more_outputs[o]);
+  return direct;
+}
+
 void run_elementwise(const CpuKernel& k, const Step& st, const LaunchArgs& args) {
   int64_t total = numel(st.shape);
   int64_t ntiles = (total + kTile - 1) / kTile;
   auto in = inputs_of(st, args);
   void* out = args.slots[st.output];
-  // A single output of its compute type is written by the last instruction itself, or, when it
-  // is far larger than the caches, streamed out of the register.
+  // An output far larger than the caches and the Step's only one is streamed out of its register.
   const kir::View* view = k.out ? &*k.out : nullptr;
-  const bool plain = st.more_outputs.empty() && compute_dtype(st.dtype) == st.dtype && !view;
-  const bool stream = plain && total * int64_t(itemsize(st.dtype)) >= kStreamMin;
+  const bool stream = st.more_outputs.empty() && compute_dtype(st.dtype) == st.dtype && !view &&
+                      total * int64_t(itemsize(st.dtype)) >= kStreamMin;
+  const std::vector<char*> direct = direct_outputs(k, st, in, args, stream);
+  const int last = int(st.program.size()) - 1;
 #pragma omp parallel for schedule(static) if (total >= kParallelMin)
   for (int64_t t = 0; t < ntiles; ++t) {
     Scratch& sc = scratch(st.program.size(), size_t(k.regs.nregs));
     int64_t start = t * kTile, n = std::min(kTile, total - start);
-    char* dst = static_cast<char*>(out) + size_t(start) * itemsize(st.dtype);
-    run_program(k.program, k.regs, in, k.domain, start, n, args, sc, 0, plain && !stream ? dst : nullptr);
+    run_program(k.program, k.regs, in, k.domain, start, n, args, sc, 0, direct.data());
     if (stream) {
-      stream_copy(dst, sc.at[st.program.size() - 1], size_t(n) * itemsize(st.dtype));
+      stream_copy(static_cast<char*>(out) + size_t(start) * itemsize(st.dtype), sc.at[size_t(last)],
+                  size_t(n) * itemsize(st.dtype));
       continue;
     }
     if (!st.more_outputs.empty()) {
       // Values read in place are copied out first: an earlier store may overwrite their source.
       std::vector<int> rs = st.more_results;
-      rs.push_back(int(st.program.size()) - 1);
+      rs.push_back(last);
       for (int r : rs) {
         double* rr = reg<double>(sc, k.regs.reg[size_t(r)]);
-        if (sc.at[r] != rr) {
+        if (!direct[size_t(r)] && sc.at[r] != rr) {
           std::memcpy(rr, sc.at[r], size_t(n) * itemsize(st.program[r].dtype));
           sc.at[r] = rr;
         }
       }
     }
-    store_reg(st.dtype, int(st.program.size()) - 1, out, start, n, sc, view);
+    if (direct[size_t(last)] != out) store_reg(st.dtype, last, out, start, n, sc, view);
     for (size_t o = 0; o < st.more_outputs.size(); ++o) {
       int r = st.more_results[o];
-      store_reg(st.program[r].dtype, r, args.slots[st.more_outputs[o]], start, n, sc, view);
+      if (direct[size_t(r)] != args.slots[st.more_outputs[o]])
+        store_reg(st.program[r].dtype, r, args.slots[st.more_outputs[o]], start, n, sc, view);
     }
   }
 }
@@ -931,22 +1044,30 @@ void run_row(const CpuKernel& k, const Step& st, const LaunchArgs& args) {
   auto in = inputs_of(st, args);
   void* out = args.slots[st.output];
   int last = int(st.program.size()) - 1;
+  const bool compact = !k.regs.rowc.empty() && k.regs.rowc[size_t(last)];  // the result: one lane per row
 #pragma omp parallel for schedule(static) if (total >= kParallelMin && ntiles > 1)
   for (int64_t t = 0; t < ntiles; ++t) {
     Scratch& sc = scratch(st.program.size(), size_t(k.regs.nregs), lanes);
     int64_t start = t * lanes, n = std::min(lanes, total - start);
     run_program(st.program, k.regs, in, st.domain, start, n, args, sc, row);
     if (!per_row) {
+      if (compact)
+        with_compute(st.dtype, [&](auto* tp) {
+          using T = std::remove_pointer_t<decltype(tp)>;
+          T* v = reg<T>(sc, k.regs.reg[size_t(last)]);
+          expand_rows(v, v, n / row, row);
+        });
       store_tile(st, out, start, n, sc);
       continue;
     }
     with_compute(st.dtype, [&](auto* tp) {
       using T = std::remove_pointer_t<decltype(tp)>;
       const T* r = val<T>(sc, last);
+      const int64_t step = compact ? 1 : row;
       with_storage(st.dtype, [&](auto* sp) {
         using S = std::remove_pointer_t<decltype(sp)>;
         S* o = static_cast<S*>(out) + start / row;
-        for (int64_t j = 0; j < n / row; ++j) o[j] = store_as<S>(r[j * row]);
+        for (int64_t j = 0; j < n / row; ++j) o[j] = store_as<S>(r[j * step]);
       });
     });
   }
@@ -1381,8 +1502,16 @@ class CpuBackend : public Backend {
     if (st.kind != StepKind::Reduce) {
       auto k = std::make_unique<CpuKernel>();
       k->regs = std::move(regs);
-      if (st.kind == StepKind::Elementwise || st.kind == StepKind::Copy) prepare_elementwise(*k, st);
+      if (st.kind == StepKind::Elementwise || st.kind == StepKind::Copy) {
+        prepare_elementwise(*k, st);
+        k->last_read.assign(st.program.size(), -1);
+        for (size_t i = 0; i < st.program.size(); ++i)
+          for (int o : {st.program[i].a, st.program[i].b, st.program[i].c})
+            if (o >= 0) k->last_read[size_t(o)] = int(i);
+        for (int r : keep) k->last_read[size_t(r)] = std::numeric_limits<int>::max();
+      }
       k->regs.load = load_paths(k->program.empty() ? st.program : k->program);
+      k->regs.rowc = row_constants(st, k->regs);
       return k;
     }
     auto k = std::make_unique<ReduceKernel>();
