@@ -19,7 +19,7 @@ Plan compile_graph(const ir::Graph& g, const std::vector<int>& donate_to, const 
   // Scheduling sees single-output Steps; the merges after it keep its order valid.
   if (pass_enabled("schedule")) schedule(plan);
   if (pass_enabled("epilogue")) fuse_epilogues(plan);
-  if (pass_enabled("merge")) merge_elementwise(plan);
+  if (pass_enabled("merge")) merge_elementwise(plan), merge_rows(plan);
   donate(plan, donate_to);
   plan_memory(plan, target.alignment);
   dump_plan(h, plan);

@@ -75,7 +75,8 @@ struct Step {
   std::vector<DType> input_dtypes;
   int64_t axis = 0;  // Gather/ScatterAdd
   // Elementwise: further slots written (dense, the Step's shape), each with the instruction
-  // whose value it holds (the merge pass gives one Step several outputs).
+  // whose value it holds (the merge pass gives one Step several outputs). Row: further slots of
+  // one value per row, each the value its instruction has along the row (constant there).
   std::vector<int> more_outputs, more_results;
   std::vector<Source> sources;
   ir::Cost cost;

@@ -74,6 +74,33 @@ TEST_F(PassesOn, FusedRowStepsMatchTheFloat64Reference) {
   EXPECT_TRUE(matches_reference(softmax(x, 0)));  // not a trailing axis: a Reduce Step
 }
 
+// A row statistic read again later (here by a second output; in training, by the backward pass)
+// is stored by the Row Step that normalizes with it, not by a Row Step of its own.
+TEST_F(PassesOn, ARowStatisticReadTwiceIsStoredByTheRowStepThatRecomputesIt) {
+  for (Shape s : {Shape{32, 128}, Shape{6, 5, 40}}) {
+    // (float16: the deviation is read back rounded, as stored)
+    Tensor x = random_tensor(s, s[0] == 6 ? DType::Float16 : DType::Float32, 9, -3, 3);
+    auto outputs = [&] {
+      Tensor sd = sqrt(var(x, {-1}, 0, true) + 1e-5), e = exp(x - x.max({-1}, true));
+      return std::vector<Tensor>{(x - mean(x, {-1}, true)) / sd, sd * 2.0, e / e.sum({-1}, true), log(e.sum({-1}, true))};
+    };
+    std::vector<std::vector<double>> values[2];
+    auto steps = [&](const char* disabled) {
+      compiler::set_disabled_passes(disabled);
+      int64_t before = metrics().steps_launched;
+      std::vector<Tensor> ys = outputs();
+      tessera::sync();
+      for (const Tensor& y : ys) values[*disabled != 0].push_back(y.to_vector<double>());
+      return metrics().steps_launched - before;
+    };
+    // The layer norm's deviation; softmax's sum is cheap enough that each reader recomputes it.
+    EXPECT_EQ(steps("merge") - steps(""), 1);
+    EXPECT_EQ(values[0], values[1]) << "merged and unmerged differ";
+    compiler::set_disabled_passes("");
+    EXPECT_TRUE(matches_reference(outputs()));
+  }
+}
+
 // The benchmark GPT (bench/gpt_step.cpp): a whole training step — forward, cross entropy,
 // backward and the AdamW update — as one graph of at most 300 Steps.
 TEST_F(PassesOn, GptTrainingStepLaunchesAtMost300Steps) {

@@ -144,6 +144,16 @@ TEST(OpenCL, RowAndReduceOverAnyAxes) {
   }, 1e-6, kir::StepKind::Reduce);
   same_on_both([](Device d) { return std::vector<Tensor>{softmax(random_tensor({4, 300}, DType::Float32, 4, -5, 5, d), 1)}; },
                1e-6, kir::StepKind::Row);
+  // A statistic read twice: stored once per row by the Row Step that normalizes with it.
+  same_on_both([](Device d) {
+    Tensor x = random_tensor({6, 5, 40}, DType::Float32, 5, -3, 3, d);
+    Tensor sd = sqrt(var(x, {2}, 0, true) + 1e-5);
+    return std::vector<Tensor>{(x - mean(x, {2}, true)) / sd, sd * 2.0};
+  }, 1e-6, kir::StepKind::Row);
+  bool stored_by_row = false;
+  for (const kir::Step& st : runtime::last_executed_plan()->steps)
+    stored_by_row |= st.kind == kir::StepKind::Row && !st.more_outputs.empty();
+  EXPECT_TRUE(stored_by_row);
 }
 
 TEST(OpenCL, GemmWithEpilogueBatchedAndTransposed) {

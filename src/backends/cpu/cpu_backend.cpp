@@ -1044,32 +1044,40 @@ void run_row(const CpuKernel& k, const Step& st, const LaunchArgs& args) {
   auto in = inputs_of(st, args);
   void* out = args.slots[st.output];
   int last = int(st.program.size()) - 1;
-  const bool compact = !k.regs.rowc.empty() && k.regs.rowc[size_t(last)];  // the result: one lane per row
+  auto compact = [&](int r) { return !k.regs.rowc.empty() && k.regs.rowc[size_t(r)]; };  // one lane per row
+  // Instruction r's value once per row (its first position's, or its lane r when compact).
+  auto store_rows = [&](Scratch& sc, int r, DType t, void* dst, int64_t start, int64_t n) {
+    with_compute(t, [&](auto* tp) {
+      using T = std::remove_pointer_t<decltype(tp)>;
+      const T* v = val<T>(sc, r);
+      const int64_t step = compact(r) ? 1 : row;
+      with_storage(t, [&](auto* sp) {
+        using S = std::remove_pointer_t<decltype(sp)>;
+        S* o = static_cast<S*>(dst) + start / row;
+        for (int64_t j = 0; j < n / row; ++j) o[j] = store_as<S>(v[j * step]);
+      });
+    });
+  };
 #pragma omp parallel for schedule(static) if (total >= kParallelMin && ntiles > 1)
   for (int64_t t = 0; t < ntiles; ++t) {
     Scratch& sc = scratch(st.program.size(), size_t(k.regs.nregs), lanes);
     int64_t start = t * lanes, n = std::min(lanes, total - start);
     run_program(st.program, k.regs, in, st.domain, start, n, args, sc, row);
-    if (!per_row) {
-      if (compact)
-        with_compute(st.dtype, [&](auto* tp) {
-          using T = std::remove_pointer_t<decltype(tp)>;
-          T* v = reg<T>(sc, k.regs.reg[size_t(last)]);
-          expand_rows(v, v, n / row, row);
-        });
-      store_tile(st, out, start, n, sc);
+    for (size_t o = 0; o < st.more_outputs.size(); ++o) {
+      int r = st.more_results[o];
+      store_rows(sc, r, st.program[size_t(r)].dtype, args.slots[st.more_outputs[o]], start, n);
+    }
+    if (per_row) {
+      store_rows(sc, last, st.dtype, out, start, n);
       continue;
     }
-    with_compute(st.dtype, [&](auto* tp) {
-      using T = std::remove_pointer_t<decltype(tp)>;
-      const T* r = val<T>(sc, last);
-      const int64_t step = compact ? 1 : row;
-      with_storage(st.dtype, [&](auto* sp) {
-        using S = std::remove_pointer_t<decltype(sp)>;
-        S* o = static_cast<S*>(out) + start / row;
-        for (int64_t j = 0; j < n / row; ++j) o[j] = store_as<S>(r[j * step]);
+    if (compact(last))
+      with_compute(st.dtype, [&](auto* tp) {
+        using T = std::remove_pointer_t<decltype(tp)>;
+        T* v = reg<T>(sc, k.regs.reg[size_t(last)]);
+        expand_rows(v, v, n / row, row);
       });
-    });
+    store_tile(st, out, start, n, sc);
   }
 }
 

@@ -389,10 +389,12 @@ struct Accumulator {
   }
 };
 
-void store_outputs(Kernel& k, const Step& st, ProgramWriter& w, const std::string& at, const std::string& ind) {
+// The Step's result at index `at`; `more`: its further results there too.
+void store_outputs(Kernel& k, const Step& st, ProgramWriter& w, const std::string& at, const std::string& ind,
+                   bool more = true) {
   int last = int(st.program.size()) - 1;
   k.b << ind << k.arg(st.output, st.dtype) << "[" << at << "] = " << to_storage(st.dtype, w.v(last)) << ";\n";
-  for (size_t o = 0; o < st.more_outputs.size(); ++o) {
+  for (size_t o = 0; o < st.more_outputs.size() && more; ++o) {
     int r = st.more_results[o];
     DType t = st.program[size_t(r)].dtype;
     k.b << ind << k.arg(st.more_outputs[o], t) << "[" << at << "] = " << to_storage(t, w.v(r)) << ";\n";
@@ -448,16 +450,28 @@ KernelCode render_row(const Step& st) {
     w.scalar[i] = "v" + S(int64_t(i));
   }
   int last = int(st.program.size()) - 1;
+  if (!st.more_outputs.empty()) {  // further results: one value per row, at the row's first position
+    k.b << "  {\n";
+    k.unravel("d", "r * L", st.domain, "    ");
+    k.b << "    i64 pos = r * L;\n";
+    w.emit(st.more_results, "    ");
+    for (size_t o = 0; o < st.more_outputs.size(); ++o) {
+      int r = st.more_results[o];
+      DType t = st.program[size_t(r)].dtype;
+      k.b << "    " << k.arg(st.more_outputs[o], t) << "[r] = " << to_storage(t, w.v(r)) << ";\n";
+    }
+    k.b << "  }\n";
+  }
   k.b << "  {\n";
   k.unravel("d", "r * L", st.domain, "    ");
   if (per_row) {
     k.b << "    i64 pos = r * L;\n";
     w.emit({last}, "    ");
-    store_outputs(k, st, w, "r", "    ");
+    store_outputs(k, st, w, "r", "    ", false);
   } else {
     k.b << "    for (i64 j = 0; j < L; ++j) {\n      i64 pos = r * L + j;\n";
     w.emit({last}, "      ");
-    store_outputs(k, st, w, "pos", "      ");
+    store_outputs(k, st, w, "pos", "      ", false);
     k.bump("d", st.domain, "      ");
     k.b << "    }\n";
   }

@@ -8,7 +8,8 @@
 //   schedule  Steps      a topological order chosen to lower the peak of live bytes
 //   epilogue  Steps      elementwise consumers of a GEMM applied per row block inside it
 //   merge     Steps      elementwise Steps over the same positions that share inputs, or where one
-//                        reads the other's result element for element, become one multi-output Step
+//                        reads the other's result element for element, become one multi-output Step;
+//                        a Row Step's per-row result joins the later Row Step that recomputes it
 //   memplan   Steps      temporaries share one arena by lifetime (off: each gets its own bytes)
 #pragma once
 #include <string>
@@ -38,6 +39,7 @@ ir::Graph dce(const ir::Graph& g);
 // Step passes rewrite plan.steps in place (before donation and memory planning).
 void fuse_epilogues(Plan& plan);
 void merge_elementwise(Plan& plan);
+void merge_rows(Plan& plan);
 void schedule(Plan& plan);
 // Lays the lowered plan out for a target (target.cpp; always on, a no-op for a host target):
 // refuses dtypes it does not compute, stores float32 as target.float32_as, sizes every buffer
