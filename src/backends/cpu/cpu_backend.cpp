@@ -533,10 +533,17 @@ void run_program(const std::vector<Instr>& prog, const RegPlan& rp, const std::v
   if (sc.at.size() < prog.size()) sc.at.resize(prog.size());
   const bool rowc = row > 0 && !rp.rowc.empty();
   const int64_t rows = row > 0 ? n / row : 0;
-  // A value not constant along rows computed from one that is: evaluated row by row.
-  auto per_row = [&](const Instr& I) {
-    return rowc && !rp.rowc[size_t(&I - prog.data())] &&
-           ((I.a >= 0 && rp.rowc[size_t(I.a)]) || (I.b >= 0 && rp.rowc[size_t(I.b)]) || (I.c >= 0 && rp.rowc[size_t(I.c)]));
+  // Operand o of instruction k: a row-constant value read by a per-position instruction is
+  // spelled out over the tile's positions first, into spare register rp.nregs + j.
+  auto operand = [&](size_t k, int o, int j) -> const void* {
+    if (!rowc || rp.rowc[k] || !rp.rowc[size_t(o)]) return sc.at[size_t(o)];
+    void* dst = reg<double>(sc, rp.nregs + j);
+    switch (itemsize(compute_dtype(prog[size_t(o)].dtype))) {
+      case 1: expand_rows(static_cast<uint8_t*>(dst), static_cast<const uint8_t*>(sc.at[size_t(o)]), rows, row); break;
+      case 4: expand_rows(static_cast<uint32_t*>(dst), static_cast<const uint32_t*>(sc.at[size_t(o)]), rows, row); break;
+      default: expand_rows(static_cast<uint64_t*>(dst), static_cast<const uint64_t*>(sc.at[size_t(o)]), rows, row);
+    }
+    return dst;
   };
   for (size_t k = 0; k < prog.size(); ++k) {
     const Instr& I = prog[k];
@@ -703,51 +710,30 @@ void run_program(const std::vector<Instr>& prog, const RegPlan& rp, const std::v
       case Code::Where:
         with_compute(I.dtype, [&](auto* tp) {
           using T = std::remove_pointer_t<decltype(tp)>;
-          auto where = [](const uint8_t* c, const T* a, const T* b, bool sc_, bool sa, bool sb, T* out, int64_t m) {
-            if (sc_) {  // one condition: a row's worth of a or of b
-              const uint8_t c0 = c[0];
-              for (int64_t i = 0; i < m; ++i) out[i] = select(c0, a[sa ? 0 : i], b[sb ? 0 : i]);
-            } else if (sa && sb) {
-              for (int64_t i = 0; i < m; ++i) out[i] = select(c[i], a[0], b[0]);
-            } else if (sa) {
-              for (int64_t i = 0; i < m; ++i) out[i] = select(c[i], a[0], b[i]);
-            } else if (sb) {
-              for (int64_t i = 0; i < m; ++i) out[i] = select(c[i], a[i], b[0]);
-            } else {
-              for (int64_t i = 0; i < m; ++i) out[i] = select(c[i], a[i], b[i]);
-            }
-          };
-          const uint8_t* c = val<uint8_t>(sc, I.a);
-          const T* a = val<T>(sc, I.b);
-          const T* b = val<T>(sc, I.c);
+          const uint8_t* c = static_cast<const uint8_t*>(operand(k, I.a, 0));
+          const T* a = static_cast<const T*>(operand(k, I.b, 1));
+          const T* b = static_cast<const T*>(operand(k, I.c, 2));
           T* out = static_cast<T*>(dst);
           const bool sa = rp.scalar[size_t(I.b)], sb = rp.scalar[size_t(I.c)];
-          if (!per_row(I)) {
-            where(c, a, b, false, sa, sb, out, m);
-            return;
-          }
-          const bool rc = rp.rowc[size_t(I.a)], ra = rp.rowc[size_t(I.b)], rb = rp.rowc[size_t(I.c)];
-          for (int64_t r = 0; r < rows; ++r)
-            where(c + (rc ? r : r * row), a + (sa ? 0 : ra ? r : r * row), b + (sb ? 0 : rb ? r : r * row), rc,
-                  sa || ra, sb || rb, out + r * row, row);
+          if (sa && sb)
+            for (int64_t i = 0; i < m; ++i) out[i] = select(c[i], a[0], b[0]);
+          else if (sa)
+            for (int64_t i = 0; i < m; ++i) out[i] = select(c[i], a[0], b[i]);
+          else if (sb)
+            for (int64_t i = 0; i < m; ++i) out[i] = select(c[i], a[i], b[0]);
+          else
+            for (int64_t i = 0; i < m; ++i) out[i] = select(c[i], a[i], b[i]);
         });
         break;
       default:  // binary arithmetic and comparisons; operands share one dtype
         with_compute(prog[I.a].dtype, [&](auto* tp) {
           using T = std::remove_pointer_t<decltype(tp)>;
-          const T* a0 = val<T>(sc, I.a);
-          const T* b0 = val<T>(sc, I.b);
-          const bool sa0 = rp.scalar[size_t(I.a)], sb0 = rp.scalar[size_t(I.b)];
-          const bool pr = per_row(I);
-          const bool ra = pr && rp.rowc[size_t(I.a)], rb = pr && rp.rowc[size_t(I.b)];
-          for (int64_t r = 0; r < (pr ? rows : 1); ++r) {  // once, or row by row
-          const int64_t at = pr ? r * row : 0, cnt = pr ? row : m;
-          const T* a = a0 + (sa0 ? 0 : ra ? r : at);
-          const T* b = b0 + (sb0 ? 0 : rb ? r : at);
-          const bool sa = sa0 || ra, sb = sb0 || rb;
-          T* out = static_cast<T*>(dst) + at;
-          uint8_t* cmp = static_cast<uint8_t*>(dst) + at;
-          auto op = [&](auto* o, auto f) { binary(a, b, sa, sb, o, cnt, f); };
+          const T* a = static_cast<const T*>(operand(k, I.a, 0));
+          const T* b = static_cast<const T*>(operand(k, I.b, 1));
+          T* out = static_cast<T*>(dst);
+          uint8_t* cmp = static_cast<uint8_t*>(dst);
+          const bool sa = rp.scalar[size_t(I.a)], sb = rp.scalar[size_t(I.b)];
+          auto op = [&](auto* o, auto f) { binary(a, b, sa, sb, o, m, f); };
           switch (I.code) {
             case Code::Add: op(out, [](T x, T y) { return T(x + y); }); break;
             case Code::Sub: op(out, [](T x, T y) { return T(x - y); }); break;
@@ -765,7 +751,6 @@ void run_program(const std::vector<Instr>& prog, const RegPlan& rp, const std::v
             case Code::Gt: op(cmp, [](T x, T y) { return uint8_t(x > y); }); break;
             case Code::Ge: op(cmp, [](T x, T y) { return uint8_t(x >= y); }); break;
             default: break;
-          }
           }
         });
     }
@@ -1060,7 +1045,8 @@ void run_row(const CpuKernel& k, const Step& st, const LaunchArgs& args) {
   };
 #pragma omp parallel for schedule(static) if (total >= kParallelMin && ntiles > 1)
   for (int64_t t = 0; t < ntiles; ++t) {
-    Scratch& sc = scratch(st.program.size(), size_t(k.regs.nregs), lanes);
+    // (three spare registers spell out row-constant operands: run_program's `operand`)
+    Scratch& sc = scratch(st.program.size(), size_t(k.regs.nregs) + (k.regs.rowc.empty() ? 0 : 3), lanes);
     int64_t start = t * lanes, n = std::min(lanes, total - start);
     run_program(st.program, k.regs, in, st.domain, start, n, args, sc, row);
     for (size_t o = 0; o < st.more_outputs.size(); ++o) {
