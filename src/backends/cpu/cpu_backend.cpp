@@ -237,7 +237,9 @@ struct RegPlan {
   std::vector<uint8_t> load;     // per instruction: how a Load reads (LoadPath), fixed per Step
   // Row Steps (empty otherwise): per instruction, whether its value is constant along each row;
   // such values are computed and kept once per row (lane r: the tile's row r), see row_constants.
+  // Registers spare .. spare + 2 (counted in nregs) spell them out for per-position readers.
   std::vector<uint8_t> rowc;
+  int spare = -1;
 };
 
 // Which instructions of a Row Step are constant along each row (RegPlan::rowc): row reductions,
@@ -534,10 +536,10 @@ void run_program(const std::vector<Instr>& prog, const RegPlan& rp, const std::v
   const bool rowc = row > 0 && !rp.rowc.empty();
   const int64_t rows = row > 0 ? n / row : 0;
   // Operand o of instruction k: a row-constant value read by a per-position instruction is
-  // spelled out over the tile's positions first, into spare register rp.nregs + j.
+  // spelled out over the tile's positions first, into spare register rp.spare + j.
   auto operand = [&](size_t k, int o, int j) -> const void* {
     if (!rowc || rp.rowc[k] || !rp.rowc[size_t(o)]) return sc.at[size_t(o)];
-    void* dst = reg<double>(sc, rp.nregs + j);
+    void* dst = reg<double>(sc, rp.spare + j);
     switch (itemsize(compute_dtype(prog[size_t(o)].dtype))) {
       case 1: expand_rows(static_cast<uint8_t*>(dst), static_cast<const uint8_t*>(sc.at[size_t(o)]), rows, row); break;
       case 4: expand_rows(static_cast<uint32_t*>(dst), static_cast<const uint32_t*>(sc.at[size_t(o)]), rows, row); break;
@@ -1045,8 +1047,7 @@ void run_row(const CpuKernel& k, const Step& st, const LaunchArgs& args) {
   };
 #pragma omp parallel for schedule(static) if (total >= kParallelMin && ntiles > 1)
   for (int64_t t = 0; t < ntiles; ++t) {
-    // (three spare registers spell out row-constant operands: run_program's `operand`)
-    Scratch& sc = scratch(st.program.size(), size_t(k.regs.nregs) + (k.regs.rowc.empty() ? 0 : 3), lanes);
+    Scratch& sc = scratch(st.program.size(), size_t(k.regs.nregs), lanes);
     int64_t start = t * lanes, n = std::min(lanes, total - start);
     run_program(st.program, k.regs, in, st.domain, start, n, args, sc, row);
     for (size_t o = 0; o < st.more_outputs.size(); ++o) {
@@ -1506,6 +1507,7 @@ class CpuBackend : public Backend {
       }
       k->regs.load = load_paths(k->program.empty() ? st.program : k->program);
       k->regs.rowc = row_constants(st, k->regs);
+      if (!k->regs.rowc.empty()) k->regs.spare = k->regs.nregs, k->regs.nregs += 3;
       return k;
     }
     auto k = std::make_unique<ReduceKernel>();

@@ -1,4 +1,5 @@
 #include <algorithm>
+#include <functional>
 #include <unordered_map>
 
 #include "compiler/passes/fuse.h"
@@ -11,44 +12,59 @@ bool identity(const kir::Instr& in, const Shape& s) {
   return in.map.is_contiguous() && in.map.views[0].offset == 0 && in.map.shape() == s;
 }
 
-// B's program appended to A's: B's loads of A's outputs become A's registers.
+// S's program appended to M's (M's inputs extended as needed), reusing instructions M already
+// computes; a load of a slot for which `replaced` gives an instruction of M (else -1) is that
+// instruction instead. Returns where each of S's instructions is in M.
+std::vector<int> append_program(kir::Step& M, const kir::Step& S, const std::function<int(int slot)>& replaced) {
+  std::vector<int> at(S.program.size());
+  for (size_t k = 0; k < S.program.size(); ++k) {
+    kir::Instr in = S.program[k];
+    if (in.code == kir::Code::Load) {
+      int slot = S.inputs[size_t(in.input)];
+      if (int r = replaced(slot); r >= 0) {
+        at[k] = r;
+        continue;
+      }
+      auto it = std::find(M.inputs.begin(), M.inputs.end(), slot);
+      in.input = int(it - M.inputs.begin());
+      if (it == M.inputs.end()) M.inputs.push_back(slot);
+    }
+    for (int* o : {&in.a, &in.b, &in.c})
+      if (*o >= 0) *o = at[size_t(*o)];
+    auto same = std::find_if(M.program.begin(), M.program.end(), [&](const kir::Instr& x) { return same_instr(x, in); });
+    at[k] = int(same - M.program.begin());
+    if (same == M.program.end()) M.program.push_back(in);
+  }
+  return at;
+}
+
+// The Steps not merged into others, in order.
+void drop_gone(std::vector<kir::Step>& steps, const std::vector<bool>& gone) {
+  std::vector<kir::Step> kept;
+  for (size_t s = 0; s < steps.size(); ++s)
+    if (!gone[s]) kept.push_back(std::move(steps[s]));
+  steps = std::move(kept);
+}
+
+// Makes instruction r of M's program its last (the main result), evaluating it again at the end
+// when it is not; returns its index.
+int result_last(kir::Step& M, int r) {
+  if (r == int(M.program.size()) - 1) return r;
+  M.program.push_back(M.program[size_t(r)]);
+  return int(M.program.size()) - 1;
+}
+
+// B's program appended to A's: B's loads of A's outputs become A's registers. The main result is
+// the last instruction: B's result becomes the main output and A's outputs join the further ones.
 void absorb(kir::Step& A, const kir::Step& B) {
   std::vector<int> outs = A.outputs();
   std::vector<int> results{int(A.program.size()) - 1};
   results.insert(results.end(), A.more_results.begin(), A.more_results.end());
-  std::vector<int> at(B.program.size());
-  for (size_t k = 0; k < B.program.size(); ++k) {
-    kir::Instr in = B.program[k];
-    if (in.code == kir::Code::Load) {
-      int slot = B.inputs[in.input];
-      auto o = std::find(outs.begin(), outs.end(), slot);
-      if (o != outs.end()) {
-        at[k] = results[o - outs.begin()];
-        continue;
-      }
-      auto it = std::find(A.inputs.begin(), A.inputs.end(), slot);
-      in.input = int(it - A.inputs.begin());
-      if (it == A.inputs.end()) A.inputs.push_back(slot);
-    }
-    if (in.a >= 0) in.a = at[in.a];
-    if (in.b >= 0) in.b = at[in.b];
-    if (in.c >= 0) in.c = at[in.c];
-    // An instruction A already computes is reused, not evaluated twice.
-    auto same = std::find_if(A.program.begin(), A.program.end(), [&](const kir::Instr& x) { return same_instr(x, in); });
-    if (same != A.program.end()) {
-      at[k] = int(same - A.program.begin());
-      continue;
-    }
-    A.program.push_back(in);
-    at[k] = int(A.program.size()) - 1;
-  }
-  // The main result is the last instruction: B's result becomes the main output (appended last
-  // unless A already computed it) and A's outputs join the further ones.
-  int b_last = at.back();
-  if (b_last != int(A.program.size()) - 1) {  // B's result was found in A: evaluate it last again
-    A.program.push_back(A.program[size_t(b_last)]);
-    b_last = int(A.program.size()) - 1;
-  }
+  std::vector<int> at = append_program(A, B, [&](int slot) {
+    auto o = std::find(outs.begin(), outs.end(), slot);
+    return o == outs.end() ? -1 : results[size_t(o - outs.begin())];
+  });
+  result_last(A, at.back());
   A.more_outputs.insert(A.more_outputs.begin(), A.output);
   A.more_results.insert(A.more_results.begin(), results[0]);
   A.output = B.output;
@@ -115,45 +131,16 @@ void merge_rows(Plan& plan) {
       kir::Step M = B;
       M.inputs.clear();
       M.program.clear();
-      auto input = [&](int slot) {
-        auto it = std::find(M.inputs.begin(), M.inputs.end(), slot);
-        if (it != M.inputs.end()) return int(it - M.inputs.begin());
-        M.inputs.push_back(slot);
-        return int(M.inputs.size()) - 1;
-      };
-      auto add = [&](kir::Instr in) {  // an instruction already there is reused
-        for (size_t j = 0; j < M.program.size(); ++j)
-          if (same_instr(M.program[j], in)) return int(j);
-        M.program.push_back(in);
-        return int(M.program.size()) - 1;
-      };
-      auto paste = [&](const kir::Step& S, int replaced, int by) {
-        std::vector<int> at(S.program.size());
-        for (size_t k = 0; k < S.program.size(); ++k) {
-          kir::Instr in = S.program[k];
-          if (in.code == kir::Code::Load) {
-            if (S.inputs[size_t(in.input)] == replaced) {
-              at[k] = by;
-              continue;
-            }
-            in.input = input(S.inputs[size_t(in.input)]);
-          }
-          for (int* o : {&in.a, &in.b, &in.c})
-            if (*o >= 0) *o = at[size_t(*o)];
-          at[k] = add(in);
-        }
-        return at.back();
-      };
-      int stat = paste(A, -1, -1), as_read = stat;
-      if (compute_dtype(A.dtype) != A.dtype) {
+      int stat = append_program(M, A, [](int) { return -1; }).back(), as_read = stat;
+      if (compute_dtype(A.dtype) != A.dtype) {  // (nothing in A reads its result: a new instruction)
         kir::Instr cast;
         cast.code = kir::Code::Cast;
         cast.dtype = A.dtype;
         cast.a = stat;
-        as_read = add(cast);
+        M.program.push_back(cast);
+        as_read = int(M.program.size()) - 1;
       }
-      int res = paste(B, x, as_read);
-      if (res != int(M.program.size()) - 1) M.program.push_back(M.program[size_t(res)]);  // the result stays last
+      result_last(M, append_program(M, B, [&](int slot) { return slot == x ? as_read : -1; }).back());
       M.more_outputs = {A.output};
       M.more_results = {stat};
       M.sources.insert(M.sources.begin(), A.sources.begin(), A.sources.end());
@@ -165,10 +152,7 @@ void merge_rows(Plan& plan) {
       break;
     }
   }
-  std::vector<kir::Step> kept;
-  for (size_t s = 0; s < steps.size(); ++s)
-    if (!gone[s]) kept.push_back(std::move(steps[s]));
-  steps = std::move(kept);
+  drop_gone(steps, gone);
 }
 
 // Elementwise Steps over the same shape are merged when B (later) shares an input with A or
@@ -232,10 +216,7 @@ void merge_elementwise(Plan& plan) {
     if (target < 0)
       for (int x : B.inputs) readers_of[x].push_back(int(b));
   }
-  std::vector<kir::Step> kept;
-  for (size_t s = 0; s < steps.size(); ++s)
-    if (!gone[s]) kept.push_back(std::move(steps[s]));
-  steps = std::move(kept);
+  drop_gone(steps, gone);
 }
 
 }  // namespace tessera::compiler
