@@ -15,7 +15,9 @@ const char* dtype_short(DType t); // "f32", "i64", ... (IR printer)
 bool is_floating(DType t);
 bool is_integral(DType t);  // int32/int64 (not bool)
 // The dtype arithmetic runs in: float16/bfloat16 -> float32, everything else itself.
-DType compute_dtype(DType t);
+inline DType compute_dtype(DType t) {
+  return (t == DType::Float16 || t == DType::BFloat16) ? DType::Float32 : t;
+}
 // PyTorch promotion of two tensor dtypes (bool < int < float; float16 + bfloat16 -> float32).
 DType promote(DType a, DType b);
 // Promotion of a tensor dtype with a weakly typed C++ scalar: the tensor keeps its dtype unless

@@ -48,10 +48,6 @@ bool is_floating(DType t) {
 }
 bool is_integral(DType t) { return t == DType::Int32 || t == DType::Int64; }
 
-DType compute_dtype(DType t) {
-  return (t == DType::Float16 || t == DType::BFloat16) ? DType::Float32 : t;
-}
-
 static int category(DType t) { return t == DType::Bool ? 0 : is_integral(t) ? 1 : 2; }
 
 DType promote(DType a, DType b) {

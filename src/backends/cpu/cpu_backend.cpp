@@ -13,10 +13,12 @@
 #include <cstdlib>
 #include <cstring>
 #include <limits>
+#include <new>
 #include <numeric>
 #include <optional>
 
 #include "backends/backend.h"
+#include "backends/cpu/jit_x86.h"
 #include "backends/cpu/vmath.h"
 #include "core/half.h"
 #include "core/philox.h"
@@ -216,8 +218,20 @@ void tile_offsets(const IndexMap& m, int64_t start, int64_t n, int64_t* off, uin
   }
 }
 
+// Registers start on cache lines: a vector load or store that straddles two lines costs two (a
+// plain vector<double> from a large malloc starts 16 bytes into a page, which made every other
+// 32-byte access of the register loops a split one, ~30% of their time).
+template <class T> struct LineAligned {
+  using value_type = T;
+  LineAligned() = default;
+  template <class U> LineAligned(const LineAligned<U>&) {}
+  T* allocate(size_t n) { return static_cast<T*>(::operator new(n * sizeof(T), std::align_val_t(64))); }
+  void deallocate(T* p, size_t) { ::operator delete(p, std::align_val_t(64)); }
+  bool operator==(const LineAligned&) const = default;
+};
+
 struct Scratch {
-  std::vector<double> regs;  // `lanes` 8-byte lanes per register
+  std::vector<double, LineAligned<double>> regs;  // `lanes` 8-byte lanes per register
   std::vector<double> consts;  // one 8-byte lane per instruction: scalar constants
   // Where each instruction's values are: its register, or for a load of a dense run of the
   // same type, the source memory itself (no copy).
@@ -230,6 +244,10 @@ struct Scratch {
 // reused once its last reader has run, so a long program's live values stay within L1; a Const
 // read only by binary ops and where's value operands is a scalar (one lane, never filled).
 // An instruction never writes a register one of its operands is in.
+// out[i] = a[i] op b[i] over n lanes, for one op and dtype; a scalar operand (sa, sb) is its lane 0.
+using BinaryFn = void (*)(const void* a, const void* b, bool sa, bool sb, void* out, int64_t n);
+BinaryFn binary_fn(Code c, DType t);
+
 struct RegPlan {
   std::vector<int> reg;          // per instruction (-1: a scalar constant)
   std::vector<uint8_t> scalar;   // per instruction: a scalar constant
@@ -240,6 +258,10 @@ struct RegPlan {
   // Registers spare .. spare + 2 (counted in nregs) spell them out for per-position readers.
   std::vector<uint8_t> rowc;
   int spare = -1;
+  // Resolved once per Step, so a tile's instruction dispatch is one indirect call: each binary
+  // instruction's loop for its op and dtype, and each scalar constant's value in its compute type.
+  std::vector<BinaryFn> binary;
+  std::vector<double> cval;
 };
 
 // Which instructions of a Row Step are constant along each row (RegPlan::rowc): row reductions,
@@ -326,6 +348,20 @@ RegPlan plan_registers(const std::vector<Instr>& prog, const std::vector<int>& k
         last[size_t(o)] = -2;  // released once, even when read twice
       }
     if (last[size_t(k)] == -1 && p.reg[size_t(k)] >= 0) release(p.reg[size_t(k)]);  // never read
+  }
+  p.binary.assign(size_t(n), nullptr);
+  p.cval.assign(size_t(n), 0.0);
+  for (size_t k = 0; k < size_t(n); ++k) {
+    const Instr& I = prog[k];
+    if (is_binary(I.code)) p.binary[k] = binary_fn(I.code, prog[size_t(I.a)].dtype);
+    if (I.code == Code::Const)
+      with_compute(I.dtype, [&](auto* tp) {
+        using T = std::remove_pointer_t<decltype(tp)>;
+        T v = store_as<T>(I.value);
+        if (I.dtype == DType::Float16) v = T(half::f16_to_float(half::float_to_f16(float(I.value))));
+        if (I.dtype == DType::BFloat16) v = T(half::bf16_to_float(half::float_to_bf16(float(I.value))));
+        std::memcpy(&p.cval[k], &v, sizeof v);
+      });
   }
   return p;
 }
@@ -518,6 +554,41 @@ inline void binary(const T* a, const T* b, bool sa, bool sb, R* out, int64_t n, 
   }
 }
 
+template <class T, class R, class F>
+void binary_loop(const void* a, const void* b, bool sa, bool sb, void* out, int64_t n) {
+  binary(static_cast<const T*>(a), static_cast<const T*>(b), sa, sb, static_cast<R*>(out), n, F{});
+}
+
+template <class T> BinaryFn binary_fn_of(Code c) {
+  auto arith = [](auto f) -> BinaryFn { return &binary_loop<T, T, decltype(f)>; };
+  auto compare = [](auto f) -> BinaryFn { return &binary_loop<T, uint8_t, decltype(f)>; };
+  switch (c) {
+    case Code::Add: return arith([](T x, T y) { return T(x + y); });
+    case Code::Sub: return arith([](T x, T y) { return T(x - y); });
+    case Code::Mul: return arith([](T x, T y) { return T(x * y); });
+    case Code::Div: return arith([](T x, T y) { return T(x / y); });
+    case Code::Max: return arith([](T x, T y) { return nan_max(x, y); });
+    case Code::Min: return arith([](T x, T y) { return nan_min(x, y); });
+    case Code::Pow:
+      if constexpr (std::is_floating_point_v<T>) return arith([](T x, T y) { return T(std::pow(x, y)); });
+      break;
+    case Code::Eq: return compare([](T x, T y) { return uint8_t(x == y); });
+    case Code::Ne: return compare([](T x, T y) { return uint8_t(x != y); });
+    case Code::Lt: return compare([](T x, T y) { return uint8_t(x < y); });
+    case Code::Le: return compare([](T x, T y) { return uint8_t(x <= y); });
+    case Code::Gt: return compare([](T x, T y) { return uint8_t(x > y); });
+    case Code::Ge: return compare([](T x, T y) { return uint8_t(x >= y); });
+    default: break;
+  }
+  fail("cpu", "internal: a binary instruction with no kernel for its dtype (pow of integers is refused when traced)", "");
+}
+
+BinaryFn binary_fn(Code c, DType t) {
+  BinaryFn r = nullptr;
+  with_compute(t, [&](auto* tp) { r = binary_fn_of<std::remove_pointer_t<decltype(tp)>>(c); });
+  return r;
+}
+
 // dst[r * row + j] = src[r] for rows r < rows (dst may be src: rows are filled from the last one
 // down, so each row's value is read before its lanes are written).
 template <class T>
@@ -587,13 +658,15 @@ void run_program(const std::vector<Instr>& prog, const RegPlan& rp, const std::v
         break;
       }
       case Code::Const:
+        if (ki < 0) {
+          sc.at[k] = &rp.cval[k];
+          break;
+        }
         with_compute(I.dtype, [&](auto* tp) {
           using T = std::remove_pointer_t<decltype(tp)>;
-          T v = store_as<T>(I.value);
-          if (I.dtype == DType::Float16) v = T(half::f16_to_float(half::float_to_f16(float(I.value))));
-          if (I.dtype == DType::BFloat16) v = T(half::bf16_to_float(half::float_to_bf16(float(I.value))));
-          if (ki < 0) *static_cast<T*>(dst) = v;
-          else std::fill_n(static_cast<T*>(dst), m, v);
+          T v;
+          std::memcpy(&v, &rp.cval[k], sizeof v);
+          std::fill_n(static_cast<T*>(dst), m, v);
         });
         break;
       case Code::Iota: {  // run by run along the domain's last dimension
@@ -728,33 +801,7 @@ void run_program(const std::vector<Instr>& prog, const RegPlan& rp, const std::v
         });
         break;
       default:  // binary arithmetic and comparisons; operands share one dtype
-        with_compute(prog[I.a].dtype, [&](auto* tp) {
-          using T = std::remove_pointer_t<decltype(tp)>;
-          const T* a = static_cast<const T*>(operand(k, I.a, 0));
-          const T* b = static_cast<const T*>(operand(k, I.b, 1));
-          T* out = static_cast<T*>(dst);
-          uint8_t* cmp = static_cast<uint8_t*>(dst);
-          const bool sa = rp.scalar[size_t(I.a)], sb = rp.scalar[size_t(I.b)];
-          auto op = [&](auto* o, auto f) { binary(a, b, sa, sb, o, m, f); };
-          switch (I.code) {
-            case Code::Add: op(out, [](T x, T y) { return T(x + y); }); break;
-            case Code::Sub: op(out, [](T x, T y) { return T(x - y); }); break;
-            case Code::Mul: op(out, [](T x, T y) { return T(x * y); }); break;
-            case Code::Div: op(out, [](T x, T y) { return T(x / y); }); break;
-            case Code::Max: op(out, [](T x, T y) { return nan_max(x, y); }); break;
-            case Code::Min: op(out, [](T x, T y) { return nan_min(x, y); }); break;
-            case Code::Pow:
-              if constexpr (std::is_floating_point_v<T>) op(out, [](T x, T y) { return T(std::pow(x, y)); });
-              break;
-            case Code::Eq: op(cmp, [](T x, T y) { return uint8_t(x == y); }); break;
-            case Code::Ne: op(cmp, [](T x, T y) { return uint8_t(x != y); }); break;
-            case Code::Lt: op(cmp, [](T x, T y) { return uint8_t(x < y); }); break;
-            case Code::Le: op(cmp, [](T x, T y) { return uint8_t(x <= y); }); break;
-            case Code::Gt: op(cmp, [](T x, T y) { return uint8_t(x > y); }); break;
-            case Code::Ge: op(cmp, [](T x, T y) { return uint8_t(x >= y); }); break;
-            default: break;
-          }
-        });
+        rp.binary[k](operand(k, I.a, 0), operand(k, I.b, 1), rp.scalar[size_t(I.a)], rp.scalar[size_t(I.b)], dst, m);
     }
   }
 }
@@ -884,6 +931,10 @@ struct CpuKernel : Kernel {
   // output element lies, as a view over `domain`.
   std::optional<kir::View> out;
   std::vector<int> last_read;  // per instruction of `program`: its last reader (results: past the end)
+  // Elementwise Steps within jit::build's reach: the program as one native loop (positions in
+  // multiples of 8; the interpreter runs a last partial tile). stream_loop: the same with
+  // non-temporal stores, for outputs far larger than the caches.
+  std::unique_ptr<jit::Loop> loop, stream_loop;
 };
 
 // The view with adjacent dims merged where they walk memory as one (stride[d] = stride[d + 1] *
@@ -979,11 +1030,60 @@ std::vector<char*> direct_outputs(const CpuKernel& k, const Step& st, const std:
   return direct;
 }
 
+// The native loop for an Elementwise Step (see CpuKernel::loop), if it has one.
+void build_loops(CpuKernel& k, const Step& st) {
+  if (st.kind != StepKind::Elementwise || k.out) return;
+  for (size_t i = 0; i < k.program.size(); ++i)
+    if (k.program[i].code == Code::Load && k.regs.load[i] != kInPlace) return;
+  std::vector<int> results{int(st.program.size()) - 1};
+  results.insert(results.end(), st.more_results.begin(), st.more_results.end());
+  k.loop = jit::build(k.program, results, false);
+  if (k.loop && numel(st.shape) * 4 >= kStreamMin) k.stream_loop = jit::build(k.program, results, true);
+}
+
+// The loop to run this launch of Step st with, and the pointers it takes at position 0 (loads,
+// then outputs), or null: when an output overlaps an input other than position for position
+// (a loop stores each position after loading it, not after every load of the Step), or the
+// output is not aligned for non-temporal stores.
+const jit::Loop* loop_for(const CpuKernel& k, const Step& st, const std::vector<const void*>& in,
+                          const LaunchArgs& args, std::vector<char*>& base) {
+  if (!k.loop) return nullptr;
+  const size_t bytes = size_t(numel(st.shape)) * 4;
+  const jit::Loop* loop = k.stream_loop ? k.stream_loop.get() : k.loop.get();
+  base.clear();
+  for (int l : loop->loads()) {
+    const Instr& I = k.program[size_t(l)];
+    base.push_back(const_cast<char*>(static_cast<const char*>(in[size_t(I.input)])) + size_t(I.map.views[0].offset) * 4);
+  }
+  const size_t nloads = base.size();
+  base.push_back(static_cast<char*>(args.slots[st.output]));
+  for (int o : st.more_outputs) base.push_back(static_cast<char*>(args.slots[o]));
+  for (size_t o = nloads; o < base.size(); ++o) {
+    if (loop->streams() && reinterpret_cast<uintptr_t>(base[o]) % 32) loop = k.loop.get();
+    for (size_t l = 0; l < nloads; ++l)
+      if (base[l] != base[o] && base[l] < base[o] + bytes && base[o] < base[l] + bytes) return nullptr;
+  }
+  return loop;
+}
+
 void run_elementwise(const CpuKernel& k, const Step& st, const LaunchArgs& args) {
-  int64_t total = numel(st.shape);
-  int64_t ntiles = (total + kTile - 1) / kTile;
+  const int64_t total = numel(st.shape);
   auto in = inputs_of(st, args);
   void* out = args.slots[st.output];
+  int64_t from = 0;  // the interpreter's first position
+  std::vector<char*> base;
+  if (const jit::Loop* loop = loop_for(k, st, in, args, base)) {
+    from = total / 8 * 8;
+#pragma omp parallel for schedule(static) if (total >= kParallelMin)
+    for (int64_t t = 0; t < (from + kTile - 1) / kTile; ++t) {
+      const int64_t start = t * kTile, n = std::min(kTile, from - start);
+      const void* p[16];
+      for (size_t i = 0; i < base.size(); ++i) p[i] = base[i] + size_t(start) * 4;
+      (*loop)(p, n * 4);
+    }
+    if (from == total) return;
+  }
+  const int64_t ntiles = (total - from + kTile - 1) / kTile;
   // An output far larger than the caches and the Step's only one is streamed out of its register.
   const kir::View* view = k.out ? &*k.out : nullptr;
   const bool stream = st.more_outputs.empty() && compute_dtype(st.dtype) == st.dtype && !view &&
@@ -993,7 +1093,7 @@ void run_elementwise(const CpuKernel& k, const Step& st, const LaunchArgs& args)
 #pragma omp parallel for schedule(static) if (total >= kParallelMin)
   for (int64_t t = 0; t < ntiles; ++t) {
     Scratch& sc = scratch(st.program.size(), size_t(k.regs.nregs));
-    int64_t start = t * kTile, n = std::min(kTile, total - start);
+    int64_t start = from + t * kTile, n = std::min(kTile, total - start);
     run_program(k.program, k.regs, in, k.domain, start, n, args, sc, 0, direct.data());
     if (stream) {
       stream_copy(static_cast<char*>(out) + size_t(start) * itemsize(st.dtype), sc.at[size_t(last)],
@@ -1506,6 +1606,7 @@ class CpuBackend : public Backend {
         for (int r : keep) k->last_read[size_t(r)] = std::numeric_limits<int>::max();
       }
       k->regs.load = load_paths(k->program.empty() ? st.program : k->program);
+      build_loops(*k, st);
       k->regs.rowc = row_constants(st, k->regs);
       if (!k->regs.rowc.empty()) k->regs.spare = k->regs.nregs, k->regs.nregs += 3;
       return k;
