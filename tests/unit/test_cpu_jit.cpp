@@ -1,0 +1,154 @@
+// The CPU backend's native loops for float32 elementwise programs (backends/cpu/jit_x86): what
+// they cover, and that they compute exactly what the interpreter computes. ctest also runs this
+// binary with TESSERA_CPU_JIT=0, so the same exact references hold for the interpreter.
+#include <gtest/gtest.h>
+
+#include <bit>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <vector>
+
+#include "backends/cpu/jit_x86.h"
+#include "kernel_ir/step.h"
+#include "tessera/tessera.h"
+
+using namespace tessera;
+using kir::Code;
+using kir::Instr;
+
+namespace {
+
+// float32 values with every special case the ops treat differently, then ordinary ones.
+std::vector<float> special_values(int64_t n) {
+  const float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
+  std::vector<float> v = {0.0f, -0.0f, 1.0f, -1.0f, 0.5f, -0.5f, 1.5f, -1.5f, 2.5f, -2.5f, inf, -inf, nan, -nan,
+                          1e-40f, -1e-40f, 3.4e38f, -3.4e38f, 0.125f, 7.0f};
+  uint32_t s = 12345;
+  while (int64_t(v.size()) < n) {
+    s = s * 1664525u + 1013904223u;
+    v.push_back(float(int32_t(s >> 8) % 20000) / 997.0f - 10.0f);
+  }
+  v.resize(size_t(n));
+  return v;
+}
+
+// Equal bits, or both NaN (which NaN an IEEE op returns for two NaN operands is the hardware's
+// choice of operand order, not something the program fixes).
+bool same(float a, float b) { return (std::isnan(a) && std::isnan(b)) || std::bit_cast<uint32_t>(a) == std::bit_cast<uint32_t>(b); }
+
+// The interpreter's rules: max/min are (x > y ? x : y) / (x < y ? x : y) with any NaN giving
+// the default NaN, abs is (x < 0 ? -x : x), round is half to even.
+float ref_max(float x, float y) { return std::isnan(x) || std::isnan(y) ? std::numeric_limits<float>::quiet_NaN() : x > y ? x : y; }
+float ref_min(float x, float y) { return std::isnan(x) || std::isnan(y) ? std::numeric_limits<float>::quiet_NaN() : x < y ? x : y; }
+float ref_abs(float x) { return x < 0.0f ? -x : x; }
+// One rounding per op, as the backend computes: kept out of line, so that the compiler cannot
+// contract a product and a sum of the reference into one fused multiply-add.
+[[gnu::noinline]] float mul(float x, float y) { return x * y; }
+[[gnu::noinline]] float add(float x, float y) { return x + y; }
+
+Instr instr(Code c) {
+  Instr I;
+  I.code = c, I.dtype = DType::Float32;
+  return I;
+}
+Instr load(int input) {
+  Instr I = instr(Code::Load);
+  I.input = input;
+  return I;
+}
+Instr cnst(double v) {
+  Instr I = instr(Code::Const);
+  I.value = v;
+  return I;
+}
+Instr op(Code c, int a, int b = -1) {
+  Instr I = instr(c);
+  I.a = a, I.b = b;
+  return I;
+}
+
+}  // namespace
+
+TEST(CpuJit, EveryOpMatchesFloat32ArithmeticExactly) {
+  // Sizes around the loop's 8 positions and the backend's 1024-position tiles, and one large
+  // enough for both threads.
+  for (int64_t n : {1, 7, 8, 9, 1000, 1031, 70001}) {
+    std::vector<float> xv = special_values(n), yv = special_values(n + 3);
+    yv.erase(yv.begin(), yv.begin() + 3);  // y's special values meet x's ordinary ones and others
+    Tensor x = from_vector<float>(xv, {n}), y = from_vector<float>(yv, {n});
+    // Each line one graph (read back before the next is traced), fused into one Step over
+    // contiguous float32 inputs: what the loops cover.
+    std::vector<std::vector<float>> vals = {
+        (((x * 1.5 + 0.25) - y) / (y + 3.0)).to_vector<float>(),
+        (maximum(x, y) + minimum(x * 2.0, y)).to_vector<float>(),
+        (abs(x) - neg(y)).to_vector<float>(),
+        (sqrt(abs(x) + 1.0) * sqrt(x)).to_vector<float>(),
+        (floor(x * 3.0) + ceil(y * 3.0) + round(x * 2.0)).to_vector<float>(),
+    };
+    for (int64_t i = 0; i < n; ++i) {
+      const float a = xv[size_t(i)], b = yv[size_t(i)];
+      const float want[] = {
+          (add(mul(a, 1.5f), 0.25f) - b) / (b + 3.0f),
+          add(ref_max(a, b), ref_min(mul(a, 2.0f), b)),
+          ref_abs(a) - (-b),
+          mul(std::sqrt(ref_abs(a) + 1.0f), std::sqrt(a)),
+          add(add(std::floor(mul(a, 3.0f)), std::ceil(mul(b, 3.0f))), std::nearbyint(mul(a, 2.0f))),
+      };
+      for (size_t c = 0; c < vals.size(); ++c)
+        ASSERT_TRUE(same(vals[c][size_t(i)], want[c]))
+            << "case " << c << ", n " << n << ", i " << i << ": x " << a << ", y " << b << ": " << vals[c][size_t(i)]
+            << " vs " << want[c];
+    }
+  }
+}
+
+TEST(CpuJit, BuildsWhatItCoversAndNothingElse) {
+  if (!backends::jit::available()) GTEST_SKIP() << "no native loops on this machine (or TESSERA_CPU_JIT=0)";
+  using backends::jit::build;
+  std::vector<Instr> chain = {load(0), cnst(2.0), op(Code::Mul, 0, 1), op(Code::Abs, 2), op(Code::Max, 3, 0)};
+  EXPECT_NE(build(chain, {4}, false), nullptr);
+  EXPECT_NE(build(chain, {4, 2}, true), nullptr);  // two outputs, non-temporal stores
+
+  std::vector<Instr> with_exp = chain;
+  with_exp.push_back(op(Code::Exp, 4));
+  EXPECT_EQ(build(with_exp, {5}, false), nullptr);  // exp stays with the interpreter
+  std::vector<Instr> f64 = {load(0), op(Code::Neg, 0)};
+  f64[0].dtype = f64[1].dtype = DType::Float64;
+  EXPECT_EQ(build(f64, {1}, false), nullptr);
+  std::vector<Instr> consts = {load(0)};  // 15 distinct constants: more than the vector registers
+  for (int c = 0; c < 15; ++c) consts.push_back(cnst(c + 0.5)), consts.push_back(op(Code::Add, int(consts.size()) - 2, int(consts.size()) - 1));
+  EXPECT_EQ(build(consts, {int(consts.size()) - 1}, false), nullptr);
+  std::vector<Instr> loads;  // 13 loads and an output: one pointer more than there are registers
+  for (int l = 0; l < 13; ++l) loads.push_back(load(l));
+  loads.push_back(op(Code::Add, 0, 1));
+  for (int l = 2; l < 13; ++l) loads.push_back(op(Code::Add, int(loads.size()) - 1, l));
+  EXPECT_EQ(build(loads, {int(loads.size()) - 1}, false), nullptr);
+}
+
+TEST(CpuJit, ALoopOverEveryPointerRegisterAddsItsTwelveInputs) {
+  // 12 inputs and one output: every pointer register the loops use, the callee-saved ones too.
+  if (!backends::jit::available()) GTEST_SKIP() << "no native loops on this machine (or TESSERA_CPU_JIT=0)";
+  std::vector<Instr> prog;
+  for (int l = 0; l < 12; ++l) prog.push_back(load(l));
+  prog.push_back(op(Code::Add, 0, 1));
+  for (int l = 2; l < 12; ++l) prog.push_back(op(Code::Add, int(prog.size()) - 1, l));
+  prog.push_back(cnst(0.25));
+  prog.push_back(op(Code::Mul, int(prog.size()) - 2, int(prog.size()) - 1));
+  auto loop = backends::jit::build(prog, {int(prog.size()) - 1}, false);
+  ASSERT_NE(loop, nullptr);
+  const int64_t n = 40;
+  std::vector<std::vector<float>> in(12, std::vector<float>(n));
+  for (int l = 0; l < 12; ++l)
+    for (int64_t i = 0; i < n; ++i) in[size_t(l)][size_t(i)] = float(l * 100 + i);
+  std::vector<float> out(n, -1.0f);
+  std::vector<const void*> ptrs;
+  for (int l : loop->loads()) ptrs.push_back(in[size_t(prog[size_t(l)].input)].data());
+  ptrs.push_back(out.data());
+  (*loop)(ptrs.data(), n * 4);
+  for (int64_t i = 0; i < n; ++i) {
+    float s = in[0][size_t(i)] + in[1][size_t(i)];
+    for (int l = 2; l < 12; ++l) s += in[size_t(l)][size_t(i)];
+    EXPECT_EQ(out[size_t(i)], s * 0.25f) << i;
+  }
+}
