@@ -68,6 +68,18 @@ Instr op(Code c, int a, int b = -1) {
   return I;
 }
 
+// What build_loops asks for when every load is dense and results are stored at the end.
+std::unique_ptr<backends::jit::Loop> build(const std::vector<Instr>& prog, const std::vector<int>& results,
+                                           bool stream = false) {
+  backends::jit::Spec spec;
+  spec.prog = &prog;
+  spec.broadcast.assign(prog.size(), 0);
+  spec.results = results;
+  spec.early.assign(results.size(), 0);
+  spec.stream = stream;
+  return backends::jit::build(spec);
+}
+
 }  // namespace
 
 TEST(CpuJit, EveryOpMatchesFloat32ArithmeticExactly) {
@@ -103,52 +115,99 @@ TEST(CpuJit, EveryOpMatchesFloat32ArithmeticExactly) {
   }
 }
 
+TEST(CpuJit, RunsOverBroadcastAndPermutedInputsMatchFloat32Arithmetic) {
+  // Loads constant along the run (a bias per row, per channel) or dense along only the last dims
+  // (a transposed operand): the loop runs per run, with masked ends when a run is not a multiple
+  // of 8 positions.
+  for (Shape s : {Shape{5, 13}, Shape{3, 4, 7, 7}, Shape{2, 3, 16, 8}}) {
+    const int64_t n = numel(s), last = s.back(), c = s[1];
+    std::vector<float> xv = special_values(n), bv = special_values(c + 5);
+    bv.erase(bv.begin(), bv.begin() + 5);
+    Tensor x = from_vector<float>(xv, s);
+    Shape bs(s.size(), 1);
+    bs[1] = c;  // one value per channel (dim 1), broadcast over the others
+    Tensor b = from_vector<float>(bv, bs);
+    const std::vector<float> got = (maximum(x * 2.0 + b, b) - 1.0).to_vector<float>();
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t ch = (i / (n / s[0] / c)) % c;
+      const float a = xv[size_t(i)], bb = bv[size_t(ch)];
+      ASSERT_TRUE(same(got[size_t(i)], ref_max(add(mul(a, 2.0f), bb), bb) - 1.0f)) << shape_str(s) << ", i " << i;
+    }
+    if (s.size() != 4) continue;
+    // x with its first two dims swapped, plus a dense tensor: x's load is dense along the last
+    // two dims only.
+    Shape ps = {s[1], s[0], s[2], s[3]};
+    Tensor z = from_vector<float>(xv, ps);
+    const std::vector<float> got_p = (x.permute({1, 0, 2, 3}) * 0.5 + z).to_vector<float>();
+    const int64_t hw = s[2] * s[3];
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t c0 = i / (s[0] * hw), n0 = i / hw % s[0], r = i % hw;
+      const float a = xv[size_t((n0 * s[1] + c0) * hw + r)];
+      ASSERT_TRUE(same(got_p[size_t(i)], add(mul(a, 0.5f), xv[size_t(i)]))) << shape_str(s) << ", i " << i;
+    }
+  }
+}
+
 TEST(CpuJit, BuildsWhatItCoversAndNothingElse) {
   if (!backends::jit::available()) GTEST_SKIP() << "no native loops on this machine (or TESSERA_CPU_JIT=0)";
-  using backends::jit::build;
   std::vector<Instr> chain = {load(0), cnst(2.0), op(Code::Mul, 0, 1), op(Code::Abs, 2), op(Code::Max, 3, 0)};
-  EXPECT_NE(build(chain, {4}, false), nullptr);
+  EXPECT_NE(build(chain, {4}), nullptr);
   EXPECT_NE(build(chain, {4, 2}, true), nullptr);  // two outputs, non-temporal stores
 
   std::vector<Instr> with_exp = chain;
   with_exp.push_back(op(Code::Exp, 4));
-  EXPECT_EQ(build(with_exp, {5}, false), nullptr);  // exp stays with the interpreter
+  EXPECT_EQ(build(with_exp, {5}), nullptr);  // exp stays with the interpreter
   std::vector<Instr> f64 = {load(0), op(Code::Neg, 0)};
   f64[0].dtype = f64[1].dtype = DType::Float64;
-  EXPECT_EQ(build(f64, {1}, false), nullptr);
+  EXPECT_EQ(build(f64, {1}), nullptr);
   std::vector<Instr> consts = {load(0)};  // 15 distinct constants: more than the vector registers
   for (int c = 0; c < 15; ++c) consts.push_back(cnst(c + 0.5)), consts.push_back(op(Code::Add, int(consts.size()) - 2, int(consts.size()) - 1));
-  EXPECT_EQ(build(consts, {int(consts.size()) - 1}, false), nullptr);
-  std::vector<Instr> loads;  // 13 loads and an output: one pointer more than there are registers
-  for (int l = 0; l < 13; ++l) loads.push_back(load(l));
+  EXPECT_EQ(build(consts, {int(consts.size()) - 1}), nullptr);
+  std::vector<Instr> loads;  // 16 values live at once: more than the vector registers
+  for (int l = 0; l < 16; ++l) loads.push_back(load(l));
   loads.push_back(op(Code::Add, 0, 1));
-  for (int l = 2; l < 13; ++l) loads.push_back(op(Code::Add, int(loads.size()) - 1, l));
-  EXPECT_EQ(build(loads, {int(loads.size()) - 1}, false), nullptr);
+  for (int l = 2; l < 16; ++l) loads.push_back(op(Code::Add, int(loads.size()) - 1, l));
+  EXPECT_EQ(build(loads, {int(loads.size()) - 1}), nullptr);
 }
 
-TEST(CpuJit, ALoopOverEveryPointerRegisterAddsItsTwelveInputs) {
-  // 12 inputs and one output: every pointer register the loops use, the callee-saved ones too.
+TEST(CpuJit, ALoopOverTwentyInputsWithABroadcastAndTwoOutputs) {
+  // 20 dense inputs (more than the pointer registers: the rest are loaded where used), one input
+  // broadcast along the run, a result stored as soon as it is computed and one stored at the
+  // end, over lengths with and without a masked last 1-7 positions.
   if (!backends::jit::available()) GTEST_SKIP() << "no native loops on this machine (or TESSERA_CPU_JIT=0)";
-  std::vector<Instr> prog;
-  for (int l = 0; l < 12; ++l) prog.push_back(load(l));
-  prog.push_back(op(Code::Add, 0, 1));
-  for (int l = 2; l < 12; ++l) prog.push_back(op(Code::Add, int(prog.size()) - 1, l));
-  prog.push_back(cnst(0.25));
-  prog.push_back(op(Code::Mul, int(prog.size()) - 2, int(prog.size()) - 1));
-  auto loop = backends::jit::build(prog, {int(prog.size()) - 1}, false);
+  std::vector<Instr> prog = {load(0)};
+  for (int l = 1; l < 20; ++l) prog.push_back(load(l)), prog.push_back(op(Code::Add, int(prog.size()) - 2, int(prog.size()) - 1));
+  const int sum = int(prog.size()) - 1;
+  prog.push_back(load(20));  // the broadcast value
+  prog.push_back(op(Code::Mul, sum, int(prog.size()) - 1));
+  const int scaled = int(prog.size()) - 1;
+  prog.push_back(op(Code::Sub, scaled, 0));
+  backends::jit::Spec spec;
+  spec.prog = &prog;
+  spec.broadcast.assign(prog.size(), 0);
+  spec.broadcast[size_t(sum + 1)] = 1;
+  spec.results = {int(prog.size()) - 1, scaled};
+  spec.early = {0, 1};
+  auto loop = backends::jit::build(spec);
   ASSERT_NE(loop, nullptr);
-  const int64_t n = 40;
-  std::vector<std::vector<float>> in(12, std::vector<float>(n));
-  for (int l = 0; l < 12; ++l)
-    for (int64_t i = 0; i < n; ++i) in[size_t(l)][size_t(i)] = float(l * 100 + i);
-  std::vector<float> out(n, -1.0f);
-  std::vector<const void*> ptrs;
-  for (int l : loop->loads()) ptrs.push_back(in[size_t(prog[size_t(l)].input)].data());
-  ptrs.push_back(out.data());
-  (*loop)(ptrs.data(), n * 4);
-  for (int64_t i = 0; i < n; ++i) {
-    float s = in[0][size_t(i)] + in[1][size_t(i)];
-    for (int l = 2; l < 12; ++l) s += in[size_t(l)][size_t(i)];
-    EXPECT_EQ(out[size_t(i)], s * 0.25f) << i;
+  for (int64_t n : {1, 7, 8, 13, 40, 43}) {
+    std::vector<std::vector<float>> in(20, std::vector<float>(size_t(n)));
+    for (int l = 0; l < 20; ++l)
+      for (int64_t i = 0; i < n; ++i) in[size_t(l)][size_t(i)] = float(l * 100 + i) * 0.5f;
+    const float scale = 0.25f;
+    std::vector<float> out(size_t(n) + 1, -1.0f), out2(size_t(n) + 1, -1.0f);  // one past the end: untouched
+    std::vector<const void*> ptrs;
+    for (int l : loop->loads()) ptrs.push_back(prog[size_t(l)].input == 20 ? &scale : static_cast<const void*>(in[size_t(prog[size_t(l)].input)].data()));
+    ptrs.push_back(out.data());
+    ptrs.push_back(out2.data());
+    (*loop)(ptrs.data(), n);
+    for (int64_t i = 0; i < n; ++i) {
+      float s = in[0][size_t(i)];
+      for (int l = 1; l < 20; ++l) s += in[size_t(l)][size_t(i)];
+      ASSERT_EQ(out2[size_t(i)], s * scale) << "n " << n << ", i " << i;
+      ASSERT_EQ(out[size_t(i)], s * scale - in[0][size_t(i)]) << "n " << n << ", i " << i;
+    }
+    EXPECT_EQ(out[size_t(n)], -1.0f) << n;
+    EXPECT_EQ(out2[size_t(n)], -1.0f) << n;
   }
 }

@@ -931,10 +931,19 @@ struct CpuKernel : Kernel {
   // output element lies, as a view over `domain`.
   std::optional<kir::View> out;
   std::vector<int> last_read;  // per instruction of `program`: its last reader (results: past the end)
-  // Elementwise Steps within jit::build's reach: the program as one native loop (positions in
-  // multiples of 8; the interpreter runs a last partial tile). stream_loop: the same with
-  // non-temporal stores, for outputs far larger than the caches.
+  // Elementwise Steps within jit::build's reach (see build_loops): the program as a native loop
+  // over runs of `run` positions, the domain's last dims, along which every load is dense or
+  // constant; `outer` is the domain's other dims. stream_loop: the same with non-temporal
+  // stores, for a single run far larger than the caches.
   std::unique_ptr<jit::Loop> loop, stream_loop;
+  int64_t run = 0;
+  Shape outer;
+  struct LoopLoad {
+    std::vector<int64_t> outer_strides;
+    int64_t span = 0;    // elements from the first one read to the last, plus one
+    bool whole = false;  // dense over the whole domain (may be its own output, position for position)
+  };
+  std::vector<LoopLoad> loop_loads;  // in loop->loads() order
 };
 
 // The view with adjacent dims merged where they walk memory as one (stride[d] = stride[d + 1] *
@@ -1030,60 +1039,140 @@ std::vector<char*> direct_outputs(const CpuKernel& k, const Step& st, const std:
   return direct;
 }
 
-// The native loop for an Elementwise Step (see CpuKernel::loop), if it has one.
+constexpr int kMaxLoopPtrs = 64;
+constexpr int64_t kMinRun = 8;  // shorter runs stay with the interpreter (a call per few positions)
+
+// The native loop of an Elementwise Step (CpuKernel::loop), when its program is within
+// jit::build's reach and every load is one unmasked view that walks the domain's last dims
+// (at least kMinRun positions) densely or not at all.
 void build_loops(CpuKernel& k, const Step& st) {
-  if (st.kind != StepKind::Elementwise || k.out) return;
-  for (size_t i = 0; i < k.program.size(); ++i)
-    if (k.program[i].code == Code::Load && k.regs.load[i] != kInPlace) return;
-  std::vector<int> results{int(st.program.size()) - 1};
-  results.insert(results.end(), st.more_results.begin(), st.more_results.end());
-  k.loop = jit::build(k.program, results, false);
-  if (k.loop && numel(st.shape) * 4 >= kStreamMin) k.stream_loop = jit::build(k.program, results, true);
+  if (st.kind != StepKind::Elementwise || k.out || !jit::available()) return;
+  const Shape& dom = st.shape;
+  std::vector<const kir::View*> views;
+  for (const Instr& I : st.program) {
+    if (I.code != Code::Load) continue;
+    if (I.map.views.size() != 1 || I.map.views[0].masked() || I.map.views[0].shape != dom) return;
+    for (int64_t stride : I.map.views[0].strides)
+      if (stride < 0) return;
+    views.push_back(&I.map.views[0]);
+  }
+  // The run: the longest suffix of the domain along which each load is dense (1) or constant (0).
+  std::vector<int> kind(views.size(), -1);
+  int64_t run = 1;
+  size_t first = dom.size();
+  for (; first > 0; --first) {
+    const size_t d = first - 1;
+    if (dom[d] == 1) continue;
+    bool ok = true;
+    for (size_t l = 0; l < views.size() && ok; ++l) {
+      const int64_t stride = views[l]->strides[d];
+      const int want = stride == 0 ? 0 : stride == run ? 1 : -1;
+      ok = want >= 0 && (kind[l] < 0 || kind[l] == want);
+    }
+    if (!ok) break;
+    for (size_t l = 0; l < views.size(); ++l) kind[l] = views[l]->strides[d] == 0 ? 0 : 1;
+    run *= dom[d];
+  }
+  if (run < kMinRun || int(views.size() + 1 + st.more_outputs.size()) > kMaxLoopPtrs) return;
+
+  jit::Spec spec;
+  spec.prog = &st.program;
+  spec.broadcast.assign(st.program.size(), 0);
+  for (size_t i = 0, l = 0; i < st.program.size(); ++i)
+    if (st.program[i].code == Code::Load) spec.broadcast[i] = kind[l++] == 0;
+  spec.results = {int(st.program.size()) - 1};
+  spec.results.insert(spec.results.end(), st.more_results.begin(), st.more_results.end());
+  for (size_t j = 0; j < spec.results.size(); ++j) {  // early unless a later load reads its output
+    const int slot = j == 0 ? st.output : st.more_outputs[j - 1];
+    bool early = true;
+    for (size_t i = size_t(spec.results[j]) + 1; i < st.program.size(); ++i)
+      early &= !(st.program[i].code == Code::Load && st.inputs[size_t(st.program[i].input)] == slot);
+    spec.early.push_back(early);
+  }
+  k.loop = jit::build(spec);
+  if (!k.loop) return;
+  if (run == numel(dom) && run * 4 >= kStreamMin) spec.stream = true, k.stream_loop = jit::build(spec);
+  k.run = run;
+  k.outer.assign(dom.begin(), dom.begin() + std::ptrdiff_t(first));
+  for (int i : k.loop->loads()) {
+    const Instr& I = st.program[size_t(i)];
+    const kir::View& v = I.map.views[0];
+    CpuKernel::LoopLoad L;
+    L.outer_strides.assign(v.strides.begin(), v.strides.begin() + std::ptrdiff_t(first));
+    L.span = 1;
+    for (size_t d = 0; d < dom.size(); ++d) L.span += v.strides[d] * (dom[d] - 1);
+    L.whole = I.map.is_contiguous();
+    k.loop_loads.push_back(std::move(L));
+  }
 }
 
-// The loop to run this launch of Step st with, and the pointers it takes at position 0 (loads,
-// then outputs), or null: when an output overlaps an input other than position for position
-// (a loop stores each position after loading it, not after every load of the Step), or the
-// output is not aligned for non-temporal stores.
+// The loop to run this launch with and its pointers at position 0 (loads, then outputs), or
+// null: when an output overlaps an input other than as the same slot read position for position
+// (what build_loops's early stores assume), or in any way the loop does not store in order.
 const jit::Loop* loop_for(const CpuKernel& k, const Step& st, const std::vector<const void*>& in,
                           const LaunchArgs& args, std::vector<char*>& base) {
   if (!k.loop) return nullptr;
-  const size_t bytes = size_t(numel(st.shape)) * 4;
   const jit::Loop* loop = k.stream_loop ? k.stream_loop.get() : k.loop.get();
+  const std::vector<int>& loads = loop->loads();
   base.clear();
-  for (int l : loop->loads()) {
-    const Instr& I = k.program[size_t(l)];
+  for (int l : loads) {
+    const Instr& I = st.program[size_t(l)];
     base.push_back(const_cast<char*>(static_cast<const char*>(in[size_t(I.input)])) + size_t(I.map.views[0].offset) * 4);
   }
-  const size_t nloads = base.size();
-  base.push_back(static_cast<char*>(args.slots[st.output]));
-  for (int o : st.more_outputs) base.push_back(static_cast<char*>(args.slots[o]));
-  for (size_t o = nloads; o < base.size(); ++o) {
-    if (loop->streams() && reinterpret_cast<uintptr_t>(base[o]) % 32) loop = k.loop.get();
-    for (size_t l = 0; l < nloads; ++l)
-      if (base[l] != base[o] && base[l] < base[o] + bytes && base[o] < base[l] + bytes) return nullptr;
+  const size_t out_bytes = size_t(numel(st.shape)) * 4;
+  for (size_t o = 0; o <= st.more_outputs.size(); ++o) {
+    const int slot = o == 0 ? st.output : st.more_outputs[o - 1];
+    char* out = static_cast<char*>(args.slots[slot]);
+    if (loop->streams() && reinterpret_cast<uintptr_t>(out) % 32) loop = k.loop.get();
+    for (size_t l = 0; l < loads.size(); ++l) {
+      const bool overlap = base[l] < out + out_bytes && out < base[l] + size_t(k.loop_loads[l].span) * 4;
+      const bool same = base[l] == out && k.loop_loads[l].whole && st.inputs[size_t(st.program[size_t(loads[l])].input)] == slot;
+      if (overlap && !same) return nullptr;
+    }
+    base.push_back(out);
   }
   return loop;
+}
+
+// An Elementwise Step through its native loop: tiles of a single run, else blocks of runs
+// (outer positions), each load's pointer moved along the outer dims per run.
+void run_loop(const CpuKernel& k, const jit::Loop& loop, const std::vector<char*>& base, int64_t total) {
+  const size_t nloads = loop.loads().size(), nptr = base.size();
+  const bool one_run = k.run == total;
+  const int64_t per = one_run ? kTile : std::max<int64_t>(1, kTile / k.run);  // positions or runs per task
+  const int64_t units = one_run ? total : total / k.run, ntasks = (units + per - 1) / per;
+#pragma omp parallel for schedule(static) if (total >= kParallelMin)
+  for (int64_t t = 0; t < ntasks; ++t) {
+    const void* p[kMaxLoopPtrs];
+    const int64_t u0 = t * per, u1 = std::min(units, u0 + per);
+    if (one_run) {
+      for (size_t i = 0; i < nptr; ++i)  // a load constant over the domain stays put
+        p[i] = base[i] + (i >= nloads || k.loop_loads[i].span > 1 ? size_t(u0) * 4 : 0);
+      loop(p, u1 - u0);
+      continue;
+    }
+    int64_t idx[32];
+    unravel(u0, k.outer, idx);
+    for (int64_t r = u0; r < u1; ++r) {
+      for (size_t i = 0; i < nloads; ++i) {
+        int64_t o = 0;
+        for (size_t d = 0; d < k.outer.size(); ++d) o += idx[d] * k.loop_loads[i].outer_strides[d];
+        p[i] = base[i] + size_t(o) * 4;
+      }
+      for (size_t i = nloads; i < nptr; ++i) p[i] = base[i] + size_t(r * k.run) * 4;
+      loop(p, k.run);
+      bump(idx, k.outer);
+    }
+  }
 }
 
 void run_elementwise(const CpuKernel& k, const Step& st, const LaunchArgs& args) {
   const int64_t total = numel(st.shape);
   auto in = inputs_of(st, args);
   void* out = args.slots[st.output];
-  int64_t from = 0;  // the interpreter's first position
   std::vector<char*> base;
-  if (const jit::Loop* loop = loop_for(k, st, in, args, base)) {
-    from = total / 8 * 8;
-#pragma omp parallel for schedule(static) if (total >= kParallelMin)
-    for (int64_t t = 0; t < (from + kTile - 1) / kTile; ++t) {
-      const int64_t start = t * kTile, n = std::min(kTile, from - start);
-      const void* p[16];
-      for (size_t i = 0; i < base.size(); ++i) p[i] = base[i] + size_t(start) * 4;
-      (*loop)(p, n * 4);
-    }
-    if (from == total) return;
-  }
-  const int64_t ntiles = (total - from + kTile - 1) / kTile;
+  if (const jit::Loop* loop = loop_for(k, st, in, args, base)) return run_loop(k, *loop, base, total);
+  const int64_t ntiles = (total + kTile - 1) / kTile;
   // An output far larger than the caches and the Step's only one is streamed out of its register.
   const kir::View* view = k.out ? &*k.out : nullptr;
   const bool stream = st.more_outputs.empty() && compute_dtype(st.dtype) == st.dtype && !view &&
@@ -1093,7 +1182,7 @@ void run_elementwise(const CpuKernel& k, const Step& st, const LaunchArgs& args)
 #pragma omp parallel for schedule(static) if (total >= kParallelMin)
   for (int64_t t = 0; t < ntiles; ++t) {
     Scratch& sc = scratch(st.program.size(), size_t(k.regs.nregs));
-    int64_t start = from + t * kTile, n = std::min(kTile, total - start);
+    int64_t start = t * kTile, n = std::min(kTile, total - start);
     run_program(k.program, k.regs, in, k.domain, start, n, args, sc, 0, direct.data());
     if (stream) {
       stream_copy(static_cast<char*>(out) + size_t(start) * itemsize(st.dtype), sc.at[size_t(last)],
