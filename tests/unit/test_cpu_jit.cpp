@@ -6,6 +6,7 @@
 #include <bit>
 #include <cmath>
 #include <cstdint>
+#include <functional>
 #include <limits>
 #include <vector>
 
@@ -88,15 +89,30 @@ TEST(CpuJit, EveryOpMatchesFloat32ArithmeticExactly) {
   for (int64_t n : {1, 7, 8, 9, 1000, 1031, 70001}) {
     std::vector<float> xv = special_values(n), yv = special_values(n + 3);
     yv.erase(yv.begin(), yv.begin() + 3);  // y's special values meet x's ordinary ones and others
+    for (int64_t i = 0; i < n; i += 5) yv[size_t(i)] = xv[size_t(i)];  // and equal ones
     Tensor x = from_vector<float>(xv, {n}), y = from_vector<float>(yv, {n});
-    // Each line one graph (read back before the next is traced), fused into one Step over
-    // contiguous float32 inputs: what the loops cover.
+    std::vector<int32_t> iv(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i) iv[size_t(i)] = int32_t(i % 7) - 1;
+    Tensor xi = from_vector<int32_t>(iv, {n}, {.dtype = DType::Int32});
+    auto fs = [](double v) { return scalar_tensor(v); };
+    auto is = [](double v) { return scalar_tensor(v, {.dtype = DType::Int32}); };
+    // Each case one graph, fused into one Step over contiguous inputs: what the loops cover. Read
+    // back once the case's temporaries are gone, so the Step's only output is the result.
+    auto values = [](const std::function<Tensor()>& make) {
+      Tensor t = make();
+      return t.to_vector<float>();
+    };
     std::vector<std::vector<float>> vals = {
-        (((x * 1.5 + 0.25) - y) / (y + 3.0)).to_vector<float>(),
-        (maximum(x, y) + minimum(x * 2.0, y)).to_vector<float>(),
-        (abs(x) - neg(y)).to_vector<float>(),
-        (sqrt(abs(x) + 1.0) * sqrt(x)).to_vector<float>(),
-        (floor(x * 3.0) + ceil(y * 3.0) + round(x * 2.0)).to_vector<float>(),
+        values([&] { return ((x * 1.5 + 0.25) - y) / (y + 3.0); }),
+        values([&] { return maximum(x, y) + minimum(x * 2.0, y); }),
+        values([&] { return abs(x) - neg(y); }),
+        values([&] { return sqrt(abs(x) + 1.0) * sqrt(x); }),
+        values([&] { return floor(x * 3.0) + ceil(y * 3.0) + round(x * 2.0); }),
+        // every comparison's outcome visible (sums of +-1, +-2, +-4), NaNs included
+        values([&] { return where(x > y, fs(1), fs(-1)) + where(x <= 0.5, fs(2), fs(-2)) + where(x != y, fs(4), fs(-4)); }),
+        values([&] { return where(x == y, fs(1), fs(-1)) + where(x < -0.5, fs(2), fs(-2)) + where(x >= y, fs(4), fs(-4)); }),
+        values([&] { return where(xi == is(2), fs(1), fs(-1)) + where(xi > is(3), fs(2), fs(-2)) + where(xi < is(1), fs(4), fs(-4)); }),
+        values([&] { return where(x > y, x, y * 2.0) - where(xi == is(0), y, x); }),
     };
     for (int64_t i = 0; i < n; ++i) {
       const float a = xv[size_t(i)], b = yv[size_t(i)];
@@ -106,6 +122,10 @@ TEST(CpuJit, EveryOpMatchesFloat32ArithmeticExactly) {
           ref_abs(a) - (-b),
           mul(std::sqrt(ref_abs(a) + 1.0f), std::sqrt(a)),
           add(add(std::floor(mul(a, 3.0f)), std::ceil(mul(b, 3.0f))), std::nearbyint(mul(a, 2.0f))),
+          float((a > b ? 1 : -1) + (a <= 0.5f ? 2 : -2) + (a != b ? 4 : -4)),
+          float((a == b ? 1 : -1) + (a < -0.5f ? 2 : -2) + (a >= b ? 4 : -4)),
+          float((iv[size_t(i)] == 2 ? 1 : -1) + (iv[size_t(i)] > 3 ? 2 : -2) + (iv[size_t(i)] < 1 ? 4 : -4)),
+          (a > b ? a : mul(b, 2.0f)) - (iv[size_t(i)] == 0 ? b : a),
       };
       for (size_t c = 0; c < vals.size(); ++c)
         ASSERT_TRUE(same(vals[c][size_t(i)], want[c]))
@@ -120,7 +140,7 @@ TEST(CpuJit, RunsOverBroadcastAndPermutedInputsMatchFloat32Arithmetic) {
   // (a transposed operand): the loop runs per run, with masked ends when a run is not a multiple
   // of 8 positions.
   for (Shape s : {Shape{5, 13}, Shape{3, 4, 7, 7}, Shape{2, 3, 16, 8}}) {
-    const int64_t n = numel(s), last = s.back(), c = s[1];
+    const int64_t n = numel(s), c = s[1];
     std::vector<float> xv = special_values(n), bv = special_values(c + 5);
     bv.erase(bv.begin(), bv.begin() + 5);
     Tensor x = from_vector<float>(xv, s);

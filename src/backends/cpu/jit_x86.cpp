@@ -77,17 +77,35 @@ struct Asm {
   }
 };
 
-bool supported(const std::vector<Instr>& prog) {
+
+// Float32 values, int32 loads and constants read only by comparisons (as raw lanes), and
+// comparisons' bool lanes read only by where (as all-ones / all-zero lane masks); results float32.
+bool supported(const std::vector<Instr>& prog, const std::vector<int>& results) {
+  auto dt = [&](int o) { return prog[size_t(o)].dtype; };
   for (const Instr& I : prog) {
-    if (I.dtype != DType::Float32) return false;
     switch (I.code) {
-      case Code::Load: case Code::Const: case Code::Neg: case Code::Abs: case Code::Sqrt: case Code::Floor:
-      case Code::Ceil: case Code::Round: case Code::Add: case Code::Sub: case Code::Mul: case Code::Div:
-      case Code::Max: case Code::Min:
+      case Code::Load: case Code::Const:
+        if (I.dtype != DType::Float32 && I.dtype != DType::Int32) return false;
+        break;
+      case Code::Eq: case Code::Gt: case Code::Lt:
+        if (dt(I.a) == DType::Int32 && dt(I.b) == DType::Int32) break;
+        [[fallthrough]];
+      case Code::Ne: case Code::Le: case Code::Ge:
+        if (dt(I.a) != DType::Float32 || dt(I.b) != DType::Float32) return false;
+        break;
+      case Code::Where:
+        if (I.dtype != DType::Float32 || dt(I.a) != DType::Bool || dt(I.b) != DType::Float32 || dt(I.c) != DType::Float32)
+          return false;
+        break;
+      case Code::Neg: case Code::Abs: case Code::Sqrt: case Code::Floor: case Code::Ceil: case Code::Round:
+      case Code::Add: case Code::Sub: case Code::Mul: case Code::Div: case Code::Max: case Code::Min:
+        if (I.dtype != DType::Float32 || dt(I.a) != DType::Float32 || (I.b >= 0 && dt(I.b) != DType::Float32)) return false;
         break;
       default: return false;
     }
   }
+  for (int r : results)
+    if (dt(r) != DType::Float32) return false;
   return true;
 }
 
@@ -108,23 +126,25 @@ bool emit(const Spec& spec, std::vector<int>& loads, std::vector<uint8_t>& code)
   // then the values, each register reused after its value's last reader.
   std::vector<int> reg(size_t(n), -1);
   std::vector<uint8_t> pinned(size_t(n), 0);
-  std::vector<float> pool;  // pool[r]: the value pinned in register r
-  auto pin = [&](float v) {
+  std::vector<uint32_t> pool;  // pool[r]: the lane bits pinned in register r
+  auto pin = [&](uint32_t v) {
     for (size_t r = 0; r < pool.size(); ++r)
-      if (std::memcmp(&pool[r], &v, 4) == 0) return int(r);
+      if (pool[r] == v) return int(r);
     pool.push_back(v);
     return int(pool.size()) - 1;
   };
+  auto pin_f = [&](float v) { return pin(std::bit_cast<uint32_t>(v)); };
   bool need_sign = false, need_zero = false, need_nan = false;
   for (int k = 0; k < n; ++k) {
     const Instr& I = prog[size_t(k)];
-    if (I.code == Code::Const) reg[size_t(k)] = pin(float(I.value)), pinned[size_t(k)] = 1;
+    if (I.code == Code::Const)
+      reg[size_t(k)] = I.dtype == DType::Int32 ? pin(uint32_t(int32_t(I.value))) : pin_f(float(I.value)), pinned[size_t(k)] = 1;
     need_sign |= I.code == Code::Neg || I.code == Code::Abs;
     need_zero |= I.code == Code::Abs;
     need_nan |= I.code == Code::Max || I.code == Code::Min;
   }
-  const int r_sign = need_sign ? pin(-0.0f) : -1, r_zero = need_zero ? pin(0.0f) : -1;
-  const int r_nan = need_nan ? pin(__builtin_nanf("")) : -1;  // the default NaN, as quiet_NaN()
+  const int r_sign = need_sign ? pin_f(-0.0f) : -1, r_zero = need_zero ? pin_f(0.0f) : -1;
+  const int r_nan = need_nan ? pin_f(__builtin_nanf("")) : -1;  // the default NaN, as quiet_NaN()
   int next = int(pool.size());
   for (int k = 0; k < n; ++k)
     if (broadcast(k)) reg[size_t(k)] = next++, pinned[size_t(k)] = 1;
@@ -134,7 +154,7 @@ bool emit(const Spec& spec, std::vector<int>& loads, std::vector<uint8_t>& code)
 
   std::vector<int> last(size_t(n), -1);
   for (int k = 0; k < n; ++k)
-    for (int o : {prog[size_t(k)].a, prog[size_t(k)].b})
+    for (int o : {prog[size_t(k)].a, prog[size_t(k)].b, prog[size_t(k)].c})
       if (o >= 0) last[size_t(o)] = k;
   for (size_t j = 0; j < results.size(); ++j)
     last[size_t(results[j])] = spec.early[j] ? std::max(last[size_t(results[j])], results[j]) : n;
@@ -148,7 +168,7 @@ bool emit(const Spec& spec, std::vector<int>& loads, std::vector<uint8_t>& code)
     // below may write it before their last read of an operand.
     reg[size_t(k)] = free_regs.back();
     free_regs.pop_back();
-    for (int o : {I.a, I.b})
+    for (int o : {I.a, I.b, I.c})
       if (o >= 0 && last[size_t(o)] == k && !pinned[size_t(o)]) {
         free_regs.push_back(reg[size_t(o)]);
         last[size_t(o)] = -2;  // freed once, even when read twice
@@ -199,7 +219,7 @@ bool emit(const Spec& spec, std::vector<int>& loads, std::vector<uint8_t>& code)
       const int d = reg[size_t(k)];
       const int x = I.a >= 0 ? reg[size_t(I.a)] : -1, y = I.b >= 0 ? reg[size_t(I.b)] : -1;
       switch (I.code) {
-        case Code::Load:
+        case Code::Load:  // float32 and int32 lanes alike
           if (broadcast(k)) break;
           if (masked) a.at_rax(2, 1, 0x2C, d, mask, base(ptr_of[size_t(k)]));  // vmaskmovps
           else a.at_rax(1, 0, 0x10, d, 0, base(ptr_of[size_t(k)]));            // vmovups
@@ -224,6 +244,21 @@ bool emit(const Spec& spec, std::vector<int>& loads, std::vector<uint8_t>& code)
           a.rr(3, 1, 0x4A, d, x, t1), a.byte(t0 << 4);  // d = t0 ? t1 : x
           break;
         case Code::Sqrt: a.rr(1, 0, 0x51, d, 0, x); break;
+        case Code::Eq: case Code::Ne: case Code::Lt: case Code::Le: case Code::Gt: case Code::Ge:
+          if (prog[size_t(I.a)].dtype == DType::Int32) {  // vpcmpeqd, vpcmpgtd (lt: operands swapped)
+            if (I.code == Code::Eq) a.rr(1, 1, 0x76, d, x, y);
+            else if (I.code == Code::Gt) a.rr(1, 1, 0x66, d, x, y);
+            else a.rr(1, 1, 0x66, d, y, x);
+            break;
+          }
+          // vcmpps with C++'s predicates: ordered for ==, <, <=, >, >=; unordered for !=
+          a.rr(1, 0, 0xC2, d, x, y);
+          a.byte(I.code == Code::Eq ? 0x00 : I.code == Code::Ne ? 0x04 : I.code == Code::Lt ? 0x01
+                 : I.code == Code::Le ? 0x02 : I.code == Code::Gt ? 0x0E : 0x0D);
+          break;
+        case Code::Where:  // c ? x : y as a blend on the condition's lane mask
+          a.rr(3, 1, 0x4A, d, reg[size_t(I.c)], y), a.byte(x << 4);
+          break;
         case Code::Floor: case Code::Ceil: case Code::Round:
           // vroundps; 8 suppresses the inexact exception; round is to nearest even, as nearbyint
           a.rr(3, 1, 0x08, d, 0, x), a.byte(8 | (I.code == Code::Floor ? 1 : I.code == Code::Ceil ? 2 : 0));
@@ -264,7 +299,7 @@ bool emit(const Spec& spec, std::vector<int>& loads, std::vector<uint8_t>& code)
   // The data: the pinned values, then the lane-mask table (8 set dwords, 8 clear).
   while (a.b.size() % 4) a.byte(0xCC);
   for (size_t r = 0; r < pool.size(); ++r) a.patch(pool_disp[r], a.b.size() + 4 * r);
-  for (float v : pool) a.u32(std::bit_cast<uint32_t>(v));
+  for (uint32_t v : pool) a.u32(v);
   a.patch(table_disp, a.b.size() + 32);
   for (int i = 0; i < 16; ++i) a.u32(i < 8 ? 0xFFFFFFFFu : 0u);
   code = std::move(a.b);
@@ -282,14 +317,14 @@ bool available() {
     const char* e = std::getenv("TESSERA_CPU_JIT");
     if (e && std::strcmp(e, "0") == 0) return false;
     __builtin_cpu_init();
-    return __builtin_cpu_supports("avx") != 0;
+    return __builtin_cpu_supports("avx2") != 0;
   }();
   return ok;
 }
 
 std::unique_ptr<Loop> build(const Spec& spec) {
   const std::vector<Instr>& prog = *spec.prog;
-  if (!available() || prog.empty() || spec.results.empty() || !supported(prog)) return nullptr;
+  if (!available() || prog.empty() || spec.results.empty() || !supported(prog, spec.results)) return nullptr;
   std::vector<int> loads;
   std::vector<uint8_t> code;
   if (!emit(spec, loads, code)) return nullptr;

@@ -47,12 +47,13 @@ class Loop {
   bool stream_ = false;
 };
 
-// Whether this machine runs the loops (x86-64 Linux with AVX; TESSERA_CPU_JIT=0 turns them off).
+// Whether this machine runs the loops (x86-64 Linux with AVX2; TESSERA_CPU_JIT=0 turns them off).
 bool available();
 
-// The loop for `spec`, or null when the program is outside what is built here: float32 loads,
-// scalar constants, neg, abs, sqrt, floor, ceil, round, add, sub, mul, div, max and min, within
-// 16 vector registers.
+// The loop for `spec`, or null when the program is outside what is built here: float32 loads
+// and constants, neg, abs, sqrt, floor, ceil, round, add, sub, mul, div, max, min; comparisons
+// (of float32, or ==, <, > of int32 loads and constants) read only by where; float32 results;
+// within 16 vector registers.
 std::unique_ptr<Loop> build(const Spec& spec);
 
 }  // namespace tessera::backends::jit
