@@ -240,14 +240,14 @@ struct Scratch {
   std::vector<int64_t> off;
   std::vector<uint8_t> valid;
 };
-// How a program uses registers, planned once per Step (CpuKernel): an instruction's register is
-// reused once its last reader has run, so a long program's live values stay within L1; a Const
-// read only by binary ops and where's value operands is a scalar (one lane, never filled).
-// An instruction never writes a register one of its operands is in.
 // out[i] = a[i] op b[i] over n lanes, for one op and dtype; a scalar operand (sa, sb) is its lane 0.
 using BinaryFn = void (*)(const void* a, const void* b, bool sa, bool sb, void* out, int64_t n);
 BinaryFn binary_fn(Code c, DType t);
 
+// How a program uses registers, planned once per Step (CpuKernel): an instruction's register is
+// reused once its last reader has run, so a long program's live values stay within L1; a Const
+// read only by binary ops and where's value operands is a scalar (one lane, never filled).
+// An instruction never writes a register one of its operands is in.
 struct RegPlan {
   std::vector<int> reg;          // per instruction (-1: a scalar constant)
   std::vector<uint8_t> scalar;   // per instruction: a scalar constant
