@@ -1039,7 +1039,7 @@ std::vector<char*> direct_outputs(const CpuKernel& k, const Step& st, const std:
   return direct;
 }
 
-constexpr int kMaxLoopPtrs = 64;
+constexpr int kMaxLoopPtrs = jit::Loop::kMaxPtrs;
 constexpr int64_t kMinRun = 8;  // shorter runs stay with the interpreter (a call per few positions)
 
 // The native loop of an Elementwise Step (CpuKernel::loop), when its program is within
@@ -1134,13 +1134,18 @@ const jit::Loop* loop_for(const CpuKernel& k, const Step& st, const std::vector<
   return loop;
 }
 
-// An Elementwise Step through its native loop: tiles of a single run, else blocks of runs
-// (outer positions), each load's pointer moved along the outer dims per run.
+// An Elementwise Step through its native loop: tiles of a single run, else blocks of runs. The
+// runs along the last outer dim are one call (each pointer stepping by that dim's stride); the
+// pointers are placed along the other outer dims per call.
 void run_loop(const CpuKernel& k, const jit::Loop& loop, const std::vector<char*>& base, int64_t total) {
   const size_t nloads = loop.loads().size(), nptr = base.size();
   const bool one_run = k.run == total;
   const int64_t per = one_run ? kTile : std::max<int64_t>(1, kTile / k.run);  // positions or runs per task
   const int64_t units = one_run ? total : total / k.run, ntasks = (units + per - 1) / per;
+  const size_t last = k.outer.empty() ? 0 : k.outer.size() - 1;
+  int64_t steps[kMaxLoopPtrs];
+  for (size_t i = 0; i < nptr && !one_run; ++i)
+    steps[i] = (i < nloads ? k.loop_loads[i].outer_strides[last] : k.run) * 4;
 #pragma omp parallel for schedule(static) if (total >= kParallelMin)
   for (int64_t t = 0; t < ntasks; ++t) {
     const void* p[kMaxLoopPtrs];
@@ -1153,14 +1158,17 @@ void run_loop(const CpuKernel& k, const jit::Loop& loop, const std::vector<char*
     }
     int64_t idx[32];
     unravel(u0, k.outer, idx);
-    for (int64_t r = u0; r < u1; ++r) {
+    for (int64_t r = u0; r < u1;) {
+      const int64_t rows = std::min(u1 - r, k.outer[last] - idx[last]);
       for (size_t i = 0; i < nloads; ++i) {
         int64_t o = 0;
         for (size_t d = 0; d < k.outer.size(); ++d) o += idx[d] * k.loop_loads[i].outer_strides[d];
         p[i] = base[i] + size_t(o) * 4;
       }
       for (size_t i = nloads; i < nptr; ++i) p[i] = base[i] + size_t(r * k.run) * 4;
-      loop(p, k.run);
+      loop(p, k.run, rows, steps);
+      r += rows;
+      idx[last] += rows - 1;
       bump(idx, k.outer);
     }
   }

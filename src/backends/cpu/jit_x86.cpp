@@ -18,9 +18,10 @@ using kir::Instr;
 
 namespace {
 
-// General-purpose registers (x86-64 numbering). rdi holds the pointer array, rsi the count,
-// rax the byte offset of the current 8 positions, r11 is scratch; pointers live in the others
-// (the callee-saved rbx, rbp, r12-r15 pushed and popped) and past those are loaded where used.
+// General-purpose registers (x86-64 numbering). rdi holds the argument array (the pointers, the
+// row count, the pointers' steps: Loop::operator()), rsi the run's length, rax the byte offset
+// of the current 8 positions, r11 is scratch; pointers live in the others (the callee-saved rbx,
+// rbp, r12-r15 pushed and popped) and past those in the array, loaded where used.
 enum Gpr : int { RAX = 0, RCX = 1, RDX = 2, RBX = 3, RBP = 5, RSI = 6, RDI = 7, R8 = 8, R9, R10, R11, R12, R13, R14, R15 };
 constexpr int kPtrRegs[] = {RDX, RCX, R8, R9, R10, RBX, RBP, R12, R13, R14, R15};
 constexpr int kResident = int(sizeof kPtrRegs / sizeof kPtrRegs[0]);
@@ -195,12 +196,14 @@ bool emit(const Spec& spec, std::vector<int>& loads, std::vector<uint8_t>& code)
     pool_disp.push_back(a.b.size());
     a.u32(0);
   }
-  for (int k = 0; k < n; ++k)
-    if (broadcast(k)) a.load_ptr(R11, ptr_of[size_t(k)]), a.at_r11(2, 1, 0x18, reg[size_t(k)]);  // vbroadcastss
   for (int p = 0; p < nptr; ++p)
     if (ptr_reg[size_t(p)] >= 0) a.load_ptr(ptr_reg[size_t(p)], p);
   a.bytes({0x48, 0xC1, 0xE6, 0x02});  // shl rsi, 2: positions -> bytes
-  a.bytes({0x31, 0xC0});              // xor eax, eax
+  // Each row: broadcast loads read afresh, the run, then every pointer moved by its step.
+  const size_t row_top = a.b.size();
+  for (int k = 0; k < n; ++k)
+    if (broadcast(k)) a.load_ptr(R11, ptr_of[size_t(k)]), a.at_r11(2, 1, 0x18, reg[size_t(k)]);  // vbroadcastss
+  a.bytes({0x31, 0xC0});  // xor eax, eax
 
   auto base = [&](int p) {  // the register holding pointer entry p, loaded into r11 if not resident
     if (ptr_reg[size_t(p)] >= 0) return ptr_reg[size_t(p)];
@@ -292,6 +295,17 @@ bool emit(const Spec& spec, std::vector<int>& loads, std::vector<uint8_t>& code)
   a.at_r11(1, 0, 0x10, mask);   // vmovups mask, [r11]
   body(true);
   a.patch(to_done, a.b.size());
+  for (int p = 0; p < nptr; ++p) {
+    const uint32_t step = uint32_t(8 * (nptr + 1 + p));
+    if (const int r = ptr_reg[size_t(p)]; r >= 0) {
+      a.bytes({0x48 | ((r >> 3) << 2), 0x03, 0x87 | ((r & 7) << 3)}), a.u32(step);  // add r, [rdi + step]
+    } else {
+      a.bytes({0x4C, 0x8B, 0x9F}), a.u32(step);           // mov r11, [rdi + step]
+      a.bytes({0x4C, 0x01, 0x9F}), a.u32(uint32_t(8 * p));  // add [rdi + 8p], r11
+    }
+  }
+  a.bytes({0x48, 0xFF, 0x8F}), a.u32(uint32_t(8 * nptr));  // dec qword [rdi + rows]
+  a.patch(a.jump({0x0F, 0x85}), row_top);                   // jnz row_top
   if (spec.stream) a.bytes({0x0F, 0xAE, 0xF8});  // sfence
   a.bytes({0xC5, 0xF8, 0x77});                   // vzeroupper
   for (auto it = saved.rbegin(); it != saved.rend(); ++it) a.pop(*it);
@@ -327,7 +341,7 @@ std::unique_ptr<Loop> build(const Spec& spec) {
   if (!available() || prog.empty() || spec.results.empty() || !supported(prog, spec.results)) return nullptr;
   std::vector<int> loads;
   std::vector<uint8_t> code;
-  if (!emit(spec, loads, code)) return nullptr;
+  if (!emit(spec, loads, code) || loads.size() + spec.results.size() > size_t(Loop::kMaxPtrs)) return nullptr;
   const size_t page = 4096, bytes = (code.size() + page - 1) / page * page;
   void* mem = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (mem == MAP_FAILED) return nullptr;
@@ -339,8 +353,9 @@ std::unique_ptr<Loop> build(const Spec& spec) {
   std::unique_ptr<Loop> loop(new Loop());
   loop->code_ = mem;
   loop->code_bytes_ = bytes;
-  loop->fn_ = reinterpret_cast<void (*)(const void* const*, int64_t)>(mem);
+  loop->fn_ = reinterpret_cast<void (*)(int64_t*, int64_t)>(mem);
   loop->loads_ = std::move(loads);
+  loop->results_ = spec.results.size();
   loop->stream_ = spec.stream;
   return loop;
 }

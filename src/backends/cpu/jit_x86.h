@@ -25,25 +25,35 @@ struct Spec {
   bool stream = false;  // non-temporal stores (outputs far larger than the caches; 32-byte aligned)
 };
 
-// fn(ptrs, n) evaluates the program at n >= 1 consecutive positions of a run. ptrs: for each
-// load in `loads` order, its first element (a broadcast load: its value); then for each result,
-// its output's first element.
+// loop(ptrs, n, rows, steps) evaluates the program over `rows` runs of n >= 1 consecutive
+// positions. ptrs: for each load in `loads` order, its first element (a broadcast load: its
+// value); then for each result, its output's first element. steps: per pointer, the bytes it
+// moves from one run to the next.
 class Loop {
  public:
+  static constexpr int kMaxPtrs = 64;
   ~Loop();
   Loop(const Loop&) = delete;
   Loop& operator=(const Loop&) = delete;
-  void operator()(const void* const* ptrs, int64_t n) const { fn_(ptrs, n); }
+  void operator()(const void* const* ptrs, int64_t n, int64_t rows = 1, const int64_t* steps = nullptr) const {
+    // The code reads one array: the pointers (moved in place), the row count, the steps.
+    const size_t np = loads_.size() + results_;
+    int64_t a[2 * kMaxPtrs + 1];
+    for (size_t i = 0; i < np; ++i) a[i] = reinterpret_cast<int64_t>(ptrs[i]), a[np + 1 + i] = steps ? steps[i] : 0;
+    a[np] = rows;
+    fn_(a, n);
+  }
   const std::vector<int>& loads() const { return loads_; }  // instruction indices of the program's loads
   bool streams() const { return stream_; }
 
  private:
   friend std::unique_ptr<Loop> build(const Spec&);
   Loop() = default;
-  void (*fn_)(const void* const*, int64_t) = nullptr;
+  void (*fn_)(int64_t*, int64_t) = nullptr;
   void* code_ = nullptr;
   size_t code_bytes_ = 0;
   std::vector<int> loads_;
+  size_t results_ = 0;
   bool stream_ = false;
 };
 
