@@ -434,8 +434,8 @@ struct Lowerer {
   }
 
   // conv as im2col + GEMM: the input, padded and dilated (stored densely first when it is, so
-  // its masked view is read once rather than once per kernel position), is copied through a
-  // window view into columns [B, G, F/G * kernel, positions]; a GEMM batched over batch and
+  // its masked view is read once rather than once per kernel position), is read through a
+  // window view as columns [B, G, F/G * kernel, positions]; a GEMM batched over batch and
   // groups multiplies the kernel [G, O/G, F/G * kernel] (broadcast over the batch) with them.
   Val lower_conv(int i) {
     const Node& n = *g.nodes[i];
@@ -516,8 +516,10 @@ struct Lowerer {
       cols = {B, G, Fg * kk, pp};
     }
     IndexMap cm = xm.window(ws, dims, steps);
-    if (!transposed && kk == 1 && cm.reshape(cols).single() && cm.reshape(cols).views[0].strides[3] == 1) {
-      cm = cm.reshape(cols);  // 1x1 kernels with unit strides: the input itself is the operand
+    if (!transposed && cm.single()) {
+      // The GEMM reads the columns through the window itself: a 1x1 kernel with unit strides is
+      // the input; otherwise the backend packs each block of columns where it multiplies it.
+      cm = cm.reshape(cols);
     } else {
       xslot = copy_map(xslot, cm, n.dtype, i);
       cm = IndexMap::contiguous(cols);

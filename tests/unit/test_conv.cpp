@@ -65,6 +65,17 @@ TEST(Conv, ForwardMatchesReferenceForEveryOption) {
     }
 }
 
+// Columns larger than a pool chunk (64 Ki elements): one image's are packed as a whole, in chunks
+// spread over the threads; a batch's per image, inside each GEMM task.
+TEST(Conv, LargeColumnsMatchReference) {
+  uint32_t seed = 50;
+  for (Shape xs : {Shape{1, 3, 130, 130}, Shape{3, 3, 70, 70}}) {
+    SCOPED_TRACE(shape_str(xs));
+    Tensor x = random_tensor(xs, F32, seed++), w = random_tensor({2, 3, 3, 3}, F32, seed++);
+    EXPECT_TRUE(matches_reference(conv_general(x, w, O({1}, {1}, {1}))));
+  }
+}
+
 TEST(Conv, GradientsMatchFiniteDifferences) {
   uint32_t seed = 100;
   for (const ConvCase& c : conv_cases()) {

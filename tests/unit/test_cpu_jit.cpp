@@ -168,6 +168,42 @@ TEST(CpuJit, RunsOverBroadcastAndPermutedInputsMatchFloat32Arithmetic) {
   }
 }
 
+TEST(CpuJit, ReductionsOfAProgramMatchExactSums) {
+  // A float32 Reduce runs its program through a loop over its own (kept-first) domain, tile by
+  // tile, each tile in pieces along the runs. Values are multiples of 1/1024 under 16, so every
+  // float64 partial sum is exact and any summation order gives the reference; a value taken from
+  // the wrong position changes a sum (over all but the channel, or over the batch only) or a max.
+  for (Shape s : {Shape{5, 3, 7, 9}, Shape{3, 4, 30, 30}}) {
+    const int64_t n = numel(s), c = s[1], hw = s[2] * s[3];
+    std::vector<float> xv(static_cast<size_t>(n)), bv(static_cast<size_t>(c));
+    uint32_t r = 99;
+    for (float& v : xv) r = r * 1664525u + 1013904223u, v = float(int32_t(r >> 8) % 8192) / 1024.0f;
+    for (int64_t k = 0; k < c; ++k) bv[size_t(k)] = float(k) - 1.5f;
+    Tensor x = from_vector<float>(xv, s), b = from_vector<float>(bv, {1, c, 1, 1});
+    auto value = [&](int64_t i) {  // where(x + b > 0, (x + b) * 0.5, 0) at position i
+      const float h = xv[size_t(i)] + bv[size_t(i / hw % c)];
+      return h > 0 ? h * 0.5f : 0.0f;
+    };
+    auto relu_half = [&] { return where(x + b > 0.0, (x + b) * 0.5, scalar_tensor(0.0)); };
+    const std::vector<float> per_channel = relu_half().sum({0, 2, 3}).to_vector<float>();
+    const std::vector<float> per_pixel = relu_half().sum({0}).to_vector<float>();
+    const std::vector<float> channel_max = relu_half().max({0, 2, 3}).to_vector<float>();
+    std::vector<double> want_c(size_t(c), 0.0), want_p(size_t(c * hw), 0.0);
+    std::vector<float> want_m(size_t(c), -INFINITY);
+    for (int64_t i = 0; i < n; ++i) {
+      const float v = value(i);
+      want_c[size_t(i / hw % c)] += v;
+      want_p[size_t(i % (c * hw))] += v;
+      want_m[size_t(i / hw % c)] = std::max(want_m[size_t(i / hw % c)], v);
+    }
+    for (int64_t k = 0; k < c; ++k) {
+      EXPECT_EQ(per_channel[size_t(k)], float(want_c[size_t(k)])) << shape_str(s) << ", channel " << k;
+      EXPECT_EQ(channel_max[size_t(k)], want_m[size_t(k)]) << shape_str(s) << ", channel " << k;
+    }
+    for (int64_t i = 0; i < c * hw; ++i) ASSERT_EQ(per_pixel[size_t(i)], float(want_p[size_t(i)])) << shape_str(s) << ", i " << i;
+  }
+}
+
 TEST(CpuJit, BuildsWhatItCoversAndNothingElse) {
   if (!backends::jit::available()) GTEST_SKIP() << "no native loops on this machine (or TESSERA_CPU_JIT=0)";
   std::vector<Instr> chain = {load(0), cnst(2.0), op(Code::Mul, 0, 1), op(Code::Abs, 2), op(Code::Max, 3, 0)};

@@ -931,17 +931,18 @@ struct CpuKernel : Kernel {
   // output element lies, as a view over `domain`.
   std::optional<kir::View> out;
   std::vector<int> last_read;  // per instruction of `program`: its last reader (results: past the end)
-  // Elementwise Steps within jit::build's reach (see build_loops): the program as a native loop
-  // over runs of `run` positions, the domain's last dims, along which every load is dense or
-  // constant; `outer` is the domain's other dims. stream_loop: the same with non-temporal
-  // stores, for a single run far larger than the caches.
+  // Elementwise and float32 Reduce Steps within jit::build's reach (see build_loop): the program
+  // as a native loop over runs of `run` positions, the domain's last dims, along which every
+  // load is dense or constant; `run_outer` is the domain's other dims. stream_loop: the same
+  // with non-temporal stores, for a single run far larger than the caches.
   std::unique_ptr<jit::Loop> loop, stream_loop;
   int64_t run = 0;
-  Shape outer;
+  Shape run_outer;
   struct LoopLoad {
     std::vector<int64_t> outer_strides;
     int64_t span = 0;    // elements from the first one read to the last, plus one
     bool whole = false;  // dense over the whole domain (may be its own output, position for position)
+    bool dense = false;  // consecutive along the run (else constant there)
   };
   std::vector<LoopLoad> loop_loads;  // in loop->loads() order
 };
@@ -1042,14 +1043,15 @@ std::vector<char*> direct_outputs(const CpuKernel& k, const Step& st, const std:
 constexpr int kMaxLoopPtrs = jit::Loop::kMaxPtrs;
 constexpr int64_t kMinRun = 8;  // shorter runs stay with the interpreter (a call per few positions)
 
-// The native loop of an Elementwise Step (CpuKernel::loop), when its program is within
-// jit::build's reach and every load is one unmasked view that walks the domain's last dims
-// (at least kMinRun positions) densely or not at all.
-void build_loops(CpuKernel& k, const Step& st) {
-  if (st.kind != StepKind::Elementwise || k.out || !jit::available()) return;
-  const Shape& dom = st.shape;
+// The native loop (CpuKernel::loop) of `prog` over domain `dom`, storing `results` (see
+// jit::Spec for `early`), when the program is within jit::build's reach and every load is one
+// unmasked view that walks the domain's last dims (at least kMinRun positions) densely or not at
+// all. may_stream: a single run far larger than the caches also gets non-temporal stores.
+void build_loop(CpuKernel& k, const std::vector<Instr>& prog, const Shape& dom, const std::vector<int>& results,
+                const std::vector<uint8_t>& early, bool may_stream) {
+  if (!jit::available()) return;
   std::vector<const kir::View*> views;
-  for (const Instr& I : st.program) {
+  for (const Instr& I : prog) {
     if (I.code != Code::Load) continue;
     if (I.map.views.size() != 1 || I.map.views[0].masked() || I.map.views[0].shape != dom) return;
     for (int64_t stride : I.map.views[0].strides)
@@ -1073,36 +1075,82 @@ void build_loops(CpuKernel& k, const Step& st) {
     for (size_t l = 0; l < views.size(); ++l) kind[l] = views[l]->strides[d] == 0 ? 0 : 1;
     run *= dom[d];
   }
-  if (run < kMinRun || int(views.size() + 1 + st.more_outputs.size()) > kMaxLoopPtrs) return;
+  if (run < kMinRun || int(views.size() + results.size()) > kMaxLoopPtrs) return;
 
   jit::Spec spec;
-  spec.prog = &st.program;
-  spec.broadcast.assign(st.program.size(), 0);
-  for (size_t i = 0, l = 0; i < st.program.size(); ++i)
-    if (st.program[i].code == Code::Load) spec.broadcast[i] = kind[l++] == 0;
-  spec.results = {int(st.program.size()) - 1};
-  spec.results.insert(spec.results.end(), st.more_results.begin(), st.more_results.end());
-  for (size_t j = 0; j < spec.results.size(); ++j) {  // early unless a later load reads its output
-    const int slot = j == 0 ? st.output : st.more_outputs[j - 1];
-    bool early = true;
-    for (size_t i = size_t(spec.results[j]) + 1; i < st.program.size(); ++i)
-      early &= !(st.program[i].code == Code::Load && st.inputs[size_t(st.program[i].input)] == slot);
-    spec.early.push_back(early);
-  }
+  spec.prog = &prog;
+  spec.broadcast.assign(prog.size(), 0);
+  std::vector<int> dense(prog.size(), 0);
+  for (size_t i = 0, l = 0; i < prog.size(); ++i)
+    if (prog[i].code == Code::Load) spec.broadcast[i] = kind[l] == 0, dense[i] = kind[l++] == 1;
+  spec.results = results;
+  spec.early = early;
   k.loop = jit::build(spec);
   if (!k.loop) return;
-  if (run == numel(dom) && run * 4 >= kStreamMin) spec.stream = true, k.stream_loop = jit::build(spec);
+  if (may_stream && run == numel(dom) && run * 4 >= kStreamMin) spec.stream = true, k.stream_loop = jit::build(spec);
   k.run = run;
-  k.outer.assign(dom.begin(), dom.begin() + std::ptrdiff_t(first));
+  k.run_outer.assign(dom.begin(), dom.begin() + std::ptrdiff_t(first));
   for (int i : k.loop->loads()) {
-    const Instr& I = st.program[size_t(i)];
-    const kir::View& v = I.map.views[0];
+    const kir::View& v = prog[size_t(i)].map.views[0];
     CpuKernel::LoopLoad L;
     L.outer_strides.assign(v.strides.begin(), v.strides.begin() + std::ptrdiff_t(first));
     L.span = 1;
     for (size_t d = 0; d < dom.size(); ++d) L.span += v.strides[d] * (dom[d] - 1);
-    L.whole = I.map.is_contiguous();
+    L.whole = prog[size_t(i)].map.is_contiguous();
+    L.dense = dense[size_t(i)];
     k.loop_loads.push_back(std::move(L));
+  }
+}
+
+// An Elementwise Step's loop: its results early unless a later load reads their output.
+void build_loops(CpuKernel& k, const Step& st) {
+  if (st.kind != StepKind::Elementwise || k.out) return;
+  std::vector<int> results{int(st.program.size()) - 1};
+  results.insert(results.end(), st.more_results.begin(), st.more_results.end());
+  std::vector<uint8_t> early;
+  for (size_t j = 0; j < results.size(); ++j) {
+    const int slot = j == 0 ? st.output : st.more_outputs[j - 1];
+    bool e = true;
+    for (size_t i = size_t(results[j]) + 1; i < st.program.size(); ++i)
+      e &= !(st.program[i].code == Code::Load && st.inputs[size_t(st.program[i].input)] == slot);
+    early.push_back(e);
+  }
+  build_loop(k, st.program, st.shape, results, early, true);
+}
+
+// A Reduce Step's loop over its own domain and program (ReduceKernel), writing the value to be
+// reduced, float32 only: reduce_values runs it over a tile. Not for a lone load, which the
+// interpreter reduces in place (a bias gradient's sum of a GEMM's output).
+void build_reduce_loop(CpuKernel& k, const Step& st, const std::vector<Instr>& prog, const Shape& dom) {
+  if (st.dtype == DType::Float32 && prog.size() > 1) build_loop(k, prog, dom, {int(prog.size()) - 1}, {1}, false);
+}
+
+// The values of a Reduce's program at positions [start, start + n) of its domain, into out,
+// through its loop run piece by run piece.
+void reduce_values(const CpuKernel& k, const std::vector<char*>& base, int64_t start, int64_t n, float* out) {
+  const size_t nl = k.loop->loads().size();
+  const void* p[kMaxLoopPtrs];
+  int64_t idx[32];
+  for (int64_t pos = start, end = start + n; pos < end;) {
+    const int64_t j = pos % k.run, len = std::min(k.run - j, end - pos);
+    unravel(pos / k.run, k.run_outer, idx);
+    for (size_t i = 0; i < nl; ++i) {
+      int64_t o = k.loop_loads[i].dense ? j : 0;
+      for (size_t d = 0; d < k.run_outer.size(); ++d) o += idx[d] * k.loop_loads[i].outer_strides[d];
+      p[i] = base[i] + o * 4;
+    }
+    p[nl] = out + (pos - start);
+    (*k.loop)(p, len);
+    pos += len;
+  }
+}
+
+// The first element of each of the loop's loads.
+void load_bases(const jit::Loop& loop, const std::vector<Instr>& prog, const std::vector<const void*>& in, std::vector<char*>& base) {
+  base.clear();
+  for (int l : loop.loads()) {
+    const Instr& I = prog[size_t(l)];
+    base.push_back(const_cast<char*>(static_cast<const char*>(in[size_t(I.input)])) + size_t(I.map.views[0].offset) * 4);
   }
 }
 
@@ -1114,11 +1162,7 @@ const jit::Loop* loop_for(const CpuKernel& k, const Step& st, const std::vector<
   if (!k.loop) return nullptr;
   const jit::Loop* loop = k.stream_loop ? k.stream_loop.get() : k.loop.get();
   const std::vector<int>& loads = loop->loads();
-  base.clear();
-  for (int l : loads) {
-    const Instr& I = st.program[size_t(l)];
-    base.push_back(const_cast<char*>(static_cast<const char*>(in[size_t(I.input)])) + size_t(I.map.views[0].offset) * 4);
-  }
+  load_bases(*loop, st.program, in, base);
   const size_t out_bytes = size_t(numel(st.shape)) * 4;
   for (size_t o = 0; o <= st.more_outputs.size(); ++o) {
     const int slot = o == 0 ? st.output : st.more_outputs[o - 1];
@@ -1142,7 +1186,7 @@ void run_loop(const CpuKernel& k, const jit::Loop& loop, const std::vector<char*
   const bool one_run = k.run == total;
   const int64_t per = one_run ? kTile : std::max<int64_t>(1, kTile / k.run);  // positions or runs per task
   const int64_t units = one_run ? total : total / k.run, ntasks = (units + per - 1) / per;
-  const size_t last = k.outer.empty() ? 0 : k.outer.size() - 1;
+  const size_t last = k.run_outer.empty() ? 0 : k.run_outer.size() - 1;
   int64_t steps[kMaxLoopPtrs];
   for (size_t i = 0; i < nptr && !one_run; ++i)
     steps[i] = (i < nloads ? k.loop_loads[i].outer_strides[last] : k.run) * 4;
@@ -1152,24 +1196,24 @@ void run_loop(const CpuKernel& k, const jit::Loop& loop, const std::vector<char*
     const int64_t u0 = t * per, u1 = std::min(units, u0 + per);
     if (one_run) {
       for (size_t i = 0; i < nptr; ++i)  // a load constant over the domain stays put
-        p[i] = base[i] + (i >= nloads || k.loop_loads[i].span > 1 ? size_t(u0) * 4 : 0);
+        p[i] = base[i] + (i >= nloads || k.loop_loads[i].dense ? size_t(u0) * 4 : 0);
       loop(p, u1 - u0);
       continue;
     }
     int64_t idx[32];
-    unravel(u0, k.outer, idx);
+    unravel(u0, k.run_outer, idx);
     for (int64_t r = u0; r < u1;) {
-      const int64_t rows = std::min(u1 - r, k.outer[last] - idx[last]);
+      const int64_t rows = std::min(u1 - r, k.run_outer[last] - idx[last]);
       for (size_t i = 0; i < nloads; ++i) {
         int64_t o = 0;
-        for (size_t d = 0; d < k.outer.size(); ++d) o += idx[d] * k.loop_loads[i].outer_strides[d];
+        for (size_t d = 0; d < k.run_outer.size(); ++d) o += idx[d] * k.loop_loads[i].outer_strides[d];
         p[i] = base[i] + size_t(o) * 4;
       }
       for (size_t i = nloads; i < nptr; ++i) p[i] = base[i] + size_t(r * k.run) * 4;
       loop(p, k.run, rows, steps);
       r += rows;
       idx[last] += rows - 1;
-      bump(idx, k.outer);
+      bump(idx, k.run_outer);
     }
   }
 }
@@ -1274,8 +1318,25 @@ struct ReduceKernel : CpuKernel {  // program and domain permuted to the kept-fi
   bool columns = false;
 };
 
+// The values a Reduce reduces at positions [start, start + n <= kTile) of its domain: through its
+// loop (float32) into this thread's buffer, else by the interpreter.
+template <class T>
+const T* reduce_tile(const ReduceKernel& k, const std::vector<const void*>& in, const std::vector<char*>& base,
+                     const LaunchArgs& args, Scratch& sc, int64_t start, int64_t n) {
+  if constexpr (std::is_same_v<T, float>)
+    if (k.loop) {
+      thread_local std::vector<float, LineAligned<float>> buf(kTile);
+      reduce_values(k, base, start, n, buf.data());
+      return buf.data();
+    }
+  run_program(k.program, k.regs, in, k.domain, start, n, args, sc);
+  return val<T>(sc, int(k.program.size()) - 1);
+}
+
 void run_column_reduce(const ReduceKernel& k, const Step& st, const LaunchArgs& args) {
   auto in = inputs_of(st, args);
+  std::vector<char*> base;
+  if (k.loop) load_bases(*k.loop, k.program, in, base);
   int64_t K = k.outer, R = k.inner;  // kept extent, reduced extent
   bool is_max = st.reduce_op == ir::Op::ReduceMax;
   with_compute(st.dtype, [&](auto* tp) {
@@ -1293,8 +1354,7 @@ void run_column_reduce(const ReduceKernel& k, const Step& st, const LaunchArgs& 
         std::vector<T> mx(size_t(n), std::is_floating_point_v<T> ? -std::numeric_limits<T>::infinity()
                                                                  : std::numeric_limits<T>::lowest());
         for (int64_t r = 0; r < R; ++r) {  // rows in order: deterministic
-          run_program(k.program, k.regs, in, k.domain, r * K + k0, n, args, sc);
-          const T* v = val<T>(sc, int(k.program.size()) - 1);
+          const T* v = reduce_tile<T>(k, in, base, args, sc, r * K + k0, n);
           if (is_max)
             for (int64_t j = 0; j < n; ++j) mx[j] = nan_max(mx[j], v[j]);
           else
@@ -1308,6 +1368,8 @@ void run_column_reduce(const ReduceKernel& k, const Step& st, const LaunchArgs& 
 
 void run_reduce(const ReduceKernel& k, const Step& st, const LaunchArgs& args) {
   auto in = inputs_of(st, args);
+  std::vector<char*> base;
+  if (k.loop) load_bases(*k.loop, k.program, in, base);
   void* out = args.slots[st.output];
   bool is_max = st.reduce_op == ir::Op::ReduceMax;
   int64_t outer = k.outer, inner = k.inner;
@@ -1334,8 +1396,7 @@ void run_reduce(const ReduceKernel& k, const Step& st, const LaunchArgs& args) {
         int64_t lo = ob * inner, hi = oe * inner;
         for (int64_t start = lo; start < hi; start += kTile) {
           int64_t n = std::min(kTile, hi - start);
-          run_program(k.program, k.regs, in, k.domain, start, n, args, sc);
-          const T* r = val<T>(sc, int(k.program.size()) - 1);
+          const T* r = reduce_tile<T>(k, in, base, args, sc, start, n);
           for (int64_t i = 0; i < n;) {
             int64_t oi = (start + i) / inner, seg = std::min(n - i, (oi + 1) * inner - (start + i));
             int64_t j = oi - ob;
@@ -1350,25 +1411,63 @@ void run_reduce(const ReduceKernel& k, const Step& st, const LaunchArgs& args) {
   });
 }
 
-// Copies a single strided view of `elem`-byte elements into a dense buffer.
-void strided_copy(const void* src, const kir::View& v, void* dst, size_t elem) {
-  const char* s = static_cast<const char*>(src);
-  char* d = static_cast<char*>(dst);
-  if (v.shape.empty()) {
-    std::memcpy(d, s + size_t(v.offset) * elem, elem);
+// A short run (an im2col row is a few dozen bytes) is copied inline: through a libc call it cost
+// more than the copy.
+inline void copy_run(char* d, const char* s, size_t bytes) {
+  if (bytes > 256) {
+    std::memcpy(d, s, bytes);
     return;
   }
-  // Row by row along the last dimension: dense rows as one copy, others element by element.
-  const size_t last = v.shape.size() - 1;
-  const int64_t inner = v.shape[last], st = v.strides[last], total = numel(v.shape);
-  const Shape outer(v.shape.begin(), v.shape.end() - 1);
-  std::vector<int64_t> idx(last, 0);
-  for (int64_t i = 0; i < total; i += inner, bump(idx.data(), outer)) {
-    int64_t off = v.offset;
+  size_t i = 0;
+  for (; i + 32 <= bytes; i += 32) std::memcpy(d + i, s + i, 32);
+  for (; i + 4 <= bytes; i += 4) std::memcpy(d + i, s + i, 4);
+  for (; i < bytes; ++i) d[i] = s[i];
+}
+
+// Copies n consecutive row-major positions of map m's domain, from position `start`, densely into
+// dst; masked positions read 0. A single unmasked view (plain reshapes above it keep its order) is
+// walked row by row along its last dimension, dense runs as one copy; other maps go through
+// tile_offsets.
+void copy_positions(const kir::IndexMap& m, const void* src, int64_t start, int64_t n, void* dst, size_t elem) {
+  const char* s = static_cast<const char*>(src);
+  char* d = static_cast<char*>(dst);
+  const size_t top = m.effective_top();
+  const kir::View& v = m.views[top];
+  if (top == 0 && !v.masked() && !v.shape.empty()) {
+    const size_t last = v.shape.size() - 1;
+    const int64_t inner = v.shape[last], st = v.strides[last];
+    int64_t idx[32] = {}, off = v.offset;
+    unravel(start, v.shape, idx);
     for (size_t k = 0; k < last; ++k) off += idx[k] * v.strides[k];
-    char* o = d + size_t(i) * elem;
-    if (st == 1) std::memcpy(o, s + size_t(off) * elem, size_t(inner) * elem);
-    else for (int64_t j = 0; j < inner; ++j) std::memcpy(o + size_t(j) * elem, s + size_t(off + j * st) * elem, elem);
+    for (int64_t j = idx[last]; n > 0; j = 0, next_outer(idx, off, v, last)) {
+      const int64_t run = std::min(n, inner - j);
+      const char* p = s + (off + j * st) * int64_t(elem);
+      if (st == 1) copy_run(d, p, size_t(run) * elem);
+      else for (int64_t q = 0; q < run; ++q) std::memcpy(d + size_t(q) * elem, p + q * st * int64_t(elem), elem);
+      d += size_t(run) * elem;
+      n -= run;
+    }
+    return;
+  }
+  constexpr int64_t kChunk = 256;
+  int64_t off[kChunk];
+  uint8_t valid[kChunk];
+  for (int64_t p = 0; p < n; p += kChunk) {
+    const int64_t c = std::min(kChunk, n - p);
+    tile_offsets(m, start + p, c, off, valid);
+    for (int64_t q = 0; q < c; ++q, d += elem)
+      if (valid[q]) std::memcpy(d, s + off[q] * int64_t(elem), elem);
+      else std::memset(d, 0, elem);
+  }
+}
+
+// The whole of map m's domain, densely; large copies in fixed chunks over the pool.
+void copy_map(const kir::IndexMap& m, const void* src, void* dst, size_t elem) {
+  const int64_t n = numel(m.shape()), chunks = (n + kParallelMin - 1) / kParallelMin;
+#pragma omp parallel for schedule(static) if (chunks > 1)
+  for (int64_t c = 0; c < chunks; ++c) {
+    const int64_t start = c * kParallelMin;
+    copy_positions(m, src, start, std::min(kParallelMin, n - start), static_cast<char*>(dst) + size_t(start) * elem, elem);
   }
 }
 
@@ -1438,11 +1537,10 @@ void run_gather(const Step& st, const LaunchArgs& args, DType src_t, DType idx_t
 }
 
 void run_scatter_add(const Step& st, const LaunchArgs& args, DType t, DType idx_t) {
-  const kir::View& bv = st.maps[0].views[0];
   const kir::View& iv = st.maps[1].views[0];
   const kir::View& sv = st.maps[2].views[0];
   void* out = args.slots[st.output];
-  strided_copy(args.slots[st.inputs[0]], bv, out, itemsize(t));
+  copy_map(st.maps[0], args.slots[st.inputs[0]], out, itemsize(t));
   const void* index = args.slots[st.inputs[1]];
   const std::vector<int64_t> ostr = contiguous_strides(st.shape);
   const int64_t extent = st.shape[size_t(st.axis)], oax = ostr[size_t(st.axis)];
@@ -1475,12 +1573,11 @@ void run_scatter_add(const Step& st, const LaunchArgs& args, DType t, DType idx_
 }
 
 void run_dus(const Step& st, const LaunchArgs& args) {
-  const kir::View& bv = st.maps[0].views[0];
   const kir::View& uv = st.maps[1].views[0];
   const kir::View& ov = st.maps[2].views[0];
   size_t elem = itemsize(st.dtype);
   char* out = static_cast<char*>(args.slots[st.output]);
-  strided_copy(args.slots[st.inputs[0]], bv, out, elem);
+  copy_map(st.maps[0], args.slots[st.inputs[0]], out, elem);
   size_t r = st.shape.size();
   std::vector<int64_t> start(r), ostr = contiguous_strides(st.shape), idx(r, 0);
   for (size_t d = 0; d < r; ++d) {
@@ -1506,44 +1603,69 @@ void blas_gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const R* a, in
   else cblas_dgemm(CblasRowMajor, oa, ob, m, n, k, 1.0, a, lda, b, ldb, 0.0, c, ldc);
 }
 
-// One operand of a matmul as BLAS sees it.
+// One operand of a matmul as BLAS sees it. One that is not BLAS-addressable (an im2col window,
+// a stacked map) is packed densely: per_block (a floating product over several batches), block
+// by block inside the task that multiplies it (see pack_rows), so a conv's columns are written
+// into the cache of the core that reads them rather than through a buffer of the whole batch;
+// otherwise as a whole.
 struct GemmOperand {
   std::vector<int64_t> batch_strides;
   int64_t offset = 0, ld = 0;
   bool trans = false;
   const void* data = nullptr;
-  std::vector<char> packed;  // when the view is not BLAS-addressable
+  const kir::IndexMap* pack = nullptr;  // packed per block from this map
+  std::vector<char> packed;              // packed as a whole
 };
 
-GemmOperand gemm_operand(const kir::View& v, const void* data, DType t) {
+GemmOperand gemm_operand(const kir::IndexMap& m, const void* data, DType t, bool per_block) {
   GemmOperand g;
-  size_t r = v.shape.size();
-  int64_t rows = v.shape[r - 2], cols = v.shape[r - 1], sr = v.strides[r - 2], sc = v.strides[r - 1];
-  g.batch_strides.assign(v.strides.begin(), v.strides.end() - 2);
-  g.offset = v.offset;
+  const kir::View& v = m.views[0];
+  const Shape& s = m.shape();
+  size_t r = s.size();
+  int64_t rows = s[r - 2], cols = s[r - 1], sr = v.strides[r - 2], sc = v.strides[r - 1];
   g.data = data;
-  if ((sc == 1 || cols <= 1) && (sr >= std::max<int64_t>(cols, 1) || rows <= 1)) {
-    g.ld = rows <= 1 ? std::max<int64_t>(cols, 1) : sr;
-  } else if ((sr == 1 || rows <= 1) && (sc >= std::max<int64_t>(rows, 1) || cols <= 1)) {
-    g.trans = true;
-    g.ld = cols <= 1 ? std::max<int64_t>(rows, 1) : sc;
-  } else {  // pack to dense row-major
-    g.packed.resize(size_t(numel(v.shape)) * itemsize(t));
-    strided_copy(data, v, g.packed.data(), itemsize(t));
-    g.data = g.packed.data();
-    g.offset = 0;
-    g.batch_strides = contiguous_strides(Shape(v.shape.begin(), v.shape.end() - 2));
-    for (auto& s : g.batch_strides) s *= rows * cols;
-    g.ld = std::max<int64_t>(cols, 1);
+  if (m.single()) {
+    g.batch_strides.assign(v.strides.begin(), v.strides.end() - 2);
+    g.offset = v.offset;
+    if ((sc == 1 || cols <= 1) && (sr >= std::max<int64_t>(cols, 1) || rows <= 1)) {
+      g.ld = rows <= 1 ? std::max<int64_t>(cols, 1) : sr;
+      return g;
+    }
+    if ((sr == 1 || rows <= 1) && (sc >= std::max<int64_t>(rows, 1) || cols <= 1)) {
+      g.trans = true;
+      g.ld = cols <= 1 ? std::max<int64_t>(rows, 1) : sc;
+      return g;
+    }
   }
+  g.ld = std::max<int64_t>(cols, 1);
+  g.offset = 0;
+  g.batch_strides = contiguous_strides(Shape(s.begin(), s.end() - 2));
+  for (auto& b : g.batch_strides) b *= rows * cols;
+  if (per_block) {
+    g.pack = &m;
+    return g;
+  }
+  g.packed.resize(size_t(numel(s)) * itemsize(t));
+  copy_map(m, data, g.packed.data(), itemsize(t));
+  g.data = g.packed.data();
   return g;
 }
 
+// Rows [r0, r1) of batch b of an operand packed per block, densely into this thread's buffer for
+// operand `which` (0: A, 1: B).
+const void* pack_rows(const GemmOperand& g, int which, int64_t b, int64_t r0, int64_t r1, size_t elem) {
+  thread_local std::vector<char, LineAligned<char>> bufs[2];
+  std::vector<char, LineAligned<char>>& buf = bufs[which];
+  const Shape& s = g.pack->shape();
+  const int64_t cols = s.back();
+  buf.resize(std::max(buf.size(), size_t((r1 - r0) * cols) * elem));
+  copy_positions(*g.pack, g.data, (b * s[s.size() - 2] + r0) * cols, (r1 - r0) * cols, buf.data(), elem);
+  return buf.data();
+}
+
 void run_gemm(const CpuKernel& k, const Step& st, const LaunchArgs& args) {
-  const kir::View& av = st.maps[0].views[0];
-  const kir::View& bv = st.maps[1].views[0];
   size_t r = st.shape.size();
-  int64_t M = st.shape[r - 2], N = st.shape[r - 1], K = av.shape[r - 1];
+  int64_t M = st.shape[r - 2], N = st.shape[r - 1], K = st.maps[0].shape()[r - 1];
   Shape batch(st.shape.begin(), st.shape.end() - 2);
   int64_t nb = numel(batch);
   char* out = static_cast<char*>(args.slots[st.output]);
@@ -1571,9 +1693,8 @@ void run_gemm(const CpuKernel& k, const Step& st, const LaunchArgs& args) {
     return;
   }
   const bool floating = st.dtype == DType::Float32 || st.dtype == DType::Float64;
-  GemmOperand A = gemm_operand(av, args.slots[st.inputs[0]], st.dtype);
-  GemmOperand B = gemm_operand(bv, args.slots[st.inputs[1]], st.dtype);
-  // Rows [m0, m1) of batch b. op(A)'s rows are A's rows, or A's columns when transposed.
+  GemmOperand A = gemm_operand(st.maps[0], args.slots[st.inputs[0]], st.dtype, floating && nb > 1);
+  GemmOperand B = gemm_operand(st.maps[1], args.slots[st.inputs[1]], st.dtype, floating && nb > 1);
   // Rows [m0, m1) and columns [n0, n1) of batch b. op(A)'s rows are A's rows, or A's columns
   // when transposed; likewise op(B)'s columns.
   auto block = [&](int64_t b, int64_t m0, int64_t m1, int64_t n0, int64_t n1) {
@@ -1599,21 +1720,27 @@ void run_gemm(const CpuKernel& k, const Step& st, const LaunchArgs& args) {
     ao += A.trans ? m0 : m0 * A.ld;
     bo += B.trans ? n0 * B.ld : n0;
     c += size_t(m0 * N + n0) * elem;
+    const char* ap = static_cast<const char*>(A.data) + ao * int64_t(elem);
+    const char* bp = static_cast<const char*>(B.data) + bo * int64_t(elem);
+    int64_t lda = A.ld, ldb = B.ld;
+    if (A.pack) ap = static_cast<const char*>(pack_rows(A, 0, b, m0, m1, elem)), lda = K;
+    if (B.pack) bp = static_cast<const char*>(pack_rows(B, 1, b, 0, K, elem)), ldb = N;  // whole rows: n0 = 0
     if (st.dtype == DType::Float32)
-      blas_gemm(A.trans, B.trans, m1 - m0, n1 - n0, K, static_cast<const float*>(A.data) + ao, A.ld,
-                static_cast<const float*>(B.data) + bo, B.ld, reinterpret_cast<float*>(c), N);
+      blas_gemm(A.trans, B.trans, m1 - m0, n1 - n0, K, reinterpret_cast<const float*>(ap), lda,
+                reinterpret_cast<const float*>(bp), ldb, reinterpret_cast<float*>(c), N);
     else
-      blas_gemm(A.trans, B.trans, m1 - m0, n1 - n0, K, static_cast<const double*>(A.data) + ao, A.ld,
-                static_cast<const double*>(B.data) + bo, B.ld, reinterpret_cast<double*>(c), N);
+      blas_gemm(A.trans, B.trans, m1 - m0, n1 - n0, K, reinterpret_cast<const double*>(ap), lda,
+                reinterpret_cast<const double*>(bp), ldb, reinterpret_cast<double*>(c), N);
     epilogue(b, m0, m1, n0, n1);
   };
   // Our pool runs the BLAS over fixed blocks (128 rows; 128 columns too when the matrix is only
-  // a row block tall): blocks do not depend on the thread count, so results are bit-identical
-  // with any number of threads. Every call is made inside an active parallel region, where
-  // OpenBLAS's OpenMP build stays on the calling thread (outside one it would start its own
-  // threads, which was slow here).
+  // a row block tall and B is not packed per block, whose rows are then packed whole, in one
+  // walk): blocks do not depend on the thread count, so results are bit-identical with any
+  // number of threads. Every call is made inside an active parallel region, where OpenBLAS's
+  // OpenMP build stays on the calling thread (outside one it would start its own threads, which
+  // was slow here).
   constexpr int64_t kBlock = 128;
-  int64_t mb = (M + kBlock - 1) / kBlock, nbk = M <= kBlock ? (N + kBlock - 1) / kBlock : 1;
+  int64_t mb = (M + kBlock - 1) / kBlock, nbk = M <= kBlock && !B.pack ? (N + kBlock - 1) / kBlock : 1;
   int64_t per = mb * nbk, tasks = nb * per;
   // Deep, narrow products (a conv's kernel gradient: K = batch x pixels, M x N a few hundred by
   // a few dozen) give those blocks too few tasks: K is then cut into fixed chunks whose partial
@@ -1723,13 +1850,15 @@ class CpuBackend : public Backend {
     k->program = st.program;
     k->columns = !st.axes.empty() && st.axes.size() < st.domain.size();
     for (size_t i = 0; i < st.axes.size(); ++i) k->columns &= st.axes[i] == int64_t(i);
+    if (k->columns) k->domain = st.domain;
     for (Instr& I : k->program) {
       if (I.code == Code::Iota || I.code == Code::Rng)
         fail("cpu", "reduce programs cannot use iota or rng (step " + st.str() + ")", "");
       if (I.code == Code::Load && !k->columns) I.map = I.map.permute(perm);
-      if (I.code == Code::Load && I.map.views.size() == 1) I.map.views[0] = coalesced(I.map.views[0]);
     }
-    if (k->columns) k->domain = st.domain;
+    build_reduce_loop(*k, st, k->program, k->domain);
+    for (Instr& I : k->program)
+      if (I.code == Code::Load && I.map.views.size() == 1) I.map.views[0] = coalesced(I.map.views[0]);
     k->regs.load = load_paths(k->program);
     return k;
   }

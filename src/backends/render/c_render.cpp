@@ -585,19 +585,23 @@ KernelCode render_gemm(const Step& st) {
   return finish(k, nb * mb * nc);
 }
 
-// A dense copy of one strided view of slot `src` into slot `dst` (the base of ScatterAdd and
-// DynamicUpdateSlice; a Gemm operand packed into the scratch slot).
-KernelCode render_copy_view(int src_slot, int dst_slot, DType t, const View& v) {
-  Kernel k;
-  std::string src = k.arg(src_slot, t), dst = k.arg(dst_slot, t);
-  int64_t n = numel(v.shape);
-  k.b << "  i64 pos = GID;\n  if (pos >= " << k.p(n) << ") return;\n";
-  k.unravel("d", "pos", v.shape, "  ");
-  k.b << "  i64 f = " << k.p(v.offset);
-  for (size_t d = 0; d < v.shape.size(); ++d) k.b << " + d" << d << " * " << k.p(v.strides[d]);
-  k.b << ";\n  " << dst << "[pos] = " << src << "[f];\n";
-  KernelCode kc = finish(k, n);
-  if (dst_slot == kScratchSlot) kc.scratch_bytes = n * int64_t(itemsize(t));
+// A dense copy of map m over slot `src` into slot `dst` (the base of ScatterAdd and
+// DynamicUpdateSlice; a Gemm operand packed into the scratch slot), as a Copy Step.
+KernelCode render_copy(int src_slot, int dst_slot, DType t, const IndexMap& m) {
+  Step copy;
+  copy.kind = StepKind::Copy;
+  copy.shape = m.shape();
+  copy.dtype = t;
+  copy.inputs = {src_slot};
+  copy.output = dst_slot;
+  Instr load;
+  load.code = Code::Load;
+  load.dtype = t;
+  load.input = 0;
+  load.map = m;
+  copy.program = {load};
+  KernelCode kc = render_elementwise(copy);
+  if (dst_slot == kScratchSlot) kc.scratch_bytes = numel(copy.shape) * int64_t(itemsize(t));
   return kc;
 }
 
@@ -721,21 +725,29 @@ std::vector<KernelCode> render(const Step& st) {
     case StepKind::Row: return {render_row(st)};
     case StepKind::Reduce: return {render_reduce(st)};
     case StepKind::Gemm: {
-      // A B whose columns are not contiguous (a Linear layer's transposed weight) is packed
-      // densely into the scratch slot first, so the GEMM's inner loop reads contiguous columns.
-      const View& bv = st.maps[1].views[0];
-      bool epilogue_reads_b = false;
-      for (const Instr& I : st.program) epilogue_reads_b |= I.code == Code::Load && I.input == 1;
-      if (bv.strides.back() == 1 || bv.shape.back() == 1 || numel(bv.shape) == 0 || epilogue_reads_b) return {render_gemm(st)};
+      // A B whose columns are not contiguous (a Linear layer's transposed weight), or that is
+      // read through a stacked map (a conv's im2col window), is packed densely into the scratch
+      // slot first, so the GEMM's inner loop reads contiguous columns. An epilogue that loads B's
+      // slot keeps reading the slot itself, as a further input.
+      const IndexMap& bm = st.maps[1];
+      const View& bv = bm.views[0];
+      if (bm.single() && (bv.strides.back() == 1 || bv.shape.back() == 1 || numel(bv.shape) == 0)) return {render_gemm(st)};
       Step packed = st;
       packed.inputs[1] = kScratchSlot;
-      packed.maps[1] = IndexMap::contiguous(bv.shape);
-      return {render_copy_view(st.inputs[1], kScratchSlot, st.dtype, bv), render_gemm(packed)};
+      packed.maps[1] = IndexMap::contiguous(bm.shape());
+      bool reads_b = false;
+      for (Instr& I : packed.program)
+        if (I.code == Code::Load && I.input == 1) I.input = int(st.inputs.size()), reads_b = true;
+      if (reads_b) {
+        packed.inputs.push_back(st.inputs[1]);
+        if (!packed.input_dtypes.empty()) packed.input_dtypes.resize(st.inputs.size(), st.dtype), packed.input_dtypes.push_back(st.input_dtypes.at(1));
+      }
+      return {render_copy(st.inputs[1], kScratchSlot, st.dtype, bm), render_gemm(packed)};
     }
     case StepKind::Gather: return {render_gather(st)};
-    case StepKind::ScatterAdd: return {render_copy_view(st.inputs[0], st.output, st.dtype, st.maps[0].views[0]), render_scatter(st)};
+    case StepKind::ScatterAdd: return {render_copy(st.inputs[0], st.output, st.dtype, st.maps[0]), render_scatter(st)};
     case StepKind::DynamicUpdateSlice:
-      return {render_copy_view(st.inputs[0], st.output, st.dtype, st.maps[0].views[0]), render_dus(st)};
+      return {render_copy(st.inputs[0], st.output, st.dtype, st.maps[0]), render_dus(st)};
   }
   fail("render", "unknown step kind", "");
 }
