@@ -626,6 +626,9 @@ TEST(Ops, MatmulShapesAndBroadcastBatches) {
       {{2, 1, 3, 4}, {1, 3, 4, 2}, {2, 3, 3, 2}},
       {{1, 17}, {17, 1}, {1, 1}},
       {{33, 65}, {65, 31}, {33, 31}},
+      // deep and narrow: K split into equal chunks (2 row blocks of 150; then one of 9 rows)
+      {{300, 5000}, {5000, 40}, {300, 40}},
+      {{9, 6001}, {6001, 20}, {9, 20}},
   };
   uint32_t seed = 60;
   for (DType t : {kF32, kF64}) {

@@ -1743,34 +1743,39 @@ void run_gemm(const CpuKernel& k, const Step& st, const LaunchArgs& args) {
   int64_t mb = (M + kBlock - 1) / kBlock, nbk = M <= kBlock && !B.pack ? (N + kBlock - 1) / kBlock : 1;
   int64_t per = mb * nbk, tasks = nb * per;
   // Deep, narrow products (a conv's kernel gradient: K = batch x pixels, M x N a few hundred by
-  // a few dozen) give those blocks too few tasks: K is then cut into fixed chunks whose partial
-  // products are added in chunk order (fixed by the shape, so the same for any thread count),
-  // and the epilogue runs on the sum. The partial products are bounded (a vocabulary-sized
-  // weight gradient keeps the blocks).
+  // a few dozen) give those blocks too few tasks: K is then cut into chunks of equal depth (at
+  // most 2048, a multiple of 8) whose partial products are added in chunk order, and the rows
+  // into equal blocks of at most 256 (the tasks come from K here); all fixed by the shape, so
+  // the same for any thread count. The epilogue runs on the sum. The partial products are
+  // bounded (a vocabulary-sized weight gradient keeps the blocks). Equal tasks: see
+  // docs/architecture.md (Threads) for what unequal ones cost.
   constexpr int64_t kChunkK = 2048, kMaxPartial = int64_t(1) << 22;
   const int64_t chunks = (K + kChunkK - 1) / kChunkK;
   if (floating && nb == 1 && tasks < 8 && K >= 2 * kChunkK && chunks * M * N <= kMaxPartial) {
+    const int64_t depth = ((K + chunks - 1) / chunks + 7) / 8 * 8, nch = (K + depth - 1) / depth;
+    const int64_t row_blocks = (M + 2 * kBlock - 1) / (2 * kBlock), rows = (M + row_blocks - 1) / row_blocks;
+    const int64_t per_chunk = row_blocks * nbk;
     auto split_k = [&](auto* rp) {
       using R = std::remove_pointer_t<decltype(rp)>;
-      std::vector<R> part(size_t(chunks * M * N));
+      std::vector<R> part(size_t(nch * M * N));
       const R* a = static_cast<const R*>(A.data);
       const R* bm = static_cast<const R*>(B.data);
 #pragma omp parallel for schedule(static)
-      for (int64_t t = 0; t < chunks * per; ++t) {
-        int64_t q = t / per, i = (t % per) / nbk, j = t % nbk;
-        int64_t m0 = i * kBlock, m1 = std::min(M, m0 + kBlock);
+      for (int64_t t = 0; t < nch * per_chunk; ++t) {
+        int64_t q = t / per_chunk, i = (t % per_chunk) / nbk, j = t % nbk;
+        int64_t m0 = i * rows, m1 = std::min(M, m0 + rows);
         int64_t n0 = nbk == 1 ? 0 : j * kBlock, n1 = nbk == 1 ? N : std::min(N, n0 + kBlock);
-        int64_t k0 = q * kChunkK, k1 = std::min(K, k0 + kChunkK);
+        int64_t k0 = q * depth, k1 = std::min(K, k0 + depth);
         int64_t ao = A.offset + (A.trans ? k0 * A.ld + m0 : m0 * A.ld + k0);
         int64_t bo = B.offset + (B.trans ? n0 * B.ld + k0 : k0 * B.ld + n0);
         blas_gemm(A.trans, B.trans, m1 - m0, n1 - n0, k1 - k0, a + ao, A.ld, bm + bo, B.ld,
                   part.data() + q * M * N + m0 * N + n0, N);
       }
       R* c = reinterpret_cast<R*>(out);
-#pragma omp parallel for schedule(static) if (M * N * chunks >= kParallelMin)
+#pragma omp parallel for schedule(static) if (M * N * nch >= kParallelMin)
       for (int64_t e = 0; e < M * N; ++e) {
         R sum = part[size_t(e)];
-        for (int64_t q = 1; q < chunks; ++q) sum += part[size_t(q * M * N + e)];
+        for (int64_t q = 1; q < nch; ++q) sum += part[size_t(q * M * N + e)];
         c[e] = sum;
       }
     };
