@@ -1743,7 +1743,7 @@ void run_gemm(const CpuKernel& k, const Step& st, const LaunchArgs& args) {
   int64_t mb = (M + kBlock - 1) / kBlock, nbk = M <= kBlock && !B.pack ? (N + kBlock - 1) / kBlock : 1;
   int64_t per = mb * nbk, tasks = nb * per;
   // Deep, narrow products (a conv's kernel gradient: K = batch x pixels, M x N a few hundred by
-  // a few dozen) give those blocks too few tasks: K is then cut into chunks of equal depth (at
+  // a few dozen; a Linear layer on a flattened image) give those blocks too few tasks: K is then cut into chunks of equal depth (at
   // most 2048, a multiple of 8) whose partial products are added in chunk order, and the rows
   // into equal blocks of at most 256 (the tasks come from K here); all fixed by the shape, so
   // the same for any thread count. The epilogue runs on the sum. The partial products are
@@ -1751,7 +1751,7 @@ void run_gemm(const CpuKernel& k, const Step& st, const LaunchArgs& args) {
   // docs/architecture.md (Threads) for what unequal ones cost.
   constexpr int64_t kChunkK = 2048, kMaxPartial = int64_t(1) << 22;
   const int64_t chunks = (K + kChunkK - 1) / kChunkK;
-  if (floating && nb == 1 && tasks < 8 && K >= 2 * kChunkK && chunks * M * N <= kMaxPartial) {
+  if (floating && nb == 1 && tasks < 8 && K > kChunkK && chunks * M * N <= kMaxPartial) {
     const int64_t depth = ((K + chunks - 1) / chunks + 7) / 8 * 8, nch = (K + depth - 1) / depth;
     const int64_t row_blocks = (M + 2 * kBlock - 1) / (2 * kBlock), rows = (M + row_blocks - 1) / row_blocks;
     const int64_t per_chunk = row_blocks * nbk;
