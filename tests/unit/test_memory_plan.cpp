@@ -273,6 +273,38 @@ TEST(MemoryPlan, ScheduleKeepsResultsAndDonationsOfAGptStep) {
   }
 }
 
+// Every temp a Step stores is read by a later Step: merging a Step into the one that read its
+// output must not leave that output stored (a max-pool's running mask was).
+TEST(MemoryPlan, NoStepStoresATempThatNothingReads) {
+  auto check = [](const char* what) {
+    std::vector<runtime::Request> req;
+    for (auto& impl : detail::pending_impls()) req.push_back({impl->node, impl->donor});
+    auto plan = runtime::compile_only(req);
+    std::vector<bool> read(plan->slots.size(), false);
+    for (const auto& st : plan->steps)
+      for (int x : st.inputs) read[size_t(x)] = true;
+    for (size_t s = 0; s < plan->steps.size(); ++s)
+      for (int o : plan->steps[s].outputs())
+        EXPECT_TRUE(read[size_t(o)] || plan->slots[size_t(o)].kind != kir::SlotKind::Temp)
+            << what << ": step " << s << " (" << plan->steps[s].str() << ") stores slot " << o << ", which no Step reads";
+  };
+  {
+    GptStep st(2);
+    Tensor loss = st.trace();
+    check("GPT step");
+  }
+  tessera::sync();
+  manual_seed(0);
+  nn::SmallCNN cnn;
+  optim::Adam opt(cnn.parameters(), {.lr = 1e-3});
+  Tensor x = testing::random_tensor({4, 1, 28, 28}, DType::Float32, 5);
+  Tensor y = testing::random_int({4}, 0, 10, DType::Int64, 6);
+  Tensor loss = cross_entropy(cnn(x), y);
+  loss.backward();
+  opt.step();
+  check("small CNN step");
+}
+
 TEST(MemoryPlan, SchedulePassIsFastOnABigGraph) {
   GptStep st(12);
   Tensor loss = st.trace();

@@ -98,6 +98,21 @@ bool row_broadcast(const kir::IndexMap& m, const Shape& domain, int64_t row) {
   return inner == row;
 }
 
+// Further outputs into temps that no Step reads are not stored: when A's output was read only by
+// B, absorbing B leaves it one (a max-pool's running "wins" mask, 0.4 MB per pool).
+void drop_unread_outputs(Plan& plan) {
+  std::vector<bool> read(plan.slots.size(), false);
+  for (const kir::Step& st : plan.steps)
+    for (int x : st.inputs) read[size_t(x)] = true;
+  for (kir::Step& st : plan.steps)
+    for (size_t j = st.more_outputs.size(); j-- > 0;) {
+      const int o = st.more_outputs[j];
+      if (plan.slots[size_t(o)].kind != kir::SlotKind::Temp || read[size_t(o)]) continue;
+      st.more_outputs.erase(st.more_outputs.begin() + std::ptrdiff_t(j));
+      st.more_results.erase(st.more_results.begin() + std::ptrdiff_t(j));
+    }
+}
+
 }  // namespace
 
 // A Row Step B that reads the per-row result of an earlier Row Step A over the same rows, only
@@ -217,6 +232,7 @@ void merge_elementwise(Plan& plan) {
       for (int x : B.inputs) readers_of[x].push_back(int(b));
   }
   drop_gone(steps, gone);
+  drop_unread_outputs(plan);
 }
 
 }  // namespace tessera::compiler
