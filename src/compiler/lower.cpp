@@ -421,13 +421,8 @@ struct Lowerer {
     st.shape = map.shape();
     st.dtype = t;
     st.cost = {0, 2.0 * double(numel(st.shape)) * double(itemsize(t))};
-    Instr ld;
-    ld.code = Code::Load;
-    ld.dtype = t;
-    ld.input = 0;
-    ld.map = map;
     st.inputs = {src};
-    st.program = {ld};
+    st.program = {Instr::load(0, t, map)};
     st.output = new_slot(kir::SlotKind::Temp, 0, st.shape, t, st.sources.front());
     plan.steps.push_back(std::move(st));
     return plan.steps.back().output;

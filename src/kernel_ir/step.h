@@ -33,6 +33,14 @@ struct Instr {
   IndexMap map;
   double value = 0;
   int64_t i0 = 0, i1 = 0;
+
+  // A Load of `input` through `map` (masked positions read 0).
+  static Instr load(int input, DType t, IndexMap map) {
+    Instr I{Code::Load, t};
+    I.input = input;
+    I.map = std::move(map);
+    return I;
+  }
 };
 
 enum class StepKind : uint8_t {

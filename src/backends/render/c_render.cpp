@@ -594,12 +594,7 @@ KernelCode render_copy(int src_slot, int dst_slot, DType t, const IndexMap& m) {
   copy.dtype = t;
   copy.inputs = {src_slot};
   copy.output = dst_slot;
-  Instr load;
-  load.code = Code::Load;
-  load.dtype = t;
-  load.input = 0;
-  load.map = m;
-  copy.program = {load};
+  copy.program = {Instr::load(0, t, m)};
   KernelCode kc = render_elementwise(copy);
   if (dst_slot == kScratchSlot) kc.scratch_bytes = numel(copy.shape) * int64_t(itemsize(t));
   return kc;
