@@ -1619,12 +1619,13 @@ struct GemmOperand {
 
 GemmOperand gemm_operand(const kir::IndexMap& m, const void* data, DType t, bool per_block) {
   GemmOperand g;
-  const kir::View& v = m.views[0];
   const Shape& s = m.shape();
   size_t r = s.size();
-  int64_t rows = s[r - 2], cols = s[r - 1], sr = v.strides[r - 2], sc = v.strides[r - 1];
+  int64_t rows = s[r - 2], cols = s[r - 1];
   g.data = data;
   if (m.single()) {
+    const kir::View& v = m.views[0];
+    const int64_t sr = v.strides[r - 2], sc = v.strides[r - 1];
     g.batch_strides.assign(v.strides.begin(), v.strides.end() - 2);
     g.offset = v.offset;
     if ((sc == 1 || cols <= 1) && (sr >= std::max<int64_t>(cols, 1) || rows <= 1)) {
@@ -1743,12 +1744,12 @@ void run_gemm(const CpuKernel& k, const Step& st, const LaunchArgs& args) {
   int64_t mb = (M + kBlock - 1) / kBlock, nbk = M <= kBlock && !B.pack ? (N + kBlock - 1) / kBlock : 1;
   int64_t per = mb * nbk, tasks = nb * per;
   // Deep, narrow products (a conv's kernel gradient: K = batch x pixels, M x N a few hundred by
-  // a few dozen; a Linear layer on a flattened image) give those blocks too few tasks: K is then cut into chunks of equal depth (at
-  // most 2048, a multiple of 8) whose partial products are added in chunk order, and the rows
-  // into equal blocks of at most 256 (the tasks come from K here); all fixed by the shape, so
-  // the same for any thread count. The epilogue runs on the sum. The partial products are
-  // bounded (a vocabulary-sized weight gradient keeps the blocks). Equal tasks: see
-  // docs/architecture.md (Threads) for what unequal ones cost.
+  // a few dozen; a Linear layer on a flattened image) give those blocks too few tasks: K is then
+  // cut into chunks of equal depth (at most 2048, a multiple of 8) whose partial products are
+  // added in chunk order, and the rows into equal blocks of at most 256 (the tasks come from K
+  // here); all fixed by the shape, so the same for any thread count. The epilogue runs on the
+  // sum. The partial products are bounded (a vocabulary-sized weight gradient keeps the blocks).
+  // Equal tasks: docs/architecture.md (Threads) says what unequal ones cost.
   constexpr int64_t kChunkK = 2048, kMaxPartial = int64_t(1) << 22;
   const int64_t chunks = (K + kChunkK - 1) / kChunkK;
   if (floating && nb == 1 && tasks < 8 && K > kChunkK && chunks * M * N <= kMaxPartial) {
