@@ -36,7 +36,8 @@ struct Instr {
 
   // A Load of `input` through `map` (masked positions read 0).
   static Instr load(int input, DType t, IndexMap map) {
-    Instr I{Code::Load, t};
+    Instr I;
+    I.code = Code::Load, I.dtype = t;
     I.input = input;
     I.map = std::move(map);
     return I;
