@@ -943,6 +943,12 @@ struct CpuKernel : Kernel {
     int64_t span = 0;    // elements from the first one read to the last, plus one
     bool whole = false;  // dense over the whole domain (may be its own output, position for position)
     bool dense = false;  // consecutive along the run (else constant there)
+    // Elements from the load's first one to its run at outer index idx (over run_outer).
+    int64_t offset(const int64_t* idx) const {
+      int64_t o = 0;
+      for (size_t d = 0; d < outer_strides.size(); ++d) o += idx[d] * outer_strides[d];
+      return o;
+    }
   };
   std::vector<LoopLoad> loop_loads;  // in loop->loads() order
 };
@@ -1135,9 +1141,8 @@ void reduce_values(const CpuKernel& k, const std::vector<char*>& base, int64_t s
     const int64_t j = pos % k.run, len = std::min(k.run - j, end - pos);
     unravel(pos / k.run, k.run_outer, idx);
     for (size_t i = 0; i < nl; ++i) {
-      int64_t o = k.loop_loads[i].dense ? j : 0;
-      for (size_t d = 0; d < k.run_outer.size(); ++d) o += idx[d] * k.loop_loads[i].outer_strides[d];
-      p[i] = base[i] + o * 4;
+      const CpuKernel::LoopLoad& L = k.loop_loads[i];
+      p[i] = base[i] + (L.offset(idx) + (L.dense ? j : 0)) * 4;
     }
     p[nl] = out + (pos - start);
     (*k.loop)(p, len);
@@ -1204,11 +1209,7 @@ void run_loop(const CpuKernel& k, const jit::Loop& loop, const std::vector<char*
     unravel(u0, k.run_outer, idx);
     for (int64_t r = u0; r < u1;) {
       const int64_t rows = std::min(u1 - r, k.run_outer[last] - idx[last]);
-      for (size_t i = 0; i < nloads; ++i) {
-        int64_t o = 0;
-        for (size_t d = 0; d < k.run_outer.size(); ++d) o += idx[d] * k.loop_loads[i].outer_strides[d];
-        p[i] = base[i] + size_t(o) * 4;
-      }
+      for (size_t i = 0; i < nloads; ++i) p[i] = base[i] + size_t(k.loop_loads[i].offset(idx)) * 4;
       for (size_t i = nloads; i < nptr; ++i) p[i] = base[i] + size_t(r * k.run) * 4;
       loop(p, k.run, rows, steps);
       r += rows;
@@ -1411,19 +1412,6 @@ void run_reduce(const ReduceKernel& k, const Step& st, const LaunchArgs& args) {
   });
 }
 
-// A short run (an im2col row is a few dozen bytes) is copied inline: through a libc call it cost
-// more than the copy.
-inline void copy_run(char* d, const char* s, size_t bytes) {
-  if (bytes > 256) {
-    std::memcpy(d, s, bytes);
-    return;
-  }
-  size_t i = 0;
-  for (; i + 32 <= bytes; i += 32) std::memcpy(d + i, s + i, 32);
-  for (; i + 4 <= bytes; i += 4) std::memcpy(d + i, s + i, 4);
-  for (; i < bytes; ++i) d[i] = s[i];
-}
-
 // Copies n consecutive row-major positions of map m's domain, from position `start`, densely into
 // dst; masked positions read 0. A single unmasked view (plain reshapes above it keep its order) is
 // walked row by row along its last dimension, dense runs as one copy; other maps go through
@@ -1442,7 +1430,7 @@ void copy_positions(const kir::IndexMap& m, const void* src, int64_t start, int6
     for (int64_t j = idx[last]; n > 0; j = 0, next_outer(idx, off, v, last)) {
       const int64_t run = std::min(n, inner - j);
       const char* p = s + (off + j * st) * int64_t(elem);
-      if (st == 1) copy_run(d, p, size_t(run) * elem);
+      if (st == 1) std::memcpy(d, p, size_t(run) * elem);
       else for (int64_t q = 0; q < run; ++q) std::memcpy(d + size_t(q) * elem, p + q * st * int64_t(elem), elem);
       d += size_t(run) * elem;
       n -= run;
