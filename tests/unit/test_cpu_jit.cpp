@@ -74,7 +74,7 @@ std::unique_ptr<backends::jit::Loop> build(const std::vector<Instr>& prog, const
                                            bool stream = false) {
   backends::jit::Spec spec;
   spec.prog = &prog;
-  spec.broadcast.assign(prog.size(), 0);
+  spec.stride.assign(prog.size(), 1);
   spec.results = results;
   spec.early.assign(results.size(), 0);
   spec.stream = stream;
@@ -216,9 +216,15 @@ TEST(CpuJit, BuildsWhatItCoversAndNothingElse) {
   std::vector<Instr> f64 = {load(0), op(Code::Neg, 0)};
   f64[0].dtype = f64[1].dtype = DType::Float64;
   EXPECT_EQ(build(f64, {1}), nullptr);
-  std::vector<Instr> consts = {load(0)};  // 15 distinct constants: more than the vector registers
-  for (int c = 0; c < 15; ++c) consts.push_back(cnst(c + 0.5)), consts.push_back(op(Code::Add, int(consts.size()) - 2, int(consts.size()) - 1));
-  EXPECT_EQ(build(consts, {int(consts.size()) - 1}), nullptr);
+  // 15 distinct constants: read from memory as second operands, they need no registers; as
+  // first operands (of a subtraction) they do, more than there are.
+  std::vector<Instr> rhs = {load(0)}, lhs = {load(0)};
+  for (int c = 0; c < 15; ++c) {
+    rhs.push_back(cnst(c + 0.5)), rhs.push_back(op(Code::Sub, int(rhs.size()) - 2, int(rhs.size()) - 1));
+    lhs.push_back(cnst(c + 0.5)), lhs.push_back(op(Code::Sub, int(lhs.size()) - 1, int(lhs.size()) - 2));
+  }
+  EXPECT_NE(build(rhs, {int(rhs.size()) - 1}), nullptr);
+  EXPECT_EQ(build(lhs, {int(lhs.size()) - 1}), nullptr);
   std::vector<Instr> loads;  // 16 values live at once: more than the vector registers
   for (int l = 0; l < 16; ++l) loads.push_back(load(l));
   loads.push_back(op(Code::Add, 0, 1));
@@ -240,8 +246,8 @@ TEST(CpuJit, ALoopOverTwentyInputsWithABroadcastAndTwoOutputs) {
   prog.push_back(op(Code::Sub, scaled, 0));
   backends::jit::Spec spec;
   spec.prog = &prog;
-  spec.broadcast.assign(prog.size(), 0);
-  spec.broadcast[size_t(sum + 1)] = 1;
+  spec.stride.assign(prog.size(), 1);
+  spec.stride[size_t(sum + 1)] = 0;
   spec.results = {int(prog.size()) - 1, scaled};
   spec.early = {0, 1};
   auto loop = backends::jit::build(spec);
@@ -276,6 +282,69 @@ TEST(CpuJit, ALoopOverTwentyInputsWithABroadcastAndTwoOutputs) {
       }
       for (int64_t i = r * row + n; i < (r + 1) * row; ++i)  // the padding: untouched
         ASSERT_TRUE(out[size_t(i)] == -1.0f && out2[size_t(i)] == -1.0f) << "n " << n << ", run " << r << ", i " << i;
+    }
+  }
+}
+
+TEST(CpuJit, GatheredLoadsIntLanesAndLaneMaskLogicMatchScalarArithmetic) {
+  // What a max-pooling window's program needs: loads with a stride along the run (gathered),
+  // int32 where's and results, or / and of comparisons; constants read from memory (second
+  // operands) and from registers (a where's false value, a subtraction's first operand).
+  if (!backends::jit::available()) GTEST_SKIP() << "no native loops on this machine (or TESSERA_CPU_JIT=0)";
+  auto typed = [](Instr I, DType t) { return I.dtype = t, I; };
+  std::vector<Instr> prog = {
+      load(0), load(1), cnst(0.0),                                        // 0 x (stride 2), 1 y (stride 3), 2
+      typed(op(Code::Gt, 0, 1), DType::Bool), typed(op(Code::Ne, 0, 0), DType::Bool),  // 3, 4
+      typed(op(Code::Max, 3, 4), DType::Bool),                            // 5: x > y or x is NaN
+      typed(op(Code::Lt, 1, 2), DType::Bool), typed(op(Code::Min, 5, 6), DType::Bool),  // 6, 7: 5 and y < 0
+      typed(cnst(7), DType::Int32), typed(cnst(-3), DType::Int32),        // 8, 9
+      typed(op(Code::Where, 5, 8), DType::Int32),                         // 10: 5 ? 7 : -3
+      op(Code::Where, 7, 0),                                              // 11: 7 ? x : y
+      typed(load(2), DType::Int32),                                       // 12 z (dense)
+      typed(op(Code::Gt, 10, 12), DType::Bool),                           // 13
+      op(Code::Where, 13, 11),                                            // 14: 13 ? 11 : 0
+      cnst(1.5), op(Code::Add, 14, 15),                                   // 15, 16
+      cnst(2.0), op(Code::Sub, 17, 16),                                   // 17, 18: 2 - 16
+  };
+  prog[10].c = 9, prog[11].c = 1, prog[14].c = 2;
+  backends::jit::Spec spec;
+  spec.prog = &prog;
+  spec.stride.assign(prog.size(), 1);
+  spec.stride[0] = 2, spec.stride[1] = 3;
+  spec.results = {10, 18};
+  spec.early = {1, 0};
+  auto loop = backends::jit::build(spec);
+  ASSERT_NE(loop, nullptr);
+  const int64_t rows = 2;
+  for (int64_t n : {1, 7, 8, 9, 13, 40, 43}) {
+    const int64_t xr = 2 * n + 5, yr = 3 * n + 1, zr = n + 2, outr = n + 2;  // per-row strides
+    std::vector<float> x = special_values(rows * xr), y = special_values(rows * yr + 7);
+    y.erase(y.begin(), y.begin() + 7);
+    std::vector<int32_t> z(size_t(rows * zr));
+    for (size_t i = 0; i < z.size(); ++i) z[i] = int32_t(i % 5) * 3 - 4;
+    std::vector<int32_t> oi(size_t(rows * outr), 99);
+    std::vector<float> of(size_t(rows * outr), -9.0f);
+    const void* data[] = {x.data(), y.data(), z.data()};
+    const int64_t in_step[] = {xr * 4, yr * 4, zr * 4};
+    std::vector<const void*> ptrs;
+    std::vector<int64_t> steps;
+    for (int l : loop->loads()) ptrs.push_back(data[prog[size_t(l)].input]), steps.push_back(in_step[prog[size_t(l)].input]);
+    ptrs.push_back(oi.data()), ptrs.push_back(of.data());
+    steps.push_back(outr * 4), steps.push_back(outr * 4);
+    (*loop)(ptrs.data(), n, rows, steps.data());
+    for (int64_t r = 0; r < rows; ++r) {
+      for (int64_t i = 0; i < n; ++i) {
+        const float a = x[size_t(r * xr + 2 * i)], b = y[size_t(r * yr + 3 * i)];
+        const bool p5 = a > b || a != a, p7 = p5 && b < 0.0f;
+        const int32_t want_i = p5 ? 7 : -3;
+        const float v14 = want_i > z[size_t(r * zr + i)] ? (p7 ? a : b) : 0.0f;
+        const float want_f = 2.0f - (v14 + 1.5f);
+        ASSERT_EQ(oi[size_t(r * outr + i)], want_i) << "n " << n << ", row " << r << ", i " << i;
+        ASSERT_TRUE(same(of[size_t(r * outr + i)], want_f)) << "n " << n << ", row " << r << ", i " << i << ": "
+                                                            << of[size_t(r * outr + i)] << " vs " << want_f;
+      }
+      for (int64_t i = n; i < outr; ++i)  // past the run: untouched
+        ASSERT_TRUE(oi[size_t(r * outr + i)] == 99 && of[size_t(r * outr + i)] == -9.0f) << "n " << n << ", i " << i;
     }
   }
 }

@@ -933,7 +933,7 @@ struct CpuKernel : Kernel {
   std::vector<int> last_read;  // per instruction of `program`: its last reader (results: past the end)
   // Elementwise and float32 Reduce Steps within jit::build's reach (see build_loop): the program
   // as a native loop over runs of `run` positions, the domain's last dims, along which every
-  // load is dense or constant; `run_outer` is the domain's other dims. stream_loop: the same
+  // load walks memory evenly (dense, constant or strided); `run_outer` is the domain's other dims. stream_loop: the same
   // with non-temporal stores, for a single run far larger than the caches.
   std::unique_ptr<jit::Loop> loop, stream_loop;
   int64_t run = 0;
@@ -942,7 +942,7 @@ struct CpuKernel : Kernel {
     std::vector<int64_t> outer_strides;
     int64_t span = 0;    // elements from the first one read to the last, plus one
     bool whole = false;  // dense over the whole domain (may be its own output, position for position)
-    bool dense = false;  // consecutive along the run (else constant there)
+    int64_t stride = 0;  // elements from one position of the run to the next (jit::Spec::stride)
     // Elements from the load's first one to its run at outer index idx (over run_outer).
     int64_t offset(const int64_t* idx) const {
       int64_t o = 0;
@@ -1047,15 +1047,18 @@ std::vector<char*> direct_outputs(const CpuKernel& k, const Step& st, const std:
 }
 
 constexpr int kMaxLoopPtrs = jit::Loop::kMaxPtrs;
-constexpr int64_t kMinRun = 8;  // shorter runs stay with the interpreter (a call per few positions)
+// Runs of fewer positions stay with the interpreter (a call per few positions), unless a call
+// covers at least kMinCall positions (the runs along the outer dim next to them, stepped through
+// by the loop: a 7-wide pooling output's rows).
+constexpr int64_t kMinRun = 8, kMinCall = 32;
 
 // The native loop (CpuKernel::loop) of `prog` over domain `dom`, storing `results` (see
 // jit::Spec for `early`), when the program is within jit::build's reach and every load is one
-// unmasked view that walks the domain's last dims (at least kMinRun positions) densely or not at
-// all. may_stream: a single run far larger than the caches also gets non-temporal stores.
+// unmasked view that walks the domain's last dims (see kMinRun) evenly: densely,
+// not at all, or by a fixed stride (gathered). may_stream: a single run far larger than the caches also gets non-temporal stores.
 void build_loop(CpuKernel& k, const std::vector<Instr>& prog, const Shape& dom, const std::vector<int>& results,
                 const std::vector<uint8_t>& early, bool may_stream) {
-  if (!jit::available()) return;
+  if (!jit::available() || numel(dom) == 0) return;
   std::vector<const kir::View*> views;
   for (const Instr& I : prog) {
     if (I.code != Code::Load) continue;
@@ -1064,8 +1067,9 @@ void build_loop(CpuKernel& k, const std::vector<Instr>& prog, const Shape& dom, 
       if (stride < 0) return;
     views.push_back(&I.map.views[0]);
   }
-  // The run: the longest suffix of the domain along which each load is dense (1) or constant (0).
-  std::vector<int> kind(views.size(), -1);
+  // The run: the longest suffix of the domain along which each load walks memory evenly: its
+  // elements from one position to the next (0: constant, 1: dense, more: gathered).
+  std::vector<int64_t> per(views.size(), -1);
   int64_t run = 1;
   size_t first = dom.size();
   for (; first > 0; --first) {
@@ -1074,21 +1078,20 @@ void build_loop(CpuKernel& k, const std::vector<Instr>& prog, const Shape& dom, 
     bool ok = true;
     for (size_t l = 0; l < views.size() && ok; ++l) {
       const int64_t stride = views[l]->strides[d];
-      const int want = stride == 0 ? 0 : stride == run ? 1 : -1;
-      ok = want >= 0 && (kind[l] < 0 || kind[l] == want);
+      ok = per[l] < 0 ? stride % run == 0 : stride == per[l] * run;
     }
     if (!ok) break;
-    for (size_t l = 0; l < views.size(); ++l) kind[l] = views[l]->strides[d] == 0 ? 0 : 1;
+    for (size_t l = 0; l < views.size(); ++l) per[l] = views[l]->strides[d] / run;
     run *= dom[d];
   }
-  if (run < kMinRun || int(views.size() + results.size()) > kMaxLoopPtrs) return;
+  const int64_t per_call = run * (first > 0 ? dom[first - 1] : 1);
+  if ((run < kMinRun && (run < 4 || per_call < kMinCall)) || int(views.size() + results.size()) > kMaxLoopPtrs) return;
 
   jit::Spec spec;
   spec.prog = &prog;
-  spec.broadcast.assign(prog.size(), 0);
-  std::vector<int> dense(prog.size(), 0);
+  spec.stride.assign(prog.size(), 0);
   for (size_t i = 0, l = 0; i < prog.size(); ++i)
-    if (prog[i].code == Code::Load) spec.broadcast[i] = kind[l] == 0, dense[i] = kind[l++] == 1;
+    if (prog[i].code == Code::Load) spec.stride[i] = per[l++];
   spec.results = results;
   spec.early = early;
   k.loop = jit::build(spec);
@@ -1103,7 +1106,7 @@ void build_loop(CpuKernel& k, const std::vector<Instr>& prog, const Shape& dom, 
     L.span = 1;
     for (size_t d = 0; d < dom.size(); ++d) L.span += v.strides[d] * (dom[d] - 1);
     L.whole = prog[size_t(i)].map.is_contiguous();
-    L.dense = dense[size_t(i)];
+    L.stride = spec.stride[size_t(i)];
     k.loop_loads.push_back(std::move(L));
   }
 }
@@ -1142,7 +1145,7 @@ void reduce_values(const CpuKernel& k, const std::vector<char*>& base, int64_t s
     unravel(pos / k.run, k.run_outer, idx);
     for (size_t i = 0; i < nl; ++i) {
       const CpuKernel::LoopLoad& L = k.loop_loads[i];
-      p[i] = base[i] + (L.offset(idx) + (L.dense ? j : 0)) * 4;
+      p[i] = base[i] + (L.offset(idx) + j * L.stride) * 4;
     }
     p[nl] = out + (pos - start);
     (*k.loop)(p, len);
@@ -1201,7 +1204,7 @@ void run_loop(const CpuKernel& k, const jit::Loop& loop, const std::vector<char*
     const int64_t u0 = t * per, u1 = std::min(units, u0 + per);
     if (one_run) {
       for (size_t i = 0; i < nptr; ++i)  // a load constant over the domain stays put
-        p[i] = base[i] + (i >= nloads || k.loop_loads[i].dense ? size_t(u0) * 4 : 0);
+        p[i] = base[i] + size_t(u0 * (i < nloads ? k.loop_loads[i].stride : 1)) * 4;
       loop(p, u1 - u0);
       continue;
     }

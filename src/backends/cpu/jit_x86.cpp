@@ -1,5 +1,6 @@
 #include "backends/cpu/jit_x86.h"
 
+#include <algorithm>
 #include <bit>
 #include <cstdlib>
 #include <cstring>
@@ -79,14 +80,16 @@ struct Asm {
 };
 
 
-// Float32 values, int32 loads and constants read only by comparisons (as raw lanes), and
-// comparisons' bool lanes read only by where (as all-ones / all-zero lane masks); results float32.
+// Float32 and int32 values (int32 through loads, constants, comparisons and where: raw lanes);
+// comparisons' bool lanes (all-ones / all-zero lane masks) read by where and by each other's
+// max and min (or, and); results float32 or int32.
 bool supported(const std::vector<Instr>& prog, const std::vector<int>& results) {
   auto dt = [&](int o) { return prog[size_t(o)].dtype; };
+  auto lanes32 = [](DType t) { return t == DType::Float32 || t == DType::Int32; };
   for (const Instr& I : prog) {
     switch (I.code) {
       case Code::Load: case Code::Const:
-        if (I.dtype != DType::Float32 && I.dtype != DType::Int32) return false;
+        if (!lanes32(I.dtype)) return false;
         break;
       case Code::Eq: case Code::Gt: case Code::Lt:
         if (dt(I.a) == DType::Int32 && dt(I.b) == DType::Int32) break;
@@ -95,18 +98,20 @@ bool supported(const std::vector<Instr>& prog, const std::vector<int>& results) 
         if (dt(I.a) != DType::Float32 || dt(I.b) != DType::Float32) return false;
         break;
       case Code::Where:
-        if (I.dtype != DType::Float32 || dt(I.a) != DType::Bool || dt(I.b) != DType::Float32 || dt(I.c) != DType::Float32)
-          return false;
+        if (!lanes32(I.dtype) || dt(I.a) != DType::Bool || dt(I.b) != I.dtype || dt(I.c) != I.dtype) return false;
         break;
+      case Code::Max: case Code::Min:
+        if (I.dtype == DType::Bool && dt(I.a) == DType::Bool && dt(I.b) == DType::Bool) break;
+        [[fallthrough]];
       case Code::Neg: case Code::Abs: case Code::Sqrt: case Code::Floor: case Code::Ceil: case Code::Round:
-      case Code::Add: case Code::Sub: case Code::Mul: case Code::Div: case Code::Max: case Code::Min:
+      case Code::Add: case Code::Sub: case Code::Mul: case Code::Div:
         if (I.dtype != DType::Float32 || dt(I.a) != DType::Float32 || (I.b >= 0 && dt(I.b) != DType::Float32)) return false;
         break;
       default: return false;
     }
   }
   for (int r : results)
-    if (dt(r) != DType::Float32) return false;
+    if (!lanes32(dt(r))) return false;
   return true;
 }
 
@@ -120,36 +125,74 @@ bool emit(const Spec& spec, std::vector<int>& loads, std::vector<uint8_t>& code)
   for (int k = 0; k < n; ++k)
     if (prog[size_t(k)].code == Code::Load) ptr_of[size_t(k)] = int(loads.size()), loads.push_back(k);
   const int nptr = int(loads.size() + results.size());
-  auto broadcast = [&](int k) { return prog[size_t(k)].code == Code::Load && spec.broadcast[size_t(k)]; };
+  auto stride = [&](int k) { return prog[size_t(k)].code == Code::Load ? spec.stride[size_t(k)] : int64_t(1); };
+  auto broadcast = [&](int k) { return stride(k) == 0; };
 
-  // Vector registers: the pool's values (constants and the masks the ops need), broadcast loads,
-  // two temporaries where an op needs them and the tail's lane mask, pinned for the whole call;
-  // then the values, each register reused after its value's last reader.
-  std::vector<int> reg(size_t(n), -1);
-  std::vector<uint8_t> pinned(size_t(n), 0);
-  std::vector<uint32_t> pool;  // pool[r]: the lane bits pinned in register r
-  auto pin = [&](uint32_t v) {
-    for (size_t r = 0; r < pool.size(); ++r)
-      if (pool[r] == v) return int(r);
-    pool.push_back(v);
-    return int(pool.size()) - 1;
+  // Each instruction's operands as encoded: the one in VEX.vvvv (a register) and the one in
+  // ModRM.rm, which may be a constant in memory; add, mul, == and != put a constant there.
+  struct Operands { int v = -1, m = -1; };
+  auto is_const = [&](int o) { return o >= 0 && prog[size_t(o)].code == Code::Const; };
+  auto operands = [&](int k) {
+    const Instr& I = prog[size_t(k)];
+    const bool swap = (I.code == Code::Add || I.code == Code::Mul || I.code == Code::Eq || I.code == Code::Ne) &&
+                      is_const(I.a) && !is_const(I.b);
+    const bool int_lt = I.code == Code::Lt && prog[size_t(I.a)].dtype == DType::Int32;  // vpcmpgtd y, x
+    switch (I.code) {
+      case Code::Load: case Code::Const: return Operands{};
+      case Code::Neg: case Code::Abs: return Operands{I.a, -1};
+      case Code::Sqrt: case Code::Floor: case Code::Ceil: case Code::Round: return Operands{-1, I.a};
+      case Code::Where: return Operands{I.c, I.b};  // the condition in the is4 byte
+      default: return swap || int_lt ? Operands{I.b, I.a} : Operands{I.a, I.b};
+    }
   };
-  auto pin_f = [&](float v) { return pin(std::bit_cast<uint32_t>(v)); };
+
+  // Vector registers: constants read other than through ModRM.rm (or stored), broadcast loads,
+  // the lane offsets of each stride gathered, two temporaries where an op needs them (a gather
+  // one, its lane mask) and the tail's lane mask, pinned for the whole call; then the values,
+  // each register reused after its value's last reader. Other constants, and the masks the ops
+  // need, are read from memory (8 copies each after the code): an operand -2 - i is memory[i].
+  std::vector<int> reg(size_t(n), -1);
+  std::vector<uint8_t> pinned(size_t(n), 0), in_reg(size_t(n), 0);
+  for (int k = 0; k < n; ++k) {
+    const Instr& I = prog[size_t(k)];
+    if (I.code == Code::Where) in_reg[size_t(I.a)] = 1;
+    if (const int v = operands(k).v; v >= 0) in_reg[size_t(v)] = 1;
+  }
+  for (int r : results) in_reg[size_t(r)] = 1;
+  std::vector<uint32_t> pool, memory;  // pool[r]: the lane bits pinned in register r
+  auto add_to = [](std::vector<uint32_t>& to, uint32_t v) {
+    for (size_t i = 0; i < to.size(); ++i)
+      if (to[i] == v) return int(i);
+    to.push_back(v);
+    return int(to.size()) - 1;
+  };
+  auto in_memory = [&](float v) { return -2 - add_to(memory, std::bit_cast<uint32_t>(v)); };
   bool need_sign = false, need_zero = false, need_nan = false;
   for (int k = 0; k < n; ++k) {
     const Instr& I = prog[size_t(k)];
-    if (I.code == Code::Const)
-      reg[size_t(k)] = I.dtype == DType::Int32 ? pin(uint32_t(int32_t(I.value))) : pin_f(float(I.value)), pinned[size_t(k)] = 1;
+    if (I.code == Code::Const) {
+      const uint32_t bits = I.dtype == DType::Int32 ? uint32_t(int32_t(I.value)) : std::bit_cast<uint32_t>(float(I.value));
+      reg[size_t(k)] = in_reg[size_t(k)] ? add_to(pool, bits) : -2 - add_to(memory, bits);
+      pinned[size_t(k)] = 1;
+    }
     need_sign |= I.code == Code::Neg || I.code == Code::Abs;
     need_zero |= I.code == Code::Abs;
-    need_nan |= I.code == Code::Max || I.code == Code::Min;
+    need_nan |= (I.code == Code::Max || I.code == Code::Min) && I.dtype == DType::Float32;
   }
-  const int r_sign = need_sign ? pin_f(-0.0f) : -1, r_zero = need_zero ? pin_f(0.0f) : -1;
-  const int r_nan = need_nan ? pin_f(__builtin_nanf("")) : -1;  // the default NaN, as quiet_NaN()
+  const int m_sign = need_sign ? in_memory(-0.0f) : 0, m_zero = need_zero ? in_memory(0.0f) : 0;
+  const int m_nan = need_nan ? in_memory(__builtin_nanf("")) : 0;  // the default NaN, as quiet_NaN()
+  const bool need_temps = need_zero || need_nan;
   int next = int(pool.size());
   for (int k = 0; k < n; ++k)
     if (broadcast(k)) reg[size_t(k)] = next++, pinned[size_t(k)] = 1;
-  const int t0 = need_zero || need_nan ? next++ : -1, t1 = t0 >= 0 ? next++ : -1;
+  std::vector<int64_t> gathers;  // the strides gathered, each one's offsets in register lanes[i]
+  std::vector<int> lanes;
+  for (int k = 0; k < n; ++k)
+    if (const int64_t s = stride(k); s > 1 && std::find(gathers.begin(), gathers.end(), s) == gathers.end()) {
+      if (s >= (int64_t(1) << 24)) return false;
+      gathers.push_back(s), lanes.push_back(next++);
+    }
+  const int t0 = need_temps || !gathers.empty() ? next++ : -1, t1 = need_temps ? next++ : -1;
   const int mask = next++;
   if (next >= 16) return false;
 
@@ -188,13 +231,25 @@ bool emit(const Spec& spec, std::vector<int>& loads, std::vector<uint8_t>& code)
   for (int r : ptr_reg)
     if (r >= 0 && callee_saved(r)) saved.push_back(r);
   for (int r : saved) a.push(r);
-  // vbroadcastss ymm_r, [rip + pool + 4r] (displacements patched once the pool's place is known)
-  std::vector<size_t> pool_disp;
-  for (size_t r = 0; r < pool.size(); ++r) {
+  // rip-relative data operands, patched once the data's place is known: the displacement field,
+  // the instruction's bytes after it, what it reads (memory[i], pool[i], the lane offsets of
+  // gathers[i]).
+  enum class Data { Memory, Pool, Lanes };
+  struct Fixup { size_t field; int after; Data what; int i; };
+  std::vector<Fixup> fixups;
+  auto rip = [&](int after, Data what, int i) {
+    fixups.push_back({a.b.size(), after, what, i});
+    a.u32(0);
+  };
+  for (size_t r = 0; r < pool.size(); ++r) {  // vbroadcastss ymm_r, [rip + pool + 4r]
     a.vex(2, 1, int(r), 0, 0);
     a.bytes({0x18, 0x05 | ((int(r) & 7) << 3)});  // mod 00, rm 101: rip-relative
-    pool_disp.push_back(a.b.size());
-    a.u32(0);
+    rip(0, Data::Pool, int(r));
+  }
+  for (size_t g = 0; g < gathers.size(); ++g) {  // vmovups ymm_lanes, [rip + offsets]
+    a.vex(1, 0, lanes[g], 0, 0);
+    a.bytes({0x10, 0x05 | ((lanes[g] & 7) << 3)});
+    rip(0, Data::Lanes, int(g));
   }
   for (int p = 0; p < nptr; ++p)
     if (ptr_reg[size_t(p)] >= 0) a.load_ptr(ptr_reg[size_t(p)], p);
@@ -205,6 +260,12 @@ bool emit(const Spec& spec, std::vector<int>& loads, std::vector<uint8_t>& code)
     if (broadcast(k)) a.load_ptr(R11, ptr_of[size_t(k)]), a.at_r11(2, 1, 0x18, reg[size_t(k)]);  // vbroadcastss
   a.bytes({0x31, 0xC0});  // xor eax, eax
 
+  // op ymm_d, ymm_v, m (+ imm8 when imm >= 0): m a register, or memory[-2 - m]
+  auto op = [&](int map, int pp, int opc, int d, int v, int m, int imm = -1) {
+    if (m >= 0) a.rr(map, pp, opc, d, v, m);
+    else a.vex(map, pp, d, v, 0), a.bytes({opc, 0x05 | ((d & 7) << 3)}), rip(imm >= 0 ? 1 : 0, Data::Memory, -2 - m);
+    if (imm >= 0) a.byte(imm);
+  };
   auto base = [&](int p) {  // the register holding pointer entry p, loaded into r11 if not resident
     if (ptr_reg[size_t(p)] >= 0) return ptr_reg[size_t(p)];
     a.load_ptr(R11, p);
@@ -220,51 +281,68 @@ bool emit(const Spec& spec, std::vector<int>& loads, std::vector<uint8_t>& code)
     for (int k = 0; k < n; ++k) {
       const Instr& I = prog[size_t(k)];
       const int d = reg[size_t(k)];
-      const int x = I.a >= 0 ? reg[size_t(I.a)] : -1, y = I.b >= 0 ? reg[size_t(I.b)] : -1;
+      const Operands o = operands(k);
+      const int x = o.v >= 0 ? reg[size_t(o.v)] : -1, y = o.m >= 0 ? reg[size_t(o.m)] : -1;
       switch (I.code) {
         case Code::Load:  // float32 and int32 lanes alike
           if (broadcast(k)) break;
+          if (const int64_t st = stride(k); st > 1) {
+            // vgatherdps d, [r11 + lanes * 4] under t0 (which it clears), r11 = base + st * rax
+            const int p = ptr_of[size_t(k)], r = lanes[size_t(std::find(gathers.begin(), gathers.end(), st) - gathers.begin())];
+            a.bytes({0x4C, 0x69, 0xD8}), a.u32(uint32_t(st));  // imul r11, rax, st
+            if (const int b = ptr_reg[size_t(p)]; b >= 0) a.bytes({0x49 | ((b >> 3) << 2), 0x01, 0xC3 | ((b & 7) << 3)});  // add r11, b
+            else a.bytes({0x4C, 0x03, 0x9F}), a.u32(uint32_t(8 * p));  // add r11, [rdi + 8p]
+            if (masked) a.rr(1, 0, 0x28, t0, 0, mask);  // vmovaps t0, mask
+            else a.rr(1, 1, 0x76, t0, t0, t0);          // vpcmpeqd t0, t0, t0: every lane
+            a.byte(0xC4);
+            a.byte((((~d >> 3) & 1) << 7) | (((~r >> 3) & 1) << 6) | 2);  // R X, B = r11, map 0F38
+            a.byte(((~t0 & 15) << 3) | (1 << 2) | 1);                     // W0, vvvv = t0, L256, 66
+            a.bytes({0x92, 0x04 | ((d & 7) << 3), 0x80 | ((r & 7) << 3) | (R11 & 7)});  // [r11 + r * 4]
+            break;
+          }
           if (masked) a.at_rax(2, 1, 0x2C, d, mask, base(ptr_of[size_t(k)]));  // vmaskmovps
           else a.at_rax(1, 0, 0x10, d, 0, base(ptr_of[size_t(k)]));            // vmovups
           break;
         case Code::Const: break;
-        case Code::Add: a.rr(1, 0, 0x58, d, x, y); break;
-        case Code::Mul: a.rr(1, 0, 0x59, d, x, y); break;
-        case Code::Sub: a.rr(1, 0, 0x5C, d, x, y); break;
-        case Code::Div: a.rr(1, 0, 0x5E, d, x, y); break;
+        case Code::Add: op(1, 0, 0x58, d, x, y); break;
+        case Code::Mul: op(1, 0, 0x59, d, x, y); break;
+        case Code::Sub: op(1, 0, 0x5C, d, x, y); break;
+        case Code::Div: op(1, 0, 0x5E, d, x, y); break;
         case Code::Max: case Code::Min:
+          if (I.dtype == DType::Bool) {  // lane masks: or, and
+            op(1, 0, I.code == Code::Max ? 0x56 : 0x54, d, x, y);
+            break;
+          }
           // (x > y ? x : y) or (x < y ? x : y) as vmaxps / vminps compute them; a NaN on either
           // side gives the default NaN, as the interpreter's nan_max / nan_min.
-          a.rr(1, 0, 0xC2, t0, x, y), a.byte(3);                    // t0 = unordered(x, y)
-          a.rr(1, 0, I.code == Code::Max ? 0x5F : 0x5D, t1, x, y);  // t1 = max / min
-          a.rr(3, 1, 0x4A, d, t1, r_nan), a.byte(t0 << 4);          // d = t0 ? nan : t1
+          op(1, 0, 0xC2, t0, x, y, 3);                           // t0 = unordered(x, y)
+          op(1, 0, I.code == Code::Max ? 0x5F : 0x5D, t1, x, y);  // t1 = max / min
+          op(3, 1, 0x4A, d, t1, m_nan, t0 << 4);                 // d = t0 ? nan : t1
           break;
-        case Code::Neg: a.rr(1, 0, 0x57, d, x, r_sign); break;  // vxorps with the sign bit
+        case Code::Neg: op(1, 0, 0x57, d, x, m_sign); break;  // vxorps with the sign bit
         case Code::Abs:
           // x < 0 ? -x : x (a NaN and -0 stay as they are, as in the interpreter)
-          a.rr(1, 0, 0xC2, t0, x, r_zero), a.byte(1);   // t0 = x < 0
-          a.rr(1, 0, 0x57, t1, x, r_sign);              // t1 = -x
-          a.rr(3, 1, 0x4A, d, x, t1), a.byte(t0 << 4);  // d = t0 ? t1 : x
+          op(1, 0, 0xC2, t0, x, m_zero, 1);   // t0 = x < 0
+          op(1, 0, 0x57, t1, x, m_sign);      // t1 = -x
+          op(3, 1, 0x4A, d, x, t1, t0 << 4);  // d = t0 ? t1 : x
           break;
-        case Code::Sqrt: a.rr(1, 0, 0x51, d, 0, x); break;
+        case Code::Sqrt: op(1, 0, 0x51, d, 0, y); break;
         case Code::Eq: case Code::Ne: case Code::Lt: case Code::Le: case Code::Gt: case Code::Ge:
           if (prog[size_t(I.a)].dtype == DType::Int32) {  // vpcmpeqd, vpcmpgtd (lt: operands swapped)
-            if (I.code == Code::Eq) a.rr(1, 1, 0x76, d, x, y);
-            else if (I.code == Code::Gt) a.rr(1, 1, 0x66, d, x, y);
-            else a.rr(1, 1, 0x66, d, y, x);
+            op(1, 1, I.code == Code::Eq ? 0x76 : 0x66, d, x, y);
             break;
           }
           // vcmpps with C++'s predicates: ordered for ==, <, <=, >, >=; unordered for !=
-          a.rr(1, 0, 0xC2, d, x, y);
-          a.byte(I.code == Code::Eq ? 0x00 : I.code == Code::Ne ? 0x04 : I.code == Code::Lt ? 0x01
-                 : I.code == Code::Le ? 0x02 : I.code == Code::Gt ? 0x0E : 0x0D);
+          op(1, 0, 0xC2, d, x, y,
+             I.code == Code::Eq ? 0x00 : I.code == Code::Ne ? 0x04 : I.code == Code::Lt ? 0x01
+             : I.code == Code::Le ? 0x02 : I.code == Code::Gt ? 0x0E : 0x0D);
           break;
-        case Code::Where:  // c ? x : y as a blend on the condition's lane mask
-          a.rr(3, 1, 0x4A, d, reg[size_t(I.c)], y), a.byte(x << 4);
+        case Code::Where:  // c ? m : v as a blend on the condition's lane mask (float or int lanes)
+          op(3, 1, 0x4A, d, x, y, reg[size_t(I.a)] << 4);
           break;
         case Code::Floor: case Code::Ceil: case Code::Round:
           // vroundps; 8 suppresses the inexact exception; round is to nearest even, as nearbyint
-          a.rr(3, 1, 0x08, d, 0, x), a.byte(8 | (I.code == Code::Floor ? 1 : I.code == Code::Ceil ? 2 : 0));
+          op(3, 1, 0x08, d, 0, y, 8 | (I.code == Code::Floor ? 1 : I.code == Code::Ceil ? 2 : 0));
           break;
         default: break;
       }
@@ -310,10 +388,19 @@ bool emit(const Spec& spec, std::vector<int>& loads, std::vector<uint8_t>& code)
   a.bytes({0xC5, 0xF8, 0x77});                   // vzeroupper
   for (auto it = saved.rbegin(); it != saved.rend(); ++it) a.pop(*it);
   a.byte(0xC3);
-  // The data: the pinned values, then the lane-mask table (8 set dwords, 8 clear).
-  while (a.b.size() % 4) a.byte(0xCC);
-  for (size_t r = 0; r < pool.size(); ++r) a.patch(pool_disp[r], a.b.size() + 4 * r);
+  // The data: 32-byte vectors (each memory value 8 times, the gathers' lane offsets), the
+  // pinned values, then the lane-mask table (8 set dwords, 8 clear).
+  while (a.b.size() % 32) a.byte(0xCC);
+  const size_t at_memory = a.b.size(), at_lanes = at_memory + 32 * memory.size();
+  for (uint32_t v : memory)
+    for (int i = 0; i < 8; ++i) a.u32(v);
+  for (int64_t g : gathers)
+    for (int i = 0; i < 8; ++i) a.u32(uint32_t(i * g));
+  const size_t at_pool = a.b.size();
   for (uint32_t v : pool) a.u32(v);
+  for (const Fixup& f : fixups)
+    a.patch(f.field, (f.what == Data::Memory ? at_memory + 32 * size_t(f.i)
+                      : f.what == Data::Lanes ? at_lanes + 32 * size_t(f.i) : at_pool + 4 * size_t(f.i)) - size_t(f.after));
   a.patch(table_disp, a.b.size() + 32);
   for (int i = 0; i < 16; ++i) a.u32(i < 8 ? 0xFFFFFFFFu : 0u);
   code = std::move(a.b);

@@ -13,13 +13,14 @@
 
 namespace tessera::backends::jit {
 
-// What to build: the program; per instruction, whether a Load is constant along the run (one
-// value broadcast when the loop starts) rather than dense (consecutive floats); the results in
-// output order; per result, whether it may be stored as soon as it is computed (no later load of
-// the iteration reads its output), else once every load of the iteration has run.
+// What to build: the program; per instruction, how a Load walks memory along the run -- its
+// elements between consecutive positions: 0 (constant: one value broadcast when the run starts),
+// 1 (dense: consecutive elements) or more (strided, gathered: a pooling window's tap); the
+// results in output order; per result, whether it may be stored as soon as it is computed (no
+// later load of the iteration reads its output), else once every load of the iteration has run.
 struct Spec {
   const std::vector<kir::Instr>* prog = nullptr;
-  std::vector<uint8_t> broadcast;
+  std::vector<int64_t> stride;
   std::vector<int> results;
   std::vector<uint8_t> early;
   bool stream = false;  // non-temporal stores (outputs far larger than the caches; 32-byte aligned)
@@ -60,9 +61,10 @@ class Loop {
 // Whether this machine runs the loops (x86-64 Linux with AVX2; TESSERA_CPU_JIT=0 turns them off).
 bool available();
 
-// The loop for `spec`, or null when the program is outside what is built here: float32 loads
-// and constants, neg, abs, sqrt, floor, ceil, round, add, sub, mul, div, max, min; comparisons
-// (of float32, or ==, <, > of int32 loads and constants) read only by where; float32 results;
+// The loop for `spec`, or null when the program is outside what is built here: float32 and int32
+// loads and constants; neg, abs, sqrt, floor, ceil, round, add, sub, mul, div, max, min of
+// float32; comparisons (of float32, or ==, <, > of int32) read by where, by each other's max
+// (or) and min (and); where of float32 or int32; float32 and int32 results; strides below 2^24;
 // within 16 vector registers.
 std::unique_ptr<Loop> build(const Spec& spec);
 
