@@ -348,3 +348,40 @@ TEST(CpuJit, GatheredLoadsIntLanesAndLaneMaskLogicMatchScalarArithmetic) {
     }
   }
 }
+
+TEST(CpuJit, StridedResultsAreStoredLaneByLaneAndOnlyInTheRun) {
+  // A pooling gradient's interleave walks its taps block by block, so each result goes to every
+  // other element: stored lane by lane, under the tail's mask only the run's own lanes.
+  if (!backends::jit::available()) GTEST_SKIP() << "no native loops on this machine (or TESSERA_CPU_JIT=0)";
+  std::vector<Instr> prog = {load(0), load(1), op(Code::Add, 0, 1), cnst(0.5), op(Code::Mul, 2, 3)};
+  backends::jit::Spec spec;
+  spec.prog = &prog;
+  spec.stride = {1, 2, 1, 1, 1};
+  spec.results = {4};
+  spec.early = {1};
+  spec.out_stride = 3;
+  auto loop = backends::jit::build(spec);
+  ASSERT_NE(loop, nullptr);
+  const int64_t rows = 2;
+  for (int64_t n : {1, 3, 7, 8, 9, 14, 21}) {
+    const int64_t xr = n + 1, yr = 2 * n + 3, outr = 3 * n + 4;
+    std::vector<float> x = special_values(rows * xr), y = special_values(rows * yr + 11);
+    y.erase(y.begin(), y.begin() + 11);
+    std::vector<float> out(size_t(rows * outr), -7.0f);
+    const void* ptrs[] = {x.data(), y.data(), out.data()};
+    const int64_t steps[] = {xr * 4, yr * 4, outr * 4};
+    ASSERT_EQ(loop->loads(), (std::vector<int>{0, 1}));
+    (*loop)(ptrs, n, rows, steps);
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t e = 0; e < outr; ++e) {
+        const float got = out[size_t(r * outr + e)];
+        if (e % 3 || e / 3 >= n) {
+          ASSERT_EQ(got, -7.0f) << "n " << n << ", row " << r << ", element " << e << " is not the run's";
+          continue;
+        }
+        const int64_t i = e / 3;
+        const float want = add(x[size_t(r * xr + i)], y[size_t(r * yr + 2 * i)]) * 0.5f;
+        ASSERT_TRUE(same(got, want)) << "n " << n << ", row " << r << ", i " << i << ": " << got << " vs " << want;
+      }
+  }
+}

@@ -935,14 +935,28 @@ struct CpuKernel : Kernel {
   // as a native loop over runs of `run` positions, the domain's last dims, along which every
   // load walks memory evenly (dense, constant or strided); `run_outer` is the domain's other dims. stream_loop: the same
   // with non-temporal stores, for a single run far larger than the caches.
+  // For a Step with `out`, the loop runs walk_program (the permuted program, views not coalesced)
+  // and stores through out_offset and out_outer_strides (the run's stride is in the loop).
   std::unique_ptr<jit::Loop> loop, stream_loop;
   int64_t run = 0;
   Shape run_outer;
+  std::vector<Instr> walk_program;
+  std::vector<int64_t> out_outer_strides;
+  int64_t out_offset = 0, out_stride = 1;
+  bool masked_last = false;  // a load masked along the last outer dim (each run a call)
   struct LoopLoad {
     std::vector<int64_t> outer_strides;
-    int64_t span = 0;    // elements from the first one read to the last, plus one
+    int64_t first = 0;   // elements from the view's offset to the first one read
+    int64_t span = 0;    // elements from the first one read to the last, plus one (0: none)
     bool whole = false;  // dense over the whole domain (may be its own output, position for position)
     int64_t stride = 0;  // elements from one position of the run to the next (jit::Spec::stride)
+    std::vector<int64_t> lo, hi;  // a masked view's mask over the outer dims (empty: none)
+    std::vector<float> pad;       // and what its masked runs read
+    bool valid(const int64_t* idx) const {
+      for (size_t d = 0; d < lo.size(); ++d)
+        if (idx[d] < lo[d] || idx[d] >= hi[d]) return false;
+      return true;
+    }
     // Elements from the load's first one to its run at outer index idx (over run_outer).
     int64_t offset(const int64_t* idx) const {
       int64_t o = 0;
@@ -1000,17 +1014,24 @@ std::vector<int64_t> interleave_order(const Step& st) {
 
 // An Elementwise or Copy Step's program as run: in interleave_order when every load stays one
 // strided view there, with each load's view coalesced.
+// `prog` over its domain permuted by perm, or {} when a load is then no longer one strided view.
+std::vector<Instr> permuted(const std::vector<Instr>& prog, const std::vector<int64_t>& perm) {
+  std::vector<Instr> r = prog;
+  for (Instr& I : r) {
+    if (I.code == Code::Load) {
+      I.map = I.map.permute(perm);
+      if (I.map.effective_top() != 0) return {};
+    }
+    if (I.code == Code::Iota) I.i0 = std::find(perm.begin(), perm.end(), I.i0) - perm.begin();
+  }
+  return r;
+}
+
 void prepare_elementwise(CpuKernel& k, const Step& st) {
   k.program = st.program;
   k.domain = st.shape;
   if (std::vector<int64_t> perm = interleave_order(st); !perm.empty()) {
-    std::vector<Instr> prog = st.program;
-    bool ok = true;
-    for (Instr& I : prog) {
-      if (I.code == Code::Load) I.map = I.map.permute(perm), ok &= I.map.effective_top() == 0;
-      if (I.code == Code::Iota) I.i0 = std::find(perm.begin(), perm.end(), I.i0) - perm.begin();
-    }
-    if (ok) {
+    if (std::vector<Instr> prog = permuted(st.program, perm); !prog.empty()) {
       k.program = std::move(prog);
       kir::View out = kir::IndexMap::contiguous(st.shape).permute(perm).views[0];
       k.domain = out.shape;
@@ -1054,21 +1075,26 @@ constexpr int64_t kMinRun = 8, kMinCall = 32;
 
 // The native loop (CpuKernel::loop) of `prog` over domain `dom`, storing `results` (see
 // jit::Spec for `early`), when the program is within jit::build's reach and every load is one
-// unmasked view that walks the domain's last dims (see kMinRun) evenly: densely,
-// not at all, or by a fixed stride (gathered). may_stream: a single run far larger than the caches also gets non-temporal stores.
+// view that walks the domain's last dims (see kMinRun) evenly: densely, not at all, or by a fixed
+// stride (gathered). `out`: where the positions' outputs lie (null: densely, in order), walked
+// evenly too; then loads may be masked along the other dims (a pooling gradient's taps, each a
+// block of the interleaved domain), run_loop reading their pad for a masked run. may_stream: a
+// single run far larger than the caches also gets non-temporal stores.
 void build_loop(CpuKernel& k, const std::vector<Instr>& prog, const Shape& dom, const std::vector<int>& results,
-                const std::vector<uint8_t>& early, bool may_stream) {
+                const std::vector<uint8_t>& early, bool may_stream, const kir::View* out = nullptr) {
   if (!jit::available() || numel(dom) == 0) return;
-  std::vector<const kir::View*> views;
+  std::vector<const kir::View*> views;  // the loads', then the output's
   for (const Instr& I : prog) {
     if (I.code != Code::Load) continue;
-    if (I.map.views.size() != 1 || I.map.views[0].masked() || I.map.views[0].shape != dom) return;
-    for (int64_t stride : I.map.views[0].strides)
-      if (stride < 0) return;
+    if (I.map.views.size() != 1 || I.map.views[0].shape != dom || (I.map.views[0].masked() && !out)) return;
     views.push_back(&I.map.views[0]);
   }
-  // The run: the longest suffix of the domain along which each load walks memory evenly: its
-  // elements from one position to the next (0: constant, 1: dense, more: gathered).
+  if (out) views.push_back(out);
+  for (const kir::View* v : views)
+    for (int64_t stride : v->strides)
+      if (stride < 0) return;
+  // The run: the longest suffix of the domain along which each view walks memory evenly, unmasked:
+  // its elements from one position to the next (0: constant, 1: dense, more: gathered).
   std::vector<int64_t> per(views.size(), -1);
   int64_t run = 1;
   size_t first = dom.size();
@@ -1077,8 +1103,10 @@ void build_loop(CpuKernel& k, const std::vector<Instr>& prog, const Shape& dom, 
     if (dom[d] == 1) continue;
     bool ok = true;
     for (size_t l = 0; l < views.size() && ok; ++l) {
-      const int64_t stride = views[l]->strides[d];
+      const kir::View& v = *views[l];
+      const int64_t stride = v.strides[d];
       ok = per[l] < 0 ? stride % run == 0 : stride == per[l] * run;
+      ok &= !v.masked() || (v.lo[d] <= 0 && v.hi[d] >= dom[d]);
     }
     if (!ok) break;
     for (size_t l = 0; l < views.size(); ++l) per[l] = views[l]->strides[d] / run;
@@ -1086,6 +1114,7 @@ void build_loop(CpuKernel& k, const std::vector<Instr>& prog, const Shape& dom, 
   }
   const int64_t per_call = run * (first > 0 ? dom[first - 1] : 1);
   if ((run < kMinRun && (run < 4 || per_call < kMinCall)) || int(views.size() + results.size()) > kMaxLoopPtrs) return;
+  if (out && (per.back() == 0 || results.size() != 1)) return;
 
   jit::Spec spec;
   spec.prog = &prog;
@@ -1094,26 +1123,43 @@ void build_loop(CpuKernel& k, const std::vector<Instr>& prog, const Shape& dom, 
     if (prog[i].code == Code::Load) spec.stride[i] = per[l++];
   spec.results = results;
   spec.early = early;
+  if (out) spec.out_stride = per.back();
   k.loop = jit::build(spec);
   if (!k.loop) return;
-  if (may_stream && run == numel(dom) && run * 4 >= kStreamMin) spec.stream = true, k.stream_loop = jit::build(spec);
+  if (may_stream && !out && run == numel(dom) && run * 4 >= kStreamMin) spec.stream = true, k.stream_loop = jit::build(spec);
   k.run = run;
   k.run_outer.assign(dom.begin(), dom.begin() + std::ptrdiff_t(first));
+  if (out) {
+    k.out_outer_strides.assign(out->strides.begin(), out->strides.begin() + std::ptrdiff_t(first));
+    k.out_offset = out->offset, k.out_stride = per.back();
+  }
   for (int i : k.loop->loads()) {
     const kir::View& v = prog[size_t(i)].map.views[0];
     CpuKernel::LoopLoad L;
     L.outer_strides.assign(v.strides.begin(), v.strides.begin() + std::ptrdiff_t(first));
     L.span = 1;
-    for (size_t d = 0; d < dom.size(); ++d) L.span += v.strides[d] * (dom[d] - 1);
-    L.whole = prog[size_t(i)].map.is_contiguous();
+    for (size_t d = 0; d < dom.size(); ++d) {
+      const int64_t lo = v.masked() ? std::max<int64_t>(v.lo[d], 0) : 0, hi = v.masked() ? std::min(v.hi[d], dom[d]) : dom[d];
+      if (lo >= hi) L.span = 0;
+      if (L.span) L.first += v.strides[d] * lo, L.span += v.strides[d] * (hi - 1 - lo);
+    }
+    if (v.masked()) {
+      L.lo.assign(v.lo.begin(), v.lo.begin() + std::ptrdiff_t(first));
+      L.hi.assign(v.hi.begin(), v.hi.begin() + std::ptrdiff_t(first));
+      k.masked_last |= first > 0 && (L.lo.back() > 0 || L.hi.back() < dom[first - 1]);
+      L.pad.assign(size_t((run - 1) * spec.stride[size_t(i)] + 1), float(prog[size_t(i)].value));
+    }
+    L.whole = !out && prog[size_t(i)].map.is_contiguous();
     L.stride = spec.stride[size_t(i)];
     k.loop_loads.push_back(std::move(L));
   }
 }
 
-// An Elementwise Step's loop: its results early unless a later load reads their output.
+// An Elementwise Step's loop: its results early unless a later load reads their output. A Step
+// walked in interleave_order runs its permuted program over the permuted domain, storing through
+// CpuKernel::out.
 void build_loops(CpuKernel& k, const Step& st) {
-  if (st.kind != StepKind::Elementwise || k.out) return;
+  if (st.kind != StepKind::Elementwise) return;
   std::vector<int> results{int(st.program.size()) - 1};
   results.insert(results.end(), st.more_results.begin(), st.more_results.end());
   std::vector<uint8_t> early;
@@ -1124,7 +1170,12 @@ void build_loops(CpuKernel& k, const Step& st) {
       e &= !(st.program[i].code == Code::Load && st.inputs[size_t(st.program[i].input)] == slot);
     early.push_back(e);
   }
-  build_loop(k, st.program, st.shape, results, early, true);
+  if (!k.out) return build_loop(k, st.program, st.shape, results, early, true);
+  const std::vector<int64_t> perm = interleave_order(st);
+  k.walk_program = permuted(st.program, perm);
+  const kir::View out = kir::IndexMap::contiguous(st.shape).permute(perm).views[0];
+  build_loop(k, k.walk_program, out.shape, results, early, false, &out);
+  if (!k.loop) k.walk_program.clear();
 }
 
 // A Reduce Step's loop over its own domain and program (ReduceKernel), writing the value to be
@@ -1153,12 +1204,12 @@ void reduce_values(const CpuKernel& k, const std::vector<char*>& base, int64_t s
   }
 }
 
-// The first element of each of the loop's loads.
+// The first element of each of the loop's loads (at its view's offset).
 void load_bases(const jit::Loop& loop, const std::vector<Instr>& prog, const std::vector<const void*>& in, std::vector<char*>& base) {
   base.clear();
   for (int l : loop.loads()) {
     const Instr& I = prog[size_t(l)];
-    base.push_back(const_cast<char*>(static_cast<const char*>(in[size_t(I.input)])) + size_t(I.map.views[0].offset) * 4);
+    base.push_back(const_cast<char*>(static_cast<const char*>(in[size_t(I.input)])) + I.map.views[0].offset * 4);
   }
 }
 
@@ -1169,52 +1220,67 @@ const jit::Loop* loop_for(const CpuKernel& k, const Step& st, const std::vector<
                           const LaunchArgs& args, std::vector<char*>& base) {
   if (!k.loop) return nullptr;
   const jit::Loop* loop = k.stream_loop ? k.stream_loop.get() : k.loop.get();
+  const std::vector<Instr>& prog = k.out ? k.walk_program : st.program;
   const std::vector<int>& loads = loop->loads();
-  load_bases(*loop, st.program, in, base);
+  load_bases(*loop, prog, in, base);
   const size_t out_bytes = size_t(numel(st.shape)) * 4;
   for (size_t o = 0; o <= st.more_outputs.size(); ++o) {
     const int slot = o == 0 ? st.output : st.more_outputs[o - 1];
     char* out = static_cast<char*>(args.slots[slot]);
     if (loop->streams() && reinterpret_cast<uintptr_t>(out) % 32) loop = k.loop.get();
     for (size_t l = 0; l < loads.size(); ++l) {
-      const bool overlap = base[l] < out + out_bytes && out < base[l] + size_t(k.loop_loads[l].span) * 4;
-      const bool same = base[l] == out && k.loop_loads[l].whole && st.inputs[size_t(st.program[size_t(loads[l])].input)] == slot;
+      const CpuKernel::LoopLoad& L = k.loop_loads[l];
+      const char* lo = base[l] + L.first * 4;
+      const bool overlap = L.span && lo < out + out_bytes && out < lo + L.span * 4;
+      const bool same = base[l] == out && L.whole && st.inputs[size_t(prog[size_t(loads[l])].input)] == slot;
       if (overlap && !same) return nullptr;
     }
-    base.push_back(out);
+    base.push_back(out + k.out_offset * 4);
   }
   return loop;
 }
 
 // An Elementwise Step through its native loop: tiles of a single run, else blocks of runs. The
 // runs along the last outer dim are one call (each pointer stepping by that dim's stride); the
-// pointers are placed along the other outer dims per call.
+// pointers are placed along the other outer dims per call. A masked load reads its pad for the
+// runs outside its mask (the pad stays put along the call's runs).
 void run_loop(const CpuKernel& k, const jit::Loop& loop, const std::vector<char*>& base, int64_t total) {
   const size_t nloads = loop.loads().size(), nptr = base.size();
   const bool one_run = k.run == total;
   const int64_t per = one_run ? kTile : std::max<int64_t>(1, kTile / k.run);  // positions or runs per task
   const int64_t units = one_run ? total : total / k.run, ntasks = (units + per - 1) / per;
   const size_t last = k.run_outer.empty() ? 0 : k.run_outer.size() - 1;
+  const bool strided_out = !k.out_outer_strides.empty();
+  auto out_offset = [&](const int64_t* idx) {
+    int64_t o = 0;
+    for (size_t d = 0; d < k.out_outer_strides.size(); ++d) o += idx[d] * k.out_outer_strides[d];
+    return o;
+  };
   int64_t steps[kMaxLoopPtrs];
   for (size_t i = 0; i < nptr && !one_run; ++i)
-    steps[i] = (i < nloads ? k.loop_loads[i].outer_strides[last] : k.run) * 4;
+    steps[i] = (i < nloads ? k.loop_loads[i].outer_strides[last] : strided_out ? k.out_outer_strides[last] : k.run) * 4;
 #pragma omp parallel for schedule(static) if (total >= kParallelMin)
   for (int64_t t = 0; t < ntasks; ++t) {
     const void* p[kMaxLoopPtrs];
+    int64_t step[kMaxLoopPtrs];
     const int64_t u0 = t * per, u1 = std::min(units, u0 + per);
-    if (one_run) {
-      for (size_t i = 0; i < nptr; ++i)  // a load constant over the domain stays put
-        p[i] = base[i] + size_t(u0 * (i < nloads ? k.loop_loads[i].stride : 1)) * 4;
+    if (one_run) {  // a load constant over the domain stays put
+      for (size_t i = 0; i < nptr; ++i) p[i] = base[i] + u0 * (i < nloads ? k.loop_loads[i].stride : k.out_stride) * 4;
       loop(p, u1 - u0);
       continue;
     }
     int64_t idx[32];
     unravel(u0, k.run_outer, idx);
     for (int64_t r = u0; r < u1;) {
-      const int64_t rows = std::min(u1 - r, k.run_outer[last] - idx[last]);
-      for (size_t i = 0; i < nloads; ++i) p[i] = base[i] + size_t(k.loop_loads[i].offset(idx)) * 4;
-      for (size_t i = nloads; i < nptr; ++i) p[i] = base[i] + size_t(r * k.run) * 4;
-      loop(p, k.run, rows, steps);
+      const int64_t rows = k.masked_last ? 1 : std::min(u1 - r, k.run_outer[last] - idx[last]);
+      std::copy(steps, steps + nptr, step);
+      for (size_t i = 0; i < nloads; ++i) {
+        const CpuKernel::LoopLoad& L = k.loop_loads[i];
+        if (L.lo.empty() || L.valid(idx)) p[i] = base[i] + L.offset(idx) * 4;
+        else p[i] = L.pad.data(), step[i] = 0;
+      }
+      for (size_t i = nloads; i < nptr; ++i) p[i] = base[i] + (strided_out ? out_offset(idx) : r * k.run) * 4;
+      loop(p, k.run, rows, step);
       r += rows;
       idx[last] += rows - 1;
       bump(idx, k.run_outer);

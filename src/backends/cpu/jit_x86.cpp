@@ -35,10 +35,10 @@ struct Asm {
   void bytes(std::initializer_list<int> xs) { for (int x : xs) byte(x); }
   void u32(uint32_t x) { for (int i = 0; i < 4; ++i) byte(int(x >> (8 * i)) & 0xff); }
   // map: 1 = 0F, 2 = 0F38, 3 = 0F3A; pp: 0 = none, 1 = 66. reg/vvvv/base are register numbers.
-  void vex(int map, int pp, int reg, int vvvv, int base) {
+  void vex(int map, int pp, int reg, int vvvv, int base, int l = 1) {
     byte(0xC4);
     byte((((~reg >> 3) & 1) << 7) | (1 << 6) | (((~base >> 3) & 1) << 5) | map);
-    byte(((~vvvv & 15) << 3) | (1 << 2) | pp);
+    byte(((~vvvv & 15) << 3) | (l << 2) | pp);
   }
   // op ymm_reg, ymm_vvvv, ymm_rm
   void rr(int map, int pp, int op, int reg, int vvvv, int rm) {
@@ -192,7 +192,9 @@ bool emit(const Spec& spec, std::vector<int>& loads, std::vector<uint8_t>& code)
       if (s >= (int64_t(1) << 24)) return false;
       gathers.push_back(s), lanes.push_back(next++);
     }
-  const int t0 = need_temps || !gathers.empty() ? next++ : -1, t1 = need_temps ? next++ : -1;
+  const int64_t out_stride = spec.out_stride;
+  if (out_stride < 1 || out_stride >= (int64_t(1) << 24) || (out_stride > 1 && spec.stream)) return false;
+  const int t0 = need_temps || !gathers.empty() || out_stride > 1 ? next++ : -1, t1 = need_temps ? next++ : -1;
   const int mask = next++;
   if (next >= 16) return false;
 
@@ -271,8 +273,34 @@ bool emit(const Spec& spec, std::vector<int>& loads, std::vector<uint8_t>& code)
     a.load_ptr(R11, p);
     return int(R11);
   };
+  auto at_stride = [&](int p, int64_t st) {  // r11 = pointer entry p + st * rax
+    a.bytes({0x4C, 0x69, 0xD8}), a.u32(uint32_t(st));  // imul r11, rax, st
+    if (const int b = ptr_reg[size_t(p)]; b >= 0) a.bytes({0x49 | ((b >> 3) << 2), 0x01, 0xC3 | ((b & 7) << 3)});  // add r11, b
+    else a.bytes({0x4C, 0x03, 0x9F}), a.u32(uint32_t(8 * p));  // add r11, [rdi + 8p]
+  };
+  // Lane by lane: vextractps [r11 + 4 * out_stride * i], xmm, i (the upper half through t0);
+  // under the tail's mask only lanes i with rax + 4i < rsi.
+  auto store_lanes = [&](int v, int p, bool masked) {
+    std::vector<size_t> to_end;
+    for (int i = 0; i < 8; ++i) {
+      if (masked && i > 0) {
+        a.bytes({0x4C, 0x8D, 0x58, 4 * i});  // lea r11, [rax + 4i]
+        a.bytes({0x49, 0x39, 0xF3});         // cmp r11, rsi
+        to_end.push_back(a.jump({0x0F, 0x83}));  // jae end
+      }
+      if (i == 0 || masked) at_stride(p, out_stride);
+      if (i == 4) a.rr(3, 1, 0x19, v, 0, t0), a.byte(1);  // vextractf128 xmm_t0, ymm_v, 1
+      const int src = i < 4 ? v : t0;
+      a.vex(3, 1, src, 0, R11, 0);
+      a.bytes({0x17, 0x80 | ((src & 7) << 3) | (R11 & 7)});  // [r11 + disp32]
+      a.u32(uint32_t(4 * out_stride * i));
+      a.byte(i & 3);
+    }
+    for (size_t f : to_end) a.patch(f, a.b.size());
+  };
   auto store = [&](size_t j, bool masked) {
     const int v = reg[size_t(results[j])], p = int(loads.size() + j);
+    if (out_stride > 1) return store_lanes(v, p, masked);
     const int b = base(p);
     if (masked) a.at_rax(2, 1, 0x2E, v, mask, b);  // vmaskmovps [b + rax], mask, v
     else a.at_rax(1, 0, spec.stream ? 0x2B : 0x11, v, 0, b);  // vmovntps / vmovups
@@ -288,10 +316,8 @@ bool emit(const Spec& spec, std::vector<int>& loads, std::vector<uint8_t>& code)
           if (broadcast(k)) break;
           if (const int64_t st = stride(k); st > 1) {
             // vgatherdps d, [r11 + lanes * 4] under t0 (which it clears), r11 = base + st * rax
-            const int p = ptr_of[size_t(k)], r = lanes[size_t(std::find(gathers.begin(), gathers.end(), st) - gathers.begin())];
-            a.bytes({0x4C, 0x69, 0xD8}), a.u32(uint32_t(st));  // imul r11, rax, st
-            if (const int b = ptr_reg[size_t(p)]; b >= 0) a.bytes({0x49 | ((b >> 3) << 2), 0x01, 0xC3 | ((b & 7) << 3)});  // add r11, b
-            else a.bytes({0x4C, 0x03, 0x9F}), a.u32(uint32_t(8 * p));  // add r11, [rdi + 8p]
+            const int r = lanes[size_t(std::find(gathers.begin(), gathers.end(), st) - gathers.begin())];
+            at_stride(ptr_of[size_t(k)], st);
             if (masked) a.rr(1, 0, 0x28, t0, 0, mask);  // vmovaps t0, mask
             else a.rr(1, 1, 0x76, t0, t0, t0);          // vpcmpeqd t0, t0, t0: every lane
             a.byte(0xC4);

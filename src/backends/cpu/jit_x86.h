@@ -24,6 +24,7 @@ struct Spec {
   std::vector<int> results;
   std::vector<uint8_t> early;
   bool stream = false;  // non-temporal stores (outputs far larger than the caches; 32-byte aligned)
+  int64_t out_stride = 1;  // elements between the results of consecutive positions (more: lane by lane)
 };
 
 // loop(ptrs, n, rows, steps) evaluates the program over `rows` runs of n >= 1 consecutive
