@@ -933,14 +933,16 @@ struct CpuKernel : Kernel {
   std::vector<int> last_read;  // per instruction of `program`: its last reader (results: past the end)
   // Elementwise and float32 Reduce Steps within jit::build's reach (see build_loop): the program
   // as a native loop over runs of `run` positions, the domain's last dims, along which every
-  // load walks memory evenly (dense, constant or strided); `run_outer` is the domain's other dims. stream_loop: the same
-  // with non-temporal stores, for a single run far larger than the caches.
-  // For a Step with `out`, the loop runs walk_program (the permuted program, views not coalesced)
-  // and stores through out_offset and out_outer_strides (the run's stride is in the loop).
+  // load walks memory evenly (dense, constant or strided); `run_outer` is the domain's other
+  // dims. stream_loop: the same with non-temporal stores, for a single run far larger than the
+  // caches. A Step with `out` has its permuted program and output view before coalescing
+  // (walk_program, walk_out; kept only when its loop is built), which the loop runs over and
+  // stores through (out_offset, out_outer_strides, out_stride).
   std::unique_ptr<jit::Loop> loop, stream_loop;
   int64_t run = 0;
   Shape run_outer;
   std::vector<Instr> walk_program;
+  kir::View walk_out;
   std::vector<int64_t> out_outer_strides;
   int64_t out_offset = 0, out_stride = 1;
   bool masked_last = false;  // a load masked along the last outer dim (each run a call)
@@ -1012,8 +1014,6 @@ std::vector<int64_t> interleave_order(const Step& st) {
   return perm;
 }
 
-// An Elementwise or Copy Step's program as run: in interleave_order when every load stays one
-// strided view there, with each load's view coalesced.
 // `prog` over its domain permuted by perm, or {} when a load is then no longer one strided view.
 std::vector<Instr> permuted(const std::vector<Instr>& prog, const std::vector<int64_t>& perm) {
   std::vector<Instr> r = prog;
@@ -1027,15 +1027,17 @@ std::vector<Instr> permuted(const std::vector<Instr>& prog, const std::vector<in
   return r;
 }
 
+// An Elementwise or Copy Step's program as run: in interleave_order when every load stays one
+// strided view there, with each load's view coalesced.
 void prepare_elementwise(CpuKernel& k, const Step& st) {
   k.program = st.program;
   k.domain = st.shape;
   if (std::vector<int64_t> perm = interleave_order(st); !perm.empty()) {
     if (std::vector<Instr> prog = permuted(st.program, perm); !prog.empty()) {
-      k.program = std::move(prog);
-      kir::View out = kir::IndexMap::contiguous(st.shape).permute(perm).views[0];
-      k.domain = out.shape;
-      k.out = coalesced(out);
+      k.program = k.walk_program = std::move(prog);
+      k.walk_out = kir::IndexMap::contiguous(st.shape).permute(perm).views[0];
+      k.domain = k.walk_out.shape;
+      k.out = coalesced(k.walk_out);
     }
   }
   for (Instr& I : k.program)
@@ -1159,7 +1161,7 @@ void build_loop(CpuKernel& k, const std::vector<Instr>& prog, const Shape& dom, 
 // walked in interleave_order runs its permuted program over the permuted domain, storing through
 // CpuKernel::out.
 void build_loops(CpuKernel& k, const Step& st) {
-  if (st.kind != StepKind::Elementwise) return;
+  if (st.kind != StepKind::Elementwise) return k.walk_program.clear();
   std::vector<int> results{int(st.program.size()) - 1};
   results.insert(results.end(), st.more_results.begin(), st.more_results.end());
   std::vector<uint8_t> early;
@@ -1171,10 +1173,7 @@ void build_loops(CpuKernel& k, const Step& st) {
     early.push_back(e);
   }
   if (!k.out) return build_loop(k, st.program, st.shape, results, early, true);
-  const std::vector<int64_t> perm = interleave_order(st);
-  k.walk_program = permuted(st.program, perm);
-  const kir::View out = kir::IndexMap::contiguous(st.shape).permute(perm).views[0];
-  build_loop(k, k.walk_program, out.shape, results, early, false, &out);
+  build_loop(k, k.walk_program, k.walk_out.shape, results, early, false, &k.walk_out);
   if (!k.loop) k.walk_program.clear();
 }
 
@@ -1256,6 +1255,7 @@ void run_loop(const CpuKernel& k, const jit::Loop& loop, const std::vector<char*
     for (size_t d = 0; d < k.out_outer_strides.size(); ++d) o += idx[d] * k.out_outer_strides[d];
     return o;
   };
+  const bool masked = std::any_of(k.loop_loads.begin(), k.loop_loads.end(), [](const auto& L) { return !L.lo.empty(); });
   int64_t steps[kMaxLoopPtrs];
   for (size_t i = 0; i < nptr && !one_run; ++i)
     steps[i] = (i < nloads ? k.loop_loads[i].outer_strides[last] : strided_out ? k.out_outer_strides[last] : k.run) * 4;
@@ -1273,14 +1273,14 @@ void run_loop(const CpuKernel& k, const jit::Loop& loop, const std::vector<char*
     unravel(u0, k.run_outer, idx);
     for (int64_t r = u0; r < u1;) {
       const int64_t rows = k.masked_last ? 1 : std::min(u1 - r, k.run_outer[last] - idx[last]);
-      std::copy(steps, steps + nptr, step);
+      if (masked) std::copy(steps, steps + nptr, step);
       for (size_t i = 0; i < nloads; ++i) {
         const CpuKernel::LoopLoad& L = k.loop_loads[i];
         if (L.lo.empty() || L.valid(idx)) p[i] = base[i] + L.offset(idx) * 4;
         else p[i] = L.pad.data(), step[i] = 0;
       }
       for (size_t i = nloads; i < nptr; ++i) p[i] = base[i] + (strided_out ? out_offset(idx) : r * k.run) * 4;
-      loop(p, k.run, rows, step);
+      loop(p, k.run, rows, masked ? step : steps);
       r += rows;
       idx[last] += rows - 1;
       bump(idx, k.run_outer);
