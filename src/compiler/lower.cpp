@@ -489,10 +489,11 @@ struct Lowerer {
     }
     // Columns [B, G, F/G * kernel, positions] (output positions innermost) for a GEMM per batch
     // element and group, out[b, g] = kernel[g] @ cols[b, g]. When the kernel's last extent is the
-    // longer (kernel gradients, whose kernel is an output gradient), transposed instead:
-    // [G, B * positions, F/G * kernel], so the copy moves the longer runs and one GEMM per group,
-    // cols[g] @ kernel[g]^T, has the batch folded into its rows.
-    bool transposed = ks.back() > n.shape.back();
+    // longer (kernel gradients, whose kernel is an output gradient: [B, P] per batch element would
+    // be a few columns deep), the batch is folded into the columns instead, [G, F/G * kernel,
+    // B * positions], for one GEMM per group, kernel[g] @ cols[g], whose product [G, O/G, B, P]
+    // is the output permuted.
+    bool folded = ks.back() > n.shape.back();
     Shape ws, cols;
     std::vector<int64_t> dims, steps;
     auto add = [&](int64_t extent, int64_t dim, int64_t step) { ws.push_back(extent), dims.push_back(dim), steps.push_back(step); };
@@ -503,15 +504,15 @@ struct Lowerer {
     auto add_positions = [&] {
       for (size_t d = 0; d < S; ++d) add(n.shape[d + 2], int64_t(d + 2), c.axes[d].stride);
     };
-    if (transposed) {
-      add(G, 1, Fg), add(B, 0, 1), add_positions(), add_kernel();
-      cols = {G, B * pp, Fg * kk};
+    if (folded) {
+      add(G, 1, Fg), add_kernel(), add(B, 0, 1), add_positions();
+      cols = {G, Fg * kk, B * pp};
     } else {
       add(B, 0, 1), add(G, 1, Fg), add_kernel(), add_positions();
       cols = {B, G, Fg * kk, pp};
     }
     IndexMap cm = xm.window(ws, dims, steps);
-    if (!transposed && cm.single()) {
+    if (cm.single()) {
       // The GEMM reads the columns through the window itself: a 1x1 kernel with unit strides is
       // the input; otherwise the backend packs each block of columns where it multiplies it.
       cm = cm.reshape(cols);
@@ -519,32 +520,30 @@ struct Lowerer {
       xslot = copy_map(xslot, cm, n.dtype, i);
       cm = IndexMap::contiguous(cols);
     }
-    // The kernel [O, F/G, kernel...] as [B (stride 0), G, O/G, F/G * kernel], or transposed as
-    // [G, F/G * kernel, O/G].
-    Shape kshape = transposed ? Shape{G, O / G, Fg * kk} : Shape{1, G, O / G, Fg * kk};
+    // The kernel [O, F/G, kernel...] as [B (stride 0), G, O/G, F/G * kernel], or for the folded
+    // product [G, O/G, F/G * kernel].
+    Shape kshape = folded ? Shape{G, O / G, Fg * kk} : Shape{1, G, O / G, Fg * kk};
     Val wv = strided(wn, i);
     if (!wv.map.reshape(kshape).single()) wv = copy_to_slot(wn, i, kir::SlotKind::Temp, 0);
     IndexMap wm = wv.map.reshape(kshape);
     Step st = begin(StepKind::Gemm, i);
     st.input_dtypes = {n.dtype, n.dtype};
-    if (!transposed) {
+    st.inputs = {wv.slot, xslot};
+    if (!folded) {
       st.shape = {B, G, O / G, pp};
-      st.inputs = {wv.slot, xslot};
       st.maps = {wm.expand({B, G, O / G, Fg * kk}), cm};
       st.output = slot_for(i);
       plan.steps.push_back(std::move(st));
       return slot_val(plan.steps.back().output, n.shape);
     }
-    st.shape = {G, B * pp, O / G};
-    st.inputs = {xslot, wv.slot};
-    st.maps = {cm, wm.permute({0, 2, 1})};
+    st.shape = {G, O / G, B * pp};
+    st.maps = {wm, cm};
     st.output = new_slot(kir::SlotKind::Temp, 0, st.shape, n.dtype, st.sources.front());
     plan.steps.push_back(std::move(st));
-    // The product [G, B, positions..., O/G] read as [B, O, positions...].
-    Shape prod{G, B};
-    std::vector<int64_t> perm{1, 0, int64_t(S + 2)};
-    for (size_t d = 0; d < S; ++d) prod.push_back(n.shape[d + 2]), perm.push_back(int64_t(d + 2));
-    prod.push_back(O / G);
+    // The product [G, O/G, B, positions...] read as [B, O, positions...].
+    Shape prod{G, O / G, B};
+    std::vector<int64_t> perm{2, 0, 1};
+    for (size_t d = 0; d < S; ++d) prod.push_back(n.shape[d + 2]), perm.push_back(int64_t(d + 3));
     Val v = slot_val(plan.steps.back().output, prod);
     v.map = v.map.permute(perm).reshape(n.shape);
     return v;

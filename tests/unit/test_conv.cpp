@@ -76,6 +76,27 @@ TEST(Conv, LargeColumnsMatchReference) {
   }
 }
 
+// Products deep enough for the CPU backend's window kernel (backends/cpu/window_gemm; K >= 32)
+// in each of its forms: outputs in several passes of 64 with a partial last one, groups, strides
+// and dilation; one image whose positions are split over tasks; a kernel longer than the output
+// (the kernel-gradient form: the batch folded into the columns, K in summed chunks). ctest also
+// runs this binary with TESSERA_CPU_GEMM=blas, so the same references hold for the BLAS path.
+TEST(Conv, WindowProductsMatchReference) {
+  uint32_t seed = 70;
+  const std::vector<ConvCase> cases = {
+      {"70 outputs, groups, stride, dilation", {3, 20, 9, 11}, {70, 10, 3, 2}, O({1, 2}, {1}, {2}, {1}, {2, 1}, 2)},
+      {"one image, positions in chunks", {1, 8, 40, 40}, {20, 8, 3, 3}, O({1}, {1}, {1})},
+      {"33 outputs, 1-d", {5, 16, 30}, {33, 16, 5}, O({1}, {2}, {2})},
+      {"kernel longer than the output", {3, 8, 20, 20}, {5, 8, 17, 17}, O()},
+      {"kernel gradient shape", {2, 64, 16, 16}, {32, 64, 14, 14}, O()},
+  };
+  for (const ConvCase& c : cases) {
+    SCOPED_TRACE(c.name);
+    Tensor x = random_tensor(c.x, F32, seed++), w = random_tensor(c.w, F32, seed++);
+    EXPECT_TRUE(matches_reference(conv_general(x, w, c.o)));
+  }
+}
+
 TEST(Conv, GradientsMatchFiniteDifferences) {
   uint32_t seed = 100;
   for (const ConvCase& c : conv_cases()) {

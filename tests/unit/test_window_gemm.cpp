@@ -1,0 +1,79 @@
+// The CPU backend's window product kernel (backends/cpu/window_gemm) against a float64 sum of the
+// same terms: offsets split into row and column parts, every column width from one vector to
+// several passes, partial row tiles, transposed and accumulating stores; and its transposing pack.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+#include "backends/cpu/window_gemm.h"
+
+namespace {
+
+namespace wg = tessera::backends::window_gemm;
+
+std::vector<float> values(size_t n, uint32_t seed) {
+  std::vector<float> v(n);
+  for (float& x : v) {
+    seed = seed * 1664525u + 1013904223u;
+    x = float(int32_t(seed >> 9) % 2001) / 1000.0f - 1.0f;
+  }
+  return v;
+}
+
+TEST(WindowGemm, ProductsMatchAFloat64Sum) {
+  if (!wg::available()) GTEST_SKIP() << "no AVX-512 on this machine (or TESSERA_CPU_GEMM=blas)";
+  // x: a padded 2-channel 9x10 image; rows = output positions of a 3x2 window, K = channel x tap.
+  const int64_t H = 9, W = 10, C = 2;
+  const std::vector<float> x = values(size_t(C * H * W), 1);
+  std::vector<int64_t> xk, xi;
+  for (int64_t c = 0; c < C; ++c)
+    for (int64_t ky = 0; ky < 3; ++ky)
+      for (int64_t kx = 0; kx < 2; ++kx) xk.push_back(c * H * W + ky * W + kx);
+  for (int64_t oy = 0; oy < H - 2; ++oy)
+    for (int64_t ox = 0; ox < W - 1; ++ox) xi.push_back(oy * W + ox);
+  const int64_t K = int64_t(xk.size());
+  for (int64_t cols : {1, 5, 16, 33, 48, 64, 70, 130})
+    for (int64_t rows : {int64_t(1), int64_t(7), int64_t(13), int64_t(xi.size())})
+      for (bool transposed : {false, true})
+        for (bool accumulate : {false, true}) {
+          SCOPED_TRACE("cols " + std::to_string(cols) + " rows " + std::to_string(rows) + (transposed ? " transposed" : "") +
+                       (accumulate ? " accumulate" : ""));
+          const int64_t ldy = (cols + 15) / 16 * 16 + 3;
+          const std::vector<float> y = values(size_t(K * ldy), uint32_t(cols * 31 + rows));
+          const int64_t ldc = (transposed ? rows : cols) + 2;
+          const int64_t crow = transposed ? cols : rows;
+          std::vector<float> c = values(size_t(crow * ldc), 7), before = c;
+          wg::product(x.data(), xi.data(), rows, xk.data(), K, y.data(), ldy, cols, c.data(), ldc, transposed, accumulate);
+          int bad = 0;
+          for (int64_t i = 0; i < rows; ++i)
+            for (int64_t j = 0; j < cols; ++j) {
+              double want = 0;
+              for (int64_t k = 0; k < K; ++k) want += double(x[size_t(xi[size_t(i)] + xk[size_t(k)])]) * y[size_t(k * ldy + j)];
+              const size_t at = size_t(transposed ? j * ldc + i : i * ldc + j);
+              if (accumulate) want += before[at];
+              if (std::fabs(c[at] - want) > 1e-5 * (1 + std::fabs(want)) && bad++ < 3)
+                ADD_FAILURE() << "(" << i << ", " << j << "): " << c[at] << " want " << want;
+              c[at] = before[at];  // what is left must be untouched
+            }
+          EXPECT_EQ(c, before) << "an element outside the product was written";
+        }
+}
+
+TEST(WindowGemm, PackTransposedZeroesThePadding) {
+  if (!wg::available()) GTEST_SKIP() << "no AVX-512 on this machine (or TESSERA_CPU_GEMM=blas)";
+  for (int64_t m : {1, 16, 21, 64})
+    for (int64_t k : {1, 15, 16, 37}) {
+      SCOPED_TRACE("m " + std::to_string(m) + " k " + std::to_string(k));
+      const int64_t rs = k + 5, ldt = (m + 15) / 16 * 16;
+      const std::vector<float> a = values(size_t(m * rs), uint32_t(m + 100 * k));
+      std::vector<float> at(size_t(k * ldt), 99.0f);
+      wg::pack_transposed(a.data(), rs, m, k, at.data(), ldt);
+      for (int64_t q = 0; q < k; ++q)
+        for (int64_t i = 0; i < ldt; ++i)
+          ASSERT_EQ(at[size_t(q * ldt + i)], i < m ? a[size_t(i * rs + q)] : 0.0f) << "(" << q << ", " << i << ")";
+    }
+}
+
+}  // namespace
