@@ -5,6 +5,8 @@
 // training and eval mode with its running statistics.
 #include <gtest/gtest.h>
 
+#include <omp.h>
+
 #include <cmath>
 
 #include "test_util.h"
@@ -94,6 +96,30 @@ TEST(Conv, WindowProductsMatchReference) {
     SCOPED_TRACE(c.name);
     Tensor x = random_tensor(c.x, F32, seed++), w = random_tensor(c.w, F32, seed++);
     EXPECT_TRUE(matches_reference(conv_general(x, w, c.o)));
+  }
+}
+
+// The CPU backend's products are fixed by the shape (blocks, K chunks, their order), not by the
+// thread count: the same bits with 1 and 3 threads.
+TEST(Conv, ResultsDoNotDependOnTheThreadCount) {
+  const int threads = omp_get_max_threads();
+  const std::vector<ConvCase> cases = {
+      {"per image", {9, 20, 9, 11}, {70, 20, 3, 2}, O({1}, {1}, {1})},
+      {"one image, positions in chunks", {1, 8, 40, 40}, {20, 8, 3, 3}, O({1}, {1}, {1})},
+      {"kernel gradient shape", {2, 64, 16, 16}, {32, 64, 14, 14}, O()},
+      {"kernel gradient shape, 4 groups", {2, 64, 16, 16}, {32, 16, 14, 14}, O({1}, {0}, {0}, {1}, {1}, 4)},
+  };
+  uint32_t seed = 90;
+  for (const ConvCase& c : cases) {
+    SCOPED_TRACE(c.name);
+    Tensor x = random_tensor(c.x, F32, seed++), w = random_tensor(c.w, F32, seed++);
+    std::vector<std::vector<float>> got;
+    for (int t : {1, 3}) {
+      omp_set_num_threads(t);
+      got.push_back(conv_general(x, w, c.o).to_vector<float>());
+    }
+    omp_set_num_threads(threads);
+    EXPECT_EQ(got[0], got[1]);
   }
 }
 

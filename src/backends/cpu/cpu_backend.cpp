@@ -1869,15 +1869,15 @@ void run_gemm(const CpuKernel& k, const Step& st, const LaunchArgs& args) {
                            dst + n0, N, true, false);
     };
     const int64_t threads = omp_get_max_threads();
-    // Deep products over a small batch (a conv's kernel gradient: K = batch x positions): K in
-    // chunks of equal depth whose partial products are summed in chunk order, each chunk's A^T
-    // packed by the task that multiplies it. Chunks: a multiple of 4 (even work for 1, 2 or 4
-    // threads), about 1,024 deep; fixed by the shape, so results do not depend on the thread
-    // count. (The small CNN's conv2 kernel gradient, K = 12,544, in 16 chunks: 2.2 ms standalone
+    // Deep products over fewer than 8 batch elements (a conv's kernel gradient: K = batch x
+    // positions): K in chunks of equal depth whose partial products are summed in chunk order,
+    // each chunk's A^T packed by the task that multiplies it. Chunks: a multiple of 4 (even work
+    // for 1, 2 or 4 threads), about 1,024 deep; all fixed by the shape, so results do not depend
+    // on the thread count. (The small CNN's conv2 kernel gradient, K = 12,544, in 16 chunks: 2.2 ms standalone
     // against 2.9 in 25 chunks of 504, 2.4 in 13 of 968.)
     constexpr int64_t kDepth = 1024, kMaxPartial = int64_t(1) << 22;
     const int64_t nk = (K + kDepth - 1) / kDepth > 1 ? ((K + kDepth - 1) / kDepth + 3) / 4 * 4 : 1;
-    if (nb < 2 * threads && nk > 1 && nk * nb * M * N <= kMaxPartial) {
+    if (nb < 8 && nk > 1 && nk * nb * M * N <= kMaxPartial) {
       const int64_t depth = ((K + nk - 1) / nk + 7) / 8 * 8, chunks = (K + depth - 1) / depth;
       std::vector<float> part(size_t(chunks * nb * M * N));
 #pragma omp parallel for schedule(static)
