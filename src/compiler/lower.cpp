@@ -470,22 +470,31 @@ struct Lowerer {
       }
       xslot = copy_map(xslot, xm.reshape(split).pad(sp), n.dtype, i);
       xm = IndexMap::contiguous(merged);
+      // Its trailing zeros serve as up to dilation - 1 of the high padding.
       std::vector<int64_t> keep;
       for (size_t d = 0; d < r; ++d) {
         int64_t ext = d < 2 ? xs[d] : (xs[d] - 1) * c.axes[d - 2].lhs_dilation + 1;
+        if (d >= 2) {
+          const int64_t extra = std::min<int64_t>(pads[3 * d + 1], c.axes[d - 2].lhs_dilation - 1);
+          ext += extra, pads[3 * d + 1] -= extra, pads[3 * d + 2] = 0;
+        }
         keep.insert(keep.end(), {0, ext, 1});
-        if (d >= 2) pads[3 * d + 2] = 0;
       }
       xm = xm.slice(keep);
     }
     if (has_pad) {
-      IndexMap pm = xm.pad(pads);
+      bool grows = false;
+      for (size_t d = 2; d < r; ++d) grows |= pads[3 * d] > 0 || pads[3 * d + 1] > 0;
       for (size_t d = 0; d < r; ++d) {  // negative padding crops
         int64_t lo = d < 2 ? 0 : std::max<int64_t>(-c.axes[d - 2].lo, 0);
         crop.insert(crop.end(), {lo, lo + padded[d], 1});
       }
-      xslot = copy_map(xslot, pm.slice(crop), n.dtype, i);
-      xm = IndexMap::contiguous(padded);
+      if (grows) {
+        xslot = copy_map(xslot, xm.pad(pads).slice(crop), n.dtype, i);
+        xm = IndexMap::contiguous(padded);
+      } else {
+        xm = xm.slice(crop);  // only crops: a view
+      }
     }
     // Columns [B, G, F/G * kernel, positions] (output positions innermost) for a GEMM per batch
     // element and group, out[b, g] = kernel[g] @ cols[b, g]. When the kernel's last extent is the

@@ -858,6 +858,44 @@ std::vector<const void*> inputs_of(const Step& st, const LaunchArgs& a) {
 // A Copy whose one load is a single strided view (masked or not) of the output's dtype -- im2col,
 // padding, transposes: written row by row along the view's last dimension straight from the
 // source (no registers), rows split over the pool. False when the Step is not of that form.
+// A Copy Step of one masked view whose rows are a few elements (a dilation's interleaved zeros,
+// [.., X, 2] masked to [.., X, 1]): the output filled with the pad, then the mask's box copied
+// over it along the box's last dim longer than 1, whatever its strides (row by row, the
+// rows otherwise a few elements each cost ~3 ns per element).
+void run_box_copy(const Step& st, const Instr& I, const LaunchArgs& args) {
+  const kir::View& v = I.map.views[0];
+  const Shape& s = v.shape;
+  const std::vector<int64_t> ostr = contiguous_strides(s);
+  Shape box;
+  std::vector<int64_t> os, is;
+  int64_t obase = 0, ibase = v.offset;
+  for (size_t d = 0; d < s.size(); ++d) {
+    const int64_t lo = std::clamp<int64_t>(v.lo[d], 0, s[d]), hi = std::clamp<int64_t>(v.hi[d], lo, s[d]);
+    obase += lo * ostr[d], ibase += lo * v.strides[d];
+    if (hi - lo != 1) box.push_back(hi - lo), os.push_back(ostr[d]), is.push_back(v.strides[d]);
+  }
+  if (box.empty()) box = {1}, os = {0}, is = {0};
+  const size_t last = box.size() - 1;
+  const int64_t inner = box[last], rows = numel(box) / inner, total = numel(s);
+  const Shape outer(box.begin(), box.end() - 1);
+  with_storage(st.dtype, [&](auto* sp) {
+    using S = std::remove_pointer_t<decltype(sp)>;
+    const S* src = static_cast<const S*>(args.slots[st.inputs[I.input]]);
+    S* out = static_cast<S*>(args.slots[st.output]);
+    const S pad = from_c<S>(I.value);
+#pragma omp parallel for schedule(static) if (total >= kParallelMin)
+    for (int64_t e = 0; e < total; e += kParallelMin) std::fill(out + e, out + std::min(total, e + kParallelMin), pad);
+    if (inner == 0) return;
+#pragma omp parallel for schedule(static) if (total >= kParallelMin)
+    for (int64_t row = 0; row < rows; ++row) {
+      int64_t idx[32], o = obase, i = ibase;
+      unravel(row, outer, idx);
+      for (size_t d = 0; d < last; ++d) o += idx[d] * os[d], i += idx[d] * is[d];
+      for (int64_t j = 0; j < inner; ++j) out[o + j * os[last]] = src[i + j * is[last]];
+    }
+  });
+}
+
 bool run_view_copy(const Step& st, const LaunchArgs& args) {
   if (st.kind != StepKind::Copy || st.program.size() != 1 || st.program[0].code != Code::Load) return false;
   const Instr& I = st.program[0];
@@ -868,6 +906,7 @@ bool run_view_copy(const Step& st, const LaunchArgs& args) {
   size_t r = s.size(), last = r - 1;
   int64_t inner = s[last], rows = numel(s) / inner, st_in = v.strides[last];
   bool masked = v.masked();
+  if (masked && inner <= 4) return run_box_copy(st, I, args), true;
   with_storage(st.dtype, [&](auto* sp) {
     using S = std::remove_pointer_t<decltype(sp)>;
     const S* src = static_cast<const S*>(args.slots[st.inputs[I.input]]);
