@@ -855,9 +855,6 @@ std::vector<const void*> inputs_of(const Step& st, const LaunchArgs& a) {
   return in;
 }
 
-// A Copy whose one load is a single strided view (masked or not) of the output's dtype -- im2col,
-// padding, transposes: written row by row along the view's last dimension straight from the
-// source (no registers), rows split over the pool. False when the Step is not of that form.
 // A Copy Step of one masked view whose rows are a few elements (a dilation's interleaved zeros,
 // [.., X, 2] masked to [.., X, 1]): the output filled with the pad, then the mask's box copied
 // over it along the box's last dim longer than 1, whatever its strides (row by row, the
@@ -896,6 +893,9 @@ void run_box_copy(const Step& st, const Instr& I, const LaunchArgs& args) {
   });
 }
 
+// A Copy whose one load is a single strided view (masked or not) of the output's dtype -- im2col,
+// padding, transposes: written row by row along the view's last dimension straight from the
+// source (no registers), rows split over the pool. False when the Step is not of that form.
 bool run_view_copy(const Step& st, const LaunchArgs& args) {
   if (st.kind != StepKind::Copy || st.program.size() != 1 || st.program[0].code != Code::Load) return false;
   const Instr& I = st.program[0];
@@ -1210,6 +1210,13 @@ void build_loop(CpuKernel& k, const std::vector<Instr>& prog, const Shape& dom, 
 // walked in interleave_order runs its permuted program over the permuted domain, storing through
 // CpuKernel::out.
 void build_loops(CpuKernel& k, const Step& st) {
+  if (st.kind == StepKind::Gemm && st.dtype == DType::Float32 && !st.program.empty()) {
+    // A GEMM's epilogue, over its loads' domain (the consumer's shape), its result in place.
+    Shape dom = st.shape;
+    for (const Instr& I : st.program)
+      if (I.code == Code::Load) dom = I.map.shape();
+    return build_loop(k, st.program, dom, {int(st.program.size()) - 1}, {1}, false);
+  }
   if (st.kind != StepKind::Elementwise) return k.walk_program.clear();
   std::vector<int> results{int(st.program.size()) - 1};
   results.insert(results.end(), st.more_results.begin(), st.more_results.end());
@@ -1227,15 +1234,15 @@ void build_loops(CpuKernel& k, const Step& st) {
 }
 
 // A Reduce Step's loop over its own domain and program (ReduceKernel), writing the value to be
-// reduced, float32 only: reduce_values runs it over a tile. Not for a lone load, which the
+// reduced, float32 only: loop_range runs it over a tile. Not for a lone load, which the
 // interpreter reduces in place (a bias gradient's sum of a GEMM's output).
 void build_reduce_loop(CpuKernel& k, const Step& st, const std::vector<Instr>& prog, const Shape& dom) {
   if (st.dtype == DType::Float32 && prog.size() > 1) build_loop(k, prog, dom, {int(prog.size()) - 1}, {1}, false);
 }
 
-// The values of a Reduce's program at positions [start, start + n) of its domain, into out,
-// through its loop run piece by run piece.
-void reduce_values(const CpuKernel& k, const std::vector<char*>& base, int64_t start, int64_t n, float* out) {
+// A program's loop over positions [start, start + n) of its domain, run piece by run piece, its
+// result into out (position start first): a Reduce's values, a GEMM epilogue's block.
+void loop_range(const CpuKernel& k, const std::vector<char*>& base, int64_t start, int64_t n, float* out) {
   const size_t nl = k.loop->loads().size();
   const void* p[kMaxLoopPtrs];
   int64_t idx[32];
@@ -1445,7 +1452,7 @@ const T* reduce_tile(const ReduceKernel& k, const std::vector<const void*>& in, 
   if constexpr (std::is_same_v<T, float>)
     if (k.loop) {
       thread_local std::vector<float, LineAligned<float>> buf(kTile);
-      reduce_values(k, base, start, n, buf.data());
+      loop_range(k, base, start, n, buf.data());
       return buf.data();
     }
   run_program(k.program, k.regs, in, k.domain, start, n, args, sc);
@@ -1866,12 +1873,16 @@ void run_gemm(const CpuKernel& k, const Step& st, const LaunchArgs& args) {
   size_t elem = itemsize(st.dtype);
   if (M * N == 0) return;
   std::vector<const void*> epi_in = inputs_of(st, args);
+  std::vector<char*> base;
+  const jit::Loop* loop = loop_for(k, st, epi_in, args, base);
   // The epilogue over rows [m0, m1) and columns [n0, n1) of batch b, while they are in cache:
-  // its loads of the output slot read the product. Blocks of whole rows are one range.
+  // its loads of the output slot read the product. Blocks of whole rows are one range. Through
+  // its native loop where it has one.
   auto epilogue = [&](int64_t b, int64_t m0, int64_t m1, int64_t n0, int64_t n1) {
     if (st.program.empty()) return;
     Scratch& sc = scratch(st.program.size(), size_t(k.regs.nregs));
     auto range = [&](int64_t p, int64_t e) {
+      if (loop) return loop_range(k, base, p, e - p, reinterpret_cast<float*>(base.back()) + p);
       for (; p < e; p += kTile) {
         int64_t n = std::min(kTile, e - p);
         run_program(st.program, k.regs, epi_in, st.shape, p, n, args, sc);
