@@ -30,9 +30,11 @@ namespace {
 
 constexpr int kCols = 64;  // columns of one pass: at most 4 vectors
 
-// One tile of MR rows x NR vectors of 16 columns, from zero, into t[MR][kCols]. MR x NR = 24
-// accumulators; with the NR row vectors of y and the broadcast, 29 of the 32 registers. The MR
-// x values of one k are broadcast straight from memory (vbroadcastss folds into the FMA).
+// One tile of MR rows x NR vectors of 16 columns, from zero, into t[MR][kCols]: MR x NR
+// accumulators (at most 24; with the NR row vectors of y and the broadcast, within the 32
+// registers). Each row's x pointer is a general register: more than 8 rows spill them, and the
+// reloads cost more than the extra accumulators gain (M = 16: 12 x 1 ran at ~114 GFLOP/s on 2
+// threads, 8 x 1 at ~180).
 template <int MR, int NR>
 __attribute__((target("avx512f"))) void tile(const float* x, const int64_t* xi, const int64_t* xk, int64_t K,
                                              const float* y, int64_t ldy, float* t) {
@@ -141,9 +143,9 @@ void product(const float* x, const int64_t* xi, int64_t rows, const int64_t* xk,
     const int64_t w = std::min<int64_t>(kCols, cols - j0), nr = (w + 15) / 16;
     const float* yj = y + j0;
     float* cj = c + (transposed ? j0 * ldc : j0);
-    switch (nr) {  // about 24 accumulators whatever the width
-      case 1: pass<12, 1>(x, xi, rows, xk, K, yj, ldy, w, cj, ldc, transposed, accumulate); break;
-      case 2: pass<12, 2>(x, xi, rows, xk, K, yj, ldy, w, cj, ldc, transposed, accumulate); break;
+    switch (nr) {  // at most 8 rows (their pointers in registers), at most 24 accumulators
+      case 1: pass<8, 1>(x, xi, rows, xk, K, yj, ldy, w, cj, ldc, transposed, accumulate); break;
+      case 2: pass<8, 2>(x, xi, rows, xk, K, yj, ldy, w, cj, ldc, transposed, accumulate); break;
       case 3: pass<8, 3>(x, xi, rows, xk, K, yj, ldy, w, cj, ldc, transposed, accumulate); break;
       default: pass<6, 4>(x, xi, rows, xk, K, yj, ldy, w, cj, ldc, transposed, accumulate); break;
     }

@@ -1,7 +1,7 @@
 // float32 products whose one operand is read in place through element offsets that split into a
 // row part and a column part: a conv's im2col window (row: the input feature and kernel tap,
 // column: the output position), which the BLAS path must first pack into a dense buffer. An
-// AVX-512 register-tiled kernel (24 accumulators of 16 lanes) broadcasts that operand's elements
+// AVX-512 register-tiled kernel (up to 24 accumulators of 16 lanes) broadcasts that operand's elements
 // and multiplies them with rows of a dense operand. On the small CNN's conv shapes (M = 32 or 64
 // outputs, K = 288 or 576, ~200 positions per image) it runs at ~90% of the core's peak against
 // 60-77% for OpenBLAS plus the packing (docs/architecture.md, "Conv products").
