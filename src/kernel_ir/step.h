@@ -48,8 +48,8 @@ enum class StepKind : uint8_t {
   Elementwise,  // out[i] = program(i) over the output shape
   Copy,         // an elementwise program that only moves data (one load)
   Reduce,       // row kernel: out[o] = reduce over the `axes` of `domain` of program(i)
-  Gemm,         // out = inputs[0] @ inputs[1] through a BLAS; A is a single strided view, B one or a
-                // plain reshape over one (a conv's im2col window), which a backend packs
+  Gemm,         // out = inputs[0] @ inputs[1]; A is a single strided view, B one or a
+                // plain reshape over one (a conv's im2col window), which a backend packs or reads in place
   Gather,       // out[i] = src[i with axis := index[i]]   (inputs: src, index)
   ScatterAdd,   // out = base; out[i with axis := index[i]] += src[i]   (inputs: base, index, src)
   DynamicUpdateSlice,  // out = base with update at clamped runtime offsets (inputs: base, update, offsets)

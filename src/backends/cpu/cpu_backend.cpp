@@ -1880,9 +1880,9 @@ void run_gemm(const CpuKernel& k, const Step& st, const LaunchArgs& args) {
   // its native loop where it has one.
   auto epilogue = [&](int64_t b, int64_t m0, int64_t m1, int64_t n0, int64_t n1) {
     if (st.program.empty()) return;
-    Scratch& sc = scratch(st.program.size(), size_t(k.regs.nregs));
     auto range = [&](int64_t p, int64_t e) {
       if (loop) return loop_range(k, base, p, e - p, reinterpret_cast<float*>(base.back()) + p);
+      Scratch& sc = scratch(st.program.size(), size_t(k.regs.nregs));
       for (; p < e; p += kTile) {
         int64_t n = std::min(kTile, e - p);
         run_program(st.program, k.regs, epi_in, st.shape, p, n, args, sc);
@@ -1905,8 +1905,8 @@ void run_gemm(const CpuKernel& k, const Step& st, const LaunchArgs& args) {
     const float* a = static_cast<const float*>(args.slots[st.inputs[0]]);
     const float* bm = static_cast<const float*>(args.slots[st.inputs[1]]);
     float* c = reinterpret_cast<float*>(out);
-    auto pack = [&](float* at, int64_t b, int64_t k0, int64_t k1) {  // A^T rows [k0, k1) of batch b
-      const float* ab = a + w.a_off[size_t(w.a_of[size_t(b)])];
+    auto pack = [&](float* at, int64_t d, int64_t k0, int64_t k1) {  // A^T rows [k0, k1) of distinct A d
+      const float* ab = a + w.a_off[size_t(d)];
       if (w.a_cs == 1) return window_gemm::pack_transposed(ab + k0, w.a_rs, M, k1 - k0, at, Mp);
       for (int64_t q = k0; q < k1; ++q) {
         float* row = at + (q - k0) * Mp;
@@ -1918,15 +1918,14 @@ void run_gemm(const CpuKernel& k, const Step& st, const LaunchArgs& args) {
       window_gemm::product(bm + w.b_off[size_t(b)], w.n_off.data() + n0, n1 - n0, w.k_off.data() + k0, k1 - k0, at, Mp, M,
                            dst + n0, N, true, false);
     };
-    const int64_t threads = omp_get_max_threads();
     // Deep products over fewer than 8 batch elements (a conv's kernel gradient: K = batch x
     // positions): K in chunks of equal depth whose partial products are summed in chunk order,
     // each chunk's A^T packed by the task that multiplies it. Chunks: a multiple of 4 (even work
     // for 1, 2 or 4 threads), about 1,024 deep; all fixed by the shape, so results do not depend
-    // on the thread count. (The small CNN's conv2 kernel gradient, K = 12,544, in 16 chunks: 2.2 ms standalone
-    // against 2.9 in 25 chunks of 504, 2.4 in 13 of 968.)
+    // on the thread count. (The small CNN's conv2 kernel gradient, K = 12,544, in 16 chunks:
+    // 2.2 ms standalone against 2.9 in 25 chunks of 504, 2.4 in 13 of 968.)
     constexpr int64_t kDepth = 1024, kMaxPartial = int64_t(1) << 22;
-    const int64_t nk = (K + kDepth - 1) / kDepth > 1 ? ((K + kDepth - 1) / kDepth + 3) / 4 * 4 : 1;
+    const int64_t deep = (K + kDepth - 1) / kDepth, nk = deep > 1 ? (deep + 3) / 4 * 4 : 1;
     if (nb < 8 && nk > 1 && nk * nb * M * N <= kMaxPartial) {
       const int64_t depth = ((K + nk - 1) / nk + 7) / 8 * 8, chunks = (K + depth - 1) / depth;
       std::vector<float> part(size_t(chunks * nb * M * N));
@@ -1935,7 +1934,7 @@ void run_gemm(const CpuKernel& k, const Step& st, const LaunchArgs& args) {
         const int64_t b = t / chunks, q = t % chunks, k0 = q * depth, k1 = std::min(K, k0 + depth);
         thread_local std::vector<float, LineAligned<float>> at;
         at.resize(size_t(depth * Mp));
-        pack(at.data(), b, k0, k1);
+        pack(at.data(), w.a_of[size_t(b)], k0, k1);
         product(at.data(), b, 0, N, k0, k1, part.data() + (q * nb + b) * M * N);
       }
       sum_partials(part.data(), chunks, nb * M * N, c);
@@ -1946,12 +1945,9 @@ void run_gemm(const CpuKernel& k, const Step& st, const LaunchArgs& args) {
     // batch is small).
     const int64_t na = int64_t(w.a_off.size());
     std::vector<float, LineAligned<float>> at(size_t(na * K * Mp));
-    for (int64_t d = 0; d < na; ++d) {
-      const int64_t b = std::find(w.a_of.begin(), w.a_of.end(), int(d)) - w.a_of.begin();
-      pack(at.data() + d * K * Mp, b, 0, K);
-    }
+    for (int64_t d = 0; d < na; ++d) pack(at.data() + d * K * Mp, d, 0, K);
     constexpr int64_t kChunk = 240;
-    const int64_t nch = nb >= 2 * threads ? 1 : (N + kChunk - 1) / kChunk, len = (N + nch - 1) / nch;
+    const int64_t nch = nb >= 2 * int64_t(omp_get_max_threads()) ? 1 : (N + kChunk - 1) / kChunk, len = (N + nch - 1) / nch;
 #pragma omp parallel for schedule(static)
     for (int64_t t = 0; t < nb * nch; ++t) {
       const int64_t b = t / nch, n0 = t % nch * len, n1 = std::min(N, n0 + len);
