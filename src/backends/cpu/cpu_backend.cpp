@@ -873,7 +873,7 @@ void run_box_copy(const Step& st, const Instr& I, const LaunchArgs& args) {
   }
   if (box.empty()) box = {1}, os = {0}, is = {0};
   const size_t last = box.size() - 1;
-  const int64_t inner = box[last], rows = numel(box) / inner, total = numel(s);
+  const int64_t inner = box[last], rows = inner ? numel(box) / inner : 0, total = numel(s);
   const Shape outer(box.begin(), box.end() - 1);
   with_storage(st.dtype, [&](auto* sp) {
     using S = std::remove_pointer_t<decltype(sp)>;
@@ -882,7 +882,6 @@ void run_box_copy(const Step& st, const Instr& I, const LaunchArgs& args) {
     const S pad = from_c<S>(I.value);
 #pragma omp parallel for schedule(static) if (total >= kParallelMin)
     for (int64_t e = 0; e < total; e += kParallelMin) std::fill(out + e, out + std::min(total, e + kParallelMin), pad);
-    if (inner == 0) return;
 #pragma omp parallel for schedule(static) if (total >= kParallelMin)
     for (int64_t row = 0; row < rows; ++row) {
       int64_t idx[32], o = obase, i = ibase;
