@@ -30,6 +30,7 @@
 
 #include "bench_common.h"
 #include "compiler/passes/passes.h"
+#include "compiler/lower.h"
 #include "runtime/realize.h"
 
 namespace ts = tessera;

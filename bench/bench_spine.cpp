@@ -16,6 +16,7 @@
 
 #include <tessera/tessera.h>
 #include "bench_common.h"
+#include "ir/node.h"  // live_node_count: the nodes a trace leaves alive
 
 namespace ts = tessera;
 using Clock = std::chrono::steady_clock;
@@ -122,11 +123,11 @@ void bench_trace(int ops, int reps) {
   std::vector<double> t;
   int64_t nodes = 0;
   for (int r = 0; r < reps + 1; ++r) {
-    const int64_t n0 = ts::live_nodes();
+    const int64_t n0 = ts::ir::live_node_count();
     auto t0 = Clock::now();
     ts::Tensor y = chain(x, ops);
     const double ms = ms_since(t0);
-    nodes = ts::live_nodes() - n0;
+    nodes = ts::ir::live_node_count() - n0;
     if (r > 0) t.push_back(ms);  // the first run warms caches and the intern table
   }
   const double us = median(t) * 1e3;

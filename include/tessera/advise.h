@@ -22,6 +22,7 @@
 #include "tessera/nn.h"
 #include "tessera/tensor.h"
 
+#pragma GCC visibility push(default)  // the public API: exported (cmake/libtessera.map)
 namespace tessera::advise {
 
 // One device (or one board of `replicas` identical cores run data parallel, e.g. a TPU v3-8).
@@ -168,3 +169,4 @@ struct Measured {
 Measured measure_gpt_on_host(const nn::GPTConfig& cfg, int64_t batch, int steps = 5, int warmup = 2);
 
 }  // namespace tessera::advise
+#pragma GCC visibility pop

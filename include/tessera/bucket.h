@@ -14,6 +14,7 @@
 
 #include "tessera/tensor.h"
 
+#pragma GCC visibility push(default)  // the public API: exported (cmake/libtessera.map)
 namespace tessera::data {
 
 // The smallest bucket >= n. `buckets` must be positive and strictly increasing; empty means
@@ -45,3 +46,4 @@ Padded pad_sequences(const std::vector<std::vector<int64_t>>& rows, const std::v
                      int64_t pad_value = 0, const Device& device = Device("cpu"), DType mask_dtype = DType::Float32);
 
 }  // namespace tessera::data
+#pragma GCC visibility pop

@@ -8,6 +8,7 @@
 
 #include "tessera/tensor.h"
 
+#pragma GCC visibility push(default)  // the public API: exported (cmake/libtessera.map)
 namespace tessera::data {
 
 // The default corpus: the text of Debian's `fortunes` package (every regular file under
@@ -155,3 +156,4 @@ class ImageLoader {
 };
 
 }  // namespace tessera::data
+#pragma GCC visibility pop

@@ -3,6 +3,7 @@
 #include <string>
 #include <vector>
 
+#pragma GCC visibility push(default)  // the public API: exported (cmake/libtessera.map)
 namespace tessera {
 
 struct Device {
@@ -32,5 +33,10 @@ struct DeviceInfo {
 
 // Every registered device, in order of preference.
 std::vector<DeviceInfo> devices();
+// Backend plugins found but not loaded, one line each: "<file>: <why>" (a missing driver, an
+// interface version mismatch). Plugins are libtessera-backend-<kind>.so files next to libtessera
+// or in a directory of TESSERA_PLUGIN_PATH, loaded at the first device query that needs them.
+std::vector<std::string> plugin_errors();
 
 }  // namespace tessera
+#pragma GCC visibility pop

@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <string>
 
+#pragma GCC visibility push(default)  // the public API: exported (cmake/libtessera.map)
 namespace tessera {
 
 // float16 and bfloat16 are storage types: they are computed in float32 and rounded on store.
@@ -25,3 +26,4 @@ DType promote(DType a, DType b);
 DType promote_scalar(DType t, double value);
 
 }  // namespace tessera
+#pragma GCC visibility pop

@@ -5,6 +5,7 @@
 #include <stdexcept>
 #include <string>
 
+#pragma GCC visibility push(default)  // the public API: exported (cmake/libtessera.map)
 namespace tessera {
 
 class Error : public std::runtime_error {
@@ -12,9 +13,5 @@ class Error : public std::runtime_error {
   explicit Error(const std::string& msg) : std::runtime_error(msg) {}
 };
 
-// Builds the message in the documented order; `scope` may be empty (then the current scope of
-// the calling thread is used when `use_current_scope` is true).
-[[noreturn]] void fail(const std::string& op, const std::string& detail, const std::string& scope);
-[[noreturn]] void fail(const std::string& op, const std::string& detail);  // current scope
-
 }  // namespace tessera
+#pragma GCC visibility pop

@@ -8,6 +8,7 @@
 
 #include "tessera/tensor.h"
 
+#pragma GCC visibility push(default)  // the public API: exported (cmake/libtessera.map)
 namespace tessera::io {
 
 using TensorMap = std::map<std::string, Tensor>;
@@ -21,3 +22,4 @@ void save_safetensors(const std::string& path, const TensorMap& tensors, const M
 TensorMap load_safetensors(const std::string& path, Metadata* meta = nullptr, const Device& device = Device("cpu"));
 
 }  // namespace tessera::io
+#pragma GCC visibility pop

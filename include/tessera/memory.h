@@ -12,9 +12,11 @@
 
 #include "tessera/dtype.h"
 #include "tessera/shape.h"
-#include "tessera/tensor.h"
 
+#pragma GCC visibility push(default)  // the public API: exported (cmake/libtessera.map)
 namespace tessera {
+
+class Tensor;  // tessera/tensor.h
 
 struct PlannedBuffer {
   std::string kind;               // "param" (a graph input), "output" or "temp" (in the arena)
@@ -59,3 +61,4 @@ MemoryPlan pending_memory_plan();
 MemoryPlan last_memory_plan();
 
 }  // namespace tessera
+#pragma GCC visibility pop

@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#pragma GCC visibility push(default)  // the public API: exported (cmake/libtessera.map)
 namespace tessera {
 
 // Counters of one device kind: what ran there and what crossed between it and the host.
@@ -16,6 +17,9 @@ struct DeviceMetrics {
   // Host <-> device bytes the backend itself moved while launching a graph's Steps (a host
   // fallback would show here; see backends::report_host_transfer).
   int64_t bytes_moved_in_graphs = 0;
+  // Graph runs the backend executed as a whole program (Backend::run_executable), not Step by Step.
+  int64_t executables_run = 0;
+  int64_t library_calls_compiled = 0;  // Steps a backend claimed for a library (Backend::claim)
 };
 
 struct Metrics {
@@ -39,7 +43,6 @@ struct Metrics {
 Metrics metrics();
 // Sets the high-water mark to the current live bytes, so a later peak measures one region.
 void reset_peak_bytes();
-// Nodes of the lazy graph currently alive (for leak checks).
-int64_t live_nodes();
 
 }  // namespace tessera
+#pragma GCC visibility pop

@@ -13,6 +13,7 @@
 #include "tessera/scope.h"
 #include "tessera/tensor.h"
 
+#pragma GCC visibility push(default)  // the public API: exported (cmake/libtessera.map)
 namespace tessera::nn {
 
 class Module {
@@ -62,7 +63,7 @@ class Module {
  private:
   friend class ModuleList;  // renames its children's scopes
   void collect(const std::string& prefix, std::vector<std::pair<std::string, Tensor>>& out, bool params,
-               std::vector<const void*>& seen) const;
+               std::vector<Tensor>& seen) const;
   std::string type_name_;
   std::string scope_name_;
   bool training_ = true;
@@ -377,3 +378,4 @@ Tensor nll_loss(const Tensor& log_probs, const Tensor& target, int64_t ignore_in
 Tensor mse_loss(const Tensor& input, const Tensor& target);
 
 }  // namespace tessera::nn
+#pragma GCC visibility pop

@@ -7,6 +7,7 @@
 
 #include "tessera/tensor.h"
 
+#pragma GCC visibility push(default)  // the public API: exported (cmake/libtessera.map)
 namespace tessera {
 
 // ---- factories ----
@@ -131,3 +132,4 @@ Tensor layer_norm(const Tensor& a, const Shape& normalized_shape, const Tensor& 
 Tensor cross_entropy(const Tensor& logits, const Tensor& target);
 
 }  // namespace tessera
+#pragma GCC visibility pop

@@ -8,6 +8,7 @@
 
 #include "tessera/tensor.h"
 
+#pragma GCC visibility push(default)  // the public API: exported (cmake/libtessera.map)
 namespace tessera::optim {
 
 class Optimizer {
@@ -76,3 +77,4 @@ struct WarmupCosine {
 };
 
 }  // namespace tessera::optim
+#pragma GCC visibility pop

@@ -32,6 +32,7 @@
 
 #include "tessera/memory.h"
 
+#pragma GCC visibility push(default)  // the public API: exported (cmake/libtessera.map)
 namespace tessera {
 
 struct ProfiledOp {
@@ -105,3 +106,4 @@ std::string memory_viewer_html(const MemoryPlan& plan, const std::string& title 
 void write_memory_viewer(const std::string& path, const MemoryPlan& plan, const std::string& title = "tessera memory plan");
 
 }  // namespace tessera
+#pragma GCC visibility pop

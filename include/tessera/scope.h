@@ -3,6 +3,7 @@
 #pragma once
 #include <string>
 
+#pragma GCC visibility push(default)  // the public API: exported (cmake/libtessera.map)
 namespace tessera {
 
 class Scope {
@@ -17,3 +18,4 @@ class Scope {
 const std::string& current_scope();
 
 }  // namespace tessera
+#pragma GCC visibility pop

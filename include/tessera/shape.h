@@ -4,6 +4,7 @@
 #include <string>
 #include <vector>
 
+#pragma GCC visibility push(default)  // the public API: exported (cmake/libtessera.map)
 namespace tessera {
 
 using Shape = std::vector<int64_t>;
@@ -19,3 +20,4 @@ int64_t wrap_dim(int64_t dim, int64_t rank, const char* op);
 int64_t wrap_dim(int64_t dim, const Shape& s, const char* op, bool one_more = false);
 
 }  // namespace tessera
+#pragma GCC visibility pop

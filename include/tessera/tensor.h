@@ -16,13 +16,18 @@
 #include "tessera/shape.h"
 
 namespace tessera {
+struct TensorImpl;  // internal (src/tensor/tensor_impl.h): declared before the exported region
+namespace detail {
+struct TensorAccess;
+}
+}  // namespace tessera
 
-struct TensorImpl;  // src/frontend/tensor_impl.h
+#pragma GCC visibility push(default)  // the public API: exported (cmake/libtessera.map)
+namespace tessera {
 
 class Tensor {
  public:
   Tensor() = default;  // undefined; most calls on it throw
-  explicit Tensor(std::shared_ptr<TensorImpl> impl);
 
   bool defined() const { return impl_ != nullptr; }
   const Shape& shape() const;
@@ -32,6 +37,11 @@ class Tensor {
   DType dtype() const;
   Device device() const;
   bool is_realized() const;  // true once the value lives in a buffer
+  // Whether both handles name the same tensor (copies of a handle share it, as in PyTorch).
+  bool is_same(const Tensor& other) const { return impl_ == other.impl_; }
+  // Replaces this tensor's value with new_data's (shape, dtype and device included), keeping
+  // its identity: other handles and its autodiff state (requires_grad, grad) see the new value.
+  void set_data(const Tensor& new_data);
 
   // ---- reading values (each realizes all pending tensors and counts one host sync) ----
   double item() const;  // one-element tensors only
@@ -83,10 +93,10 @@ class Tensor {
   // The same value without history.
   Tensor detach() const;
 
-  // ---- internals, for the library's own layers ----
-  const std::shared_ptr<TensorImpl>& impl() const { return impl_; }
 
  private:
+  friend struct detail::TensorAccess;  // the library's own layers (not part of the API)
+  explicit Tensor(std::shared_ptr<TensorImpl> impl) noexcept : impl_(std::move(impl)) {}
   std::shared_ptr<TensorImpl> impl_;
 };
 
@@ -107,7 +117,15 @@ Tensor arange(double start, double end, double step = 1, std::optional<TensorOpt
 Tensor rand(const Shape& s, TensorOptions o = {});   // uniform in [0, 1)
 Tensor randn(const Shape& s, TensorOptions o = {});  // standard normal
 // Copies host data into a new realized tensor (numel(s) must equal data.size()).
-template <class T> Tensor from_vector(const std::vector<T>& data, const Shape& s, TensorOptions o = {});
+template <class T>
+__attribute__((visibility("default"))) Tensor from_vector(const std::vector<T>& data, const Shape& s, TensorOptions o = {});
+// Instantiated in the library for these element types (as Tensor::to_vector is); the attribute
+// exports them (#pragma GCC visibility does not reach template instantiations).
+extern template Tensor from_vector<float>(const std::vector<float>&, const Shape&, TensorOptions);
+extern template Tensor from_vector<double>(const std::vector<double>&, const Shape&, TensorOptions);
+extern template Tensor from_vector<int32_t>(const std::vector<int32_t>&, const Shape&, TensorOptions);
+extern template Tensor from_vector<int64_t>(const std::vector<int64_t>&, const Shape&, TensorOptions);
+extern template Tensor from_vector<uint8_t>(const std::vector<uint8_t>&, const Shape&, TensorOptions);
 Tensor scalar_tensor(double v, TensorOptions o = {});
 
 // ---- elementwise ----
@@ -187,7 +205,5 @@ struct RngState {
 RngState rng_state();
 void set_rng_state(const RngState& s);
 
-// The library's version string.
-const char* version();
-
 }  // namespace tessera
+#pragma GCC visibility pop

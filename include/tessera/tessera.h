@@ -15,3 +15,4 @@
 #include "tessera/scope.h"
 #include "tessera/shape.h"
 #include "tessera/tensor.h"
+#include "tessera/version.h"

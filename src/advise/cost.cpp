@@ -28,12 +28,13 @@
 #include <set>
 
 #include "backends/backend.h"
-#include "frontend/memory_impl.h"
-#include "frontend/tensor_impl.h"
+#include "compiler/lower.h"
+#include "runtime/memory_plan.h"
+#include "tensor/tensor_impl.h"
 #include "kernel_ir/target.h"
 #include "runtime/realize.h"
 #include "tessera/advise.h"
-#include "tessera/error.h"
+#include "core/fail.h"
 #include "tessera/metrics.h"
 #include "tessera/optim.h"
 
@@ -127,18 +128,6 @@ kir::Target target_of(const DeviceSpec& d, DType dtype) {
   return t;
 }
 
-// The pending impls computing `outputs` (all when empty), in the order sync() would request
-// them, so the graph (and its cache key) is the one sync() would run.
-std::vector<runtime::Request> requests_for(const std::vector<Tensor>& outputs) {
-  std::set<const TensorImpl*> wanted;
-  for (auto& t : outputs) wanted.insert(t.impl().get());
-  std::vector<runtime::Request> req;
-  for (auto& impl : detail::pending_impls())
-    if ((outputs.empty() || wanted.count(impl.get())) && impl->node && impl->node->op != ir::Op::Leaf)
-      req.push_back({impl->node, impl->donor});
-  return req;
-}
-
 // Compiles the requests for `target` (null: their own device) into a Workload.
 Workload compile_workload(const std::vector<runtime::Request>& req, const DeviceSpec* target, DType dtype) {
   Workload w;
@@ -156,7 +145,7 @@ Workload compile_workload(const std::vector<runtime::Request>& req, const Device
     if (dtype != DType::Float32) fail("advise", "bfloat16 is substituted only when compiling for a target device", "");
     compiled = runtime::compile_only(req);
   }
-  w.plan = detail::memory_plan_of(*compiled);
+  w.plan = runtime::memory_plan_of(*compiled);
   for (const kir::Step& st : compiled->steps) {
     StepCost c;
     c.gemm = st.kind == kir::StepKind::Gemm;
@@ -177,7 +166,7 @@ Workload compile_workload(const std::vector<runtime::Request>& req, const Device
 }  // namespace
 
 Workload workload_of(const std::vector<Tensor>& outputs, const DeviceSpec* target, DType dtype) {
-  return compile_workload(requests_for(outputs), target, dtype);
+  return compile_workload(detail::pending_requests(outputs), target, dtype);
 }
 
 struct GptWorkloads::State {
@@ -221,9 +210,9 @@ const Workload& GptWorkloads::trace_and_compile(int64_t batch, const DeviceSpec*
   // to those buffers is held here: one would forbid donating them and change the plan (the
   // pending graph's leaves keep them alive, and each rebound impl's donor names its buffer).
   std::vector<std::shared_ptr<TensorImpl>> saved;
-  for (auto& p : st_->opt->params()) saved.push_back(p.impl());
+  for (auto& p : st_->opt->params()) saved.push_back(detail::impl_of(p));
   for (auto& [k, t] : st_->opt->state_dict())
-    if (k != "step") saved.push_back(t.impl());
+    if (k != "step") saved.push_back(detail::impl_of(t));
   Workload w;
   {
     const int64_t T = cfg_.block;
@@ -241,16 +230,10 @@ const Workload& GptWorkloads::trace_and_compile(int64_t batch, const DeviceSpec*
     // donors may exist while compiling.
     auto restore = [&] {
       st_->opt->zero_grad();
-      std::vector<std::shared_ptr<Buffer>> old;
-      for (auto& impl : saved) old.push_back(impl->node ? impl->donor.lock() : impl->buffer);
-      for (size_t i = 0; i < saved.size(); ++i) {
-        if (!old[i]) fail("advise", "internal: lost a parameter's buffer while planning", "");
-        if (saved[i]->node) saved[i]->realize_to(old[i]);
-        saved[i]->realized_from.reset();
-      }
+      for (auto& impl : saved) impl->revert_to_donor();
     };
     try {
-      w = compile_workload(requests_for({}), target, dtype);
+      w = compile_workload(detail::pending_requests(), target, dtype);
     } catch (...) {
       restore();
       throw;

@@ -38,7 +38,7 @@
 #include <thread>
 
 #include "tessera/advise.h"
-#include "tessera/error.h"
+#include "core/fail.h"
 #include "tessera/metrics.h"
 #include "tessera/ops.h"
 
@@ -89,9 +89,8 @@ DeviceSpec tpu_core(std::string name, std::string desc) {
   return d;
 }
 
-}  // namespace
-
-std::vector<DeviceSpec> builtin_devices() {
+// The NVIDIA GPUs of the table, oldest first.
+std::vector<DeviceSpec> nvidia_devices() {
   std::vector<DeviceSpec> v;
   {
     // NVIDIA T4 (Turing, PCIe). [S] sysrqmts.com/en/gpus/nvidia/tesla/t4 (FP32 8.141, FP16 65.13
@@ -206,6 +205,12 @@ std::vector<DeviceSpec> builtin_devices() {
     d.source = "MLPerf H200 system description; bandwidth from NVIDIA's announcement (secondary)";
     v.push_back(d);
   }
+  return v;
+}
+
+// Google's TPUs: a v3 core and board, a v4 chip and board.
+std::vector<DeviceSpec> tpu_devices() {
+  std::vector<DeviceSpec> v;
   // Google TPU v3. [V] cloud.google.com/tpu/docs/v3: per chip (2 TensorCores) 123 TFLOP/s bf16,
   // 32 GiB HBM2 at 900 GBps, measured power 123/220/262 W (min/mean/max), all-reduce bandwidth
   // per 1024-chip pod 340 TB/s (-> ~332 GB/s per chip, 166 GB/s per core). [V] A v3-8 is 8 cores
@@ -251,6 +256,14 @@ std::vector<DeviceSpec> builtin_devices() {
     d.source = "cloud.google.com/tpu/docs/v4";
     v.push_back(d);
   }
+  return v;
+}
+
+}  // namespace
+
+std::vector<DeviceSpec> builtin_devices() {
+  std::vector<DeviceSpec> v = nvidia_devices();
+  for (DeviceSpec& d : tpu_devices()) v.push_back(std::move(d));
   return v;
 }
 

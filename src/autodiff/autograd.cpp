@@ -6,7 +6,7 @@
 
 #include "core/scope_impl.h"
 #include "ir/build.h"
-#include "tessera/error.h"
+#include "core/fail.h"
 
 namespace tessera::autodiff {
 namespace {
@@ -54,7 +54,7 @@ ir::NodePtr realized_value(const std::weak_ptr<TensorImpl>& t, const ir::NodePtr
 bool grad_enabled() { return t_grad_enabled; }
 void set_grad_enabled(bool on) { t_grad_enabled = on; }
 
-bool requires_grad(const Tensor& t) { return t.defined() && t.impl()->grad_meta && t.impl()->grad_meta->requires_grad; }
+bool requires_grad(const Tensor& t) { return t.defined() && detail::impl_of(t)->grad_meta && detail::impl_of(t)->grad_meta->requires_grad; }
 
 void record(const Tensor& out, const std::vector<const Tensor*>& inputs) {
   if (!t_grad_enabled || !is_floating(out.dtype())) return;
@@ -63,13 +63,13 @@ void record(const Tensor& out, const std::vector<const Tensor*>& inputs) {
   if (!any) return;
   auto fn = std::make_shared<GradFn>();
   fn->out = detail::node_of(out);
-  fn->out_tensor = out.impl();
+  fn->out_tensor = detail::impl_of(out);
   for (const Tensor* t : inputs)
-    fn->inputs.push_back({detail::node_of(*t), requires_grad(*t) ? t->impl()->grad_meta : nullptr, t->impl()});
+    fn->inputs.push_back({detail::node_of(*t), requires_grad(*t) ? detail::impl_of(*t)->grad_meta : nullptr, detail::impl_of(*t)});
   auto meta = std::make_shared<Meta>();
   meta->requires_grad = true;
   meta->grad_fn = std::move(fn);
-  out.impl()->grad_meta = std::move(meta);
+  detail::impl_of(out)->grad_meta = std::move(meta);
 }
 
 namespace {
@@ -199,7 +199,7 @@ void backward(const Tensor& root, const Tensor& grad) {
         if (e.meta) dfs(e.meta.get());
     post.push_back(m);
   };
-  Meta* root_meta = root.impl()->grad_meta.get();
+  Meta* root_meta = detail::impl_of(root)->grad_meta.get();
   dfs(root_meta);
   // Every value realized since the forward pass, read instead of recomputed wherever the
   // history uses it.

@@ -7,7 +7,7 @@
 #include <memory>
 #include <vector>
 
-#include "frontend/tensor_impl.h"
+#include "tensor/tensor_impl.h"
 
 namespace tessera::autodiff {
 

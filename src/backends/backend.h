@@ -1,19 +1,22 @@
-// The backend interface (version 2). A backend owns the memory of its devices and runs
+// The backend interface (version 3). A backend owns the memory of its devices and runs
 // Kernel-IR Steps (kernel_ir/step.h) on them; docs/backend-guide.md walks through adding one.
+// It is part of the backend SDK: a backend may be built into libtessera (cpu, null) or live in a
+// plugin, a shared library exporting one C function (backends/plugin.h).
 //
 // Contract, for every function below:
 // - Errors: throw tessera::Error whose message starts with the op or subsystem ("[opencl] ...",
 //   or for a failing Step its first source op and scope: "[gather] index 7 out of range ...
-//   (in scope 'wte')"). Never abort, never return an error code.
+//   (in scope 'wte')"). Never abort, never return an error code. (A plugin's errors cross the
+//   library boundary as a status and a message; backends/plugin.h does that for you.)
 // - Threads: the runtime calls a backend from one thread at a time.
 // - Memory: pointers handed out by allocate() are opaque to the runtime: it only adds byte
 //   offsets inside an allocation (arena temporaries, at multiples of properties().alignment) and
-//   passes them back in LaunchArgs::slots, copy_in/copy_out and free. They need not be host
-//   addresses (the OpenCL backend returns handles it maps to cl_mem + offset).
-// - Ordering: launches and copies on one device take effect in the order they are made; copy_out
-//   returns after the data is on the host.
-// Required: name, info, allocate, free, copy_in, copy_out, compile, launch. The rest have
-// defaults and are optional.
+//   passes them back in LaunchArgs::slots, the copies and free. They need not be host addresses
+//   (the OpenCL backend returns handles it maps to cl_mem + offset).
+// - Ordering: launches and copies on one device take effect in the order they are made (a
+//   stream); copy_out returns after the data is on the host.
+// Required: name, info, allocate, free, copy_in, copy_out, compile, launch. Everything else
+// has a default and is optional: the per-Step level alone runs every program.
 #pragma once
 #include <atomic>
 #include <cstdint>
@@ -26,12 +29,19 @@
 #include "kernel_ir/target.h"
 #include "tessera/device.h"
 
+#pragma GCC visibility push(default)  // the backend SDK: exported for plugins
+namespace tessera::ir {
+struct Graph;  // ir/graph.h
+}
+
 namespace tessera::backends {
 
 // 2: LaunchArgs::device, Backend::no_device_message, DeviceInfo::accelerator.
-constexpr int kInterfaceVersion = 2;
+// 3: library calls, whole executables, asynchronous copies, device-to-device copies and events;
+//    plugins (backends/plugin.h), whose version the loader checks.
+constexpr int kInterfaceVersion = 3;
 
-// A compiled Step, opaque to the runtime; destroyed with the Executable that holds it.
+// A compiled Step, opaque to the runtime; destroyed with the executable that holds it.
 struct Kernel {
   virtual ~Kernel() = default;
 };
@@ -42,6 +52,52 @@ struct LaunchArgs {
   uint64_t seed = 0;   // random generator state for Rng instructions (core/philox.h)
   uint64_t offset = 0;
   int device = 0;      // index of the device the executable was compiled for
+};
+
+// A library call a backend may take over instead of rendering the Step (Backend::claim).
+struct Claim {
+  bool claimed = false;
+  // The library applies the Step's epilogue program itself. When false and the Step has one,
+  // the runtime splits it off (kir::split_epilogue) into an Elementwise Step after the call,
+  // compiled with compile() like any other.
+  bool fuses_epilogue = false;
+};
+
+// Per-run values of a whole executable, at the start of its scalars buffer (RunArgs::scalars):
+// a buffer that lives as long as the executable, so a replayed program reads this run's values
+// from the addresses it captured.
+struct RunScalars {
+  uint64_t seed = 0, offset = 0;  // the random generator state (LaunchArgs::seed, offset)
+};
+
+// What compile_executable() receives: the whole program, both as IR and as planned Steps.
+struct ExecutableSpec {
+  const ir::Graph* graph = nullptr;              // the optimized IR (after the IR passes): e.g. for StableHLO
+  const std::vector<kir::Step>* steps = nullptr; // the planned Steps, in order
+  const std::vector<kir::Slot>* slots = nullptr; // every slot (params, outputs, arena temporaries)
+  std::vector<const Kernel*> kernels;            // per Step: what compile() / compile_library() returned
+  size_t arena_bytes = 0;                        // temporaries live at arena base + Slot::offset
+  size_t scalars_bytes = 0;                      // RunScalars, then staged parameters (see RunArgs)
+  int device = 0;
+};
+
+// One run of a whole executable. slots: every slot's pointer for this run. Small parameters
+// (at most 8 bytes: a learning rate, a step count) that the run does not write are copied into
+// the scalars buffer first and their slots point there, so they too sit at fixed addresses.
+struct RunArgs {
+  void* const* slots = nullptr;
+  void* scalars = nullptr;  // device memory: RunScalars, then the staged parameters
+  int device = 0;
+};
+
+// A compiled whole program (compile_executable), opaque to the runtime.
+struct Executable {
+  virtual ~Executable() = default;
+};
+
+// A point in a device's stream (record_event).
+struct Event {
+  virtual ~Event() = default;
 };
 
 class Backend {
@@ -80,6 +136,36 @@ class Backend {
   virtual void launch(const Kernel& k, const kir::Step& step, const LaunchArgs& args) = 0;
   // Optional: waits for all launched work (no-op for synchronous backends).
   virtual void synchronize() {}
+
+  // ---- optional, v3: library calls ----
+  // Whether the backend runs this Step with a library (a GEMM through cuBLASLt; a conv product,
+  // kir::Step::conv set, through cuDNN) rather than compile(). Asked of Gemm Steps before they
+  // are compiled; a claimed Step is compiled with compile_library().
+  virtual Claim claim(const kir::Step& /*step*/, int /*device*/) { return {}; }
+  virtual std::unique_ptr<Kernel> compile_library(const kir::Step& step) { return compile(step); }
+
+  // ---- optional, v3: whole executables ----
+  // Compiles the whole program after its Steps were compiled (a CUDA graph to replay, a
+  // StableHLO module for a PJRT plugin); null declines, and the runtime launches Step by Step.
+  // run_executable() then replaces the per-Step launches of each run (the runtime still checks
+  // arena guards after the run and synchronizes).
+  virtual std::unique_ptr<Executable> compile_executable(const ExecutableSpec& /*spec*/) { return nullptr; }
+  virtual void run_executable(Executable& /*exe*/, const RunArgs& /*args*/) {}
+
+  // ---- optional, v3: asynchronous and device-to-device copies, events ----
+  // True when copy_in_async/copy_out_async return before the copy is done (then the runtime
+  // keeps the host memory alive until an event recorded after the copy has completed).
+  virtual bool async_copies() const { return false; }
+  virtual void copy_in_async(void* dst, const void* host, size_t nbytes) { copy_in(dst, host, nbytes); }
+  virtual void copy_out_async(void* host, const void* src, size_t nbytes) { copy_out(host, src, nbytes); }
+  // dst on device dst_index, src on src_index, both of this backend. The default goes through
+  // the host (and reports it with report_host_transfer).
+  virtual void copy_device(void* dst, int dst_index, const void* src, int src_index, size_t nbytes);
+  // A point after everything issued so far on device `index`; null for synchronous backends,
+  // for which every point has passed.
+  virtual std::unique_ptr<Event> record_event(int /*index*/) { return nullptr; }
+  virtual bool event_done(const Event& /*e*/) { return true; }  // polls
+  virtual void wait_event(const Event& /*e*/) {}                 // the host waits
 };
 
 // Host <-> device bytes a backend moves by itself (anything besides the runtime's copy_in /
@@ -91,12 +177,19 @@ void report_host_transfer(const std::string& kind, int64_t bytes);
 // Bytes reported so far for a device kind (a stable counter: look it up once, read it often).
 std::atomic<int64_t>& reported_host_transfers(const std::string& kind);
 
-// The registry: backends add themselves at start-up; lookups throw for unknown devices.
+// The registry: cpu and null are built in; plugins (backends/plugin.h) are loaded at the first
+// lookup of a device kind that is not built in, or of all devices (never at start-up).
 void register_backend(std::shared_ptr<Backend> b);
 Backend& backend_for(const Device& d);  // throws "[device] unknown device 'x'; available: ..."
-std::vector<std::shared_ptr<Backend>> all_backends();
+std::vector<std::shared_ptr<Backend>> all_backends();  // loads the plugins first
+// A plugin that failed to load: its file and why (a missing driver, a version mismatch ...).
+struct PluginFailure {
+  std::string path, reason;
+};
+std::vector<PluginFailure> plugin_failures();  // loads the plugins first
 // The null device posing as `target` ("null:K", whose properties() are `target`; equal targets
 // share one index, and indices are never reused, so compile-cache keys stay valid).
 Device null_device_for(const kir::Target& target);
 
 }  // namespace tessera::backends
+#pragma GCC visibility pop

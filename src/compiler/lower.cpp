@@ -9,7 +9,7 @@
 #include "compiler/passes/fuse.h"
 #include "compiler/passes/passes.h"
 #include "ir/conv.h"
-#include "tessera/error.h"
+#include "core/fail.h"
 
 namespace tessera::compiler {
 namespace {

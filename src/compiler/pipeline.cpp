@@ -5,7 +5,7 @@
 
 namespace tessera::compiler {
 
-Plan compile_graph(const ir::Graph& g, const std::vector<int>& donate_to, const kir::Target& target) {
+Plan compile_graph(const ir::Graph& g, const std::vector<int>& donate_to, const kir::Target& target, ir::Graph* optimized) {
   std::vector<ir::NodePtr> params;
   for (int p : g.params) params.push_back(g.nodes[p]);
   dump_graph("ir", g);
@@ -23,6 +23,7 @@ Plan compile_graph(const ir::Graph& g, const std::vector<int>& donate_to, const 
   donate(plan, donate_to);
   plan_memory(plan, target.alignment);
   dump_plan(h, plan);
+  if (optimized) *optimized = std::move(h);
   return plan;
 }
 

@@ -106,11 +106,9 @@ std::vector<Case> softmax_like(std::function<Tensor(const Tensor&, int64_t)> f) 
   };
 }
 
-std::vector<Row> make_rows() {
-  Gen g = uniform(-2, 2), pos = uniform(0.1, 4), nz = away_from_zero(-3, 3);
-  std::vector<Row> r;
+void add_factories_rows(std::vector<Row>& r) {
+  Gen g = uniform(-2, 2);
   auto add = [&r](std::string name, std::function<std::vector<Case>()> f) { r.push_back({std::move(name), std::move(f)}); };
-
   // ---- factories ----
   add("linspace", [] {
     return std::vector<Case>{
@@ -144,7 +142,11 @@ std::vector<Row> make_rows() {
                              one("f64[3,2] permuted", input({3, 2}, F64, g, L::Permuted), [](const Tensor& x) { return randn_like(x); }),
                              one("bf16[6]", input({6}, BF16, g), [](const Tensor& x) { return randn_like(x); })};
   });
+}
 
+void add_elementwise_rows(std::vector<Row>& r) {
+  Gen g = uniform(-2, 2), pos = uniform(0.1, 4), nz = away_from_zero(-3, 3);
+  auto add = [&r](std::string name, std::function<std::vector<Case>()> f) { r.push_back({std::move(name), std::move(f)}); };
   // ---- elementwise ----
   add("rsqrt", [pos] { return elementwise([](const Tensor& x) { return rsqrt(x); }, pos); });
   add("reciprocal", [nz] { return elementwise([](const Tensor& x) { return reciprocal(x); }, nz); });
@@ -174,7 +176,10 @@ std::vector<Row> make_rows() {
     c.push_back(one("i64[4,5] max only", input({4, 5}, I64, integers(-9, 9)), [](const Tensor& x) { return clamp(x, std::nullopt, 3.0); }, 0));
     return c;
   });
+}
 
+void add_logical_rows(std::vector<Row>& r) {
+  auto add = [&r](std::string name, std::function<std::vector<Case>()> f) { r.push_back({std::move(name), std::move(f)}); };
   // ---- logical ----
   add("logical_and", [] { return logical([](const Tensor& a, const Tensor& b) { return logical_and(a, b); }); });
   add("logical_or", [] { return logical([](const Tensor& a, const Tensor& b) { return logical_or(a, b); }); });
@@ -184,7 +189,11 @@ std::vector<Row> make_rows() {
                              one("f32[3,4] strided nan/inf", input({3, 4}, F32, with_specials(integers(-1, 1)), L::Strided),
                                  [](const Tensor& x) { return logical_not(x); })};
   });
+}
 
+void add_reductions_rows(std::vector<Row>& r) {
+  Gen g = uniform(-2, 2);
+  auto add = [&r](std::string name, std::function<std::vector<Case>()> f) { r.push_back({std::move(name), std::move(f)}); };
   // ---- reductions ----
   add("sum", [g] {
     std::vector<Case> c = reduction([](const Tensor& x, std::vector<int64_t> d, bool k) { return sum(x, d, k); }, g);
@@ -224,7 +233,11 @@ std::vector<Row> make_rows() {
     c.push_back(one("f32[0,4] dim 0", input({0, 4}, F32, g), [](const Tensor& x) { return logsumexp(x, {0}); }));
     return c;
   });
+}
 
+void add_views_and_reshaping_rows(std::vector<Row>& r) {
+  Gen g = uniform(-2, 2);
+  auto add = [&r](std::string name, std::function<std::vector<Case>()> f) { r.push_back({std::move(name), std::move(f)}); };
   // ---- views and reshaping ----
   add("narrow", [] { return view([](const Tensor& x) { return narrow(x, 1, 2, 3); }, {4, 6, 3}); });
   add("squeeze", [] {
@@ -246,7 +259,11 @@ std::vector<Row> make_rows() {
     };
   });
   add("repeat", [] { return view([](const Tensor& x) { return repeat(x, {2, 1, 3}); }, {3, 2}); });
+}
 
+void add_selection_and_indexing_rows(std::vector<Row>& r) {
+  Gen g = uniform(-2, 2);
+  auto add = [&r](std::string name, std::function<std::vector<Case>()> f) { r.push_back({std::move(name), std::move(f)}); };
   // ---- selection and indexing ----
   add("masked_fill", [g] {
     auto mf = [](double v) { return [v](const std::vector<Tensor>& x) { return std::vector<Tensor>{masked_fill(x[0], x[1], v)}; }; };
@@ -289,7 +306,11 @@ std::vector<Row> make_rows() {
         of("f32[5,2] indices[9] grad", {input({5, 2}, F32, g, L::Permuted, true), input({9}, I64, integers(0, 4))}, f),
     };
   });
+}
 
+void add_convolution_and_pooling_rows(std::vector<Row>& r) {
+  Gen g = uniform(-2, 2);
+  auto add = [&r](std::string name, std::function<std::vector<Case>()> f) { r.push_back({std::move(name), std::move(f)}); };
   // ---- convolution and pooling (flip and conv_general are the reverse and conv rows) ----
   add("conv1d", [g] {
     Many f = [](const std::vector<Tensor>& x) { return std::vector<Tensor>{conv1d(x[0], x[1], x[2], 2, 1, 1, 1)}; };
@@ -370,7 +391,11 @@ std::vector<Row> make_rows() {
            [](const std::vector<Tensor>& x) { return std::vector<Tensor>{batch_norm(x[0], Tensor(), Tensor(), x[3], x[4])}; }, -1, 2e-4),
     };
   });
+}
 
+void add_networks_rows(std::vector<Row>& r) {
+  Gen g = uniform(-2, 2);
+  auto add = [&r](std::string name, std::function<std::vector<Case>()> f) { r.push_back({std::move(name), std::move(f)}); };
   // ---- networks ----
   add("softmax", [] { return softmax_like([](const Tensor& x, int64_t d) { return softmax(x, d); }); });
   add("log_softmax", [] { return softmax_like([](const Tensor& x, int64_t d) { return log_softmax(x, d); }); });
@@ -400,6 +425,18 @@ std::vector<Row> make_rows() {
         of("f32[4,1000] grad", {input({4, 1000}, F32, g, L::Contiguous, true), input({4}, I64, integers(0, 999))}, ce),
     };
   });
+}
+
+std::vector<Row> make_rows() {
+  std::vector<Row> r;
+  add_factories_rows(r);
+  add_elementwise_rows(r);
+  add_logical_rows(r);
+  add_reductions_rows(r);
+  add_views_and_reshaping_rows(r);
+  add_selection_and_indexing_rows(r);
+  add_convolution_and_pooling_rows(r);
+  add_networks_rows(r);
   return r;
 }
 

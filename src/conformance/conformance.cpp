@@ -1,5 +1,5 @@
 // The conformance runner: each case of each row on each backend, passes off then on, checked
-// against the float64 reference (tessera/conformance.h lists the checks).
+// against the float64 reference (conformance/conformance.h lists the checks).
 //
 // Tolerances (normalized: max|got - ref| / max|ref| over a result, ref = float64 reference of
 // the same graph on the same stored inputs). Integer and bool results are exact. Floating
@@ -26,12 +26,13 @@
 #include "conformance/random_graph.h"
 #include "conformance/suite.h"
 #include "core/half.h"
-#include "frontend/tensor_impl.h"
+#include "tensor/tensor_impl.h"
 #include "reference/evaluator.h"
 #include "runtime/allocator.h"
 #include "runtime/realize.h"
-#include "tessera/conformance.h"
-#include "tessera/error.h"
+#include "conformance/conformance.h"
+#include "core/fail.h"
+#include "tessera/metrics.h"
 
 namespace tessera::conformance {
 
@@ -218,7 +219,7 @@ CaseResult run_once(const Case& c, const std::string& row, const Target& tg, boo
         tg.executes ? runtime::upload(tg.device, bytes.data(), bytes.size())
                     : std::make_shared<Buffer>(tg.device, nullptr, bytes.size(), nullptr);  // compile-only: no memory
     if (tg.executes) known[buf.get()] = reference::read_host(bytes.data(), t, numel(s));
-    return Tensor(std::make_shared<TensorImpl>(std::move(buf), s, t));
+    return detail::from_buffer(std::move(buf), s, t);
   };
   auto fail_with = [&](std::string why) {
     r.status = Status::Fail;

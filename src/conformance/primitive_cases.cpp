@@ -4,7 +4,7 @@
 #include <cmath>
 
 #include "conformance/suite.h"
-#include "frontend/tensor_impl.h"
+#include "tensor/tensor_impl.h"
 #include "ir/build.h"
 
 namespace tessera::conformance {

@@ -4,8 +4,10 @@
 #include <functional>
 #include <random>
 
-#include "frontend/tensor_impl.h"
-#include "tessera/tessera.h"
+#include "tensor/tensor_impl.h"
+#include "tessera/ops.h"
+#include "tessera/scope.h"
+#include "tessera/tensor.h"
 
 namespace tessera::conformance {
 namespace {

@@ -1,4 +1,4 @@
-// The conformance suite's cases (tessera/conformance.h runs them). A Case is a function of
+// The conformance suite's cases (conformance/conformance.h runs them). A Case is a function of
 // realized inputs, traced on the backend under test; the runner compares every output and every
 // requested gradient with the float64 reference evaluating the same graph.
 //
@@ -19,8 +19,9 @@
 
 #include "conformance/random_graph.h"
 #include "ir/primitives.h"
-#include "tessera/conformance.h"
-#include "tessera/tessera.h"
+#include "conformance/conformance.h"
+#include "tessera/ops.h"
+#include "tessera/tensor.h"
 
 namespace tessera::conformance {
 

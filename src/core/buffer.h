@@ -6,6 +6,7 @@
 
 #include "tessera/device.h"
 
+#pragma GCC visibility push(default)  // the backend SDK: exported for plugins
 namespace tessera {
 
 struct Buffer {
@@ -21,3 +22,4 @@ struct Buffer {
 };
 
 }  // namespace tessera
+#pragma GCC visibility pop

@@ -1,4 +1,4 @@
-#include "tessera/error.h"
+#include "core/fail.h"
 
 #include "tessera/scope.h"
 

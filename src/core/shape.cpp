@@ -1,6 +1,6 @@
 #include "tessera/shape.h"
 
-#include "tessera/error.h"
+#include "core/fail.h"
 
 namespace tessera {
 

@@ -4,7 +4,7 @@
 #include <cmath>
 #include <string>
 
-#include "tessera/error.h"
+#include "core/fail.h"
 
 namespace tessera::data {
 namespace {

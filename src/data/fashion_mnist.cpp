@@ -5,7 +5,7 @@
 #include <filesystem>
 
 #include "tessera/data.h"
-#include "tessera/error.h"
+#include "core/fail.h"
 
 namespace tessera::data {
 namespace fs = std::filesystem;

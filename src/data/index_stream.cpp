@@ -2,7 +2,7 @@
 #include <random>
 
 #include "tessera/data.h"
-#include "tessera/error.h"
+#include "core/fail.h"
 
 namespace tessera::data {
 

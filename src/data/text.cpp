@@ -11,7 +11,7 @@
 #include <fstream>
 #include <sstream>
 
-#include "tessera/error.h"
+#include "core/fail.h"
 
 namespace tessera::data {
 namespace fs = std::filesystem;

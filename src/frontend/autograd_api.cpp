@@ -1,12 +1,12 @@
 // The public autodiff surface of Tensor; the machinery is in src/autodiff.
 #include "autodiff/autograd.h"
-#include "tessera/error.h"
+#include "core/fail.h"
 
 namespace tessera {
 
 Tensor& Tensor::requires_grad_(bool on) {
   if (!defined()) fail("requires_grad_", "called on an undefined tensor");
-  auto& m = impl()->grad_meta;
+  auto& m = impl_->grad_meta;
   if (m && m->grad_fn)
     fail("requires_grad_", "only leaf tensors can change requires_grad; use detach() for a new leaf");
   if (on && !is_floating(dtype()))
@@ -17,11 +17,11 @@ Tensor& Tensor::requires_grad_(bool on) {
 }
 
 bool Tensor::requires_grad() const { return autodiff::requires_grad(*this); }
-bool Tensor::is_leaf() const { return !defined() || !impl()->grad_meta || !impl()->grad_meta->grad_fn; }
+bool Tensor::is_leaf() const { return !defined() || !impl_->grad_meta || !impl_->grad_meta->grad_fn; }
 
 Tensor Tensor::grad() const {
   if (!defined()) fail("grad", "called on an undefined tensor");
-  return impl()->grad_meta ? impl()->grad_meta->grad : Tensor();
+  return impl_->grad_meta ? impl_->grad_meta->grad : Tensor();
 }
 
 void Tensor::set_grad(const Tensor& g) {
@@ -29,8 +29,8 @@ void Tensor::set_grad(const Tensor& g) {
   if (g.defined() && (g.shape() != shape() || g.device() != device()))
     fail("set_grad", "gradient " + shape_str(g.shape()) + " on " + g.device().str() + " for a tensor " +
                          shape_str(shape()) + " on " + device().str());
-  if (!impl()->grad_meta) impl()->grad_meta = std::make_shared<autodiff::Meta>();
-  impl()->grad_meta->grad = g;
+  if (!impl_->grad_meta) impl_->grad_meta = std::make_shared<autodiff::Meta>();
+  impl_->grad_meta->grad = g;
 }
 
 void Tensor::backward(const Tensor& gradient) const { autodiff::backward(*this, gradient); }
@@ -39,11 +39,11 @@ void Tensor::backward(const Tensor& gradient) const { autodiff::backward(*this, 
 // (x * x.detach()) would otherwise give the detached use a gradient too.
 Tensor Tensor::detach() const {
   if (!defined()) fail("detach", "called on an undefined tensor");
-  if (const auto& b = impl()->buffer) {  // an alias of the buffer that keeps it alive
+  if (const auto& b = impl_->buffer) {  // an alias of the buffer that keeps it alive
     auto alias = std::make_shared<Buffer>(b->device, b->data, b->nbytes, [keep = b](void*, size_t) {});
-    return Tensor(std::make_shared<TensorImpl>(std::move(alias), shape(), dtype()));
+    return detail::from_buffer(std::move(alias), shape(), dtype());
   }
-  return detail::from_node(ir::make(ir::Op::Reshape, {impl()->node}, {}, &shape()));
+  return detail::from_node(ir::make(ir::Op::Reshape, {impl_->node}, {}, &shape()));
 }
 
 NoGradGuard::NoGradGuard() : prev_(autodiff::grad_enabled()) { autodiff::set_grad_enabled(false); }

@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
-#include "tessera/error.h"
+#include "core/fail.h"
 #include "tessera/ops.h"
 
 namespace tessera {

@@ -5,9 +5,9 @@
 #include <limits>
 
 #include "autodiff/autograd.h"
-#include "frontend/tensor_impl.h"
+#include "tensor/tensor_impl.h"
 #include "ir/conv.h"
-#include "tessera/error.h"
+#include "core/fail.h"
 #include "tessera/ops.h"
 
 namespace tessera {

@@ -3,8 +3,8 @@
 #include <cmath>
 
 #include "autodiff/autograd.h"
-#include "frontend/tensor_impl.h"
-#include "tessera/error.h"
+#include "tensor/tensor_impl.h"
+#include "core/fail.h"
 
 namespace tessera {
 namespace {
@@ -22,7 +22,7 @@ Tensor T(NodePtr n, const std::vector<const Tensor*>& inputs = {}) {
 }
 Tensor view(NodePtr n, const Tensor& input) {
   Tensor t = T(std::move(n), {&input});
-  t.impl()->is_view = true;
+  detail::impl_of(t)->is_view = true;
   return t;
 }
 
@@ -118,10 +118,10 @@ Tensor reduce(Op op, const Tensor& a, std::vector<int64_t> dims, bool keepdim) {
 
 void check_inplace(const Tensor& self, const char* op) {
   if (!self.defined()) fail(op, "called on an undefined tensor");
-  const auto& m = self.impl()->grad_meta;
+  const auto& m = detail::impl_of(self)->grad_meta;
   if (autodiff::grad_enabled() && m && m->requires_grad && !m->grad_fn)
     fail(op, "a leaf tensor that requires grad cannot be modified in place outside no_grad, got " + desc(self));
-  if (self.impl()->is_view)
+  if (detail::impl_of(self)->is_view)
     fail(op, "in-place ops on views (results of reshape/permute/expand/slice) are not supported yet; got " + desc(self));
 }
 // Rebinds self to `result`, which must keep self's shape; cast back to self's dtype like PyTorch
@@ -132,12 +132,12 @@ Tensor& assign(Tensor& self, Tensor result, const char* op) {
   if (promote(result.dtype(), self.dtype()) != self.dtype())
     fail(op, std::string("result type ") + dtype_name(result.dtype()) + " can't be cast to the tensor's " + dtype_name(self.dtype()));
   result = result.to(self.dtype());
-  TensorImpl& impl = *self.impl();
+  TensorImpl& impl = *detail::impl_of(self);
   impl.rebind(N(result));
   // A leaf that requires grad keeps its identity (updates happen under no_grad); anything else
   // takes the history of its new value.
   bool grad_leaf = impl.grad_meta && impl.grad_meta->requires_grad && !impl.grad_meta->grad_fn;
-  if (!grad_leaf) impl.grad_meta = result.impl()->grad_meta;
+  if (!grad_leaf) impl.grad_meta = detail::impl_of(result)->grad_meta;
   return self;
 }
 

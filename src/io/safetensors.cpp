@@ -18,7 +18,7 @@
 #include <nlohmann/json.hpp>
 #include <vector>
 
-#include "frontend/tensor_impl.h"
+#include "tensor/tensor_impl.h"
 #include "runtime/allocator.h"
 #include "tessera/error.h"
 
@@ -123,7 +123,7 @@ void save_safetensors(const std::string& path, const TensorMap& tensors, const M
   }
   uint64_t offset = 0;
   for (const auto& [name, t] : tensors) {
-    const auto& impl = t.impl();
+    const auto& impl = detail::impl_of(t);
     if (!impl->buffer) save_fail(path, "tensor '" + name + "' could not be realized on " + impl->device.str());
     uint64_t nbytes = uint64_t(numel(impl->shape)) * itemsize(impl->dtype);
     ordered_json e = ordered_json::object();
@@ -156,7 +156,7 @@ void save_safetensors(const std::string& path, const TensorMap& tensors, const M
     save_fail(path, "write failed: " + errno_str());
   std::vector<char> bytes;
   for (const auto& [name, t] : tensors) {
-    const auto& impl = t.impl();
+    const auto& impl = detail::impl_of(t);
     size_t nbytes = size_t(numel(impl->shape)) * itemsize(impl->dtype);
     if (nbytes == 0) continue;
     bytes.resize(nbytes);
@@ -310,7 +310,7 @@ TensorMap load_safetensors(const std::string& path, Metadata* meta, const Device
     if (e.dtype == DType::Bool)
       for (size_t i = 0; i < nbytes; ++i) p[i] = p[i] != 0;  // normalize to 0/1
     auto buf = runtime::upload(device, p, nbytes);
-    out.emplace(e.name, Tensor(std::make_shared<TensorImpl>(std::move(buf), std::move(e.shape), e.dtype)));
+    out.emplace(e.name, detail::from_buffer(std::move(buf), std::move(e.shape), e.dtype));
   }
   if (meta) *meta = std::move(md);
   return out;

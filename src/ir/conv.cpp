@@ -1,6 +1,6 @@
 #include "ir/conv.h"
 
-#include "tessera/error.h"
+#include "core/fail.h"
 
 namespace tessera::ir {
 

@@ -7,6 +7,7 @@
 
 #include "ir/node.h"
 
+#pragma GCC visibility push(default)  // the backend SDK: exported for plugins
 namespace tessera::ir {
 
 struct ConvAxis {
@@ -30,3 +31,4 @@ inline int64_t conv_kernel_extent(int64_t k, const ConvAxis& a) { return (k - 1)
 int64_t conv_output_extent(int64_t n, int64_t k, const ConvAxis& a);
 
 }  // namespace tessera::ir
+#pragma GCC visibility pop

@@ -6,7 +6,7 @@
 #include <sstream>
 #include <stdexcept>
 
-#include "tessera/error.h"
+#include "core/fail.h"
 
 namespace tessera::ir {
 

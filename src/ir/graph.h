@@ -7,6 +7,7 @@
 
 #include "ir/node.h"
 
+#pragma GCC visibility push(default)  // the backend SDK: exported for plugins
 namespace tessera::ir {
 
 // Node -> position: open addressing over the nodes' addresses (one array, no allocation per
@@ -46,3 +47,4 @@ std::string node_text(const Graph& g, int i);
 void verify(const Graph& g);
 
 }  // namespace tessera::ir
+#pragma GCC visibility pop

@@ -7,7 +7,7 @@
 #include <mutex>
 #include <unordered_set>
 
-#include "tessera/error.h"
+#include "core/fail.h"
 #include "tessera/scope.h"
 
 namespace tessera::ir {

@@ -13,6 +13,7 @@
 #include "tessera/dtype.h"
 #include "tessera/shape.h"
 
+#pragma GCC visibility push(default)  // the backend SDK: exported for plugins
 namespace tessera::ir {
 
 struct Node;
@@ -54,3 +55,4 @@ inline size_t table_slot(uint64_t h, int shift) { return size_t((h * 0x9e3779b97
 int64_t live_node_count();
 
 }  // namespace tessera::ir
+#pragma GCC visibility pop

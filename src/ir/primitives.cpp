@@ -7,7 +7,7 @@
 #include "ir/conv.h"
 #include "ir/node.h"
 #include "ir/vjp.h"
-#include "tessera/error.h"
+#include "core/fail.h"
 
 namespace tessera::ir {
 namespace {

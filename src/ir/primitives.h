@@ -9,6 +9,7 @@
 #include "tessera/dtype.h"
 #include "tessera/shape.h"
 
+#pragma GCC visibility push(default)  // the backend SDK: exported for plugins
 namespace tessera::ir {
 
 struct Node;
@@ -90,3 +91,4 @@ inline const char* op_name(Op op) { return info(op).name; }
 bool is_compare(Op op);
 
 }  // namespace tessera::ir
+#pragma GCC visibility pop

@@ -8,6 +8,7 @@
 
 #include "tessera/shape.h"
 
+#pragma GCC visibility push(default)  // the backend SDK: exported for plugins
 namespace tessera::kir {
 
 struct View {
@@ -53,3 +54,4 @@ struct IndexMap {
 };
 
 }  // namespace tessera::kir
+#pragma GCC visibility pop

@@ -28,4 +28,39 @@ std::string Step::str() const {
   return os.str();
 }
 
+std::pair<Step, Step> split_epilogue(const Step& g) {
+  Step product = g, epi;
+  product.program.clear();
+  product.more_outputs.clear();
+  product.more_results.clear();
+  product.inputs.resize(2);  // an epilogue's further inputs come after A and B
+  product.sources.clear();
+  epi.kind = StepKind::Elementwise;
+  epi.dtype = g.dtype;
+  epi.output = g.output;
+  epi.more_outputs = g.more_outputs;
+  epi.more_results = g.more_results;
+  epi.program = g.program;
+  epi.shape = g.shape;
+  for (Instr& in : epi.program) {  // only the slots the program loads, renumbered
+    if (in.code != Code::Load) continue;
+    int slot = g.inputs[size_t(in.input)];
+    if (slot == g.output) epi.shape = in.map.shape();  // the epilogue's own domain (the product's positions, maybe reshaped)
+    auto it = std::find(epi.inputs.begin(), epi.inputs.end(), slot);
+    in.input = int(it - epi.inputs.begin());
+    if (it == epi.inputs.end()) epi.inputs.push_back(slot);
+  }
+  // The product's flops and bytes stay with the product; the rest is the epilogue's.
+  for (const Source& s : g.sources) (s.op == "matmul" || s.op == "conv" ? product : epi).sources.push_back(s);
+  if (product.sources.empty()) product.sources.push_back(g.sources.front());
+  double product_flops = 0;
+  for (const Source& s : product.sources) product_flops += s.flops;
+  product.cost.flops = product_flops;
+  epi.cost.flops = g.cost.flops - product_flops;
+  double out_bytes = double(numel(g.shape)) * double(itemsize(g.dtype));
+  epi.cost.bytes = 2 * out_bytes;
+  product.cost.bytes = g.cost.bytes;
+  return {std::move(product), std::move(epi)};
+}
+
 }  // namespace tessera::kir

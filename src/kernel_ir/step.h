@@ -2,13 +2,16 @@
 // runs them. A Step reads and writes numbered buffer slots; loads go through index maps.
 #pragma once
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "ir/conv.h"
 #include "ir/primitives.h"
 #include "kernel_ir/index_map.h"
 #include "tessera/dtype.h"
 
+#pragma GCC visibility push(default)  // the backend SDK: exported for plugins
 namespace tessera::kir {
 
 // Instructions of an elementwise program, evaluated per element of the program's domain.
@@ -90,6 +93,13 @@ struct Step {
   std::vector<int> more_outputs, more_results;
   std::vector<Source> sources;
   ir::Cost cost;
+  // Gemm lowered from a conv (inputs[0] the kernel, inputs[1] the input through its im2col
+  // window): the conv as such, for backends that claim conv products for a library (cuDNN).
+  struct Conv {
+    ir::ConvAttrs attrs;
+    Shape lhs, rhs;  // the conv's input [B, F, X...] and kernel [O, F/groups, K...]
+  };
+  std::optional<Conv> conv;
 
   // Every slot written: output, then more_outputs.
   std::vector<int> outputs() const {
@@ -100,6 +110,12 @@ struct Step {
 
   std::string str() const;  // one line, for dumps and errors
 };
+
+// A Gemm Step with an epilogue as two Steps: the product alone into the output slot, then an
+// Elementwise Step over the epilogue's domain applying the program in place (its loads of the
+// output slot read the product there). For backends whose library runs the product but cannot
+// fuse the epilogue (Backend::claim); the memory plan is unchanged.
+std::pair<Step, Step> split_epilogue(const Step& gemm);
 
 enum class SlotKind : uint8_t { Param, Output, Temp };
 struct Slot {
@@ -113,3 +129,4 @@ struct Slot {
 };
 
 }  // namespace tessera::kir
+#pragma GCC visibility pop

@@ -11,6 +11,7 @@
 #include "tessera/dtype.h"
 #include "tessera/shape.h"
 
+#pragma GCC visibility push(default)  // the backend SDK: exported for plugins
 namespace tessera::kir {
 
 struct Target {
@@ -53,3 +54,4 @@ struct Target {
 };
 
 }  // namespace tessera::kir
+#pragma GCC visibility pop

@@ -1,7 +1,7 @@
 // Convolutional layers, batch norm and the image classifiers (SmallCNN, ResNet).
 #include <cmath>
 
-#include "tessera/error.h"
+#include "core/fail.h"
 #include "tessera/nn.h"
 
 namespace tessera::nn {

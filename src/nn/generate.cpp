@@ -2,7 +2,7 @@
 #include <cmath>
 #include <random>
 
-#include "tessera/error.h"
+#include "core/fail.h"
 #include "tessera/nn.h"
 
 namespace tessera::nn {

@@ -3,7 +3,7 @@
 // with the position as a runtime value, so generation reuses one decode graph.
 #include <cmath>
 
-#include "tessera/error.h"
+#include "core/fail.h"
 #include "tessera/nn.h"
 
 namespace tessera::nn {

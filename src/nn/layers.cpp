@@ -1,6 +1,6 @@
 #include <cmath>
 
-#include "tessera/error.h"
+#include "core/fail.h"
 #include "tessera/nn.h"
 
 namespace tessera::nn {

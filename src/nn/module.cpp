@@ -1,8 +1,7 @@
 #include <algorithm>
 #include <set>
 
-#include "frontend/tensor_impl.h"
-#include "tessera/error.h"
+#include "core/fail.h"
 #include "tessera/nn.h"
 
 namespace tessera::nn {
@@ -46,10 +45,10 @@ void Module::add_child(const std::string& name, std::shared_ptr<Module> m) {
 }
 
 void Module::collect(const std::string& prefix, std::vector<std::pair<std::string, Tensor>>& out, bool params,
-                     std::vector<const void*>& seen) const {
+                     std::vector<Tensor>& seen) const {
   for (auto& [name, t] : params ? params_ : buffers_) {
-    if (!t.defined() || std::find(seen.begin(), seen.end(), t.impl().get()) != seen.end()) continue;
-    seen.push_back(t.impl().get());
+    if (!t.defined() || std::any_of(seen.begin(), seen.end(), [&](const Tensor& s) { return s.is_same(t); })) continue;
+    seen.push_back(t);
     out.push_back({prefix + name, t});
   }
   for (auto& [name, child] : children_) child->collect(prefix + name + ".", out, params, seen);
@@ -57,7 +56,7 @@ void Module::collect(const std::string& prefix, std::vector<std::pair<std::strin
 
 std::vector<std::pair<std::string, Tensor>> Module::named_parameters() const {
   std::vector<std::pair<std::string, Tensor>> r;
-  std::vector<const void*> seen;
+  std::vector<Tensor> seen;
   collect("", r, true, seen);
   return r;
 }
@@ -70,7 +69,7 @@ std::vector<Tensor> Module::parameters() const {
 
 std::vector<std::pair<std::string, Tensor>> Module::named_buffers() const {
   std::vector<std::pair<std::string, Tensor>> r;
-  std::vector<const void*> seen;
+  std::vector<Tensor> seen;
   collect("", r, false, seen);
   return r;
 }
@@ -132,10 +131,7 @@ void Module::to(const Device& d) {
   for (auto& [n, t] : named_buffers()) all.push_back(t);
   for (Tensor& t : all) {
     if (t.device() == d) continue;
-    Tensor moved = t.detach().to(d);
-    TensorImpl& impl = *t.impl();
-    impl.buffer = moved.impl()->buffer;
-    impl.device = d;
+    t.set_data(t.detach().to(d));
   }
 }
 

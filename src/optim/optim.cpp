@@ -2,7 +2,7 @@
 
 #include <cmath>
 
-#include "tessera/error.h"
+#include "core/fail.h"
 #include "tessera/ops.h"
 
 namespace tessera::optim {

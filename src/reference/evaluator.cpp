@@ -10,7 +10,7 @@
 
 #include "core/half.h"
 #include "core/philox.h"
-#include "tessera/error.h"
+#include "core/fail.h"
 
 namespace tessera::reference {
 namespace {
@@ -119,13 +119,11 @@ int64_t checked_index(const Node& n, double v, int64_t extent, int64_t axis, con
   return k;
 }
 
-Value eval_node(const Node& n, const std::vector<const Value*>& in, uint64_t seed, uint64_t offset) {
-  Value out{n.shape, n.dtype, {}};
+// Leaves, constants, random numbers, casts and elementwise ops.
+void eval_values(const Node& n, const std::vector<const Value*>& in, uint64_t seed, uint64_t offset, Value& out) {
   const int64_t total = numel(n.shape);
-  out.data.assign(size_t(total), 0.0);
   const auto& ints = n.attrs.ints;
-  Index idx, src;
-
+  Index idx;
   switch (n.op) {
     case Op::Leaf:
       fail("reference", "leaves are read by evaluate()");
@@ -178,6 +176,16 @@ Value eval_node(const Node& n, const std::vector<const Value*>& in, uint64_t see
       break;
     }
 
+    default:
+      fail("reference", std::string("not handled here: ") + ir::op_name(n.op));
+  }
+}
+
+// Sums and maxima over the reduced axes (kept as extent 1).
+void eval_reduction(const Node& n, const std::vector<const Value*>& in, Value& out) {
+  const auto& ints = n.attrs.ints;
+  Index idx;
+  switch (n.op) {
     case Op::ReduceSum: case Op::ReduceMax: {
       const Value& x = *in[0];
       bool is_max = n.op == Op::ReduceMax;
@@ -197,6 +205,17 @@ Value eval_node(const Node& n, const std::vector<const Value*>& in, uint64_t see
       break;
     }
 
+    default:
+      fail("reference", std::string("not handled here: ") + ir::op_name(n.op));
+  }
+}
+
+// Movement: every output position reads one input position (or the pad value).
+void eval_movement(const Node& n, const std::vector<const Value*>& in, Value& out) {
+  const int64_t total = numel(n.shape);
+  const auto& ints = n.attrs.ints;
+  Index idx, src;
+  switch (n.op) {
     case Op::Reshape:
       out.data = in[0]->data;
       break;
@@ -262,22 +281,27 @@ Value eval_node(const Node& n, const std::vector<const Value*>& in, uint64_t see
       break;
     }
 
-    case Op::Matmul: {
-      const Value &a = *in[0], &b = *in[1];
-      size_t r = n.shape.size();
-      int64_t M = a.shape[r - 2], K = a.shape[r - 1], N = b.shape[r - 1];
-      int64_t batch = 1;
-      for (size_t d = 0; d + 2 < r; ++d) batch *= n.shape[d];
-      for (int64_t bt = 0; bt < batch; ++bt)
-        for (int64_t m = 0; m < M; ++m)
-          for (int64_t j = 0; j < N; ++j) {
-            double acc = 0;
-            for (int64_t k = 0; k < K; ++k) acc += a.data[(bt * M + m) * K + k] * b.data[(bt * K + k) * N + j];
-            out.data[(bt * M + m) * N + j] = acc;
-          }
+    case Op::Reverse: {
+      const Value& x = *in[0];
+      for (int64_t i = 0; i < total; ++i) {
+        unravel(i, n.shape, idx);
+        for (int64_t ax : ints) idx[size_t(ax)] = n.shape[size_t(ax)] - 1 - idx[size_t(ax)];
+        out.data[i] = x.data[ravel(idx, x.shape)];
+      }
       break;
     }
 
+    default:
+      fail("reference", std::string("not handled here: ") + ir::op_name(n.op));
+  }
+}
+
+// Indexing with runtime indices, checked against the indexed extent.
+void eval_indexing(const Node& n, const std::vector<const Value*>& in, Value& out) {
+  const int64_t total = numel(n.shape);
+  const auto& ints = n.attrs.ints;
+  Index idx;
+  switch (n.op) {
     case Op::Gather: {
       const Value &x = *in[0], &index = *in[1];
       int64_t axis = ints.at(0);
@@ -315,13 +339,30 @@ Value eval_node(const Node& n, const std::vector<const Value*>& in, uint64_t see
       break;
     }
 
-    case Op::Reverse: {
-      const Value& x = *in[0];
-      for (int64_t i = 0; i < total; ++i) {
-        unravel(i, n.shape, idx);
-        for (int64_t ax : ints) idx[size_t(ax)] = n.shape[size_t(ax)] - 1 - idx[size_t(ax)];
-        out.data[i] = x.data[ravel(idx, x.shape)];
-      }
+    default:
+      fail("reference", std::string("not handled here: ") + ir::op_name(n.op));
+  }
+}
+
+// Matrix products and convolutions, accumulated in double.
+void eval_product(const Node& n, const std::vector<const Value*>& in, Value& out) {
+  const int64_t total = numel(n.shape);
+  const auto& ints = n.attrs.ints;
+  Index idx;
+  switch (n.op) {
+    case Op::Matmul: {
+      const Value &a = *in[0], &b = *in[1];
+      size_t r = n.shape.size();
+      int64_t M = a.shape[r - 2], K = a.shape[r - 1], N = b.shape[r - 1];
+      int64_t batch = 1;
+      for (size_t d = 0; d + 2 < r; ++d) batch *= n.shape[d];
+      for (int64_t bt = 0; bt < batch; ++bt)
+        for (int64_t m = 0; m < M; ++m)
+          for (int64_t j = 0; j < N; ++j) {
+            double acc = 0;
+            for (int64_t k = 0; k < K; ++k) acc += a.data[(bt * M + m) * K + k] * b.data[(bt * K + k) * N + j];
+            out.data[(bt * M + m) * N + j] = acc;
+          }
       break;
     }
 
@@ -361,10 +402,33 @@ Value eval_node(const Node& n, const std::vector<const Value*>& in, uint64_t see
       break;
     }
 
-    case Op::Count_:
-      break;
+    default:
+      fail("reference", std::string("not handled here: ") + ir::op_name(n.op));
   }
-  if (n.op == Op::Count_) fail("reference", "unknown op");
+}
+
+Value eval_node(const Node& n, const std::vector<const Value*>& in, uint64_t seed, uint64_t offset) {
+  Value out{n.shape, n.dtype, {}};
+  out.data.assign(size_t(numel(n.shape)), 0.0);
+  switch (n.op) {
+    case Op::Leaf: case Op::Full: case Op::Iota: case Op::Rng: case Op::Cast: case Op::Neg: case Op::Exp: case Op::Log: case Op::Tanh: case Op::Abs: case Op::Sign: case Op::Sqrt: case Op::Sin: case Op::Cos: case Op::Erf: case Op::Floor: case Op::Ceil: case Op::Round: case Op::Add: case Op::Sub: case Op::Mul: case Op::Div: case Op::Maximum: case Op::Minimum: case Op::Pow: case Op::Eq: case Op::Ne: case Op::Lt: case Op::Le: case Op::Gt: case Op::Ge: case Op::Where:
+      eval_values(n, in, seed, offset, out);
+      break;
+    case Op::ReduceSum: case Op::ReduceMax:
+      eval_reduction(n, in, out);
+      break;
+    case Op::Reshape: case Op::Permute: case Op::Expand: case Op::Slice: case Op::Pad: case Op::Concat: case Op::Reverse:
+      eval_movement(n, in, out);
+      break;
+    case Op::Gather: case Op::ScatterAdd: case Op::DynamicUpdateSlice:
+      eval_indexing(n, in, out);
+      break;
+    case Op::Matmul: case Op::Conv:
+      eval_product(n, in, out);
+      break;
+    case Op::Count_:
+      fail("reference", "unknown op");
+  }
   return out;
 }
 

@@ -1,7 +1,9 @@
 #include "runtime/allocator.h"
 
 #include <atomic>
+#include <deque>
 #include <cstdio>
+#include <iterator>
 #include <map>
 #include <mutex>
 #include <vector>
@@ -139,9 +141,12 @@ std::shared_ptr<Buffer> allocate(const Device& d, size_t nbytes) {
   Cache& c = cache();
   {
     std::lock_guard<std::mutex> lock(c.mu);
+    // The block of this size freed last: a loop's buffers come back at the same addresses (a
+    // replayed whole executable finds its pointers again) and still warm in cache.
     auto& blocks = c.free_blocks[{d.kind, d.index}];
-    auto it = blocks.find(rounded);
-    if (it != blocks.end()) {
+    auto [first, last] = blocks.equal_range(rounded);
+    if (first != last) {
+      auto it = std::prev(last);
       p = it->second;
       blocks.erase(it);
       c.cached -= rounded;
@@ -152,18 +157,62 @@ std::shared_ptr<Buffer> allocate(const Device& d, size_t nbytes) {
   return std::make_shared<Buffer>(d, p, nbytes, [d, rounded](void* ptr, size_t) { release(d, ptr, rounded); });
 }
 
+namespace {
+
+// Uploads still in flight on backends with asynchronous copies: the host bytes they read, kept
+// until an event recorded after the copy has passed.
+struct InFlight {
+  backends::Backend* be;
+  std::unique_ptr<backends::Event> done;
+  std::vector<char> bytes;
+};
+std::mutex g_flight_mu;
+std::deque<InFlight>& in_flight() {
+  static auto* q = new std::deque<InFlight>();
+  return *q;
+}
+// Drops the uploads whose copies have completed (under g_flight_mu).
+void reap_uploads() {
+  auto& q = in_flight();
+  while (!q.empty() && q.front().be->event_done(*q.front().done)) q.pop_front();
+}
+
+}  // namespace
+
 std::shared_ptr<Buffer> upload(const Device& d, const void* bytes, size_t nbytes) {
   auto buf = allocate(d, nbytes);
-  backends::backend_for(d).copy_in(buf->data, bytes, nbytes);
+  backends::Backend& be = backends::backend_for(d);
+  if (be.async_copies() && nbytes) {
+    std::vector<char> staged(static_cast<const char*>(bytes), static_cast<const char*>(bytes) + nbytes);
+    be.copy_in_async(buf->data, staged.data(), nbytes);
+    std::unique_ptr<backends::Event> done = be.record_event(d.index);
+    std::lock_guard<std::mutex> lock(g_flight_mu);
+    reap_uploads();
+    if (done) in_flight().push_back({&be, std::move(done), std::move(staged)});  // the vector's bytes do not move
+  } else {
+    be.copy_in(buf->data, bytes, nbytes);
+  }
   counters().bytes_to_device += int64_t(nbytes);
   device_counters(d.kind).bytes_to_device += int64_t(nbytes);
   return buf;
 }
 
 void download(const Buffer& b, void* host, size_t nbytes) {
-  backends::backend_for(b.device).copy_out(host, b.data, nbytes);
+  backends::Backend& be = backends::backend_for(b.device);
+  if (be.async_copies() && nbytes) {
+    be.copy_out_async(host, b.data, nbytes);
+    if (std::unique_ptr<backends::Event> done = be.record_event(b.device.index)) be.wait_event(*done);
+  } else {
+    be.copy_out(host, b.data, nbytes);
+  }
   counters().bytes_to_host += int64_t(nbytes);
   device_counters(b.device.kind).bytes_to_host += int64_t(nbytes);
+}
+
+std::shared_ptr<Buffer> copy_between_devices(const Buffer& src, const Device& d) {
+  auto buf = allocate(d, src.nbytes);
+  backends::backend_for(d).copy_device(buf->data, d.index, src.data, src.device.index, src.nbytes);
+  return buf;
 }
 
 void check_device(const Device& d) { backends::backend_for(d); }

@@ -1,5 +1,6 @@
 // The caching device allocator: buffers freed by their owners go back to a per-device cache of
-// exact (rounded) sizes and are reused; live and high-water bytes feed tessera::metrics().
+// exact (rounded) sizes and are reused, the last freed first; live and high-water bytes feed
+// tessera::metrics().
 #pragma once
 #include <memory>
 #include <string>
@@ -14,6 +15,8 @@ std::shared_ptr<Buffer> allocate(const Device& d, size_t nbytes);
 // and a buffer's first `nbytes` copied to the host.
 std::shared_ptr<Buffer> upload(const Device& d, const void* bytes, size_t nbytes);
 void download(const Buffer& b, void* host, size_t nbytes);
+// A new buffer on d, another device of src's backend, holding src's bytes (Backend::copy_device).
+std::shared_ptr<Buffer> copy_between_devices(const Buffer& src, const Device& d);
 // Throws the registry's clear error for unknown devices.
 void check_device(const Device& d);
 

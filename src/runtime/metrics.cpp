@@ -74,7 +74,7 @@ Metrics metrics() {
     std::lock_guard<std::mutex> lock(runtime::g_devices_mu);
     for (auto& [kind, d] : runtime::device_table())
       m.devices[kind] = {d->steps_launched, d->kernels_compiled, d->bytes_to_device, d->bytes_to_host,
-                         d->bytes_moved_in_graphs};
+                         d->bytes_moved_in_graphs, d->executables_run, d->library_calls_compiled};
   }
   std::lock_guard<std::mutex> lock(runtime::g_reasons_mu);
   m.compile_reasons = runtime::reasons();
@@ -82,8 +82,6 @@ Metrics metrics() {
 }
 
 void reset_peak_bytes() { runtime::counters().peak_bytes = runtime::counters().live_bytes.load(); }
-
-int64_t live_nodes() { return ir::live_node_count(); }
 
 namespace {
 // "12345678 B (11.8 MiB)": exact bytes, then a readable size.
@@ -123,7 +121,9 @@ std::string Metrics::report() const {
   for (auto& [kind, d] : devices)
     os << "  on " << kind << ": " << d.steps_launched << " steps launched, " << d.kernels_compiled
        << " kernels compiled, " << bytes_text(d.bytes_to_device) << " in, " << bytes_text(d.bytes_to_host) << " out, "
-       << bytes_text(d.bytes_moved_in_graphs) << " moved by the backend while launching\n";
+       << bytes_text(d.bytes_moved_in_graphs) << " moved by the backend while launching"
+       << (d.executables_run ? ", " + std::to_string(d.executables_run) + " runs as whole executables" : "")
+       << (d.library_calls_compiled ? ", " + std::to_string(d.library_calls_compiled) + " library calls" : "") << "\n";
   if (compile_reasons.empty()) {
     os << "why graphs were compiled: " << (graphs_compiled ? "(not recorded)" : "(none compiled)") << "\n";
   } else {

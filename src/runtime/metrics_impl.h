@@ -17,6 +17,7 @@ Counters& counters();
 struct DeviceCounters {
   std::atomic<int64_t> steps_launched{0}, kernels_compiled{0};
   std::atomic<int64_t> bytes_to_device{0}, bytes_to_host{0}, bytes_moved_in_graphs{0};
+  std::atomic<int64_t> executables_run{0}, library_calls_compiled{0};
 };
 DeviceCounters& device_counters(const std::string& kind);  // a stable reference
 void add_live_bytes(int64_t delta);

@@ -15,7 +15,7 @@
 #include "compiler/lower.h"
 #include "ir/primitives.h"
 #include "runtime/profiler_impl.h"
-#include "tessera/error.h"
+#include "core/fail.h"
 
 namespace tessera {
 

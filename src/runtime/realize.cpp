@@ -1,5 +1,6 @@
 #include "runtime/realize.h"
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdio>
@@ -8,12 +9,13 @@
 #include <unordered_map>
 
 #include "backends/backend.h"
+#include "compiler/lower.h"
 #include "compiler/passes/passes.h"
 #include "compiler/pipeline.h"
 #include "runtime/allocator.h"
 #include "runtime/metrics_impl.h"
 #include "runtime/profiler_impl.h"
-#include "tessera/error.h"
+#include "core/fail.h"
 
 namespace tessera::runtime {
 namespace {
@@ -22,6 +24,11 @@ struct Executable {
   compiler::Plan plan;
   std::vector<std::unique_ptr<backends::Kernel>> kernels;
   size_t guard = 0;  // arena guard bytes the plan was made with
+  // The backend's whole program (Backend::compile_executable), when it took one, with its
+  // scalars buffer (RunScalars, then the staged parameters: scalar_params[k] at 16 + 8k).
+  std::unique_ptr<backends::Executable> whole;
+  std::shared_ptr<Buffer> scalars;
+  std::vector<int> scalar_params;  // slots of parameters staged into the scalars buffer
 };
 
 std::mutex g_mu;
@@ -63,15 +70,81 @@ int64_t since_ns(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count();
 }
 
+// Library calls (Backend::claim): each Gemm Step the backend claims is compiled with
+// compile_library; when the library cannot apply its epilogue, the epilogue becomes an
+// Elementwise Step right after it. Returns, per Step, whether it is a claimed library call.
+std::vector<bool> claim_library_calls(compiler::Plan& plan, backends::Backend& be, int device) {
+  std::vector<kir::Step> steps;
+  std::vector<bool> claimed;
+  int peak_shift = 0;
+  for (size_t s = 0; s < plan.steps.size(); ++s) {
+    kir::Step& st = plan.steps[s];
+    backends::Claim c = st.kind == kir::StepKind::Gemm ? be.claim(st, device) : backends::Claim{};
+    if (c.claimed && !c.fuses_epilogue && !st.program.empty()) {
+      auto [product, epilogue] = kir::split_epilogue(st);
+      steps.push_back(std::move(product));
+      claimed.push_back(true);
+      steps.push_back(std::move(epilogue));
+      claimed.push_back(false);
+      if (int(s) < plan.memory.peak_step) ++peak_shift;  // the memory plan's Step numbers move
+      continue;
+    }
+    steps.push_back(std::move(st));
+    claimed.push_back(c.claimed);
+  }
+  plan.steps = std::move(steps);
+  if (plan.memory.peak_step >= 0) plan.memory.peak_step += peak_shift;
+  return claimed;
+}
+
+// Parameters of at most 8 bytes that no Step writes (a learning rate, a step count; donated ones
+// keep their own, fixed buffer): a whole executable reads them from its scalars buffer.
+std::vector<int> staged_scalar_params(const compiler::Plan& plan) {
+  std::vector<bool> written(plan.slots.size(), false);
+  for (const kir::Step& st : plan.steps)
+    for (int o : st.outputs()) written[size_t(o)] = true;
+  std::vector<int> out;
+  for (size_t s = 0; s < plan.slots.size(); ++s)
+    if (plan.slots[s].kind == kir::SlotKind::Param && plan.slots[s].nbytes <= 8 && !written[s]) out.push_back(int(s));
+  return out;
+}
+
+// Offers the compiled program to the backend as a whole (Backend::compile_executable).
+void compile_whole(Executable& exe, const ir::Graph& optimized, backends::Backend& be, const Device& dev) {
+  const compiler::Plan& plan = exe.plan;
+  backends::ExecutableSpec spec;
+  spec.graph = &optimized;
+  spec.steps = &plan.steps;
+  spec.slots = &plan.slots;
+  for (auto& k : exe.kernels) spec.kernels.push_back(k.get());
+  spec.arena_bytes = plan.arena_bytes;
+  exe.scalar_params = staged_scalar_params(plan);
+  spec.scalars_bytes = sizeof(backends::RunScalars) + 8 * exe.scalar_params.size();
+  spec.device = dev.index;
+  exe.whole = be.compile_executable(spec);
+  // Straight from the backend, not the caching allocator: it lives with the executable (in the
+  // compile cache), so it would only make every sentinel check of the live buffers longer.
+  if (exe.whole) {
+    void* p = be.allocate(dev.index, spec.scalars_bytes);
+    size_t n = spec.scalars_bytes;
+    exe.scalars = std::make_shared<Buffer>(dev, p, n, [&be, index = dev.index, n](void* q, size_t) { be.free(index, q, n); });
+  }
+}
+
 std::shared_ptr<Executable> compile(const ir::Graph& g, const Device& dev, const std::vector<int>& donate) {
   auto t0 = std::chrono::steady_clock::now();
   auto exe = std::make_shared<Executable>();
   backends::Backend& be = backends::backend_for(dev);
-  exe->plan = compiler::compile_graph(g, donate, be.properties(dev.index));
+  ir::Graph optimized;
+  exe->plan = compiler::compile_graph(g, donate, be.properties(dev.index), &optimized);
   size_t a = exe->plan.alignment;
   exe->guard = (compiler::arena_guard_bytes() + a - 1) / a * a;
-  for (const kir::Step& st : exe->plan.steps) exe->kernels.push_back(be.compile(st));
+  std::vector<bool> library = claim_library_calls(exe->plan, be, dev.index);
+  for (size_t s = 0; s < exe->plan.steps.size(); ++s)
+    exe->kernels.push_back(library[s] ? be.compile_library(exe->plan.steps[s]) : be.compile(exe->plan.steps[s]));
+  compile_whole(*exe, optimized, be, dev);
   device_counters(dev.kind).kernels_compiled += int64_t(exe->plan.steps.size());
+  device_counters(dev.kind).library_calls_compiled += std::count(library.begin(), library.end(), true);
   counters().graphs_compiled++;
   counters().compile_ns += since_ns(t0);
   return exe;
@@ -186,6 +259,157 @@ void set_after_step_hook(StepHook hook) {
   g_hook = std::move(hook);
 }
 
+namespace {
+
+// One run of an executable: its slot pointers, arena and guard state.
+struct Run {
+  const compiler::Plan& plan;
+  backends::Backend& be;
+  const Device& dev;
+  std::vector<void*> slots;
+  std::shared_ptr<Buffer> arena;
+  size_t guard = 0;  // arena guard bytes (0: off)
+  std::vector<unsigned char> pattern, seen;
+
+  char* arena_at(size_t offset) const { return static_cast<char*>(arena->data) + offset; }
+
+  struct Guard {
+    int slot;
+    size_t begin, end;  // arena offsets
+  };
+  // The guard bytes around the arena temporaries Step s writes.
+  std::vector<Guard> step_guards(size_t s) const {
+    std::vector<Guard> out;
+    if (!guard) return out;
+    for (int o : plan.steps[s].outputs())
+      if (plan.slots[size_t(o)].kind == kir::SlotKind::Temp)
+        for (auto [b, e] : guard_ranges(plan.slots[size_t(o)], guard, plan.alignment)) out.push_back({o, b, e});
+    return out;
+  }
+  // For a whole executable, checked only after it ran: the guard bytes no temporary's data ever
+  // covers (temporaries that live at different times share arena bytes).
+  std::vector<Guard> program_guards() const {
+    std::vector<Guard> out;
+    if (!guard) return out;
+    std::vector<bool> placed(plan.slots.size(), false);  // temporaries some Step writes (others have no place)
+    for (const kir::Step& st : plan.steps)
+      for (int o : st.outputs()) placed[size_t(o)] = plan.slots[size_t(o)].kind == kir::SlotKind::Temp;
+    for (size_t k = 0; k < plan.slots.size(); ++k) {
+      if (!placed[k]) continue;
+      for (auto [b, e] : guard_ranges(plan.slots[k], guard, plan.alignment)) {
+        bool covered = false;
+        for (size_t t = 0; t < plan.slots.size(); ++t)
+          covered |= placed[t] && plan.slots[t].offset < e && b < plan.slots[t].offset + plan.slots[t].nbytes;
+        if (!covered) out.push_back({int(k), b, e});
+      }
+    }
+    return out;
+  }
+  void fill_guards(const std::vector<Guard>& guards) {
+    for (const Guard& g : guards) be.copy_in(arena_at(g.begin), pattern.data(), g.end - g.begin);
+  }
+  // Throws naming the Step (or the whole executable, s < 0) when a guard byte changed.
+  void check_guards(const std::vector<Guard>& guards, int s) {
+    if (guards.empty()) return;
+    be.synchronize();
+    for (const Guard& g : guards) {
+      const kir::Slot& sl = plan.slots[size_t(g.slot)];
+      be.copy_out(seen.data(), arena_at(g.begin), g.end - g.begin);
+      g_guard_checked += int64_t(g.end - g.begin);
+      for (size_t i = 0; i < g.end - g.begin; ++i)
+        if (seen[i] != kGuardByte) {
+          int64_t at = int64_t(g.begin + i) - int64_t(sl.offset);  // relative to the buffer's start
+          char what[96];
+          std::snprintf(what, sizeof what, "the arena guard byte at offset %lld %s changed (0x%02x, expected 0x%02x)",
+                        (long long)at, at < 0 ? "before its start" : "after its end", seen[i], kGuardByte);
+          std::string who = s >= 0 ? step_label(plan, size_t(s)) : "the whole executable (" + be.name() + ")";
+          fail("sync", who + " wrote outside its " + std::to_string(sl.nbytes) + "-byte buffer (slot " + std::to_string(g.slot) +
+                           "): " + what,
+               s >= 0 && !plan.steps[size_t(s)].sources.empty() ? plan.steps[size_t(s)].sources[0].scope : sl.source.scope);
+        }
+    }
+  }
+};
+
+// Slot pointers: parameters' buffers, arena temporaries and the outputs (allocated here unless
+// written into a donated parameter), which become the results.
+void bind_slots(Run& run, const ir::Graph& g, size_t nreq, std::vector<std::shared_ptr<Buffer>>& results) {
+  const compiler::Plan& plan = run.plan;
+  run.slots.assign(plan.slots.size(), nullptr);
+  for (size_t s = 0; s < plan.slots.size(); ++s) {
+    const kir::Slot& sl = plan.slots[s];
+    if (sl.kind == kir::SlotKind::Param) run.slots[s] = g.nodes[g.params[sl.index]]->buffer->data;
+    if (sl.kind == kir::SlotKind::Temp && run.arena) run.slots[s] = run.arena_at(sl.offset);
+  }
+  results.resize(nreq);
+  for (size_t k = 0; k < nreq; ++k) {
+    int s = plan.output_slot[k];
+    if (plan.donated[k] >= 0) {
+      results[k] = g.nodes[g.params[plan.donated[k]]]->buffer;
+    } else {
+      results[k] = allocate(run.dev, plan.slots[s].nbytes);
+      run.slots[s] = results[k]->data;
+    }
+  }
+}
+
+// Step by Step: each launched, timed when profiling or TESSERA_STEP_TIMES asks, its guards
+// checked. Returns the host <-> device bytes the backend reported while launching.
+int64_t launch_steps(Run& run, const Executable& exe, const backends::LaunchArgs& args, int prof_run, const StepHook& hook) {
+  static const bool time_steps = std::getenv("TESSERA_STEP_TIMES") != nullptr;
+  const compiler::Plan& plan = run.plan;
+  backends::Backend& be = run.be;
+  int64_t moved = 0;
+  const std::atomic<int64_t>& reported = backends::reported_host_transfers(run.dev.kind);
+  for (size_t s = 0; s < plan.steps.size(); ++s) {
+    const kir::Step& st = plan.steps[s];
+    std::vector<Run::Guard> guards = run.step_guards(s);
+    run.fill_guards(guards);
+    const int64_t moved_before = reported.load();
+    if (prof_run >= 0) {
+      int64_t ts0 = prof::now_ns();
+      be.launch(*exe.kernels[s], st, args);
+      be.synchronize();
+      prof::step(prof_run, int(s), ts0, prof::now_ns());
+    } else if (!time_steps) {
+      be.launch(*exe.kernels[s], st, args);
+    } else {
+      auto ts0 = std::chrono::steady_clock::now();
+      be.launch(*exe.kernels[s], st, args);
+      be.synchronize();  // asynchronous devices: the Step's own time
+      std::fprintf(stderr, "step %zu %s %s%s %.3f ms %s@%s\n", s, kir::step_kind_name(st.kind), dtype_short(st.dtype),
+                   shape_str(st.shape).c_str(), double(since_ns(ts0)) / 1e6, st.sources[0].op.c_str(), st.sources[0].scope.c_str());
+    }
+    moved += reported.load() - moved_before;
+    if (hook) hook(int(s), run.slots.data());
+    run.check_guards(guards, int(s));
+  }
+  return moved;
+}
+
+// The backend's whole program: this run's random state and small parameters go into the
+// executable's scalars buffer (fixed addresses), then one run_executable call.
+int64_t run_whole(Run& run, Executable& exe, RngArgs rng) {
+  backends::Backend& be = run.be;
+  const int64_t moved_before = backends::reported_host_transfers(run.dev.kind).load();
+  char* scalars = static_cast<char*>(exe.scalars->data);
+  backends::RunScalars head{rng.seed, rng.offset};
+  be.copy_in(scalars, &head, sizeof head);
+  for (size_t k = 0; k < exe.scalar_params.size(); ++k) {
+    int s = exe.scalar_params[k];
+    char* at = scalars + sizeof head + 8 * k;
+    be.copy_device(at, run.dev.index, run.slots[s], run.dev.index, run.plan.slots[s].nbytes);
+    run.slots[s] = at;
+  }
+  std::vector<Run::Guard> guards = run.program_guards();
+  run.fill_guards(guards);
+  be.run_executable(*exe.whole, backends::RunArgs{run.slots.data(), scalars, run.dev.index});
+  run.check_guards(guards, -1);
+  return backends::reported_host_transfers(run.dev.kind).load() - moved_before;
+}
+
+}  // namespace
+
 std::vector<std::shared_ptr<Buffer>> realize(const std::vector<Request>& req, RngArgs rng) {
   Prepared prep = prepare(req);
   const ir::Graph& g = prep.g;
@@ -207,80 +431,23 @@ std::vector<std::shared_ptr<Buffer>> realize(const std::vector<Request>& req, Rn
   const compiler::Plan& plan = exe->plan;
   // Profiling: each Step is waited for and timed; the bookkeeping around it is Launch time.
   const int prof_run = prof::on() ? prof::begin_run(std::shared_ptr<const compiler::Plan>(exe, &exe->plan), dev.str()) : -1;
-  std::vector<std::shared_ptr<Buffer>> results(req.size());
-  std::vector<void*> slots(plan.slots.size(), nullptr);
-  std::shared_ptr<Buffer> arena = plan.arena_bytes ? allocate(dev, plan.arena_bytes) : nullptr;
-  for (size_t s = 0; s < plan.slots.size(); ++s) {
-    const kir::Slot& sl = plan.slots[s];
-    if (sl.kind == kir::SlotKind::Param) slots[s] = g.nodes[g.params[sl.index]]->buffer->data;
-    if (sl.kind == kir::SlotKind::Temp && arena) slots[s] = static_cast<char*>(arena->data) + sl.offset;
-  }
-  for (size_t k = 0; k < req.size(); ++k) {
-    int s = plan.output_slot[k];
-    if (plan.donated[k] >= 0) {
-      results[k] = g.nodes[g.params[plan.donated[k]]]->buffer;
-    } else {
-      results[k] = allocate(dev, plan.slots[s].nbytes);
-      slots[s] = results[k]->data;
-    }
-  }
-  backends::LaunchArgs args{slots.data(), rng.seed, rng.offset, dev.index};
+  Run run{plan, be, dev, {}, plan.arena_bytes ? allocate(dev, plan.arena_bytes) : nullptr};
+  run.guard = run.arena ? exe->guard : 0;
+  run.pattern.assign(run.guard ? run.guard + plan.alignment : 0, kGuardByte);
+  run.seen.resize(run.pattern.size());
+  std::vector<std::shared_ptr<Buffer>> results;
+  bind_slots(run, g, req.size(), results);
+  // A whole executable runs as one call, unless profiling or a Step hook needs the Steps one by one.
   static const bool time_steps = std::getenv("TESSERA_STEP_TIMES") != nullptr;
-  const size_t guard = arena ? exe->guard : 0;
-  std::vector<unsigned char> pattern(guard ? guard + plan.alignment : 0, kGuardByte), seen(pattern.size());
-  int64_t moved = 0;  // host <-> device bytes the backend reported while launching Steps
-  const std::atomic<int64_t>& reported = backends::reported_host_transfers(dev.kind);
-  for (size_t s = 0; s < plan.steps.size(); ++s) {
-    const kir::Step& st = plan.steps[s];
-    std::vector<int> guarded;  // temporaries this Step writes
-    if (guard)
-      for (int o : st.outputs())
-        if (plan.slots[o].kind == kir::SlotKind::Temp) guarded.push_back(o);
-    for (int o : guarded)
-      for (auto [b, e] : guard_ranges(plan.slots[o], guard, plan.alignment))
-        be.copy_in(static_cast<char*>(arena->data) + b, pattern.data(), e - b);
-    const int64_t moved_before = reported.load();
-    if (prof_run >= 0) {
-      int64_t ts0 = prof::now_ns();
-      be.launch(*exe->kernels[s], st, args);
-      be.synchronize();
-      prof::step(prof_run, int(s), ts0, prof::now_ns());
-    } else if (!time_steps) {
-      be.launch(*exe->kernels[s], st, args);
-    } else {
-      auto ts0 = std::chrono::steady_clock::now();
-      be.launch(*exe->kernels[s], st, args);
-      be.synchronize();  // asynchronous devices: the Step's own time
-      std::fprintf(stderr, "step %zu %s %s%s %.3f ms %s@%s\n", s, kir::step_kind_name(st.kind), dtype_short(st.dtype),
-                   shape_str(st.shape).c_str(), double(since_ns(ts0)) / 1e6, st.sources[0].op.c_str(), st.sources[0].scope.c_str());
-    }
-    moved += reported.load() - moved_before;
-    if (hook) hook(int(s), slots.data());
-    if (guarded.empty()) continue;
-    be.synchronize();
-    for (int o : guarded) {
-    const kir::Slot& sl = plan.slots[o];
-    for (auto [b, e] : guard_ranges(sl, guard, plan.alignment)) {
-      be.copy_out(seen.data(), static_cast<char*>(arena->data) + b, e - b);
-      g_guard_checked += int64_t(e - b);
-      for (size_t i = 0; i < e - b; ++i)
-        if (seen[i] != kGuardByte) {
-          int64_t at = int64_t(b + i) - int64_t(sl.offset);  // relative to the buffer's start
-          char what[96];
-          std::snprintf(what, sizeof what, "the arena guard byte at offset %lld %s changed (0x%02x, expected 0x%02x)",
-                        (long long)at, at < 0 ? "before its start" : "after its end", seen[i], kGuardByte);
-          fail("sync", step_label(plan, s) + " wrote outside its " + std::to_string(sl.nbytes) + "-byte buffer (slot " +
-                           std::to_string(o) + "): " + what,
-               st.sources.empty() ? "" : st.sources[0].scope);
-        }
-    }
-    }
-  }
+  const bool whole = exe->whole && prof_run < 0 && !hook && !time_steps;
+  int64_t moved = whole ? run_whole(run, *exe, rng)
+                        : launch_steps(run, *exe, backends::LaunchArgs{run.slots.data(), rng.seed, rng.offset, dev.index}, prof_run, hook);
   be.synchronize();
   counters().steps_launched += int64_t(plan.steps.size());
   DeviceCounters& dc = device_counters(dev.kind);
   dc.steps_launched += int64_t(plan.steps.size());
   dc.bytes_moved_in_graphs += moved;
+  if (whole) dc.executables_run++;
   counters().execute_ns += since_ns(t0);
   if (prof_run >= 0) {
     prof::end_run(prof_run);

@@ -4,8 +4,12 @@
 #include <memory>
 #include <vector>
 
-#include "compiler/lower.h"
-#include "ir/graph.h"
+#include "core/buffer.h"
+#include "ir/node.h"
+
+namespace tessera::compiler {
+struct Plan;  // compiler/lower.h: what side modules that read plans include themselves
+}
 
 namespace tessera::runtime {
 

@@ -16,7 +16,7 @@
 #include "backends/render/c_render.h"
 #include "conformance/suite.h"
 #include "runtime/allocator.h"
-#include "tessera/conformance.h"
+#include "conformance/conformance.h"
 
 namespace tessera {
 namespace {

@@ -11,6 +11,8 @@
 
 #include <tessera/tessera.h>
 
+#include "ir/node.h"  // live_node_count: nodes still alive (a leak check below the public API)
+
 namespace {
 
 namespace ts = tessera;
@@ -64,7 +66,7 @@ TEST(Soak, ThousandStepsKeepLiveNodesAndRssFlat) {
       ts::io::save_safetensors(ckpt.string(), t, {{"step", std::to_string(step + 1)}});
     }
     if (step + 1 == warm || step + 1 == steps) {
-      (step + 1 == warm ? nodes_warm : nodes_end) = ts::live_nodes();
+      (step + 1 == warm ? nodes_warm : nodes_end) = ts::ir::live_node_count();
       (step + 1 == warm ? rss_warm : rss_end) = rss_bytes();
       if (step + 1 == warm) graphs_warm = ts::metrics().graphs_compiled;
     }

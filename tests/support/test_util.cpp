@@ -12,7 +12,7 @@
 #include <random>
 #include <sstream>
 
-#include "frontend/tensor_impl.h"
+#include "tensor/tensor_impl.h"
 #include "ir/graph.h"
 
 namespace tessera::testing {

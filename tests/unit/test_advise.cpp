@@ -13,7 +13,7 @@
 #include <random>
 #include <set>
 
-#include "frontend/tensor_impl.h"
+#include "tensor/tensor_impl.h"
 #include "tessera/advise.h"
 #include "tessera/metrics.h"
 #include "tessera/tessera.h"

@@ -3,6 +3,7 @@
 
 #include <cmath>
 
+#include "core/fail.h"
 #include "core/half.h"
 #include "tessera/tessera.h"
 

@@ -19,7 +19,7 @@
 
 #include "compiler/passes/passes.h"
 #include "conformance/random_graph.h"
-#include "frontend/tensor_impl.h"
+#include "tensor/tensor_impl.h"
 #include "ir/graph.h"
 #include "reference/evaluator.h"
 #include "test_util.h"

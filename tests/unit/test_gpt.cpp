@@ -22,7 +22,7 @@
 #include <string>
 #include <vector>
 
-#include "frontend/tensor_impl.h"
+#include "tensor/tensor_impl.h"
 #include "ir/graph.h"
 #include "ir/primitives.h"
 #include "tessera/io.h"
@@ -120,7 +120,7 @@ TEST(Gpt, MakeCacheGivesEachLayerItsOwnZeroedBuffers) {
   for (const Tensor& t : all) {
     ASSERT_TRUE(t.is_realized());
     EXPECT_EQ(t.to_vector<float>(), std::vector<float>(size_t(t.numel()), 0.0f));
-    buffers.insert(t.impl()->buffer.get());
+    buffers.insert(tessera::detail::impl_of(t)->buffer.get());
   }
   // Six separate buffers: if the identical zeros were interned into one node and realized into
   // one shared buffer, the first prefill's graph (one cache input) would differ from every

@@ -8,7 +8,7 @@
 #include <cmath>
 #include <string>
 
-#include "frontend/tensor_impl.h"
+#include "tensor/tensor_impl.h"
 #include "ir/graph.h"
 #include "ir/node.h"
 #include "test_util.h"

@@ -1,7 +1,7 @@
 // IR: hash-consing, the printer, the verifier, structural keys and cost rules.
 #include <gtest/gtest.h>
 
-#include "frontend/tensor_impl.h"
+#include "tensor/tensor_impl.h"
 #include "ir/graph.h"
 #include "tessera/tessera.h"
 
@@ -24,9 +24,9 @@ TEST(IR, NodesAreInternedWhileAlive) {
   // an equal node is the same node.
   ts::ir::NodePtr n = node_of(a);
   EXPECT_EQ(ts::ir::make(n->op, n->inputs, n->attrs, &n->shape, n->dtype, n->device).get(), n.get());
-  int64_t before = ts::live_nodes();
+  int64_t before = ts::ir::live_node_count();
   { auto tmp = (x + 7.5).exp(); }
-  EXPECT_EQ(ts::live_nodes(), before);  // weakly interned: dead nodes leave the table
+  EXPECT_EQ(ts::ir::live_node_count(), before);  // weakly interned: dead nodes leave the table
 }
 
 // The intern table under churn: thousands of nodes (growing it several times), every other one
@@ -34,7 +34,7 @@ TEST(IR, NodesAreInternedWhileAlive) {
 // the dropped ones made anew, and the table empties back to where it started.
 TEST(IR, InternTableFindsSurvivorsAfterDeletions) {
   auto x = ts::from_vector<float>({1, 2, 3}, {3});
-  const int64_t before = ts::live_nodes();
+  const int64_t before = ts::ir::live_node_count();
   {
     std::vector<ts::Tensor> first, kept;
     for (int i = 0; i < 6000; ++i) first.push_back(x + double(i));
@@ -42,22 +42,22 @@ TEST(IR, InternTableFindsSurvivorsAfterDeletions) {
     std::vector<const ts::ir::Node*> kept_nodes;
     for (auto& t : kept) kept_nodes.push_back(node_of(t).get());
     first.clear();
-    const int64_t live = ts::live_nodes();
+    const int64_t live = ts::ir::live_node_count();
     EXPECT_GT(live, before + 3000);
     int64_t fresh = -1;  // nodes one dropped expression makes anew
     for (int i = 0; i < 6000; ++i) {
       ts::Tensor again = x + double(i);
       if (i % 2 == 0) {
         EXPECT_EQ(node_of(again).get(), kept_nodes[size_t(i / 2)]) << i;
-        EXPECT_EQ(ts::live_nodes(), live) << i;  // every node found, none made
+        EXPECT_EQ(ts::ir::live_node_count(), live) << i;  // every node found, none made
       } else {
-        if (fresh < 0) fresh = ts::live_nodes() - live;
-        EXPECT_EQ(ts::live_nodes(), live + fresh) << i;
+        if (fresh < 0) fresh = ts::ir::live_node_count() - live;
+        EXPECT_EQ(ts::ir::live_node_count(), live + fresh) << i;
       }
     }
     EXPECT_GE(fresh, 1);
   }
-  EXPECT_EQ(ts::live_nodes(), before);
+  EXPECT_EQ(ts::ir::live_node_count(), before);
 }
 
 TEST(IR, RandomNodesAreNeverMerged) {

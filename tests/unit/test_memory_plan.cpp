@@ -15,8 +15,9 @@
 
 #include "compiler/passes/passes.h"
 #include "compiler/pipeline.h"
-#include "frontend/tensor_impl.h"
+#include "tensor/tensor_impl.h"
 #include "ir/graph.h"
+#include "compiler/lower.h"
 #include "runtime/realize.h"
 #include "tessera/memory.h"
 #include "tessera/metrics.h"
@@ -44,7 +45,7 @@ struct ArenaGuard {
 
 std::vector<uint8_t> bytes_of(const Tensor& t) {
   sync();
-  const auto& impl = t.impl();
+  const auto& impl = tessera::detail::impl_of(t);
   std::vector<uint8_t> b(impl->buffer->nbytes);
   std::memcpy(b.data(), impl->buffer->data, b.size());  // CPU buffers are host memory
   return b;
@@ -405,7 +406,7 @@ TEST(MemoryPlan, ACorruptedGuardIsReportedNamingTheStep) {
   ArenaGuard g(64);
   Tensor x = testing::random_tensor({N, N}, DType::Float32, 1), y = testing::random_tensor({N, N}, DType::Float32, 2);
   Tensor out = two_branches(x, y);
-  auto plan = runtime::compile_only({{out.impl()->node, {}}});
+  auto plan = runtime::compile_only({{tessera::detail::impl_of(out)->node, {}}});
   // Step 0 writes exp(y) into the arena (see PeakReportNamesTheStepOpAndBuffers).
   ASSERT_EQ(plan->slots[plan->steps[0].output].kind, kir::SlotKind::Temp);
   for (int where : {int(kBig), -1}) {

@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "frontend/tensor_impl.h"
+#include "tensor/tensor_impl.h"
 #include "ir/graph.h"
 #include "tessera/nn.h"
 #include "tessera/tessera.h"
@@ -287,7 +287,7 @@ TEST(NnGPTParameters, TiedHeadListsSharedWeightOnce) {
   int wte_like = 0;
   for (auto& [n, t] : named) {
     EXPECT_NE(n.rfind("head", 0), 0u) << "tied model lists " << n;
-    if (t.impl() == gpt.wte->weight.impl()) ++wte_like;
+    if (t.is_same(gpt.wte->weight)) ++wte_like;
   }
   EXPECT_EQ(wte_like, 1);
   EXPECT_EQ(gpt.num_parameters(), gpt_params_by_formula(c));
@@ -325,7 +325,7 @@ TEST(NnStateDict, RoundTripCopiesValues) {
   b.load_state_dict(sa);
   for (auto& [n, t] : b.state_dict()) EXPECT_EQ(t.to_vector<float>(), sa.at(n).to_vector<float>()) << n;
   // In place: the handles held before loading see the new values, and still need gradients.
-  EXPECT_EQ(b_qkv.impl(), b.blocks->operator[](1)->state_dict().at("attn.qkv.weight").impl());
+  EXPECT_TRUE(b_qkv.is_same(b.blocks->operator[](1)->state_dict().at("attn.qkv.weight")));
   EXPECT_EQ(b_qkv.to_vector<float>(), sa.at("blocks.1.attn.qkv.weight").to_vector<float>());
   EXPECT_TRUE(b_qkv.requires_grad());
   Tensor idx = testing::random_int({2, 8}, 0, 22, DType::Int64, 5);

@@ -13,7 +13,7 @@
 #include "compiler/passes/passes.h"
 #include "compiler/pipeline.h"
 #include "core/scope_impl.h"
-#include "frontend/tensor_impl.h"
+#include "tensor/tensor_impl.h"
 #include "ir/graph.h"
 #include "test_util.h"
 #include "tessera/tessera.h"

@@ -8,7 +8,7 @@
 #include <map>
 
 #include "autodiff/autograd.h"
-#include "frontend/tensor_impl.h"
+#include "tensor/tensor_impl.h"
 #include "ir/build.h"
 #include "ir/graph.h"
 #include "reference/evaluator.h"

@@ -3,7 +3,7 @@
 
 #include "test_util.h"
 
-#include "frontend/tensor_impl.h"
+#include "tensor/tensor_impl.h"
 #include "tessera/tessera.h"
 
 namespace ts = tessera;
@@ -109,14 +109,14 @@ TEST(InPlace, DonationKeepsTheBufferAndThePeak) {
   const int64_t n = 16 << 20;  // 16 Mi floats = 64 MiB
   auto x = ts::zeros({n});
   ts::sync();
-  void* addr = x.impl()->buffer->data;
+  void* addr = ts::detail::impl_of(x)->buffer->data;
   for (int i = 0; i < 3; ++i) {
     ts::reset_peak_bytes();
     int64_t start = ts::metrics().peak_bytes;
     x.add_(1);
     ts::sync();
     EXPECT_LE(ts::metrics().peak_bytes - start, 4096) << "iteration " << i;
-    EXPECT_EQ(x.impl()->buffer->data, addr);
+    EXPECT_EQ(ts::detail::impl_of(x)->buffer->data, addr);
   }
   auto v = x.slice(0, n - 2, n).to_vector<float>();
   EXPECT_EQ(v, (std::vector<float>{3, 3}));
@@ -125,7 +125,7 @@ TEST(InPlace, DonationKeepsTheBufferAndThePeak) {
 TEST(InPlace, NoDonationWhileAnotherTensorReadsTheOldValue) {
   auto x = ts::from_vector<float>({1, 2, 3, 4}, {4});
   ts::sync();
-  void* addr = x.impl()->buffer->data;
+  void* addr = ts::detail::impl_of(x)->buffer->data;
   auto keep = x;          // same impl: no extra owner of the buffer
   auto other = x * 1.0;   // reads x's old value in the same graph
   auto view = x.transpose(0, 0);
@@ -137,7 +137,7 @@ TEST(InPlace, NoDonationWhileAnotherTensorReadsTheOldValue) {
   (void)addr;
   // A realized tensor still holding the old buffer prevents donation.
   auto y = ts::from_vector<float>({5, 6}, {2});
-  auto y2 = ts::Tensor(std::make_shared<ts::TensorImpl>(y.impl()->buffer, y.shape(), y.dtype()));
+  auto y2 = ts::detail::from_buffer(ts::detail::impl_of(y)->buffer, y.shape(), y.dtype());
   y.mul_(2.0);
   EXPECT_EQ(y.to_vector<float>(), (std::vector<float>{10, 12}));
   EXPECT_EQ(y2.to_vector<float>(), (std::vector<float>{5, 6}));

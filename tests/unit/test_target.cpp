@@ -10,9 +10,10 @@
 
 #include "backends/backend.h"
 #include "compiler/pipeline.h"
-#include "frontend/tensor_impl.h"
+#include "tensor/tensor_impl.h"
 #include "ir/graph.h"
 #include "kernel_ir/target.h"
+#include "compiler/lower.h"
 #include "runtime/realize.h"
 #include "tessera/metrics.h"
 #include "tessera/nn.h"

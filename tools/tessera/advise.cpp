@@ -12,6 +12,7 @@
 #include <tessera/tessera.h>
 
 #include "commands.h"
+#include "session.h"
 
 namespace tessera::cli {
 namespace {

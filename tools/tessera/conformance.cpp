@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include <tessera/conformance.h>
+#include "conformance/conformance.h"
 #include <tessera/error.h>
 
 #include "commands.h"

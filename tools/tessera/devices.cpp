@@ -1,4 +1,4 @@
-// `tessera devices`: one line per registered device.
+// `tessera devices`: one line per registered device, then one per plugin that did not load.
 #include <algorithm>
 #include <cstdio>
 #include <string>
@@ -19,6 +19,7 @@ void run_devices() {
   for (const DeviceInfo& d : infos)
     std::printf("%-*s  %-7s  %s\n", static_cast<int>(width), d.device.str().c_str(),
                 d.can_execute ? "yes" : "no", d.description.c_str());
+  for (const std::string& e : plugin_errors()) std::printf("plugin not loaded: %s\n", e.c_str());
 }
 
 }  // namespace

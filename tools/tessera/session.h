@@ -11,6 +11,11 @@
 
 namespace tessera::cli {
 
+// The CLI's own one-line errors, in the library's "[op] detail" form.
+[[noreturn]] inline void fail(const std::string& op, const std::string& detail, const std::string& = "") {
+  throw Error("[" + op + "] " + detail);
+}
+
 Device pick_device(const std::string& name);  // "best" or a device name
 
 std::string fmt_time(double seconds);  // m:ss

@@ -23,7 +23,7 @@
 #include "backends/cpu/vmath.h"
 #include "core/half.h"
 #include "core/philox.h"
-#include "tessera/error.h"
+#include "core/fail.h"
 
 namespace tessera::backends {
 namespace {

@@ -6,7 +6,7 @@
 
 #include "backends/backend.h"
 #include "backends/render/c_render.h"
-#include "tessera/error.h"
+#include "core/fail.h"
 
 namespace tessera::backends {
 namespace {

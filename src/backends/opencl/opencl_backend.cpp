@@ -1,4 +1,5 @@
-// The OpenCL backend: Steps rendered to OpenCL C by the shared renderer (backends/render/),
+// The OpenCL backend, a plugin (libtessera-backend-opencl.so, built against the backend SDK only,
+// so a machine without an OpenCL loader runs everything else): Steps rendered to OpenCL C by the shared renderer (backends/render/),
 // built with clBuildProgram once per batch of new kernels (every new kernel of an executable
 // goes into one program) and cached in-process by kernel name (a hash of its source); PoCL
 // keeps its own disk cache (POCL_CACHE_DIR). Shapes travel in a parameter buffer made once per
@@ -15,8 +16,9 @@
 #include <unordered_map>
 
 #include "backends/backend.h"
+#include "backends/plugin.h"
 #include "backends/render/c_render.h"
-#include "tessera/error.h"
+#include "core/fail.h"
 
 namespace tessera::backends {
 namespace {
@@ -344,8 +346,11 @@ class OpenCLBackend : public Backend {
   std::map<std::string, render::KernelCode> pending_;  // rendered, not yet built
 };
 
+std::shared_ptr<Backend> make_opencl_backend(std::string*) { return std::make_shared<OpenCLBackend>(); }
+
 }  // namespace
-
-std::shared_ptr<Backend> make_opencl_backend() { return std::make_shared<OpenCLBackend>(); }
-
 }  // namespace tessera::backends
+
+// Devices are enumerated lazily (the first device_count()), so loading the plugin costs no
+// driver start-up; without any device, backend_for names the packages to install.
+TESSERA_BACKEND_PLUGIN(tessera::backends::make_opencl_backend)

@@ -6,7 +6,7 @@
 #include <sstream>
 
 #include "core/half.h"
-#include "tessera/error.h"
+#include "core/fail.h"
 
 namespace tessera::render {
 namespace {

@@ -11,6 +11,7 @@
 
 #include "kernel_ir/step.h"
 
+#pragma GCC visibility push(default)  // the backend SDK: exported for plugins
 namespace tessera::render {
 
 // Per-dialect hooks. Kernel bodies use only the names the preamble defines: the types
@@ -51,3 +52,4 @@ std::string program_source(const Dialect& d, const std::vector<const KernelCode*
 uint64_t fnv1a(const std::string& s);
 
 }  // namespace tessera::render
+#pragma GCC visibility pop

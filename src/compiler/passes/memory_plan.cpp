@@ -16,7 +16,7 @@
 #include <map>
 
 #include "compiler/passes/passes.h"
-#include "tessera/error.h"
+#include "core/fail.h"
 
 namespace tessera::compiler {
 namespace {

@@ -4,7 +4,7 @@
 #include <sstream>
 
 #include "compiler/passes/passes.h"
-#include "tessera/error.h"
+#include "core/fail.h"
 
 namespace tessera::compiler {
 namespace {

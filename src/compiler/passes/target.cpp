@@ -10,7 +10,7 @@
 #include <string>
 
 #include "compiler/passes/passes.h"
-#include "tessera/error.h"
+#include "core/fail.h"
 
 namespace tessera::compiler {
 namespace {

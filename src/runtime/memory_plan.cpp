@@ -1,12 +1,12 @@
-// tessera::plan_memory / last_memory_plan: the compiler's memory plan in public terms.
+// The compiler's memory plan in public terms (tessera/memory.h's MemoryPlan) and its report.
 #include <algorithm>
 #include <cstdio>
 #include <set>
 #include <sstream>
 
-#include "frontend/memory_impl.h"
-#include "frontend/tensor_impl.h"
-#include "runtime/realize.h"
+#include "runtime/memory_plan.h"
+
+#include "compiler/lower.h"
 #include "tessera/memory.h"
 
 namespace tessera {
@@ -40,7 +40,7 @@ std::string step_text(const kir::Step& st) {
 
 }  // namespace
 
-MemoryPlan detail::memory_plan_of(const compiler::Plan& plan) {
+MemoryPlan runtime::memory_plan_of(const compiler::Plan& plan) {
   MemoryPlan m;
   const size_t ns = plan.slots.size();
   std::vector<int> first(ns, -1), last(ns, -1);
@@ -84,24 +84,6 @@ MemoryPlan detail::memory_plan_of(const compiler::Plan& plan) {
   return m;
 }
 
-namespace {
-
-MemoryPlan plan_of(const std::vector<std::shared_ptr<TensorImpl>>& impls) {
-  std::vector<runtime::Request> req;
-  for (auto& impl : impls) {
-    if (!impl->node || impl->node->op == ir::Op::Leaf) continue;  // realized, or sync only rebinds it
-    if (!req.empty() && impl->device != req.front().node->device)
-      fail("plan_memory", "pending tensors on two devices ('" + req.front().node->device.str() + "' and '" +
-                              impl->device.str() + "') run as two graphs; ask for one device's tensors at a time");
-    req.push_back({impl->node, impl->donor});
-  }
-  if (req.empty()) return {};
-  auto plan = runtime::compile_only(req);
-  return detail::memory_plan_of(*plan);
-}
-
-}  // namespace
-
 std::string MemoryPlan::report(size_t max_buffers) const {
   if (num_steps == 0) return "memory plan: nothing to compute\n";
   std::ostringstream os;
@@ -120,26 +102,6 @@ std::string MemoryPlan::report(size_t max_buffers) const {
   os << "arena " << human(arena_bytes) << " for temporaries (at most " << human(max_live_temp_bytes)
      << " live at once); the run allocates " << human(run_bytes()) << "\n";
   return os.str();
-}
-
-MemoryPlan plan_memory(const std::vector<Tensor>& outputs) {
-  // In the order sync() would request them, so the graph (and its cache key) is the same.
-  std::set<const TensorImpl*> wanted;
-  for (auto& t : outputs) {
-    if (!t.defined()) fail("plan_memory", "called with an undefined tensor");
-    wanted.insert(t.impl().get());
-  }
-  std::vector<std::shared_ptr<TensorImpl>> impls;
-  for (auto& impl : detail::pending_impls())
-    if (wanted.count(impl.get())) impls.push_back(impl);
-  return plan_of(impls);
-}
-
-MemoryPlan pending_memory_plan() { return plan_of(detail::pending_impls()); }
-
-MemoryPlan last_memory_plan() {
-  auto plan = runtime::last_executed_plan();
-  return plan ? detail::memory_plan_of(*plan) : MemoryPlan{};
 }
 
 }  // namespace tessera

@@ -6,12 +6,12 @@
 #include <sstream>
 
 #include "core/half.h"
-#include "frontend/tensor_impl.h"
+#include "tensor/tensor_impl.h"
 #include "runtime/allocator.h"
 #include "runtime/metrics_impl.h"
 #include "runtime/profiler_impl.h"
 #include "runtime/realize.h"
-#include "tessera/error.h"
+#include "core/fail.h"
 #include "tessera/scope.h"
 
 namespace tessera {
@@ -60,7 +60,7 @@ Rng& rng() {
 
 const std::shared_ptr<TensorImpl>& need(const Tensor& t, const char* op) {
   if (!t.defined()) fail(op, "called on an undefined tensor");
-  return t.impl();
+  return detail::impl_of(t);
 }
 
 // Writes host values of type T into storage of dtype t.
@@ -94,8 +94,9 @@ void convert_from(const void* src, DType t, int64_t n, T* dst) {
   }
 }
 
-// Realizes everything pending and returns t's bytes on the host; counts one host sync.
-std::vector<char> host_bytes(const Tensor& t, const char* op) {
+}  // namespace
+
+std::vector<char> detail::host_bytes(const Tensor& t, const char* op) {
   need(t, op);
   runtime::counters().host_syncs++;
   // Profiling: the sync is one slice; the copy back is runtime (Copy) time inside it.
@@ -107,13 +108,11 @@ std::vector<char> host_bytes(const Tensor& t, const char* op) {
   } prof_sync{runtime::prof::on()};
   if (prof_sync.on) runtime::prof::sync_begin(op);
   sync();
-  const auto& impl = t.impl();
+  const auto& impl = detail::impl_of(t);
   std::vector<char> bytes(size_t(numel(impl->shape)) * itemsize(impl->dtype));
   runtime::download(*impl->buffer, bytes.data(), bytes.size());
   return bytes;
 }
-
-}  // namespace
 
 // ---- TensorImpl ----
 TensorImpl::TensorImpl(ir::NodePtr n) : node(std::move(n)), shape(node->shape), dtype(node->dtype), device(node->device) {
@@ -137,6 +136,24 @@ void TensorImpl::realize_to(std::shared_ptr<Buffer> b) {
   donor.reset();
   set_pending(this, false);
 }
+void TensorImpl::adopt_value(const TensorImpl& other) {
+  node = other.node;
+  buffer = other.buffer;
+  shape = other.shape;
+  dtype = other.dtype;
+  device = other.device;
+  donor.reset();
+  realized_from = other.realized_from;
+  set_pending(this, node != nullptr);
+}
+void TensorImpl::revert_to_donor() {
+  if (node) {
+    std::shared_ptr<Buffer> b = donor.lock();
+    if (!b) fail("tensor", "internal: the buffer an in-place value replaced is gone", "");
+    realize_to(std::move(b));
+  }
+  realized_from.reset();
+}
 
 namespace detail {
 ir::NodePtr node_of(const Tensor& t) {
@@ -144,7 +161,10 @@ ir::NodePtr node_of(const Tensor& t) {
   if (impl->node) return impl->node;
   return ir::leaf(impl->buffer, impl->shape, impl->dtype);
 }
-Tensor from_node(ir::NodePtr n) { return Tensor(std::make_shared<TensorImpl>(std::move(n))); }
+Tensor from_node(ir::NodePtr n) { return TensorAccess::make(std::make_shared<TensorImpl>(std::move(n))); }
+Tensor from_buffer(std::shared_ptr<Buffer> b, Shape s, DType t) {
+  return TensorAccess::make(std::make_shared<TensorImpl>(std::move(b), std::move(s), t));
+}
 std::vector<std::shared_ptr<TensorImpl>> pending_impls() {
   Registry& r = registry();
   std::lock_guard<std::mutex> lock(r.mu);
@@ -155,6 +175,16 @@ std::vector<std::shared_ptr<TensorImpl>> pending_impls() {
     if (auto sp = impl->self.lock()) out.push_back(std::move(sp));
   }
   return out;
+}
+std::vector<runtime::Request> pending_requests(const std::vector<Tensor>& outputs) {
+  std::vector<const TensorImpl*> wanted;
+  for (auto& t : outputs) wanted.push_back(impl_of(t).get());
+  std::vector<runtime::Request> req;
+  for (auto& impl : pending_impls()) {
+    if (!outputs.empty() && std::find(wanted.begin(), wanted.end(), impl.get()) == wanted.end()) continue;
+    if (impl->node && impl->node->op != ir::Op::Leaf) req.push_back({impl->node, impl->donor});  // a leaf: sync only rebinds it
+  }
+  return req;
 }
 RngState rng_state() { return {rng().seed, rng().offset}; }
 uint32_t next_draw() { return rng().draws++; }
@@ -208,15 +238,15 @@ void sync() {
 }
 
 // ---- Tensor ----
-Tensor::Tensor(std::shared_ptr<TensorImpl> impl) : impl_(std::move(impl)) {
-  if (impl_) impl_->self = impl_;
-}
 const Shape& Tensor::shape() const { return need(*this, "shape")->shape; }
 int64_t Tensor::size(int64_t d) const { return shape()[wrap_dim(d, shape(), "size")]; }
 int64_t Tensor::numel() const { return tessera::numel(shape()); }
 DType Tensor::dtype() const { return need(*this, "dtype")->dtype; }
 Device Tensor::device() const { return need(*this, "device")->device; }
 bool Tensor::is_realized() const { return need(*this, "is_realized")->buffer != nullptr; }
+void Tensor::set_data(const Tensor& new_data) {
+  need(*this, "set_data")->adopt_value(*need(new_data, "set_data"));
+}
 
 double Tensor::item() const {
   if (numel() != 1) fail("item", "needs a one-element tensor, got shape " + shape_str(shape()));
@@ -225,7 +255,7 @@ double Tensor::item() const {
 
 template <class T>
 std::vector<T> Tensor::to_vector() const {
-  std::vector<char> bytes = host_bytes(*this, "to_vector");
+  std::vector<char> bytes = detail::host_bytes(*this, "to_vector");
   std::vector<T> out(static_cast<size_t>(numel()));
   convert_from(bytes.data(), dtype(), numel(), out.data());
   return out;
@@ -276,9 +306,12 @@ Tensor Tensor::to(const Device& d) const {
   need(*this, "to");
   if (d == device()) return *this;
   runtime::check_device(d);  // unknown devices fail before any work
-  std::vector<char> bytes = host_bytes(*this, "to");
-  auto buf = runtime::upload(d, bytes.data(), bytes.size());
-  return Tensor(std::make_shared<TensorImpl>(std::move(buf), shape(), dtype()));
+  if (d.kind != device().kind) {  // through the host: a host sync, as reading the value is
+    std::vector<char> bytes = detail::host_bytes(*this, "to");
+    return detail::from_buffer(runtime::upload(d, bytes.data(), bytes.size()), shape(), dtype());
+  }
+  sync();  // another device of the same backend: copied device to device
+  return detail::from_buffer(runtime::copy_between_devices(*need(*this, "to")->buffer, d), shape(), dtype());
 }
 
 // ---- factories ----
@@ -290,8 +323,7 @@ Tensor from_vector(const std::vector<T>& data, const Shape& s, TensorOptions o) 
     fail("from_vector", std::to_string(data.size()) + " values do not fill shape " + shape_str(s));
   std::vector<char> bytes(data.size() * itemsize(o.dtype));
   convert_to(data.data(), int64_t(data.size()), o.dtype, bytes.data());
-  auto buf = runtime::upload(o.device, bytes.data(), bytes.size());
-  return Tensor(std::make_shared<TensorImpl>(std::move(buf), s, o.dtype));
+  return detail::from_buffer(runtime::upload(o.device, bytes.data(), bytes.size()), s, o.dtype);
 }
 template Tensor from_vector<float>(const std::vector<float>&, const Shape&, TensorOptions);
 template Tensor from_vector<double>(const std::vector<double>&, const Shape&, TensorOptions);

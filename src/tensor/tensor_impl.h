@@ -1,9 +1,13 @@
 // The mutable object behind a Tensor handle: either pending (an IR node) or realized (a buffer).
+// Every change of that state (becoming pending, realized, rebound in place, moved to another
+// device, reverted) is a method here, written once; the layers above call them.
 #pragma once
 #include <memory>
+#include <vector>
 
 #include "core/buffer.h"
 #include "ir/node.h"
+#include "runtime/realize.h"
 #include "tessera/tensor.h"
 
 namespace tessera {
@@ -33,16 +37,43 @@ struct TensorImpl {
   TensorImpl(ir::NodePtr n);                                      // pending
   TensorImpl(std::shared_ptr<Buffer> b, Shape s, DType t);        // realized
   ~TensorImpl();
-  void rebind(ir::NodePtr n);                  // in-place: becomes pending on n
-  void realize_to(std::shared_ptr<Buffer> b);  // pending -> realized
+  TensorImpl(const TensorImpl&) = delete;
+  TensorImpl& operator=(const TensorImpl&) = delete;
+
+  // In place: becomes pending on n (same shape and dtype); the old buffer becomes the donor.
+  void rebind(ir::NodePtr n);
+  // Pending -> realized on b (what sync() does with each result).
+  void realize_to(std::shared_ptr<Buffer> b);
+  // Takes other's value (pending node or buffer, shape, dtype, device), keeping this impl's
+  // identity and autodiff state (Tensor::set_data, Module::to).
+  void adopt_value(const TensorImpl& other);
+  // Undoes the pending in-place value: back on the donor buffer it was rebound from (the advisor
+  // traces a step and puts the model back). Throws when that buffer is gone.
+  void revert_to_donor();
 };
 
 namespace detail {
+// The internal side of a Tensor handle (its private impl), for the library's own layers.
+struct TensorAccess {
+  static const std::shared_ptr<TensorImpl>& impl(const Tensor& t) { return t.impl_; }
+  static Tensor make(std::shared_ptr<TensorImpl> impl) {
+    impl->self = impl;
+    return Tensor(std::move(impl));
+  }
+};
+inline const std::shared_ptr<TensorImpl>& impl_of(const Tensor& t) { return TensorAccess::impl(t); }
+
 // The node standing for a tensor's value: its pending node, or the leaf of its buffer.
 ir::NodePtr node_of(const Tensor& t);
 Tensor from_node(ir::NodePtr n);
+Tensor from_buffer(std::shared_ptr<Buffer> b, Shape s, DType t);
 // Live pending impls (the runtime realizes all of them on sync).
 std::vector<std::shared_ptr<TensorImpl>> pending_impls();
+// What sync() would request to compute `outputs` (every pending tensor when empty), in its
+// order and with its donors, so the graph and its cache key are the ones sync() would run.
+std::vector<runtime::Request> pending_requests(const std::vector<Tensor>& outputs = {});
+// Realizes everything pending and returns t's bytes on the host; counts one host sync.
+std::vector<char> host_bytes(const Tensor& t, const char* op);
 // The generator state the next executed graph will use.
 using tessera::RngState;
 RngState rng_state();

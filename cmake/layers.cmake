@@ -1,0 +1,56 @@
+# tessera_add_layers(<layers.txt>): one OBJECT library tessera_<name> per line of the table whose
+# src/<name>/ exists, compiled against build/layers/<name>/, a directory of symbolic links to
+# exactly the headers the line allows (the layer's own src/<name>/, each full dependency's
+# src/<dep>/, and in tessera/ the public headers of the layer and of every dependency). Sets
+# TESSERA_LAYERS (names, bottom to top) and TESSERA_LAYER_OBJECTS (every layer's objects).
+function(tessera_add_layers table)
+  set_property(DIRECTORY APPEND PROPERTY CMAKE_CONFIGURE_DEPENDS ${table})
+  file(STRINGS ${table} lines REGEX "^[a-z_]+ *\\|")
+  set(root ${PROJECT_SOURCE_DIR})
+  set(layers "")
+  set(objects "")
+  foreach(line IN LISTS lines)
+    string(REPLACE "|" ";" parts "${line}")
+    list(GET parts 0 name)
+    list(GET parts 1 deps)
+    list(GET parts 2 headers)
+    string(STRIP "${name}" name)
+    separate_arguments(deps UNIX_COMMAND "${deps}")
+    separate_arguments(headers UNIX_COMMAND "${headers}")
+    set(headers_${name} ${headers})
+    if(NOT IS_DIRECTORY ${root}/src/${name})
+      continue()
+    endif()
+
+    set(stage ${CMAKE_BINARY_DIR}/layers/${name})
+    file(REMOVE_RECURSE ${stage})
+    file(MAKE_DIRECTORY ${stage}/tessera)
+    file(CREATE_LINK ${root}/src/${name} ${stage}/${name} SYMBOLIC)
+    set(visible ${headers})
+    foreach(dep IN LISTS deps)
+      string(REPLACE ":public" "" dep_name "${dep}")
+      if(NOT dep STREQUAL dep_name)
+        # public headers only
+      elseif(IS_DIRECTORY ${root}/src/${dep_name})
+        file(CREATE_LINK ${root}/src/${dep_name} ${stage}/${dep_name} SYMBOLIC)
+      endif()
+      list(APPEND visible ${headers_${dep_name}})
+    endforeach()
+    foreach(h IN LISTS visible)
+      file(CREATE_LINK ${root}/include/tessera/${h} ${stage}/tessera/${h} SYMBOLIC)
+    endforeach()
+
+    file(GLOB_RECURSE sources CONFIGURE_DEPENDS ${root}/src/${name}/*.cpp)
+    # Backends that live in plugins are built apart (cmake/plugins.cmake).
+    list(FILTER sources EXCLUDE REGEX "/src/backends/opencl/")
+    add_library(tessera_${name} OBJECT ${sources})
+    target_include_directories(tessera_${name} PRIVATE ${stage})
+    target_compile_options(tessera_${name} PRIVATE ${TESSERA_WARNINGS} -fno-semantic-interposition)
+    set_target_properties(tessera_${name} PROPERTIES POSITION_INDEPENDENT_CODE ON
+      CXX_VISIBILITY_PRESET hidden VISIBILITY_INLINES_HIDDEN ON)
+    list(APPEND layers ${name})
+    list(APPEND objects $<TARGET_OBJECTS:tessera_${name}>)
+  endforeach()
+  set(TESSERA_LAYERS ${layers} PARENT_SCOPE)
+  set(TESSERA_LAYER_OBJECTS ${objects} PARENT_SCOPE)
+endfunction()
