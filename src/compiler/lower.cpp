@@ -7,7 +7,6 @@
 #include <unordered_map>
 
 #include "compiler/passes/fuse.h"
-#include "compiler/passes/passes.h"
 #include "ir/conv.h"
 #include "tessera/error.h"
 
@@ -679,9 +678,9 @@ struct Lowerer {
 
 }  // namespace
 
-Plan lower(const ir::Graph& g, const std::vector<ir::NodePtr>& params) {
+Plan lower(const ir::Graph& g, const std::vector<ir::NodePtr>& params, const Options& opts) {
   Lowerer L(g);
-  L.fuse = pass_enabled("fuse");
+  L.fuse = opts.enabled("fuse");
   for (size_t p = 0; p < params.size(); ++p) {
     L.param_slot.push_back(L.new_slot(kir::SlotKind::Param, int(p), params[p]->shape, params[p]->dtype));
     L.param_of.emplace(params[p].get(), int(p));

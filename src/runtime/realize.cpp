@@ -8,9 +8,9 @@
 #include <unordered_map>
 
 #include "backends/backend.h"
-#include "compiler/passes/passes.h"
 #include "compiler/pipeline.h"
 #include "runtime/allocator.h"
+#include "runtime/compile_options.h"
 #include "runtime/metrics_impl.h"
 #include "runtime/profiler_impl.h"
 #include "tessera/error.h"
@@ -21,7 +21,6 @@ namespace {
 struct Executable {
   compiler::Plan plan;
   std::vector<std::unique_ptr<backends::Kernel>> kernels;
-  size_t guard = 0;  // arena guard bytes the plan was made with
 };
 
 std::mutex g_mu;
@@ -63,13 +62,16 @@ int64_t since_ns(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count();
 }
 
-std::shared_ptr<Executable> compile(const ir::Graph& g, const Device& dev, const std::vector<int>& donate) {
+// settings: the options in force (compile_options.h), completed here with the device's target.
+std::shared_ptr<Executable> compile(const ir::Graph& g, const Device& dev, const std::vector<int>& donate,
+                                    const compiler::Options& settings) {
   auto t0 = std::chrono::steady_clock::now();
   auto exe = std::make_shared<Executable>();
   backends::Backend& be = backends::backend_for(dev);
-  exe->plan = compiler::compile_graph(g, donate, be.properties(dev.index));
-  size_t a = exe->plan.alignment;
-  exe->guard = (compiler::arena_guard_bytes() + a - 1) / a * a;
+  compiler::Options opts = settings;
+  opts.target = be.properties(dev.index);
+  if (opts.dump.any()) opts.dump.graph = detail::next_dump_graph();
+  exe->plan = compiler::compile_graph(g, donate, opts);
   for (const kir::Step& st : exe->plan.steps) exe->kernels.push_back(be.compile(st));
   device_counters(dev.kind).kernels_compiled += int64_t(exe->plan.steps.size());
   counters().graphs_compiled++;
@@ -78,14 +80,18 @@ std::shared_ptr<Executable> compile(const ir::Graph& g, const Device& dev, const
 }
 
 // Cache key: graph structure (g.key, moved: nothing reads it after the lookup) + device + which
-// outputs may overwrite which parameters + the passes switched off + the arena guard.
-std::string cache_key(ir::Graph& g, const Device& dev, const std::vector<int>& donate) {
+// outputs may overwrite which parameters + the compile options that change the plan (the passes
+// switched off, the arena guard: CompileSettings::key).
+std::string cache_key(ir::Graph& g, const Device& dev, const std::vector<int>& donate, const std::string& options_key) {
   std::string k = std::move(g.key);
   k += '|';
   k += dev.str();
-  k += '|' + compiler::disabled_passes_key();
-  if (size_t guard = compiler::arena_guard_bytes()) k += "|guard" + std::to_string(guard);
-  for (int d : donate) k += "|" + std::to_string(d);
+  k += '|';
+  k += options_key;
+  for (int d : donate) {
+    k += '|';
+    k += std::to_string(d);
+  }
   return k;
 }
 
@@ -124,7 +130,8 @@ Prepared prepare(const std::vector<Request>& req, const Device* target = nullptr
   }
 
   std::shared_ptr<Executable>& exe = p.exe;
-  std::string key = cache_key(g, dev, donate);
+  const std::shared_ptr<const detail::CompileSettings> settings = detail::compile_settings();
+  std::string key = cache_key(g, dev, donate, settings->key);
   {
     std::lock_guard<std::mutex> lock(g_mu);
     auto it = cache().find(key);
@@ -139,7 +146,7 @@ Prepared prepare(const std::vector<Request>& req, const Device* target = nullptr
       why = miss_reason(g, dev);
     }
     if (prof::on()) prof::compile_begin(why, int64_t(g.nodes.size()));
-    exe = compile(g, dev, donate);
+    exe = compile(g, dev, donate, settings->opts);
     if (prof::on()) prof::mark(prof::Region::Lookup);
     std::lock_guard<std::mutex> lock(g_mu);
     cache()[key] = exe;
@@ -179,7 +186,6 @@ void clear_compile_cache() {
   seen_structures().clear();
 }
 
-void set_arena_guard(size_t bytes) { compiler::set_arena_guard_bytes(bytes); }
 int64_t guard_bytes_checked() { return g_guard_checked; }
 void set_after_step_hook(StepHook hook) {
   std::lock_guard<std::mutex> lock(g_mu);
@@ -226,7 +232,7 @@ std::vector<std::shared_ptr<Buffer>> realize(const std::vector<Request>& req, Rn
   }
   backends::LaunchArgs args{slots.data(), rng.seed, rng.offset, dev.index};
   static const bool time_steps = std::getenv("TESSERA_STEP_TIMES") != nullptr;
-  const size_t guard = arena ? exe->guard : 0;
+  const size_t guard = arena ? plan.arena_guard : 0;
   std::vector<unsigned char> pattern(guard ? guard + plan.alignment : 0, kGuardByte), seen(pattern.size());
   int64_t moved = 0;  // host <-> device bytes the backend reported while launching Steps
   const std::atomic<int64_t>& reported = backends::reported_host_transfers(dev.kind);
