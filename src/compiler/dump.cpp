@@ -124,7 +124,10 @@ const char* slot_kind_name(kir::SlotKind k) {
 
 std::string ints_text(const std::vector<int64_t>& v) {
   std::string s = "{";
-  for (size_t i = 0; i < v.size(); ++i) s += (i ? "," : "") + std::to_string(v[i]);
+  for (size_t i = 0; i < v.size(); ++i) {
+    if (i) s += ',';
+    s += std::to_string(v[i]);
+  }
   return s + "}";
 }
 
