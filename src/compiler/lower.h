@@ -1,6 +1,7 @@
 // Lowering: an IR graph -> Kernel-IR Steps over numbered buffer slots. Movement primitives become
 // index maps of the loads that read them, and constants become instructions (no Step, no
-// buffer). The pipeline (pipeline.h) runs the passes around it.
+// buffer). The pipeline (pipeline.h) runs the passes around it. Convolutions lower in
+// lower_conv.cpp, donation is donate.cpp.
 #pragma once
 #include <vector>
 
