@@ -29,8 +29,8 @@
 #include <tessera/tessera.h>
 
 #include "bench_common.h"
-#include "compiler/passes/passes.h"
 #include "compiler/lower.h"
+#include "runtime/compile_options.h"
 #include "runtime/realize.h"
 
 namespace ts = tessera;
@@ -103,7 +103,7 @@ ChainResult bench_chain(int reps) {
   struct One { double sync_ms, exec_ms, trace_us; int64_t steps, faults; };
   ts::Tensor y;  // reassigned each time: the previous 64 MiB result goes back to the allocator's cache
   auto run_chain = [&](bool fused) -> One {
-    ts::compiler::set_disabled_passes(fused ? "" : "all");
+    ts::runtime::set_disabled_passes(fused ? "" : "all");
     y = ts::Tensor();  // free the previous result before tracing, so the output reuses its block
     auto t0 = Clock::now();
     y = chain(x);
@@ -114,7 +114,7 @@ ChainResult bench_chain(int reps) {
     auto t2 = Clock::now();
     const int64_t faults = minor_faults() - f0;
     const ts::Metrics m1 = ts::metrics();
-    ts::compiler::set_disabled_passes("");
+    ts::runtime::set_disabled_passes("");
     if (m1.graphs_compiled != m0.graphs_compiled) {
       // A compile inside a timed run (only expected in the warm-up).
       return {-1, -1, ms_between(t0, t1) * 1e3, m1.steps_launched - m0.steps_launched, faults};

@@ -1,9 +1,7 @@
 #include "compiler/dump.h"
 
-#include <atomic>
 #include <cerrno>
 #include <cstdio>
-#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -15,47 +13,7 @@
 namespace tessera::compiler {
 namespace {
 
-struct Config {
-  bool ir = false, fused = false, plan = false;
-  std::string dir;  // empty: standard error
-  bool any() const { return ir || fused || plan; }
-};
-
-Config parse(const std::string& stages, const std::string& dir) {
-  Config c;
-  c.dir = dir;
-  std::stringstream ss(stages);
-  std::string s;
-  while (std::getline(ss, s, ',')) {
-    // Trim blanks so "ir, plan" works.
-    size_t b = s.find_first_not_of(" \t"), e = s.find_last_not_of(" \t");
-    s = b == std::string::npos ? "" : s.substr(b, e - b + 1);
-    if (s.empty() || s == "0") continue;
-    if (s == "1" || s == "all") c.ir = c.fused = c.plan = true;
-    else if (s == "ir") c.ir = true;
-    else if (s == "fused") c.fused = true;
-    else if (s == "plan") c.plan = true;
-    else
-      throw Error("[dump] TESSERA_DUMP: unknown stage '" + s + "' (stages: ir, fused, plan; 1 or all for every one)");
-  }
-  return c;
-}
-
-const char* env_or_empty(const char* name) {
-  const char* v = std::getenv(name);
-  return v ? v : "";
-}
-
-// The configuration, read from the environment on first use (set_dump_config replaces it).
-Config* g_override = nullptr;
-const Config& config() {
-  static const Config env = parse(env_or_empty("TESSERA_DUMP"), env_or_empty("TESSERA_DUMP_DIR"));
-  return g_override ? *g_override : env;
-}
-
-std::atomic<int> g_next_graph{1};
-thread_local int t_graph = 0;  // the number of the graph this thread is compiling
-std::mutex g_write_mu;         // keeps stderr dumps of concurrent compiles apart
+std::mutex g_write_mu;  // keeps stderr dumps of concurrent compiles apart
 
 std::string file_name(int graph, const char* stage) {
   char buf[64];
@@ -63,11 +21,10 @@ std::string file_name(int graph, const char* stage) {
   return buf;
 }
 
-void emit(const char* stage, const std::string& text) {
-  const Config& c = config();
+void emit(const DumpOptions& c, const char* stage, const std::string& text) {
   std::lock_guard<std::mutex> lock(g_write_mu);
   if (c.dir.empty()) {
-    std::fprintf(stderr, "==== tessera dump: graph %d, %s ====\n%s", t_graph, stage, text.c_str());
+    std::fprintf(stderr, "==== tessera dump: graph %d, %s ====\n%s", c.graph, stage, text.c_str());
     if (!text.empty() && text.back() != '\n') std::fputc('\n', stderr);
     std::fflush(stderr);
     return;
@@ -79,7 +36,7 @@ void emit(const char* stage, const std::string& text) {
   if (ec || !fs::is_directory(dir))
     throw Error("[dump] cannot create the TESSERA_DUMP_DIR directory '" + c.dir + "'" +
                 (ec ? ": " + ec.message() : std::string(": not a directory")));
-  fs::path p = dir / file_name(t_graph, stage);
+  fs::path p = dir / file_name(c.graph, stage);
   std::ofstream out(p, std::ios::binary | std::ios::trunc);
   if (out) out << text;
   if (out) out.flush();
@@ -167,23 +124,14 @@ const char* slot_kind_name(kir::SlotKind k) {
 
 std::string ints_text(const std::vector<int64_t>& v) {
   std::string s = "{";
-  for (size_t i = 0; i < v.size(); ++i) s += (i ? "," : "") + std::to_string(v[i]);
+  for (size_t i = 0; i < v.size(); ++i) {
+    if (i) s += ',';
+    s += std::to_string(v[i]);
+  }
   return s + "}";
 }
 
 }  // namespace
-
-void set_dump_config(const std::string& stages, const std::string& dir) {
-  static Config storage;
-  storage = parse(stages, dir);
-  g_override = &storage;
-  g_next_graph = 1;
-}
-
-void clear_dump_config() {
-  g_override = nullptr;
-  g_next_graph = 1;
-}
 
 std::string instr_text(const kir::Instr& in) {
   std::ostringstream os;
@@ -269,17 +217,13 @@ std::string plan_text(const ir::Graph& g, const Plan& plan) {
   return os.str();
 }
 
-void dump_graph(const char* stage, const ir::Graph& g) {
-  const Config& c = config();
-  if (!c.any()) return;
-  if (std::strcmp(stage, "ir") == 0) t_graph = g_next_graph++;
-  if (c.ir) emit(stage, ir::to_text(g));
+void dump_graph(const DumpOptions& opts, const char* stage, const ir::Graph& g) {
+  if (opts.ir) emit(opts, stage, ir::to_text(g));
 }
 
-void dump_plan(const ir::Graph& g, const Plan& plan) {
-  const Config& c = config();
-  if (c.fused) emit("fused", steps_text(plan));
-  if (c.plan) emit("plan", plan_text(g, plan));
+void dump_plan(const DumpOptions& opts, const ir::Graph& g, const Plan& plan) {
+  if (opts.fused) emit(opts, "fused", steps_text(plan));
+  if (opts.plan) emit(opts, "plan", plan_text(g, plan));
 }
 
 }  // namespace tessera::compiler

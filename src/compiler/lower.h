@@ -1,9 +1,11 @@
 // Lowering: an IR graph -> Kernel-IR Steps over numbered buffer slots. Movement primitives become
 // index maps of the loads that read them, and constants become instructions (no Step, no
-// buffer). The pipeline (pipeline.h) runs the passes around it.
+// buffer). The pipeline (pipeline.h) runs the passes around it. Convolutions lower in
+// lower_conv.cpp, donation is donate.cpp.
 #pragma once
 #include <vector>
 
+#include "compiler/options.h"
 #include "ir/graph.h"
 #include "kernel_ir/step.h"
 
@@ -24,6 +26,7 @@ struct Plan {
   std::vector<kir::Slot> slots;
   size_t arena_bytes = 0;
   size_t alignment = 64;             // of arena offsets and sizes (the target's)
+  size_t arena_guard = 0;            // debug guard bytes before and after each temporary (a multiple of alignment)
   std::vector<int> slots_of_params;  // per parameter: its slot
   std::vector<int> output_slot;      // per graph output (g.outputs order)
   std::vector<int> donated;          // per graph output: parameter whose buffer it is written into, or -1
@@ -32,8 +35,9 @@ struct Plan {
 };
 
 // Lowers g; params are the leaves in parameter order (the graph the cache keyed, before any IR
-// pass), so parameter numbers stay those of the original graph.
-Plan lower(const ir::Graph& g, const std::vector<ir::NodePtr>& params);
+// pass), so parameter numbers stay those of the original graph. Fusion is decided here, so the
+// "fuse" switch is read here: with it disabled in opts every compute node gets its own Step.
+Plan lower(const ir::Graph& g, const std::vector<ir::NodePtr>& params, const Options& opts = {});
 
 // donate[k] names a parameter that output k may overwrite (-1: none); it is honoured only when
 // no Step reads the parameter's old value after the output is written. Run after scheduling.

@@ -5,24 +5,24 @@
 
 namespace tessera::compiler {
 
-Plan compile_graph(const ir::Graph& g, const std::vector<int>& donate_to, const kir::Target& target, ir::Graph* optimized) {
+Plan compile_graph(const ir::Graph& g, const std::vector<int>& donate_to, const Options& opts, ir::Graph* optimized) {
   std::vector<ir::NodePtr> params;
   for (int p : g.params) params.push_back(g.nodes[p]);
-  dump_graph("ir", g);
+  dump_graph(opts.dump, "ir", g);
   ir::Graph h = g;
-  if (pass_enabled("simplify")) h = simplify(h);
-  if (pass_enabled("cse")) h = cse(h);
-  if (pass_enabled("dce")) h = dce(h);
-  dump_graph("ir-opt", h);
-  Plan plan = lower(h, params);
-  apply_target(plan, target);
+  if (opts.enabled("simplify")) h = simplify(h);
+  if (opts.enabled("cse")) h = cse(h);
+  if (opts.enabled("dce")) h = dce(h);
+  dump_graph(opts.dump, "ir-opt", h);
+  Plan plan = lower(h, params, opts);  // fusion ("fuse") is decided while lowering
+  apply_target(plan, opts.target);
   // Scheduling sees single-output Steps; the merges after it keep its order valid.
-  if (pass_enabled("schedule")) schedule(plan);
-  if (pass_enabled("epilogue")) fuse_epilogues(plan);
-  if (pass_enabled("merge")) merge_elementwise(plan), merge_rows(plan);
+  if (opts.enabled("schedule")) schedule(plan);
+  if (opts.enabled("epilogue")) fuse_epilogues(plan);
+  if (opts.enabled("merge")) merge_elementwise(plan), merge_rows(plan);
   donate(plan, donate_to);
-  plan_memory(plan, target.alignment);
-  dump_plan(h, plan);
+  plan_memory(plan, opts);  // "memplan" off: every temporary gets its own bytes
+  dump_plan(opts.dump, h, plan);
   if (optimized) *optimized = std::move(h);
   return plan;
 }

@@ -22,13 +22,13 @@
 #include <unordered_map>
 
 #include "backends/backend.h"
-#include "compiler/passes/passes.h"
 #include "conformance/random_graph.h"
 #include "conformance/suite.h"
 #include "core/half.h"
 #include "tensor/tensor_impl.h"
 #include "reference/evaluator.h"
 #include "runtime/allocator.h"
+#include "runtime/compile_options.h"
 #include "runtime/realize.h"
 #include "conformance/conformance.h"
 #include "core/fail.h"
@@ -209,7 +209,7 @@ struct Target {
 // Runs one case once (passes off or on). Every tensor it makes dies before it returns.
 CaseResult run_once(const Case& c, const std::string& row, const Target& tg, bool passes_on) {
   CaseResult r{row, c.variant, tg.device.kind, passes_on ? "on" : "off", Status::Pass, ""};
-  compiler::set_disabled_passes(passes_on ? "" : "all");
+  runtime::set_disabled_passes(passes_on ? "" : "all");
   std::unordered_map<const Buffer*, std::vector<double>> known;  // what the reference reads for each leaf
   Context ctx{tg.device, nullptr};
   ctx.leaf = [&](const std::vector<double>& values, const Shape& s, DType t) {
@@ -350,18 +350,17 @@ std::vector<Case> cases_of(const std::string& row) {
   fail("conformance", "unknown op '" + row + "'; ops are: " + all);
 }
 
-// Restores the compiler's and allocator's debug settings when the run ends, however it ends.
+// Restores the compile options and the allocator's debug settings when the run ends, however it
+// ends.
 struct DebugSettings {
-  std::string passes = compiler::disabled_passes_key();
-  size_t arena_guard = compiler::arena_guard_bytes();
+  compiler::Options saved = runtime::compile_options();
   DebugSettings() {
     runtime::set_sentinels(64);
-    compiler::set_arena_guard_bytes(64);
+    runtime::set_arena_guard(64);
   }
   ~DebugSettings() {
     runtime::set_sentinels(0);
-    compiler::set_arena_guard_bytes(arena_guard);
-    compiler::set_disabled_passes(passes);
+    runtime::set_compile_options(saved);
   }
 };
 

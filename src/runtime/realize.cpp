@@ -10,9 +10,9 @@
 
 #include "backends/backend.h"
 #include "compiler/lower.h"
-#include "compiler/passes/passes.h"
 #include "compiler/pipeline.h"
 #include "runtime/allocator.h"
+#include "runtime/compile_options.h"
 #include "runtime/metrics_impl.h"
 #include "runtime/profiler_impl.h"
 #include "core/fail.h"
@@ -23,7 +23,6 @@ namespace {
 struct Executable {
   compiler::Plan plan;
   std::vector<std::unique_ptr<backends::Kernel>> kernels;
-  size_t guard = 0;  // arena guard bytes the plan was made with
   // The backend's whole program (Backend::compile_executable), when it took one, with its
   // scalars buffer (RunScalars, then the staged parameters: scalar_params[k] at 16 + 8k).
   std::unique_ptr<backends::Executable> whole;
@@ -131,14 +130,17 @@ void compile_whole(Executable& exe, const ir::Graph& optimized, backends::Backen
   }
 }
 
-std::shared_ptr<Executable> compile(const ir::Graph& g, const Device& dev, const std::vector<int>& donate) {
+// settings: the options in force (compile_options.h), completed here with the device's target.
+std::shared_ptr<Executable> compile(const ir::Graph& g, const Device& dev, const std::vector<int>& donate,
+                                    const compiler::Options& settings) {
   auto t0 = std::chrono::steady_clock::now();
   auto exe = std::make_shared<Executable>();
   backends::Backend& be = backends::backend_for(dev);
+  compiler::Options opts = settings;
+  opts.target = be.properties(dev.index);
+  if (opts.dump.any()) opts.dump.graph = detail::next_dump_graph();
   ir::Graph optimized;
-  exe->plan = compiler::compile_graph(g, donate, be.properties(dev.index), &optimized);
-  size_t a = exe->plan.alignment;
-  exe->guard = (compiler::arena_guard_bytes() + a - 1) / a * a;
+  exe->plan = compiler::compile_graph(g, donate, opts, &optimized);
   std::vector<bool> library = claim_library_calls(exe->plan, be, dev.index);
   for (size_t s = 0; s < exe->plan.steps.size(); ++s)
     exe->kernels.push_back(library[s] ? be.compile_library(exe->plan.steps[s]) : be.compile(exe->plan.steps[s]));
@@ -151,14 +153,18 @@ std::shared_ptr<Executable> compile(const ir::Graph& g, const Device& dev, const
 }
 
 // Cache key: graph structure (g.key, moved: nothing reads it after the lookup) + device + which
-// outputs may overwrite which parameters + the passes switched off + the arena guard.
-std::string cache_key(ir::Graph& g, const Device& dev, const std::vector<int>& donate) {
+// outputs may overwrite which parameters + the compile options that change the plan (the passes
+// switched off, the arena guard: CompileSettings::key).
+std::string cache_key(ir::Graph& g, const Device& dev, const std::vector<int>& donate, const std::string& options_key) {
   std::string k = std::move(g.key);
   k += '|';
   k += dev.str();
-  k += '|' + compiler::disabled_passes_key();
-  if (size_t guard = compiler::arena_guard_bytes()) k += "|guard" + std::to_string(guard);
-  for (int d : donate) k += "|" + std::to_string(d);
+  k += '|';
+  k += options_key;
+  for (int d : donate) {
+    k += '|';
+    k += std::to_string(d);
+  }
   return k;
 }
 
@@ -197,7 +203,8 @@ Prepared prepare(const std::vector<Request>& req, const Device* target = nullptr
   }
 
   std::shared_ptr<Executable>& exe = p.exe;
-  std::string key = cache_key(g, dev, donate);
+  const std::shared_ptr<const detail::CompileSettings> settings = detail::compile_settings();
+  std::string key = cache_key(g, dev, donate, settings->key);
   {
     std::lock_guard<std::mutex> lock(g_mu);
     auto it = cache().find(key);
@@ -212,7 +219,7 @@ Prepared prepare(const std::vector<Request>& req, const Device* target = nullptr
       why = miss_reason(g, dev);
     }
     if (prof::on()) prof::compile_begin(why, int64_t(g.nodes.size()));
-    exe = compile(g, dev, donate);
+    exe = compile(g, dev, donate, settings->opts);
     if (prof::on()) prof::mark(prof::Region::Lookup);
     std::lock_guard<std::mutex> lock(g_mu);
     cache()[key] = exe;
@@ -252,7 +259,6 @@ void clear_compile_cache() {
   seen_structures().clear();
 }
 
-void set_arena_guard(size_t bytes) { compiler::set_arena_guard_bytes(bytes); }
 int64_t guard_bytes_checked() { return g_guard_checked; }
 void set_after_step_hook(StepHook hook) {
   std::lock_guard<std::mutex> lock(g_mu);
@@ -432,7 +438,7 @@ std::vector<std::shared_ptr<Buffer>> realize(const std::vector<Request>& req, Rn
   // Profiling: each Step is waited for and timed; the bookkeeping around it is Launch time.
   const int prof_run = prof::on() ? prof::begin_run(std::shared_ptr<const compiler::Plan>(exe, &exe->plan), dev.str()) : -1;
   Run run{plan, be, dev, {}, plan.arena_bytes ? allocate(dev, plan.arena_bytes) : nullptr};
-  run.guard = run.arena ? exe->guard : 0;
+  run.guard = run.arena ? plan.arena_guard : 0;
   run.pattern.assign(run.guard ? run.guard + plan.alignment : 0, kGuardByte);
   run.seen.resize(run.pattern.size());
   std::vector<std::shared_ptr<Buffer>> results;

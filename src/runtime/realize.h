@@ -37,12 +37,11 @@ std::shared_ptr<const compiler::Plan> last_executed_plan();
 // reads "new graph structure"); the next realize() of any graph compiles it afresh.
 void clear_compile_cache();
 
-// Arena guards (debug): set_arena_guard(bytes) = compiler::set_arena_guard_bytes, part of the
-// cache key. With guards on, realize() fills each temporary's guards with kGuardByte before the
-// Steps writing it and checks them after each such Step, throwing tessera::Error naming the Step
-// when one changed. guard_bytes_checked() counts the bytes verified so far.
+// Arena guards (debug; set_arena_guard in compile_options.h, part of the cache key): realize()
+// fills each temporary's guards with kGuardByte before the Steps writing it and checks them after
+// each such Step, throwing tessera::Error naming the Step when one changed.
+// guard_bytes_checked() counts the bytes verified so far.
 constexpr unsigned char kGuardByte = 0xA5;
-void set_arena_guard(size_t bytes);
 int64_t guard_bytes_checked();
 // Testing: called after every launched Step with its number and the slot pointers (null: none).
 using StepHook = std::function<void(int step, void* const* slots)>;

@@ -1,6 +1,7 @@
-// Compile-pipeline dumps (TESSERA_DUMP, TESSERA_DUMP_DIR; compiler/dump.h). The environment is
-// read once, at the first compile, so this binary sets it during static initialization, before
-// any test runs: every stage, into a directory that does not exist yet.
+// Compile-pipeline dumps (TESSERA_DUMP, TESSERA_DUMP_DIR, read by runtime/compile_options.cpp;
+// compiler/dump.h writes them). The environment is read once, at the first compile, so this
+// binary sets it during static initialization, before any test runs: every stage, into a
+// directory that does not exist yet.
 #include <gtest/gtest.h>
 
 #include <unistd.h>
@@ -13,6 +14,7 @@
 #include <string>
 
 #include "compiler/dump.h"
+#include "runtime/compile_options.h"
 #include "test_util.h"
 #include "tessera/tessera.h"
 
@@ -125,12 +127,12 @@ TEST(DumpEnv, EveryStageOfEachCompiledGraphGoesToItsOwnNumberedFiles) {
 }
 
 TEST(DumpConfig, WithoutADirectoryStagesGoToStandardError) {
-  ts::compiler::set_dump_config("fused", "");
+  ts::runtime::set_dump_config("fused", "");
   ::testing::internal::CaptureStderr();
   ts::Tensor x = ts::from_vector<float>({1, 2, 3, 4}, {4});
   (x.tanh() * 3).to_vector<float>();
   std::string err = ::testing::internal::GetCapturedStderr();
-  ts::compiler::clear_dump_config();
+  ts::runtime::clear_dump_config();
   EXPECT_TRUE(contains(err, "==== tessera dump: graph 1, fused ====")) << err;
   EXPECT_TRUE(contains(err, " tanh %")) << err;
   EXPECT_FALSE(contains(err, ", ir ====")) << err;
@@ -139,10 +141,10 @@ TEST(DumpConfig, WithoutADirectoryStagesGoToStandardError) {
 
 TEST(DumpConfig, NoStagesWriteNothing) {
   fs::path d = scratch_root() / "none";
-  ts::compiler::set_dump_config("0", d.string());
+  ts::runtime::set_dump_config("0", d.string());
   ts::Tensor x = ts::from_vector<float>({1, 2}, {2});
   (x - 7).to_vector<float>();
-  ts::compiler::clear_dump_config();
+  ts::runtime::clear_dump_config();
   EXPECT_FALSE(fs::exists(d));
 }
 
@@ -151,20 +153,20 @@ TEST(DumpConfig, AWriteErrorNamesThePath) {
   fs::path blocker = scratch_root() / "a-file";
   std::ofstream(blocker) << "not a directory";
   std::string dir = (blocker / "sub").string();
-  ts::compiler::set_dump_config("plan", dir);
+  ts::runtime::set_dump_config("plan", dir);
   ts::Tensor x = ts::from_vector<float>({1, 2}, {2});
   ts::Tensor y = x * 11;
   std::string msg = ts::testing::error_message([&] { ts::sync(); });
-  ts::compiler::clear_dump_config();
+  ts::runtime::clear_dump_config();
   EXPECT_TRUE(contains(msg, dir)) << msg;
   EXPECT_TRUE(contains(msg, "[dump]")) << msg;
   EXPECT_EQ(y.to_vector<float>(), (std::vector<float>{11, 22})) << "the graph runs once dumps work again";
 }
 
 TEST(DumpConfig, UnknownStageIsAnError) {
-  std::string msg = ts::testing::error_message([] { ts::compiler::set_dump_config("ir,fusd", ""); });
+  std::string msg = ts::testing::error_message([] { ts::runtime::set_dump_config("ir,fusd", ""); });
   EXPECT_TRUE(contains(msg, "unknown stage 'fusd'")) << msg;
-  ts::compiler::clear_dump_config();
+  ts::runtime::clear_dump_config();
 }
 
 TEST(DumpFormat, CodesAndKindsNewerThanTheFormatterPrintTheirNumber) {

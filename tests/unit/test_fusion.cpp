@@ -3,7 +3,7 @@
 
 #include <cmath>
 
-#include "compiler/passes/passes.h"
+#include "runtime/compile_options.h"
 #include "tessera/tessera.h"
 #include "test_util.h"
 
@@ -29,9 +29,9 @@ Run run(F&& f) {
 // Runs f with every pass on and with every pass off; results must agree.
 template <class F>
 int64_t fused_steps(F&& f) {
-  compiler::set_disabled_passes("all");
+  runtime::set_disabled_passes("all");
   Run off = run(f);
-  compiler::set_disabled_passes("");
+  runtime::set_disabled_passes("");
   Run on = run(f);
   EXPECT_LE(normalized_error(on.values, off.values), 1e-6);
   EXPECT_LT(on.steps, off.steps);
@@ -39,7 +39,7 @@ int64_t fused_steps(F&& f) {
 }
 
 struct PassesOn : ::testing::Test {
-  void TearDown() override { compiler::set_disabled_passes(""); }
+  void TearDown() override { runtime::set_disabled_passes(""); }
 };
 
 TEST_F(PassesOn, BiasGeluDropoutAfterMatmulIsOneGemmStep) {
@@ -86,7 +86,7 @@ TEST_F(PassesOn, ARowStatisticReadTwiceIsStoredByTheRowStepThatRecomputesIt) {
     };
     std::vector<std::vector<double>> values[2];
     auto steps = [&](const char* disabled) {
-      compiler::set_disabled_passes(disabled);
+      runtime::set_disabled_passes(disabled);
       int64_t before = metrics().steps_launched;
       std::vector<Tensor> ys = outputs();
       tessera::sync();
@@ -96,7 +96,7 @@ TEST_F(PassesOn, ARowStatisticReadTwiceIsStoredByTheRowStepThatRecomputesIt) {
     // The layer norm's deviation; softmax's sum is cheap enough that each reader recomputes it.
     EXPECT_EQ(steps("merge") - steps(""), 1);
     EXPECT_EQ(values[0], values[1]) << "merged and unmerged differ";
-    compiler::set_disabled_passes("");
+    runtime::set_disabled_passes("");
     EXPECT_TRUE(matches_reference(outputs()));
   }
 }
@@ -104,7 +104,7 @@ TEST_F(PassesOn, ARowStatisticReadTwiceIsStoredByTheRowStepThatRecomputesIt) {
 // The benchmark GPT (bench/gpt_step.cpp): a whole training step — forward, cross entropy,
 // backward and the AdamW update — as one graph of at most 300 Steps.
 TEST_F(PassesOn, GptTrainingStepLaunchesAtMost300Steps) {
-  compiler::set_disabled_passes("");
+  runtime::set_disabled_passes("");
   manual_seed(0);
   nn::GPTConfig cfg{.vocab = 114, .block = 64, .embd = 128, .heads = 4, .layers = 4, .dropout = 0.0, .bias = true,
                     .tied_head = false};
@@ -135,7 +135,7 @@ namespace {
 // (the first step creates AdamW's moments); a new batch size compiles exactly one more, and
 // the metrics say which input changed.
 TEST_F(PassesOn, GptLoopCompilesTwiceThenOnceMorePerBatchSize) {
-  compiler::set_disabled_passes("");
+  runtime::set_disabled_passes("");
   manual_seed(3);
   nn::GPTConfig cfg{.vocab = 37, .block = 16, .embd = 32, .heads = 2, .layers = 2, .dropout = 0.1, .bias = true,
                     .tied_head = false};

@@ -18,6 +18,7 @@
 #include <sstream>
 
 #include "compiler/passes/passes.h"
+#include "runtime/compile_options.h"
 #include "conformance/random_graph.h"
 #include "tensor/tensor_impl.h"
 #include "ir/graph.h"
@@ -33,13 +34,13 @@ constexpr int kGraphs = 1200;
 constexpr double kTol = 1e-6;
 
 std::vector<std::vector<double>> run(const std::vector<ir::NodePtr>& nodes, const std::string& disabled) {
-  compiler::set_disabled_passes(disabled);
+  runtime::set_disabled_passes(disabled);
   std::vector<Tensor> ts;
   for (auto& n : nodes) ts.push_back(detail::from_node(n));
   sync();
   std::vector<std::vector<double>> v;
   for (auto& t : ts) v.push_back(t.to_vector<double>());
-  compiler::set_disabled_passes("");
+  runtime::set_disabled_passes("");
   return v;
 }
 

@@ -18,6 +18,7 @@
 #include "tensor/tensor_impl.h"
 #include "ir/graph.h"
 #include "compiler/lower.h"
+#include "runtime/compile_options.h"
 #include "runtime/realize.h"
 #include "tessera/memory.h"
 #include "tessera/metrics.h"
@@ -29,11 +30,11 @@
 namespace tessera {
 namespace {
 
-// Disables passes for one test and restores the previous set.
+// Disables passes for one test and restores the previous settings.
 struct DisabledPasses {
-  std::string saved = compiler::disabled_passes_key();
-  explicit DisabledPasses(const std::string& list) { compiler::set_disabled_passes(list); }
-  ~DisabledPasses() { compiler::set_disabled_passes(saved); }
+  compiler::Options saved = runtime::compile_options();
+  explicit DisabledPasses(const std::string& list) { runtime::set_disabled_passes(list); }
+  ~DisabledPasses() { runtime::set_compile_options(saved); }
 };
 struct ArenaGuard {
   explicit ArenaGuard(size_t bytes) { runtime::set_arena_guard(bytes); }
@@ -219,9 +220,9 @@ TEST(MemoryPlan, TargetAlignmentPlacesEveryTemporary) {
   std::vector<int> no_donation(g.outputs.size(), -1);
   compiler::Plan p64 = compiler::compile_graph(g, no_donation);
   auto aligned = [](size_t a) {
-    kir::Target t;
-    t.alignment = a;
-    return t;
+    compiler::Options o;
+    o.target.alignment = a;
+    return o;
   };
   compiler::Plan p4k = compiler::compile_graph(g, no_donation, aligned(4096));
   EXPECT_EQ(p4k.alignment, 4096u);
@@ -314,9 +315,9 @@ TEST(MemoryPlan, SchedulePassIsFastOnABigGraph) {
   ir::Graph g = ir::build_graph(outs);
   std::vector<ir::NodePtr> params;
   for (int p : g.params) params.push_back(g.nodes[p]);
-  compiler::set_disabled_passes("fuse");  // unfused: the largest plan of this graph
-  compiler::Plan lowered = compiler::lower(g, params);
-  compiler::set_disabled_passes("");
+  compiler::Options unfused;  // the largest plan of this graph
+  unfused.disabled = {"fuse"};
+  compiler::Plan lowered = compiler::lower(g, params, unfused);
   // Best of three (the machine may be shared).
   double ms = 1e9, mp_ms = 1e9;
   compiler::Plan plan;

@@ -1,6 +1,8 @@
 // The IR passes (simplify, cse, dce; src/compiler/passes): each rule by hand, checking the
 // optimized graph's ops and that values are bit-identical with passes on and off; cse across
-// scopes; dce; and the passes' time on a GPT training-step graph (printed, not asserted).
+// scopes; dce; compile options passed explicitly (two option sets in one process, even on two
+// threads at once, give their own plans); and the passes' time on a GPT training-step graph
+// (printed, not asserted).
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -9,12 +11,14 @@
 #include <cstdlib>
 #include <cstring>
 #include <limits>
+#include <thread>
 
 #include "compiler/passes/passes.h"
 #include "compiler/pipeline.h"
 #include "core/scope_impl.h"
 #include "tensor/tensor_impl.h"
 #include "ir/graph.h"
+#include "runtime/compile_options.h"
 #include "test_util.h"
 #include "tessera/tessera.h"
 
@@ -62,14 +66,14 @@ int compute_nodes(const ir::Graph& g) {
 // The nodes' values with the given passes disabled (fresh pending tensors over the same nodes).
 // (The generator is reseeded so random nodes draw the same numbers in both runs.)
 std::vector<std::vector<double>> run(const std::vector<NodePtr>& nodes, const std::string& disabled) {
-  compiler::set_disabled_passes(disabled);
+  runtime::set_disabled_passes(disabled);
   manual_seed(77);
   std::vector<Tensor> ts;
   for (auto& n : nodes) ts.push_back(detail::from_node(n));
   sync();
   std::vector<std::vector<double>> r;
   for (auto& t : ts) r.push_back(t.to_vector<double>());
-  compiler::set_disabled_passes("");
+  runtime::set_disabled_passes("");
   return r;
 }
 
@@ -444,11 +448,59 @@ TEST(Passes, DceDropsWhatNoOutputReads) {
 TEST(Passes, DisabledPassesLeaveTheGraphAlone) {
   Tensor x = random_tensor({4}, kF32, 15);
   Tensor y = (x * 1.0).reshape({2, 2}).reshape({4});
-  compiler::set_disabled_passes("simplify,cse");
-  EXPECT_FALSE(compiler::pass_enabled("simplify"));
-  EXPECT_TRUE(compiler::pass_enabled("dce"));
-  compiler::set_disabled_passes("");
+  runtime::set_disabled_passes("simplify,cse");
+  EXPECT_FALSE(runtime::compile_options().enabled("simplify"));
+  EXPECT_TRUE(runtime::compile_options().enabled("dce"));
+  runtime::set_disabled_passes("");
   EXPECT_TRUE(same_on_and_off({y}));
+  std::string msg = testing::error_message([] { runtime::set_disabled_passes("cse,fusion"); });
+  EXPECT_NE(msg.find("unknown pass 'fusion'"), std::string::npos) << msg;
+  EXPECT_TRUE(runtime::compile_options().enabled("cse")) << "a refused list changes nothing";
+}
+
+// The compiler reads only the options it is given: compiles of one graph with different options
+// give their own plans, again and again and on two threads at once, and leave the runtime's
+// settings alone.
+TEST(Passes, CompilesWithDifferentOptionsGiveTheirOwnPlans) {
+  Tensor x = random_tensor({16, 24}, kF32, 18), w = random_tensor({24, 24}, kF32, 19);
+  Tensor y = softmax(matmul(x, w).tanh() * 2.0 + 1.0, -1);
+  ir::Graph g = ir::build_graph({detail::node_of(y)});
+  const std::vector<int> none(g.outputs.size(), -1);
+  const std::string settings = runtime::compile_options().key();
+
+  compiler::Options fused, unfused, guarded;
+  unfused.disabled = {"fuse", "memplan"};
+  guarded.arena_guard = 128;
+  guarded.target.alignment = 256;
+  const compiler::Plan pa = compiler::compile_graph(g, none, fused), pb = compiler::compile_graph(g, none, unfused),
+                       pc = compiler::compile_graph(g, none, guarded);
+  const std::string a = pa.str(), b = pb.str(), c = pc.str();
+  EXPECT_LT(pa.steps.size(), pb.steps.size()) << "fusion off: more Steps";
+  EXPECT_EQ(pa.arena_guard, 0u);
+  EXPECT_EQ(pc.arena_guard, 256u) << "128 guard bytes rounded up to the target's alignment";
+  EXPECT_EQ(pc.steps.size(), pa.steps.size());
+  EXPECT_GT(pc.arena_bytes, pa.arena_bytes);
+  for (const kir::Slot& sl : pc.slots)
+    if (sl.kind == kir::SlotKind::Temp) {
+      EXPECT_EQ(sl.offset % 256, 0u);
+    }
+  EXPECT_NE(a, b);
+  EXPECT_NE(a, c);
+  EXPECT_EQ(compiler::compile_graph(g, none, fused).str(), a) << "nothing carried over between compiles";
+
+  std::string on_thread[2];
+  std::thread t0([&] {
+    for (int i = 0; i < 20; ++i) on_thread[0] = compiler::compile_graph(g, none, i % 2 ? unfused : fused).str();
+  });
+  std::thread t1([&] {
+    for (int i = 0; i < 20; ++i) on_thread[1] = compiler::compile_graph(g, none, i % 2 ? fused : guarded).str();
+  });
+  t0.join(), t1.join();
+  EXPECT_EQ(on_thread[0], b);
+  EXPECT_EQ(on_thread[1], a);
+  EXPECT_EQ(runtime::compile_options().key(), settings) << "the runtime's settings are untouched";
+  EXPECT_NE(fused.key(), unfused.key());
+  EXPECT_NE(fused.key(), guarded.key());
 }
 
 // ---------------------------------------------------------------- timing
@@ -492,10 +544,10 @@ TEST(Passes, TimingOnATrainingStepGraph) {
   double t_simplify = best_of([&] { compiler::simplify(g); });
   double t_cse = best_of([&] { compiler::cse(s); });
   double t_dce = best_of([&] { compiler::dce(c); });
+  compiler::Options without_ir_passes;
+  without_ir_passes.disabled = {"simplify", "cse", "dce"};
   double t_on = best_of([&] { compiler::compile_graph(g, {}); });
-  compiler::set_disabled_passes("simplify,cse,dce");
-  double t_off = best_of([&] { compiler::compile_graph(g, {}); });
-  compiler::set_disabled_passes("");
+  double t_off = best_of([&] { compiler::compile_graph(g, {}, without_ir_passes); });
   std::printf("[ timing ] training-step graph: %zu nodes -> simplify %zu -> cse %zu -> dce %zu\n", g.nodes.size(),
               s.nodes.size(), c.nodes.size(), d.nodes.size());
   std::printf("[ timing ] simplify %.3f ms, cse %.3f ms, dce %.3f ms (best of %d)\n", t_simplify, t_cse, t_dce, reps);

@@ -29,9 +29,15 @@ kir::Target tpu_like() {
   return t;
 }
 
+compiler::Options for_target(const kir::Target& t) {
+  compiler::Options o;
+  o.target = t;
+  return o;
+}
+
 compiler::Plan compile_for(const Tensor& out, const kir::Target& t) {
   ir::Graph g = ir::build_graph({detail::node_of(out)});
-  return compiler::compile_graph(g, std::vector<int>(g.outputs.size(), -1), t);
+  return compiler::compile_graph(g, std::vector<int>(g.outputs.size(), -1), for_target(t));
 }
 
 TEST(Target, BufferBytesFollowTheTiledLayout) {
@@ -81,7 +87,7 @@ TEST(Target, Float32AsBfloat16SubstitutesEveryFloat32BufferAndStep) {
   compiler::Plan f32 = compiler::compile_graph(g, none, {});
   kir::Target half;
   half.float32_as = DType::BFloat16;
-  compiler::Plan bf16 = compiler::compile_graph(g, none, half);
+  compiler::Plan bf16 = compiler::compile_graph(g, none, for_target(half));
   ASSERT_EQ(f32.slots.size(), bf16.slots.size());
   int substituted = 0, kept = 0;
   for (size_t k = 0; k < f32.slots.size(); ++k) {

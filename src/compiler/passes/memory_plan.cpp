@@ -7,12 +7,10 @@
 // first into the smallest gap among placed buffers alive at the same time: "greedy by size",
 // Pisarchyk & Lee 2020; O(temps^2)), keeping the smaller arena.
 //
-// Debug guards (TESSERA_ARENA_GUARD=<bytes> or set_arena_guard_bytes): each temporary's block
-// gets a guard of that many bytes before and after it (rounded up to the alignment); the runtime
-// fills and checks them around every Step that writes the temporary.
+// Debug guards (Options::arena_guard): each temporary's block gets a guard of that many bytes
+// before and after it (rounded up to the alignment); the runtime fills and checks them around
+// every Step that writes the temporary.
 #include <algorithm>
-#include <atomic>
-#include <cstdlib>
 #include <map>
 
 #include "compiler/passes/passes.h"
@@ -20,16 +18,7 @@
 
 namespace tessera::compiler {
 namespace {
-constexpr size_t kGuardAlign = 64;
-size_t padded(size_t n, size_t align = kGuardAlign) { return (n + align - 1) / align * align; }
-
-std::atomic<size_t>& guard() {
-  static std::atomic<size_t> g{[] {
-    const char* env = std::getenv("TESSERA_ARENA_GUARD");
-    return env ? padded(size_t(std::strtoull(env, nullptr, 10))) : size_t(0);
-  }()};
-  return g;
-}
+size_t padded(size_t n, size_t align) { return (n + align - 1) / align * align; }
 
 struct Block {
   int slot;
@@ -136,11 +125,9 @@ size_t place_online(std::vector<Block>& blocks, size_t nsteps, bool reuse) {
 
 }  // namespace
 
-void set_arena_guard_bytes(size_t bytes) { guard() = padded(bytes); }
-size_t arena_guard_bytes() { return guard(); }
-
-void plan_memory(Plan& plan, size_t alignment) {
-  if (alignment == 0 || (alignment & (alignment - 1)) || alignment % kGuardAlign)
+void plan_memory(Plan& plan, const Options& opts) {
+  const size_t alignment = opts.target.alignment;
+  if (alignment == 0 || (alignment & (alignment - 1)) || alignment % 64)
     fail("memplan", "target alignment " + std::to_string(alignment) + " is not a power of two multiple of 64", "");
   plan.alignment = alignment;
   const size_t ns = plan.slots.size(), nsteps = plan.steps.size();
@@ -154,12 +141,13 @@ void plan_memory(Plan& plan, size_t alignment) {
     for (int x : st.inputs) last[x] = std::max(last[x], int(s));
   }
 
-  const size_t g = padded(arena_guard_bytes(), alignment);
+  const size_t g = padded(opts.arena_guard, alignment);
+  plan.arena_guard = g;
   std::vector<Block> blocks;
   for (size_t k = 0; k < ns; ++k)
     if (plan.slots[k].kind == kir::SlotKind::Temp && first[k] >= 0)
       blocks.push_back({int(k), padded(plan.slots[k].nbytes, alignment) + 2 * g, first[k], last[k]});
-  bool reuse = pass_enabled("memplan");
+  const bool reuse = opts.enabled("memplan");
   std::vector<Block> online = blocks;
   size_t arena = place_online(online, nsteps, reuse);
   // The offline placement only when the online one left more than 2% above the lower bound.

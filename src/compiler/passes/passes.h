@@ -1,5 +1,6 @@
 // The compiler's passes, in pipeline order. Each lives in its own file here and can be switched
-// off by name (TESSERA_DISABLE_PASSES=fuse,cse or "all"; tests use set_disabled_passes).
+// off by name (Options::disabled; the runtime fills it from TESSERA_DISABLE_PASSES=fuse,cse or
+// "all", and runtime::set_disabled_passes).
 //
 //   simplify  IR -> IR   algebraic identities and constant folding
 //   cse       IR -> IR   merges nodes equal but for their scope (interning merges the rest)
@@ -16,20 +17,11 @@
 #include <vector>
 
 #include "compiler/lower.h"
-#include "kernel_ir/target.h"
+#include "compiler/options.h"
 #include "ir/graph.h"
+#include "kernel_ir/target.h"
 
 namespace tessera::compiler {
-
-// Names of all passes, in pipeline order.
-const std::vector<std::string>& pass_names();
-// False when the pass is disabled (by TESSERA_DISABLE_PASSES or set_disabled_passes).
-bool pass_enabled(const char* name);
-// Overrides TESSERA_DISABLE_PASSES for this process: a comma list of pass names, or "all".
-// Throws tessera::Error naming an unknown pass.
-void set_disabled_passes(const std::string& list);
-// The disabled set as a string, for the compile cache key.
-std::string disabled_passes_key();
 
 // IR passes return a graph over the same leaves (parameters are matched by node, not number).
 ir::Graph simplify(const ir::Graph& g);
@@ -45,11 +37,10 @@ void schedule(Plan& plan);
 // refuses dtypes it does not compute, stores float32 as target.float32_as, sizes every buffer
 // by its tiled layout and scales each Step's bytes with its buffers.
 void apply_target(Plan& plan, const kir::Target& target);
-// Places temporaries in the arena and fills plan.memory (peak, the Step at the peak, what is live).
-void plan_memory(Plan& plan, size_t alignment = 64);
-// Debug: guard bytes (rounded up to 64) before and after each arena temporary, which the runtime
-// fills and checks around the Steps writing it; 0 (default) is off. TESSERA_ARENA_GUARD=<bytes>.
-void set_arena_guard_bytes(size_t bytes);
-size_t arena_guard_bytes();
+// Places temporaries in the arena at multiples of opts.target.alignment, each with
+// opts.arena_guard bytes before and after it (plan.arena_guard: rounded up to the alignment),
+// sharing bytes by lifetime unless "memplan" is disabled, and fills plan.memory (peak, the Step at
+// the peak, what is live).
+void plan_memory(Plan& plan, const Options& opts = {});
 
 }  // namespace tessera::compiler

@@ -1,0 +1,18 @@
+#include "compiler/options.h"
+
+namespace tessera::compiler {
+
+const std::vector<std::string>& pass_names() {
+  static const std::vector<std::string> names = {"simplify", "cse", "dce", "fuse", "schedule", "epilogue", "merge", "memplan"};
+  return names;
+}
+
+std::string Options::key() const {
+  std::string k;
+  for (const std::string& n : disabled) k += n + ",";
+  if (arena_guard) k += "|guard" + std::to_string(arena_guard);
+  if (memory_budget) k += "|budget" + std::to_string(memory_budget);
+  return k;
+}
+
+}  // namespace tessera::compiler

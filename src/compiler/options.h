@@ -1,0 +1,50 @@
+// What one compile is asked to do. The caller fills an Options (the runtime does, from its
+// settings and the environment: runtime/compile_options.h) and passes it to compile_graph, which
+// hands it to lowering and to each pass. Nothing in the compiler reads the environment or any
+// process-wide setting, so two compiles with different options can run side by side.
+#pragma once
+#include <cstddef>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "kernel_ir/target.h"
+
+namespace tessera::compiler {
+
+// Names of all passes, in pipeline order (passes/passes.h says what each does).
+const std::vector<std::string>& pass_names();
+
+// Debug dumps of the pipeline's stages (dump.h writes them).
+struct DumpOptions {
+  bool ir = false;     // the graph before ("ir") and after ("ir-opt") the IR passes
+  bool fused = false;  // every Step of the plan: kind, slots, sources, program, cost
+  bool plan = false;   // slots, arena offsets, the memory peak
+  std::string dir;     // empty: standard error; else files graph-NNNN.<stage>.txt in it (created)
+  int graph = 0;       // NNNN: the compiled graph's number, chosen by the caller
+  bool any() const { return ir || fused || plan; }
+};
+
+struct Options {
+  // Passes switched off by name (pass_names()). "fuse" and "memplan" are modes of stages that
+  // always run: lowering then gives every node its own Step; the memory plan gives every
+  // temporary its own bytes.
+  std::set<std::string> disabled;
+  // The device's properties (dtypes, buffer layout, the arena's alignment; kernel_ir/target.h).
+  kir::Target target;
+  // Debug: guard bytes before and after each arena temporary (rounded up to the alignment), which
+  // the runtime fills and checks around the Steps writing it; 0 is off.
+  size_t arena_guard = 0;
+  // Bytes the plan should fit in; 0 is no limit. Carried to the passes but not yet acted on: the
+  // budget passes (unstacking, rematerialization; issue 24) will read it.
+  size_t memory_budget = 0;
+  // Dumps change nothing compiled, so they are not part of key().
+  DumpOptions dump;
+
+  bool enabled(const std::string& pass) const { return !disabled.count(pass); }
+  // Everything above that changes the compiled plan except the target (which the caller keys by
+  // its device), as a string for a compile-cache key. Equal for equal options.
+  std::string key() const;
+};
+
+}  // namespace tessera::compiler
