@@ -35,8 +35,9 @@ Config parse(const std::string& stages, const std::string& dir) {
     else if (s == "ir") c.ir = true;
     else if (s == "fused") c.fused = true;
     else if (s == "plan") c.plan = true;
+    else if (s == "asm") continue;  // the CPU backend's native loops: backends/cpu/loop_dump.h reads it
     else
-      throw Error("[dump] TESSERA_DUMP: unknown stage '" + s + "' (stages: ir, fused, plan; 1 or all for every one)");
+      throw Error("[dump] TESSERA_DUMP: unknown stage '" + s + "' (stages: ir, fused, plan, asm; 1 or all for ir, fused and plan)");
   }
   return c;
 }

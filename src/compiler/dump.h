@@ -2,7 +2,8 @@
 //   TESSERA_DUMP      a comma list of stages: ir (the graph before the IR passes, stage "ir", and
 //                     after them, "ir-opt"), fused (every Step of the plan: kind, dtype/shape,
 //                     slots, source nodes, program with index maps), plan (slots, arena offsets,
-//                     memory peak); 1 or all = every stage; unset, empty or 0 = none.
+//                     memory peak); 1 or all = those three; unset, empty or 0 = none. asm (the CPU
+//                     backend's native loops) is read by backends/cpu/loop_dump.h, skipped here.
 //   TESSERA_DUMP_DIR  a directory to write files into instead of standard error, one set per
 //                     compiled graph numbered in compile order: graph-0001.ir.txt,
 //                     graph-0001.ir-opt.txt, graph-0001.fused.txt, graph-0001.plan.txt. Created
