@@ -82,39 +82,49 @@ struct Operands { int v = -1, m = -1; };
 // whole call; then the values, by last use (reg_alloc.h). Other constants, and the masks the ops
 // need, are read from memory after the code (8 copies each): a value's register -2 - i is
 // memory[i].
+//
+// A Loop keeps its Emitter, which owns the code's pages; the Spec is read only while emitting.
 class Emitter : public Xbyak::CodeGenerator {
  public:
-  explicit Emitter(const Spec& spec)
-      : CodeGenerator(4096, Xbyak::AutoGrow), spec_(spec), prog_(*spec.prog), results_(spec.results), n_(int(prog_.size())) {
+  Emitter() : CodeGenerator(4096, Xbyak::AutoGrow) {
     for (int r = 0; r < kVectorRegs; ++r) ymm_.emplace_back(r);
   }
 
-  // Plans and emits the loop; false when it needs more vector registers than there are.
-  bool emit() {
+  // Plans and emits the loop of spec; false when it needs more vector registers than there are.
+  bool emit(const Spec& spec) {
+    spec_ = &spec;
+    n_ = int(prog().size());
+    bool ok = false;
     plan_pointers();
-    if (!plan_pinned() || !plan_values()) return false;
-    prologue();
-    rows();
-    data();
-    readyRE();
-    return true;
+    if (plan_pinned() && plan_values()) {
+      prologue();
+      rows();
+      data();
+      readyRE();
+      ok = true;
+    }
+    spec_ = nullptr;
+    return ok;
   }
   const std::vector<int>& loads() const { return loads_; }
 
  private:
+  const std::vector<Instr>& prog() const { return *spec_->prog; }
+  const std::vector<int>& results() const { return spec_->results; }
+
   // ---- The plan ----
 
-  int64_t stride(int k) const { return prog_[size_t(k)].code == Code::Load ? spec_.stride[size_t(k)] : int64_t(1); }
+  int64_t stride(int k) const { return prog()[size_t(k)].code == Code::Load ? spec_->stride[size_t(k)] : int64_t(1); }
   bool broadcast(int k) const { return stride(k) == 0; }
-  bool is_const(int o) const { return o >= 0 && prog_[size_t(o)].code == Code::Const; }
+  bool is_const(int o) const { return o >= 0 && prog()[size_t(o)].code == Code::Const; }
 
   // Add, mul, == and != put a constant operand in ModRM.rm; int32 < is vpcmpgtd with its operands
   // swapped; where takes its condition as a register (the is4 byte), its false value in vvvv.
   Operands operands(int k) const {
-    const Instr& I = prog_[size_t(k)];
+    const Instr& I = prog()[size_t(k)];
     const bool swap = (I.code == Code::Add || I.code == Code::Mul || I.code == Code::Eq || I.code == Code::Ne) &&
                       is_const(I.a) && !is_const(I.b);
-    const bool int_lt = I.code == Code::Lt && prog_[size_t(I.a)].dtype == DType::Int32;
+    const bool int_lt = I.code == Code::Lt && prog()[size_t(I.a)].dtype == DType::Int32;
     switch (I.code) {
       case Code::Load: case Code::Const: return Operands{};
       case Code::Neg: case Code::Abs: return Operands{I.a, -1};
@@ -129,8 +139,8 @@ class Emitter : public Xbyak::CodeGenerator {
   void plan_pointers() {
     ptr_of_.assign(size_t(n_), -1);
     for (int k = 0; k < n_; ++k)
-      if (prog_[size_t(k)].code == Code::Load) ptr_of_[size_t(k)] = int(loads_.size()), loads_.push_back(k);
-    nptr_ = int(loads_.size() + results_.size());
+      if (prog()[size_t(k)].code == Code::Load) ptr_of_[size_t(k)] = int(loads_.size()), loads_.push_back(k);
+    nptr_ = int(loads_.size() + results().size());
     const Xbyak::Reg64 regs[] = {rdx, rcx, r8, r9, r10, rbx, rbp, r12, r13, r14, r15};
     ptr_reg_.assign(size_t(nptr_), Xbyak::Reg64());
     has_reg_.assign(size_t(nptr_), 0);
@@ -146,14 +156,14 @@ class Emitter : public Xbyak::CodeGenerator {
     pinned_.assign(size_t(n_), 0);
     std::vector<uint8_t> in_reg(size_t(n_), 0);
     for (int k = 0; k < n_; ++k) {
-      const Instr& I = prog_[size_t(k)];
+      const Instr& I = prog()[size_t(k)];
       if (I.code == Code::Where) in_reg[size_t(I.a)] = 1;
       if (const int v = operands(k).v; v >= 0) in_reg[size_t(v)] = 1;
     }
-    for (int r : results_) in_reg[size_t(r)] = 1;
+    for (int r : results()) in_reg[size_t(r)] = 1;
     bool need_sign = false, need_zero = false, need_nan = false;
     for (int k = 0; k < n_; ++k) {
-      const Instr& I = prog_[size_t(k)];
+      const Instr& I = prog()[size_t(k)];
       if (I.code == Code::Const) {
         const uint32_t bits = I.dtype == DType::Int32 ? uint32_t(int32_t(I.value)) : std::bit_cast<uint32_t>(float(I.value));
         reg_[size_t(k)] = in_reg[size_t(k)] ? add_to(pool_, bits) : in_memory(bits);
@@ -174,8 +184,8 @@ class Emitter : public Xbyak::CodeGenerator {
         if (s >= (int64_t(1) << 24)) return false;
         gathers_.push_back(s), lanes_.push_back(next_++);
       }
-    const int64_t os = spec_.out_stride;
-    if (os < 1 || os >= (int64_t(1) << 24) || (os > 1 && spec_.stream)) return false;
+    const int64_t os = spec_->out_stride;
+    if (os < 1 || os >= (int64_t(1) << 24) || (os > 1 && spec_->stream)) return false;
     const bool need_temps = need_zero || need_nan;
     t0_ = need_temps || !gathers_.empty() || os > 1 ? next_++ : -1;
     t1_ = need_temps ? next_++ : -1;
@@ -187,12 +197,12 @@ class Emitter : public Xbyak::CodeGenerator {
   // The values' registers, above the pinned ones, each reused after its last reader (a result
   // stored early: after its own instruction; else after the iteration).
   bool plan_values() {
-    std::vector<int> last = cpu::last_readers(prog_);
-    for (size_t j = 0; j < results_.size(); ++j)
-      last[size_t(results_[j])] = spec_.early[j] ? std::max(last[size_t(results_[j])], results_[j]) : n_;
+    std::vector<int> last = cpu::last_readers(prog());
+    for (size_t j = 0; j < results().size(); ++j)
+      last[size_t(results()[j])] = spec_->early[j] ? std::max(last[size_t(results()[j])], results()[j]) : n_;
     std::vector<uint8_t> own(pinned_.size());
     for (size_t k = 0; k < own.size(); ++k) own[k] = !pinned_[k];
-    return cpu::assign_registers(prog_, own, std::move(last), next_, kVectorRegs - next_, reg_) >= 0;
+    return cpu::assign_registers(prog(), own, std::move(last), next_, kVectorRegs - next_, reg_) >= 0;
   }
 
   static int add_to(std::vector<uint32_t>& to, uint32_t v) {
@@ -281,7 +291,7 @@ class Emitter : public Xbyak::CodeGenerator {
     }
     dec(qword[rdi + 8 * nptr_]);
     jnz(row_top, T_NEAR);
-    if (spec_.stream) sfence();
+    if (spec_->stream) sfence();
     vzeroupper();
     const std::vector<Xbyak::Reg64> s = saved();
     for (auto it = s.rbegin(); it != s.rend(); ++it) pop(*it);
@@ -293,20 +303,20 @@ class Emitter : public Xbyak::CodeGenerator {
   void body(bool masked) {
     for (int k = 0; k < n_; ++k) {
       instruction(k, masked);
-      for (size_t j = 0; j < results_.size(); ++j)
-        if (spec_.early[j] && results_[j] == k) store(j, masked);
+      for (size_t j = 0; j < results().size(); ++j)
+        if (spec_->early[j] && results()[j] == k) store(j, masked);
     }
-    for (size_t j = 0; j < results_.size(); ++j)
-      if (!spec_.early[j]) store(j, masked);
+    for (size_t j = 0; j < results().size(); ++j)
+      if (!spec_->early[j]) store(j, masked);
   }
 
   void instruction(int k, bool masked) {
-    const Instr& I = prog_[size_t(k)];
+    const Instr& I = prog()[size_t(k)];
     const Xbyak::Ymm& d = ymm(reg_[size_t(k)] >= 0 ? reg_[size_t(k)] : 0);
     const Operands o = operands(k);
     const Xbyak::Ymm& x = ymm(o.v >= 0 ? reg_[size_t(o.v)] : 0);
     const Xbyak::Operand& y = rm(o.m >= 0 ? reg_[size_t(o.m)] : 0);
-    const bool int_lanes = I.a >= 0 && prog_[size_t(I.a)].dtype == DType::Int32;
+    const bool int_lanes = I.a >= 0 && prog()[size_t(I.a)].dtype == DType::Int32;
     switch (I.code) {
       case Code::Load: load(k, masked); break;
       case Code::Const: break;
@@ -371,19 +381,19 @@ class Emitter : public Xbyak::CodeGenerator {
   }
 
   void store(size_t j, bool masked) {
-    const Xbyak::Ymm& v = ymm(reg_[size_t(results_[j])]);
+    const Xbyak::Ymm& v = ymm(reg_[size_t(results()[j])]);
     const int p = int(loads_.size() + j);
-    if (spec_.out_stride > 1) return store_lanes(v, p, masked);
+    if (spec_->out_stride > 1) return store_lanes(v, p, masked);
     const Xbyak::Reg64 b = base(p);
     if (masked) vmaskmovps(ptr[b + rax], ymm(mask_), v);
-    else if (spec_.stream) vmovntps(ptr[b + rax], v);
+    else if (spec_->stream) vmovntps(ptr[b + rax], v);
     else vmovups(ptr[b + rax], v);
   }
 
   // Lane by lane at the output's stride (the upper half through t0); under the tail's mask only
   // lanes i with rax + 4i < rsi.
   void store_lanes(const Xbyak::Ymm& v, int p, bool masked) {
-    const int64_t os = spec_.out_stride;
+    const int64_t os = spec_->out_stride;
     Xbyak::Label end;
     for (int i = 0; i < 8; ++i) {
       if (masked && i > 0) {
@@ -414,10 +424,8 @@ class Emitter : public Xbyak::CodeGenerator {
     for (int i = 0; i < 16; ++i) dd(i < 8 ? 0xFFFFFFFFu : 0u);
   }
 
-  const Spec& spec_;
-  const std::vector<Instr>& prog_;
-  const std::vector<int>& results_;
-  const int n_;
+  const Spec* spec_ = nullptr;  // while emitting
+  int n_ = 0;                   // instructions
   std::vector<Xbyak::Ymm> ymm_;
   // Pointers: per instruction its entry (loads), the loads in entry order, each entry's register.
   std::vector<int> ptr_of_, loads_;
@@ -453,8 +461,8 @@ std::unique_ptr<Loop> build(const Spec& spec) {
   if (!available() || prog.empty() || spec.results.empty() || !supported(prog, spec.results)) return nullptr;
   std::unique_ptr<Emitter> code;
   try {
-    code = std::make_unique<Emitter>(spec);
-    if (!code->emit() || code->loads().size() + spec.results.size() > size_t(Loop::kMaxPtrs)) return nullptr;
+    code = std::make_unique<Emitter>();
+    if (!code->emit(spec) || code->loads().size() + spec.results.size() > size_t(Loop::kMaxPtrs)) return nullptr;
   } catch (const Xbyak::Error& e) {
     // No memory for the code (or no executable pages): the interpreter runs the Step.
     if (int(e) == Xbyak::ERR_CANT_ALLOC || int(e) == Xbyak::ERR_CANT_PROTECT) return nullptr;
