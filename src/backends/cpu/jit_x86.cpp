@@ -373,6 +373,7 @@ class Emitter : public Xbyak::CodeGenerator {
       at_stride(p, st);
       if (masked) vmovaps(ymm(t0_), ymm(mask_));
       else vpcmpeqd(ymm(t0_), ymm(t0_), ymm(t0_));  // every lane
+      vxorps(d, d, d);  // the gather merges into d: no wait for d's last writer
       vgatherdps(d, ptr[r11 + ymm(lanes) * 4], ymm(t0_));  // clears t0
       return;
     }
