@@ -50,8 +50,9 @@ compiler::DumpOptions parse_dump(const std::string& stages, const std::string& d
     else if (s == "ir") d.ir = true;
     else if (s == "fused") d.fused = true;
     else if (s == "plan") d.plan = true;
+    else if (s == "asm") continue;  // the CPU backend's native loops: backends/cpu/loop_dump.h reads it
     else
-      throw Error("[dump] TESSERA_DUMP: unknown stage '" + s + "' (stages: ir, fused, plan; 1 or all for every one)");
+      throw Error("[dump] TESSERA_DUMP: unknown stage '" + s + "' (stages: ir, fused, plan, asm; 1 or all for ir, fused and plan)");
   }
   return d;
 }

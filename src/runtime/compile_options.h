@@ -3,7 +3,8 @@
 //   TESSERA_DISABLE_PASSES  passes switched off: a comma list of names (compiler::pass_names()),
 //                           or "all"; an unknown name is an error at the first compile
 //   TESSERA_ARENA_GUARD     guard bytes around each arena temporary (debug; see realize.h)
-//   TESSERA_DUMP            stages to dump: a comma list of ir, fused, plan, or 1/all; 0 or empty: none
+//   TESSERA_DUMP            stages to dump: a comma list of ir, fused, plan, or 1/all (those three); asm
+//                           (the CPU backend's native loops) is read by backends/cpu/loop_dump.h; 0 or empty: none
 //   TESSERA_DUMP_DIR        dump into graph-NNNN.<stage>.txt files there instead of standard error
 // and changed by the setters below (tests, the conformance suite, benchmarks). The disabled
 // passes and the guard are part of the compile-cache key; dumps are not (a cache hit dumps

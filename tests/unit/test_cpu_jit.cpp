@@ -1,18 +1,31 @@
 // The CPU backend's native loops for float32 elementwise programs (backends/cpu/jit_x86): what
 // they cover, and that they compute exactly what the interpreter computes. ctest also runs this
 // binary with TESSERA_CPU_JIT=0, so the same exact references hold for the interpreter.
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <bit>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <functional>
 #include <limits>
+#include <sstream>
+#include <string>
 #include <vector>
 
 #include "backends/cpu/jit_x86.h"
 #include "kernel_ir/step.h"
 #include "tessera/tessera.h"
+#include "test_util.h"
+
+extern char** environ;
 
 using namespace tessera;
 using kir::Code;
@@ -81,7 +94,27 @@ std::unique_ptr<backends::jit::Loop> build(const std::vector<Instr>& prog, const
   return backends::jit::build(spec);
 }
 
+// Why the native loops are off here, or null when they are on: only a CPU without AVX2 or
+// TESSERA_CPU_JIT=0 (ctest's test_cpu_jit_interpreter) may turn them off.
+const char* loops_off() {
+  if (backends::jit::available()) return nullptr;
+  __builtin_cpu_init();
+  if (!__builtin_cpu_supports("avx2")) return "this CPU has no AVX2: no native loops";
+  const char* e = std::getenv("TESSERA_CPU_JIT");
+  if (e && std::string(e) == "0") return "TESSERA_CPU_JIT=0: the interpreter only";
+  return "";  // a CPU with AVX2 whose loops are off: a failure
+}
+
 }  // namespace
+
+// Skips a test that needs the native loops where they are off for a reason, fails it otherwise.
+#define REQUIRE_LOOPS()                                                             \
+  do {                                                                              \
+    if (const char* why = loops_off()) {                                            \
+      if (!*why) FAIL() << "this CPU has AVX2 but jit::available() says no loops";  \
+      GTEST_SKIP() << why;                                                          \
+    }                                                                               \
+  } while (0)
 
 TEST(CpuJit, EveryOpMatchesFloat32ArithmeticExactly) {
   // Sizes around the loop's 8 positions and the backend's 1024-position tiles, and one large
@@ -205,7 +238,7 @@ TEST(CpuJit, ReductionsOfAProgramMatchExactSums) {
 }
 
 TEST(CpuJit, BuildsWhatItCoversAndNothingElse) {
-  if (!backends::jit::available()) GTEST_SKIP() << "no native loops on this machine (or TESSERA_CPU_JIT=0)";
+  REQUIRE_LOOPS();
   std::vector<Instr> chain = {load(0), cnst(2.0), op(Code::Mul, 0, 1), op(Code::Abs, 2), op(Code::Max, 3, 0)};
   EXPECT_NE(build(chain, {4}), nullptr);
   EXPECT_NE(build(chain, {4, 2}, true), nullptr);  // two outputs, non-temporal stores
@@ -236,7 +269,7 @@ TEST(CpuJit, ALoopOverTwentyInputsWithABroadcastAndTwoOutputs) {
   // 20 dense inputs (more than the pointer registers: the rest are loaded where used), one input
   // broadcast along the run, a result stored as soon as it is computed and one stored at the
   // end, over lengths with and without a masked last 1-7 positions, several runs per call.
-  if (!backends::jit::available()) GTEST_SKIP() << "no native loops on this machine (or TESSERA_CPU_JIT=0)";
+  REQUIRE_LOOPS();
   std::vector<Instr> prog = {load(0)};
   for (int l = 1; l < 20; ++l) prog.push_back(load(l)), prog.push_back(op(Code::Add, int(prog.size()) - 2, int(prog.size()) - 1));
   const int sum = int(prog.size()) - 1;
@@ -290,7 +323,7 @@ TEST(CpuJit, GatheredLoadsIntLanesAndLaneMaskLogicMatchScalarArithmetic) {
   // What a max-pooling window's program needs: loads with a stride along the run (gathered),
   // int32 where's and results, or / and of comparisons; constants read from memory (second
   // operands) and from registers (a where's false value, a subtraction's first operand).
-  if (!backends::jit::available()) GTEST_SKIP() << "no native loops on this machine (or TESSERA_CPU_JIT=0)";
+  REQUIRE_LOOPS();
   auto typed = [](Instr I, DType t) { return I.dtype = t, I; };
   std::vector<Instr> prog = {
       load(0), load(1), cnst(0.0),                                        // 0 x (stride 2), 1 y (stride 3), 2
@@ -352,7 +385,7 @@ TEST(CpuJit, GatheredLoadsIntLanesAndLaneMaskLogicMatchScalarArithmetic) {
 TEST(CpuJit, StridedResultsAreStoredLaneByLaneAndOnlyInTheRun) {
   // A pooling gradient's interleave walks its taps block by block, so each result goes to every
   // other element: stored lane by lane, under the tail's mask only the run's own lanes.
-  if (!backends::jit::available()) GTEST_SKIP() << "no native loops on this machine (or TESSERA_CPU_JIT=0)";
+  REQUIRE_LOOPS();
   std::vector<Instr> prog = {load(0), load(1), op(Code::Add, 0, 1), cnst(0.5), op(Code::Mul, 2, 3)};
   backends::jit::Spec spec;
   spec.prog = &prog;
@@ -384,4 +417,70 @@ TEST(CpuJit, StridedResultsAreStoredLaneByLaneAndOnlyInTheRun) {
         ASSERT_TRUE(same(got, want)) << "n " << n << ", row " << r << ", i " << i << ": " << got << " vs " << want;
       }
   }
+}
+
+TEST(CpuJit, DumpAsmWritesEachLoopsCodeListingAndPerfMapLine) {
+  // TESSERA_DUMP is read once per process, so this test runs itself again with
+  // TESSERA_DUMP=asm: the child compiles one elementwise Step (through the compiler, which passes
+  // the asm stage to the backend), whose loop's code, listing and perf map line the parent checks.
+  REQUIRE_LOOPS();
+  if (std::getenv("TESSERA_DUMP")) {  // the child
+    std::vector<float> xv = special_values(1000), yv = special_values(1003);
+    Tensor x = from_vector<float>(xv, {1000}), y = from_vector<float>(std::vector<float>(yv.begin() + 3, yv.end()), {1000});
+    (void)(maximum(x * 2.0, y) - 1.0).to_vector<float>();
+    return;
+  }
+  namespace fs = std::filesystem;
+  const std::string dir = tessera::testing::scratch_dir("tessera_asm_dump");
+  std::vector<std::string> env_s = {"TESSERA_DUMP=asm", "TESSERA_DUMP_DIR=" + dir};
+  for (char** e = environ; *e; ++e)
+    if (std::strncmp(*e, "TESSERA_DUMP", 12) != 0 && std::strncmp(*e, "GTEST_", 6) != 0) env_s.push_back(*e);
+  std::vector<char*> envp;
+  for (std::string& e : env_s) envp.push_back(e.data());
+  envp.push_back(nullptr);
+  std::string exe = "/proc/self/exe", filter = "--gtest_filter=CpuJit.DumpAsmWritesEachLoopsCodeListingAndPerfMapLine";
+  char* argv[] = {exe.data(), filter.data(), nullptr};
+  posix_spawn_file_actions_t quiet;  // the child's gtest report stays out of this one's
+  posix_spawn_file_actions_init(&quiet);
+  posix_spawn_file_actions_addopen(&quiet, 1, "/dev/null", O_WRONLY, 0);
+  pid_t pid = 0;
+  ASSERT_EQ(posix_spawn(&pid, exe.c_str(), &quiet, nullptr, argv, envp.data()), 0);
+  posix_spawn_file_actions_destroy(&quiet);
+  int status = 0;
+  ASSERT_EQ(waitpid(pid, &status, 0), pid);
+  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "the child run failed (status " << status << ")";
+
+  auto read = [](const fs::path& p) {
+    std::ifstream f(p, std::ios::binary);
+    std::stringstream ss;
+    ss << f.rdbuf();
+    return ss.str();
+  };
+  // The perf map: one line per loop, "<address> <size> tessera_loop_NNNN" in hex, each size the
+  // size of that loop's .bin.
+  const fs::path map = "/tmp/perf-" + std::to_string(pid) + ".map";
+  ASSERT_TRUE(fs::exists(map)) << map;
+  std::istringstream lines(read(map));
+  fs::remove(map);
+  int loops = 0, listed = 0;
+  bool found = false;  // the Step's loop: x * 2, the max of that and y (NaN-aware), minus 1
+  for (std::string addr, size, name; lines >> addr >> size >> name; ++loops) {
+    ASSERT_EQ(name, "tessera_loop_" + std::string(4 - std::to_string(loops + 1).size(), '0') + std::to_string(loops + 1));
+    const fs::path bin = fs::path(dir) / ("loop-" + name.substr(13) + ".bin");
+    ASSERT_TRUE(fs::exists(bin)) << bin;
+    EXPECT_EQ(fs::file_size(bin), std::stoull(size, nullptr, 16)) << bin;
+    const std::string listing = read(fs::path(bin).replace_extension(".s"));
+    EXPECT_NE(listing.find("; tessera loop-" + name.substr(13)), std::string::npos) << listing;
+    if (listing.find("objdump not found") != std::string::npos) {
+      if (tessera::testing::in_ci()) ADD_FAILURE() << "no objdump to disassemble the loops (binutils)";
+      continue;
+    }
+    ++listed;
+    EXPECT_NE(listing.find(addr + ":"), std::string::npos) << "listed from its run-time address " << addr;
+    found |= listing.find("vmulps") != std::string::npos && listing.find("vmaxps") != std::string::npos &&
+             listing.find("vcmpunordps") != std::string::npos && listing.find("vsubps") != std::string::npos;
+  }
+  EXPECT_GE(loops, 1);
+  EXPECT_TRUE(found || listed == 0) << "no loop listing shows the Step's vmulps, vcmpunordps, vmaxps, vsubps";
+  fs::remove_all(dir);
 }

@@ -1,9 +1,11 @@
-// Native loops for float32 elementwise programs, emitted as x86-64 AVX machine code when a Step
-// is compiled (no compiler at run time). The interpreter (cpu_backend.cpp) runs a program one
-// instruction at a time over a tile, each value through a register in memory; a loop built here
-// keeps every value of eight positions in vector registers and runs the whole program per eight,
-// so a fused chain costs about what its loads and stores cost. Results are bit-identical to the
-// interpreter's: the same IEEE operations in the same order, with its NaN and signed-zero rules.
+// Native loops for float32 elementwise programs, emitted as x86-64 AVX2 machine code when a Step
+// is compiled, through the Xbyak assembler (Debian's libxbyak-dev, header-only; no compiler at run
+// time). The interpreter (interpreter.h) runs a program one instruction at a time over a tile,
+// each value through a register in memory; a loop built here keeps every value of eight positions
+// in vector registers and runs the whole program per eight, so a fused chain costs about what its
+// loads and stores cost. Results are bit-identical to the interpreter's: the same IEEE operations
+// in the same order, with its NaN and signed-zero rules. TESSERA_DUMP=asm writes each loop's code
+// and disassembly (loop_dump.h).
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -26,6 +28,8 @@ struct Spec {
   bool stream = false;  // non-temporal stores (outputs far larger than the caches; 32-byte aligned)
   int64_t out_stride = 1;  // elements between the results of consecutive positions (more: lane by lane)
 };
+
+class Emitter;  // jit_x86.cpp
 
 // loop(ptrs, n, rows, steps) evaluates the program over `rows` runs of n >= 1 consecutive
 // positions. ptrs: for each load in `loads` order, its first element (a broadcast load: its
@@ -52,8 +56,7 @@ class Loop {
   friend std::unique_ptr<Loop> build(const Spec&);
   Loop() = default;
   void (*fn_)(int64_t*, int64_t) = nullptr;
-  void* code_ = nullptr;
-  size_t code_bytes_ = 0;
+  std::unique_ptr<Emitter> code_;  // the assembler, which owns the code's pages
   std::vector<int> loads_;
   size_t results_ = 0;
   bool stream_ = false;

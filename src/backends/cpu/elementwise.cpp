@@ -1,0 +1,257 @@
+// Elementwise and Row Steps: a program over every position of the output, through its native
+// loop where it has one (native_loops.h), else the interpreter over tiles; Row Steps over tiles of
+// whole rows (the interpreter only).
+#include <numeric>
+#include <optional>
+
+#include "backends/cpu/copies.h"
+#include "backends/cpu/interpreter.h"
+#include "backends/cpu/kernel.h"
+#include "backends/cpu/native_loops.h"
+#include "backends/cpu/reg_alloc.h"
+#include "backends/cpu/views.h"
+
+namespace tessera::backends::cpu {
+namespace {
+
+// An Elementwise Step (or a Copy that is not a plain view copy): its program and domain as run
+// (loads' views coalesced, permuted along with the domain).
+struct ElementwiseKernel final : CpuKernel {
+  std::vector<Instr> program;
+  RegPlan regs;
+  Shape domain;
+  // Steps walked in a permuted order (interleave_order): where each position's output element
+  // lies, as a view over `domain`.
+  std::optional<kir::View> out;
+  std::vector<int> last_read;  // per instruction of `program`: its last reader (results: past the end)
+  // The native loop (Elementwise only). A Step with `out` runs its permuted program before
+  // coalescing (walk_program, kept only when the loop is built) and stores through the
+  // uncoalesced permuted output view.
+  NativeLoop loop;
+  std::vector<Instr> walk_program;
+
+  void run(const Step& st, const LaunchArgs& args) const override;
+};
+
+// The order to walk an elementwise domain in, or {} for its own: when its last dim is short (at
+// most 4: pooling windows, the interleaved taps of a pooling gradient) after a long one, the last
+// (up to) four dims are reordered short ones first, so loads and masks run along the long dims
+// ([N, C, OH, kH, OW, kW] as [N, C, kH, kW, OH, OW]: each pooling tap a dense block).
+std::vector<int64_t> interleave_order(const Step& st) {
+  const Shape& s = st.shape;
+  const size_t r = s.size();
+  if (r < 2 || s[r - 1] > 4 || s[r - 2] <= 4) return {};
+  for (const Instr& I : st.program)
+    if (I.code == Code::Rng) return {};  // Philox streams follow the position
+  std::vector<int64_t> perm(r);
+  std::iota(perm.begin(), perm.end(), int64_t(0));
+  auto tail = perm.end() - std::ptrdiff_t(std::min<size_t>(r, 4));
+  std::stable_partition(tail, perm.end(), [&](int64_t d) { return s[size_t(d)] <= 4; });
+  return perm;
+}
+
+// `prog` over its domain permuted by perm, or {} when a load is then no longer one strided view.
+std::vector<Instr> permuted(const std::vector<Instr>& prog, const std::vector<int64_t>& perm) {
+  std::vector<Instr> r = prog;
+  for (Instr& I : r) {
+    if (I.code == Code::Load) {
+      I.map = I.map.permute(perm);
+      if (I.map.effective_top() != 0) return {};
+    }
+    if (I.code == Code::Iota) I.i0 = std::find(perm.begin(), perm.end(), I.i0) - perm.begin();
+  }
+  return r;
+}
+
+// The Step's program as run: in interleave_order when every load stays one strided view there
+// (walk_out: the permuted output view), with each load's view coalesced.
+void prepare(ElementwiseKernel& k, const Step& st, kir::View& walk_out) {
+  k.program = st.program;
+  k.domain = st.shape;
+  if (std::vector<int64_t> perm = interleave_order(st); !perm.empty()) {
+    if (std::vector<Instr> prog = permuted(st.program, perm); !prog.empty()) {
+      k.program = k.walk_program = std::move(prog);
+      walk_out = kir::IndexMap::contiguous(st.shape).permute(perm).views[0];
+      k.domain = walk_out.shape;
+      k.out = coalesced(walk_out);
+    }
+  }
+  for (Instr& I : k.program)
+    if (I.code == Code::Load && I.map.views.size() == 1) I.map.views[0] = coalesced(I.map.views[0]);
+}
+
+// An Elementwise Step's loop: its results stored early unless a later load reads their output. A
+// Step walked in interleave_order runs its permuted program over the permuted domain, storing
+// through the permuted output view.
+void build_loops(ElementwiseKernel& k, const Step& st, const kir::View& walk_out) {
+  if (st.kind != StepKind::Elementwise) return k.walk_program.clear();
+  std::vector<int> results{int(st.program.size()) - 1};
+  results.insert(results.end(), st.more_results.begin(), st.more_results.end());
+  std::vector<uint8_t> early;
+  for (size_t j = 0; j < results.size(); ++j) {
+    const int slot = j == 0 ? st.output : st.more_outputs[j - 1];
+    bool e = true;
+    for (size_t i = size_t(results[j]) + 1; i < st.program.size(); ++i)
+      e &= !(st.program[i].code == Code::Load && st.inputs[size_t(st.program[i].input)] == slot);
+    early.push_back(e);
+  }
+  if (!k.out) return build_loop(k.loop, st.program, st.shape, results, early, true);
+  build_loop(k.loop, k.walk_program, walk_out.shape, results, early, false, &walk_out);
+  if (!k.loop.loop) k.walk_program.clear();
+}
+
+// Which results write their output themselves (per instruction: the output's base, else null):
+// those computed (not loaded, constant or iota) in the output's own type, stored in row-major
+// order, one output per instruction, and -- when the output is also an input (an in-place
+// update) -- computed after every load of it has been read for the last time.
+std::vector<char*> direct_outputs(const ElementwiseKernel& k, const Step& st, const std::vector<const void*>& in,
+                                  const LaunchArgs& args, bool stream) {
+  std::vector<char*> direct(k.program.size(), nullptr);
+  if (k.out) return direct;
+  auto take = [&](int r, int slot) {
+    const Instr& R = k.program[size_t(r)];
+    if (direct[size_t(r)] || compute_dtype(R.dtype) != R.dtype || R.code == Code::Load || R.code == Code::Const ||
+        R.code == Code::Iota)
+      return;
+    char* out = static_cast<char*>(args.slots[slot]);
+    for (size_t l = 0; l < k.program.size(); ++l) {
+      const Instr& L = k.program[l];
+      if (L.code == Code::Load && in[size_t(L.input)] == out && (int(l) > r || k.last_read[l] >= r)) return;
+    }
+    direct[size_t(r)] = out;
+  };
+  if (!stream) take(int(st.program.size()) - 1, st.output);
+  for (size_t o = 0; o < st.more_outputs.size(); ++o) take(st.more_results[o], st.more_outputs[o]);
+  return direct;
+}
+
+// The tile's results out of their registers: values read in place are copied out first when the
+// Step has several outputs (an earlier store may overwrite their source); then each output not
+// written directly.
+void store_results(const ElementwiseKernel& k, const Step& st, const LaunchArgs& args, const std::vector<char*>& direct,
+                   Scratch& sc, int64_t start, int64_t n) {
+  const int last = int(st.program.size()) - 1;
+  const kir::View* view = k.out ? &*k.out : nullptr;
+  if (!st.more_outputs.empty()) {
+    std::vector<int> rs = st.more_results;
+    rs.push_back(last);
+    for (int r : rs) {
+      double* rr = reg<double>(sc, k.regs.reg[size_t(r)]);
+      if (!direct[size_t(r)] && sc.at[r] != rr) {
+        std::memcpy(rr, sc.at[r], size_t(n) * itemsize(st.program[r].dtype));
+        sc.at[r] = rr;
+      }
+    }
+  }
+  void* out = args.slots[st.output];
+  if (direct[size_t(last)] != out) store_reg(st.dtype, last, out, start, n, sc, view);
+  for (size_t o = 0; o < st.more_outputs.size(); ++o) {
+    int r = st.more_results[o];
+    if (direct[size_t(r)] != args.slots[st.more_outputs[o]])
+      store_reg(st.program[r].dtype, r, args.slots[st.more_outputs[o]], start, n, sc, view);
+  }
+}
+
+void ElementwiseKernel::run(const Step& st, const LaunchArgs& args) const {
+  const int64_t total = numel(st.shape);
+  auto in = inputs_of(st, args);
+  std::vector<char*> base;
+  if (const jit::Loop* l = loop_for(loop, out ? walk_program : st.program, st, in, args, base))
+    return run_loop(loop, *l, base, total);
+  const int64_t ntiles = (total + kTile - 1) / kTile;
+  // An output far larger than the caches and the Step's only one is streamed out of its register.
+  const bool stream = st.more_outputs.empty() && compute_dtype(st.dtype) == st.dtype && !out &&
+                      total * int64_t(itemsize(st.dtype)) >= kStreamMin;
+  const std::vector<char*> direct = direct_outputs(*this, st, in, args, stream);
+  const int last = int(st.program.size()) - 1;
+#pragma omp parallel for schedule(static) if (total >= kParallelMin)
+  for (int64_t t = 0; t < ntiles; ++t) {
+    Scratch& sc = scratch(st.program.size(), size_t(regs.nregs));
+    int64_t start = t * kTile, n = std::min(kTile, total - start);
+    run_program(program, regs, in, domain, start, n, args, sc, 0, direct.data());
+    if (stream)
+      stream_copy(static_cast<char*>(args.slots[st.output]) + size_t(start) * itemsize(st.dtype), sc.at[size_t(last)],
+                  size_t(n) * itemsize(st.dtype));
+    else
+      store_results(*this, st, args, direct, sc, start, n);
+  }
+}
+
+// A Row Step: tiles of whole rows; the output is the program (one value per position) or, when
+// the Step's shape has one element per row, the first lane of each row.
+struct RowKernel final : CpuKernel {
+  RegPlan regs;  // with the row-constant values (plan_row_constants)
+  void run(const Step& st, const LaunchArgs& args) const override;
+};
+
+// Instruction r's value once per row of the tile [start, start + n) into dst (its first
+// position's, or lane r when `compact`: computed once per row).
+void store_rows(Scratch& sc, int r, bool compact, DType t, void* dst, int64_t start, int64_t n, int64_t row) {
+  with_compute(t, [&](auto* tp) {
+    using T = std::remove_pointer_t<decltype(tp)>;
+    const T* v = val<T>(sc, r);
+    const int64_t step = compact ? 1 : row;
+    with_storage(t, [&](auto* sp) {
+      using S = std::remove_pointer_t<decltype(sp)>;
+      S* o = static_cast<S*>(dst) + start / row;
+      for (int64_t j = 0; j < n / row; ++j) o[j] = store_as<S>(v[j * step]);
+    });
+  });
+}
+
+void RowKernel::run(const Step& st, const LaunchArgs& args) const {
+  int64_t total = numel(st.domain), row = st.row;
+  int64_t rows_per_tile = std::max<int64_t>(1, kTile / row), lanes = rows_per_tile * row;
+  int64_t ntiles = (total + lanes - 1) / lanes;
+  bool per_row = numel(st.shape) != total;
+  auto in = inputs_of(st, args);
+  void* out = args.slots[st.output];
+  int last = int(st.program.size()) - 1;
+  auto compact = [&](int r) { return !regs.rowc.empty() && regs.rowc[size_t(r)]; };  // one lane per row
+#pragma omp parallel for schedule(static) if (total >= kParallelMin && ntiles > 1)
+  for (int64_t t = 0; t < ntiles; ++t) {
+    Scratch& sc = scratch(st.program.size(), size_t(regs.nregs), lanes);
+    int64_t start = t * lanes, n = std::min(lanes, total - start);
+    run_program(st.program, regs, in, st.domain, start, n, args, sc, row);
+    for (size_t o = 0; o < st.more_outputs.size(); ++o) {
+      int r = st.more_results[o];
+      store_rows(sc, r, compact(r), st.program[size_t(r)].dtype, args.slots[st.more_outputs[o]], start, n, row);
+    }
+    if (per_row) {
+      store_rows(sc, last, compact(last), st.dtype, out, start, n, row);
+      continue;
+    }
+    if (compact(last))
+      with_compute(st.dtype, [&](auto* tp) {
+        using T = std::remove_pointer_t<decltype(tp)>;
+        T* v = reg<T>(sc, regs.reg[size_t(last)]);
+        expand_rows(v, v, n / row, row);
+      });
+    store_tile(st, out, start, n, sc);
+  }
+}
+
+}  // namespace
+
+std::unique_ptr<CpuKernel> compile_elementwise(const Step& st) {
+  auto k = std::make_unique<ElementwiseKernel>();
+  const std::vector<int> keep = results_of(st);
+  k->regs = plan_registers(st.program, keep);
+  kir::View walk_out;
+  prepare(*k, st, walk_out);
+  k->last_read = last_readers(st.program);
+  for (int r : keep) k->last_read[size_t(r)] = std::numeric_limits<int>::max();
+  k->regs.load = load_paths(k->program);
+  build_loops(*k, st, walk_out);
+  return k;
+}
+
+std::unique_ptr<CpuKernel> compile_row(const Step& st) {
+  auto k = std::make_unique<RowKernel>();
+  k->regs = plan_registers(st.program, results_of(st));
+  k->regs.load = load_paths(st.program);
+  plan_row_constants(k->regs, st);
+  return k;
+}
+
+}  // namespace tessera::backends::cpu

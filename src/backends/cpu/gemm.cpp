@@ -1,0 +1,438 @@
+// Gemm Steps: C = A @ B per batch element through OpenBLAS on the operands' own strides (operands
+// it cannot address packed per block or as a whole), or through window_gemm for a float32 product
+// whose B is a conv's window read in place; then the Step's epilogue on each block while it is in
+// cache, through its native loop where it has one.
+#include <cblas.h>
+#include <omp.h>
+
+#include <optional>
+
+#include "backends/cpu/copies.h"
+#include "backends/cpu/interpreter.h"
+#include "backends/cpu/kernel.h"
+#include "backends/cpu/native_loops.h"
+#include "backends/cpu/window_gemm.h"
+
+namespace tessera::backends::cpu {
+namespace {
+
+// A float32 Gemm Step whose B (a conv's im2col window) window_gemm reads in place: per batch
+// element, B's offset and which of A's distinct matrices it multiplies (at a_off, rows a_rs
+// apart, columns a_cs); B's element (k, n) of a batch lies k_off[k] + n_off[n] further.
+struct Window {
+  std::vector<int64_t> b_off, a_off, k_off, n_off;
+  std::vector<int> a_of;
+  int64_t a_rs = 0, a_cs = 0;
+};
+
+struct GemmKernel final : CpuKernel {
+  RegPlan regs;         // the epilogue's, for the interpreter
+  NativeLoop epilogue;  // a float32 epilogue's native loop, over its loads' domain, its result in place
+  std::optional<Window> window;
+  void run(const Step& st, const LaunchArgs& args) const override;
+};
+
+// C[m, n] = op(A)[m, k] @ op(B)[k, n] through the BLAS, row-major, R float or double.
+template <class R>
+void blas_gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const R* a, int64_t lda, const R* b, int64_t ldb, R* c,
+               int64_t ldc) {
+  auto oa = ta ? CblasTrans : CblasNoTrans, ob = tb ? CblasTrans : CblasNoTrans;
+  if constexpr (std::is_same_v<R, float>) cblas_sgemm(CblasRowMajor, oa, ob, m, n, k, 1.0f, a, lda, b, ldb, 0.0f, c, ldc);
+  else cblas_dgemm(CblasRowMajor, oa, ob, m, n, k, 1.0, a, lda, b, ldb, 0.0, c, ldc);
+}
+
+// One operand of a matmul as BLAS sees it. One that is not BLAS-addressable (an im2col window,
+// a stacked map) is packed densely: per_block (a floating product over several batches), block
+// by block inside the task that multiplies it (see pack_rows), so a conv's columns are written
+// into the cache of the core that reads them rather than through a buffer of the whole batch;
+// otherwise as a whole.
+struct GemmOperand {
+  std::vector<int64_t> batch_strides;
+  int64_t offset = 0, ld = 0;
+  bool trans = false;
+  const void* data = nullptr;
+  const kir::IndexMap* pack = nullptr;  // packed per block from this map
+  std::vector<char> packed;              // packed as a whole
+};
+
+GemmOperand gemm_operand(const kir::IndexMap& m, const void* data, DType t, bool per_block) {
+  GemmOperand g;
+  const Shape& s = m.shape();
+  size_t r = s.size();
+  int64_t rows = s[r - 2], cols = s[r - 1];
+  g.data = data;
+  if (m.single()) {
+    const kir::View& v = m.views[0];
+    const int64_t sr = v.strides[r - 2], sc = v.strides[r - 1];
+    g.batch_strides.assign(v.strides.begin(), v.strides.end() - 2);
+    g.offset = v.offset;
+    if ((sc == 1 || cols <= 1) && (sr >= std::max<int64_t>(cols, 1) || rows <= 1)) {
+      g.ld = rows <= 1 ? std::max<int64_t>(cols, 1) : sr;
+      return g;
+    }
+    if ((sr == 1 || rows <= 1) && (sc >= std::max<int64_t>(rows, 1) || cols <= 1)) {
+      g.trans = true;
+      g.ld = cols <= 1 ? std::max<int64_t>(rows, 1) : sc;
+      return g;
+    }
+  }
+  g.ld = std::max<int64_t>(cols, 1);
+  g.offset = 0;
+  g.batch_strides = contiguous_strides(Shape(s.begin(), s.end() - 2));
+  for (auto& b : g.batch_strides) b *= rows * cols;
+  if (per_block) {
+    g.pack = &m;
+    return g;
+  }
+  g.packed.resize(size_t(numel(s)) * itemsize(t));
+  copy_map(m, data, g.packed.data(), itemsize(t));
+  g.data = g.packed.data();
+  return g;
+}
+
+// Rows [r0, r1) of batch b of an operand packed per block, densely into this thread's buffer for
+// operand `which` (0: A, 1: B).
+const void* pack_rows(const GemmOperand& g, int which, int64_t b, int64_t r0, int64_t r1, size_t elem) {
+  thread_local std::vector<char, LineAligned<char>> bufs[2];
+  std::vector<char, LineAligned<char>>& buf = bufs[which];
+  const Shape& s = g.pack->shape();
+  const int64_t cols = s.back();
+  buf.resize(std::max(buf.size(), size_t((r1 - r0) * cols) * elem));
+  copy_positions(*g.pack, g.data, (b * s[s.size() - 2] + r0) * cols, (r1 - r0) * cols, buf.data(), elem);
+  return buf.data();
+}
+
+// c[e] = part[e] + part[n + e] + ... + part[(chunks - 1) * n + e], added in that order, for e < n:
+// split-K partial products summed. Blocks of e take every chunk in turn, so each chunk is read
+// in runs (the chunks lie a multiple of 4 KiB apart, whose same elements share an L1 set).
+template <class R>
+void sum_partials(const R* part, int64_t chunks, int64_t n, R* c) {
+  constexpr int64_t kRun = 1024;
+#pragma omp parallel for schedule(static) if (n * chunks >= kParallelMin)
+  for (int64_t e0 = 0; e0 < n; e0 += kRun) {
+    const int64_t e1 = std::min(n, e0 + kRun);
+    std::copy(part + e0, part + e1, c + e0);
+    for (int64_t q = 1; q < chunks; ++q)
+      for (int64_t e = e0; e < e1; ++e) c[e] += part[q * n + e];
+  }
+}
+
+// Element offsets of map m over [batch..., R, C] that split as batch[b] + row[r] + col[c]: a
+// single unmasked view, or a plain reshape of one whose dims group into the domain's (a conv's
+// window [B, G, F, kh, kw, oh, ow] read as [B, G, F * kh * kw, oh * ow]). False otherwise.
+bool split_offsets(const kir::IndexMap& m, std::vector<int64_t>& batch, std::vector<int64_t>& row, std::vector<int64_t>& col) {
+  const kir::View& v = m.views[0];
+  if (v.masked() || m.views.size() > 2) return false;
+  if (m.views.size() == 2) {
+    const kir::View& top = m.views[1];
+    if (top.masked() || top.offset != 0 || top.strides != contiguous_strides(top.shape)) return false;
+  }
+  const Shape& dom = m.shape();
+  const size_t r = dom.size();
+  if (r < 2) return false;
+  // Per domain dim, the offsets of its indices: the view dims it groups, walked row-major.
+  std::vector<std::vector<int64_t>> offs(r);
+  size_t p = 0;
+  for (size_t d = 0; d < r; ++d) {
+    std::vector<int64_t>& o = offs[d];
+    o = {0};
+    int64_t ext = 1;
+    while (ext < dom[d] && p < v.shape.size()) {
+      std::vector<int64_t> next;
+      next.reserve(o.size() * size_t(v.shape[p]));
+      for (int64_t base : o)
+        for (int64_t i = 0; i < v.shape[p]; ++i) next.push_back(base + i * v.strides[p]);
+      o = std::move(next);
+      ext *= v.shape[p++];
+    }
+    if (ext != dom[d]) return false;
+  }
+  for (; p < v.shape.size(); ++p)
+    if (v.shape[p] != 1) return false;
+  batch = {v.offset};
+  for (size_t d = 0; d + 2 < r; ++d) {
+    std::vector<int64_t> next;
+    for (int64_t base : batch)
+      for (int64_t o : offs[d]) next.push_back(base + o);
+    batch = std::move(next);
+  }
+  row = std::move(offs[r - 2]);
+  col = std::move(offs[r - 1]);
+  return true;
+}
+
+// The Window plan of a float32 Gemm Step whose B is a window read in place (window_gemm), or
+// none: B already dense (the BLAS reads it as it is), A not a single view, or a product too
+// shallow for the tile to pay (K < 32: a one-channel conv, left to the BLAS).
+std::optional<Window> window_plan(const Step& st) {
+  if (!window_gemm::available() || st.dtype != DType::Float32 || st.maps[1].single()) return std::nullopt;
+  for (DType t : st.input_dtypes)
+    if (t != DType::Float32) return std::nullopt;
+  const size_t r = st.shape.size();
+  const kir::IndexMap& am = st.maps[0];
+  const int64_t K = am.shape()[r - 1];
+  if (K < 32 || !am.single()) return std::nullopt;
+  Window w;
+  if (!split_offsets(st.maps[1], w.b_off, w.k_off, w.n_off)) return std::nullopt;
+  std::vector<int64_t> rows, cols;
+  split_offsets(am, w.a_off, rows, cols);
+  const kir::View& av = am.views[0];
+  w.a_rs = av.strides[r - 2], w.a_cs = av.strides[r - 1];
+  // A's distinct matrices (one, or one per group; the batch broadcasts it).
+  std::vector<int64_t> distinct;
+  for (int64_t o : w.a_off) {
+    auto it = std::find(distinct.begin(), distinct.end(), o);
+    w.a_of.push_back(int(it - distinct.begin()));
+    if (it == distinct.end()) distinct.push_back(o);
+  }
+  w.a_off = std::move(distinct);
+  return w;
+}
+
+// One launch of a Gemm Step: the product's shape and the epilogue over its blocks. Results do not
+// depend on the thread count: every split below is fixed by the shape alone.
+class GemmLaunch {
+ public:
+  GemmLaunch(const GemmKernel& k, const Step& st, const LaunchArgs& args)
+      : k_(k), st_(st), args_(args), r_(st.shape.size()), M_(st.shape[r_ - 2]), N_(st.shape[r_ - 1]),
+        K_(st.maps[0].shape()[r_ - 1]), batch_(st.shape.begin(), st.shape.end() - 2), nb_(numel(batch_)),
+        out_(static_cast<char*>(args.slots[st.output])), elem_(itemsize(st.dtype)) {}
+
+  void run() {
+    if (M_ * N_ == 0) return;
+    epi_in_ = inputs_of(st_, args_);
+    loop_ = loop_for(k_.epilogue, st_.program, st_, epi_in_, args_, base_);
+    if (K_ == 0) {
+      std::memset(out_, 0, size_t(nb_ * M_ * N_) * elem_);
+      for (int64_t b = 0; b < nb_; ++b) epilogue(b, 0, M_, 0, N_);
+      return;
+    }
+    if (k_.window) return window_product();
+    blas_product();
+  }
+
+ private:
+  // The epilogue over rows [m0, m1) and columns [n0, n1) of batch b, while they are in cache: its
+  // loads of the output slot read the product. Blocks of whole rows are one range.
+  void epilogue(int64_t b, int64_t m0, int64_t m1, int64_t n0, int64_t n1) const {
+    if (st_.program.empty()) return;
+    if (n0 == 0 && n1 == N_) return epilogue_range(b * M_ * N_ + m0 * N_, b * M_ * N_ + m1 * N_);
+    for (int64_t i = m0; i < m1; ++i) epilogue_range(b * M_ * N_ + i * N_ + n0, b * M_ * N_ + i * N_ + n1);
+  }
+  // Output positions [p, e): through the epilogue's native loop where it has one.
+  void epilogue_range(int64_t p, int64_t e) const {
+    if (loop_) return loop_range(k_.epilogue, base_, p, e - p, reinterpret_cast<float*>(base_.back()) + p);
+    Scratch& sc = scratch(st_.program.size(), size_t(k_.regs.nregs));
+    for (; p < e; p += kTile) {
+      int64_t n = std::min(kTile, e - p);
+      run_program(st_.program, k_.regs, epi_in_, st_.shape, p, n, args_, sc);
+      store_tile(st_, out_, p, n, sc);
+    }
+  }
+
+  // ---- The window kernel ----
+  // Each batch element's product is computed transposed (its positions as rows, M as vector
+  // columns, A^T packed as [K, M rounded up to 16] with zeros past M) and stored into [M, N].
+  void window_product() {
+    mp_ = (M_ + 15) / 16 * 16;
+    // Deep products over fewer than 8 batch elements (a conv's kernel gradient: K = batch x
+    // positions): K in chunks of equal depth whose partial products are summed in chunk order,
+    // each chunk's A^T packed by the task that multiplies it. Chunks: a multiple of 4 (even work
+    // for 1, 2 or 4 threads), about 1,024 deep. (The small CNN's conv2 kernel gradient, K =
+    // 12,544, in 16 chunks: 2.2 ms standalone against 2.9 in 25 chunks of 504, 2.4 in 13 of 968.)
+    constexpr int64_t kDepth = 1024, kMaxPartial = int64_t(1) << 22;
+    const int64_t deep = (K_ + kDepth - 1) / kDepth, nk = deep > 1 ? (deep + 3) / 4 * 4 : 1;
+    if (nb_ < 8 && nk > 1 && nk * nb_ * M_ * N_ <= kMaxPartial) return window_split_k(nk);
+    window_batches();
+  }
+
+  // A^T rows [k0, k1) of distinct A d into at.
+  void pack_at(float* at, int64_t d, int64_t k0, int64_t k1) const {
+    const Window& w = *k_.window;
+    const float* ab = static_cast<const float*>(args_.slots[st_.inputs[0]]) + w.a_off[size_t(d)];
+    if (w.a_cs == 1) return window_gemm::pack_transposed(ab + k0, w.a_rs, M_, k1 - k0, at, mp_);
+    for (int64_t q = k0; q < k1; ++q) {
+      float* row = at + (q - k0) * mp_;
+      for (int64_t i = 0; i < M_; ++i) row[i] = ab[i * w.a_rs + q * w.a_cs];
+      std::fill(row + M_, row + mp_, 0.0f);
+    }
+  }
+
+  // Columns [n0, n1) of batch b's product over depths [k0, k1), into dst ([M, N]).
+  void window_tile(const float* at, int64_t b, int64_t n0, int64_t n1, int64_t k0, int64_t k1, float* dst) const {
+    const Window& w = *k_.window;
+    const float* bm = static_cast<const float*>(args_.slots[st_.inputs[1]]);
+    window_gemm::product(bm + w.b_off[size_t(b)], w.n_off.data() + n0, n1 - n0, w.k_off.data() + k0, k1 - k0, at, mp_, M_,
+                         dst + n0, N_, true, false);
+  }
+
+  void window_split_k(int64_t nk) const {
+    const Window& w = *k_.window;
+    const int64_t depth = ((K_ + nk - 1) / nk + 7) / 8 * 8, chunks = (K_ + depth - 1) / depth;
+    std::vector<float> part(size_t(chunks * nb_ * M_ * N_));
+#pragma omp parallel for schedule(static)
+    for (int64_t t = 0; t < nb_ * chunks; ++t) {
+      const int64_t b = t / chunks, q = t % chunks, k0 = q * depth, k1 = std::min(K_, k0 + depth);
+      thread_local std::vector<float, LineAligned<float>> at;
+      at.resize(size_t(depth * mp_));
+      pack_at(at.data(), w.a_of[size_t(b)], k0, k1);
+      window_tile(at.data(), b, 0, N_, k0, k1, part.data() + (q * nb_ + b) * M_ * N_);
+    }
+    sum_partials(part.data(), chunks, nb_ * M_ * N_, reinterpret_cast<float*>(out_));
+    for (int64_t b = 0; b < nb_; ++b) epilogue(b, 0, M_, 0, N_);
+  }
+
+  // A^T packed once per distinct A; tasks per batch element (N in chunks when the batch is small).
+  void window_batches() const {
+    const Window& w = *k_.window;
+    const int64_t na = int64_t(w.a_off.size());
+    std::vector<float, LineAligned<float>> at(size_t(na * K_ * mp_));
+    for (int64_t d = 0; d < na; ++d) pack_at(at.data() + d * K_ * mp_, d, 0, K_);
+    constexpr int64_t kChunk = 240;
+    const int64_t nch = nb_ >= 2 * int64_t(omp_get_max_threads()) ? 1 : (N_ + kChunk - 1) / kChunk;
+    const int64_t len = (N_ + nch - 1) / nch;
+    float* c = reinterpret_cast<float*>(out_);
+#pragma omp parallel for schedule(static)
+    for (int64_t t = 0; t < nb_ * nch; ++t) {
+      const int64_t b = t / nch, n0 = t % nch * len, n1 = std::min(N_, n0 + len);
+      window_tile(at.data() + w.a_of[size_t(b)] * K_ * mp_, b, n0, n1, 0, K_, c + b * M_ * N_);
+      epilogue(b, 0, M_, n0, n1);
+    }
+  }
+
+  // ---- The BLAS ----
+  // Our pool runs the BLAS over fixed blocks (128 rows; 128 columns too when the matrix is only a
+  // row block tall and B is not packed per block, whose rows are then packed whole, in one walk).
+  // Every call is made inside an active parallel region, where OpenBLAS's OpenMP build stays on
+  // the calling thread (outside one it would start its own threads, which was slow here).
+  static constexpr int64_t kBlock = 128;
+
+  void blas_product() {
+    floating_ = st_.dtype == DType::Float32 || st_.dtype == DType::Float64;
+    a_ = gemm_operand(st_.maps[0], args_.slots[st_.inputs[0]], st_.dtype, floating_ && nb_ > 1);
+    b_ = gemm_operand(st_.maps[1], args_.slots[st_.inputs[1]], st_.dtype, floating_ && nb_ > 1);
+    const int64_t mb = (M_ + kBlock - 1) / kBlock, nbk = M_ <= kBlock && !b_.pack ? (N_ + kBlock - 1) / kBlock : 1;
+    const int64_t per = mb * nbk, tasks = nb_ * per;
+    // Deep, narrow products (a conv's kernel gradient: K = batch x pixels, M x N a few hundred by
+    // a few dozen; a Linear layer on a flattened image) give those blocks too few tasks: K is then
+    // cut into chunks of equal depth (at most 2048, a multiple of 8) whose partial products are
+    // added in chunk order, and the rows into equal blocks of at most 256 (the tasks come from K
+    // here). The epilogue runs on the sum. The partial products are bounded (a vocabulary-sized
+    // weight gradient keeps the blocks). Equal tasks: docs/architecture.md (Threads) says what
+    // unequal ones cost.
+    constexpr int64_t kChunkK = 2048, kMaxPartial = int64_t(1) << 22;
+    const int64_t chunks = (K_ + kChunkK - 1) / kChunkK;
+    if (floating_ && nb_ == 1 && tasks < 8 && K_ > kChunkK && chunks * M_ * N_ <= kMaxPartial) {
+      if (st_.dtype == DType::Float32) blas_split_k<float>(chunks, nbk);
+      else blas_split_k<double>(chunks, nbk);
+      return epilogue(0, 0, M_, 0, N_);
+    }
+#pragma omp parallel for schedule(static)
+    for (int64_t t = 0; t < tasks; ++t) {
+      int64_t b = t / per, i = (t % per) / nbk, j = t % nbk;
+      int64_t n0 = nbk == 1 ? 0 : j * kBlock, n1 = nbk == 1 ? N_ : std::min(N_, n0 + kBlock);
+      blas_block(b, i * kBlock, std::min(M_, (i + 1) * kBlock), n0, n1);
+    }
+  }
+
+  // Rows [m0, m1) and columns [n0, n1) of batch b, then its epilogue. op(A)'s rows are A's rows,
+  // or A's columns when transposed; likewise op(B)'s columns.
+  void blas_block(int64_t b, int64_t m0, int64_t m1, int64_t n0, int64_t n1) const {
+    int64_t idx[32];
+    unravel(b, batch_, idx);
+    int64_t ao = a_.offset, bo = b_.offset;
+    for (size_t d = 0; d < batch_.size(); ++d) ao += idx[d] * a_.batch_strides[d], bo += idx[d] * b_.batch_strides[d];
+    char* c = out_ + size_t(b * M_ * N_) * elem_;
+    if (!floating_) {
+      integer_block(ao, bo, c, m0, m1, n0, n1);
+      return epilogue(b, m0, m1, n0, n1);
+    }
+    ao += a_.trans ? m0 : m0 * a_.ld;
+    bo += b_.trans ? n0 * b_.ld : n0;
+    c += size_t(m0 * N_ + n0) * elem_;
+    const char* ap = static_cast<const char*>(a_.data) + ao * int64_t(elem_);
+    const char* bp = static_cast<const char*>(b_.data) + bo * int64_t(elem_);
+    int64_t lda = a_.ld, ldb = b_.ld;
+    if (a_.pack) ap = static_cast<const char*>(pack_rows(a_, 0, b, m0, m1, elem_)), lda = K_;
+    if (b_.pack) bp = static_cast<const char*>(pack_rows(b_, 1, b, 0, K_, elem_)), ldb = N_;  // whole rows: n0 = 0
+    if (st_.dtype == DType::Float32)
+      blas_gemm(a_.trans, b_.trans, m1 - m0, n1 - n0, K_, reinterpret_cast<const float*>(ap), lda,
+                reinterpret_cast<const float*>(bp), ldb, reinterpret_cast<float*>(c), N_);
+    else
+      blas_gemm(a_.trans, b_.trans, m1 - m0, n1 - n0, K_, reinterpret_cast<const double*>(ap), lda,
+                reinterpret_cast<const double*>(bp), ldb, reinterpret_cast<double*>(c), N_);
+    epilogue(b, m0, m1, n0, n1);
+  }
+
+  // Integers: int64 accumulation, element by element (A at ao, B at bo, the batch's C at c).
+  void integer_block(int64_t ao, int64_t bo, char* c, int64_t m0, int64_t m1, int64_t n0, int64_t n1) const {
+    auto at = [&](const GemmOperand& g, int64_t off, int64_t i, int64_t j) {
+      return read_index(g.data, st_.dtype, off + (g.trans ? j * g.ld + i : i * g.ld + j));
+    };
+    for (int64_t i = m0; i < m1; ++i)
+      for (int64_t j = n0; j < n1; ++j) {
+        int64_t sum = 0;
+        for (int64_t q = 0; q < K_; ++q) sum += at(a_, ao, i, q) * at(b_, bo, q, j);
+        if (st_.dtype == DType::Int32) reinterpret_cast<int32_t*>(c)[i * N_ + j] = int32_t(sum);
+        else reinterpret_cast<int64_t*>(c)[i * N_ + j] = sum;
+      }
+  }
+
+  template <class R>
+  void blas_split_k(int64_t chunks, int64_t nbk) const {
+    const int64_t depth = ((K_ + chunks - 1) / chunks + 7) / 8 * 8, nch = (K_ + depth - 1) / depth;
+    const int64_t row_blocks = (M_ + 2 * kBlock - 1) / (2 * kBlock), rows = (M_ + row_blocks - 1) / row_blocks;
+    const int64_t per_chunk = row_blocks * nbk;
+    std::vector<R> part(size_t(nch * M_ * N_));
+    const R* a = static_cast<const R*>(a_.data);
+    const R* bm = static_cast<const R*>(b_.data);
+#pragma omp parallel for schedule(static)
+    for (int64_t t = 0; t < nch * per_chunk; ++t) {
+      int64_t q = t / per_chunk, i = (t % per_chunk) / nbk, j = t % nbk;
+      int64_t m0 = i * rows, m1 = std::min(M_, m0 + rows);
+      int64_t n0 = nbk == 1 ? 0 : j * kBlock, n1 = nbk == 1 ? N_ : std::min(N_, n0 + kBlock);
+      int64_t k0 = q * depth, k1 = std::min(K_, k0 + depth);
+      int64_t ao = a_.offset + (a_.trans ? k0 * a_.ld + m0 : m0 * a_.ld + k0);
+      int64_t bo = b_.offset + (b_.trans ? n0 * b_.ld + k0 : k0 * b_.ld + n0);
+      blas_gemm(a_.trans, b_.trans, m1 - m0, n1 - n0, k1 - k0, a + ao, a_.ld, bm + bo, b_.ld,
+                part.data() + q * M_ * N_ + m0 * N_ + n0, N_);
+    }
+    sum_partials(part.data(), nch, M_ * N_, reinterpret_cast<R*>(out_));
+  }
+
+  const GemmKernel& k_;
+  const Step& st_;
+  const LaunchArgs& args_;
+  const size_t r_;
+  const int64_t M_, N_, K_;
+  const Shape batch_;
+  const int64_t nb_;
+  char* const out_;
+  const size_t elem_;
+  std::vector<const void*> epi_in_;
+  std::vector<char*> base_;  // the epilogue loop's pointers (loads, then the output)
+  const jit::Loop* loop_ = nullptr;
+  int64_t mp_ = 0;  // window: M rounded up to 16
+  bool floating_ = false;
+  GemmOperand a_, b_;  // BLAS: the operands as it sees them
+};
+
+void GemmKernel::run(const Step& st, const LaunchArgs& args) const { GemmLaunch(*this, st, args).run(); }
+
+}  // namespace
+
+std::unique_ptr<CpuKernel> compile_gemm(const Step& st) {
+  auto k = std::make_unique<GemmKernel>();
+  k->regs = plan_registers(st.program, results_of(st));
+  k->regs.load = load_paths(st.program);
+  k->window = window_plan(st);
+  if (st.dtype == DType::Float32 && !st.program.empty()) {
+    Shape dom = st.shape;  // the epilogue's loads' domain (the consumer's shape)
+    for (const Instr& I : st.program)
+      if (I.code == Code::Load) dom = I.map.shape();
+    build_loop(k->epilogue, st.program, dom, {int(st.program.size()) - 1}, {1}, false);
+  }
+  return k;
+}
+
+}  // namespace tessera::backends::cpu
