@@ -11,8 +11,8 @@
 //    cat, conv2d, layer_norm ...) is called as a free function only.
 //  - Methods only: what belongs to the handle itself or that libtorch has only as a method:
 //    metadata (shape(), dtype() ...), reading values (item(), to_vector()), conversions (to(),
-//    contiguous(), view()), indexing (index()), in-place ops (add_(), +=, copy_(), index_put_())
-//    and autodiff (requires_grad_(), backward(), grad(), detach()).
+//    contiguous(), view()), in-place ops (add_(), +=, copy_(), fill_(), index_put_()) and
+//    autodiff (requires_grad_(), backward(), grad(), detach()).
 // Reductions take their dims as a list ({1} or {0, 2}; empty = all), except max(dim)/min(dim),
 // which return values and indices like libtorch's; amax/amin reduce several dims to values.
 #pragma once

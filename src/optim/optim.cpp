@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <optional>
+#include <utility>
 
 #include "tessera/error.h"
 #include "tessera/ops.h"
@@ -58,6 +60,12 @@ Tensor Optimizer::runtime_scalar(double v) const {
 
 namespace {
 Tensor host_scalar(double v, DType t) { return from_vector<double>({v}, {}, {t, Device("cpu")}); }
+// Splits "<index>.<name>" (a decimal index); nullopt for any other key.
+std::optional<std::pair<size_t, std::string>> indexed(const std::string& key) {
+  size_t dot = key.find('.');
+  if (dot == 0 || dot == std::string::npos || dot > 9 || key.find_first_not_of("0123456789") != dot) return std::nullopt;
+  return std::pair{size_t(std::stoul(key.substr(0, dot))), key.substr(dot + 1)};
+}
 }  // namespace
 
 std::map<std::string, Tensor> Optimizer::state_dict() const {
@@ -80,11 +88,9 @@ void Optimizer::load_state_dict(const std::map<std::string, Tensor>& sd) {
   std::map<size_t, std::pair<double, int64_t>> groups;  // g -> (lr, parameter count)
   for (auto& [key, t] : sd) {
     if (key.rfind("param_groups.", 0) != 0) continue;
-    size_t dot = key.find('.', 13);
-    size_t g = dot == std::string::npos ? 0 : size_t(std::stoul(key.substr(13, dot - 13)));
-    std::string field = dot == std::string::npos ? "" : key.substr(dot + 1);
-    if (field == "lr") groups[g].first = t.item();
-    else if (field == "params") groups[g].second = t.item<int64_t>();
+    auto g = indexed(key.substr(13));
+    if (g && g->second == "lr") groups[g->first].first = t.item();
+    else if (g && g->second == "params") groups[g->first].second = t.item<int64_t>();
     else fail(name_, "state entry '" + key + "' is not a group's lr or params", "");
   }
   if (!groups.empty()) {
@@ -100,13 +106,12 @@ void Optimizer::load_state_dict(const std::map<std::string, Tensor>& sd) {
   std::vector<std::map<std::string, Tensor>> state(state_.size());
   for (auto& [key, t] : sd) {
     if (key == "step" || key == "lr" || key.rfind("param_groups.", 0) == 0) continue;
-    auto dot = key.find('.');
-    size_t i = state.size();
-    if (dot != std::string::npos && dot > 0 && key.find_first_not_of("0123456789") == dot) i = size_t(std::stoul(key.substr(0, dot)));
-    if (i >= state.size()) fail(name_, "state entry '" + key + "' names no parameter of this optimizer", "");
-    if (t.shape() != ps[i].shape())
-      fail(name_, "state entry '" + key + "' has shape " + shape_str(t.shape()) + ", parameter " + shape_str(ps[i].shape()), "");
-    state[i][key.substr(dot + 1)] = t.device() == ps[i].device() ? t : t.to(ps[i].device());
+    auto entry = indexed(key);
+    if (!entry || entry->first >= state.size()) fail(name_, "state entry '" + key + "' names no parameter of this optimizer", "");
+    const Tensor& p = ps[entry->first];
+    if (t.shape() != p.shape())
+      fail(name_, "state entry '" + key + "' has shape " + shape_str(t.shape()) + ", parameter " + shape_str(p.shape()), "");
+    state[entry->first][entry->second] = t.device() == p.device() ? t : t.to(p.device());
   }
   state_ = std::move(state);
   steps_ = it->second.item<int64_t>();

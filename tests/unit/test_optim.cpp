@@ -452,6 +452,11 @@ TEST(OptimGroups, StateDictWithGroups) {
   one.load_state_dict(saved);
   EXPECT_EQ(one.lr(), 1e-3);
   EXPECT_EQ(one.steps(), 2);
+  for (const char* key : {"param_groups.x.lr", "param_groups.0.betas", "x.exp_avg", "01234567890.exp_avg"}) {
+    auto bad = saved;
+    bad[key] = bad.at("step");
+    EXPECT_THROW(one.load_state_dict(bad), Error) << key;
+  }
 }
 
 // ---- the compile cache over a training loop ----
