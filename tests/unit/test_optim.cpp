@@ -353,6 +353,7 @@ TEST(OptimGroups, AdamWTwoGroupsByHand) {
   ASSERT_EQ(opt.num_param_groups(), 2u);
   EXPECT_EQ(opt.param_groups()[0].options->weight_decay, 0.5);  // filled in from the defaults
   EXPECT_EQ(opt.param_groups()[1].options->lr, 0.05);
+  EXPECT_EQ(opt.defaults().lr, 0.1);
   RefAdam rp{.lr = 0.1, .wd = 0.5, .decoupled = true}, rq{.lr = 0.05, .wd = 0, .decoupled = true};
   V wp = kP0, wq = kQ0;
   // The schedule's rate goes to group 0; group 1 keeps half of it (0.05 / 0.1).
