@@ -49,11 +49,17 @@ class TextDataset {
   const std::vector<int64_t>& tokens(Split s) const { return s == Split::Train ? train_ : val_; }
   // Inputs and targets [batch, block] (int64) for the given window start positions.
   std::pair<Tensor, Tensor> batch_at(Split s, const std::vector<int64_t>& starts, const Device& d = Device("cpu")) const;
+  // `batch` windows at uniformly random starts drawn from the dataset's own generator (seeded
+  // with 0, or by seed()): quick loops, auto [x, y] = data.batch(16, dev). DataLoader gives
+  // epochs without repeats and a position that checkpoints can save.
+  std::pair<Tensor, Tensor> batch(int64_t batch, const Device& d = Device("cpu"), Split s = Split::Train);
+  void seed(uint64_t s);
 
  private:
   CharTokenizer tok_;
   int64_t block_;
   std::vector<int64_t> train_, val_;
+  uint64_t seed_ = 0, drawn_ = 0;  // batch(): batches drawn since seeding
 };
 
 // An endless, seeded stream of dataset indices in batches: epoch e is a permutation of [0, n)

@@ -371,11 +371,10 @@ class ResNet : public Module {
   std::shared_ptr<Linear> head;
 };
 
-// ---- losses ----
-// Mean over targets != ignore_index; label_smoothing mixes the one-hot target with uniform.
-Tensor cross_entropy(const Tensor& logits, const Tensor& target, int64_t ignore_index, double label_smoothing = 0);
-Tensor nll_loss(const Tensor& log_probs, const Tensor& target, int64_t ignore_index = -100);
-Tensor mse_loss(const Tensor& input, const Tensor& target);
+// ---- losses: the functions of ops.h, also reachable here (as torch::nn::functional has them) ----
+using tessera::cross_entropy;
+using tessera::mse_loss;
+using tessera::nll_loss;
 
 }  // namespace tessera::nn
 #pragma GCC visibility pop

@@ -3,6 +3,7 @@
 // primitives, so every backend runs it and autodiff differentiates it.
 #pragma once
 #include <optional>
+#include <tuple>
 #include <vector>
 
 #include "tessera/tensor.h"
@@ -54,6 +55,12 @@ Tensor sum(const Tensor& a, std::vector<int64_t> dims = {}, bool keepdim = false
 Tensor mean(const Tensor& a, std::vector<int64_t> dims = {}, bool keepdim = false);
 Tensor amax(const Tensor& a, std::vector<int64_t> dims = {}, bool keepdim = false);  // max values
 Tensor amin(const Tensor& a, std::vector<int64_t> dims = {}, bool keepdim = false);
+Tensor max(const Tensor& a);  // of every element (amax over all dims)
+Tensor min(const Tensor& a);
+// Values and indices (int64) of the first maximum/minimum along dim, as libtorch's max(dim):
+// auto [values, indices] = max(x, 1). The values' gradient goes to that first extreme.
+std::tuple<Tensor, Tensor> max(const Tensor& a, int64_t dim, bool keepdim = false);
+std::tuple<Tensor, Tensor> min(const Tensor& a, int64_t dim, bool keepdim = false);
 // Index of the first maximum/minimum along dim (int64); dim absent: over the flattened tensor.
 Tensor argmax(const Tensor& a, std::optional<int64_t> dim = std::nullopt, bool keepdim = false);
 Tensor argmin(const Tensor& a, std::optional<int64_t> dim = std::nullopt, bool keepdim = false);
@@ -128,8 +135,26 @@ Tensor log_softmax(const Tensor& a, int64_t dim);
 // Normalizes over the trailing dims given by normalized_shape; weight/bias optional.
 Tensor layer_norm(const Tensor& a, const Shape& normalized_shape, const Tensor& weight = Tensor(),
                   const Tensor& bias = Tensor(), double eps = 1e-5);
-// Mean cross entropy of logits [N, C] against integer targets [N].
-Tensor cross_entropy(const Tensor& logits, const Tensor& target);
+
+// ---- losses (libtorch's semantics and defaults) ----
+enum class Reduction { None, Mean, Sum };
+struct CrossEntropyOptions {
+  Reduction reduction = Reduction::Mean;  // Mean: over targets != ignore_index
+  int64_t ignore_index = -100;            // targets equal to it add nothing (0 under None)
+  double label_smoothing = 0;             // in [0, 1]: mixes the one-hot target with uniform
+};
+// Cross entropy of logits [N, C] against integer class targets [N]; also logits [C] with a
+// scalar target, and [N, C, d1, ...] with targets [N, d1, ...] (classes along dim 1).
+// Reduction::None gives one loss per target, shaped like the targets.
+Tensor cross_entropy(const Tensor& logits, const Tensor& target, const CrossEntropyOptions& o = {});
+struct NLLLossOptions {
+  Reduction reduction = Reduction::Mean;
+  int64_t ignore_index = -100;
+};
+// Negative log likelihood of log-probabilities [N, C] at integer targets [N].
+Tensor nll_loss(const Tensor& log_probs, const Tensor& target, const NLLLossOptions& o = {});
+// Squared error of two tensors of one shape.
+Tensor mse_loss(const Tensor& input, const Tensor& target, Reduction reduction = Reduction::Mean);
 
 }  // namespace tessera
 #pragma GCC visibility pop

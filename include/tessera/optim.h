@@ -1,8 +1,16 @@
 // Optimizers. Updates are in place under NoGradGuard, so parameters and moments keep their
 // buffers (donation); the learning rate and step-dependent factors enter each step's graph as
 // runtime scalars, so a schedule never changes the graph or recompiles it.
+//
+// Parameter groups, as in libtorch: an optimizer holds one or more groups, each a list of
+// parameters with options of its own (no weight decay for biases and norms, a smaller rate for
+// an embedding ...). A group given without options takes the optimizer's defaults:
+//   optim::AdamW opt({{decay}, {no_decay, optim::AdamOptions{.lr = 3e-4, .weight_decay = 0}}},
+//                    {.lr = 3e-4, .weight_decay = 0.1});
 #pragma once
+#include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -11,65 +19,117 @@
 #pragma GCC visibility push(default)  // the public API: exported (cmake/libtessera.map)
 namespace tessera::optim {
 
+// libtorch's OptimizerParamGroup. Once in an optimizer, every group's options are set.
+template <class Options>
+struct ParamGroup {
+  std::vector<Tensor> params;
+  std::optional<Options> options = std::nullopt;
+};
+
 class Optimizer {
  public:
-  Optimizer(std::vector<Tensor> params, double lr);
   virtual ~Optimizer() = default;
   void zero_grad();  // clears every parameter's gradient
   virtual void step() = 0;
-  double lr() const { return lr_; }
-  void set_lr(double lr) { lr_ = lr; }
   int64_t steps() const { return steps_; }
-  const std::vector<Tensor>& params() const { return params_; }
-  // State for checkpoints: per-parameter tensors as "<param index>.<name>", and "step".
+  virtual size_t num_param_groups() const = 0;
+  std::vector<Tensor> params() const;  // every group's parameters, group by group
+
+  // Learning rates. set_lr(lr) drives every group from one schedule, like PyTorch's LambdaLR:
+  // each group's rate becomes lr times (its initial rate / the defaults' rate), so a group
+  // without options of its own gets exactly lr (every group gets lr when the defaults' rate is 0).
+  // lr() is the rate last given to set_lr (the defaults' until then).
+  double lr() const { return lr_; }
+  void set_lr(double lr);
+  double lr(size_t group) const;
+  void set_lr(size_t group, double lr);  // that group only
+
+  // State for checkpoints: per-parameter tensors as "<parameter index>.<name>" (indices count
+  // through the groups in order), "step", "lr", and per group "param_groups.<g>.lr" and
+  // "param_groups.<g>.params" (its parameter count). Loading checks the groups' layout and
+  // restores the rates; states without group entries (older checkpoints) keep the rates.
   virtual std::map<std::string, Tensor> state_dict() const;
   virtual void load_state_dict(const std::map<std::string, Tensor>& sd);
 
  protected:
+  Optimizer(const char* name, double default_lr);
+  // Validates a new group's parameters (defined, requiring grad, in no other group) and its
+  // rate, and makes room for their state.
+  void register_group(const std::vector<Tensor>& params, double lr);
+  virtual const std::vector<Tensor>& group_params(size_t g) const = 0;
+  virtual double group_lr(size_t g) const = 0;
+  virtual void set_group_lr(size_t g, double lr) = 0;
   // A realized float32 scalar holding v: a graph input, not a constant.
   Tensor runtime_scalar(double v) const;
-  std::vector<Tensor> params_;
-  std::vector<std::map<std::string, Tensor>> state_;  // per parameter
-  double lr_;
+
+  const char* name_;  // for error messages: "SGD", "Adam", "AdamW"
+  std::vector<std::map<std::string, Tensor>> state_;  // per parameter, in params() order
+  std::vector<double> initial_lr_;                    // per group
+  double default_lr_, lr_;
   int64_t steps_ = 0;
+};
+
+// The groups of an optimizer whose options are `Options`.
+template <class Options>
+class OptimizerBase : public Optimizer {
+ public:
+  using Group = ParamGroup<Options>;
+  std::vector<Group>& param_groups() { return groups_; }
+  const std::vector<Group>& param_groups() const { return groups_; }
+  // Adds a group; its options default to defaults().
+  void add_param_group(Group g);
+  const Options& defaults() const { return defaults_; }
+  size_t num_param_groups() const override { return groups_.size(); }
+
+ protected:
+  OptimizerBase(const char* name, std::vector<Group> groups, Options defaults);
+  const std::vector<Tensor>& group_params(size_t g) const override { return groups_.at(g).params; }
+  double group_lr(size_t g) const override { return groups_.at(g).options->lr; }
+  void set_group_lr(size_t g, double lr) override { groups_.at(g).options->lr = lr; }
+  std::vector<Group> groups_;
+  Options defaults_;
 };
 
 struct SGDOptions {
   double lr = 1e-2, momentum = 0, dampening = 0, weight_decay = 0;
   bool nesterov = false;
 };
-class SGD : public Optimizer {
+class SGD : public OptimizerBase<SGDOptions> {
  public:
   SGD(std::vector<Tensor> params, SGDOptions o);
+  SGD(std::vector<Group> groups, SGDOptions defaults);
   void step() override;
-
- private:
-  SGDOptions o_;
 };
 
 struct AdamOptions {
   double lr = 1e-3, beta1 = 0.9, beta2 = 0.999, eps = 1e-8, weight_decay = 0;
 };
 // Adam (L2 weight decay added to the gradient); AdamW decouples it (p -= lr * wd * p).
-class Adam : public Optimizer {
+class Adam : public OptimizerBase<AdamOptions> {
  public:
-  Adam(std::vector<Tensor> params, AdamOptions o, bool decoupled_weight_decay = false);
+  Adam(std::vector<Tensor> params, AdamOptions o = {}, bool decoupled_weight_decay = false);
+  Adam(std::vector<Group> groups, AdamOptions defaults = {}, bool decoupled_weight_decay = false);
   void step() override;
 
  private:
-  AdamOptions o_;
   bool decoupled_;
 };
 class AdamW : public Adam {
  public:
   AdamW(std::vector<Tensor> params, AdamOptions o = {.lr = 1e-3, .weight_decay = 1e-2}) : Adam(std::move(params), o, true) {}
+  AdamW(std::vector<Group> groups, AdamOptions defaults = {.lr = 1e-3, .weight_decay = 1e-2})
+      : Adam(std::move(groups), defaults, true) {}
 };
+
+extern template class OptimizerBase<SGDOptions>;
+extern template class OptimizerBase<AdamOptions>;
 
 // Scales gradients in place so their global L2 norm is at most max_norm; returns the norm
 // before clipping (lazy: reading it is a host sync).
 Tensor clip_grad_norm(const std::vector<Tensor>& params, double max_norm);
 
 // Linear warmup from 0 to lr over `warmup` steps, then cosine decay to min_lr at `total`.
+// opt.set_lr(schedule(step)) applies it to every group (see Optimizer::set_lr).
 struct WarmupCosine {
   double lr, min_lr;
   int64_t warmup, total;

@@ -1,5 +1,8 @@
-// Umbrella header of the public API.
+// Umbrella header of the public API (with <iostream>, so std::cout << tensor works, as with
+// libtorch's torch/torch.h).
 #pragma once
+#include <iostream>
+
 #include "tessera/advise.h"
 #include "tessera/bucket.h"
 #include "tessera/data.h"

@@ -208,6 +208,28 @@ void add_reductions_rows(std::vector<Row>& r) {
   });
   add("amax", [g] { return reduction([](const Tensor& x, std::vector<int64_t> d, bool k) { return amax(x, d, k); }, g); });
   add("amin", [g] { return reduction([](const Tensor& x, std::vector<int64_t> d, bool k) { return amin(x, d, k); }, g); });
+  // max(x) / min(x) over everything, and max(x, dim) / min(x, dim): values and indices.
+  auto extreme = [g](bool is_max) {
+    auto all = [is_max](const Tensor& x) { return is_max ? max(x) : min(x); };
+    auto along = [is_max](int64_t d, bool k) {
+      return [is_max, d, k](const std::vector<Tensor>& x) {
+        auto [v, i] = is_max ? max(x[0], d, k) : min(x[0], d, k);
+        return std::vector<Tensor>{v, i};
+      };
+    };
+    auto values = [is_max](const Tensor& x) { return std::get<0>(is_max ? max(x, 1) : min(x, 1)); };
+    return std::vector<Case>{
+        one("f32[3,7] all", input({3, 7}, F32, g), all),
+        one("i64[4,5] strided all", input({4, 5}, I64, integers(-9, 9), L::Strided), all, 0),
+        of("f32[4,7] dim 1", {input({4, 7}, F32, g)}, along(1, false)),
+        of("f32[4,7] ties dim 0 keepdim", {input({4, 7}, F32, integers(-1, 1))}, along(0, true)),
+        of("f64[5,6] permuted dim -1", {input({5, 6}, F64, g, L::Permuted)}, along(-1, false)),
+        of("f32[4,7] nan/inf dim 1", {input({4, 7}, F32, with_specials(g))}, along(1, false)),
+        one("f32[4,6] ties dim 1 grad", input({4, 6}, F32, integers(-1, 1), L::Strided, true), values),
+    };
+  };
+  add("max", [extreme] { return extreme(true); });
+  add("min", [extreme] { return extreme(false); });
   auto arg = [](bool is_max) {
     auto f = [is_max](std::optional<int64_t> d, bool k) {
       return [is_max, d, k](const Tensor& x) { return is_max ? argmax(x, d, k) : argmin(x, d, k); };
@@ -415,14 +437,49 @@ void add_networks_rows(std::vector<Row>& r) {
         of("f32[0,4]", {input({0, 4}, F32, g)}, plain({4})),
     };
   });
+  // ---- losses ----
   add("cross_entropy", [] {
-    Many ce = [](const std::vector<Tensor>& x) { return std::vector<Tensor>{cross_entropy(x[0], x[1])}; };
+    auto with = [](CrossEntropyOptions o) {
+      return Many([o](const std::vector<Tensor>& x) { return std::vector<Tensor>{cross_entropy(x[0], x[1], o)}; });
+    };
+    Many ce = with({});
     Gen g = uniform(-5, 5);
     return std::vector<Case>{
         of("f32[8,5] targets i64", {input({8, 5}, F32, g), input({8}, I64, integers(0, 4))}, ce),
         of("f32[6,7] strided grad, targets i32", {input({6, 7}, F32, g, L::Strided, true), input({6}, I32, integers(0, 6))}, ce),
         of("f64[5,4] permuted grad", {input({5, 4}, F64, g, L::Permuted, true), input({5}, I64, integers(0, 3))}, ce),
         of("f32[4,1000] grad", {input({4, 1000}, F32, g, L::Contiguous, true), input({4}, I64, integers(0, 999))}, ce),
+        of("f32[6,5] ignore 2, smoothing 0.1, grad", {input({6, 5}, F32, g, L::Contiguous, true), input({6}, I64, integers(0, 4))},
+           with({.ignore_index = 2, .label_smoothing = 0.1})),
+        of("f32[6,5] reduction none, ignore 1", {input({6, 5}, F32, g), input({6}, I64, integers(0, 4))},
+           with({.reduction = Reduction::None, .ignore_index = 1})),
+        of("f32[3,4,5] classes along dim 1, sum, grad", {input({3, 4, 5}, F32, g, L::Permuted, true), input({3, 5}, I64, integers(0, 3))},
+           with({.reduction = Reduction::Sum})),
+    };
+  });
+  add("nll_loss", [] {
+    auto with = [](NLLLossOptions o) {
+      return Many([o](const std::vector<Tensor>& x) { return std::vector<Tensor>{nll_loss(x[0], x[1], o)}; });
+    };
+    Gen g = uniform(-4, 0);
+    return std::vector<Case>{
+        of("f32[7,4] targets i64", {input({7, 4}, F32, g), input({7}, I64, integers(0, 3))}, with({})),
+        of("f64[6,5] strided ignore 0 grad", {input({6, 5}, F64, g, L::Strided, true), input({6}, I64, integers(0, 4))},
+           with({.ignore_index = 0})),
+        of("f32[5,3] reduction none grad", {input({5, 3}, F32, g, L::Contiguous, true), input({5}, I32, integers(0, 2))},
+           with({.reduction = Reduction::None})),
+    };
+  });
+  add("mse_loss", [] {
+    auto with = [](Reduction r) {
+      return Many([r](const std::vector<Tensor>& x) { return std::vector<Tensor>{mse_loss(x[0], x[1], r)}; });
+    };
+    Gen g = uniform(-2, 2);
+    return std::vector<Case>{
+        of("f32[4,6] mean grad", {input({4, 6}, F32, g, L::Contiguous, true), input({4, 6}, F32, g, L::Permuted, true)},
+           with(Reduction::Mean)),
+        of("f64[3,5] sum", {input({3, 5}, F64, g), input({3, 5}, F64, g, L::Strided)}, with(Reduction::Sum)),
+        of("f32[2,3,4] none grad", {input({2, 3, 4}, F32, g, L::Strided, true), input({2, 3, 4}, F32, g)}, with(Reduction::None)),
     };
   });
 }

@@ -198,7 +198,7 @@ struct Builder {
       if (uni(r, 0, 1)) dims.push_back(d);
     if (dims.empty()) dims.push_back(uni(r, 0, a.dim() - 1));
     bool keep = uni(r, 0, 1);
-    Tensor y = uni(r, 0, 1) ? a.sum(dims, keep) : a.max(dims, keep);
+    Tensor y = uni(r, 0, 1) ? a.sum(dims, keep) : a.amax(dims, keep);
     return y.dim() == 0 ? y.reshape({1}) : y;
   }
 

@@ -9,6 +9,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <random>
 #include <sstream>
 
 #include "core/fail.h"
@@ -162,6 +163,23 @@ std::pair<Tensor, Tensor> TextDataset::batch_at(Split s, const std::vector<int64
   Shape shape{int64_t(starts.size()), block_};
   TensorOptions o{DType::Int64, d};
   return {from_vector<int64_t>(x, shape, o), from_vector<int64_t>(y, shape, o)};
+}
+
+void TextDataset::seed(uint64_t s) {
+  seed_ = s;
+  drawn_ = 0;
+}
+
+std::pair<Tensor, Tensor> TextDataset::batch(int64_t batch, const Device& d, Split s) {
+  if (batch < 1) fail("batch", "batch size must be positive, got " + std::to_string(batch));
+  if (size(s) < 1)
+    fail("batch", std::string("the ") + split_name(s) + " split has no window of block + 1 = " + std::to_string(block_ + 1) + " tokens");
+  // Batch k draws from its own generator, seeded from (seed, k).
+  std::mt19937_64 gen(seed_ * 0x9E3779B97F4A7C15ull + drawn_++);
+  std::uniform_int_distribution<int64_t> start(0, size(s) - 1);
+  std::vector<int64_t> starts(static_cast<size_t>(batch));
+  for (int64_t& st : starts) st = start(gen);
+  return batch_at(s, starts, d);
 }
 
 // ---- DataLoader ----

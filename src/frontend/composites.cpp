@@ -141,8 +141,6 @@ Tensor logical_not(const Tensor& a) {
 }
 
 // ---- reductions ----
-Tensor sum(const Tensor& a, std::vector<int64_t> dims, bool keepdim) { return a.sum(std::move(dims), keepdim); }
-
 Tensor mean(const Tensor& a, std::vector<int64_t> dims, bool keepdim) {
   need(a, "mean");
   Tensor x = floating(a, "mean");
@@ -160,15 +158,13 @@ static void check_extreme(const Tensor& a, const std::vector<int64_t>& dims, con
     if (reduced && a.shape()[d] == 0) fail(op, "cannot reduce over the empty dimension " + std::to_string(d) + " of " + desc(a));
   }
 }
-Tensor amax(const Tensor& a, std::vector<int64_t> dims, bool keepdim) {
-  check_extreme(a, dims, "amax");
-  return a.max(std::move(dims), keepdim);
-}
 Tensor amin(const Tensor& a, std::vector<int64_t> dims, bool keepdim) {
   check_extreme(a, dims, "amin");
   if (a.dtype() == DType::Bool) fail("amin", "not defined for bool tensors, got " + desc(a));
-  return -(-a).max(std::move(dims), keepdim);
+  return -amax(-a, std::move(dims), keepdim);
 }
+Tensor max(const Tensor& a) { return amax(a); }
+Tensor min(const Tensor& a) { return amin(a); }
 
 static Tensor arg_extreme(const Tensor& a, std::optional<int64_t> dim, bool keepdim, bool is_max, const char* op) {
   need(a, op);
@@ -177,16 +173,28 @@ static Tensor arg_extreme(const Tensor& a, std::optional<int64_t> dim, bool keep
   int64_t n = x.shape()[d];
   if (n == 0) fail(op, "cannot take the index of an extreme over an empty dimension of " + desc(a));
   Tensor v = is_max ? x : -x.to(is_floating(x.dtype()) ? x.dtype() : DType::Int64);
-  Tensor m = v.max({d}, true);
+  Tensor m = amax(v, {d}, true);
   Tensor pos = position(n, d, x.dim(), x.device());
   // The first extreme: the largest -position among the extremes.
   Tensor cand = where(v == m, -pos, full_like(pos, -double(n)));
-  Tensor r = -cand.max({d}, true);
+  Tensor r = -amax(cand, {d}, true);
   if (!dim) return keepdim ? r.reshape(Shape(size_t(a.dim()), 1)) : r.reshape({});
   return keepdim ? r : squeeze(r, d);
 }
 Tensor argmax(const Tensor& a, std::optional<int64_t> dim, bool keepdim) { return arg_extreme(a, dim, keepdim, true, "argmax"); }
 Tensor argmin(const Tensor& a, std::optional<int64_t> dim, bool keepdim) { return arg_extreme(a, dim, keepdim, false, "argmin"); }
+// The values are amax/amin over dim: the same maximum node argmax builds (interned once), and
+// its gradient goes to the first extreme, the element the index names.
+static std::tuple<Tensor, Tensor> extreme_along(const Tensor& a, int64_t dim, bool keepdim, bool is_max) {
+  const char* op = is_max ? "max" : "min";
+  need(a, op);
+  int64_t d = wrap_dim(dim, a.shape(), op);
+  if (a.shape()[d] == 0) fail(op, "cannot reduce over the empty dimension " + std::to_string(d) + " of " + desc(a));
+  if (is_max) return {amax(a, {d}, keepdim), argmax(a, d, keepdim)};
+  return {amin(a, {d}, keepdim), argmin(a, d, keepdim)};
+}
+std::tuple<Tensor, Tensor> max(const Tensor& a, int64_t dim, bool keepdim) { return extreme_along(a, dim, keepdim, true); }
+std::tuple<Tensor, Tensor> min(const Tensor& a, int64_t dim, bool keepdim) { return extreme_along(a, dim, keepdim, false); }
 
 Tensor var(const Tensor& a, std::vector<int64_t> dims, int64_t correction, bool keepdim) {
   need(a, "var");
@@ -206,7 +214,7 @@ Tensor logsumexp(const Tensor& a, std::vector<int64_t> dims, bool keepdim) {
   check_dims(a, dims, "logsumexp");
   Tensor x = floating(a, "logsumexp");
   if (x.numel() == 0) return full(x.sum(dims, keepdim).shape(), -INFINITY, {x.dtype(), x.device()});  // log(0)
-  Tensor m = x.max(dims, true).detach();
+  Tensor m = amax(x, dims, true).detach();
   m = where(eq(abs(m), full_like(m, INFINITY)), zeros_like(m), m);  // all -inf (or inf) rows: shift by 0
   Tensor r = log(exp(x - m).sum(dims, true)) + m;
   if (keepdim) return r;
@@ -352,7 +360,7 @@ Tensor softmax(const Tensor& a, int64_t dim) {
   need(a, "softmax");
   Tensor x = floating(a, "softmax");
   int64_t d = wrap_dim(dim, x.shape(), "softmax");
-  Tensor e = exp(x - x.max({d}, true).detach());  // the shift cancels in the gradient
+  Tensor e = exp(x - amax(x, {d}, true).detach());  // the shift cancels in the gradient
   return e / e.sum({d}, true);
 }
 
@@ -360,7 +368,7 @@ Tensor log_softmax(const Tensor& a, int64_t dim) {
   need(a, "log_softmax");
   Tensor x = floating(a, "log_softmax");
   int64_t d = wrap_dim(dim, x.shape(), "log_softmax");
-  Tensor z = x - x.max({d}, true).detach();
+  Tensor z = x - amax(x, {d}, true).detach();
   return z - log(exp(z).sum({d}, true));
 }
 
@@ -381,16 +389,6 @@ Tensor layer_norm(const Tensor& a, const Shape& normalized_shape, const Tensor& 
   if (weight.defined()) y = y * weight;
   if (bias.defined()) y = y + bias;
   return y;
-}
-
-Tensor cross_entropy(const Tensor& logits, const Tensor& target) {
-  need(logits, "cross_entropy");
-  need(target, "cross_entropy");
-  if (logits.dim() != 2) fail("cross_entropy", "logits must be [N, C], got " + desc(logits));
-  if (!is_integral(target.dtype()) || target.shape() != Shape{logits.shape()[0]})
-    fail("cross_entropy", "target must be integers of shape [" + std::to_string(logits.shape()[0]) + "], got " + desc(target));
-  Tensor lp = log_softmax(logits, 1);
-  return -mean(gather(lp, 1, target.reshape({-1, 1})));
 }
 
 }  // namespace tessera

@@ -5,6 +5,7 @@
 #include "autodiff/autograd.h"
 #include "tensor/tensor_impl.h"
 #include "core/fail.h"
+#include "tessera/ops.h"
 
 namespace tessera {
 namespace {
@@ -20,7 +21,7 @@ Tensor T(NodePtr n, const std::vector<const Tensor*>& inputs = {}) {
   autodiff::record(t, inputs);
   return t;
 }
-Tensor view(NodePtr n, const Tensor& input) {
+Tensor as_view(NodePtr n, const Tensor& input) {
   Tensor t = T(std::move(n), {&input});
   detail::impl_of(t)->is_view = true;
   return t;
@@ -96,8 +97,7 @@ std::vector<int64_t> reduce_axes(const Tensor& a, std::vector<int64_t> dims, con
   return dims;
 }
 
-Tensor reduce(Op op, const Tensor& a, std::vector<int64_t> dims, bool keepdim) {
-  const char* name = op == Op::ReduceSum ? "sum" : "max";
+Tensor reduce(Op op, const Tensor& a, std::vector<int64_t> dims, bool keepdim, const char* name) {
   if (!a.defined()) fail(name, "called on an undefined tensor");
   std::vector<int64_t> axes = reduce_axes(a, std::move(dims), name);
   NodePtr x = N(a);
@@ -194,19 +194,16 @@ Tensor operator>(const Tensor& a, double s) { return binary_scalar(Op::Gt, a, s,
 Tensor operator<=(const Tensor& a, double s) { return binary_scalar(Op::Le, a, s, false); }
 Tensor operator>=(const Tensor& a, double s) { return binary_scalar(Op::Ge, a, s, false); }
 
-Tensor Tensor::operator-() const {
-  if (dtype() == DType::Bool) fail("neg", "not defined for bool tensors, got " + desc(*this));
-  return T(ir::make(Op::Neg, {N(*this)}), {this});
-}
-Tensor Tensor::exp() const { return tessera::exp(*this); }
-Tensor Tensor::log() const { return tessera::log(*this); }
-Tensor Tensor::tanh() const { return tessera::tanh(*this); }
 Tensor Tensor::to(DType t) const {
   if (!defined()) fail("cast", "called on an undefined tensor");
   return t == dtype() ? *this : T(cast(N(*this), t), {this});
 }
 
-Tensor neg(const Tensor& a) { return -a; }
+Tensor neg(const Tensor& a) {
+  if (!a.defined()) fail("neg", "called on an undefined tensor");
+  if (a.dtype() == DType::Bool) fail("neg", "not defined for bool tensors, got " + desc(a));
+  return T(ir::make(Op::Neg, {N(a)}), {&a});
+}
 Tensor sqrt(const Tensor& a) { return unary_float(Op::Sqrt, a); }
 Tensor sin(const Tensor& a) { return unary_float(Op::Sin, a); }
 Tensor cos(const Tensor& a) { return unary_float(Op::Cos, a); }
@@ -235,75 +232,77 @@ Tensor dynamic_update_slice(const Tensor& a, const Tensor& update, const Tensor&
 }
 
 // ---- reductions ----
-Tensor Tensor::sum(std::vector<int64_t> dims, bool keepdim) const { return reduce(Op::ReduceSum, *this, std::move(dims), keepdim); }
-Tensor Tensor::max(std::vector<int64_t> dims, bool keepdim) const { return reduce(Op::ReduceMax, *this, std::move(dims), keepdim); }
+Tensor sum(const Tensor& a, std::vector<int64_t> dims, bool keepdim) { return reduce(Op::ReduceSum, a, std::move(dims), keepdim, "sum"); }
+Tensor amax(const Tensor& a, std::vector<int64_t> dims, bool keepdim) { return reduce(Op::ReduceMax, a, std::move(dims), keepdim, "amax"); }
 
 // ---- movement ----
-Tensor Tensor::reshape(Shape s) const {
-  if (!defined()) fail("reshape", "called on an undefined tensor");
+Tensor reshape(const Tensor& a, Shape s) {
+  if (!a.defined()) fail("reshape", "called on an undefined tensor");
   int64_t infer = -1, known = 1;
   for (size_t i = 0; i < s.size(); ++i) {
     if (s[i] == -1) {
       if (infer >= 0) fail("reshape", "only one dimension can be -1, got " + shape_str(s));
       infer = int64_t(i);
     } else if (s[i] < 0) {
-      fail("reshape", "invalid shape " + shape_str(s) + " for " + desc(*this));
+      fail("reshape", "invalid shape " + shape_str(s) + " for " + desc(a));
     } else {
       known *= s[i];
     }
   }
   if (infer >= 0) {
-    if (known == 0 || numel() % known != 0) fail("reshape", "cannot reshape " + desc(*this) + " to " + shape_str(s));
-    s[infer] = numel() / known;
+    if (known == 0 || a.numel() % known != 0) fail("reshape", "cannot reshape " + desc(a) + " to " + shape_str(s));
+    s[infer] = a.numel() / known;
   }
-  if (tessera::numel(s) != numel()) fail("reshape", "cannot reshape " + desc(*this) + " to " + shape_str(s));
-  return view(reshape_node(N(*this), s), *this);
+  if (numel(s) != a.numel()) fail("reshape", "cannot reshape " + desc(a) + " to " + shape_str(s));
+  return as_view(reshape_node(N(a), s), a);
 }
 
-Tensor Tensor::permute(std::vector<int64_t> perm) const {
-  if (!defined()) fail("permute", "called on an undefined tensor");
-  if (int64_t(perm.size()) != dim())
-    fail("permute", "permutation of length " + std::to_string(perm.size()) + " for " + desc(*this));
-  for (auto& p : perm) p = wrap_dim(p, shape(), "permute");
-  return view(ir::make(Op::Permute, {N(*this)}, Attrs{perm, 0}), *this);
+Tensor permute(const Tensor& a, std::vector<int64_t> perm) {
+  if (!a.defined()) fail("permute", "called on an undefined tensor");
+  if (int64_t(perm.size()) != a.dim())
+    fail("permute", "permutation of length " + std::to_string(perm.size()) + " for " + desc(a));
+  for (auto& p : perm) p = wrap_dim(p, a.shape(), "permute");
+  return as_view(ir::make(Op::Permute, {N(a)}, Attrs{perm, 0}), a);
 }
 
-Tensor Tensor::transpose(int64_t a, int64_t b) const {
-  std::vector<int64_t> perm(static_cast<size_t>(dim()));
-  for (int64_t i = 0; i < dim(); ++i) perm[i] = i;
-  std::swap(perm[wrap_dim(a, shape(), "transpose")], perm[wrap_dim(b, shape(), "transpose")]);
-  return permute(perm);
+Tensor transpose(const Tensor& a, int64_t d0, int64_t d1) {
+  if (!a.defined()) fail("transpose", "called on an undefined tensor");
+  std::vector<int64_t> perm(static_cast<size_t>(a.dim()));
+  for (int64_t i = 0; i < a.dim(); ++i) perm[i] = i;
+  std::swap(perm[wrap_dim(d0, a.shape(), "transpose")], perm[wrap_dim(d1, a.shape(), "transpose")]);
+  return permute(a, perm);
 }
 
-Tensor Tensor::expand(Shape s) const {
-  if (!defined()) fail("expand", "called on an undefined tensor");
-  if (s.size() < shape().size()) fail("expand", "cannot expand " + desc(*this) + " to fewer dimensions " + shape_str(s));
-  size_t lead = s.size() - shape().size();
+Tensor expand(const Tensor& a, Shape s) {
+  if (!a.defined()) fail("expand", "called on an undefined tensor");
+  const Shape& have_shape = a.shape();
+  if (s.size() < have_shape.size()) fail("expand", "cannot expand " + desc(a) + " to fewer dimensions " + shape_str(s));
+  size_t lead = s.size() - have_shape.size();
   for (size_t i = 0; i < s.size(); ++i) {
     if (s[i] == -1) {
       if (i < lead) fail("expand", "-1 is not allowed for new leading dimensions in " + shape_str(s));
-      s[i] = shape()[i - lead];
+      s[i] = have_shape[i - lead];
     }
-    int64_t have = i < lead ? 1 : shape()[i - lead];
-    if (s[i] != have && have != 1) fail("expand", "cannot expand " + desc(*this) + " to " + shape_str(s));
+    int64_t have = i < lead ? 1 : have_shape[i - lead];
+    if (s[i] != have && have != 1) fail("expand", "cannot expand " + desc(a) + " to " + shape_str(s));
   }
-  return view(broadcast_to(N(*this), s), *this);
+  return as_view(broadcast_to(N(a), s), a);
 }
 
-Tensor Tensor::slice(int64_t d, int64_t start, int64_t stop, int64_t step) const {
-  if (!defined()) fail("slice", "called on an undefined tensor");
-  d = wrap_dim(d, shape(), "slice");
-  if (step < 1) fail("slice", "step must be positive, got " + std::to_string(step) + " for " + desc(*this));
-  int64_t n = shape()[d];
+Tensor slice(const Tensor& a, int64_t d, int64_t start, int64_t stop, int64_t step) {
+  if (!a.defined()) fail("slice", "called on an undefined tensor");
+  d = wrap_dim(d, a.shape(), "slice");
+  if (step < 1) fail("slice", "step must be positive, got " + std::to_string(step) + " for " + desc(a));
+  int64_t n = a.shape()[d];
   auto clampi = [n](int64_t v) { return std::clamp<int64_t>(v < 0 ? v + n : v, 0, n); };
   start = clampi(start);
   stop = std::max(start, clampi(stop));
   std::vector<int64_t> v;
-  for (int64_t k = 0; k < dim(); ++k) {
+  for (int64_t k = 0; k < a.dim(); ++k) {
     if (k == d) v.insert(v.end(), {start, stop, step});
-    else v.insert(v.end(), {0, shape()[k], 1});
+    else v.insert(v.end(), {0, a.shape()[k], 1});
   }
-  return view(ir::make(Op::Slice, {N(*this)}, Attrs{v, 0}), *this);
+  return as_view(ir::make(Op::Slice, {N(a)}, Attrs{v, 0}), a);
 }
 
 Tensor pad(const Tensor& a, const std::vector<int64_t>& pads, double value) {
@@ -372,7 +371,6 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
   if (b.dim() > 1) out.push_back(ys.back());
   return T(reshape_node(r, out), {&a, &b});
 }
-Tensor Tensor::matmul(const Tensor& o) const { return tessera::matmul(*this, o); }
 
 Tensor gather(const Tensor& a, int64_t dim, const Tensor& index) {
   if (!a.defined() || !index.defined()) fail("gather", "called on an undefined tensor");
@@ -385,8 +383,10 @@ Tensor& Tensor::add_(const Tensor& o) { check_inplace(*this, "add_"); return ass
 Tensor& Tensor::add_(double s) { check_inplace(*this, "add_"); return assign(*this, *this + s, "add_"); }
 Tensor& Tensor::sub_(const Tensor& o) { check_inplace(*this, "sub_"); return assign(*this, sub(*this, o), "sub_"); }
 Tensor& Tensor::mul_(const Tensor& o) { check_inplace(*this, "mul_"); return assign(*this, mul(*this, o), "mul_"); }
+Tensor& Tensor::sub_(double s) { check_inplace(*this, "sub_"); return assign(*this, *this - s, "sub_"); }
 Tensor& Tensor::mul_(double s) { check_inplace(*this, "mul_"); return assign(*this, *this * s, "mul_"); }
 Tensor& Tensor::div_(const Tensor& o) { check_inplace(*this, "div_"); return assign(*this, div(*this, o), "div_"); }
+Tensor& Tensor::div_(double s) { check_inplace(*this, "div_"); return assign(*this, *this / s, "div_"); }
 Tensor& Tensor::copy_(const Tensor& src) {
   check_inplace(*this, "copy_");
   if (!src.defined()) fail("copy_", "source is undefined");
@@ -395,6 +395,20 @@ Tensor& Tensor::copy_(const Tensor& src) {
   NodePtr n = broadcast_to(cast(N(src), dtype()), shape());
   if (n->shape != shape()) fail("copy_", "cannot broadcast " + desc(src) + " to " + desc(*this));
   return assign(*this, T(n, {&src}), "copy_");
+}
+
+Tensor& Tensor::fill_(double value) {
+  check_inplace(*this, "fill_");
+  return assign(*this, full(shape(), value, {promote_scalar(dtype(), value), device()}).to(dtype()), "fill_");  // cast like PyTorch
+}
+Tensor& Tensor::zero_() { return fill_(0); }
+Tensor& Tensor::index_put_(const std::vector<indexing::TensorIndex>& indices, const Tensor& value) {
+  check_inplace(*this, "index_put_");
+  return assign(*this, index_put(*this, indices, value), "index_put_");
+}
+Tensor& Tensor::index_put_(const std::vector<indexing::TensorIndex>& indices, double value) {
+  check_inplace(*this, "index_put_");
+  return index_put_(indices, full({}, value, {promote_scalar(dtype(), value), device()}));  // cast like PyTorch
 }
 
 // ---- factories ----

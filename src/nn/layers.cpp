@@ -51,37 +51,4 @@ Tensor Dropout::forward(const Tensor& x) {
   return where(keep, x * (1.0 / (1.0 - p)), zeros({}, {x.dtype(), x.device()}));
 }
 
-// ---- losses ----
-Tensor nll_loss(const Tensor& logp, const Tensor& target, int64_t ignore_index) {
-  if (!logp.defined() || !target.defined()) fail("nll_loss", "called on an undefined tensor");
-  if (logp.dim() != 2 || !is_integral(target.dtype()) || target.shape() != Shape{logp.shape()[0]})
-    fail("nll_loss", "expects log-probabilities [N, C] and integer targets [N], got " + shape_str(logp.shape()) + " and " +
-                         dtype_name(target.dtype()) + shape_str(target.shape()));
-  Tensor keep = ne(target, full({}, double(ignore_index), {target.dtype(), target.device()}));
-  Tensor safe = where(keep, target, zeros({}, {target.dtype(), target.device()}));
-  Tensor picked = gather(logp, 1, safe.reshape({-1, 1})).reshape({-1});
-  Tensor w = keep.to(logp.dtype());
-  return -(picked * w).sum() / w.sum();
-}
-
-Tensor cross_entropy(const Tensor& logits, const Tensor& target, int64_t ignore_index, double smoothing) {
-  if (!logits.defined() || !target.defined()) fail("cross_entropy", "called on an undefined tensor");
-  if (logits.dim() != 2) fail("cross_entropy", "logits must be [N, C], got " + shape_str(logits.shape()));
-  if (smoothing < 0 || smoothing > 1) fail("cross_entropy", "label smoothing must be in [0, 1], got " + std::to_string(smoothing));
-  Tensor logp = log_softmax(logits, 1);
-  Tensor loss = nll_loss(logp, target, ignore_index);
-  if (smoothing == 0) return loss;
-  // PyTorch: (1 - e) * nll + e * mean over classes of -log p, averaged over kept targets.
-  Tensor keep = ne(target, full({}, double(ignore_index), {target.dtype(), target.device()})).to(logp.dtype());
-  Tensor uniform_term = -(mean(logp, {1}) * keep).sum() / keep.sum();
-  return loss * (1 - smoothing) + uniform_term * smoothing;
-}
-
-Tensor mse_loss(const Tensor& a, const Tensor& b) {
-  if (!a.defined() || !b.defined()) fail("mse_loss", "called on an undefined tensor");
-  if (a.shape() != b.shape()) fail("mse_loss", "input " + shape_str(a.shape()) + " and target " + shape_str(b.shape()) + " differ");
-  Tensor d = a - b;
-  return mean(d * d);
-}
-
 }  // namespace tessera::nn

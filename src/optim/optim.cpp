@@ -1,30 +1,81 @@
 #include "tessera/optim.h"
 
+#include <algorithm>
 #include <cmath>
+#include <optional>
+#include <utility>
 
 #include "core/fail.h"
 #include "tessera/ops.h"
 
 namespace tessera::optim {
 
-Optimizer::Optimizer(std::vector<Tensor> params, double lr) : params_(std::move(params)), state_(params_.size()), lr_(lr) {
-  if (lr < 0) fail("optimizer", "learning rate must be non-negative, got " + std::to_string(lr), "");
-  for (auto& p : params_)
-    if (!p.defined() || !p.requires_grad()) fail("optimizer", "every parameter must be a defined tensor that requires grad", "");
+// ---- Optimizer: groups, rates, checkpoints ----
+Optimizer::Optimizer(const char* name, double default_lr) : name_(name), default_lr_(default_lr), lr_(default_lr) {}
+
+void Optimizer::register_group(const std::vector<Tensor>& params, double lr) {
+  if (lr < 0) fail(name_, "learning rate must be non-negative, got " + std::to_string(lr), "");
+  std::vector<Tensor> known = this->params();
+  for (size_t i = 0; i < params.size(); ++i) {
+    const Tensor& p = params[i];
+    if (!p.defined() || !p.requires_grad()) fail(name_, "every parameter must be a defined tensor that requires grad", "");
+    auto same = [&](const Tensor& q) { return q.is_same(p); };
+    if (std::any_of(known.begin(), known.end(), same) || std::any_of(params.begin(), params.begin() + i, same))
+      fail(name_, "a parameter " + shape_str(p.shape()) + " appears twice (in one group or in two groups)", "");
+  }
+  state_.resize(state_.size() + params.size());
+  initial_lr_.push_back(lr);
+}
+
+std::vector<Tensor> Optimizer::params() const {
+  std::vector<Tensor> r;
+  for (size_t g = 0; g < num_param_groups(); ++g) r.insert(r.end(), group_params(g).begin(), group_params(g).end());
+  return r;
 }
 
 void Optimizer::zero_grad() {
-  for (auto& p : params_) p.set_grad(Tensor());
+  for (size_t g = 0; g < num_param_groups(); ++g)
+    for (Tensor p : group_params(g)) p.set_grad(Tensor());
+}
+
+void Optimizer::set_lr(double lr) {
+  lr_ = lr;
+  // The ratio first: a group at the defaults' rate gets exactly lr.
+  for (size_t g = 0; g < num_param_groups(); ++g) set_group_lr(g, default_lr_ > 0 ? lr * (initial_lr_[g] / default_lr_) : lr);
+}
+double Optimizer::lr(size_t group) const {
+  if (group >= num_param_groups()) fail(name_, "no parameter group " + std::to_string(group), "");
+  return group_lr(group);
+}
+void Optimizer::set_lr(size_t group, double lr) {
+  if (group >= num_param_groups()) fail(name_, "no parameter group " + std::to_string(group), "");
+  set_group_lr(group, lr);
 }
 
 Tensor Optimizer::runtime_scalar(double v) const {
-  Device d = params_.empty() ? Device("cpu") : params_[0].device();
-  return from_vector<double>({v}, {}, {DType::Float32, d});
+  for (size_t g = 0; g < num_param_groups(); ++g)
+    if (!group_params(g).empty()) return from_vector<double>({v}, {}, {DType::Float32, group_params(g)[0].device()});
+  return from_vector<double>({v}, {}, {DType::Float32, Device("cpu")});
 }
+
+namespace {
+Tensor host_scalar(double v, DType t) { return from_vector<double>({v}, {}, {t, Device("cpu")}); }
+// Splits "<index>.<name>" (a decimal index); nullopt for any other key.
+std::optional<std::pair<size_t, std::string>> indexed(const std::string& key) {
+  size_t dot = key.find('.');
+  if (dot == 0 || dot == std::string::npos || dot > 9 || key.find_first_not_of("0123456789") != dot) return std::nullopt;
+  return std::pair{size_t(std::stoul(key.substr(0, dot))), key.substr(dot + 1)};
+}
+}  // namespace
 
 std::map<std::string, Tensor> Optimizer::state_dict() const {
   std::map<std::string, Tensor> r;
-  r["step"] = from_vector<int64_t>({steps_}, {}, {DType::Int64, Device("cpu")});
+  r["step"] = host_scalar(double(steps_), DType::Int64);
+  r["lr"] = host_scalar(lr_, DType::Float64);
+  for (size_t g = 0; g < num_param_groups(); ++g) {
+    r["param_groups." + std::to_string(g) + ".lr"] = host_scalar(group_lr(g), DType::Float64);
+    r["param_groups." + std::to_string(g) + ".params"] = host_scalar(double(group_params(g).size()), DType::Int64);
+  }
   for (size_t i = 0; i < state_.size(); ++i)
     for (auto& [name, t] : state_[i]) r[std::to_string(i) + "." + name] = t;
   return r;
@@ -32,84 +83,134 @@ std::map<std::string, Tensor> Optimizer::state_dict() const {
 
 void Optimizer::load_state_dict(const std::map<std::string, Tensor>& sd) {
   auto it = sd.find("step");
-  if (it == sd.end()) fail("optimizer", "state has no 'step' entry", "");
-  steps_ = int64_t(it->second.item());
-  for (auto& s : state_) s.clear();
+  if (it == sd.end()) fail(name_, "state has no 'step' entry", "");
+  // Groups first: their layout must be this optimizer's before any state is taken.
+  std::map<size_t, std::pair<double, int64_t>> groups;  // g -> (lr, parameter count)
   for (auto& [key, t] : sd) {
-    if (key == "step") continue;
-    auto dot = key.find('.');
-    size_t i = dot == std::string::npos ? state_.size() : size_t(std::stoul(key.substr(0, dot)));
-    if (i >= state_.size()) fail("optimizer", "state entry '" + key + "' names no parameter of this optimizer", "");
-    if (t.shape() != params_[i].shape())
-      fail("optimizer", "state entry '" + key + "' has shape " + shape_str(t.shape()) + ", parameter " + shape_str(params_[i].shape()), "");
-    state_[i][key.substr(dot + 1)] = t.device() == params_[i].device() ? t : t.to(params_[i].device());
+    if (key.rfind("param_groups.", 0) != 0) continue;
+    auto g = indexed(key.substr(13));
+    if (g && g->second == "lr") groups[g->first].first = t.item();
+    else if (g && g->second == "params") groups[g->first].second = t.item<int64_t>();
+    else fail(name_, "state entry '" + key + "' is not a group's lr or params", "");
   }
+  if (!groups.empty()) {
+    std::string want, have;
+    for (size_t g = 0; g < num_param_groups(); ++g) have += (g ? ", " : "") + std::to_string(group_params(g).size());
+    for (auto& [g, v] : groups) want += (want.empty() ? "" : ", ") + std::to_string(v.second);
+    bool same = groups.size() == num_param_groups();
+    for (size_t g = 0; same && g < num_param_groups(); ++g)
+      same = groups.count(g) && groups[g].second == int64_t(group_params(g).size());
+    if (!same) fail(name_, "the state's parameter groups have sizes [" + want + "], this optimizer's [" + have + "]", "");
+  }
+  std::vector<Tensor> ps = params();
+  std::vector<std::map<std::string, Tensor>> state(state_.size());
+  for (auto& [key, t] : sd) {
+    if (key == "step" || key == "lr" || key.rfind("param_groups.", 0) == 0) continue;
+    auto entry = indexed(key);
+    if (!entry || entry->first >= state.size()) fail(name_, "state entry '" + key + "' names no parameter of this optimizer", "");
+    const Tensor& p = ps[entry->first];
+    if (t.shape() != p.shape())
+      fail(name_, "state entry '" + key + "' has shape " + shape_str(t.shape()) + ", parameter " + shape_str(p.shape()), "");
+    state[entry->first][entry->second] = t.device() == p.device() ? t : t.to(p.device());
+  }
+  state_ = std::move(state);
+  steps_ = it->second.item<int64_t>();
+  for (auto& [g, v] : groups) set_group_lr(g, v.first);
+  if (auto l = sd.find("lr"); l != sd.end()) lr_ = l->second.item();
+}
+
+// Each optimizer's own checks of its options.
+static void check_options(const SGDOptions& o, const char* name) {
+  if (o.nesterov && (o.momentum <= 0 || o.dampening != 0)) fail(name, "Nesterov momentum needs momentum > 0 and zero dampening", "");
+}
+static void check_options(const AdamOptions& o, const char* name) {
+  if (o.beta1 < 0 || o.beta1 >= 1 || o.beta2 < 0 || o.beta2 >= 1) fail(name, "betas must be in [0, 1)", "");
+}
+
+template <class Options>
+OptimizerBase<Options>::OptimizerBase(const char* name, std::vector<Group> groups, Options defaults)
+    : Optimizer(name, defaults.lr), defaults_(defaults) {
+  for (auto& g : groups) add_param_group(std::move(g));
+}
+
+template <class Options>
+void OptimizerBase<Options>::add_param_group(Group g) {
+  if (!g.options) g.options = defaults_;
+  check_options(*g.options, name_);
+  register_group(g.params, g.options->lr);
+  groups_.push_back(std::move(g));
 }
 
 // ---- SGD ----
-SGD::SGD(std::vector<Tensor> params, SGDOptions o) : Optimizer(std::move(params), o.lr), o_(o) {
-  if (o.nesterov && (o.momentum <= 0 || o.dampening != 0))
-    fail("SGD", "Nesterov momentum needs momentum > 0 and zero dampening", "");
-}
+SGD::SGD(std::vector<Tensor> params, SGDOptions o) : SGD(std::vector<Group>{{std::move(params)}}, o) {}
+SGD::SGD(std::vector<Group> groups, SGDOptions defaults) : OptimizerBase("SGD", std::move(groups), defaults) {}
 
 void SGD::step() {
   NoGradGuard ng;
-  Tensor lr = runtime_scalar(lr_);
-  for (size_t i = 0; i < params_.size(); ++i) {
-    Tensor& p = params_[i];
-    Tensor g = p.grad();
-    if (!g.defined()) continue;
-    if (o_.weight_decay != 0) g = g + p * o_.weight_decay;
-    if (o_.momentum != 0) {
-      auto it = state_[i].find("momentum_buffer");
-      if (it == state_[i].end()) {
-        state_[i]["momentum_buffer"] = g * 1.0;  // first step: the buffer is the gradient
-      } else {
-        it->second.mul_(o_.momentum).add_(g * (1 - o_.dampening));
+  size_t i = 0;  // the parameter's index in state_
+  for (Group& group : groups_) {
+    const SGDOptions& o = *group.options;
+    Tensor lr = runtime_scalar(o.lr);
+    for (Tensor& p : group.params) {
+      auto& st = state_[i++];
+      Tensor g = p.grad();
+      if (!g.defined()) continue;
+      if (o.weight_decay != 0) g = g + p * o.weight_decay;
+      if (o.momentum != 0) {
+        auto it = st.find("momentum_buffer");
+        if (it == st.end()) {
+          st["momentum_buffer"] = g * 1.0;  // first step: the buffer is the gradient
+        } else {
+          it->second.mul_(o.momentum).add_(g * (1 - o.dampening));
+        }
+        Tensor buf = st["momentum_buffer"];
+        g = o.nesterov ? g + buf * o.momentum : buf;
       }
-      Tensor buf = state_[i]["momentum_buffer"];
-      g = o_.nesterov ? g + buf * o_.momentum : buf;
+      p.sub_(g * lr);
     }
-    p.sub_(g * lr);
   }
   ++steps_;
 }
 
 // ---- Adam / AdamW ----
-Adam::Adam(std::vector<Tensor> params, AdamOptions o, bool decoupled)
-    : Optimizer(std::move(params), o.lr), o_(o), decoupled_(decoupled) {
-  if (o.beta1 < 0 || o.beta1 >= 1 || o.beta2 < 0 || o.beta2 >= 1)
-    fail(decoupled ? "AdamW" : "Adam", "betas must be in [0, 1)", "");
-}
+Adam::Adam(std::vector<Tensor> params, AdamOptions o, bool decoupled) : Adam(std::vector<Group>{{std::move(params)}}, o, decoupled) {}
+Adam::Adam(std::vector<Group> groups, AdamOptions defaults, bool decoupled)
+    : OptimizerBase(decoupled ? "AdamW" : "Adam", std::move(groups), defaults), decoupled_(decoupled) {}
 
 void Adam::step() {
   NoGradGuard ng;
   ++steps_;
-  double bc1 = 1 - std::pow(o_.beta1, double(steps_)), bc2 = 1 - std::pow(o_.beta2, double(steps_));
-  // Step-dependent factors are runtime scalars: the graph is the same at every step.
-  Tensor step_size = runtime_scalar(lr_ / bc1), inv_sqrt_bc2 = runtime_scalar(1 / std::sqrt(bc2));
-  Tensor decay = runtime_scalar(1 - lr_ * o_.weight_decay);
-  for (size_t i = 0; i < params_.size(); ++i) {
-    Tensor& p = params_[i];
-    Tensor g = p.grad();
-    if (!g.defined()) continue;
-    if (o_.weight_decay != 0) {
-      if (decoupled_) p.mul_(decay);
-      else g = g + p * o_.weight_decay;
+  size_t i = 0;  // the parameter's index in state_
+  for (Group& group : groups_) {
+    const AdamOptions& o = *group.options;
+    double bc1 = 1 - std::pow(o.beta1, double(steps_)), bc2 = 1 - std::pow(o.beta2, double(steps_));
+    // Step-dependent factors are runtime scalars: the graph is the same at every step.
+    Tensor step_size = runtime_scalar(o.lr / bc1), inv_sqrt_bc2 = runtime_scalar(1 / std::sqrt(bc2));
+    Tensor decay = runtime_scalar(1 - o.lr * o.weight_decay);
+    for (Tensor& p : group.params) {
+      auto& st = state_[i++];
+      Tensor g = p.grad();
+      if (!g.defined()) continue;
+      if (o.weight_decay != 0) {
+        if (decoupled_) p.mul_(decay);
+        else g = g + p * o.weight_decay;
+      }
+      if (!st.count("exp_avg")) {
+        st["exp_avg"] = zeros_like(p);
+        st["exp_avg_sq"] = zeros_like(p);
+      }
+      Tensor& m = st["exp_avg"];
+      Tensor& v = st["exp_avg_sq"];
+      m.mul_(o.beta1).add_(g * (1 - o.beta1));
+      v.mul_(o.beta2).add_(g * g * (1 - o.beta2));
+      Tensor denom = sqrt(v) * inv_sqrt_bc2 + o.eps;  // PyTorch's formulation
+      p.sub_(m / denom * step_size);
     }
-    auto& st = state_[i];
-    if (!st.count("exp_avg")) {
-      st["exp_avg"] = zeros_like(p);
-      st["exp_avg_sq"] = zeros_like(p);
-    }
-    Tensor& m = st["exp_avg"];
-    Tensor& v = st["exp_avg_sq"];
-    m.mul_(o_.beta1).add_(g * (1 - o_.beta1));
-    v.mul_(o_.beta2).add_(g * g * (1 - o_.beta2));
-    Tensor denom = sqrt(v) * inv_sqrt_bc2 + o_.eps;  // PyTorch's formulation
-    p.sub_(m / denom * step_size);
   }
 }
+
+template class OptimizerBase<SGDOptions>;
+template class OptimizerBase<AdamOptions>;
 
 Tensor clip_grad_norm(const std::vector<Tensor>& params, double max_norm) {
   NoGradGuard ng;

@@ -4,6 +4,7 @@
 #include <iomanip>
 #include <mutex>
 #include <sstream>
+#include <type_traits>
 
 #include "core/half.h"
 #include "tensor/tensor_impl.h"
@@ -248,10 +249,19 @@ void Tensor::set_data(const Tensor& new_data) {
   need(*this, "set_data")->adopt_value(*need(new_data, "set_data"));
 }
 
-double Tensor::item() const {
+template <class T>
+T Tensor::item() const {
   if (numel() != 1) fail("item", "needs a one-element tensor, got shape " + shape_str(shape()));
-  return to_vector<double>()[0];
+  if constexpr (std::is_same_v<T, bool>) return to_vector<double>()[0] != 0;
+  else return to_vector<T>()[0];
 }
+template float Tensor::item<float>() const;
+template double Tensor::item<double>() const;
+template int32_t Tensor::item<int32_t>() const;
+template int64_t Tensor::item<int64_t>() const;
+template uint8_t Tensor::item<uint8_t>() const;
+template bool Tensor::item<bool>() const;
+double Tensor::item() const { return item<double>(); }
 
 template <class T>
 std::vector<T> Tensor::to_vector() const {

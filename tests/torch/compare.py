@@ -75,6 +75,12 @@ def batch_norm_train(x, w, b):
     return torch.cat([y.reshape(-1), rm, rv])
 
 
+def index_put_strided(x, v):
+    y = x * 1
+    y[1::2, :5:3] = v
+    return y
+
+
 EXPRS = {
     "softmax_affine": lambda x, w, b: torch.softmax(x @ w + b, -1),
     "gelu_x_sigmoid": lambda x, y: F.gelu(x) * torch.sigmoid(y),
@@ -142,6 +148,15 @@ EXPRS = {
                                                       training=False, eps=1e-5),
     "conv_bn_relu_pool": lambda x, w, g, b: F.max_pool2d(
         torch.relu(F.batch_norm(F.conv2d(x, w, padding=1), None, None, g, b, training=True)), 2),
+    # The libtorch-shaped API (issue 20): indexing, index_put, max/min(dim), the losses' options.
+    "index_slices": lambda x: torch.cat([x[1:, ::2, 3].reshape(-1), x[..., -1].reshape(-1), x[None, 0, -2:].reshape(-1)]),
+    "index_tensor": lambda x, i: x[i, 1:] * 2,
+    "index_put_strided": index_put_strided,
+    "max_min_dim": lambda x: x.max(1).values * 2 + x.min(1).indices.double() + x.min(0, keepdim=True).values.sum(),
+    "cross_entropy_smoothing_ignore": lambda x, t: F.cross_entropy(x, t, label_smoothing=0.1),
+    "cross_entropy_none_ignore": lambda x, t: F.cross_entropy(x, t, reduction="none", ignore_index=4),
+    "cross_entropy_nd_sum": lambda x, t: F.cross_entropy(x, t, reduction="sum"),
+    "nll_mse": lambda x, t, y: F.nll_loss(F.log_softmax(x, 1), t, reduction="sum") + F.mse_loss(x, y, reduction="sum"),
 }
 
 

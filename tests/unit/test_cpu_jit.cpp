@@ -220,7 +220,7 @@ TEST(CpuJit, ReductionsOfAProgramMatchExactSums) {
     auto relu_half = [&] { return where(x + b > 0.0, (x + b) * 0.5, scalar_tensor(0.0)); };
     const std::vector<float> per_channel = relu_half().sum({0, 2, 3}).to_vector<float>();
     const std::vector<float> per_pixel = relu_half().sum({0}).to_vector<float>();
-    const std::vector<float> channel_max = relu_half().max({0, 2, 3}).to_vector<float>();
+    const std::vector<float> channel_max = relu_half().amax({0, 2, 3}).to_vector<float>();
     std::vector<double> want_c(size_t(c), 0.0), want_p(size_t(c * hw), 0.0);
     std::vector<float> want_m(size_t(c), -INFINITY);
     for (int64_t i = 0; i < n; ++i) {

@@ -166,6 +166,42 @@ TEST(DataDataset, BadArguments) {
   EXPECT_NE(message_of([&] { td::DataLoader(no_val, 0, 1); }).find("batch"), std::string::npos);
 }
 
+// batch(n, device): random windows from the dataset's own generator, reproducible from its seed.
+TEST(DataDataset, RandomBatches) {
+  td::TextDataset ds(positional_text(200), 8, 0.1);  // 172 train windows, 12 val
+  std::set<int64_t> seen;
+  std::vector<std::vector<int64_t>> first;
+  for (int k = 0; k < 40; ++k) {
+    auto [x, y] = ds.batch(5);
+    ASSERT_EQ(x.shape(), (ts::Shape{5, 8}));
+    auto xv = x.to_vector<int64_t>(), yv = y.to_vector<int64_t>();
+    for (int b = 0; b < 5; ++b)
+      for (int j = 0; j < 8; ++j) {  // a window of the positional text: start + j, shifted by one
+        EXPECT_EQ(xv[size_t(b * 8 + j)], xv[size_t(b * 8)] + j);
+        EXPECT_EQ(yv[size_t(b * 8 + j)], xv[size_t(b * 8)] + j + 1);
+      }
+    for (int64_t s : row_starts(x)) {
+      EXPECT_GE(s, 0);
+      EXPECT_LT(s, 172);
+      seen.insert(s);
+    }
+    if (k < 3) first.push_back(row_starts(x));
+  }
+  EXPECT_GT(seen.size(), 100u);  // 200 draws over 172 starts reach most of them
+  ds.seed(0);  // the same draws again
+  for (int k = 0; k < 3; ++k) EXPECT_EQ(row_starts(ds.batch(5).first), first[size_t(k)]);
+  ds.seed(7);
+  EXPECT_NE(row_starts(ds.batch(5).first), first[0]);
+  for (int k = 0; k < 10; ++k)
+    for (int64_t s : row_starts(ds.batch(4, ts::Device("cpu"), td::Split::Val).first)) {
+      EXPECT_GE(s, 180);
+      EXPECT_LT(s, 192);
+    }
+  EXPECT_NE(message_of([&] { ds.batch(0); }).find("batch size"), std::string::npos);
+  td::TextDataset no_val(positional_text(50), 4, 0.0);
+  EXPECT_NE(message_of([&] { no_val.batch(2, ts::Device("cpu"), td::Split::Val); }).find("val split"), std::string::npos);
+}
+
 TEST(DataDataset, FortunesBatches) {
   if (!have_fortunes()) GTEST_SKIP() << "Debian's fortunes package is not installed";
   std::string text = td::read_default_corpus();

@@ -150,7 +150,7 @@ TEST(Grad, PadCatWhere) {
 TEST(Grad, MaxWithTiesGoesToTheFirstIndex) {
   Tensor x = make_tensor({1, 3, 3, 2, 5, 5, 5, 0}, {2, 4}, kF64);
   x.requires_grad_();
-  Tensor m = x.max({1});
+  Tensor m = x.amax({1});
   EXPECT_EQ(m.to_vector<double>(), (V{3, 5}));
   (m * make_tensor({2, 7}, {2}, kF64)).sum().backward();
   EXPECT_EQ(x.grad().to_vector<double>(), (V{0, 2, 0, 0, 7, 0, 0, 0}));
@@ -158,7 +158,7 @@ TEST(Grad, MaxWithTiesGoesToTheFirstIndex) {
   // keepdim, over dim 0 and over everything.
   Tensor y = make_tensor({4, 1, 4, 1, 0, 1}, {3, 2}, kF64);
   y.requires_grad_();
-  y.max({0}, true).sum().backward();
+  y.amax({0}, true).sum().backward();
   EXPECT_EQ(y.grad().to_vector<double>(), (V{1, 1, 0, 0, 0, 0}));
   Tensor z = make_tensor({1, 5, 5, 0}, {2, 2}, kF64);
   z.requires_grad_();
@@ -176,7 +176,7 @@ TEST(Grad, MaxWithTiesGoesToTheFirstIndex) {
   EXPECT_EQ(b.grad().to_vector<double>(), (V{1, 0, 0, 0, 1, 0}));
 
   // Without ties, max is differentiable everywhere near the input.
-  EXPECT_TRUE(grad_check([](const Ts& x) { return x[0].max({0}); }, {R({4, 3}, 40)}));
+  EXPECT_TRUE(grad_check([](const Ts& x) { return x[0].amax({0}); }, {R({4, 3}, 40)}));
   EXPECT_TRUE(grad_check([](const Ts& x) { return amin(x[0], {1}, true); }, {R({4, 3}, 41)}));
 }
 

@@ -451,7 +451,7 @@ TEST(Ops, ReductionsOverSeveralDims) {
     for (auto& dc : dcs) {
       for (bool keep : {false, true}) {
         SCOPED_TRACE(std::string(dtype_name(t)) + " dims " + shape_str(dc.dims) + (keep ? " keepdim" : ""));
-        Tensor sm = x.sum(dc.dims, keep), mx = x.max(dc.dims, keep);
+        Tensor sm = x.sum(dc.dims, keep), mx = x.amax(dc.dims, keep);
         Shape ks;
         V want_sum = host_reduce(xv, s, dc.sorted, false, ks);
         V want_max = host_reduce(xv, s, dc.sorted, true, ks);
@@ -484,7 +484,7 @@ TEST(Ops, SumOfIntegersAndBoolsIsInt64LikePyTorch) {
 
 TEST(Ops, LargeReductions) {
   Tensor x = random_tensor({4, 3000}, kF32, 31, -1, 1);
-  Tensor s1 = x.sum({1}), sall = x.sum(), m = x.max({1});
+  Tensor s1 = x.sum({1}), sall = x.sum(), m = x.amax({1});
   EXPECT_TRUE(matches_reference({s1, sall}, tolerance(kF32, 3000)));
   EXPECT_TRUE(matches_reference(m, 0));
   // A reduction over the leading (strided) dimension.
@@ -501,20 +501,20 @@ TEST(Ops, ReductionsHandDerived) {
   expect_values(x.sum({0}), {5, 7, 9});
   expect_values(x.sum({1}, true), {6, 15});
   EXPECT_EQ(x.sum({1}, true).shape(), (Shape{2, 1}));
-  expect_values(x.max({-1}), {3, 6});
+  expect_values(x.amax({-1}), {3, 6});
   expect_values(x.max(), {6});
   EXPECT_EQ(x.max().item(), 6);
   // Sum over an empty dimension is zero; max over the non-empty one keeps the empty one.
   Tensor e = zeros({0, 4});
   Tensor se = e.sum({0});
   EXPECT_EQ(se.shape(), (Shape{4}));
-  Tensor me = e.max({1});
+  Tensor me = e.amax({1});
   EXPECT_EQ(me.shape(), (Shape{0}));
   EXPECT_TRUE(matches_reference({se, me, e.sum()}));
   expect_values(se, {0, 0, 0, 0});
   // NaN propagates through max.
   Tensor n = make_tensor({1, kNaN, 2, 3}, {2, 2});
-  V nm = n.max({1}).to_vector<double>();
+  V nm = n.amax({1}).to_vector<double>();
   EXPECT_TRUE(std::isnan(nm[0]));
   EXPECT_EQ(nm[1], 3);
 }
@@ -575,7 +575,7 @@ TEST(Ops, NonContiguousViewsFeedOtherOps) {
       c.permute({2, 0, 1}).reshape({4, 6}) - b.slice(0, 0, 4).expand({4, 6}),
       make_tensor({1, 2, 3, 4}, {4, 1}).expand({4, 6}) * b.slice(0, 4, 8),
       c.permute({1, 2, 0}).sum({0, 2}),
-      pending.slice(0, 1, 6, 2).max({0}, true),
+      pending.slice(0, 1, 6, 2).amax({0}, true),
       c.transpose(1, 2).reshape({2, 12}).tanh(),
       c.permute({2, 1, 0}).slice(0, 1, 3).log(),  // NaN for negatives, compared by position
   };
@@ -824,17 +824,17 @@ TEST(Ops, RowConstantsMatchTheReference) {
       [](const Tensor& x) { return softmax(x, 2); },
       [](const Tensor& x) { return log_softmax(x, 2); },
       [](const Tensor& x) { return layer_norm(x, {x.shape()[2]}); },
-      [](const Tensor& x) { return where(x > x.max({2}, true) * 0.5, x, x.max({2}, true)); },  // where's values
-      [](const Tensor& x) { return where(x < mean(x, {2}, true), x.max({2}, true), x); },
-      [](const Tensor& x) { return where(x.max({2}, true) > mean(x, {2}, true), x, x * -2.0); },  // condition
-      [](const Tensor& x) { return (x.max({2}, true) - x) / (x.sum({2}, true) + 3.0); },  // left and right
+      [](const Tensor& x) { return where(x > x.amax({2}, true) * 0.5, x, x.amax({2}, true)); },  // where's values
+      [](const Tensor& x) { return where(x < mean(x, {2}, true), x.amax({2}, true), x); },
+      [](const Tensor& x) { return where(x.amax({2}, true) > mean(x, {2}, true), x, x * -2.0); },  // condition
+      [](const Tensor& x) { return (x.amax({2}, true) - x) / (x.sum({2}, true) + 3.0); },  // left and right
       [](const Tensor& x) { return (x > mean(x, {2}, true)).to(kF32).sum({2}); },  // one value per row
-      [](const Tensor& x) { return x.max({2}, true).expand(x.shape()) * 2.0 + 1.0; },  // at every position
-      [](const Tensor& x) { return (x.max({2}, true).expand(x.shape()) * 2.0).sum({2}); },  // sum of a constant row
+      [](const Tensor& x) { return x.amax({2}, true).expand(x.shape()) * 2.0 + 1.0; },  // at every position
+      [](const Tensor& x) { return (x.amax({2}, true).expand(x.shape()) * 2.0).sum({2}); },  // sum of a constant row
       [](const Tensor& x) { return amax(x.sum({2}, true).expand(x.shape()) * x, {2}); },
       [](const Tensor& x) {
         Tensor xi = (x * 8.0).to(kI32);
-        return (xi - xi.max({2}, true)).sum({2});
+        return (xi - xi.amax({2}, true)).sum({2});
       },
       [](const Tensor& x) { return softmax(x.to(kF16), 2); },
   };
@@ -844,7 +844,7 @@ TEST(Ops, RowConstantsMatchTheReference) {
     for (size_t k = 0; k < cases.size(); ++k) EXPECT_TRUE(matches_reference(cases[k](x))) << "rows of " << s[2] << ", case " << k;
     // A per-row input (a stored statistic) read by a Row Step: loaded once per row.
     Tensor st = random_tensor({x.shape()[0], x.shape()[1], 1}, kF32, 151);
-    Tensor y = (x - x.max({2}, true)) * st + x.sum({2}, true) * st;  // (temporaries gone before the sync)
+    Tensor y = (x - x.amax({2}, true)) * st + x.sum({2}, true) * st;  // (temporaries gone before the sync)
     EXPECT_TRUE(matches_reference(y)) << s[2];
   }
 }
@@ -938,7 +938,7 @@ TEST(Ops, Float64HighPrecisionChain) {
 // A small softmax written with public ops, by hand.
 TEST(Ops, SoftmaxByHand) {
   Tensor x = make_tensor({1, 2, 3, 1, 1, 1}, {2, 3});
-  Tensor m = x.max({1}, true);
+  Tensor m = x.amax({1}, true);
   Tensor e = (x - m).exp();
   Tensor s = e / e.sum({1}, true);
   EXPECT_TRUE(matches_reference(s));

@@ -331,6 +331,135 @@ TEST(Optim, LoadStateDictErrors) {
   EXPECT_THROW(opt.load_state_dict(sd), Error);  // wrong shape
 }
 
+// ---- parameter groups ----
+// The tiny problem's p plus a second parameter q with loss 0.1 * sum(q^3) (grad 0.3 q^2).
+const V kQ0{0.5, -1.0};
+V grad_q_by_hand(const V& q) { return {0.3 * q[0] * q[0], 0.3 * q[1] * q[1]}; }
+void backward_two(const Tensor& p, const Tensor& q) {
+  Tensor c = make_tensor(kC, {4}, p.dtype()), d = make_tensor(kD, {4}, p.dtype());
+  ((c * p * p + d * p).sum() + (q * q * q).sum() * 0.1).backward();
+}
+Tensor leaf(const V& v) {
+  Tensor t = make_tensor(v, {int64_t(v.size())}, DType::Float64);
+  t.requires_grad_();
+  return t;
+}
+
+// AdamW with two groups (a decayed one at the defaults and one with its own rate and no decay)
+// against the reference rule applied to each group, through a schedule driving both.
+TEST(OptimGroups, AdamWTwoGroupsByHand) {
+  Tensor p = leaf(kP0), q = leaf(kQ0);
+  optim::AdamW opt({{{p}}, {{q}, optim::AdamOptions{.lr = 0.05, .weight_decay = 0}}}, {.lr = 0.1, .weight_decay = 0.5});
+  ASSERT_EQ(opt.num_param_groups(), 2u);
+  EXPECT_EQ(opt.param_groups()[0].options->weight_decay, 0.5);  // filled in from the defaults
+  EXPECT_EQ(opt.param_groups()[1].options->lr, 0.05);
+  EXPECT_EQ(opt.defaults().lr, 0.1);
+  RefAdam rp{.lr = 0.1, .wd = 0.5, .decoupled = true}, rq{.lr = 0.05, .wd = 0, .decoupled = true};
+  V wp = kP0, wq = kQ0;
+  // The schedule's rate goes to group 0; group 1 keeps half of it (0.05 / 0.1).
+  for (double lr : {0.1, 0.2, 0.04}) {
+    opt.set_lr(lr);
+    EXPECT_EQ(opt.lr(), lr);
+    EXPECT_EQ(opt.lr(0), lr);
+    EXPECT_NEAR(opt.lr(1), lr / 2, 1e-15);
+    rp.lr = lr;
+    rq.lr = lr / 2;
+    opt.zero_grad();
+    backward_two(p, q);
+    opt.step();
+    rp.step(wp, grad_by_hand(wp));
+    rq.step(wq, grad_q_by_hand(wq));
+    EXPECT_TRUE(all_close(p.to_vector<double>(), wp, 1e-6));  // the rates are float32 graph inputs
+    EXPECT_TRUE(all_close(q.to_vector<double>(), wq, 1e-6));  // the rates are float32 graph inputs
+  }
+  EXPECT_EQ(opt.params().size(), 2u);
+}
+
+TEST(OptimGroups, SGDAddParamGroupAndPerGroupRates) {
+  Tensor p = leaf(kP0), q = leaf(kQ0);
+  optim::SGD opt({p}, {.lr = 0.1, .momentum = 0.9});
+  opt.add_param_group({{q}, optim::SGDOptions{.lr = 0.01, .weight_decay = 0.2}});
+  opt.add_param_group({{leaf({1.0})}});  // the defaults; gets no gradient here
+  ASSERT_EQ(opt.param_groups().size(), 3u);
+  EXPECT_EQ(opt.param_groups()[2].options->momentum, 0.9);
+  opt.set_lr(1, 0.02);  // one group only
+  EXPECT_EQ(opt.lr(0), 0.1);
+  RefSGD rp{.lr = 0.1, .momentum = 0.9}, rq{.lr = 0.02, .wd = 0.2};
+  V wp = kP0, wq = kQ0;
+  for (int s = 0; s < 2; ++s) {
+    opt.zero_grad();
+    backward_two(p, q);
+    opt.step();
+    rp.step(wp, grad_by_hand(wp));
+    rq.step(wq, grad_q_by_hand(wq));
+  }
+  EXPECT_TRUE(all_close(p.to_vector<double>(), wp, 1e-6));  // the rates are float32 graph inputs
+  EXPECT_TRUE(all_close(q.to_vector<double>(), wq, 1e-6));  // the rates are float32 graph inputs
+  EXPECT_EQ(opt.param_groups()[2].params[0].to_vector<double>(), V{1.0});
+}
+
+TEST(OptimGroups, BadGroupsAreErrors) {
+  Tensor p = leaf(kP0), q = leaf(kQ0);
+  EXPECT_THROW(optim::Adam({{{p}}, {{p, q}}}), Error);  // p in two groups
+  EXPECT_THROW(optim::SGD({p, p}, {.lr = 0.1}), Error);  // twice in one
+  optim::SGD opt({p}, {.lr = 0.1});
+  EXPECT_THROW(opt.add_param_group({{q}, optim::SGDOptions{.lr = 0.1, .nesterov = true}}), Error);
+  EXPECT_THROW(opt.add_param_group({{q}, optim::SGDOptions{.lr = -1}}), Error);
+  EXPECT_THROW(opt.lr(1), Error);
+  EXPECT_THROW(optim::AdamW({{{q}, optim::AdamOptions{.beta1 = 1}}}), Error);
+  EXPECT_EQ(opt.num_param_groups(), 1u);  // the refused groups were not added
+}
+
+// A checkpoint of a grouped optimizer restores the rates and the state per group, and refuses
+// an optimizer whose groups are laid out differently.
+TEST(OptimGroups, StateDictWithGroups) {
+  auto make = [](Tensor p, Tensor q) {
+    return std::make_unique<optim::AdamW>(std::vector<optim::AdamW::Group>{{{p}}, {{q}, optim::AdamOptions{.lr = 0.02, .weight_decay = 0}}},
+                                          optim::AdamOptions{.lr = 0.04, .weight_decay = 0.1});
+  };
+  Tensor p = leaf(kP0), q = leaf(kQ0);
+  auto opt = make(p, q);
+  opt->set_lr(0.03);
+  for (int s = 0; s < 2; ++s) {
+    opt->zero_grad();
+    backward_two(p, q);
+    opt->step();
+  }
+  auto saved = host_copy(opt->state_dict());
+  EXPECT_EQ(saved.at("param_groups.1.lr").item(), 0.015);
+  EXPECT_EQ(saved.at("param_groups.0.params").item<int64_t>(), 1);
+  V p2 = p.to_vector<double>(), q2 = q.to_vector<double>();
+  opt->zero_grad();
+  backward_two(p, q);
+  opt->step();
+
+  Tensor pr = leaf(p2), qr = leaf(q2);
+  auto resumed = make(pr, qr);
+  resumed->load_state_dict(saved);
+  EXPECT_EQ(resumed->lr(), 0.03);
+  EXPECT_EQ(resumed->lr(1), 0.015);
+  EXPECT_EQ(resumed->steps(), 2);
+  resumed->zero_grad();
+  backward_two(pr, qr);
+  resumed->step();
+  EXPECT_EQ(pr.to_vector<double>(), p.to_vector<double>());
+  EXPECT_EQ(qr.to_vector<double>(), q.to_vector<double>());
+
+  optim::AdamW one({leaf(p2), leaf(q2)});  // one group of both: another layout
+  EXPECT_THROW(one.load_state_dict(saved), Error);
+  // A state without group entries (older checkpoints) still loads, keeping the rates.
+  saved.erase("param_groups.0.lr"), saved.erase("param_groups.1.lr"), saved.erase("param_groups.0.params"),
+      saved.erase("param_groups.1.params"), saved.erase("lr");
+  one.load_state_dict(saved);
+  EXPECT_EQ(one.lr(), 1e-3);
+  EXPECT_EQ(one.steps(), 2);
+  for (const char* key : {"param_groups.x.lr", "param_groups.0.betas", "x.exp_avg", "01234567890.exp_avg"}) {
+    auto bad = saved;
+    bad[key] = bad.at("step");
+    EXPECT_THROW(one.load_state_dict(bad), Error) << key;
+  }
+}
+
 // ---- the compile cache over a training loop ----
 TEST(OptimCache, FixedShapeTrainingLoopCompilesAtMostTwoGraphs) {
   nn::GPTConfig c;

@@ -94,7 +94,7 @@ std::vector<Case> cases() {
       {"strided_slice", {f({7, 9})}, [](const Ts& x) { return x[0].slice(0, 0, 7, 2).slice(1, 1, 9, 3) * 2.0; }},
       {"pad_tanh", {f({2, 3})}, [](const Ts& x) { return pad(x[0].tanh(), {1, 0, 2, 1}, 0.5); }},
       {"where_compare", {f({10}), f({10})}, [](const Ts& x) { return where(x[0] > x[1], x[0] * x[1], x[0] - x[1]); }},
-      {"max_amin", {f({4, 5}), f({4, 5})}, [](const Ts& x) { return x[0].max({1}) + amin(x[1], {1}); }},
+      {"max_amin", {f({4, 5}), f({4, 5})}, [](const Ts& x) { return x[0].amax({1}) + amin(x[1], {1}); }},
       {"manual_softmax", {f({3, 6}, -3, 3)},
        [](const Ts& x) {
          Tensor e = exp(x[0] - amax(x[0], {1}, true));
@@ -180,6 +180,33 @@ std::vector<Case> cases() {
        [](const Ts& x) {
          Tensor y = batch_norm(conv2d(x[0], x[1], Tensor(), {1}, {1}), Tensor(), Tensor(), x[2], x[3], true);
          return max_pool2d(relu(y), {2});
+       }},
+      // The libtorch-shaped API (issue 20): indexing, index_put, max/min(dim), the losses' options.
+      {"index_slices", {f({3, 4, 5})},
+       [](const Ts& x) {
+         using namespace indexing;
+         return cat({x[0].index({Slice(1, None), Slice(None, None, 2), 3}).reshape({-1}), x[0].index({Ellipsis, -1}).reshape({-1}),
+                     x[0].index({None, 0, Slice(-2, None)}).reshape({-1})});
+       }},
+      {"index_tensor", {f({5, 3}), fixed({2, 3}, {4, 0, -1, 2, 2, -5})},
+       [](const Ts& x) { return x[0].index({x[1], indexing::Slice(1, indexing::None)}) * 2.0; }},
+      {"index_put_strided", {f({4, 6}), f({2})},
+       [](const Ts& x) { return index_put(x[0], {indexing::Slice(1, indexing::None, 2), indexing::Slice(indexing::None, 5, 3)}, x[1]); }},
+      {"max_min_dim", {f({4, 5})},
+       [](const Ts& x) {
+         auto [mx, imx] = x[0].max(1);
+         auto [mn, imn] = x[0].min(1);
+         return mx * 2.0 + imn.to(kF32) + std::get<0>(x[0].min(0, true)).sum();
+       }},
+      {"cross_entropy_smoothing_ignore", {f({6, 5}, -3, 3), fixed({6}, {1, -100, 0, 4, 4, 2})},
+       [](const Ts& x) { return cross_entropy(x[0], x[1], {.label_smoothing = 0.1}); }},
+      {"cross_entropy_none_ignore", {f({6, 5}, -3, 3), fixed({6}, {1, 3, 0, 4, 4, 2})},
+       [](const Ts& x) { return cross_entropy(x[0], x[1], {.reduction = Reduction::None, .ignore_index = 4}); }},
+      {"cross_entropy_nd_sum", {f({2, 3, 4}, -3, 3), ints({2, 4}, 0, 2)},
+       [](const Ts& x) { return cross_entropy(x[0], x[1], {.reduction = Reduction::Sum}); }},
+      {"nll_mse", {f({5, 4}, -2, 2), ints({5}, 0, 3), f({5, 4})},
+       [](const Ts& x) {
+         return nll_loss(log_softmax(x[0], 1), x[1], {.reduction = Reduction::Sum}) + mse_loss(x[0], x[2], Reduction::Sum);
        }},
   };
 }
