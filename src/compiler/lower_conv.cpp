@@ -111,7 +111,8 @@ Val Lowerer::lower_conv(int i) {
     cols = {B, G, Fg * kk, pp};
   }
   IndexMap cm = xm.window(ws, dims, steps);
-  if (cm.single()) {
+  const bool window = cm.single();
+  if (window) {
     // The GEMM reads the columns through the window itself: a 1x1 kernel with unit strides is
     // the input; otherwise the backend packs each block of columns where it multiplies it.
     cm = cm.reshape(cols);
@@ -132,6 +133,14 @@ Val Lowerer::lower_conv(int i) {
     st.shape = {B, G, O / G, pp};
     st.maps = {wm.expand({B, G, O / G, Fg * kk}), cm};
     st.output = slot_for(i);
+    // The product is the conv of inputs[1] (padded and dilated already, when it was copied so)
+    // by the kernel inputs[0], both dense: a backend may run it with a library's conv.
+    auto dense = [](const IndexMap& m) { return m.is_contiguous() && m.views[0].offset == 0; };
+    if (window && dense(xm) && dense(wv.map)) {
+      kir::Step::Conv conv{c, xm.shape(), ks};
+      for (ir::ConvAxis& a : conv.attrs.axes) a.lo = a.hi = 0, a.lhs_dilation = 1;
+      st.conv = std::move(conv);
+    }
     return push(std::move(st), n.shape);
   }
   st.shape = {G, O / G, B * pp};

@@ -93,11 +93,14 @@ struct Step {
   std::vector<int> more_outputs, more_results;
   std::vector<Source> sources;
   ir::Cost cost;
-  // Gemm lowered from a conv (inputs[0] the kernel, inputs[1] the input through its im2col
-  // window): the conv as such, for backends that claim conv products for a library (cuDNN).
+  // Gemm lowered from a conv whose product is the conv's output [B, O, P...]: the conv as such,
+  // for backends that claim conv products for a library (cuDNN). inputs[1] holds its input and
+  // inputs[0] its kernel, both dense; the input is padded and dilated already when the lowering
+  // copied it so (attrs then have no padding or input dilation). Absent when the product reads
+  // an im2col copy or a strided view, or folds the batch into its columns (kernel gradients).
   struct Conv {
     ir::ConvAttrs attrs;
-    Shape lhs, rhs;  // the conv's input [B, F, X...] and kernel [O, F/groups, K...]
+    Shape lhs, rhs;  // the input [B, F, X...] as inputs[1] holds it, the kernel [O, F/groups, K...]
   };
   std::optional<Conv> conv;
 

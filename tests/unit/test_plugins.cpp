@@ -9,6 +9,9 @@
 #include <regex>
 #include <string>
 
+#include "compiler/lower.h"
+#include "runtime/realize.h"
+#include "tensor/tensor_impl.h"
 #include "tessera/tessera.h"
 #include "test_util.h"
 
@@ -167,4 +170,28 @@ TEST(InterfaceV3, CopiesDeviceToDeviceAndReportsErrorsAtSync) {
     EXPECT_NE(std::string(e.what()).find("[gather] index 5 out of range [0, 3)"), std::string::npos) << e.what();
   }
   EXPECT_EQ((a + 1).to_vector<float>(), (std::vector<float>{2, 3, 4}));  // the device runs on
+}
+
+// A conv product carries the conv itself (kir::Step::conv) for backends whose library runs convs:
+// the input as the GEMM reads it (padded by the lowering: [1, 2, 7, 8] -> [1, 2, 9, 10]), the
+// kernel, the stride, and no padding left to apply.
+TEST(InterfaceV3, ConvProductsCarryTheirConv) {
+  Tensor x = ts::randn({1, 2, 7, 8}), w = ts::randn({4, 2, 3, 3});
+  Tensor y = ts::conv2d(x, w, Tensor(), {2, 2}, {1, 1});
+  auto plan = ts::runtime::compile_only(ts::detail::pending_requests({y}));
+  int convs = 0;
+  for (const ts::kir::Step& st : plan->steps) {
+    if (!st.conv) continue;
+    ++convs;
+    EXPECT_EQ(st.kind, ts::kir::StepKind::Gemm);
+    EXPECT_EQ(st.conv->lhs, (ts::Shape{1, 2, 9, 10}));
+    EXPECT_EQ(st.conv->rhs, (ts::Shape{4, 2, 3, 3}));
+    ASSERT_EQ(st.conv->attrs.axes.size(), 2u);
+    for (const auto& a : st.conv->attrs.axes) {
+      EXPECT_EQ(a.stride, 2);
+      EXPECT_EQ(a.lo + a.hi, 0);
+      EXPECT_EQ(a.lhs_dilation, 1);
+    }
+  }
+  EXPECT_EQ(convs, 1);
 }
