@@ -106,9 +106,14 @@ std::vector<Case> softmax_like(std::function<Tensor(const Tensor&, int64_t)> f) 
   };
 }
 
-void add_factories_rows(std::vector<Row>& r) {
+// Appends a row (its name and the function making its cases) to the table being built.
+struct AddRow {
+  std::vector<Row>& rows;
+  void operator()(std::string name, std::function<std::vector<Case>()> f) const { rows.push_back({std::move(name), std::move(f)}); }
+};
+
+void add_factories_rows(AddRow add) {
   Gen g = uniform(-2, 2);
-  auto add = [&r](std::string name, std::function<std::vector<Case>()> f) { r.push_back({std::move(name), std::move(f)}); };
   // ---- factories ----
   add("linspace", [] {
     return std::vector<Case>{
@@ -144,9 +149,8 @@ void add_factories_rows(std::vector<Row>& r) {
   });
 }
 
-void add_elementwise_rows(std::vector<Row>& r) {
+void add_elementwise_rows(AddRow add) {
   Gen g = uniform(-2, 2), pos = uniform(0.1, 4), nz = away_from_zero(-3, 3);
-  auto add = [&r](std::string name, std::function<std::vector<Case>()> f) { r.push_back({std::move(name), std::move(f)}); };
   // ---- elementwise ----
   add("rsqrt", [pos] { return elementwise([](const Tensor& x) { return rsqrt(x); }, pos); });
   add("reciprocal", [nz] { return elementwise([](const Tensor& x) { return reciprocal(x); }, nz); });
@@ -178,8 +182,7 @@ void add_elementwise_rows(std::vector<Row>& r) {
   });
 }
 
-void add_logical_rows(std::vector<Row>& r) {
-  auto add = [&r](std::string name, std::function<std::vector<Case>()> f) { r.push_back({std::move(name), std::move(f)}); };
+void add_logical_rows(AddRow add) {
   // ---- logical ----
   add("logical_and", [] { return logical([](const Tensor& a, const Tensor& b) { return logical_and(a, b); }); });
   add("logical_or", [] { return logical([](const Tensor& a, const Tensor& b) { return logical_or(a, b); }); });
@@ -191,9 +194,8 @@ void add_logical_rows(std::vector<Row>& r) {
   });
 }
 
-void add_reductions_rows(std::vector<Row>& r) {
+void add_reductions_rows(AddRow add) {
   Gen g = uniform(-2, 2);
-  auto add = [&r](std::string name, std::function<std::vector<Case>()> f) { r.push_back({std::move(name), std::move(f)}); };
   // ---- reductions ----
   add("sum", [g] {
     std::vector<Case> c = reduction([](const Tensor& x, std::vector<int64_t> d, bool k) { return sum(x, d, k); }, g);
@@ -257,9 +259,8 @@ void add_reductions_rows(std::vector<Row>& r) {
   });
 }
 
-void add_views_and_reshaping_rows(std::vector<Row>& r) {
+void add_views_and_reshaping_rows(AddRow add) {
   Gen g = uniform(-2, 2);
-  auto add = [&r](std::string name, std::function<std::vector<Case>()> f) { r.push_back({std::move(name), std::move(f)}); };
   // ---- views and reshaping ----
   add("narrow", [] { return view([](const Tensor& x) { return narrow(x, 1, 2, 3); }, {4, 6, 3}); });
   add("squeeze", [] {
@@ -283,9 +284,8 @@ void add_views_and_reshaping_rows(std::vector<Row>& r) {
   add("repeat", [] { return view([](const Tensor& x) { return repeat(x, {2, 1, 3}); }, {3, 2}); });
 }
 
-void add_selection_and_indexing_rows(std::vector<Row>& r) {
+void add_selection_and_indexing_rows(AddRow add) {
   Gen g = uniform(-2, 2);
-  auto add = [&r](std::string name, std::function<std::vector<Case>()> f) { r.push_back({std::move(name), std::move(f)}); };
   // ---- selection and indexing ----
   add("masked_fill", [g] {
     auto mf = [](double v) { return [v](const std::vector<Tensor>& x) { return std::vector<Tensor>{masked_fill(x[0], x[1], v)}; }; };
@@ -330,9 +330,8 @@ void add_selection_and_indexing_rows(std::vector<Row>& r) {
   });
 }
 
-void add_convolution_and_pooling_rows(std::vector<Row>& r) {
+void add_convolution_and_pooling_rows(AddRow add) {
   Gen g = uniform(-2, 2);
-  auto add = [&r](std::string name, std::function<std::vector<Case>()> f) { r.push_back({std::move(name), std::move(f)}); };
   // ---- convolution and pooling (flip and conv_general are the reverse and conv rows) ----
   add("conv1d", [g] {
     Many f = [](const std::vector<Tensor>& x) { return std::vector<Tensor>{conv1d(x[0], x[1], x[2], 2, 1, 1, 1)}; };
@@ -415,9 +414,8 @@ void add_convolution_and_pooling_rows(std::vector<Row>& r) {
   });
 }
 
-void add_networks_rows(std::vector<Row>& r) {
+void add_networks_rows(AddRow add) {
   Gen g = uniform(-2, 2);
-  auto add = [&r](std::string name, std::function<std::vector<Case>()> f) { r.push_back({std::move(name), std::move(f)}); };
   // ---- networks ----
   add("softmax", [] { return softmax_like([](const Tensor& x, int64_t d) { return softmax(x, d); }); });
   add("log_softmax", [] { return softmax_like([](const Tensor& x, int64_t d) { return log_softmax(x, d); }); });
@@ -486,14 +484,14 @@ void add_networks_rows(std::vector<Row>& r) {
 
 std::vector<Row> make_rows() {
   std::vector<Row> r;
-  add_factories_rows(r);
-  add_elementwise_rows(r);
-  add_logical_rows(r);
-  add_reductions_rows(r);
-  add_views_and_reshaping_rows(r);
-  add_selection_and_indexing_rows(r);
-  add_convolution_and_pooling_rows(r);
-  add_networks_rows(r);
+  add_factories_rows({r});
+  add_elementwise_rows({r});
+  add_logical_rows({r});
+  add_reductions_rows({r});
+  add_views_and_reshaping_rows({r});
+  add_selection_and_indexing_rows({r});
+  add_convolution_and_pooling_rows({r});
+  add_networks_rows({r});
   return r;
 }
 

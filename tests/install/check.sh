@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs a built Tessera into a temporary prefix, then configures, builds and runs a consumer
-# project that uses find_package(Tessera) and Tessera::tessera against that prefix alone.
+# project that uses find_package(Tessera) and Tessera::tessera against that prefix alone, with a
+# backend plugin it builds against Tessera::sdk.
 #   tests/install/check.sh <tessera-build-dir>
 set -euo pipefail
 
@@ -41,6 +42,6 @@ step "build the consumer"
 cmake --build "$WORK/consumer" >"$WORK/build.log" 2>&1 \
   || { cat "$WORK/build.log" >&2; fail "consumer build"; }
 
-step "run the consumer"
-"$WORK/consumer/consumer" || fail "consumer run"
+step "run the consumer (and its plugin, libtessera-backend-mirror.so)"
+TESSERA_PLUGIN_PATH="$WORK/consumer" "$WORK/consumer/consumer" || fail "consumer run"
 step "ok"

@@ -1,4 +1,5 @@
-// Links against the installed Tessera and checks one computed value.
+// Links against the installed Tessera and checks one computed value, on the cpu and on a backend
+// plugin built against the installed SDK (plugin.cpp).
 #include <cmath>
 #include <cstdio>
 
@@ -14,6 +15,16 @@ int main() {
       return 1;
     }
     std::printf("consumer: tessera %s computed %g as expected\n", tessera::version(), got);
+    // The same on the plugin built beside this program (TESSERA_PLUGIN_PATH points at it).
+    tessera::Device mirror("mirror");
+    tessera::Tensor b = tessera::ones({2, 3}, {tessera::DType::Float32, mirror}) * 2 +
+                        tessera::arange(3).to(tessera::DType::Float32).to(mirror);
+    double on_plugin = b.matmul(tessera::ones({3, 1}, {tessera::DType::Float32, mirror})).sum().item();
+    if (on_plugin != got) {
+      std::fprintf(stderr, "consumer: the mirror plugin computed %g, the cpu %g\n", on_plugin, got);
+      return 1;
+    }
+    std::printf("consumer: the plugin built against the installed SDK computed %g too\n", on_plugin);
     return 0;
   } catch (const tessera::Error& e) {
     std::fprintf(stderr, "consumer: %s\n", e.what());

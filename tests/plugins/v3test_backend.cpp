@@ -97,6 +97,11 @@ class Stream {
   std::thread worker_;
 };
 
+// memcpy, but a zero-size copy may have null pointers.
+void copy(void* dst, const void* src, size_t n) {
+  if (n) std::memcpy(dst, src, n);
+}
+
 struct StreamEvent : Event {
   uint64_t point;
   explicit StreamEvent(uint64_t p) : point(p) {}
@@ -180,10 +185,10 @@ class V3TestBackend : public Backend {
     cpu_.free(0, ptr, nbytes);
   }
   void copy_in(void* dst, const void* host, size_t n) override {
-    stream_.wait(stream_.push([=] { std::memcpy(dst, host, n); }));
+    stream_.wait(stream_.push([=] { copy(dst, host, n); }));
   }
   void copy_out(void* host, const void* src, size_t n) override {
-    stream_.wait(stream_.push([=] { std::memcpy(host, src, n); }));
+    stream_.wait(stream_.push([=] { copy(host, src, n); }));
   }
 
   std::unique_ptr<Kernel> compile(const kir::Step& st) override {
@@ -242,15 +247,15 @@ class V3TestBackend : public Backend {
   bool async_copies() const override { return true; }
   void copy_in_async(void* dst, const void* host, size_t n) override {
     count(async_copies_);
-    stream_.push([=] { std::memcpy(dst, host, n); });
+    stream_.push([=] { copy(dst, host, n); });
   }
   void copy_out_async(void* host, const void* src, size_t n) override {
     count(async_copies_);
-    stream_.push([=] { std::memcpy(host, src, n); });
+    stream_.push([=] { copy(host, src, n); });
   }
   void copy_device(void* dst, int, const void* src, int, size_t n) override {
     count(device_copies_);
-    stream_.push([=] { std::memcpy(dst, src, n); });
+    stream_.push([=] { copy(dst, src, n); });
   }
   std::unique_ptr<Event> record_event(int) override {
     count(events_);
