@@ -148,7 +148,8 @@ class Backend {
   // Compiles the whole program after its Steps were compiled (a CUDA graph to replay, a
   // StableHLO module for a PJRT plugin); null declines, and the runtime launches Step by Step.
   // run_executable() then replaces the per-Step launches of each run (the runtime still checks
-  // arena guards after the run and synchronizes).
+  // arena guards after the run and synchronizes). Such a backend should implement copy_device:
+  // the runtime stages small parameters into the scalars buffer with it before each run.
   virtual std::unique_ptr<Executable> compile_executable(const ExecutableSpec& /*spec*/) { return nullptr; }
   virtual void run_executable(Executable& /*exe*/, const RunArgs& /*args*/) {}
 

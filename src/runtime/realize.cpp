@@ -337,6 +337,12 @@ struct Run {
   }
 };
 
+// TESSERA_STEP_TIMES=1: every Step launched alone, waited for and its time printed.
+bool step_times() {
+  static const bool on = std::getenv("TESSERA_STEP_TIMES") != nullptr;
+  return on;
+}
+
 // Slot pointers: parameters' buffers, arena temporaries and the outputs (allocated here unless
 // written into a donated parameter), which become the results.
 void bind_slots(Run& run, const ir::Graph& g, size_t nreq, std::vector<std::shared_ptr<Buffer>>& results) {
@@ -362,7 +368,7 @@ void bind_slots(Run& run, const ir::Graph& g, size_t nreq, std::vector<std::shar
 // Step by Step: each launched, timed when profiling or TESSERA_STEP_TIMES asks, its guards
 // checked. Returns the host <-> device bytes the backend reported while launching.
 int64_t launch_steps(Run& run, const Executable& exe, const backends::LaunchArgs& args, int prof_run, const StepHook& hook) {
-  static const bool time_steps = std::getenv("TESSERA_STEP_TIMES") != nullptr;
+  const bool time_steps = step_times();
   const compiler::Plan& plan = run.plan;
   backends::Backend& be = run.be;
   int64_t moved = 0;
@@ -437,15 +443,14 @@ std::vector<std::shared_ptr<Buffer>> realize(const std::vector<Request>& req, Rn
   const compiler::Plan& plan = exe->plan;
   // Profiling: each Step is waited for and timed; the bookkeeping around it is Launch time.
   const int prof_run = prof::on() ? prof::begin_run(std::shared_ptr<const compiler::Plan>(exe, &exe->plan), dev.str()) : -1;
-  Run run{plan, be, dev, {}, plan.arena_bytes ? allocate(dev, plan.arena_bytes) : nullptr};
-  run.guard = run.arena ? plan.arena_guard : 0;
-  run.pattern.assign(run.guard ? run.guard + plan.alignment : 0, kGuardByte);
-  run.seen.resize(run.pattern.size());
+  std::shared_ptr<Buffer> arena = plan.arena_bytes ? allocate(dev, plan.arena_bytes) : nullptr;
+  const size_t guard = arena ? plan.arena_guard : 0;
+  std::vector<unsigned char> pattern(guard ? guard + plan.alignment : 0, kGuardByte);
+  Run run{plan, be, dev, {}, std::move(arena), guard, pattern, pattern};  // `seen`: read back into
   std::vector<std::shared_ptr<Buffer>> results;
   bind_slots(run, g, req.size(), results);
   // A whole executable runs as one call, unless profiling or a Step hook needs the Steps one by one.
-  static const bool time_steps = std::getenv("TESSERA_STEP_TIMES") != nullptr;
-  const bool whole = exe->whole && prof_run < 0 && !hook && !time_steps;
+  const bool whole = exe->whole && prof_run < 0 && !hook && !step_times();
   int64_t moved = whole ? run_whole(run, *exe, rng)
                         : launch_steps(run, *exe, backends::LaunchArgs{run.slots.data(), rng.seed, rng.offset, dev.index}, prof_run, hook);
   be.synchronize();
