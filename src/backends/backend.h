@@ -79,6 +79,10 @@ struct ExecutableSpec {
   size_t arena_bytes = 0;                        // temporaries live at arena base + Slot::offset
   size_t scalars_bytes = 0;                      // RunScalars, then staged parameters (see RunArgs)
   int device = 0;
+  // For backends that compile `graph` itself (StableHLO): per parameter of `graph` (its params
+  // order) the slot holding it; per output (its outputs order) the slot it is written to; per
+  // output the parameter of `graph` whose buffer it is written into (donation), or -1.
+  std::vector<int> param_slots, output_slots, donated;
 };
 
 // One run of a whole executable. slots: every slot's pointer for this run. Small parameters

@@ -109,10 +109,22 @@ std::vector<int> staged_scalar_params(const compiler::Plan& plan) {
 }
 
 // Offers the compiled program to the backend as a whole (Backend::compile_executable).
-void compile_whole(Executable& exe, const ir::Graph& optimized, backends::Backend& be, const Device& dev) {
+// g: the graph the plan numbers parameters by; optimized: after the IR passes, which may drop or
+// reorder its leaves.
+void compile_whole(Executable& exe, const ir::Graph& g, const ir::Graph& optimized, backends::Backend& be, const Device& dev) {
   const compiler::Plan& plan = exe.plan;
   backends::ExecutableSpec spec;
   spec.graph = &optimized;
+  std::unordered_map<const ir::Node*, int> param_of;  // leaf -> parameter number of g
+  for (size_t p = 0; p < g.params.size(); ++p) param_of[g.nodes[g.params[p]].get()] = int(p);
+  std::vector<int> optimized_param(g.params.size(), -1);  // g's parameter -> optimized's
+  for (size_t j = 0; j < optimized.params.size(); ++j) {
+    int p = param_of.at(optimized.nodes[optimized.params[j]].get());
+    optimized_param[size_t(p)] = int(j);
+    spec.param_slots.push_back(plan.slots_of_params[size_t(p)]);
+  }
+  spec.output_slots = plan.output_slot;
+  for (int p : plan.donated) spec.donated.push_back(p < 0 ? -1 : optimized_param[size_t(p)]);
   spec.steps = &plan.steps;
   spec.slots = &plan.slots;
   for (auto& k : exe.kernels) spec.kernels.push_back(k.get());
@@ -144,7 +156,7 @@ std::shared_ptr<Executable> compile(const ir::Graph& g, const Device& dev, const
   std::vector<bool> library = claim_library_calls(exe->plan, be, dev.index);
   for (size_t s = 0; s < exe->plan.steps.size(); ++s)
     exe->kernels.push_back(library[s] ? be.compile_library(exe->plan.steps[s]) : be.compile(exe->plan.steps[s]));
-  compile_whole(*exe, optimized, be, dev);
+  compile_whole(*exe, g, optimized, be, dev);
   device_counters(dev.kind).kernels_compiled += int64_t(exe->plan.steps.size());
   device_counters(dev.kind).library_calls_compiled += std::count(library.begin(), library.end(), true);
   counters().graphs_compiled++;

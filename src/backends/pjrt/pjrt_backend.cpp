@@ -1,0 +1,375 @@
+// The pjrt backend: Tessera programs compiled by XLA through PJRT C API plugins (pjrt_client.h).
+// Each run of a program is one XLA executable: compile_executable emits the optimized graph as
+// StableHLO (backends/stablehlo/emit.h) and compiles it with the plugin; run_executable executes
+// it. Per-Step compile() accepts every Step (the runtime compiles them before offering the whole
+// program) and launch() declines: profiling and Step hooks need another backend.
+//
+// Devices: pjrt:0, pjrt:1 ... number the devices of every plugin found, in this order: the files
+// of TESSERA_PJRT_PLUGINS (a ':' list), the build folder's (pjrt-plugins/*/*.so beside the lib/
+// folder holding this library: where scripts/run unpacks XLA's CPU plugin), and jax's plugin
+// packages (jax_plugins/*/*.so in Python's site-packages). Nothing is loaded until a device of
+// the kind is asked for.
+//
+// Memory: allocate() hands out handles from a private address range (the runtime only adds
+// offsets). An allocation holds its bytes either on the host (what copy_in wrote, waiting for a
+// run to give them a dtype and shape) or as one PJRT buffer (a program's output, or a parameter
+// uploaded by its first run), so parameters stay on the device between runs and outputs become
+// the next run's inputs without a copy. Small parameters the runtime stages into the scalars
+// buffer with copy_device keep pointing at their device buffers (`pieces`).
+#include <dlfcn.h>
+#include <glob.h>
+#include <limits.h>
+#include <stdlib.h>
+
+#include <algorithm>
+#include <cstring>
+#include <map>
+#include <set>
+
+#include "backends/backend.h"
+#include "pjrt_client.h"
+#include "backends/plugin.h"
+#include "backends/stablehlo/emit.h"
+#include "core/fail.h"
+#include "ir/graph.h"
+
+namespace tessera::backends {
+namespace {
+
+using pjrt::BufferPtr;
+using pjrt::Plugin;
+
+std::vector<std::string> glob_files(const std::string& pattern) {
+  std::vector<std::string> out;
+  glob_t g{};
+  if (glob(pattern.c_str(), 0, nullptr, &g) == 0)
+    for (size_t i = 0; i < g.gl_pathc; ++i) out.push_back(g.gl_pathv[i]);
+  globfree(&g);
+  return out;
+}
+
+std::string env(const char* name) {
+  const char* v = std::getenv(name);
+  return v ? v : "";
+}
+
+std::vector<std::string> split(const std::string& s, char sep) {
+  std::vector<std::string> out;
+  size_t b = 0;
+  for (size_t e; (e = s.find(sep, b)) != std::string::npos; b = e + 1)
+    if (e > b) out.push_back(s.substr(b, e - b));
+  if (b < s.size()) out.push_back(s.substr(b));
+  return out;
+}
+
+// The PJRT plugin files to try, in device-numbering order, each once.
+std::vector<std::string> plugin_files() {
+  std::vector<std::string> found = split(env("TESSERA_PJRT_PLUGINS"), ':');
+  Dl_info self{};
+  if (dladdr(reinterpret_cast<void*>(&plugin_files), &self) && self.dli_fname) {
+    std::string dir = self.dli_fname;
+    dir = dir.substr(0, dir.rfind('/') + 1);
+    for (auto& f : glob_files(dir + "../pjrt-plugins/*/*.so")) found.push_back(f);
+  }
+  std::vector<std::string> sites;
+  for (const char* prefix : {"VIRTUAL_ENV", "CONDA_PREFIX"})
+    if (!env(prefix).empty()) sites.push_back(env(prefix) + "/lib/python3*/site-packages");
+  for (auto& p : split(env("PYTHONPATH"), ':')) sites.push_back(p);
+  if (!env("HOME").empty()) sites.push_back(env("HOME") + "/.local/lib/python3*/site-packages");
+  for (const char* s : {"/usr/local/lib/python3*/site-packages", "/usr/local/lib/python3*/dist-packages",
+                        "/usr/lib/python3/dist-packages", "/usr/lib/python3*/site-packages", "/opt/conda/lib/python3*/site-packages"})
+    sites.push_back(s);
+  for (auto& s : sites)
+    for (auto& f : glob_files(s + "/jax_plugins/*/*.so")) found.push_back(f);
+  std::vector<std::string> out;
+  std::set<std::string> seen;
+  for (auto& f : found) {
+    char real[PATH_MAX];
+    std::string key = realpath(f.c_str(), real) ? real : f;
+    if (seen.insert(key).second) out.push_back(f);
+  }
+  return out;
+}
+
+// A Step accepted by compile(), never launched on its own.
+struct WholeOnly : Kernel {};
+
+// A compiled program and how its arguments and results map to the runtime's slots.
+struct PjrtExecutable : Executable {
+  Plugin* plugin = nullptr;
+  int device = 0;  // the plugin's device
+  std::unique_ptr<pjrt::LoadedProgram> program;
+  std::shared_ptr<const stablehlo::Program> emitted;
+  std::vector<int> param_slots, output_slots;
+  std::vector<pjrt::TensorType> params, results;  // @main's arguments (without the RNG state) and results
+  std::vector<bool> aliased;                      // per parameter: donated to an output
+};
+
+// An allocation (see the file comment).
+struct Alloc {
+  size_t nbytes = 0;
+  std::vector<char> host;              // when !dev: the bytes (empty: never written, zeros)
+  BufferPtr dev;                       // the bytes, as one device buffer
+  std::map<size_t, BufferPtr> pieces;  // offset -> a device buffer holding the bytes there
+};
+
+std::vector<int64_t> dims_of(const Shape& s) { return std::vector<int64_t>(s.begin(), s.end()); }
+
+class PjrtBackend : public Backend {
+ public:
+  std::string name() const override { return "pjrt"; }
+  int device_count() const override { return int(discover().size()); }
+  DeviceInfo info(int index) const override {
+    auto [p, d] = device(index);
+    std::string s = "XLA " + p->platform() + " device " + std::to_string(d) + " of " + std::to_string(p->device_count()) +
+                    " (" + p->device_kind(d) + ") through PJRT " + p->api_version() + ", plugin " + p->path();
+    if (!p->platform_version().empty()) s += ", " + p->platform_version();
+    auto it = last_stats_.find(index);
+    if (it != last_stats_.end() && it->second.known) {
+      const pjrt::MemoryStats& m = it->second;
+      s += "; XLA's memory for the last program compiled: " + mib(m.arguments) + " arguments, " + mib(m.outputs) + " outputs (" +
+           mib(m.aliased) + " aliased), " + mib(m.temporaries) + " temporaries, " + mib(m.code) + " code";
+    }
+    if (index == 0)
+      for (auto& f : failures_) s += "; not loaded: " + f;
+    return {Device("pjrt", index), s, true, p->platform() != "cpu"};
+  }
+  std::string no_device_message() const override {
+    discover();
+    std::string s = "[device] no PJRT plugin found; set TESSERA_PJRT_PLUGINS to a plugin's path (scripts/run fetches XLA's CPU "
+                    "plugin into the build folder)";
+    for (auto& f : failures_) s += "; not loaded: " + f;
+    return s;
+  }
+
+  void* allocate(int, size_t nbytes) override {
+    uintptr_t at = next_;
+    next_ += (std::max<size_t>(nbytes, 1) + 255) / 256 * 256;
+    allocs_[at].nbytes = nbytes;
+    return reinterpret_cast<void*>(at);
+  }
+  void free(int, void* ptr, size_t) override { allocs_.erase(reinterpret_cast<uintptr_t>(ptr)); }
+  void copy_in(void* dst, const void* host, size_t n) override {
+    auto [a, off] = resolve(dst, n);
+    if (off == 0 && n == a.nbytes) {
+      a.dev.reset();
+      a.pieces.clear();
+      a.host.assign(static_cast<const char*>(host), static_cast<const char*>(host) + n);
+      return;
+    }
+    if (n) std::memcpy(host_bytes(a, off, n) + off, host, n);
+  }
+  void copy_out(void* host, const void* src, size_t n) override {
+    auto [a, off] = resolve(src, n);
+    if (a.dev && off == 0 && n == a.nbytes) return a.dev->to_host(host);
+    auto piece = a.pieces.find(off);
+    if (piece != a.pieces.end() && piece->second->nbytes() == n) return piece->second->to_host(host);
+    if (a.dev) {  // part of a device buffer
+      std::vector<char> all(a.nbytes);
+      a.dev->to_host(all.data());
+      std::memcpy(host, all.data() + off, n);
+      return;
+    }
+    if (n) std::memcpy(host, host_bytes(a, off, n) + off, n);
+  }
+  void copy_device(void* dst, int dst_index, const void* src, int src_index, size_t n) override {
+    auto [s, soff] = resolve(src, n);
+    auto [d, doff] = resolve(dst, n);
+    if (s.dev && soff == 0 && n == s.nbytes) {  // a whole device buffer: shared (buffers are immutable)
+      BufferPtr b = s.dev;
+      auto [dp, dd] = device(dst_index);
+      auto [sp, sd] = device(src_index);
+      if (dp != sp) return copy_through_host(d, doff, s, soff, n);
+      if (dd != sd) b = dp->copy_to_device(*b, dd);
+      if (doff == 0 && n == d.nbytes) {
+        d.host.clear();
+        d.pieces.clear();
+        d.dev = b;
+      } else {
+        host_bytes(d, doff, n);  // drops pieces overlapping the range
+        d.pieces[doff] = b;
+      }
+      return;
+    }
+    copy_through_host(d, doff, s, soff, n);
+  }
+
+  std::unique_ptr<Kernel> compile(const kir::Step&) override { return std::make_unique<WholeOnly>(); }
+  void launch(const Kernel&, const kir::Step& st, const LaunchArgs&) override {
+    fail("pjrt", "pjrt runs whole programs through XLA: a Step cannot be launched on its own (" + st.str() +
+                     "); profiling, TESSERA_STEP_TIMES and Step hooks need another backend", "");
+  }
+  void synchronize() override {
+    // The index checks of the last run: the status word backend.h lets synchronize() read.
+    std::vector<int64_t> values;
+    std::vector<BufferPtr> checks = std::move(pending_checks_);
+    pending_checks_.clear();
+    for (auto& c : checks) {
+      int64_t v[2];
+      c->to_host(v);
+      values.insert(values.end(), v, v + 2);
+    }
+    if (checks_of_ && !values.empty()) stablehlo::raise_index_errors(*checks_of_, values);
+  }
+
+  std::unique_ptr<Executable> compile_executable(const ExecutableSpec& spec) override;
+  void run_executable(Executable& exe, const RunArgs& args) override;
+
+ private:
+  static std::string mib(int64_t b) {
+    char s[32];
+    std::snprintf(s, sizeof s, "%.1f MiB", double(b) / (1 << 20));
+    return s;
+  }
+  // Finds every plugin once; the list of (plugin, its device) per device index.
+  const std::vector<std::pair<Plugin*, int>>& discover() const {
+    if (discovered_) return devices_;
+    discovered_ = true;
+    for (const std::string& f : plugin_files()) {
+      try {
+        plugins_.push_back(Plugin::load(f));
+        for (int d = 0; d < plugins_.back()->device_count(); ++d) devices_.push_back({plugins_.back().get(), d});
+      } catch (const std::exception& e) {
+        failures_.push_back(e.what());
+      }
+    }
+    return devices_;
+  }
+  std::pair<Plugin*, int> device(int index) const {
+    const auto& d = discover();
+    if (index < 0 || size_t(index) >= d.size())
+      fail("device", "no device pjrt:" + std::to_string(index) + " (" + std::to_string(d.size()) + " PJRT devices)", "");
+    return d[size_t(index)];
+  }
+  std::pair<Alloc&, size_t> resolve(const void* p, size_t n) {
+    auto at = reinterpret_cast<uintptr_t>(p);
+    auto it = allocs_.upper_bound(at);
+    if (it == allocs_.begin() || at + n > std::prev(it)->first + std::prev(it)->second.nbytes)
+      fail("pjrt", "an address that is not inside a pjrt allocation", "");
+    --it;
+    return {it->second, at - it->first};
+  }
+  // The allocation's bytes on the host, with [off, off + n) current (a device buffer's bytes are
+  // brought over; so are those of pieces overlapping the range, which are dropped).
+  char* host_bytes(Alloc& a, size_t off, size_t n) {
+    if (a.dev) {
+      a.host.resize(a.nbytes);
+      a.dev->to_host(a.host.data());
+      report_host_transfer("pjrt", int64_t(a.nbytes));
+      a.dev.reset();
+    }
+    if (a.host.size() != a.nbytes) a.host.assign(a.nbytes, 0);
+    for (auto it = a.pieces.begin(); it != a.pieces.end();) {
+      size_t b = it->first, e = b + it->second->nbytes();
+      if (b < off + n && off < e) {
+        it->second->to_host(a.host.data() + b);
+        report_host_transfer("pjrt", int64_t(e - b));
+        it = a.pieces.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    return a.host.data();
+  }
+  void copy_through_host(Alloc& d, size_t doff, Alloc& s, size_t soff, size_t n) {
+    std::vector<char> tmp(n);
+    if (s.dev && soff == 0 && n == s.nbytes) s.dev->to_host(tmp.data());
+    else if (n) std::memcpy(tmp.data(), host_bytes(s, soff, n) + soff, n);
+    report_host_transfer("pjrt", int64_t(2 * n));
+    if (doff == 0 && n == d.nbytes) {
+      d.dev.reset();
+      d.pieces.clear();
+      d.host = std::move(tmp);
+    } else if (n) {
+      std::memcpy(host_bytes(d, doff, n) + doff, tmp.data(), n);
+    }
+  }
+  // The device buffer for argument t read at p (uploading host bytes; a whole allocation keeps
+  // the upload). `temps` keeps buffers made for this run only.
+  BufferPtr argument(const PjrtExecutable& x, const void* p, const pjrt::TensorType& t);
+
+  mutable bool discovered_ = false;
+  mutable std::vector<std::unique_ptr<Plugin>> plugins_;
+  mutable std::vector<std::pair<Plugin*, int>> devices_;
+  mutable std::vector<std::string> failures_;
+  std::map<int, pjrt::MemoryStats> last_stats_;
+  std::map<uintptr_t, Alloc> allocs_;
+  uintptr_t next_ = uintptr_t(1) << 44;
+  std::vector<BufferPtr> pending_checks_;
+  std::shared_ptr<const stablehlo::Program> checks_of_;  // the program pending_checks_ came from
+};
+
+std::unique_ptr<Executable> PjrtBackend::compile_executable(const ExecutableSpec& spec) {
+  auto x = std::make_unique<PjrtExecutable>();
+  std::tie(x->plugin, x->device) = device(spec.device);
+  const ir::Graph& g = *spec.graph;
+  stablehlo::EmitOptions o;
+  for (size_t k = 0; k < spec.donated.size(); ++k)
+    if (spec.donated[k] >= 0) o.aliases.push_back({spec.donated[k], int(k)});
+  x->emitted = std::make_shared<const stablehlo::Program>(stablehlo::emit(g, o));
+  x->program = x->plugin->compile(x->emitted->text);
+  last_stats_[spec.device] = x->program->memory_stats();
+  x->param_slots = spec.param_slots;
+  x->output_slots = spec.output_slots;
+  for (int p : g.params) x->params.push_back({g.nodes[size_t(p)]->dtype, dims_of(g.nodes[size_t(p)]->shape)});
+  for (int o : g.outputs) x->results.push_back({g.nodes[size_t(o)]->dtype, dims_of(g.nodes[size_t(o)]->shape)});
+  for (size_t k = 0; k < x->emitted->index_checks.size(); ++k) x->results.push_back({DType::Int64, {2}});
+  x->aliased.assign(g.params.size(), false);
+  for (auto [p, k] : o.aliases) x->aliased[size_t(p)] = true;
+  size_t n = x->program->num_outputs();
+  if (n != x->results.size())
+    fail("pjrt", "the compiled program has " + std::to_string(n) + " results where " + std::to_string(x->results.size()) +
+                     " were emitted", "");
+  return x;
+}
+
+BufferPtr PjrtBackend::argument(const PjrtExecutable& x, const void* p, const pjrt::TensorType& t) {
+  size_t nbytes = size_t(numel(Shape(t.dims.begin(), t.dims.end()))) * itemsize(t.dtype);
+  auto [a, off] = resolve(p, nbytes);
+  auto fits = [&](const BufferPtr& b) { return b && b->dtype == t.dtype && b->dims == t.dims && b->device == x.device; };
+  if (off == 0 && nbytes == a.nbytes) {
+    if (fits(a.dev)) return a.dev;
+    const char* bytes = host_bytes(a, 0, nbytes);  // a buffer of another shape or device comes back first
+    a.dev = x.plugin->upload(x.device, bytes, t.dtype, t.dims);
+    a.host.clear();
+    a.host.shrink_to_fit();
+    return a.dev;
+  }
+  auto piece = a.pieces.find(off);
+  if (piece != a.pieces.end() && fits(piece->second)) return piece->second;
+  return x.plugin->upload(x.device, host_bytes(a, off, nbytes) + off, t.dtype, t.dims);  // for this run only
+}
+
+void PjrtBackend::run_executable(Executable& e, const RunArgs& args) {
+  auto& x = static_cast<PjrtExecutable&>(e);
+  std::vector<BufferPtr> bufs;
+  for (size_t p = 0; p < x.params.size(); ++p) bufs.push_back(argument(x, args.slots[x.param_slots[p]], x.params[p]));
+  if (x.emitted->rng) bufs.push_back(argument(x, args.scalars, {DType::Int64, {2}}));  // RunScalars {seed, offset}
+  // A donated buffer that something else still holds (another allocation or argument) must
+  // survive the run: XLA then copies instead of writing in place.
+  std::vector<int64_t> keep;
+  std::vector<pjrt::api::Buffer*> raw;
+  for (size_t i = 0; i < bufs.size(); ++i) {
+    raw.push_back(bufs[i]->buffer);
+    long here = std::count(bufs.begin(), bufs.end(), bufs[i]);
+    if (i < x.aliased.size() && x.aliased[i] && (here > 1 || bufs[i].use_count() > here + 1)) keep.push_back(int64_t(i));
+  }
+  std::vector<BufferPtr> outs = x.program->execute(x.device, raw, keep, x.results);
+  bufs.clear();
+  for (size_t k = 0; k < x.output_slots.size(); ++k) {
+    auto [a, off] = resolve(args.slots[x.output_slots[k]], outs[k]->nbytes());
+    if (off != 0 || a.nbytes != outs[k]->nbytes()) fail("pjrt", "an output slot that is not a whole allocation", "");
+    a.host.clear();
+    a.pieces.clear();
+    a.dev = outs[k];
+  }
+  pending_checks_.assign(outs.begin() + long(x.output_slots.size()), outs.end());
+  checks_of_ = x.emitted;
+}
+
+std::shared_ptr<Backend> make_pjrt_backend(std::string*) { return std::make_shared<PjrtBackend>(); }
+
+}  // namespace
+}  // namespace tessera::backends
+
+TESSERA_BACKEND_PLUGIN(tessera::backends::make_pjrt_backend)

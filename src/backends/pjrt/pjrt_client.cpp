@@ -1,0 +1,273 @@
+#include "pjrt_client.h"
+
+#include <dlfcn.h>
+
+#include "core/fail.h"
+
+namespace tessera::pjrt {
+namespace {
+
+api::ElementType element_type(DType t) {
+  switch (t) {
+    case DType::Bool: return api::ElementType::Pred;
+    case DType::Int32: return api::ElementType::S32;
+    case DType::Int64: return api::ElementType::S64;
+    case DType::Float16: return api::ElementType::F16;
+    case DType::BFloat16: return api::ElementType::BF16;
+    case DType::Float32: return api::ElementType::F32;
+    case DType::Float64: return api::ElementType::F64;
+  }
+  return api::ElementType::Invalid;
+}
+
+std::string text(const char* s, size_t n) { return s ? std::string(s, n) : std::string(); }
+
+}  // namespace
+
+// ---- errors and events ----
+
+void Plugin::check(api::Error* e, const char* what) const {
+  if (!e) return;
+  auto m = api::args<api::ErrorMessageArgs>();
+  m.error = e;
+  api_->error_message(&m);
+  std::string msg = text(m.message, m.message_size);
+  auto d = api::args<api::ErrorDestroyArgs>();
+  d.error = e;
+  api_->error_destroy(&d);
+  fail("pjrt", std::string(what) + ": " + msg, "");
+}
+
+void Plugin::await(api::Event* ev, const char* what) const {
+  if (!ev) return;
+  auto a = api::args<api::EventAwaitArgs>();
+  a.event = ev;
+  api::Error* e = api_->event_await(&a);
+  auto d = api::args<api::EventDestroyArgs>();
+  d.event = ev;
+  api::Error* de = api_->event_destroy(&d);
+  check(e, what);
+  check(de, what);
+}
+
+// ---- loading ----
+
+std::unique_ptr<Plugin> Plugin::load(const std::string& path) {
+  auto bad = [&](const std::string& why) { fail("pjrt", "plugin " + path + ": " + why, ""); };
+  // Never unloaded: a PJRT plugin's threads and static state outlive any client.
+  void* lib = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+  if (!lib) bad(std::string("cannot load it: ") + dlerror());
+  auto get = reinterpret_cast<const api::Api* (*)()>(dlsym(lib, "GetPjrtApi"));
+  if (!get) bad("no GetPjrtApi symbol: not a PJRT plugin");
+  const api::Api* a = get();
+  if (!a) bad("GetPjrtApi returned no API table");
+  const size_t version_end = offsetof(api::Api, version) + sizeof(api::Api::Version);
+  if (a->struct_size < version_end) bad("its API table is too small (" + std::to_string(a->struct_size) + " bytes) to hold a version");
+  const std::string v = std::to_string(a->version.major) + "." + std::to_string(a->version.minor);
+  if (a->version.major != api::kMajor || a->version.minor < api::kMinMinor)
+    bad("PJRT API version " + v + " is not supported: this backend speaks " + std::to_string(api::kMajor) + "." +
+        std::to_string(api::kMinMinor) + " and later minors of major " + std::to_string(api::kMajor));
+  if (a->struct_size < api::kApiBytesNeeded)
+    bad("its API table (" + std::to_string(a->struct_size) + " bytes, version " + v + ") lacks functions this backend calls (" +
+        std::to_string(api::kApiBytesNeeded) + " bytes needed)");
+
+  std::unique_ptr<Plugin> p(new Plugin());
+  p->path_ = path;
+  p->api_ = a;
+  auto init = api::args<api::PluginInitializeArgs>();
+  p->check(a->plugin_initialize(&init), ("plugin " + path + ": initialization failed").c_str());
+  auto cc = api::args<api::ClientCreateArgs>();
+  p->check(a->client_create(&cc), ("plugin " + path + ": creating a client failed").c_str());
+  p->client_ = cc.client;
+  auto name = api::args<api::ClientStringArgs>();
+  name.client = p->client_;
+  p->check(a->client_platform_name(&name), "platform name");
+  p->platform_ = text(name.text, name.text_size);
+  auto ver = api::args<api::ClientStringArgs>();
+  ver.client = p->client_;
+  p->check(a->client_platform_version(&ver), "platform version");
+  p->platform_version_ = text(ver.text, ver.text_size);
+  auto devs = api::args<api::ClientDevicesArgs>();
+  devs.client = p->client_;
+  p->check(a->client_addressable_devices(&devs), "addressable devices");
+  for (size_t i = 0; i < devs.num_devices; ++i) {
+    p->devices_.push_back(devs.devices[i]);
+    auto gd = api::args<api::DeviceGetDescriptionArgs>();
+    gd.device = devs.devices[i];
+    p->check(a->device_get_description(&gd), "device description");
+    auto kind = api::args<api::DescriptionStringArgs>();
+    kind.description = gd.description;
+    p->check(a->description_kind(&kind), "device kind");
+    p->device_kinds_.push_back(text(kind.text, kind.text_size));
+  }
+  return p;
+}
+
+std::string Plugin::api_version() const { return std::to_string(api_->version.major) + "." + std::to_string(api_->version.minor); }
+
+// ---- programs ----
+
+std::unique_ptr<LoadedProgram> Plugin::compile(const std::string& mlir) const {
+  auto prog = api::args<api::Program>();
+  prog.code = mlir.data();
+  prog.code_size = mlir.size();
+  prog.format = "mlir";
+  prog.format_size = 4;
+  auto c = api::args<api::ClientCompileArgs>();
+  c.client = client_;
+  c.program = &prog;
+  // A serialized xla.CompileOptionsProto holding executable_build_options (field 3) with
+  // num_replicas (field 4) = 1 and num_partitions (field 5) = 1: the least XLA accepts (without
+  // them its CPU client aborts on a replica count of 0). Everything else keeps XLA's defaults.
+  static const char kOptions[] = {0x1a, 0x04, 0x20, 0x01, 0x28, 0x01};
+  c.compile_options = kOptions;
+  c.compile_options_size = sizeof kOptions;
+  check(api_->client_compile(&c), "compile failed");
+  return std::make_unique<LoadedProgram>(*this, c.executable);
+}
+
+LoadedProgram::~LoadedProgram() {
+  auto d = api::args<api::LoadedExecutableDestroyArgs>();
+  d.executable = exe_;
+  if (api::Error* e = plugin_.api().loaded_executable_destroy(&d)) {
+    auto ed = api::args<api::ErrorDestroyArgs>();
+    ed.error = e;
+    plugin_.api().error_destroy(&ed);
+  }
+}
+
+size_t LoadedProgram::num_outputs() const {
+  const api::Api& a = plugin_.api();
+  auto g = api::args<api::LoadedExecutableGetExecutableArgs>();
+  g.loaded = exe_;
+  plugin_.check(a.loaded_executable_get_executable(&g), "executable");
+  auto n = api::args<api::ExecutableNumOutputsArgs>();
+  n.executable = g.executable;
+  api::Error* e = a.executable_num_outputs(&n);
+  auto d = api::args<api::ExecutableDestroyArgs>();
+  d.executable = g.executable;
+  plugin_.check(a.executable_destroy(&d), "executable");
+  plugin_.check(e, "number of outputs");
+  return n.num_outputs;
+}
+
+MemoryStats LoadedProgram::memory_stats() const {
+  const api::Api& a = plugin_.api();
+  auto g = api::args<api::LoadedExecutableGetExecutableArgs>();
+  g.loaded = exe_;
+  plugin_.check(a.loaded_executable_get_executable(&g), "executable");
+  auto s = api::args<api::CompiledMemoryStatsArgs>();
+  s.executable = g.executable;
+  MemoryStats m;
+  if (!a.executable_compiled_memory_stats) {
+  } else if (api::Error* e = a.executable_compiled_memory_stats(&s)) {  // unimplemented by this plugin
+    auto ed = api::args<api::ErrorDestroyArgs>();
+    ed.error = e;
+    a.error_destroy(&ed);
+  } else {
+    m = {true, s.generated_code_bytes, s.argument_bytes, s.output_bytes, s.alias_bytes, s.temp_bytes, s.peak_bytes};
+  }
+  auto d = api::args<api::ExecutableDestroyArgs>();
+  d.executable = g.executable;
+  plugin_.check(a.executable_destroy(&d), "executable");
+  return m;
+}
+
+std::vector<BufferPtr> LoadedProgram::execute(int device, const std::vector<api::Buffer*>& args,
+                                              const std::vector<int64_t>& non_donatable,
+                                              const std::vector<TensorType>& outputs) const {
+  const api::Api& a = plugin_.api();
+  auto opts = api::args<api::ExecuteOptions>();
+  opts.non_donatable_input_indices = non_donatable.data();
+  opts.num_non_donatable_input_indices = non_donatable.size();
+  std::vector<api::Buffer*> outs(outputs.size(), nullptr);
+  api::Buffer* const* arg_list = args.data();
+  api::Buffer** out_list = outs.data();
+  api::Event* done = nullptr;
+  auto x = api::args<api::LoadedExecutableExecuteArgs>();
+  x.executable = exe_;
+  x.options = &opts;
+  x.argument_lists = &arg_list;
+  x.num_devices = 1;
+  x.num_args = args.size();
+  x.output_lists = &out_list;
+  x.device_complete_events = &done;
+  x.execute_device = plugin_.device(device);
+  plugin_.check(a.loaded_executable_execute(&x), "execute failed");
+  std::vector<BufferPtr> result;
+  for (size_t k = 0; k < outs.size(); ++k) {  // owned from here on, whatever happens next
+    auto b = std::make_shared<DeviceBuffer>();
+    b->plugin = &plugin_;
+    b->buffer = outs[k];
+    b->dtype = outputs[k].dtype;
+    b->dims = outputs[k].dims;
+    b->device = device;
+    result.push_back(std::move(b));
+  }
+  plugin_.await(done, "execute failed");
+  return result;
+}
+
+// ---- buffers ----
+
+BufferPtr Plugin::upload(int device, const void* data, DType t, const std::vector<int64_t>& dims) const {
+  auto u = api::args<api::ClientBufferFromHostArgs>();
+  u.client = client_;
+  u.data = data;
+  u.type = element_type(t);
+  u.dims = dims.data();
+  u.num_dims = dims.size();
+  u.semantics = api::HostBufferSemantics::ImmutableOnlyDuringCall;
+  u.device = devices_[size_t(device)];
+  check(api_->client_buffer_from_host(&u), "copy to the device");
+  auto b = std::make_shared<DeviceBuffer>();
+  b->plugin = this;
+  b->buffer = u.buffer;
+  b->dtype = t;
+  b->dims = dims;
+  b->device = device;
+  await(u.done_with_host_buffer, "copy to the device");
+  return b;
+}
+
+BufferPtr Plugin::copy_to_device(const DeviceBuffer& src, int device) const {
+  auto c = api::args<api::BufferCopyToDeviceArgs>();
+  c.buffer = src.buffer;
+  c.dst_device = devices_[size_t(device)];
+  check(api_->buffer_copy_to_device(&c), "copy between devices");
+  auto b = std::make_shared<DeviceBuffer>();
+  b->plugin = this;
+  b->buffer = c.dst_buffer;
+  b->dtype = src.dtype;
+  b->dims = src.dims;
+  b->device = device;
+  return b;
+}
+
+DeviceBuffer::~DeviceBuffer() {
+  if (!buffer) return;
+  auto d = api::args<api::BufferDestroyArgs>();
+  d.buffer = buffer;
+  if (api::Error* e = plugin->api().buffer_destroy(&d)) {
+    auto ed = api::args<api::ErrorDestroyArgs>();
+    ed.error = e;
+    plugin->api().error_destroy(&ed);
+  }
+}
+
+size_t DeviceBuffer::nbytes() const {
+  int64_t n = 1;
+  for (int64_t d : dims) n *= d;
+  return size_t(n) * itemsize(dtype);
+}
+
+void DeviceBuffer::to_host(void* dst) const {
+  auto t = api::args<api::BufferToHostArgs>();
+  t.src = buffer;
+  t.dst = dst;
+  t.dst_size = nbytes();
+  plugin->check(plugin->api().buffer_to_host(&t), "copy to the host");
+  plugin->await(t.event, "copy to the host");
+}
+
+}  // namespace tessera::pjrt
