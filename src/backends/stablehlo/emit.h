@@ -33,7 +33,7 @@ struct EmitOptions {
 struct IndexCheck {
   std::string op;          // the primitive's name ("gather", "scatter_add")
   std::string scope;       // the node's scope ("" at top level)
-  std::string shape_text;  // the shape the cpu error names ("[4, 8]")
+  std::string shape_text;  // the indexed tensor's shape, as the cpu error names it ("[4, 8]")
   int64_t axis = 0;        // the indexed axis
   int64_t extent = 0;      // its extent (valid indices are 0..extent-1)
 };
