@@ -86,7 +86,7 @@ std::vector<std::string> plugin_files() {
   for (auto& f : found) {
     char real[PATH_MAX];
     std::string key = realpath(f.c_str(), real) ? real : f;
-    if (seen.insert(key).second) out.push_back(f);
+    if (seen.insert(key).second) out.push_back(key);
   }
   return out;
 }
@@ -105,12 +105,14 @@ struct PjrtExecutable : Executable {
   std::vector<bool> aliased;                      // per parameter: donated to an output
 };
 
-// An allocation (see the file comment).
+// An allocation: bytes on the host, and device buffers holding some byte ranges (`pieces`, by
+// offset: a tensor's bytes, which the runtime places at an offset in a rounded-up block). Where a
+// piece lies it holds the bytes; the host vector holds the rest (allocated when first needed).
 struct Alloc {
   size_t nbytes = 0;
-  std::vector<char> host;              // when !dev: the bytes (empty: never written, zeros)
-  BufferPtr dev;                       // the bytes, as one device buffer
-  std::map<size_t, BufferPtr> pieces;  // offset -> a device buffer holding the bytes there
+  std::vector<char> host;
+  std::map<size_t, BufferPtr> pieces;
+  size_t written_lo = SIZE_MAX, written_hi = 0;  // bytes copy_in wrote on the host: [lo, hi)
 };
 
 std::vector<int64_t> dims_of(const Shape& s) { return std::vector<int64_t>(s.begin(), s.end()); }
@@ -119,21 +121,7 @@ class PjrtBackend : public Backend {
  public:
   std::string name() const override { return "pjrt"; }
   int device_count() const override { return int(discover().size()); }
-  DeviceInfo info(int index) const override {
-    auto [p, d] = device(index);
-    std::string s = "XLA " + p->platform() + " device " + std::to_string(d) + " of " + std::to_string(p->device_count()) +
-                    " (" + p->device_kind(d) + ") through PJRT " + p->api_version() + ", plugin " + p->path();
-    if (!p->platform_version().empty()) s += ", " + p->platform_version();
-    auto it = last_stats_.find(index);
-    if (it != last_stats_.end() && it->second.known) {
-      const pjrt::MemoryStats& m = it->second;
-      s += "; XLA's memory for the last program compiled: " + mib(m.arguments) + " arguments, " + mib(m.outputs) + " outputs (" +
-           mib(m.aliased) + " aliased), " + mib(m.temporaries) + " temporaries, " + mib(m.code) + " code";
-    }
-    if (index == 0)
-      for (auto& f : failures_) s += "; not loaded: " + f;
-    return {Device("pjrt", index), s, true, p->platform() != "cpu"};
-  }
+  DeviceInfo info(int index) const override;
   std::string no_device_message() const override {
     discover();
     std::string s = "[device] no PJRT plugin found; set TESSERA_PJRT_PLUGINS to a plugin's path (scripts/run fetches XLA's CPU "
@@ -151,48 +139,18 @@ class PjrtBackend : public Backend {
   void free(int, void* ptr, size_t) override { allocs_.erase(reinterpret_cast<uintptr_t>(ptr)); }
   void copy_in(void* dst, const void* host, size_t n) override {
     auto [a, off] = resolve(dst, n);
-    if (off == 0 && n == a.nbytes) {
-      a.dev.reset();
-      a.pieces.clear();
-      a.host.assign(static_cast<const char*>(host), static_cast<const char*>(host) + n);
-      return;
-    }
-    if (n) std::memcpy(host_bytes(a, off, n) + off, host, n);
+    if (!n) return;
+    std::memcpy(settle(a, off, n, true) + off, host, n);
+    a.written_lo = std::min(a.written_lo, off);
+    a.written_hi = std::max(a.written_hi, off + n);
   }
   void copy_out(void* host, const void* src, size_t n) override {
     auto [a, off] = resolve(src, n);
-    if (a.dev && off == 0 && n == a.nbytes) return a.dev->to_host(host);
     auto piece = a.pieces.find(off);
     if (piece != a.pieces.end() && piece->second->nbytes() == n) return piece->second->to_host(host);
-    if (a.dev) {  // part of a device buffer
-      std::vector<char> all(a.nbytes);
-      a.dev->to_host(all.data());
-      std::memcpy(host, all.data() + off, n);
-      return;
-    }
-    if (n) std::memcpy(host, host_bytes(a, off, n) + off, n);
+    if (n) std::memcpy(host, settle(a, off, n, false) + off, n);
   }
-  void copy_device(void* dst, int dst_index, const void* src, int src_index, size_t n) override {
-    auto [s, soff] = resolve(src, n);
-    auto [d, doff] = resolve(dst, n);
-    if (s.dev && soff == 0 && n == s.nbytes) {  // a whole device buffer: shared (buffers are immutable)
-      BufferPtr b = s.dev;
-      auto [dp, dd] = device(dst_index);
-      auto [sp, sd] = device(src_index);
-      if (dp != sp) return copy_through_host(d, doff, s, soff, n);
-      if (dd != sd) b = dp->copy_to_device(*b, dd);
-      if (doff == 0 && n == d.nbytes) {
-        d.host.clear();
-        d.pieces.clear();
-        d.dev = b;
-      } else {
-        host_bytes(d, doff, n);  // drops pieces overlapping the range
-        d.pieces[doff] = b;
-      }
-      return;
-    }
-    copy_through_host(d, doff, s, soff, n);
-  }
+  void copy_device(void* dst, int dst_index, const void* src, int src_index, size_t n) override;
 
   std::unique_ptr<Kernel> compile(const kir::Step&) override { return std::make_unique<WholeOnly>(); }
   void launch(const Kernel&, const kir::Step& st, const LaunchArgs&) override {
@@ -201,26 +159,21 @@ class PjrtBackend : public Backend {
   }
   void synchronize() override {
     // The index checks of the last run: the status word backend.h lets synchronize() read.
-    std::vector<int64_t> values;
     std::vector<BufferPtr> checks = std::move(pending_checks_);
     pending_checks_.clear();
+    std::vector<int64_t> values;
     for (auto& c : checks) {
       int64_t v[2];
       c->to_host(v);
       values.insert(values.end(), v, v + 2);
     }
-    if (checks_of_ && !values.empty()) stablehlo::raise_index_errors(*checks_of_, values);
+    if (!values.empty()) stablehlo::raise_index_errors(*checks_of_, values);
   }
 
   std::unique_ptr<Executable> compile_executable(const ExecutableSpec& spec) override;
   void run_executable(Executable& exe, const RunArgs& args) override;
 
  private:
-  static std::string mib(int64_t b) {
-    char s[32];
-    std::snprintf(s, sizeof s, "%.1f MiB", double(b) / (1 << 20));
-    return s;
-  }
   // Finds every plugin once; the list of (plugin, its device) per device index.
   const std::vector<std::pair<Plugin*, int>>& discover() const {
     if (discovered_) return devices_;
@@ -249,44 +202,55 @@ class PjrtBackend : public Backend {
     --it;
     return {it->second, at - it->first};
   }
-  // The allocation's bytes on the host, with [off, off + n) current (a device buffer's bytes are
-  // brought over; so are those of pieces overlapping the range, which are dropped).
-  char* host_bytes(Alloc& a, size_t off, size_t n) {
-    if (a.dev) {
-      a.host.resize(a.nbytes);
-      a.dev->to_host(a.host.data());
-      report_host_transfer("pjrt", int64_t(a.nbytes));
-      a.dev.reset();
-    }
-    if (a.host.size() != a.nbytes) a.host.assign(a.nbytes, 0);
+  // The host bytes with [off, off + n) current: pieces overlapping it are dropped, their bytes
+  // brought to the host first unless `overwritten` and the piece lies inside the range.
+  char* settle(Alloc& a, size_t off, size_t n, bool overwritten) {
+    if (a.host.size() != a.nbytes) a.host.resize(a.nbytes);
     for (auto it = a.pieces.begin(); it != a.pieces.end();) {
       size_t b = it->first, e = b + it->second->nbytes();
-      if (b < off + n && off < e) {
+      if (b >= off + n || e <= off) {
+        ++it;
+        continue;
+      }
+      if (!(overwritten && off <= b && e <= off + n)) {
         it->second->to_host(a.host.data() + b);
         report_host_transfer("pjrt", int64_t(e - b));
-        it = a.pieces.erase(it);
-      } else {
-        ++it;
       }
+      it = a.pieces.erase(it);
     }
     return a.host.data();
   }
-  void copy_through_host(Alloc& d, size_t doff, Alloc& s, size_t soff, size_t n) {
-    std::vector<char> tmp(n);
-    if (s.dev && soff == 0 && n == s.nbytes) s.dev->to_host(tmp.data());
-    else if (n) std::memcpy(tmp.data(), host_bytes(s, soff, n) + soff, n);
-    report_host_transfer("pjrt", int64_t(2 * n));
-    if (doff == 0 && n == d.nbytes) {
-      d.dev.reset();
-      d.pieces.clear();
-      d.host = std::move(tmp);
-    } else if (n) {
-      std::memcpy(host_bytes(d, doff, n) + doff, tmp.data(), n);
+  // Makes `b` the bytes at [off, off + b's size).
+  void place(Alloc& a, size_t off, BufferPtr b) {
+    size_t n = b->nbytes();
+    for (auto it = a.pieces.begin(); it != a.pieces.end();) {
+      size_t pb = it->first, pe = pb + it->second->nbytes();
+      bool inside = off <= pb && pe <= off + n, apart = pb >= off + n || pe <= off;
+      if (apart) ++it;
+      else if (inside) it = a.pieces.erase(it);
+      else settle(a, pb, pe - pb, false), it = a.pieces.begin();  // partly covered: its bytes go to the host
+    }
+    a.pieces[off] = std::move(b);
+    if (off <= a.written_lo && a.written_hi <= off + n) {  // the host holds nothing else anyone wrote
+      a.host.clear();
+      a.host.shrink_to_fit();
+      a.written_lo = SIZE_MAX, a.written_hi = 0;
     }
   }
-  // The device buffer for argument t read at p (uploading host bytes; a whole allocation keeps
-  // the upload). `temps` keeps buffers made for this run only.
-  BufferPtr argument(const PjrtExecutable& x, const void* p, const pjrt::TensorType& t);
+  // The device buffer for argument t read at p: the piece there, or the bytes there uploaded
+  // (and kept as a piece, so a parameter stays on the device).
+  BufferPtr argument(const PjrtExecutable& x, const void* p, const pjrt::TensorType& t) {
+    size_t nbytes = size_t(numel(Shape(t.dims.begin(), t.dims.end()))) * itemsize(t.dtype);
+    auto [a, off] = resolve(p, nbytes);
+    auto piece = a.pieces.find(off);
+    if (piece != a.pieces.end()) {
+      const BufferPtr& b = piece->second;
+      if (b->dtype == t.dtype && b->dims == t.dims && b->device == x.device) return b;
+    }
+    BufferPtr b = x.plugin->upload(x.device, settle(a, off, nbytes, false) + off, t.dtype, t.dims);
+    place(a, off, b);
+    return b;
+  }
 
   mutable bool discovered_ = false;
   mutable std::vector<std::unique_ptr<Plugin>> plugins_;
@@ -298,6 +262,46 @@ class PjrtBackend : public Backend {
   std::vector<BufferPtr> pending_checks_;
   std::shared_ptr<const stablehlo::Program> checks_of_;  // the program pending_checks_ came from
 };
+
+DeviceInfo PjrtBackend::info(int index) const {
+  auto [p, d] = device(index);
+  std::string s = "XLA " + p->platform() + " device " + std::to_string(d) + " of " + std::to_string(p->device_count()) + " (" +
+                  p->device_kind(d) + ") through PJRT " + p->api_version() + ", plugin " + p->path();
+  if (!p->platform_version().empty() && p->platform_version() != p->platform()) s += ", " + p->platform_version();
+  auto it = last_stats_.find(index);
+  if (it != last_stats_.end() && it->second.known) {
+    const pjrt::MemoryStats& m = it->second;
+    auto mib = [](int64_t b) {
+      char t[32];
+      std::snprintf(t, sizeof t, "%.2f MiB", double(b) / (1 << 20));
+      return std::string(t);
+    };
+    s += "; XLA's memory for the last program compiled: peak " + mib(m.peak) + " (" + mib(m.arguments) + " arguments, " +
+         mib(m.outputs) + " outputs, " + mib(m.aliased) + " aliased, " + mib(m.temporaries) + " temporaries), " + mib(m.code) +
+         " code";
+  }
+  if (index == 0)
+    for (auto& f : failures_) s += "; not loaded: " + f;
+  return {Device("pjrt", index), s, true, p->platform() != "cpu"};
+}
+
+void PjrtBackend::copy_device(void* dst, int dst_index, const void* src, int src_index, size_t n) {
+  auto [s, soff] = resolve(src, n);
+  auto [d, doff] = resolve(dst, n);
+  auto piece = s.pieces.find(soff);
+  auto [dp, dd] = device(dst_index);
+  auto [sp, sd] = device(src_index);
+  if (piece != s.pieces.end() && piece->second->nbytes() == n && dp == sp) {
+    // A tensor's device buffer: shared (buffers are immutable), or copied to the other device.
+    place(d, doff, dd == sd ? piece->second : dp->copy_to_device(*piece->second, dd));
+    return;
+  }
+  // Bytes still on the host (written, never yet given a dtype by a run) move on the host; a
+  // device buffer's bytes come over first (settle() reports them).
+  std::vector<char> tmp(n);
+  copy_out(tmp.data(), src, n);
+  copy_in(dst, tmp.data(), n);
+}
 
 std::unique_ptr<Executable> PjrtBackend::compile_executable(const ExecutableSpec& spec) {
   auto x = std::make_unique<PjrtExecutable>();
@@ -323,23 +327,6 @@ std::unique_ptr<Executable> PjrtBackend::compile_executable(const ExecutableSpec
   return x;
 }
 
-BufferPtr PjrtBackend::argument(const PjrtExecutable& x, const void* p, const pjrt::TensorType& t) {
-  size_t nbytes = size_t(numel(Shape(t.dims.begin(), t.dims.end()))) * itemsize(t.dtype);
-  auto [a, off] = resolve(p, nbytes);
-  auto fits = [&](const BufferPtr& b) { return b && b->dtype == t.dtype && b->dims == t.dims && b->device == x.device; };
-  if (off == 0 && nbytes == a.nbytes) {
-    if (fits(a.dev)) return a.dev;
-    const char* bytes = host_bytes(a, 0, nbytes);  // a buffer of another shape or device comes back first
-    a.dev = x.plugin->upload(x.device, bytes, t.dtype, t.dims);
-    a.host.clear();
-    a.host.shrink_to_fit();
-    return a.dev;
-  }
-  auto piece = a.pieces.find(off);
-  if (piece != a.pieces.end() && fits(piece->second)) return piece->second;
-  return x.plugin->upload(x.device, host_bytes(a, off, nbytes) + off, t.dtype, t.dims);  // for this run only
-}
-
 void PjrtBackend::run_executable(Executable& e, const RunArgs& args) {
   auto& x = static_cast<PjrtExecutable&>(e);
   std::vector<BufferPtr> bufs;
@@ -358,10 +345,7 @@ void PjrtBackend::run_executable(Executable& e, const RunArgs& args) {
   bufs.clear();
   for (size_t k = 0; k < x.output_slots.size(); ++k) {
     auto [a, off] = resolve(args.slots[x.output_slots[k]], outs[k]->nbytes());
-    if (off != 0 || a.nbytes != outs[k]->nbytes()) fail("pjrt", "an output slot that is not a whole allocation", "");
-    a.host.clear();
-    a.pieces.clear();
-    a.dev = outs[k];
+    place(a, off, outs[k]);
   }
   pending_checks_.assign(outs.begin() + long(x.output_slots.size()), outs.end());
   checks_of_ = x.emitted;

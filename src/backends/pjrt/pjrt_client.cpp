@@ -22,6 +22,22 @@ api::ElementType element_type(DType t) {
 
 std::string text(const char* s, size_t n) { return s ? std::string(s, n) : std::string(); }
 
+// Protocol-buffer wire format: a length-delimited field (lengths here stay below 128).
+std::string field(int number, const std::string& bytes) { return std::string{char(number << 3 | 2), char(bytes.size())} + bytes; }
+
+// A serialized xla.CompileOptionsProto: executable_build_options (3) with num_replicas (4) and
+// num_partitions (5) = 1, the least XLA accepts (its CPU client aborts on a replica count of 0),
+// and on the CPU one env_option_overrides (7) entry, xla_cpu_enable_fast_min_max = false:
+// Tessera's max and min propagate NaN, which XLA's CPU compiler drops by default.
+std::string compile_options(const std::string& platform) {
+  std::string o = field(3, std::string{0x20, 0x01, 0x28, 0x01});
+  if (platform == "cpu") {
+    const std::string bool_false = std::string{0x10, 0x00};  // OptionOverrideProto.bool_field (2)
+    o += field(7, field(1, "xla_cpu_enable_fast_min_max") + field(2, bool_false));
+  }
+  return o;
+}
+
 }  // namespace
 
 // ---- errors and events ----
@@ -116,12 +132,9 @@ std::unique_ptr<LoadedProgram> Plugin::compile(const std::string& mlir) const {
   auto c = api::args<api::ClientCompileArgs>();
   c.client = client_;
   c.program = &prog;
-  // A serialized xla.CompileOptionsProto holding executable_build_options (field 3) with
-  // num_replicas (field 4) = 1 and num_partitions (field 5) = 1: the least XLA accepts (without
-  // them its CPU client aborts on a replica count of 0). Everything else keeps XLA's defaults.
-  static const char kOptions[] = {0x1a, 0x04, 0x20, 0x01, 0x28, 0x01};
-  c.compile_options = kOptions;
-  c.compile_options_size = sizeof kOptions;
+  const std::string options = compile_options(platform_);
+  c.compile_options = options.data();
+  c.compile_options_size = options.size();
   check(api_->client_compile(&c), "compile failed");
   return std::make_unique<LoadedProgram>(*this, c.executable);
 }
