@@ -7,18 +7,20 @@
 #include <cstdlib>
 #include <fstream>
 
+#include "../../bench/bench_common.h"
 #include "pjrt_client.h"
 #include "backends/backend.h"
+#include "tessera/nn.h"
+#include "tessera/optim.h"
 #include "tessera/tessera.h"
 #include "test_util.h"
 
 namespace tessera {
 namespace {
 
-bool in_ci() {
-  const char* c = std::getenv("CI");
-  return c && std::string(c) == "true";
-}
+namespace tt = tessera::testing;
+using tt::in_ci;
+using tt::random_tensor;
 
 const char* kCpuPlugin = TESSERA_PJRT_CPU_PLUGIN;
 
@@ -130,6 +132,154 @@ TEST(PjrtCpuPlugin, AProgramWithATypeErrorIsRefusedWithXLAsMessage) {
     EXPECT_EQ(m.rfind("[pjrt] compile failed: ", 0), 0u) << m;
     EXPECT_GT(m.size(), std::string("[pjrt] compile failed: ").size() + 10) << m;
   }
+}
+
+// ---- whole programs through the backend plugin (pjrt:0 is XLA's CPU plugin of the build) ----
+
+const Device kPjrt("pjrt:0");
+
+TEST(Pjrt, ListsThePluginAndItsDevices) {
+  REQUIRE_CPU_PLUGIN();
+  bool found = false;
+  for (const DeviceInfo& d : devices())
+    if (d.device == kPjrt) {
+      found = true;
+      EXPECT_NE(d.description.find("XLA cpu device 0 of"), std::string::npos) << d.description;
+      EXPECT_NE(d.description.find("through PJRT 0.115, plugin "), std::string::npos) << d.description;
+      EXPECT_FALSE(d.accelerator);
+    }
+  EXPECT_TRUE(found);
+}
+
+// Plugins that fail to load are listed beside the ones that work (a child: plugins are found once
+// per process).
+TEST(Pjrt, DevicesReportsPluginsThatCannotLoad) {
+  REQUIRE_CPU_PLUGIN();
+  std::string text = ::testing::TempDir() + "/text_plugin.so";
+  std::ofstream(text) << "not a library\n";
+  std::string cmd = "TESSERA_PJRT_PLUGINS=" + std::string(TESSERA_PJRT_WRONG_MAJOR) + ":" + text + " " + TESSERA_CLI + " devices 2>&1";
+  std::string out;
+  FILE* f = popen(cmd.c_str(), "r");
+  ASSERT_NE(f, nullptr);
+  char buf[4096];
+  while (size_t n = fread(buf, 1, sizeof buf, f)) out.append(buf, n);
+  EXPECT_EQ(pclose(f), 0) << out;
+  EXPECT_NE(out.find("PJRT API version 1.0 is not supported"), std::string::npos) << out;
+  EXPECT_NE(out.find("text_plugin.so: cannot load it"), std::string::npos) << out;
+  EXPECT_NE(out.find("pjrt:0"), std::string::npos) << out;  // the build's CPU plugin still works
+}
+
+TEST(Pjrt, AProgramComputesWhatTheCpuComputes) {
+  REQUIRE_CPU_PLUGIN();
+  auto f = [](Device d) {
+    Tensor a = random_tensor({4, 6}, DType::Float32, 1, -1, 1).to(d), b = random_tensor({6, 5}, DType::Float32, 2, -1, 1).to(d);
+    Tensor idx = tt::make_tensor({3, 0, 2}, {3}, DType::Int64).to(d);
+    Tensor y = softmax(matmul(a, b), 1);
+    return std::vector<std::vector<double>>{y.to_vector<double>(), index_select(y, 0, idx).sum({1}).to_vector<double>()};
+  };
+  auto c = f(Device("cpu")), p = f(kPjrt);
+  EXPECT_TRUE(tt::all_close(p[0], c[0], 1e-6));
+  EXPECT_TRUE(tt::all_close(p[1], c[1], 1e-6));
+  EXPECT_GT(metrics().devices["pjrt"].executables_run, 0);
+}
+
+TEST(Pjrt, OutOfRangeIndexRaisesTheCpuError) {
+  REQUIRE_CPU_PLUGIN();
+  auto message = [](Device d) {
+    Tensor w = random_tensor({4, 3}, DType::Float32, 1, -1, 1).to(d);
+    Tensor idx = tt::make_tensor({1, 2, 7, 9}, {4}, DType::Int64).to(d);
+    Scope s{"lookup"};
+    return tt::error_message([&] { index_select(w, 0, idx).to_vector<double>(); });
+  };
+  std::string cpu = message(Device("cpu")), pjrt = message(kPjrt);
+  EXPECT_NE(pjrt.find("index 7 out of range [0, 4)"), std::string::npos) << pjrt;
+  EXPECT_EQ(pjrt, cpu);
+}
+
+TEST(Pjrt, RandomNumbersAreTheCpus) {
+  REQUIRE_CPU_PLUGIN();
+  auto draw = [](Device d) {
+    manual_seed(11);
+    return rand({1000}, {DType::Float32, d}).to_vector<double>();
+  };
+  EXPECT_EQ(draw(kPjrt), draw(Device("cpu")));
+}
+
+// Parameters stay on the device between steps: after the first steps, a step of SGD on a linear
+// model moves what it moves on the cpu (its learning rate in, its loss out), no weights.
+TEST(Pjrt, ParametersStayOnTheDeviceBetweenSteps) {
+  REQUIRE_CPU_PLUGIN();
+  auto train = [](Device d) {
+    manual_seed(3);
+    nn::Linear lin(16, 4);
+    lin.to(d);
+    optim::SGD opt(lin.parameters(), {.lr = 0.1});
+    Tensor x = random_tensor({8, 16}, DType::Float32, 4).to(d);
+    auto step = [&] {
+      opt.zero_grad();
+      Tensor loss = (lin.forward(x) * lin.forward(x)).mean();
+      loss.backward();
+      opt.step();
+      return loss.item();
+    };
+    double first = step();
+    step();
+    DeviceMetrics m0 = metrics().devices[d.kind];
+    double last = 0;
+    for (int i = 0; i < 3; ++i) last = step();
+    DeviceMetrics m1 = metrics().devices[d.kind];
+    EXPECT_LT(last, first);
+    EXPECT_EQ(m1.bytes_moved_in_graphs, m0.bytes_moved_in_graphs);
+    return std::vector<int64_t>{m1.bytes_to_device - m0.bytes_to_device, m1.bytes_to_host - m0.bytes_to_host};
+  };
+  std::vector<int64_t> cpu = train(Device("cpu")), pjrt = train(kPjrt);
+  EXPECT_EQ(pjrt, cpu);
+  EXPECT_EQ(pjrt[1], 3 * 4) << "only the three losses come back";
+  EXPECT_LT(pjrt[0], 16 * 4) << "the weights went back to the device";
+}
+
+TEST(Pjrt, ALaunchOfOneStepDeclinesClearly) {
+  REQUIRE_CPU_PLUGIN();
+  backends::Backend& be = backends::backend_for(kPjrt);
+  kir::Step st;
+  st.sources.push_back({"add", ""});
+  auto k = be.compile(st);
+  std::string e = tt::error_message([&] { be.launch(*k, st, {}); });
+  EXPECT_NE(e.find("[pjrt] pjrt runs whole programs through XLA"), std::string::npos) << e;
+}
+
+// The benchmark GPT (bench/bench_common.h) with dropout, 20 AdamW steps: the loss on pjrt (XLA's
+// CPU plugin) equals the cpu's at every step to 1e-4 relative.
+TEST(Pjrt, BenchmarkGptTrainsToTheCpuLosses) {
+  REQUIRE_CPU_PLUGIN();
+  using namespace bench;
+  auto train = [](Device dev) {
+    manual_seed(0);
+    nn::GPTConfig cfg{.vocab = kVocab, .block = kBlock, .embd = kEmbd, .heads = kHeads, .layers = kLayers,
+                      .dropout = 0.1, .bias = true, .tied_head = false};
+    nn::GPT model(cfg);
+    model.to(dev);
+    model.train();
+    optim::AdamW opt(model.parameters(), {.lr = 3e-3, .weight_decay = 0.1});
+    auto batches = make_batches();
+    std::vector<double> losses;
+    for (int step = 0; step < 20; ++step) {
+      auto& [x, y] = batches[size_t(step) % batches.size()];
+      TensorOptions o{DType::Int64, dev};
+      opt.zero_grad();
+      Tensor loss = model.loss(from_vector<int64_t>(x, {kBatch, kBlock}, o), from_vector<int64_t>(y, {kBatch, kBlock}, o));
+      loss.backward();
+      opt.step();
+      losses.push_back(loss.item());
+    }
+    return losses;
+  };
+  std::vector<double> cpu = train(Device("cpu")), xla = train(kPjrt);
+  ASSERT_EQ(cpu.size(), xla.size());
+  for (size_t i = 0; i < cpu.size(); ++i) EXPECT_NEAR(xla[i], cpu[i], 1e-4 * std::abs(cpu[i])) << "step " << i;
+  EXPECT_LT(cpu.back(), cpu.front());
+  EXPECT_EQ(metrics().devices["pjrt"].bytes_moved_in_graphs, 0);
+  std::printf("[pjrt] gpt losses: step 0 %.6f / %.6f, step 19 %.6f / %.6f (cpu / pjrt)\n", cpu[0], xla[0], cpu[19], xla[19]);
 }
 
 }  // namespace

@@ -203,7 +203,9 @@ class PjrtBackend : public Backend {
     return {it->second, at - it->first};
   }
   // The host bytes with [off, off + n) current: pieces overlapping it are dropped, their bytes
-  // brought to the host first unless `overwritten` and the piece lies inside the range.
+  // brought to the host first unless `overwritten`. A write that covers only part of a piece
+  // means the runtime's caching allocator handed the block to another tensor (nothing else
+  // writes part of a live tensor), so the old piece is dead and is dropped unread.
   char* settle(Alloc& a, size_t off, size_t n, bool overwritten) {
     if (a.host.size() != a.nbytes) a.host.resize(a.nbytes);
     for (auto it = a.pieces.begin(); it != a.pieces.end();) {
@@ -212,7 +214,7 @@ class PjrtBackend : public Backend {
         ++it;
         continue;
       }
-      if (!(overwritten && off <= b && e <= off + n)) {
+      if (!overwritten) {
         it->second->to_host(a.host.data() + b);
         report_host_transfer("pjrt", int64_t(e - b));
       }
@@ -220,16 +222,11 @@ class PjrtBackend : public Backend {
     }
     return a.host.data();
   }
-  // Makes `b` the bytes at [off, off + b's size).
+  // Makes `b` the bytes at [off, off + b's size) (dropping the pieces it overlaps, as settle()).
   void place(Alloc& a, size_t off, BufferPtr b) {
     size_t n = b->nbytes();
-    for (auto it = a.pieces.begin(); it != a.pieces.end();) {
-      size_t pb = it->first, pe = pb + it->second->nbytes();
-      bool inside = off <= pb && pe <= off + n, apart = pb >= off + n || pe <= off;
-      if (apart) ++it;
-      else if (inside) it = a.pieces.erase(it);
-      else settle(a, pb, pe - pb, false), it = a.pieces.begin();  // partly covered: its bytes go to the host
-    }
+    for (auto it = a.pieces.begin(); it != a.pieces.end();)
+      it = it->first >= off + n || it->first + it->second->nbytes() <= off ? std::next(it) : a.pieces.erase(it);
     a.pieces[off] = std::move(b);
     if (off <= a.written_lo && a.written_hi <= off + n) {  // the host holds nothing else anyone wrote
       a.host.clear();
