@@ -46,6 +46,9 @@ struct Options {
   std::vector<std::string> backends;  // device kinds; empty: every registered backend
   std::vector<std::string> ops;       // rows; empty: every row
   std::function<void(const Cell&)> on_cell;  // called as each cell finishes (progress)
+  // Each case runs with the compiler's passes off, then on; false: on only (for a backend whose
+  // compiles are slow, as pjrt's XLA compiles: every case is a compile).
+  bool passes_off = true;
 };
 
 struct Report {
