@@ -8,6 +8,7 @@ import json
 import os
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
@@ -74,11 +75,17 @@ def main():
     backend = get_backend("cpu")
     dev = backend.local_devices()[0]
     results, failed, t0 = {}, 0, time.time()
-    for c in cases:
+
+    def one(c):
         try:
-            why, checks = run_case(backend, dev, d, c)
+            return run_case(backend, dev, d, c)
         except Exception as e:  # a module XLA rejects is a failed case, not a crashed run
-            why, checks = f"{type(e).__name__}: {str(e)[:2000]}", []
+            return f"{type(e).__name__}: {str(e)[:2000]}", []
+
+    # XLA compiles outside the GIL: two threads keep both cores busy.
+    with ThreadPoolExecutor(max_workers=int(os.environ.get("TESSERA_JAX_THREADS", "2"))) as pool:
+        done = list(pool.map(one, cases))
+    for c, (why, checks) in zip(cases, done):
         failed += bool(why)
         if why:
             print(f"FAIL {c['name']}: {why}")

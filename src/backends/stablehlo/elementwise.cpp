@@ -1,4 +1,5 @@
 // StableHLO lowerings of sources, casts, elementwise ops and reductions (lower.h).
+#include <cmath>
 #include <limits>
 
 #include "backends/stablehlo/lower.h"
@@ -64,6 +65,15 @@ V lower_unary(Writer& w, const ir::Node& n, const V& x) {
   return w.convert(w.unary(unary_name(n.op), compute(w, x)), x.elem);
 }
 
+V is_nan(Writer& w, const V& x) { return w.compare("NE", x, x); }
+
+// XLA's CPU maximum/minimum (and reductions with them) may drop NaNs; Tessera's propagate them.
+V nan_propagating(Writer& w, const char* name, const V& a, const V& b) {
+  V m = w.binary(name, a, b);
+  if (!is_float_elem(a.elem)) return m;
+  return w.select(is_nan(w, a), a, w.select(is_nan(w, b), b, m));
+}
+
 V lower_reduce(Writer& w, const ir::Node& n, const V& x) {
   V cx = compute(w, x);
   const std::string& e = cx.elem;
@@ -79,8 +89,12 @@ V lower_reduce(Writer& w, const ir::Node& n, const V& x) {
                                      : -9223372036854775808.0;
     init = w.constant(lowest, {}, e), body = "stablehlo.maximum";
   }
-  V r = w.reshape(w.reduce(cx, init, n.attrs.ints, body), n.shape);
-  return w.convert(r, x.elem);
+  V r = w.reduce(cx, init, n.attrs.ints, body);
+  if (n.op == Op::ReduceMax && is_float_elem(e)) {  // NaN wherever a reduced row holds one
+    V any = w.reduce(is_nan(w, cx), w.constant(0, {}, "i1"), n.attrs.ints, "stablehlo.or");
+    r = w.select(any, w.constant(NAN, r.shape, e), r);
+  }
+  return w.convert(w.reshape(r, n.shape), x.elem);
 }
 
 }  // namespace
@@ -110,8 +124,7 @@ V lower_elementwise(Lowering& L, const ir::Node& n, const std::vector<V>& in) {
   if (unary_name(n.op)) return lower_unary(w, n, in[0]);
   if (const char* dir = compare_dir(n.op)) return w.compare(dir, in[0], in[1]);
   if (const char* name = binary_name(n.op, n.dtype == DType::Bool)) {
-    bool exact = n.op == Op::Maximum || n.op == Op::Minimum;
-    if (exact) return w.binary(name, in[0], in[1]);
+    if (n.op == Op::Maximum || n.op == Op::Minimum) return nan_propagating(w, name, in[0], in[1]);  // exact
     return w.convert(w.binary(name, compute(w, in[0]), compute(w, in[1])), e);
   }
   fail("stablehlo", std::string("no elementwise lowering for ") + ir::op_name(n.op));
