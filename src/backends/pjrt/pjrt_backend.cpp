@@ -23,6 +23,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <filesystem>
 #include <map>
 #include <set>
 
@@ -48,6 +49,18 @@ std::vector<std::string> glob_files(const std::string& pattern) {
   return out;
 }
 
+// The .so files one folder below `dir` (dir/*/x.so), sorted.
+std::vector<std::string> plugins_below(const std::string& dir) {
+  std::vector<std::string> out;
+  std::error_code ec, sub_ec;
+  for (auto& sub : std::filesystem::directory_iterator(dir, ec))
+    if (sub.is_directory(sub_ec))
+      for (auto& f : std::filesystem::directory_iterator(sub.path(), sub_ec))
+        if (f.path().extension() == ".so") out.push_back(f.path().string());
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
 std::string env(const char* name) {
   const char* v = std::getenv(name);
   return v ? v : "";
@@ -69,7 +82,7 @@ std::vector<std::string> plugin_files() {
   if (dladdr(reinterpret_cast<void*>(&plugin_files), &self) && self.dli_fname) {
     std::string dir = self.dli_fname;
     dir = dir.substr(0, dir.rfind('/') + 1);
-    for (auto& f : glob_files(dir + "../pjrt-plugins/*/*.so")) found.push_back(f);
+    for (auto& f : plugins_below(dir + "../pjrt-plugins")) found.push_back(f);
   }
   std::vector<std::string> sites;
   for (const char* prefix : {"VIRTUAL_ENV", "CONDA_PREFIX"})
@@ -80,7 +93,8 @@ std::vector<std::string> plugin_files() {
                         "/usr/lib/python3/dist-packages", "/usr/lib/python3*/site-packages", "/opt/conda/lib/python3*/site-packages"})
     sites.push_back(s);
   for (auto& s : sites)
-    for (auto& f : glob_files(s + "/jax_plugins/*/*.so")) found.push_back(f);
+    for (auto& site : glob_files(s))
+      for (auto& f : plugins_below(site + "/jax_plugins")) found.push_back(f);
   std::vector<std::string> out;
   std::set<std::string> seen;
   for (auto& f : found) {

@@ -22,21 +22,10 @@ api::ElementType element_type(DType t) {
 
 std::string text(const char* s, size_t n) { return s ? std::string(s, n) : std::string(); }
 
-// Protocol-buffer wire format: a length-delimited field (lengths here stay below 128).
-std::string field(int number, const std::string& bytes) { return std::string{char(number << 3 | 2), char(bytes.size())} + bytes; }
-
-// A serialized xla.CompileOptionsProto: executable_build_options (3) with num_replicas (4) and
-// num_partitions (5) = 1, the least XLA accepts (its CPU client aborts on a replica count of 0),
-// and on the CPU one env_option_overrides (7) entry, xla_cpu_enable_fast_min_max = false:
-// Tessera's max and min propagate NaN, which XLA's CPU compiler drops by default.
-std::string compile_options(const std::string& platform) {
-  std::string o = field(3, std::string{0x20, 0x01, 0x28, 0x01});
-  if (platform == "cpu") {
-    const std::string bool_false = std::string{0x10, 0x00};  // OptionOverrideProto.bool_field (2)
-    o += field(7, field(1, "xla_cpu_enable_fast_min_max") + field(2, bool_false));
-  }
-  return o;
-}
+// A serialized xla.CompileOptionsProto: executable_build_options (field 3, length-delimited)
+// holding num_replicas (4) = 1 and num_partitions (5) = 1. The least XLA accepts: with an empty
+// one its CPU client aborts on a replica count of 0. Everything else keeps XLA's defaults.
+const char kCompileOptions[] = {0x1a, 0x04, 0x20, 0x01, 0x28, 0x01};
 
 }  // namespace
 
@@ -132,9 +121,8 @@ std::unique_ptr<LoadedProgram> Plugin::compile(const std::string& mlir) const {
   auto c = api::args<api::ClientCompileArgs>();
   c.client = client_;
   c.program = &prog;
-  const std::string options = compile_options(platform_);
-  c.compile_options = options.data();
-  c.compile_options_size = options.size();
+  c.compile_options = kCompileOptions;
+  c.compile_options_size = sizeof kCompileOptions;
   check(api_->client_compile(&c), "compile failed");
   return std::make_unique<LoadedProgram>(*this, c.executable);
 }
