@@ -98,9 +98,9 @@ TEST(PjrtCpuPlugin, CompilesAndRunsStableHLOText) {
   auto prog = p.compile(mlir);
   EXPECT_EQ(prog->num_outputs(), 2u);
   float x[3] = {1, 2, 3}, y[3] = {10, 20, 30};
-  auto bx = p.upload(0, x, DType::Float32, {3});
-  auto by = p.upload(0, y, DType::Float32, {3});
-  auto out = prog->execute(0, {bx->buffer, by->buffer}, {}, {{DType::Float32, {3}}, {DType::Float32, {}}});
+  auto bx = p.upload(0, x, pjrt::tensor_type(DType::Float32, {3}));
+  auto by = p.upload(0, y, pjrt::tensor_type(DType::Float32, {3}));
+  auto out = prog->execute(0, {bx->buffer, by->buffer}, {}, {pjrt::tensor_type(DType::Float32, {3}), pjrt::tensor_type(DType::Float32, {})});
   float m[3], r;
   out[0]->to_host(m);
   out[1]->to_host(&r);

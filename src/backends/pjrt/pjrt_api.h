@@ -21,7 +21,7 @@ struct Executable;
 struct LoadedExecutable;
 struct Buffer;
 
-// Element types of buffers (the specification's numbering).
+// Element types of buffers (the specification's numbering; the ones Tessera uses, and their kin).
 enum class ElementType : int32_t {
   Invalid = 0, Pred, S8, S16, S32, S64, U8, U16, U32, U64, F16, F32, F64, BF16,
 };

@@ -251,14 +251,14 @@ class PjrtBackend : public Backend {
   // The device buffer for argument t read at p: the piece there, or the bytes there uploaded
   // (and kept as a piece, so a parameter stays on the device).
   BufferPtr argument(const PjrtExecutable& x, const void* p, const pjrt::TensorType& t) {
-    size_t nbytes = size_t(numel(Shape(t.dims.begin(), t.dims.end()))) * itemsize(t.dtype);
+    size_t nbytes = t.nbytes();
     auto [a, off] = resolve(p, nbytes);
     auto piece = a.pieces.find(off);
     if (piece != a.pieces.end()) {
       const BufferPtr& b = piece->second;
-      if (b->dtype == t.dtype && b->dims == t.dims && b->device == x.device) return b;
+      if (b->type == t && b->device == x.device) return b;
     }
-    BufferPtr b = x.plugin->upload(x.device, settle(a, off, nbytes, false) + off, t.dtype, t.dims);
+    BufferPtr b = x.plugin->upload(x.device, settle(a, off, nbytes, false) + off, t);
     place(a, off, b);
     return b;
   }
@@ -326,9 +326,10 @@ std::unique_ptr<Executable> PjrtBackend::compile_executable(const ExecutableSpec
   last_stats_[spec.device] = x->program->memory_stats();
   x->param_slots = spec.param_slots;
   x->output_slots = spec.output_slots;
-  for (int p : g.params) x->params.push_back({g.nodes[size_t(p)]->dtype, dims_of(g.nodes[size_t(p)]->shape)});
-  for (int o : g.outputs) x->results.push_back({g.nodes[size_t(o)]->dtype, dims_of(g.nodes[size_t(o)]->shape)});
-  for (size_t k = 0; k < x->emitted->index_checks.size(); ++k) x->results.push_back({DType::Int64, {2}});
+  auto type_of = [&](int node) { return pjrt::tensor_type(g.nodes[size_t(node)]->dtype, dims_of(g.nodes[size_t(node)]->shape)); };
+  for (int p : g.params) x->params.push_back(type_of(p));
+  for (int o : g.outputs) x->results.push_back(type_of(o));
+  for (size_t k = 0; k < x->emitted->index_checks.size(); ++k) x->results.push_back({pjrt::api::ElementType::S64, {2}});
   x->aliased.assign(g.params.size(), false);
   for (auto [p, k] : o.aliases) x->aliased[size_t(p)] = true;
   size_t n = x->program->num_outputs();
@@ -342,7 +343,7 @@ void PjrtBackend::run_executable(Executable& e, const RunArgs& args) {
   auto& x = static_cast<PjrtExecutable&>(e);
   std::vector<BufferPtr> bufs;
   for (size_t p = 0; p < x.params.size(); ++p) bufs.push_back(argument(x, args.slots[x.param_slots[p]], x.params[p]));
-  if (x.emitted->rng) bufs.push_back(argument(x, args.scalars, {DType::Int64, {2}}));  // RunScalars {seed, offset}
+  if (x.emitted->rng) bufs.push_back(argument(x, args.scalars, {pjrt::api::ElementType::U64, {2}}));  // RunScalars {seed, offset}
   // A donated buffer that something else still holds (another allocation or argument) must
   // survive the run: XLA then copies instead of writing in place.
   std::vector<int64_t> keep;

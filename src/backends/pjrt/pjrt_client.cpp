@@ -7,19 +7,6 @@
 namespace tessera::pjrt {
 namespace {
 
-api::ElementType element_type(DType t) {
-  switch (t) {
-    case DType::Bool: return api::ElementType::Pred;
-    case DType::Int32: return api::ElementType::S32;
-    case DType::Int64: return api::ElementType::S64;
-    case DType::Float16: return api::ElementType::F16;
-    case DType::BFloat16: return api::ElementType::BF16;
-    case DType::Float32: return api::ElementType::F32;
-    case DType::Float64: return api::ElementType::F64;
-  }
-  return api::ElementType::Invalid;
-}
-
 std::string text(const char* s, size_t n) { return s ? std::string(s, n) : std::string(); }
 
 // A serialized xla.CompileOptionsProto: executable_build_options (field 3, length-delimited)
@@ -28,6 +15,23 @@ std::string text(const char* s, size_t n) { return s ? std::string(s, n) : std::
 const char kCompileOptions[] = {0x1a, 0x04, 0x20, 0x01, 0x28, 0x01};
 
 }  // namespace
+
+TensorType tensor_type(DType t, const std::vector<int64_t>& dims) {
+  static const api::ElementType of[] = {api::ElementType::Pred, api::ElementType::S32, api::ElementType::S64, api::ElementType::F16,
+                                        api::ElementType::BF16, api::ElementType::F32, api::ElementType::F64};
+  return {of[size_t(t)], dims};  // DType's order: Bool, Int32, Int64, Float16, BFloat16, Float32, Float64
+}
+
+size_t TensorType::nbytes() const {
+  size_t n = 1;
+  for (int64_t d : dims) n *= size_t(d);
+  switch (element) {
+    case api::ElementType::Pred: case api::ElementType::S8: case api::ElementType::U8: return n;
+    case api::ElementType::S16: case api::ElementType::U16: case api::ElementType::F16: case api::ElementType::BF16: return 2 * n;
+    case api::ElementType::S32: case api::ElementType::U32: case api::ElementType::F32: return 4 * n;
+    default: return 8 * n;  // S64, U64, F64
+  }
+}
 
 // ---- errors and events ----
 
@@ -200,8 +204,7 @@ std::vector<BufferPtr> LoadedProgram::execute(int device, const std::vector<api:
     auto b = std::make_shared<DeviceBuffer>();
     b->plugin = &plugin_;
     b->buffer = outs[k];
-    b->dtype = outputs[k].dtype;
-    b->dims = outputs[k].dims;
+    b->type = outputs[k];
     b->device = device;
     result.push_back(std::move(b));
   }
@@ -211,21 +214,20 @@ std::vector<BufferPtr> LoadedProgram::execute(int device, const std::vector<api:
 
 // ---- buffers ----
 
-BufferPtr Plugin::upload(int device, const void* data, DType t, const std::vector<int64_t>& dims) const {
+BufferPtr Plugin::upload(int device, const void* data, const TensorType& t) const {
   auto u = api::args<api::ClientBufferFromHostArgs>();
   u.client = client_;
   u.data = data;
-  u.type = element_type(t);
-  u.dims = dims.data();
-  u.num_dims = dims.size();
+  u.type = t.element;
+  u.dims = t.dims.data();
+  u.num_dims = t.dims.size();
   u.semantics = api::HostBufferSemantics::ImmutableOnlyDuringCall;
   u.device = devices_[size_t(device)];
   check(api_->client_buffer_from_host(&u), "copy to the device");
   auto b = std::make_shared<DeviceBuffer>();
   b->plugin = this;
   b->buffer = u.buffer;
-  b->dtype = t;
-  b->dims = dims;
+  b->type = t;
   b->device = device;
   await(u.done_with_host_buffer, "copy to the device");
   return b;
@@ -239,8 +241,7 @@ BufferPtr Plugin::copy_to_device(const DeviceBuffer& src, int device) const {
   auto b = std::make_shared<DeviceBuffer>();
   b->plugin = this;
   b->buffer = c.dst_buffer;
-  b->dtype = src.dtype;
-  b->dims = src.dims;
+  b->type = src.type;
   b->device = device;
   return b;
 }
@@ -254,12 +255,6 @@ DeviceBuffer::~DeviceBuffer() {
     ed.error = e;
     plugin->api().error_destroy(&ed);
   }
-}
-
-size_t DeviceBuffer::nbytes() const {
-  int64_t n = 1;
-  for (int64_t d : dims) n *= d;
-  return size_t(n) * itemsize(dtype);
 }
 
 void DeviceBuffer::to_host(void* dst) const {

@@ -14,27 +14,30 @@ namespace tessera::pjrt {
 
 class Plugin;
 
+// A buffer's element type and dimensions.
+struct TensorType {
+  api::ElementType element = api::ElementType::Invalid;
+  std::vector<int64_t> dims;
+  bool operator==(const TensorType& o) const { return element == o.element && dims == o.dims; }
+  size_t nbytes() const;
+};
+TensorType tensor_type(DType t, const std::vector<int64_t>& dims);  // Tessera's dtypes as PJRT's
+
 // A device buffer, destroyed with its owner. Immutable once made (PJRT buffers are): an
 // allocation that changes gets a new one.
 struct DeviceBuffer {
   const Plugin* plugin = nullptr;
   api::Buffer* buffer = nullptr;
-  DType dtype = DType::Float32;
-  std::vector<int64_t> dims;
+  TensorType type;
   int device = 0;  // index among the plugin's devices
   DeviceBuffer() = default;
   DeviceBuffer(const DeviceBuffer&) = delete;
   DeviceBuffer& operator=(const DeviceBuffer&) = delete;
   ~DeviceBuffer();
-  size_t nbytes() const;
+  size_t nbytes() const { return type.nbytes(); }
   void to_host(void* dst) const;  // all of it; waits until the copy is done
 };
 using BufferPtr = std::shared_ptr<DeviceBuffer>;
-
-struct TensorType {
-  DType dtype;
-  std::vector<int64_t> dims;
-};
 
 // XLA's memory figures for a compiled program (PJRT_Executable_GetCompiledMemoryStats).
 struct MemoryStats {
@@ -77,7 +80,7 @@ class Plugin {
 
   // Compiles MLIR text (StableHLO) for one device; "[pjrt] compile failed: <XLA's message>".
   std::unique_ptr<LoadedProgram> compile(const std::string& mlir) const;
-  BufferPtr upload(int device, const void* data, DType t, const std::vector<int64_t>& dims) const;
+  BufferPtr upload(int device, const void* data, const TensorType& t) const;
   BufferPtr copy_to_device(const DeviceBuffer& b, int device) const;
 
   // Throws "[pjrt] <what>: <message>" when e is an error (and frees it).
