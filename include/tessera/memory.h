@@ -43,6 +43,9 @@ struct MemoryPlan {
   size_t param_bytes = 0;                   // graph inputs (already allocated before the run)
   size_t output_bytes = 0;                  // outputs the run allocates (not those written into a donated input)
   int num_steps = 0;
+  // A backend that compiles the whole program itself (pjrt: XLA) and so owns its temporaries:
+  // its own figures ("XLA: peak ..."); empty for the others.
+  std::string device_report;
   // What the device holds when the run ends, beyond what was live before it: the arena plus the
   // new outputs. The allocator's high-water mark over a run is live-before + this (each
   // allocation rounded up to the allocator's 256 bytes).

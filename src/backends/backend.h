@@ -83,6 +83,9 @@ struct ExecutableSpec {
   // order) the slot holding it; per output (its outputs order) the slot it is written to; per
   // output the parameter of `graph` whose buffer it is written into (donation), or -1.
   std::vector<int> param_slots, output_slots, donated;
+  // Optional out: the device's own account of the program's memory (XLA's compiled memory stats),
+  // shown by tessera::MemoryPlan::report() beside the planner's figures.
+  std::string* memory_report = nullptr;
 };
 
 // One run of a whole executable. slots: every slot's pointer for this run. Small parameters

@@ -31,6 +31,7 @@ struct Plan {
   std::vector<int> output_slot;      // per graph output (g.outputs order)
   std::vector<int> donated;          // per graph output: parameter whose buffer it is written into, or -1
   MemoryInfo memory;
+  std::string device_memory;         // the backend's own account, when it compiled the whole program
   std::string str() const;           // the plan, one line per step and slot
 };
 

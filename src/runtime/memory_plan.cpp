@@ -81,6 +81,7 @@ MemoryPlan runtime::memory_plan_of(const compiler::Plan& plan) {
   m.arena_bytes = plan.arena_bytes;
   m.max_live_temp_bytes = plan.memory.max_live_temp_bytes;
   m.num_steps = int(plan.steps.size());
+  m.device_report = plan.device_memory;
   return m;
 }
 
@@ -101,6 +102,7 @@ std::string MemoryPlan::report(size_t max_buffers) const {
   }
   os << "arena " << human(arena_bytes) << " for temporaries (at most " << human(max_live_temp_bytes)
      << " live at once); the run allocates " << human(run_bytes()) << "\n";
+  if (!device_report.empty()) os << "on the device: " << device_report << "\n";
   return os.str();
 }
 

@@ -132,6 +132,7 @@ void compile_whole(Executable& exe, const ir::Graph& g, const ir::Graph& optimiz
   exe.scalar_params = staged_scalar_params(plan);
   spec.scalars_bytes = sizeof(backends::RunScalars) + 8 * exe.scalar_params.size();
   spec.device = dev.index;
+  spec.memory_report = &exe.plan.device_memory;
   exe.whole = be.compile_executable(spec);
   // Straight from the backend, not the caching allocator: it lives with the executable (in the
   // compile cache), so it would only make every sentinel check of the live buffers longer.

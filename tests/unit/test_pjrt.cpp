@@ -183,6 +183,21 @@ TEST(Pjrt, AProgramComputesWhatTheCpuComputes) {
   EXPECT_GT(metrics().devices["pjrt"].executables_run, 0);
 }
 
+// The memory report of a program compiled for pjrt carries XLA's own figures (it owns the
+// temporaries); the cpu's has none.
+TEST(Pjrt, TheMemoryReportIsXlas) {
+  REQUIRE_CPU_PLUGIN();
+  auto plan = [](Device d) {
+    Tensor a = random_tensor({64, 32}, DType::Float32, 1).to(d), b = random_tensor({32, 48}, DType::Float32, 2).to(d);
+    return plan_memory({softmax(matmul(a, b), 1).sum()});
+  };
+  MemoryPlan p = plan(kPjrt);
+  EXPECT_EQ(p.device_report.rfind("XLA: peak ", 0), 0u) << p.device_report;
+  EXPECT_NE(p.report().find("on the device: XLA: peak "), std::string::npos) << p.report();
+  EXPECT_NE(p.device_report.find("arguments 0.01 MiB"), std::string::npos) << p.device_report;  // (64x32 + 32x48) x 4 bytes
+  EXPECT_EQ(plan(Device("cpu")).device_report, "");
+}
+
 TEST(Pjrt, OutOfRangeIndexRaisesTheCpuError) {
   REQUIRE_CPU_PLUGIN();
   auto message = [](Device d) {

@@ -280,17 +280,7 @@ DeviceInfo PjrtBackend::info(int index) const {
                   p->device_kind(d) + ") through PJRT " + p->api_version() + ", plugin " + p->path();
   if (!p->platform_version().empty() && p->platform_version() != p->platform()) s += ", " + p->platform_version();
   auto it = last_stats_.find(index);
-  if (it != last_stats_.end() && it->second.known) {
-    const pjrt::MemoryStats& m = it->second;
-    auto mib = [](int64_t b) {
-      char t[32];
-      std::snprintf(t, sizeof t, "%.2f MiB", double(b) / (1 << 20));
-      return std::string(t);
-    };
-    s += "; XLA's memory for the last program compiled: peak " + mib(m.peak) + " (" + mib(m.arguments) + " arguments, " +
-         mib(m.outputs) + " outputs, " + mib(m.aliased) + " aliased, " + mib(m.temporaries) + " temporaries), " + mib(m.code) +
-         " code";
-  }
+  if (it != last_stats_.end() && it->second.known) s += "; the last program compiled: " + it->second.text();
   if (index == 0)
     for (auto& f : failures_) s += "; not loaded: " + f;
   return {Device("pjrt", index), s, true, p->platform() != "cpu"};
@@ -323,7 +313,9 @@ std::unique_ptr<Executable> PjrtBackend::compile_executable(const ExecutableSpec
     if (spec.donated[k] >= 0) o.aliases.push_back({spec.donated[k], int(k)});
   x->emitted = std::make_shared<const stablehlo::Program>(stablehlo::emit(g, o));
   x->program = x->plugin->compile(x->emitted->text);
-  last_stats_[spec.device] = x->program->memory_stats();
+  pjrt::MemoryStats stats = x->program->memory_stats();
+  last_stats_[spec.device] = stats;
+  if (spec.memory_report && stats.known) *spec.memory_report = stats.text();
   x->param_slots = spec.param_slots;
   x->output_slots = spec.output_slots;
   auto type_of = [&](int node) { return pjrt::tensor_type(g.nodes[size_t(node)]->dtype, dims_of(g.nodes[size_t(node)]->shape)); };

@@ -2,6 +2,8 @@
 
 #include <dlfcn.h>
 
+#include <cstdio>
+
 #include "core/fail.h"
 
 namespace tessera::pjrt {
@@ -176,6 +178,16 @@ MemoryStats LoadedProgram::memory_stats() const {
   d.executable = g.executable;
   plugin_.check(a.executable_destroy(&d), "executable");
   return m;
+}
+
+std::string MemoryStats::text() const {
+  auto mib = [](int64_t b) {
+    char t[32];
+    std::snprintf(t, sizeof t, "%.2f MiB", double(b) / (1 << 20));
+    return std::string(t);
+  };
+  return "XLA: peak " + mib(peak) + " (arguments " + mib(arguments) + ", outputs " + mib(outputs) + ", aliased " + mib(aliased) +
+         ", temporaries " + mib(temporaries) + "), code " + mib(code);
 }
 
 std::vector<BufferPtr> LoadedProgram::execute(int device, const std::vector<api::Buffer*>& args,

@@ -43,6 +43,7 @@ using BufferPtr = std::shared_ptr<DeviceBuffer>;
 struct MemoryStats {
   bool known = false;
   int64_t code = 0, arguments = 0, outputs = 0, aliased = 0, temporaries = 0, peak = 0;
+  std::string text() const;  // "XLA: peak 1.20 MiB (arguments ..., outputs ..., ...), code ..."
 };
 
 class LoadedProgram {
