@@ -21,9 +21,10 @@ import sys, statistics as st
 rows = [l.split() for l in sys.stdin if l.strip()]
 get = lambda dev, k: [float(r[k]) for r in rows if r[1] == dev]
 cpu, pjrt = get("cpu", 2), get("pjrt", 2)
+compile_cpu, compile_pjrt = st.median(get("cpu", 3)), st.median(get("pjrt", 3))
 print(f"GPT step: cpu {st.median(cpu):.2f} ms, pjrt (XLA CPU) {st.median(pjrt):.2f} ms, pjrt/cpu {st.median(pjrt) / st.median(cpu):.3f},"
       f" median per-round ratio {st.median(p / c for p, c in zip(pjrt, cpu)):.3f}")
-print(f"compiling per run: cpu {st.median(get(\"cpu\", 3)):.0f} ms, pjrt {st.median(get(\"pjrt\", 3)):.0f} ms (median)")
+print(f"compiling per run: cpu {compile_cpu:.0f} ms, pjrt {compile_pjrt:.0f} ms (median)")
 print("every run (round, device, median step ms, compile ms, last loss):")
 for r in rows: print("  " + " ".join(r))
 '
