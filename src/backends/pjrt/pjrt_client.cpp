@@ -43,10 +43,16 @@ void Plugin::check(api::Error* e, const char* what) const {
   m.error = e;
   api_->error_message(&m);
   std::string msg = text(m.message, m.message_size);
+  discard(e);
+  fail("pjrt", std::string(what) + ": " + msg, "");
+}
+
+bool Plugin::discard(api::Error* e) const {
+  if (!e) return false;
   auto d = api::args<api::ErrorDestroyArgs>();
   d.error = e;
   api_->error_destroy(&d);
-  fail("pjrt", std::string(what) + ": " + msg, "");
+  return true;
 }
 
 void Plugin::await(api::Event* ev, const char* what) const {
@@ -81,6 +87,18 @@ std::unique_ptr<Plugin> Plugin::load(const std::string& path) {
   if (a->struct_size < api::kApiBytesNeeded)
     bad("its API table (" + std::to_string(a->struct_size) + " bytes, version " + v + ") lacks functions this backend calls (" +
         std::to_string(api::kApiBytesNeeded) + " bytes needed)");
+
+  // A table may hold null slots for functions a plugin leaves out; these it must have.
+  for (const void* f : {(const void*)a->error_destroy, (const void*)a->error_message, (const void*)a->plugin_initialize,
+                        (const void*)a->event_destroy, (const void*)a->event_await, (const void*)a->client_create,
+                        (const void*)a->client_platform_name, (const void*)a->client_platform_version,
+                        (const void*)a->client_addressable_devices, (const void*)a->client_compile,
+                        (const void*)a->client_buffer_from_host, (const void*)a->description_kind,
+                        (const void*)a->device_get_description, (const void*)a->executable_destroy,
+                        (const void*)a->executable_num_outputs, (const void*)a->loaded_executable_destroy,
+                        (const void*)a->loaded_executable_get_executable, (const void*)a->loaded_executable_execute,
+                        (const void*)a->buffer_destroy, (const void*)a->buffer_to_host})
+    if (!f) bad("its API table (version " + v + ") lacks a function this backend calls");
 
   std::unique_ptr<Plugin> p(new Plugin());
   p->path_ = path;
@@ -130,20 +148,19 @@ std::unique_ptr<LoadedProgram> Plugin::compile(const std::string& mlir) const {
   c.compile_options = kCompileOptions;
   c.compile_options_size = sizeof kCompileOptions;
   check(api_->client_compile(&c), "compile failed");
-  return std::make_unique<LoadedProgram>(*this, c.executable);
+  auto p = std::make_unique<LoadedProgram>(*this, c.executable);
+  p->describe();
+  return p;
 }
 
 LoadedProgram::~LoadedProgram() {
   auto d = api::args<api::LoadedExecutableDestroyArgs>();
   d.executable = exe_;
-  if (api::Error* e = plugin_.api().loaded_executable_destroy(&d)) {
-    auto ed = api::args<api::ErrorDestroyArgs>();
-    ed.error = e;
-    plugin_.api().error_destroy(&ed);
-  }
+  plugin_.discard(plugin_.api().loaded_executable_destroy(&d));
 }
 
-size_t LoadedProgram::num_outputs() const {
+// The number of results and XLA's memory figures, from the executable behind the loaded one.
+void LoadedProgram::describe() {
   const api::Api& a = plugin_.api();
   auto g = api::args<api::LoadedExecutableGetExecutableArgs>();
   g.loaded = exe_;
@@ -151,33 +168,16 @@ size_t LoadedProgram::num_outputs() const {
   auto n = api::args<api::ExecutableNumOutputsArgs>();
   n.executable = g.executable;
   api::Error* e = a.executable_num_outputs(&n);
-  auto d = api::args<api::ExecutableDestroyArgs>();
-  d.executable = g.executable;
-  plugin_.check(a.executable_destroy(&d), "executable");
-  plugin_.check(e, "number of outputs");
-  return n.num_outputs;
-}
-
-MemoryStats LoadedProgram::memory_stats() const {
-  const api::Api& a = plugin_.api();
-  auto g = api::args<api::LoadedExecutableGetExecutableArgs>();
-  g.loaded = exe_;
-  plugin_.check(a.loaded_executable_get_executable(&g), "executable");
   auto s = api::args<api::CompiledMemoryStatsArgs>();
   s.executable = g.executable;
-  MemoryStats m;
-  if (!a.executable_compiled_memory_stats) {
-  } else if (api::Error* e = a.executable_compiled_memory_stats(&s)) {  // unimplemented by this plugin
-    auto ed = api::args<api::ErrorDestroyArgs>();
-    ed.error = e;
-    a.error_destroy(&ed);
-  } else {
-    m = {true, s.generated_code_bytes, s.argument_bytes, s.output_bytes, s.alias_bytes, s.temp_bytes, s.peak_bytes};
-  }
+  // Optional: a plugin may lack it, or refuse a struct of another version's size.
+  if (a.executable_compiled_memory_stats && !plugin_.discard(a.executable_compiled_memory_stats(&s)))
+    stats_ = {true, s.generated_code_bytes, s.argument_bytes, s.output_bytes, s.alias_bytes, s.temp_bytes, s.peak_bytes};
   auto d = api::args<api::ExecutableDestroyArgs>();
   d.executable = g.executable;
+  plugin_.check(e, "number of outputs");
   plugin_.check(a.executable_destroy(&d), "executable");
-  return m;
+  num_outputs_ = n.num_outputs;
 }
 
 std::string MemoryStats::text() const {
@@ -246,6 +246,7 @@ BufferPtr Plugin::upload(int device, const void* data, const TensorType& t) cons
 }
 
 BufferPtr Plugin::copy_to_device(const DeviceBuffer& src, int device) const {
+  if (!api_->buffer_copy_to_device) fail("pjrt", "plugin " + path_ + " cannot copy between its devices", "");
   auto c = api::args<api::BufferCopyToDeviceArgs>();
   c.buffer = src.buffer;
   c.dst_device = devices_[size_t(device)];
@@ -262,11 +263,7 @@ DeviceBuffer::~DeviceBuffer() {
   if (!buffer) return;
   auto d = api::args<api::BufferDestroyArgs>();
   d.buffer = buffer;
-  if (api::Error* e = plugin->api().buffer_destroy(&d)) {
-    auto ed = api::args<api::ErrorDestroyArgs>();
-    ed.error = e;
-    plugin->api().error_destroy(&ed);
-  }
+  plugin->discard(plugin->api().buffer_destroy(&d));
 }
 
 void DeviceBuffer::to_host(void* dst) const {

@@ -52,16 +52,20 @@ class LoadedProgram {
   ~LoadedProgram();
   LoadedProgram(const LoadedProgram&) = delete;
   LoadedProgram& operator=(const LoadedProgram&) = delete;
-  size_t num_outputs() const;
-  MemoryStats memory_stats() const;
+  size_t num_outputs() const { return num_outputs_; }
+  const MemoryStats& memory_stats() const { return stats_; }
   // Runs on `device` with these arguments; non_donatable: argument positions whose buffers must
   // survive even where the program aliases them to an output. Waits for the run to finish.
   std::vector<BufferPtr> execute(int device, const std::vector<api::Buffer*>& args, const std::vector<int64_t>& non_donatable,
                                  const std::vector<TensorType>& outputs) const;
 
  private:
+  friend class Plugin;
+  void describe();
   const Plugin& plugin_;
   api::LoadedExecutable* exe_;
+  size_t num_outputs_ = 0;
+  MemoryStats stats_;
 };
 
 class Plugin {
@@ -86,6 +90,7 @@ class Plugin {
 
   // Throws "[pjrt] <what>: <message>" when e is an error (and frees it).
   void check(api::Error* e, const char* what) const;
+  bool discard(api::Error* e) const;  // frees e; whether it was an error
   void await(api::Event* ev, const char* what) const;  // waits and frees; null: nothing to wait for
   const api::Api& api() const { return *api_; }
   api::Device* device(int i) const { return devices_[size_t(i)]; }
