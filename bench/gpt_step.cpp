@@ -89,11 +89,14 @@ int main(int argc, char** argv) {
   std::vector<double> ms;
   double first_loss = 0, last_loss = 0;
   int64_t graphs_after_warmup = 0;
+  double first_ms = 0;               // the first step: tracing, compiling (device code too) and running
+  DeviceMetrics dev_after_warmup;    // the device kind's counters when the timed steps start
   double execute_ms_after_warmup = 0;
   for (int64_t step = 0; step < warmup + steps; ++step) {
     if (step == warmup) {
       reset_peak_bytes();
       graphs_after_warmup = metrics().graphs_compiled;
+      dev_after_warmup = metrics().devices[Device(device).kind];
       execute_ms_after_warmup = metrics().execute_ms;
     }
     auto& [hx, hy] = batches[size_t(step % kBatches)];
@@ -111,7 +114,7 @@ int main(int argc, char** argv) {
       return 1;
     }
     if (losses) std::printf("LOSS %lld %.9g\n", (long long)step, l);
-    if (step == 0) first_loss = l;
+    if (step == 0) first_loss = l, first_ms = dt;
     last_loss = l;
     if (step >= warmup) ms.push_back(dt);
   }
@@ -137,9 +140,15 @@ int main(int argc, char** argv) {
   std::printf("  graphs compiled %lld (%lld during timed steps), cache hits %lld, host syncs %lld\n",
               (long long)m.graphs_compiled, (long long)(m.graphs_compiled - graphs_after_warmup), (long long)m.cache_hits,
               (long long)m.host_syncs);
+  const DeviceMetrics d = m.devices[Device(device).kind], &d0 = dev_after_warmup;
+  std::printf("  on %s per timed step: %.1f Steps launched, %.1f whole-executable runs; first step %.0f ms (compiles, "
+              "device code included: %.0f ms compiling in all), %lld Steps compiled, %lld of them library calls\n",
+              device.c_str(), double(d.steps_launched - d0.steps_launched) / double(steps),
+              double(d.executables_run - d0.executables_run) / double(steps), first_ms, m.compile_ms, (long long)d.kernels_compiled,
+              (long long)d.library_calls_compiled);
   std::printf("RESULT tessera device=%s threads=%s median_ms=%.3f p10=%.3f p90=%.3f peak_mb=%.1f maxrss_mb=%.1f graphs=%lld "
-              "exec_ms=%.3f last_loss=%.4f tokens_per_s=%.0f\n",
+              "exec_ms=%.3f last_loss=%.4f tokens_per_s=%.0f first_step_ms=%.0f\n",
               device.c_str(), threads.c_str(), med, p10, p90, peak_mb, maxrss_mb, (long long)m.graphs_compiled, exec_per_step, last_loss,
-              double(batch * cfg.block) / (med / 1000.0));
+              double(batch * cfg.block) / (med / 1000.0), first_ms);
   return 0;
 }

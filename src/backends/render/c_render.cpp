@@ -771,7 +771,7 @@ typedef unsigned long long u64;
 #define INFINITY __int_as_float(0x7f800000)
 #endif
 #ifndef NAN
-#define NAN __int_as_float(0x7fffffff)
+#define NAN __int_as_float(0x7fc00000)
 #endif
 static __device__ __forceinline__ i64 clamp(i64 x, i64 lo, i64 hi) { return x < lo ? lo : x > hi ? hi : x; }
 #define LOCAL_ID ((int)threadIdx.x)
