@@ -183,6 +183,15 @@ TEST(CudaNvrtc, EveryConformanceKernelCompilesForSm75Sm80Sm90) {
     for (const char* s : {"double", "f32_to_f16", "f32_to_bf16", "rng_normal", "ATOMIC_MIN", "BLOCK_REDUCE", "i64*", "u8*", "i32*"})
       uses[s] += k.code.source.find(s) != std::string::npos;
   for (auto& [s, n] : uses) EXPECT_GT(n, 0) << "no kernel uses " << s;
+  // Block-per-row kernels launch whole warps, at most the dialect's row_block per row.
+  for (auto& k : be.kernels) {
+    bool block = k.code.source.find("BLOCK_REDUCE") != std::string::npos;
+    EXPECT_EQ(block, k.code.group_size > 0) << k.step;
+    if (k.code.group_size > 0)
+      EXPECT_TRUE(k.code.group_size % 32 == 0 && k.code.group_size <= render::cuda_c().row_block &&
+                  k.code.work_items % k.code.group_size == 0)
+          << k.code.group_size << " x " << k.code.work_items << ": " << k.step;
+  }
   ASSERT_GT(be.kernels.size(), 200u);
 
   for (int arch : {75, 80, 90}) {
