@@ -19,7 +19,7 @@
 #include "backends/backend.h"
 #include "backends/render/c_render.h"
 #include "conformance/conformance.h"
-#include "core/fail.h"
+#include "step_collector.h"
 
 namespace tessera {
 namespace {
@@ -60,29 +60,17 @@ struct RowKernels {
   render::KernelCode rows, blocks;  // one work-item per row; one block per row
 };
 
-// A compile-only backend posing as a CUDA device that keeps every float32 Row Step planned.
-class RowCollector : public backends::Backend {
- public:
+// Both forms of every float32 Row Step planned, each distinct one once.
+struct RowSteps {
   std::vector<RowKernels> found;
   std::set<std::string> seen;
-  std::string name() const override { return "rowcollect"; }
-  kir::Target properties(int) const override { return {}; }
-  DeviceInfo info(int i) const override { return {Device("rowcollect", i), "keeps Row Steps", false}; }
-  bool can_execute() const override { return false; }
-  void* allocate(int, size_t) override { fail("rowcollect", "holds no memory", ""); }
-  void free(int, void*, size_t) override {}
-  void copy_in(void*, const void*, size_t) override {}
-  void copy_out(void*, const void*, size_t) override {}
-  std::unique_ptr<backends::Kernel> compile(const kir::Step& st) override {
+  void step(const kir::Step& st) {
     bool f32 = st.kind == kir::StepKind::Row && st.dtype == DType::Float32;
     for (const kir::Instr& I : st.program) f32 = f32 && I.dtype == DType::Float32;
-    if (f32) {
-      render::KernelCode b = render::render(st, render::cuda_c()).front();
-      if (seen.insert(b.name).second) found.push_back({st, render::render(st).front(), b});
-    }
-    return std::make_unique<backends::Kernel>();
+    if (!f32) return;
+    render::KernelCode b = render::render(st, render::cuda_c()).front();
+    if (seen.insert(b.name).second) found.push_back({st, render::render(st).front(), b});
   }
-  void launch(const backends::Kernel&, const kir::Step&, const backends::LaunchArgs&) override {}
 };
 
 // Elements each slot needs: the furthest element any load reads, or the output's size.
@@ -132,12 +120,15 @@ void launch(Entry fn, const render::KernelCode& k, std::map<int, std::vector<flo
 }
 
 TEST(RenderRowBlocks, BlockPerRowKernelsComputeWhatRowKernelsCompute) {
-  auto collector = std::make_shared<RowCollector>();
-  backends::register_backend(collector);
+  static RowSteps collector;  // registered once per process
+  static bool registered = (backends::register_backend(std::make_shared<testing::StepCollector>(
+                                "rowcollect", kir::Target{}, [](const kir::Step& st) { collector.step(st); })),
+                            true);
+  ASSERT_TRUE(registered);
   conformance::Options o;
   o.backends = {"rowcollect"};
   conformance::run(o);
-  auto& found = collector->found;
+  auto& found = collector.found;
   ASSERT_GE(found.size(), 5u) << "too few float32 Row Steps planned";
 
   // One program: the emulation, the dialect, both forms of every kernel, and an entry per kernel
