@@ -189,6 +189,39 @@ TEST(StableHLO, TextCarriesScopesAliasesAndTheRngArgument) {
   EXPECT_THROW(stablehlo::emit(g, {{{0, 5}}}), Error);
 }
 
+// `tessera export --stablehlo gpt`: the module and the files another engine runs it from
+// (bench/stablehlo_vs_cpu.sh runs them under jax); an unknown model is a one-line error.
+TEST(StableHLO, ExportCommandWritesTheGptStep) {
+  fs::path dir = testing::scratch_dir("stablehlo_export");
+  std::string out = (dir / "step.mlir").string();
+  ASSERT_EQ(std::system((std::string(TESSERA_CLI) + " export --stablehlo gpt --out " + out + " --steps 2 > " +
+                         (dir / "log.txt").string() + " 2>&1").c_str()), 0);
+  std::ifstream f(out);
+  std::string text((std::istreambuf_iterator<char>(f)), {});
+  json meta = json::parse(std::ifstream(out + ".json"));
+  const json& args = meta["arguments"];
+  size_t fed = 0;
+  int64_t bytes = 0;
+  for (const json& a : args) {
+    fed += a["fed_from_output"].get<int>() >= 0;
+    bytes += a["initial"]["bytes"].get<int64_t>();
+  }
+  EXPECT_EQ(args.size(), 164u);  // 53 parameters, their 2 x 53 moments, 2 token batches, 3 AdamW scalars
+  EXPECT_EQ(fed, 159u);
+  EXPECT_EQ(meta["outputs"].get<int>(), 160);  // the loss, then the updated parameters and moments
+  EXPECT_EQ(meta["steps"].size(), 2u);
+  EXPECT_EQ(meta["steps"][1]["arguments"].size(), 5u);  // given per step: tokens and scalars
+  EXPECT_GE(int64_t(fs::file_size(out + ".bin")), bytes);
+  size_t aliased = 0;
+  for (size_t at = text.find("tf.aliasing_output"); at != std::string::npos; at = text.find("tf.aliasing_output", at + 1)) ++aliased;
+  EXPECT_EQ(aliased, 159u);
+  EXPECT_NE(text.find("loc(\"GPT.blocks.3.attn\")"), std::string::npos);
+  EXPECT_NE(std::system((std::string(TESSERA_CLI) + " export --stablehlo mlp --out " + out + " > " + (dir / "err.txt").string() + " 2>&1").c_str()), 0);
+  std::ifstream ef(dir / "err.txt");
+  std::string err((std::istreambuf_iterator<char>(ef)), {});
+  EXPECT_NE(err.find("[export] unknown model 'mlp' (known: gpt)"), std::string::npos) << err;
+}
+
 fs::path pyenv_python() { return fs::path(TESSERA_BUILD_DIR) / "pyenv" / "bin" / "python"; }
 
 TEST(StableHLO, MatchesTheCpuBackendUnderJax) {
