@@ -220,6 +220,7 @@ TEST(StableHLO, ExportCommandWritesTheGptStep) {
   std::ifstream ef(dir / "err.txt");
   std::string err((std::istreambuf_iterator<char>(ef)), {});
   EXPECT_NE(err.find("[export] unknown model 'mlp' (known: gpt)"), std::string::npos) << err;
+  if (!HasFailure()) fs::remove_all(dir);
 }
 
 fs::path pyenv_python() { return fs::path(TESSERA_BUILD_DIR) / "pyenv" / "bin" / "python"; }
@@ -275,6 +276,7 @@ TEST(StableHLO, MatchesTheCpuBackendUnderJax) {
   }
   std::printf("stablehlo: %zu cases (%zu primitive), %zu match the cpu backend under jax; jax ran them in %.1f s\n",
               d.size(), primitive_count, passed, secs);
+  if (!HasFailure()) fs::remove_all(dir);
 }
 
 }  // namespace
