@@ -187,6 +187,7 @@ TEST(StableHLO, TextCarriesScopesAliasesAndTheRngArgument) {
             "[gather] index 7 out of range [0, 2) along dimension 1 of a tensor of shape [2, 2] (in scope 'blocks.0.mlp')");
   EXPECT_THROW(stablehlo::emit(g, {{{1, 0}}}), Error);  // int64[2, 2] cannot alias float32[2, 2]
   EXPECT_THROW(stablehlo::emit(g, {{{0, 5}}}), Error);
+  EXPECT_THROW(stablehlo::emit(g, {{{0, 0}, {0, 1}}}), Error);  // one buffer donated twice
 }
 
 // `tessera export --stablehlo gpt`: the module and the files another engine runs it from
