@@ -227,6 +227,11 @@ TEST(StableHLO, ExportCommandWritesTheGptStep) {
 fs::path pyenv_python() { return fs::path(TESSERA_BUILD_DIR) / "pyenv" / "bin" / "python"; }
 
 TEST(StableHLO, MatchesTheCpuBackendUnderJax) {
+  fs::path py = pyenv_python();
+  if (!fs::exists(py)) {
+    if (testing::in_ci()) FAIL() << "jax is missing: " << py << " (scripts/pyenv installs it)";
+    GTEST_SKIP() << "jax not installed (" << py << "; run scripts/pyenv)";
+  }
   fs::path dir = testing::scratch_dir("stablehlo");
   Dump d(dir);
   for (int op = 0; op < ir::kNumOps; ++op) {
@@ -247,11 +252,6 @@ TEST(StableHLO, MatchesTheCpuBackendUnderJax) {
   }
   d.finish();
 
-  fs::path py = pyenv_python();
-  if (!fs::exists(py)) {
-    if (testing::in_ci()) FAIL() << "jax is missing: " << py << " (scripts/pyenv installs it)";
-    GTEST_SKIP() << "jax not installed (" << py << "; run scripts/pyenv)";
-  }
   auto t0 = std::chrono::steady_clock::now();
   std::string cmd = py.string() + " " + TESSERA_SOURCE_DIR + "/tests/stablehlo/run_cases.py " + dir.string() + " > " +
                     (dir / "log.txt").string() + " 2>&1";
