@@ -9,6 +9,7 @@
 #include "tessera/device.h"
 #include "tessera/dtype.h"
 #include "tessera/error.h"
+#include "tessera/export.h"
 #include "tessera/io.h"
 #include "tessera/memory.h"
 #include "tessera/metrics.h"

@@ -51,5 +51,6 @@ void add_demo(CLI::App& app);
 void add_profile(CLI::App& app);  // profile gpt: Chrome trace, op table, memory viewer
 void add_advise(CLI::App& app);  // advise gpt
 void add_conformance(CLI::App& app);  // the op x backend support matrix
+void add_export(CLI::App& app);  // export --stablehlo gpt
 
 }  // namespace tessera::cli

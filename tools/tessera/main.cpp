@@ -19,6 +19,7 @@ int main(int argc, char** argv) {
   tessera::cli::add_profile(app);
   tessera::cli::add_advise(app);
   tessera::cli::add_conformance(app);
+  tessera::cli::add_export(app);
   try {
     // An unknown word where a subcommand belongs gets a direct message (CLI11 would only say
     // that a subcommand is required).
