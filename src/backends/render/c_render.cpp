@@ -709,7 +709,41 @@ typedef ulong u64;
 #define F64_BITS(u) as_double((long)(u))
 #define BITS_F32(f) as_uint(f)
 #define ATOMIC_MIN(p, v) atomic_min((volatile __global int*)(p), (v))
-)"};
+)",
+                         {}};
+  return d;
+}
+
+// CUDA C++ for NVRTC, without headers (NVRTC's built-in math functions and intrinsics only),
+// compiled with the dialect's options: no fused multiply-add contraction (as OpenCL's
+// FP_CONTRACT OFF), so results round as the CPU's do.
+const Dialect& cuda_c() {
+  static const Dialect d{"cuda", R"(#define HAS_FP64 1
+typedef double FACC;
+typedef signed char i8;
+typedef unsigned char u8;
+typedef unsigned short u16;
+typedef int i32;
+typedef unsigned int u32;
+typedef long long i64;
+typedef unsigned long long u64;
+#define KERNEL extern "C" __global__
+#define GLOBAL
+#define FN static __device__ __forceinline__
+#define GID ((i64)blockIdx.x * (i64)blockDim.x + (i64)threadIdx.x)
+#define F32_BITS(u) __uint_as_float((u32)(u))
+#define F64_BITS(u) __longlong_as_double((i64)(u))
+#define BITS_F32(f) __float_as_uint(f)
+#define ATOMIC_MIN(p, v) atomicMin((int*)(p), (int)(v))
+#ifndef INFINITY
+#define INFINITY __int_as_float(0x7f800000)
+#endif
+#ifndef NAN
+#define NAN __int_as_float(0x7fffffff)
+#endif
+static __device__ __forceinline__ i64 clamp(i64 x, i64 lo, i64 hi) { return x < lo ? lo : x > hi ? hi : x; }
+)",
+                         {"--fmad=false"}};
   return d;
 }
 

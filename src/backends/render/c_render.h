@@ -21,8 +21,10 @@ namespace tessera::render {
 struct Dialect {
   std::string name;      // "opencl", "cuda"
   std::string preamble;  // prepended once to every program (before the shared helpers)
+  std::vector<std::string> options;  // compiler options the kernels assume (none for OpenCL)
 };
-const Dialect& opencl_c();
+const Dialect& opencl_c();  // OpenCL C 1.2 (cl_khr_fp64 where the device has it)
+const Dialect& cuda_c();    // CUDA C++ for NVRTC (no headers); compile with `options`
 
 // Every kernel takes (GLOBAL const i64* P, GLOBAL int* E, i64 seed, i64 offset, then for each
 // buffer argument GLOBAL char* b<k>, i64 o<k> (a byte offset)). E[0] is the lowest failing
