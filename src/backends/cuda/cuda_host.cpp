@@ -25,6 +25,57 @@ LaunchConfig launch_config(int64_t work_items, unsigned block) {
   return {unsigned(grid), block};
 }
 
+// ---- GEMM plans ----
+
+namespace {
+// The operand's matrix [R, C] = its view's last two dimensions, as cuBLASLt's op(X) = X^T.
+std::optional<GemmOperand> operand(const kir::View& v, size_t r) {
+  if (v.masked() || v.shape.size() != r || v.strides.size() != r) return std::nullopt;
+  const int64_t R = v.shape[r - 2], C = v.shape[r - 1], sr = v.strides[r - 2], sc = v.strides[r - 1];
+  GemmOperand o;
+  o.offset = v.offset;
+  if (C == 1 || sc == 1) {  // row-major: stored column-major as X^T [C, R]
+    o.transpose = false, o.rows = C, o.cols = R, o.ld = R == 1 ? C : sr;
+    if (o.ld < C) return std::nullopt;
+  } else if (R == 1 || sr == 1) {  // column-major: stored as X [R, C], transposed by cuBLASLt
+    o.transpose = true, o.rows = R, o.cols = C, o.ld = C == 1 ? R : sc;
+    if (o.ld < R) return std::nullopt;
+  } else {
+    return std::nullopt;
+  }
+  // Batch dimensions: one stride for the linear batch number (0 when broadcast).
+  bool any = false;
+  int64_t inner = 1;
+  for (size_t d = r - 2; d-- > 0;) {
+    if (v.shape[d] == 1) continue;
+    if (!any) o.batch_stride = v.strides[d], any = true;
+    else if (v.strides[d] != o.batch_stride * inner) return std::nullopt;
+    inner *= v.shape[d];
+  }
+  if (o.batch_stride < 0) return std::nullopt;
+  return o;
+}
+}  // namespace
+
+std::optional<GemmPlan> plan_gemm(const Shape& out, const kir::View& lhs, const kir::View& rhs) {
+  const size_t r = out.size();
+  if (r < 2 || lhs.shape.size() != r || rhs.shape.size() != r) return std::nullopt;
+  GemmPlan p;
+  p.m = out[r - 1], p.n = out[r - 2], p.k = lhs.shape[r - 1];
+  for (size_t d = 0; d + 2 < r; ++d) p.batch *= out[d];
+  if (p.m <= 0 || p.n <= 0 || p.k <= 0 || p.batch <= 0 || p.batch > 0x7fffffff) return std::nullopt;
+  auto a = operand(rhs, r), b = operand(lhs, r);
+  if (!a || !b) return std::nullopt;
+  p.a = *a, p.b = *b;
+  return p;
+}
+
+size_t alignment(size_t base_align, int64_t offset, int64_t stride) {
+  size_t x = std::min<size_t>(base_align, 256);
+  while (x > 1 && ((offset % int64_t(x)) != 0 || (stride % int64_t(x)) != 0)) x /= 2;
+  return x;
+}
+
 // ---- BlockPool ----
 
 BlockPool::BlockPool(Grab grab, Release release, size_t chunk, size_t align)

@@ -6,7 +6,10 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <optional>
 #include <string>
+
+#include "kernel_ir/index_map.h"
 
 namespace tessera::backends::cuda {
 
@@ -19,6 +22,26 @@ struct LaunchConfig {
 constexpr unsigned kBlock = 256;
 // Throws "[cuda] ..." when the grid would exceed the device's 2^31 - 1 blocks.
 LaunchConfig launch_config(int64_t work_items, unsigned block = kBlock);
+
+// ---- GEMMs through cuBLASLt ----
+// A row-major product out[..., M, N] = lhs[..., M, K] rhs[..., K, N] over strided views, as
+// cuBLASLt's column-major D[m, n] = op(A) op(B) with m = N, n = M (D is out^T, A holds rhs^T,
+// B holds lhs^T): each operand is a column-major matrix of rows x cols with leading dimension
+// ld, transposed or not, at `offset` elements from its slot, its batches batch_stride apart.
+struct GemmOperand {
+  bool transpose = false;
+  int64_t rows = 0, cols = 0, ld = 0, batch_stride = 0, offset = 0;
+};
+struct GemmPlan {
+  int64_t m = 0, n = 0, k = 0, batch = 1;
+  GemmOperand a, b;  // a: from rhs, b: from lhs
+};
+// nullopt when a view is masked, has negative or non-collapsible batch strides, or neither of
+// its matrix dimensions is contiguous; also for empty products (the renderer takes those).
+std::optional<GemmPlan> plan_gemm(const Shape& out, const kir::View& lhs, const kir::View& rhs);
+// The largest power of two up to 256 that divides an address `base_align`-aligned plus
+// `offset` bytes, and every batch `stride` bytes after it.
+size_t alignment(size_t base_align, int64_t offset, int64_t stride);
 
 // ---- device memory ----
 // Hands out device addresses carved from chunks that `grab` provides (cuMemAlloc), so that small

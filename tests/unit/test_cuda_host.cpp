@@ -1,0 +1,386 @@
+// The CUDA backend's host-side logic (src/backends/cuda/cuda_host.h), which needs no GPU: the
+// launch configuration, the device-memory block pool (over a fake driver), the on-disk cubin
+// cache, the GEMM plans for cuBLASLt (checked by evaluating cuBLASLt's column-major semantics on
+// the host against a plain row-major product); and, where the plugin is built, what a machine
+// without a driver shows: `tessera devices` prints "cuda: not available (<why>)" and exits 0,
+// and a program naming cuda gets that reason as its error.
+#include <dlfcn.h>
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <set>
+
+#include "backends/cuda/cuda_host.h"
+#include "tessera/tessera.h"
+
+namespace ts = tessera;
+namespace cu = tessera::backends::cuda;
+
+TEST(CudaLaunch, CoversTheWorkWithWholeBlocks) {
+  EXPECT_EQ(cu::launch_config(0).grid, 0u);
+  EXPECT_EQ(cu::launch_config(-3).grid, 0u);
+  auto one = cu::launch_config(1);
+  EXPECT_EQ(one.grid, 1u);
+  EXPECT_EQ(one.block, 256u);
+  EXPECT_EQ(cu::launch_config(256).grid, 1u);
+  EXPECT_EQ(cu::launch_config(257).grid, 2u);
+  EXPECT_EQ(cu::launch_config(50257 * 8, 128).grid, 3142u);  // 402056 / 128 rounded up
+  // A grid of 2^31 - 1 blocks is the most a launch takes: 64-bit work counts beyond it fail clearly.
+  const int64_t most = int64_t(0x7fffffff) * 256;
+  EXPECT_EQ(cu::launch_config(most).grid, 0x7fffffffu);
+  try {
+    cu::launch_config(most + 1);
+    FAIL() << "no error";
+  } catch (const ts::Error& e) {
+    EXPECT_EQ(std::string(e.what()).rfind("[cuda] a kernel of 549755813633 work items needs 2147483648 blocks", 0), 0u) << e.what();
+  }
+}
+
+namespace {
+// A fake driver: chunks handed out back to back (so neighbouring chunks are adjacent), a memory
+// limit, and a record of what was returned.
+struct FakeDriver {
+  uint64_t next = uint64_t(1) << 32;
+  size_t limit = size_t(1) << 30, held = 0;
+  std::vector<std::pair<uint64_t, size_t>> released;
+  cu::BlockPool pool{[this](size_t n) -> uint64_t {
+                       if (held + n > limit) return 0;
+                       held += n;
+                       uint64_t a = next;
+                       next += n;
+                       return a;
+                     },
+                     [this](uint64_t a, size_t n) {
+                       held -= n;
+                       released.push_back({a, n});
+                     },
+                     4096, 256};
+};
+}  // namespace
+
+TEST(CudaBlockPool, SmallBuffersShareChunksAlignedAndDistinct) {
+  FakeDriver f;
+  uint64_t a = f.pool.allocate(1), b = f.pool.allocate(0), c = f.pool.allocate(300);
+  EXPECT_EQ(a, uint64_t(1) << 32);
+  EXPECT_EQ(b, a + 256);  // 0 bytes: still a distinct, aligned address
+  EXPECT_EQ(c, a + 512);
+  EXPECT_EQ(f.pool.reserved(), 4096u);
+  EXPECT_EQ(f.pool.in_use(), 256u + 256u + 512u);
+  EXPECT_TRUE(f.pool.owns(c + 511));
+  EXPECT_TRUE(f.pool.owns(a + 4095));
+  EXPECT_FALSE(f.pool.owns(a + 4096));
+  EXPECT_FALSE(f.pool.owns(a - 1));
+  // Freed neighbours merge: 1,536 bytes fit where a, b and c were.
+  f.pool.free(b);
+  f.pool.free(a);
+  f.pool.free(c);
+  EXPECT_EQ(f.pool.in_use(), 0u);
+  EXPECT_EQ(f.pool.allocate(1536), a);
+  EXPECT_TRUE(f.released.empty());  // shared chunks are kept until trim()
+  EXPECT_THROW(f.pool.free(a + 256), ts::Error);  // not handed out
+}
+
+TEST(CudaBlockPool, LargeBuffersGetTheirOwnChunkAndGoBackWhenFreed) {
+  FakeDriver f;
+  uint64_t small = f.pool.allocate(100);
+  uint64_t arena = f.pool.allocate(10000);  // > chunk / 2: its own chunk, rounded to 256
+  EXPECT_EQ(arena, small + 4096);
+  EXPECT_EQ(f.pool.reserved(), 4096u + 10240u);
+  f.pool.free(arena);
+  ASSERT_EQ(f.released.size(), 1u);
+  EXPECT_EQ(f.released[0], std::make_pair(arena, size_t(10240)));
+  EXPECT_EQ(f.pool.reserved(), 4096u);
+}
+
+TEST(CudaBlockPool, FreeRangesNeverMergeAcrossAdjacentChunks) {
+  FakeDriver f;
+  std::vector<uint64_t> got;
+  for (int i = 0; i < 24; ++i) got.push_back(f.pool.allocate(512));  // 8 per chunk: 3 adjacent chunks
+  EXPECT_EQ(f.pool.reserved(), 3u * 4096u);
+  std::set<uint64_t> distinct(got.begin(), got.end());
+  EXPECT_EQ(distinct.size(), 24u);
+  for (int i = 0; i < 16; ++i) f.pool.free(got[size_t(i)]);  // the first two chunks wholly free
+  // A request of a whole chunk's size is large (own chunk); one of 2,048 fits in a free chunk.
+  EXPECT_EQ(f.pool.allocate(2048), got[0]);
+  f.pool.free(got[0]);
+  EXPECT_EQ(f.pool.trim(), 2u * 4096u);  // each chunk returned whole, with its own size
+  ASSERT_EQ(f.released.size(), 2u);
+  EXPECT_EQ(f.released[0], std::make_pair(got[0], size_t(4096)));
+  EXPECT_EQ(f.released[1], std::make_pair(got[8], size_t(4096)));
+  EXPECT_EQ(f.pool.in_use(), 8u * 512u);
+}
+
+TEST(CudaBlockPool, OutOfMemoryTrimsThenReportsZero) {
+  FakeDriver f;
+  f.limit = 3 * 4096;
+  uint64_t a = f.pool.allocate(2048), b = f.pool.allocate(2048);  // one full chunk
+  uint64_t c = f.pool.allocate(512);                               // a second chunk
+  ASSERT_NE(c, 0u);
+  f.pool.free(c);  // the second chunk is wholly free but held
+  EXPECT_EQ(f.pool.reserved(), 2u * 4096u);
+  // 8,192 bytes need the driver: it has 4,096 left, so the pool trims the free chunk and retries.
+  uint64_t big = f.pool.allocate(8192);
+  EXPECT_NE(big, 0u);
+  EXPECT_EQ(f.released.size(), 1u);
+  EXPECT_EQ(f.pool.allocate(4096), 0u);  // nothing left to trim: 0, which the backend reports
+  f.pool.free(a);
+  f.pool.free(b);
+  f.pool.free(big);
+  EXPECT_EQ(f.pool.in_use(), 0u);
+}
+
+TEST(CudaBlockPool, RandomAllocationsNeverOverlap) {
+  FakeDriver f;
+  std::mt19937 rng(3);
+  std::map<uint64_t, size_t> live;  // address -> requested bytes
+  for (int step = 0; step < 4000; ++step) {
+    if (live.empty() || rng() % 3 != 0) {
+      size_t n = rng() % 3000;
+      uint64_t a = f.pool.allocate(n);
+      ASSERT_NE(a, 0u);
+      ASSERT_EQ(a % 256, 0u);
+      auto next = live.lower_bound(a);
+      if (next != live.end()) {
+        ASSERT_LE(a + std::max<size_t>(n, 1), next->first) << "overlaps the next block";
+      }
+      if (next != live.begin()) {
+        auto prev = std::prev(next);
+        ASSERT_LE(prev->first + std::max<size_t>(prev->second, 1), a) << "overlaps the previous block";
+      }
+      live[a] = n;
+    } else {
+      auto it = live.begin();
+      std::advance(it, rng() % live.size());
+      f.pool.free(it->first);
+      live.erase(it);
+    }
+  }
+  for (auto& [a, n] : live) f.pool.free(a);
+  EXPECT_EQ(f.pool.in_use(), 0u);
+  f.pool.trim();
+  EXPECT_EQ(f.pool.reserved(), 0u);
+  EXPECT_EQ(f.held, 0u);  // every chunk went back to the driver
+}
+
+// ---- the disk cache ----
+
+namespace {
+struct TempDir {
+  std::string path;
+  TempDir() {
+    char t[] = "/tmp/tessera-cuda-cache-XXXXXX";
+    path = mkdtemp(t);
+  }
+  ~TempDir() { std::filesystem::remove_all(path); }
+};
+}  // namespace
+
+TEST(CudaDiskCache, ReadsWhatItWroteAndRecompilesCorruptEntries) {
+  TempDir t;
+  const std::string dir = t.path + "/nested/cuda";  // created on write
+  std::string payload(5000, '\0');
+  for (size_t i = 0; i < payload.size(); ++i) payload[i] = char(i * 7 + 1);
+  std::string got;
+  EXPECT_FALSE(cu::read_cached(dir, "00ab", &got));  // missing
+  cu::write_cached(dir, "00ab", payload);
+  ASSERT_TRUE(cu::read_cached(dir, "00ab", &got));
+  EXPECT_EQ(got, payload);
+  // One flipped byte of the payload: refused and deleted, so the caller compiles again.
+  const std::string file = dir + "/00ab.cubin";
+  {
+    std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(-100, std::ios::end);
+    f.put('\x55');
+  }
+  EXPECT_FALSE(cu::read_cached(dir, "00ab", &got));
+  EXPECT_FALSE(std::filesystem::exists(file));
+  // A torn write (the payload cut short), and a file without a header.
+  cu::write_cached(dir, "00ab", payload);
+  std::filesystem::resize_file(file, std::filesystem::file_size(file) - 1);
+  EXPECT_FALSE(cu::read_cached(dir, "00ab", &got));
+  std::ofstream(file) << "not a cubin";
+  EXPECT_FALSE(cu::read_cached(dir, "00ab", &got));
+  // No folder, no cache; an unwritable one costs nothing.
+  cu::write_cached("", "00ab", payload);
+  EXPECT_FALSE(cu::read_cached("", "00ab", &got));
+  cu::write_cached("/proc/tessera-cannot-write-here", "00ab", payload);
+  EXPECT_FALSE(cu::read_cached("/proc/tessera-cannot-write-here", "00ab", &got));
+}
+
+TEST(CudaDiskCache, FolderFromTheEnvironment) {
+  auto keep = [](const char* name) -> std::optional<std::string> {
+    const char* v = std::getenv(name);
+    return v ? std::optional<std::string>(v) : std::nullopt;
+  };
+  auto restore = [](const char* name, const std::optional<std::string>& v) {
+    if (v) setenv(name, v->c_str(), 1);
+    else unsetenv(name);
+  };
+  auto own = keep("TESSERA_CUDA_CACHE"), xdg = keep("XDG_CACHE_HOME"), home = keep("HOME");
+  setenv("TESSERA_CUDA_CACHE", "/a/b", 1);
+  setenv("XDG_CACHE_HOME", "/x", 1);
+  setenv("HOME", "/h", 1);
+  EXPECT_EQ(cu::cache_dir(), "/a/b");
+  unsetenv("TESSERA_CUDA_CACHE");
+  EXPECT_EQ(cu::cache_dir(), "/x/tessera/cuda");
+  unsetenv("XDG_CACHE_HOME");
+  EXPECT_EQ(cu::cache_dir(), "/h/.cache/tessera/cuda");
+  unsetenv("HOME");
+  EXPECT_EQ(cu::cache_dir(), "");
+  restore("TESSERA_CUDA_CACHE", own);
+  restore("XDG_CACHE_HOME", xdg);
+  restore("HOME", home);
+}
+
+// ---- GEMM plans ----
+
+namespace {
+using ts::kir::View;
+
+View strided(ts::Shape shape, std::vector<int64_t> strides, int64_t offset = 0) {
+  View v;
+  v.shape = std::move(shape);
+  v.strides = std::move(strides);
+  v.offset = offset;
+  return v;
+}
+
+// What cuBLASLt computes for the plan (column-major D = op(A) op(B) per batch), written out as
+// row-major out[..., M, N], next to the product read through the views directly.
+void check_plan(const ts::Shape& out, const View& lhs, const View& rhs, size_t lhs_elems, size_t rhs_elems) {
+  auto plan = cu::plan_gemm(out, lhs, rhs);
+  ASSERT_TRUE(plan.has_value());
+  std::vector<double> L(lhs_elems), R(rhs_elems);
+  for (size_t i = 0; i < L.size(); ++i) L[i] = double(i % 13) - 6;
+  for (size_t i = 0; i < R.size(); ++i) R[i] = double(i % 7) - 3;
+  const size_t r = out.size();
+  const int64_t M = out[r - 2], N = out[r - 1], K = lhs.shape[r - 1];
+  // Column-major element (i, j) of op(X) for an operand stored column-major with leading dimension ld.
+  auto op = [](const cu::GemmOperand& o, const std::vector<double>& mem, int64_t batch, int64_t i, int64_t j) {
+    int64_t row = o.transpose ? j : i, col = o.transpose ? i : j;
+    return mem[size_t(o.offset + batch * o.batch_stride + row + col * o.ld)];
+  };
+  std::vector<int64_t> idx(r);
+  for (int64_t b = 0; b < plan->batch; ++b) {
+    int64_t rest = b;
+    for (size_t d = r - 2; d-- > 0;) idx[d] = rest % out[d], rest /= out[d];
+    for (int64_t m = 0; m < M; ++m)
+      for (int64_t n = 0; n < N; ++n) {
+        double want = 0, got = 0;
+        for (int64_t k = 0; k < K; ++k) {
+          int64_t lo = lhs.offset, ro = rhs.offset;
+          for (size_t d = 0; d + 2 < r; ++d) lo += idx[d] * lhs.strides[d], ro += idx[d] * rhs.strides[d];
+          want += L[size_t(lo + m * lhs.strides[r - 2] + k * lhs.strides[r - 1])] * R[size_t(ro + k * rhs.strides[r - 2] + n * rhs.strides[r - 1])];
+          // D[i = n, j = m] = sum_k A[n, k] B[k, m]: A from rhs, B from lhs.
+          got += op(plan->a, R, b, n, k) * op(plan->b, L, b, k, m);
+        }
+        ASSERT_EQ(got, want) << "batch " << b << " m " << m << " n " << n;
+      }
+  }
+}
+}  // namespace
+
+TEST(CudaGemmPlan, RowMajorTransposedBatchedAndBroadcastOperands) {
+  // x[5, 3] @ w[3, 4], both dense.
+  check_plan({5, 4}, strided({5, 3}, {3, 1}), strided({3, 4}, {4, 1}), 15, 12);
+  auto p = cu::plan_gemm({5, 4}, strided({5, 3}, {3, 1}), strided({3, 4}, {4, 1}));
+  EXPECT_EQ(p->m, 4);
+  EXPECT_EQ(p->n, 5);
+  EXPECT_EQ(p->k, 3);
+  EXPECT_FALSE(p->a.transpose);
+  EXPECT_EQ(p->a.ld, 4);
+  // A Linear layer: x[5, 3] @ W^T with W[4, 3] dense (the rhs view has strides (1, 3)).
+  check_plan({5, 4}, strided({5, 3}, {3, 1}), strided({3, 4}, {1, 3}), 15, 12);
+  EXPECT_TRUE(cu::plan_gemm({5, 4}, strided({5, 3}, {3, 1}), strided({3, 4}, {1, 3}))->a.transpose);
+  // A transposed lhs at an offset, with padded rows (ld 8 > 5).
+  check_plan({5, 4}, strided({5, 3}, {1, 8}, 2), strided({3, 4}, {4, 1}), 2 + 3 * 8, 12);
+  // Batched attention scores q[2, 3, 4, 6] @ k^T, k dense [2, 3, 5, 6]: two batch dims collapse.
+  check_plan({2, 3, 4, 5}, strided({2, 3, 4, 6}, {72, 24, 6, 1}), strided({2, 3, 6, 5}, {90, 30, 1, 6}), 144, 180);
+  // A weight broadcast over the batch (stride 0), and batch dims of extent 1.
+  check_plan({3, 4, 2}, strided({3, 4, 5}, {20, 5, 1}), strided({3, 5, 2}, {0, 2, 1}), 60, 10);
+  check_plan({1, 4, 1, 2}, strided({1, 4, 1, 5}, {99, 5, 7, 1}), strided({1, 4, 5, 2}, {0, 10, 2, 1}), 20, 40);
+  // Vectors: one row, one column.
+  check_plan({1, 4}, strided({1, 3}, {0, 1}), strided({3, 4}, {4, 1}), 3, 12);
+  check_plan({5, 1}, strided({5, 3}, {3, 1}), strided({3, 1}, {1, 0}), 15, 3);
+}
+
+TEST(CudaGemmPlan, DeclinesWhatCuBlasLtCannotExpress) {
+  View dense_l = strided({5, 3}, {3, 1}), dense_r = strided({3, 4}, {4, 1});
+  EXPECT_FALSE(cu::plan_gemm({5, 4}, strided({5, 3}, {6, 2}), dense_r));          // neither dimension contiguous
+  EXPECT_FALSE(cu::plan_gemm({5, 4}, strided({5, 3}, {0, 1}), dense_r));          // rows broadcast
+  EXPECT_FALSE(cu::plan_gemm({5, 4}, strided({5, 3}, {1, 1}), dense_r));          // overlapping rows
+  EXPECT_FALSE(cu::plan_gemm({5, 4}, dense_l, strided({3, 4}, {-4, 1}, 8)));     // reversed
+  View masked = dense_l;
+  masked.lo = {0, 0}, masked.hi = {4, 3};
+  EXPECT_FALSE(cu::plan_gemm({5, 4}, masked, dense_r));                            // padded
+  // Batch dims in another order than the output's (a permuted batch) cannot share one stride.
+  EXPECT_FALSE(cu::plan_gemm({2, 3, 5, 4}, strided({2, 3, 5, 3}, {15, 30, 3, 1}), strided({2, 3, 3, 4}, {36, 12, 4, 1})));
+  EXPECT_FALSE(cu::plan_gemm({0, 4}, strided({0, 3}, {3, 1}), dense_r));         // empty
+  EXPECT_FALSE(cu::plan_gemm({5, 4}, strided({5, 0}, {0, 1}), strided({0, 4}, {4, 1})));
+  EXPECT_TRUE(cu::plan_gemm({5, 4}, dense_l, dense_r));
+}
+
+TEST(CudaGemmPlan, AlignmentOfOperands) {
+  EXPECT_EQ(cu::alignment(256, 0, 0), 256u);
+  EXPECT_EQ(cu::alignment(256, 4, 0), 4u);       // one float in
+  EXPECT_EQ(cu::alignment(256, 0, 3 * 4), 4u);   // batches 12 bytes apart
+  EXPECT_EQ(cu::alignment(256, 64, 128), 64u);
+  EXPECT_EQ(cu::alignment(8, 0, 0), 8u);         // a staged scalar slot
+  EXPECT_EQ(cu::alignment(256, 2, 0), 2u);       // float16
+}
+
+// ---- a machine without a driver ----
+
+namespace {
+bool driver_present() {
+  void* h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL | RTLD_NOLOAD);
+  if (!h) h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+  return h != nullptr;
+}
+}  // namespace
+
+TEST(CudaNoDriver, DevicesPrintsWhyAndExitsZero) {
+#ifndef TESSERA_CUDA_PLUGIN
+  if (const char* c = std::getenv("CI"); c && std::string(c) == "true") FAIL() << "CI=true but the cuda plugin was not built (no CUDA toolkit found at configure time)";
+  GTEST_SKIP() << "the cuda plugin is not built here (no CUDA toolkit)";
+#else
+  if (driver_present()) GTEST_SKIP() << "this machine has an NVIDIA driver (scripts/gpu-check covers it)";
+  std::string cmd = std::string(TESSERA_CLI) + " devices 2>&1";
+  FILE* p = popen(cmd.c_str(), "r");
+  ASSERT_NE(p, nullptr);
+  std::string out;
+  char buf[512];
+  while (fgets(buf, sizeof buf, p)) out += buf;
+  EXPECT_EQ(pclose(p), 0) << out;
+  EXPECT_NE(out.find("\ncuda: not available (no NVIDIA driver: libcuda.so.1: cannot open shared object file: No such file or "
+                     "directory)\n"),
+            std::string::npos)
+      << out;
+  EXPECT_EQ(out.find("plugin not loaded: "), std::string::npos) << out;  // the cuda plugin itself loaded fine
+  EXPECT_NE(out.find("\ncpu:0 "), std::string::npos) << out;
+#endif
+}
+
+TEST(CudaNoDriver, AProgramNamingCudaSaysWhy) {
+#ifndef TESSERA_CUDA_PLUGIN
+  GTEST_SKIP() << "the cuda plugin is not built here (no CUDA toolkit)";
+#else
+  if (driver_present()) GTEST_SKIP() << "this machine has an NVIDIA driver";
+  try {
+    ts::ones({2}, {ts::DType::Float32, ts::Device("cuda")}).sum().item();
+    FAIL() << "no error";
+  } catch (const ts::Error& e) {
+    std::string msg = e.what();
+    EXPECT_EQ(msg.rfind("[device] cuda: not available (no NVIDIA driver: libcuda.so.1: cannot open shared object file", 0), 0u) << msg;
+    EXPECT_NE(msg.find("libtessera-backend-cuda.so); available: cpu, "), std::string::npos) << msg;
+  }
+  // Everything else still runs, and best() picks the cpu.
+  EXPECT_EQ(ts::Device::best(), ts::Device("cpu"));
+  EXPECT_EQ((ts::ones({3}) * 2).sum().item(), 6.0);
+#endif
+}
