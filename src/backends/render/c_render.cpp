@@ -738,8 +738,8 @@ typedef unsigned long long u64;
 #define F64_BITS(u) __longlong_as_double((i64)(u))
 #define BITS_F32(f) __float_as_uint(f)
 #define ATOMIC_MIN(p, v) atomicMin((int*)(p), (int)(v))
-#define RNG_ARGS i64 seed_arg, i64 roff_arg, const u64* R
-#define RNG_INIT i64 seed = R ? (i64)R[0] : seed_arg, roff = R ? (i64)R[1] : roff_arg;
+#define RNG_ARGS i64 seed_arg, i64 roff_arg, const u64* rng_ptr
+#define RNG_INIT i64 seed = rng_ptr ? (i64)rng_ptr[0] : seed_arg, roff = rng_ptr ? (i64)rng_ptr[1] : roff_arg;
 #ifndef INFINITY
 #define INFINITY __int_as_float(0x7f800000)
 #endif
