@@ -366,6 +366,31 @@ TEST(CudaNoDriver, DevicesPrintsWhyAndExitsZero) {
 #endif
 }
 
+// The toolkit's stub libcuda.so as libcuda.so.1: every driver entry point the plugin uses is
+// found by its versioned name, and cuInit's refusal is the reason.
+TEST(CudaNoDriver, TheToolkitsStubIsNoDriver) {
+#if !defined(TESSERA_CUDA_PLUGIN) || !defined(TESSERA_CUDA_STUB)
+  GTEST_SKIP() << "the cuda plugin or the toolkit's stub driver is not here";
+#else
+  if (driver_present()) GTEST_SKIP() << "this machine has an NVIDIA driver";
+  char dir[] = "/tmp/tessera-stub-driver-XXXXXX";
+  ASSERT_NE(mkdtemp(dir), nullptr);
+  std::filesystem::create_symlink(TESSERA_CUDA_STUB, std::string(dir) + "/libcuda.so.1");
+  std::string cmd = std::string("LD_LIBRARY_PATH=") + dir + " " + TESSERA_CLI + " devices 2>&1";
+  FILE* p = popen(cmd.c_str(), "r");
+  ASSERT_NE(p, nullptr);
+  std::string out;
+  char buf[512];
+  while (fgets(buf, sizeof buf, p)) out += buf;
+  EXPECT_EQ(pclose(p), 0) << out;
+  std::filesystem::remove_all(dir);
+  EXPECT_NE(out.find("\ncuda: not available (cuInit failed: CUDA_ERROR_STUB_LIBRARY (libcuda.so.1 is the toolkit's stub, not a "
+                     "driver))\n"),
+            std::string::npos)
+      << out;
+#endif
+}
+
 TEST(CudaNoDriver, AProgramNamingCudaSaysWhy) {
 #ifndef TESSERA_CUDA_PLUGIN
   GTEST_SKIP() << "the cuda plugin is not built here (no CUDA toolkit)";

@@ -96,10 +96,11 @@ bool load(std::string* why) {
 #undef TS_LOAD
   if (!missing.empty()) return *why = "the NVIDIA driver lacks " + missing + " (too old for CUDA " TS_STR(TESSERA_CUDA_MAJOR) ")", false;
   CUresult r = g.cuInit(0);
+  if (r == CUDA_ERROR_STUB_LIBRARY) return *why = "cuInit failed: CUDA_ERROR_STUB_LIBRARY (libcuda.so.1 is the toolkit's stub, not a driver)", false;
   if (r != CUDA_SUCCESS) {
     const char* name = nullptr;
     g.cuGetErrorName(r, &name);
-    return *why = std::string("cuInit failed: ") + (name ? name : std::to_string(int(r))), false;
+    return *why = std::string("cuInit failed: ") + (name ? name : "CUDA error " + std::to_string(int(r))), false;
   }
   g.cuDriverGetVersion(&g.driver_version);
   if (g.driver_version < TESSERA_CUDA_MAJOR * 1000)
