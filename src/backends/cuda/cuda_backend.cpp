@@ -23,6 +23,7 @@
 #include <deque>
 #include <map>
 #include <optional>
+#include <thread>
 #include <unordered_map>
 
 #include "backends/backend.h"
@@ -240,9 +241,13 @@ struct CudaExecutable : Executable {
   std::vector<const Kernel*> kernels;
   size_t nslots;
   int device;
+  BlockPool* pool;  // the device's (the graphs' check words)
   std::deque<Graph> graphs;
-  ~CudaExecutable() override {
-    for (Graph& gr : graphs) g.cuGraphExecDestroy(gr.exec);  // a running graph is freed when it completes
+  ~CudaExecutable() override {  // after the runtime's synchronize: no graph still runs
+    for (Graph& gr : graphs) {
+      g.cuGraphExecDestroy(gr.exec);
+      if (gr.checks.words) pool->free(gr.checks.words);
+    }
   }
 };
 
@@ -410,6 +415,7 @@ class CudaBackend : public Backend {
     e->kernels = spec.kernels;
     e->nslots = spec.slots->size();
     e->device = spec.device;
+    e->pool = d.pool.get();
     return e;
   }
 
@@ -421,8 +427,9 @@ class CudaBackend : public Backend {
     if (it == e.graphs.end()) {
       if (e.graphs.size() == 4) {
         sync_device(d);  // nothing pending refers to the oldest graph's check words
-        g.cuGraphExecDestroy(e.graphs.front().exec);
-        if (e.graphs.front().checks.words) d.pool->free(e.graphs.front().checks.words);
+        Graph& old = e.graphs.front();
+        g.cuGraphExecDestroy(old.exec);
+        if (old.checks.words) d.pool->free(old.checks.words);
         e.graphs.pop_front();
       }
       e.graphs.push_back(capture(d, e, now, a.scalars));
@@ -561,24 +568,19 @@ class CudaBackend : public Backend {
     }
   }
 
-  // Compiles every rendered kernel this device lacks as one program (in practice all the new
-  // kernels of an executable), then uploads this Step's parameter buffers.
+  // Compiles every rendered kernel this device lacks (in practice all the new kernels of an
+  // executable), then uploads this Step's parameter buffers.
   void build(Dev& d, int index, const CudaKernel& k) {
     for (const render::KernelCode& c : k.code) pending_.emplace(c.name, c);
     std::vector<const render::KernelCode*> batch;
     for (auto& [name, c] : pending_)
       if (!d.functions.count(name)) batch.push_back(&c);
-    if (!batch.empty()) {
-      const std::string& bin = cubin(render::program_source(render::cuda_c(), batch), d.major * 10 + d.minor, batch.size());
-      CUmodule m = nullptr;  // never unloaded: its functions serve every later Step of equal source
-      check(g.cuModuleLoadData(&m, bin.data()), "cuModuleLoadData");
-      for (const render::KernelCode* c : batch) check(g.cuModuleGetFunction(&d.functions[c->name], m, c->name.c_str()), "cuModuleGetFunction");
-    }
+    if (!batch.empty()) load_programs(d, batch);
     pending_.clear();
     std::vector<CudaKernel::Built>& out = k.built[index];
     for (const render::KernelCode& c : k.code) {
       size_t bytes = std::max<size_t>(1, c.params.size()) * sizeof(int64_t);
-      CUdeviceptr p = must(d.pool->allocate(bytes), "a parameter buffer");  // lives with the process's pool
+      CUdeviceptr p = must(d.pool->allocate(bytes), "a parameter buffer");
       if (!c.params.empty()) {
         check(g.cuMemcpyHtoDAsync(p, c.params.data(), bytes, d.stream), "uploading parameters");
         check(g.cuStreamSynchronize(d.stream), "uploading parameters");
@@ -587,32 +589,57 @@ class CudaBackend : public Backend {
     }
   }
 
-  // The cubin of a program for sm_<arch>: from memory, the disk cache, or NVRTC.
-  const std::string& cubin(const std::string& src, int arch, size_t kernels) {
-    const std::string sm = "sm_" + std::to_string(arch);
-    std::string opts;
-    for (const std::string& o : render::cuda_c().options) opts += o + " ";
-    const std::string key = hex(render::fnv1a(src + "\n" + sm + " " + opts + std::to_string(g.nvrtc_major) + "." +
-                                              std::to_string(g.nvrtc_minor)));
-    auto hit = cubins_.find(key);
-    if (hit != cubins_.end()) return hit->second;
-    auto t0 = std::chrono::steady_clock::now();
-    std::string bin;
+  // The kernels as programs of at least 16 kernels each, one per core at most (NVRTC compiles a
+  // program on one core), each program's cubin read from the disk cache or compiled by NVRTC on
+  // its own thread, then loaded. The functions stay in d.functions by kernel name (a hash of the
+  // source): the in-memory cache. Modules are never unloaded.
+  void load_programs(Dev& d, const std::vector<const render::KernelCode*>& batch) {
+    struct Program {
+      std::vector<const render::KernelCode*> kernels;
+      std::string src, key, bin;
+      bool from_disk = false;
+      double seconds = 0;
+      std::exception_ptr error;
+    };
+    const std::string sm = "sm_" + std::to_string(d.major * 10 + d.minor);
+    std::string salt = "\n" + sm + " NVRTC " + std::to_string(g.nvrtc_major) + "." + std::to_string(g.nvrtc_minor);
+    for (const std::string& o : render::cuda_c().options) salt += " " + o;
+    const size_t n = std::clamp<size_t>(batch.size() / 16, 1, std::max(1u, std::thread::hardware_concurrency()));
+    std::vector<Program> ps(n);
+    for (size_t i = 0; i < batch.size(); ++i) ps[i % n].kernels.push_back(batch[i]);
     static const std::string dir = cache_dir();
-    const bool from_disk = read_cached(dir, key, &bin);
-    if (!from_disk) {
-      bin = nvrtc(src, sm, kernels);
-      write_cached(dir, key, bin);
+    std::vector<std::thread> threads;
+    for (Program& p : ps) {
+      p.src = render::program_source(render::cuda_c(), p.kernels);
+      p.key = hex(render::fnv1a(p.src + salt));
+      p.from_disk = read_cached(dir, p.key, &p.bin);
+      if (!p.from_disk)
+        threads.emplace_back([&p, &sm] {
+          auto t0 = std::chrono::steady_clock::now();
+          try {
+            p.bin = nvrtc(p.src, sm, p.kernels.size());
+          } catch (...) {
+            p.error = std::current_exception();
+          }
+          p.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        });
     }
+    for (std::thread& t : threads) t.join();
     // TESSERA_CUDA_BUILD_LOG=<file>: one line per program (to measure cold and warm compiles).
     static const char* log_path = std::getenv("TESSERA_CUDA_BUILD_LOG");
-    if (log_path)
-      if (FILE* f = std::fopen(log_path, "a")) {
-        double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-        std::fprintf(f, "%s %s %zu kernels %.3f s %s\n", key.c_str(), sm.c_str(), kernels, s, from_disk ? "disk" : "nvrtc");
-        std::fclose(f);
-      }
-    return cubins_[key] = std::move(bin);
+    for (Program& p : ps) {
+      if (p.error) std::rethrow_exception(p.error);
+      if (!p.from_disk) write_cached(dir, p.key, p.bin);
+      CUmodule m = nullptr;
+      check(g.cuModuleLoadData(&m, p.bin.data()), "cuModuleLoadData");
+      for (const render::KernelCode* c : p.kernels)
+        check(g.cuModuleGetFunction(&d.functions[c->name], m, c->name.c_str()), "cuModuleGetFunction");
+      if (log_path)
+        if (FILE* f = std::fopen(log_path, "a")) {
+          std::fprintf(f, "%s %s %zu kernels %s %.3f s\n", p.key.c_str(), sm.c_str(), p.kernels.size(), p.from_disk ? "disk" : "nvrtc", p.seconds);
+          std::fclose(f);
+        }
+    }
   }
 
   static std::string nvrtc(const std::string& src, const std::string& sm, size_t kernels) {
@@ -771,8 +798,7 @@ class CudaBackend : public Backend {
   }
 
   std::vector<Dev> devs_;
-  std::map<std::string, render::KernelCode> pending_;     // rendered, not yet compiled
-  std::unordered_map<std::string, std::string> cubins_;  // program hash -> cubin
+  std::map<std::string, render::KernelCode> pending_;  // rendered, not yet compiled
 };
 
 std::shared_ptr<Backend> make_cuda_backend(std::string* why_not) {
