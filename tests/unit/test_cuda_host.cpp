@@ -334,6 +334,59 @@ TEST(CudaGemmPlan, AlignmentOfOperands) {
   EXPECT_EQ(cu::alignment(256, 2, 0), 2u);       // float16
 }
 
+namespace {
+// A Gemm Step out[4, 6] = A @ B (slots 10, 11) with the epilogue `program` over the product (the
+// output slot 12, which inputs[2] names) and a bias (slot 13, inputs[3]).
+ts::kir::Step gemm_with(std::vector<ts::kir::Instr> program, ts::Shape shape = {4, 6}) {
+  ts::kir::Step st;
+  st.kind = ts::kir::StepKind::Gemm;
+  st.shape = shape;
+  st.dtype = ts::DType::Float32;
+  st.inputs = {10, 11, 12, 13};
+  st.input_dtypes = {ts::DType::Float32, ts::DType::Float32, ts::DType::Float32, ts::DType::Float32};
+  st.output = 12;
+  st.program = std::move(program);
+  return st;
+}
+ts::kir::Instr load(int input, const View& v) {
+  ts::kir::IndexMap m;
+  m.views = {v};
+  return ts::kir::Instr::load(input, ts::DType::Float32, m);
+}
+ts::kir::Instr op(ts::kir::Code c, int a, int b) {
+  ts::kir::Instr I;
+  I.code = c, I.dtype = ts::DType::Float32, I.a = a, I.b = b;
+  return I;
+}
+}  // namespace
+
+TEST(CudaGemmPlan, OnlyABiasOverTheLastDimensionIsFused) {
+  using ts::kir::Code;
+  const View product = strided({4, 6}, {6, 1}), bias = strided({4, 6}, {0, 1});
+  auto b = cu::fused_bias(gemm_with({load(2, product), load(3, bias), op(Code::Add, 0, 1)}));
+  ASSERT_TRUE(b.has_value());
+  EXPECT_EQ(b->input, 3);
+  EXPECT_EQ(b->offset, 0);
+  b = cu::fused_bias(gemm_with({load(3, strided({4, 6}, {0, 1}, 8)), load(2, product), op(Code::Add, 1, 0)}));
+  ASSERT_TRUE(b.has_value());  // either order; an offset of 32 bytes
+  EXPECT_EQ(b->offset, 8);
+  EXPECT_TRUE(cu::fused_bias(gemm_with({load(2, strided({2, 4, 6}, {24, 6, 1})), load(3, strided({2, 4, 6}, {0, 0, 1})),
+                                        op(Code::Add, 0, 1)}, {2, 4, 6})));  // batched, broadcast over the batch too
+  auto refused = [&](std::vector<ts::kir::Instr> program, ts::Shape shape = {4, 6}) { return !cu::fused_bias(gemm_with(std::move(program), shape)); };
+  EXPECT_TRUE(refused({}));                                                                    // no epilogue
+  EXPECT_TRUE(refused({load(2, product), load(3, strided({4, 6}, {1, 0})), op(Code::Add, 0, 1)}));  // a bias per row
+  EXPECT_TRUE(refused({load(2, product), load(3, bias), op(Code::Mul, 0, 1)}));                   // a scale
+  EXPECT_TRUE(refused({load(2, product), load(2, product), op(Code::Add, 0, 1)}));                // no bias
+  EXPECT_TRUE(refused({load(2, product), load(3, strided({4, 6}, {6, 1})), op(Code::Add, 0, 1)}));  // a residual, not a bias
+  EXPECT_TRUE(refused({load(2, product), load(3, strided({4, 6}, {0, 1}, 3)), op(Code::Add, 0, 1)}));  // 12 bytes in
+  EXPECT_TRUE(refused({load(2, product), load(3, bias), op(Code::Add, 0, 1), op(Code::Tanh, 2, -1)}));  // an activation after
+  EXPECT_TRUE(refused({load(2, strided({2, 6}, {6, 1})), load(3, bias), op(Code::Add, 0, 1)}));   // the product reshaped
+  EXPECT_TRUE(refused({load(2, strided({4, 2}, {2, 1})), load(3, strided({4, 2}, {0, 1})), op(Code::Add, 0, 1)}, {4, 2}));  // 8 bytes: maybe a staged scalar
+  auto half_bias = gemm_with({load(2, product), load(3, bias), op(Code::Add, 0, 1)});
+  half_bias.input_dtypes[3] = ts::DType::Float16;
+  EXPECT_FALSE(cu::fused_bias(half_bias));
+}
+
 // ---- a machine without a driver ----
 
 namespace {

@@ -215,10 +215,14 @@ using LtKey = std::pair<int, std::array<size_t, 3>>;  // device, alignment of A,
 struct LtKernel : Kernel {
   GemmPlan plan;
   DType dtype;
+  std::optional<FusedBias> bias;     // an epilogue out = product + bias[n]
+  kir::Step epilogue;                // ... as the renderer's Step, for when cuBLASLt cannot fuse it here
+  std::unique_ptr<Kernel> fallback;  // its compiled kernel
   struct Built {
     cublasLtMatmulDesc_t desc = nullptr;
     cublasLtMatrixLayout_t a = nullptr, b = nullptr, d = nullptr;
     cublasLtMatmulAlgo_t algo{};
+    bool fused = false;  // the bias is cuBLASLt's epilogue
   };
   mutable std::map<LtKey, Built> built;
   ~LtKernel() override {
@@ -390,13 +394,24 @@ class CudaBackend : public Backend {
     for (DType t : st.input_dtypes)
       if (t != st.dtype) return {};
     if (!st.maps[0].single() || !st.maps[1].single() || !plan_gemm(st.shape, st.maps[0].views[0], st.maps[1].views[0])) return {};
-    return {true, false};  // epilogues run as the renderer's Elementwise Step after the product
+    // A bias epilogue is cuBLASLt's (TESSERA_CUDA_LT_EPILOGUE=0: never); any other runs as the
+    // renderer's Elementwise Step after the product.
+    static const bool fuse = [] {
+      const char* e = std::getenv("TESSERA_CUDA_LT_EPILOGUE");
+      return !(e && std::string(e) == "0");
+    }();
+    return {true, fuse && !st.program.empty() && fused_bias(st).has_value()};
   }
   std::unique_ptr<Kernel> compile_library(const kir::Step& st) override {
-    if (!st.program.empty()) fail("cuda", "cuBLASLt was handed an epilogue it does not fuse: " + st.str(), "");
     auto k = std::make_unique<LtKernel>();
     k->plan = *plan_gemm(st.shape, st.maps[0].views[0], st.maps[1].views[0]);
     k->dtype = st.dtype;
+    if (!st.program.empty()) {
+      k->bias = fused_bias(st);
+      if (!k->bias) fail("cuda", "cuBLASLt was handed an epilogue it does not fuse: " + st.str(), "");
+      k->epilogue = kir::split_epilogue(st).second;
+      k->fallback = compile(k->epilogue);
+    }
     return k;
   }
 
@@ -526,7 +541,10 @@ class CudaBackend : public Backend {
 
   // Everything a launch of this Step on d needs, made before any launch (and before a capture).
   void prepare(Dev& d, int index, const Kernel& kk, const kir::Step& st) {
-    if (dynamic_cast<const LtKernel*>(&kk)) return;  // planned at launch, for its pointers' alignment
+    if (auto* lk = dynamic_cast<const LtKernel*>(&kk)) {  // planned at launch, for its pointers' alignment
+      if (lk->fallback) prepare(d, index, *lk->fallback, lk->epilogue);
+      return;
+    }
     const auto& k = static_cast<const CudaKernel&>(kk);
     if (!k.built.count(index)) build(d, index, k);
     for (const render::KernelCode& c : k.code)
@@ -539,7 +557,7 @@ class CudaBackend : public Backend {
   void launch_step(Dev& d, int index, const Kernel& kk, const kir::Step& st, void* const* slots, uint64_t seed,
                    uint64_t offset, CUdeviceptr rng, Checks& checks) {
     prepare(d, index, kk, st);
-    if (auto* lk = dynamic_cast<const LtKernel*>(&kk)) return launch_lt(d, index, *lk, st, slots);
+    if (auto* lk = dynamic_cast<const LtKernel*>(&kk)) return launch_lt(d, index, *lk, st, slots, checks);
     const auto& k = static_cast<const CudaKernel&>(kk);
     const std::vector<CudaKernel::Built>& built = k.built.at(index);
     for (size_t i = 0; i < k.code.size(); ++i) {
@@ -708,7 +726,14 @@ class CudaBackend : public Backend {
     }
     cublasLtMatmulHeuristicResult_t h{};
     int found = 0;
-    cublasStatus_t s = g.cublasLtMatmulAlgoGetHeuristic(d.lt, b.desc, b.a, b.b, b.d, b.d, pref, 1, &h, &found);
+    cublasStatus_t s = CUBLAS_STATUS_SUCCESS;
+    for (bool fuse : {true, false}) {  // with the bias epilogue if there is one, else (or failing that) without
+      if (fuse && !k.bias) continue;
+      set_desc(CUBLASLT_MATMUL_DESC_EPILOGUE, fuse ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT);
+      s = g.cublasLtMatmulAlgoGetHeuristic(d.lt, b.desc, b.a, b.b, b.d, b.d, pref, 1, &h, &found);
+      b.fused = fuse;
+      if (s == CUBLAS_STATUS_SUCCESS && found > 0) break;
+    }
     g.cublasLtMatmulPreferenceDestroy(pref);
     if (s != CUBLAS_STATUS_SUCCESS || found == 0)
       fail("cuda", "cuBLASLt has no algorithm for a " + std::to_string(p.m) + "x" + std::to_string(p.n) + "x" + std::to_string(p.k) +
@@ -718,7 +743,7 @@ class CudaBackend : public Backend {
   }
 
   // Row-major out[M, N] = A[M, K] B[K, N] is column-major out^T = B^T A^T: cuBLASLt's A is our B.
-  void launch_lt(Dev& d, int index, const LtKernel& k, const kir::Step& st, void* const* slots) {
+  void launch_lt(Dev& d, int index, const LtKernel& k, const kir::Step& st, void* const* slots, Checks& checks) {
     const GemmPlan& p = k.plan;
     const int64_t item = int64_t(itemsize(k.dtype));
     const char* A = static_cast<const char*>(slots[st.inputs[1]]) + p.a.offset * item;
@@ -731,10 +756,15 @@ class CudaBackend : public Backend {
     const float one32 = 1, zero32 = 0;
     const double one64 = 1, zero64 = 0;
     const bool f64 = k.dtype == DType::Float64;
+    if (b.fused) {  // the pointer is read when the call is made (or captured)
+      const void* bias = static_cast<const char*>(slots[st.inputs[size_t(k.bias->input)]]) + k.bias->offset * item;
+      check_lt(g.cublasLtMatmulDescSetAttribute(b.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias), "setting the bias");
+    }
     check_lt(g.cublasLtMatmul(d.lt, b.desc, f64 ? static_cast<const void*>(&one64) : &one32, A, b.a, B, b.b,
                               f64 ? static_cast<const void*>(&zero64) : &zero32, D, b.d, D, b.d, &b.algo,
                               reinterpret_cast<void*>(uintptr_t(d.workspace)), kWorkspace, d.stream),
              "cublasLtMatmul");
+    if (k.bias && !b.fused) launch_step(d, index, *k.fallback, k.epilogue, slots, 0, 0, 0, checks);
   }
 
   // Waits for the device's stream, then raises the first index error of a checked kernel.

@@ -70,6 +70,33 @@ std::optional<GemmPlan> plan_gemm(const Shape& out, const kir::View& lhs, const 
   return p;
 }
 
+std::optional<FusedBias> fused_bias(const kir::Step& st) {
+  using kir::Code;
+  const auto& p = st.program;
+  const size_t r = st.shape.size();
+  if (p.size() != 3 || !st.more_outputs.empty() || r == 0 || p[2].code != Code::Add || p[2].dtype != st.dtype) return std::nullopt;
+  if (!((p[2].a == 0 && p[2].b == 1) || (p[2].a == 1 && p[2].b == 0))) return std::nullopt;
+  std::optional<FusedBias> bias;
+  bool product = false;
+  for (int i = 0; i < 2; ++i) {
+    const kir::Instr& I = p[size_t(i)];
+    if (I.code != Code::Load || I.dtype != st.dtype || !I.map.single() || I.map.shape() != st.shape) return std::nullopt;
+    const kir::View& v = I.map.views[0];
+    if (st.inputs.at(size_t(I.input)) == st.output) {  // the product, in place
+      if (!I.map.is_contiguous() || v.offset != 0) return std::nullopt;
+      product = true;
+      continue;
+    }
+    const size_t item = itemsize(st.dtype);
+    bool broadcast = (v.strides[r - 1] == 1 || st.shape[r - 1] == 1) && v.offset >= 0 && (v.offset * int64_t(item)) % 16 == 0 &&
+                     st.shape[r - 1] * int64_t(item) > 8;
+    for (size_t d = 0; d + 1 < r; ++d) broadcast &= v.strides[d] == 0 || st.shape[d] == 1;
+    if (!broadcast || (size_t(I.input) < st.input_dtypes.size() && st.input_dtypes[size_t(I.input)] != st.dtype)) return std::nullopt;
+    bias = FusedBias{I.input, v.offset};
+  }
+  return product ? bias : std::nullopt;
+}
+
 size_t alignment(size_t base_align, int64_t offset, int64_t stride) {
   size_t x = std::min<size_t>(base_align, 256);
   while (x > 1 && ((offset % int64_t(x)) != 0 || (stride % int64_t(x)) != 0)) x /= 2;

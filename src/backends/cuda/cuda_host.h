@@ -9,7 +9,7 @@
 #include <optional>
 #include <string>
 
-#include "kernel_ir/index_map.h"
+#include "kernel_ir/step.h"
 
 namespace tessera::backends::cuda {
 
@@ -39,6 +39,16 @@ struct GemmPlan {
 // nullopt when a view is masked, has negative or non-collapsible batch strides, or neither of
 // its matrix dimensions is contiguous; also for empty products (the renderer takes those).
 std::optional<GemmPlan> plan_gemm(const Shape& out, const kir::View& lhs, const kir::View& rhs);
+// A Gemm Step's epilogue that cuBLASLt applies itself (CUBLASLT_EPILOGUE_BIAS): exactly
+// out = product + bias[n], the bias a vector of the output's last dimension (contiguous, the
+// Step's dtype, broadcast over every other dimension, more than 8 bytes and at a 16-byte
+// aligned offset, so never a staged scalar). Which of st.inputs is the bias, and its offset in
+// elements; nullopt for any other epilogue (or none).
+struct FusedBias {
+  int input = -1;
+  int64_t offset = 0;
+};
+std::optional<FusedBias> fused_bias(const kir::Step& st);
 // The largest power of two up to 256 that divides an address `base_align`-aligned plus
 // `offset` bytes, and every batch `stride` bytes after it.
 size_t alignment(size_t base_align, int64_t offset, int64_t stride);
