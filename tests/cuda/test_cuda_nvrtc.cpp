@@ -73,7 +73,7 @@ class RenderBackend : public backends::Backend {
     std::string where = std::string(kir::step_kind_name(st.kind)) + " step from '" + (s ? s->op : "?") + "'" +
                         (s && !s->scope.empty() ? " in scope '" + s->scope + "'" : "") + ", conformance row '" + row + "': " +
                         st.str();
-    for (render::KernelCode& k : render::render(st))
+    for (render::KernelCode& k : render::render(st, render::cuda_c()))
       if (seen.insert(k.name).second) kernels.push_back({std::move(k), where});
   }
 };
@@ -180,7 +180,7 @@ TEST(CudaNvrtc, EveryConformanceKernelCompilesForSm75Sm80Sm90) {
     EXPECT_TRUE(be.kinds.count(k)) << "no " << kir::step_kind_name(k) << " Step was planned";
   std::map<std::string, int> uses;
   for (auto& k : be.kernels)
-    for (const char* s : {"double", "f32_to_f16", "f32_to_bf16", "rng_normal", "ATOMIC_MIN", "i64*", "u8*", "i32*"})
+    for (const char* s : {"double", "f32_to_f16", "f32_to_bf16", "rng_normal", "ATOMIC_MIN", "BLOCK_REDUCE", "i64*", "u8*", "i32*"})
       uses[s] += k.code.source.find(s) != std::string::npos;
   for (auto& [s, n] : uses) EXPECT_GT(n, 0) << "no kernel uses " << s;
   ASSERT_GT(be.kernels.size(), 200u);

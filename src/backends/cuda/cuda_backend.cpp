@@ -373,7 +373,7 @@ class CudaBackend : public Backend {
   // ---- Steps ----
   std::unique_ptr<Kernel> compile(const kir::Step& st) override {
     auto k = std::make_unique<CudaKernel>();
-    k->code = render::render(st);
+    k->code = render::render(st, render::cuda_c());  // Row Steps: a block per row
     for (const render::KernelCode& c : k->code) pending_.emplace(c.name, c);
     return k;
   }
@@ -562,7 +562,7 @@ class CudaBackend : public Backend {
     const std::vector<CudaKernel::Built>& built = k.built.at(index);
     for (size_t i = 0; i < k.code.size(); ++i) {
       const render::KernelCode& c = k.code[i];
-      LaunchConfig lc = launch_config(c.work_items);
+      LaunchConfig lc = c.group_size > 0 ? launch_config(c.work_items, unsigned(c.group_size)) : launch_config(c.work_items);
       if (!lc.grid) continue;
       CUdeviceptr err = checks.words;
       if (c.checks_index) {

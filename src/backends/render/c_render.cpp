@@ -383,6 +383,13 @@ struct Accumulator {
     return (fl ? name + "n |= " + x + " != " + x + "; " : std::string()) + name + " = " + x + " > " + name + " ? " + x +
            " : " + name + ";";
   }
+  // Combines the partial results of a group's work-items (BLOCK_REDUCE(x, is_max)): every
+  // work-item gets the group's result.
+  std::string combine() const {
+    std::string mx = is_max ? "1" : "0";
+    std::string r = name + " = (" + type + ")BLOCK_REDUCE(" + (type == "u8" ? "(int)" : "") + name + ", " + mx + ");";
+    return is_max && fl ? r + " " + name + "n = BLOCK_REDUCE(" + name + "n, 1);" : r;
+  }
   std::string value() const {
     std::string T = ctype(t);
     if (is_max && fl) return "(" + name + "n ? (" + T + ")NAN : " + name + ")";
@@ -429,30 +436,52 @@ KernelCode render_elementwise(const Step& st) {
 
 // Row: one work-item per row of `row` positions; each RowSum/RowMax is a loop over the row
 // (recomputing what it reads), then the outputs are computed per position (or once per row).
-KernelCode render_row(const Step& st) {
+// With nt > 0 (a dialect's row_block), one group of nt work-items per row instead: work-item
+// `lid` takes positions lid, lid + nt, ... in order, and the group combines its partial results
+// with BLOCK_REDUCE (a fixed order: deterministic for a given nt).
+KernelCode render_row(const Step& st, int nt) {
   Kernel k;
   bind_inputs(k, st, program_input_types(st));
   int64_t total = numel(st.domain), row = st.row, rows = row ? total / row : 0;
   bool per_row = numel(st.shape) != total;
-  k.b << "  i64 r = GID;\n  if (r >= " << k.p(rows) << ") return;\n  i64 L = " << k.p(row) << ";\n";
+  const std::string NT = S(nt);
+  // The loop over a row's positions, each with its multi-index d0.. and linear number pos.
+  auto open_loop = [&](const std::string& ind) {
+    if (nt == 0) {
+      k.unravel("d", "r * L", st.domain, ind);
+      k.b << ind << "for (i64 j = 0; j < L; ++j) {\n" << ind << "  i64 pos = r * L + j;\n";
+    } else {
+      k.b << ind << "for (i64 j = lid; j < L; j += " << NT << ") {\n" << ind << "  i64 pos = r * L + j;\n";
+      k.unravel("d", "pos", st.domain, ind + "  ");
+    }
+  };
+  auto close_loop = [&](const std::string& ind) {
+    if (nt == 0) k.bump("d", st.domain, ind + "  ");
+    k.b << ind << "}\n";
+  };
+  if (nt == 0)
+    k.b << "  i64 r = GID;\n  if (r >= " << k.p(rows) << ") return;\n  i64 L = " << k.p(row) << ";\n";
+  else  // every work-item of a group reaches each BLOCK_REDUCE: the group returns as a whole
+    k.b << "  i64 r = GROUP_ID;\n  if (r >= " << k.p(rows) << ") return;\n  i64 L = " << k.p(row) << ";\n  int lid = LOCAL_ID;\n";
   ProgramWriter w(k, st, st.program, st.domain);
   for (size_t i = 0; i < st.program.size(); ++i) {
     const Instr& I = st.program[i];
     if (I.code != Code::RowSum && I.code != Code::RowMax) continue;
     Accumulator acc("a" + S(int64_t(i)), I.dtype, I.code == Code::RowMax);
     k.b << "  " << acc.init() << "\n  {\n";
-    k.unravel("d", "r * L", st.domain, "    ");
-    k.b << "    for (i64 j = 0; j < L; ++j) {\n      i64 pos = r * L + j;\n";
+    open_loop("    ");
     w.emit({I.a}, "      ");
     k.b << "      " << acc.add(w.v(I.a)) << "\n";
-    k.bump("d", st.domain, "      ");
-    k.b << "    }\n  }\n";
+    close_loop("    ");
+    k.b << "  }\n";
+    if (nt > 0) k.b << "  " << acc.combine() << "\n";
     k.b << "  " << ctype(I.dtype) << " v" << i << " = " << acc.value() << ";\n";
     w.scalar[i] = "v" + S(int64_t(i));
   }
+  const std::string first = nt == 0 ? "" : "if (lid == 0) ";  // values stored once per row
   int last = int(st.program.size()) - 1;
   if (!st.more_outputs.empty()) {  // further results: one value per row, at the row's first position
-    k.b << "  {\n";
+    k.b << "  " << first << "{\n";
     k.unravel("d", "r * L", st.domain, "    ");
     k.b << "    i64 pos = r * L;\n";
     w.emit(st.more_results, "    ");
@@ -463,21 +492,23 @@ KernelCode render_row(const Step& st) {
     }
     k.b << "  }\n";
   }
-  k.b << "  {\n";
-  k.unravel("d", "r * L", st.domain, "    ");
   if (per_row) {
+    k.b << "  " << first << "{\n";
+    k.unravel("d", "r * L", st.domain, "    ");
     k.b << "    i64 pos = r * L;\n";
     w.emit({last}, "    ");
     store_outputs(k, st, w, "r", "    ", false);
   } else {
-    k.b << "    for (i64 j = 0; j < L; ++j) {\n      i64 pos = r * L + j;\n";
+    k.b << "  {\n";
+    open_loop("    ");
     w.emit({last}, "      ");
     store_outputs(k, st, w, "pos", "      ", false);
-    k.bump("d", st.domain, "      ");
-    k.b << "    }\n";
+    close_loop("    ");
   }
   k.b << "  }\n";
-  return finish(k, rows);
+  KernelCode kc = finish(k, nt == 0 ? rows : rows * nt);
+  kc.group_size = nt;
+  return kc;
 }
 
 // Reduce: the domain is permuted so the kept axes come first; each work-item owns one output
@@ -713,7 +744,8 @@ typedef ulong u64;
 #define RNG_ARGS i64 seed, i64 roff
 #define RNG_INIT
 )",
-                         {}};
+                         {},
+                         0};
   return d;
 }
 
@@ -744,19 +776,42 @@ typedef unsigned long long u64;
 #define INFINITY __int_as_float(0x7f800000)
 #endif
 #ifndef NAN
-#define NAN __int_as_float(0x7fffffff)
+#define NAN __int_as_float(0x7fc00000)
 #endif
 static __device__ __forceinline__ i64 clamp(i64 x, i64 lo, i64 hi) { return x < lo ? lo : x > hi ? hi : x; }
+#define LOCAL_ID ((int)threadIdx.x)
+#define GROUP_ID ((i64)blockIdx.x)
+#define BLOCK_REDUCE(v, mx) block_reduce(v, mx)
+// The sum (mx = 0) or max (mx = 1) of v over the block (blockDim.x a multiple of 32), in a fixed
+// order: a shuffle tree within each warp, then the warps' results in warp order.
+template <typename T> static __device__ T block_reduce(T v, int mx) {
+  __shared__ T part[32];
+  for (int o = 16; o > 0; o >>= 1) {
+    T u = __shfl_down_sync(0xffffffffu, v, o);
+    v = mx ? (u > v ? u : v) : v + u;
+  }
+  __syncthreads();  // part[] may still be read from the previous call
+  if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = v;
+  __syncthreads();
+  if (threadIdx.x == 0)
+    for (int w = 1; w < (int)(blockDim.x >> 5); ++w) v = mx ? (part[w] > v ? part[w] : v) : v + part[w];
+  if (threadIdx.x == 0) part[0] = v;
+  __syncthreads();
+  return part[0];
+}
 )",
-                         {"--fmad=false"}};
+                         {"--fmad=false"},
+                         256};
   return d;
 }
 
-std::vector<KernelCode> render(const Step& st) {
+std::vector<KernelCode> render(const Step& st) { return render(st, opencl_c()); }
+
+std::vector<KernelCode> render(const Step& st, const Dialect& d) {
   switch (st.kind) {
     case StepKind::Elementwise:
     case StepKind::Copy: return {render_elementwise(st)};
-    case StepKind::Row: return {render_row(st)};
+    case StepKind::Row: return {render_row(st, d.row_block)};
     case StepKind::Reduce: return {render_reduce(st)};
     case StepKind::Gemm: {
       // A B whose columns are not contiguous (a Linear layer's transposed weight), or that is

@@ -25,6 +25,10 @@ struct Dialect {
   std::string name;      // "opencl", "cuda"
   std::string preamble;  // prepended once to every program (before the shared helpers)
   std::vector<std::string> options;  // compiler options the kernels assume (none for OpenCL)
+  // Work-items per row of a Row Step: 0 = one work-item per row; n > 0 = a group (CUDA block) of
+  // n work-items per row (a multiple of 32), combining partial results with BLOCK_REDUCE(v, is_max)
+  // in a fixed order; the preamble then defines LOCAL_ID, GROUP_ID and BLOCK_REDUCE too.
+  int row_block = 0;
 };
 const Dialect& opencl_c();  // OpenCL C 1.2 (cl_khr_fp64 where the device has it)
 const Dialect& cuda_c();    // CUDA C++ for NVRTC (no headers); compile with `options`
@@ -42,13 +46,17 @@ struct KernelCode {
   bool checks_index = false;    // sets E[0] on an out-of-range index (Gather, ScatterAdd)
   bool uses_f64 = false;        // needs a device with float64 (cl_khr_fp64)
   int64_t scratch_bytes = 0;    // bytes of the scratch slot this kernel writes (see kScratchSlot)
+  int group_size = 0;           // > 0: launch in groups of exactly this many work-items
+                                // (work_items is then a multiple of it); 0: any group size
 };
 
 // A slot number standing for a device scratch buffer the backend provides (at least the largest
 // scratch_bytes of the Step's kernels), valid from one kernel of a Step to the next.
 constexpr int kScratchSlot = -1;
 
-// The kernels that run a Step, in launch order. Throws tessera::Error for Steps it cannot render.
+// The kernels that run a Step, in launch order, for dialect d (render(step): one work-item per
+// row, as every dialect can run). Throws tessera::Error for Steps it cannot render.
+std::vector<KernelCode> render(const kir::Step& step, const Dialect& d);
 std::vector<KernelCode> render(const kir::Step& step);
 
 // A whole program: the dialect's preamble, the shared helpers, then the kernels.
