@@ -406,16 +406,13 @@ class CudaBackend : public Backend {
 
   // ---- cuBLASLt ----
   Claim claim(const kir::Step& st, int device) override {
-    if (!g.lt || st.kind != kir::StepKind::Gemm || st.conv || !lt_dtype(st.dtype) || st.maps.size() != 2) return {};
+    if (!lt_on() || st.kind != kir::StepKind::Gemm || st.conv || !lt_dtype(st.dtype) || st.maps.size() != 2) return {};
     for (DType t : st.input_dtypes)
       if (t != st.dtype) return {};
     if (!st.maps[0].single() || !st.maps[1].single() || !plan_gemm(st.shape, st.maps[0].views[0], st.maps[1].views[0])) return {};
     // A bias epilogue is cuBLASLt's (TESSERA_CUDA_LT_EPILOGUE=0: never); any other runs as the
     // renderer's Elementwise Step after the product.
-    static const bool fuse = [] {
-      const char* e = std::getenv("TESSERA_CUDA_LT_EPILOGUE");
-      return !(e && std::string(e) == "0");
-    }();
+    static const bool fuse = !env_off("TESSERA_CUDA_LT_EPILOGUE");
     return {true, fuse && !st.program.empty() && fused_bias(st).has_value()};
   }
   std::unique_ptr<Kernel> compile_library(const kir::Step& st) override {
@@ -433,10 +430,7 @@ class CudaBackend : public Backend {
 
   // ---- CUDA graphs ----
   std::unique_ptr<Executable> compile_executable(const ExecutableSpec& spec) override {
-    static const bool off = [] {
-      const char* e = std::getenv("TESSERA_CUDA_GRAPHS");
-      return e && std::string(e) == "0";
-    }();
+    static const bool off = env_off("TESSERA_CUDA_GRAPHS");
     if (off) return nullptr;
     Dev& d = ready(spec.device);
     // Everything a capture may not do (compile, load modules, allocate, upload) happens now.
@@ -479,6 +473,15 @@ class CudaBackend : public Backend {
   }
 
  private:
+  static bool env_off(const char* name) {
+    const char* e = std::getenv(name);
+    return e && std::string(e) == "0";
+  }
+  // cuBLASLt found and not switched off (TESSERA_CUDA_CUBLASLT=0: every GEMM rendered).
+  static bool lt_on() {
+    static const bool on = g.lt && !env_off("TESSERA_CUDA_CUBLASLT");
+    return on;
+  }
   static std::optional<cudaDataType_t> lt_dtype(DType t) {
     switch (t) {
       case DType::Float32: return CUDA_R_32F;
@@ -516,7 +519,7 @@ class CudaBackend : public Backend {
           check(g.cuMemFree(CUdeviceptr(p)), "cuMemFree");
         });
     d.checks = new_checks(d, kChecks);
-    if (g.lt) {
+    if (lt_on()) {
       check_lt(g.cublasLtCreate(&d.lt), "cublasLtCreate");
       d.workspace = must(d.pool->allocate(kWorkspace), "the cuBLASLt workspace");
     }
