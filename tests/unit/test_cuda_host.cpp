@@ -14,6 +14,7 @@
 #include <fstream>
 #include <random>
 #include <set>
+#include <sstream>
 
 #include "backends/cuda/cuda_host.h"
 #include "tessera/tessera.h"
@@ -462,3 +463,121 @@ TEST(CudaNoDriver, AProgramNamingCudaSaysWhy) {
   EXPECT_EQ((ts::ones({3}) * 2).sum().item(), 6.0);
 #endif
 }
+
+// ---- the plugin over a fake driver (tests/cuda/fake_libcuda.cpp) ----
+// The host side of everything the driver is called for, without a GPU: kernels do not run there
+// (a launch is counted), so no value computed on "the GPU" is checked, only what moves through
+// the backend's own code: enumeration, memory and copies, NVRTC to a real cubin and the disk
+// cache, module loading, launches and CUDA-graph capture and replay. Each case runs in a child
+// process (this binary, filtered), since the driver is found through LD_LIBRARY_PATH.
+
+namespace {
+std::string read_all(const std::string& path) {
+  std::ifstream f(path);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+size_t count(const std::string& text, const std::string& what) {
+  size_t n = 0;
+  for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
+  return n;
+}
+bool fake_child() { return std::getenv("TESSERA_FAKE_CHILD") != nullptr; }
+}  // namespace
+
+TEST(CudaFakeDriverChild, EnumeratesCopiesCompilesAndLaunches) {
+  if (!fake_child()) GTEST_SKIP() << "runs as the child of CudaFakeDriver.*";
+  bool listed = false;
+  for (const ts::DeviceInfo& d : ts::devices())
+    if (d.device == ts::Device("cuda:0")) {
+      listed = true;
+      EXPECT_EQ(d.description.rfind("Tessera Fake GPU, compute capability 9.0, 4 SMs, 8.0 GiB, driver CUDA 13.0, NVRTC 13.", 0), 0u)
+          << d.description;
+      EXPECT_TRUE(d.can_execute && d.accelerator);
+    }
+  EXPECT_TRUE(listed);
+  EXPECT_EQ(ts::Device::best(), ts::Device("cuda:0"));
+  // Memory and copies: an upload read back, through the block pool, pinned staging and events.
+  std::vector<float> v(1000);
+  for (size_t i = 0; i < v.size(); ++i) v[i] = float(i) * 0.5f;
+  ts::Tensor x = ts::from_vector<float>(v, {10, 100}, {ts::DType::Float32, ts::Device("cuda")});
+  EXPECT_EQ(x.to_vector<float>(), v);
+  EXPECT_EQ(x.to(ts::Device("cpu")).to_vector<float>(), v);
+  // Kernels: rendered, compiled by NVRTC for sm_90 (the fake driver loads only ELF images),
+  // launched (not run), twice, so the second run replays its graph.
+  for (int run = 0; run < 3; ++run) (x * 2.0 + 1.0).sum().item();
+}
+
+TEST(CudaFakeDriverChild, AnOldGpuIsListedButNotUsed) {
+  if (!fake_child()) GTEST_SKIP() << "runs as the child of CudaFakeDriver.*";
+  for (const ts::DeviceInfo& d : ts::devices())
+    if (d.device == ts::Device("cuda:0")) {
+      EXPECT_FALSE(d.can_execute || d.accelerator);
+      EXPECT_NE(d.description.find("compute capability 7.0, 4 SMs, 8.0 GiB, driver CUDA 13.0, NVRTC 13."), std::string::npos);
+      EXPECT_NE(d.description.find("; unsupported: CUDA 13 builds nothing below compute capability 7.5"), std::string::npos)
+          << d.description;
+    }
+  EXPECT_EQ(ts::Device::best(), ts::Device("cpu"));
+  try {
+    ts::ones({2}, {ts::DType::Float32, ts::Device("cuda")}).sum().item();
+    FAIL() << "no error";
+  } catch (const ts::Error& e) {
+    EXPECT_STREQ(e.what(), "[cuda] cuda:0 (Tessera Fake GPU) has compute capability 7.0; CUDA 13 builds nothing below 7.5");
+  }
+}
+
+#if defined(TESSERA_CUDA_PLUGIN) && defined(TESSERA_FAKE_DRIVER_DIR)
+namespace {
+// Runs the child test `name` over the fake driver with `env` (VAR=value ...); true when it passed.
+bool run_child(const std::string& name, const std::string& env) {
+  std::string self = std::filesystem::read_symlink("/proc/self/exe").string();
+  std::string cmd = "TESSERA_FAKE_CHILD=1 TESSERA_CUDA_CUBLASLT=0 LD_LIBRARY_PATH=" TESSERA_FAKE_DRIVER_DIR " " + env + " '" + self +
+                    "' --gtest_filter=CudaFakeDriverChild." + name + " > /dev/null 2>&1";
+  return std::system(cmd.c_str()) == 0;
+}
+}  // namespace
+#endif
+
+TEST(CudaFakeDriver, CompilesIntoTheDiskCacheThenReadsIt) {
+#if !defined(TESSERA_CUDA_PLUGIN) || !defined(TESSERA_FAKE_DRIVER_DIR)
+  GTEST_SKIP() << "the cuda plugin is not built here (no CUDA toolkit)";
+#else
+  TempDir t;
+  const std::string env = "TESSERA_CUDA_CACHE=" + t.path + "/cache TESSERA_CUDA_BUILD_LOG=" + t.path + "/build.log TESSERA_FAKE_LOG=" +
+                          t.path + "/driver.log";
+  ASSERT_TRUE(run_child("EnumeratesCopiesCompilesAndLaunches", env)) << "the child failed: rerun it with " << env;
+  std::string build = read_all(t.path + "/build.log"), driver = read_all(t.path + "/driver.log");
+  const size_t programs = count(build, "program ");
+  EXPECT_GE(programs, 1u) << build;
+  EXPECT_EQ(count(build, " sm_90 "), programs) << build;
+  EXPECT_EQ(count(build, " nvrtc "), programs) << build;  // cold: every program compiled
+  size_t files = 0;
+  for (auto& f : std::filesystem::directory_iterator(t.path + "/cache")) files += f.path().extension() == ".cubin";
+  EXPECT_EQ(files, programs);
+  EXPECT_GE(count(driver, "launch t"), 1u) << driver;     // kernels launched by name, in whole blocks
+  EXPECT_GE(count(driver, "capture"), 1u) << driver;      // the program captured as a graph ...
+  EXPECT_GT(count(driver, "graph-launch"), count(driver, "capture")) << driver;  // ... and replayed
+  // A second process: every program from the disk cache.
+  std::filesystem::remove(t.path + "/build.log");
+  ASSERT_TRUE(run_child("EnumeratesCopiesCompilesAndLaunches", env));
+  build = read_all(t.path + "/build.log");
+  EXPECT_EQ(count(build, " disk"), programs) << build;
+  EXPECT_EQ(count(build, " nvrtc"), 0u) << build;
+  // With replay off, no capture.
+  std::filesystem::remove(t.path + "/driver.log");
+  ASSERT_TRUE(run_child("EnumeratesCopiesCompilesAndLaunches", env + " TESSERA_CUDA_GRAPHS=0"));
+  driver = read_all(t.path + "/driver.log");
+  EXPECT_EQ(count(driver, "capture"), 0u) << driver;
+  EXPECT_GE(count(driver, "launch t"), 1u) << driver;
+#endif
+}
+
+TEST(CudaFakeDriver, AGpuBelowComputeCapability75IsUnsupported) {
+#if !defined(TESSERA_CUDA_PLUGIN) || !defined(TESSERA_FAKE_DRIVER_DIR)
+  GTEST_SKIP() << "the cuda plugin is not built here (no CUDA toolkit)";
+#else
+  EXPECT_TRUE(run_child("AnOldGpuIsListedButNotUsed", "TESSERA_FAKE_CC=70"));
+#endif
+}
+
