@@ -4,9 +4,11 @@
 // Kernels do not run: a launch is only counted. Device memory is host memory (aligned_alloc), so
 // copies are memcpy. cuModuleLoadData accepts only an ELF image (a real cubin from NVRTC).
 // TESSERA_FAKE_CC ("90" by default) sets the compute capability; TESSERA_FAKE_LOG=<file>
-// receives "launch <kernel>" and "graph-launch" lines.
+// receives "launch <kernel>" and "graph-launch" lines; TESSERA_FAKE_INDEX_FAILS=<pos> makes every
+// launch report position pos out of range in its error word (as a bounds-checked kernel would).
 #include <cuda.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -88,6 +90,8 @@ CUresult cuLaunchKernel(CUfunction f, unsigned int gx, unsigned int, unsigned in
                         unsigned int, CUstream, void** params, void**) {
   if (!gx || !bx || !params) return CUDA_ERROR_INVALID_VALUE;
   log_line(std::string("launch ") + reinterpret_cast<const char*>(f) + " " + std::to_string(gx) + "x" + std::to_string(bx));
+  if (const char* pos = std::getenv("TESSERA_FAKE_INDEX_FAILS"))  // params[1]: the error word E
+    if (int* e = reinterpret_cast<int*>(uintptr_t(*static_cast<CUdeviceptr*>(params[1])))) *e = std::min(*e, std::atoi(pos));
   return CUDA_SUCCESS;
 }
 CUresult cuEventCreate(CUevent* e, unsigned int) { return *e = handle<CUevent>(), CUDA_SUCCESS; }

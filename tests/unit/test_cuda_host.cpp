@@ -527,6 +527,27 @@ TEST(CudaFakeDriverChild, AnOldGpuIsListedButNotUsed) {
   }
 }
 
+// The error word of a bounds-checked kernel (the fake driver sets output position 6, row 2 of
+// the [4, 3] gather, whose index is 7) becomes the CPU's message at synchronize(), with the
+// offending index read from the GPU's memory.
+TEST(CudaFakeDriverChild, AnIndexErrorNamesTheValueOpAndScope) {
+  if (!fake_child()) GTEST_SKIP() << "runs as the child of CudaFakeDriver.*";
+  const ts::Device cuda("cuda");
+  ts::Tensor w = ts::from_vector<float>(std::vector<float>(12, 1.0f), {4, 3}, {ts::DType::Float32, cuda});
+  ts::Tensor idx = ts::from_vector<int64_t>({1, 2, 7, 9}, {4}, {ts::DType::Int64, cuda});
+  std::string msg;
+  {
+    ts::Scope s{"lookup"};
+    try {
+      ts::index_select(w, 0, idx).to_vector<float>();
+    } catch (const ts::Error& e) {
+      msg = e.what();
+    }
+  }
+  EXPECT_NE(msg.find("] index 7 out of range [0, 4) along dimension 0 of a tensor of shape [4, 3]"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("lookup"), std::string::npos) << msg;
+}
+
 #if defined(TESSERA_CUDA_PLUGIN) && defined(TESSERA_FAKE_DRIVER_DIR)
 namespace {
 // Runs the child test `name` over the fake driver with `env` (VAR=value ...); true when it passed.
@@ -570,6 +591,18 @@ TEST(CudaFakeDriver, CompilesIntoTheDiskCacheThenReadsIt) {
   driver = read_all(t.path + "/driver.log");
   EXPECT_EQ(count(driver, "capture"), 0u) << driver;
   EXPECT_GE(count(driver, "launch t"), 1u) << driver;
+#endif
+}
+
+TEST(CudaFakeDriver, IndexErrorsAreReadBackAtSynchronize) {
+#if !defined(TESSERA_CUDA_PLUGIN) || !defined(TESSERA_FAKE_DRIVER_DIR)
+  GTEST_SKIP() << "the cuda plugin is not built here (no CUDA toolkit)";
+#else
+  TempDir t;
+  for (const char* graphs : {"1", "0"})
+    EXPECT_TRUE(run_child("AnIndexErrorNamesTheValueOpAndScope", "TESSERA_FAKE_INDEX_FAILS=6 TESSERA_CUDA_CACHE=" + t.path +
+                                                                     " TESSERA_CUDA_GRAPHS=" + graphs))
+        << "graphs " << graphs;
 #endif
 }
 
