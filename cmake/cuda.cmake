@@ -1,8 +1,9 @@
 # The CUDA toolkit, found once for everything that uses it (the cuda backend plugin, the NVRTC
 # compile test): TESSERA_HAVE_CUDA_TOOLKIT is ON where CMake's FindCUDAToolkit finds the toolkit
 # with NVRTC, and then CUDA::nvrtc, CUDA::cuda_driver, CUDA::cublasLt... are the imported targets.
-# Where it is absent the CUDA parts are skipped with this one message; under CI=true a toolkit
-# that is present must be used (TESSERA_REQUIRE_CUDA_TOOLKIT makes its absence an error).
+# Where it is absent the CUDA parts are skipped with this one message (under CI=true the NVRTC
+# test then fails instead: tests/CMakeLists.txt); TESSERA_REQUIRE_CUDA_TOOLKIT makes its absence
+# a configure error (scripts/gpu-check sets it).
 #
 # Some machines also carry copies of the toolkit's headers in /usr/local/include, a default
 # system directory searched after every -I/-isystem directory: the toolkit's own include

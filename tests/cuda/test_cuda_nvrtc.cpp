@@ -2,7 +2,7 @@
 // sm_80 and sm_90 (NVRTC needs no GPU). The suite's cases (every primitive and composite op,
 // forward and gradient, every dtype, the random fused graphs) are compiled, not run, for
 // "cudarender", a compile-only backend posing as a CUDA device (256-byte alignment, every dtype)
-// whose compile() renders each planned Step with the shared renderer, as the cuda plugin does.
+// whose Steps are rendered with the shared renderer's CUDA dialect, as the cuda plugin does.
 // Gemm Steps are rendered whole and with their epilogue split off (kir::split_epilogue: what runs
 // after a cuBLASLt product that cannot fuse it). Each distinct kernel is compiled once per
 // architecture, in batches (one NVRTC program each, batches on parallel threads); a batch that
@@ -23,7 +23,7 @@
 #include "backends/backend.h"
 #include "backends/render/c_render.h"
 #include "conformance/conformance.h"
-#include "core/fail.h"
+#include "step_collector.h"
 
 namespace tessera {
 namespace {
@@ -33,40 +33,22 @@ struct Rendered {
   std::string step;  // "Elementwise step from 'add' in scope 'mlp.fc', conformance row 'add': <Step::str()>"
 };
 
-// The compile-only backend that collects the kernels of every Step planned for it.
-class RenderBackend : public backends::Backend {
- public:
+// The kernels of every Step planned for "cudarender" (a compile-only backend posing as a CUDA
+// device: 256-byte alignment, every dtype), each distinct kernel once, with its Step's description.
+struct Collected {
   std::string row;  // the conformance row being compiled
   std::vector<Rendered> kernels;
   std::set<std::string> seen;
   std::set<kir::StepKind> kinds;
 
-  std::string name() const override { return "cudarender"; }
-  kir::Target properties(int) const override {
-    kir::Target t;
-    t.alignment = 256;  // cudaMalloc's
-    return t;
-  }
-  DeviceInfo info(int i) const override { return {Device("cudarender", i), "renders CUDA C, runs nothing", false}; }
-  bool can_execute() const override { return false; }
-  void* allocate(int, size_t) override { fail("cudarender", "holds no memory", ""); }
-  void free(int, void*, size_t) override {}
-  void copy_in(void*, const void*, size_t) override { fail("cudarender", "holds no data", ""); }
-  void copy_out(void*, const void*, size_t) override { fail("cudarender", "holds no data", ""); }
-  std::unique_ptr<backends::Kernel> compile(const kir::Step& st) override {
+  void step(const kir::Step& st) {
     add(st);
     if (st.kind == kir::StepKind::Gemm && !st.program.empty()) {
       auto [product, epilogue] = kir::split_epilogue(st);
       add(product);
       add(epilogue);
     }
-    return std::make_unique<backends::Kernel>();
   }
-  void launch(const backends::Kernel&, const kir::Step&, const backends::LaunchArgs&) override {
-    fail("cudarender", "runs nothing", "");
-  }
-
- private:
   void add(const kir::Step& st) {
     kinds.insert(st.kind);
     const kir::Source* s = st.sources.empty() ? nullptr : &st.sources.front();
@@ -147,13 +129,16 @@ std::string describe(const std::vector<Rendered>& ks, const Failure& f, int arch
          "\ndoes not compile:\n" + f.log + "\nkernel source:\n" + ks[f.index].code.source;
 }
 
-std::shared_ptr<RenderBackend> backend() {
-  static auto b = [] {
-    auto p = std::make_shared<RenderBackend>();
-    backends::register_backend(p);
+Collected& collected() {
+  static Collected* c = [] {
+    auto* p = new Collected;
+    kir::Target t;
+    t.alignment = 256;  // cudaMalloc's
+    backends::register_backend(
+        std::make_shared<testing::StepCollector>("cudarender", t, [p](const kir::Step& st) { p->step(st); }));
     return p;
   }();
-  return b;
+  return *c;
 }
 
 double seconds_since(std::chrono::steady_clock::time_point t0) {
@@ -162,7 +147,7 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 
 TEST(CudaNvrtc, EveryConformanceKernelCompilesForSm75Sm80Sm90) {
   auto t0 = std::chrono::steady_clock::now();
-  RenderBackend& be = *backend();
+  Collected& be = collected();
   for (const std::string& row : conformance::rows()) {
     be.row = row;
     conformance::Options o;
@@ -183,6 +168,16 @@ TEST(CudaNvrtc, EveryConformanceKernelCompilesForSm75Sm80Sm90) {
     for (const char* s : {"double", "f32_to_f16", "f32_to_bf16", "rng_normal", "ATOMIC_MIN", "BLOCK_REDUCE", "i64*", "u8*", "i32*"})
       uses[s] += k.code.source.find(s) != std::string::npos;
   for (auto& [s, n] : uses) EXPECT_GT(n, 0) << "no kernel uses " << s;
+  // Block-per-row kernels launch whole warps, at most the dialect's row_block per row.
+  for (auto& k : be.kernels) {
+    bool block = k.code.source.find("BLOCK_REDUCE") != std::string::npos;
+    EXPECT_EQ(block, k.code.group_size > 0) << k.step;
+    if (k.code.group_size > 0) {
+      EXPECT_TRUE(k.code.group_size % 32 == 0 && k.code.group_size <= render::cuda_c().row_block &&
+                  k.code.work_items % k.code.group_size == 0)
+          << k.code.group_size << " x " << k.code.work_items << ": " << k.step;
+    }
+  }
   ASSERT_GT(be.kernels.size(), 200u);
 
   for (int arch : {75, 80, 90}) {

@@ -436,22 +436,22 @@ KernelCode render_elementwise(const Step& st) {
 
 // Row: one work-item per row of `row` positions; each RowSum/RowMax is a loop over the row
 // (recomputing what it reads), then the outputs are computed per position (or once per row).
-// With nt > 0 (a dialect's row_block), one group of nt work-items per row instead: work-item
-// `lid` takes positions lid, lid + nt, ... in order, and the group combines its partial results
-// with BLOCK_REDUCE (a fixed order: deterministic for a given nt).
+// With nt > 0 (a dialect's row_block), one group of work-items per row instead: work-item `lid`
+// of a group of n takes positions lid, lid + n, ... in order, and the group combines its partial
+// results with BLOCK_REDUCE (a fixed order: deterministic for a given n). The source reads n
+// from LOCAL_SIZE; the launch's n (group_size) is nt, or less for a short row (multiples of 32).
 KernelCode render_row(const Step& st, int nt) {
   Kernel k;
   bind_inputs(k, st, program_input_types(st));
   int64_t total = numel(st.domain), row = st.row, rows = row ? total / row : 0;
   bool per_row = numel(st.shape) != total;
-  const std::string NT = S(nt);
   // The loop over a row's positions, each with its multi-index d0.. and linear number pos.
   auto open_loop = [&](const std::string& ind) {
     if (nt == 0) {
       k.unravel("d", "r * L", st.domain, ind);
       k.b << ind << "for (i64 j = 0; j < L; ++j) {\n" << ind << "  i64 pos = r * L + j;\n";
     } else {
-      k.b << ind << "for (i64 j = lid; j < L; j += " << NT << ") {\n" << ind << "  i64 pos = r * L + j;\n";
+      k.b << ind << "for (i64 j = lid; j < L; j += LOCAL_SIZE) {\n" << ind << "  i64 pos = r * L + j;\n";
       k.unravel("d", "pos", st.domain, ind + "  ");
     }
   };
@@ -506,8 +506,9 @@ KernelCode render_row(const Step& st, int nt) {
     close_loop("    ");
   }
   k.b << "  }\n";
-  KernelCode kc = finish(k, nt == 0 ? rows : rows * nt);
-  kc.group_size = nt;
+  const int n = int(std::min<int64_t>(nt, std::max<int64_t>(32, (row + 31) / 32 * 32)));
+  KernelCode kc = finish(k, nt == 0 ? rows : rows * n);
+  kc.group_size = nt == 0 ? 0 : n;
   return kc;
 }
 
@@ -780,6 +781,7 @@ typedef unsigned long long u64;
 #endif
 static __device__ __forceinline__ i64 clamp(i64 x, i64 lo, i64 hi) { return x < lo ? lo : x > hi ? hi : x; }
 #define LOCAL_ID ((int)threadIdx.x)
+#define LOCAL_SIZE ((int)blockDim.x)
 #define GROUP_ID ((i64)blockIdx.x)
 #define BLOCK_REDUCE(v, mx) block_reduce(v, mx)
 // The sum (mx = 0) or max (mx = 1) of v over the block (blockDim.x a multiple of 32), in a fixed

@@ -26,8 +26,9 @@ struct Dialect {
   std::string preamble;  // prepended once to every program (before the shared helpers)
   std::vector<std::string> options;  // compiler options the kernels assume (none for OpenCL)
   // Work-items per row of a Row Step: 0 = one work-item per row; n > 0 = a group (CUDA block) of
-  // n work-items per row (a multiple of 32), combining partial results with BLOCK_REDUCE(v, is_max)
-  // in a fixed order; the preamble then defines LOCAL_ID, GROUP_ID and BLOCK_REDUCE too.
+  // up to n work-items per row (a multiple of 32; fewer for a short row: KernelCode::group_size),
+  // combining partial results with BLOCK_REDUCE(v, is_max) in a fixed order; the preamble then
+  // defines LOCAL_ID, LOCAL_SIZE, GROUP_ID and BLOCK_REDUCE too.
   int row_block = 0;
 };
 const Dialect& opencl_c();  // OpenCL C 1.2 (cl_khr_fp64 where the device has it)
@@ -46,8 +47,8 @@ struct KernelCode {
   bool checks_index = false;    // sets E[0] on an out-of-range index (Gather, ScatterAdd)
   bool uses_f64 = false;        // needs a device with float64 (cl_khr_fp64)
   int64_t scratch_bytes = 0;    // bytes of the scratch slot this kernel writes (see kScratchSlot)
-  int group_size = 0;           // > 0: launch in groups of exactly this many work-items
-                                // (work_items is then a multiple of it); 0: any group size
+  int group_size = 0;           // > 0: launch in groups of exactly this many work-items (a
+                                // multiple of 32; work_items is a multiple of it); 0: any size
 };
 
 // A slot number standing for a device scratch buffer the backend provides (at least the largest
