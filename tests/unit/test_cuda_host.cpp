@@ -507,6 +507,7 @@ TEST(CudaFakeDriverChild, EnumeratesCopiesCompilesAndLaunches) {
   // Kernels: rendered, compiled by NVRTC for sm_90 (the fake driver loads only ELF images),
   // launched (not run), twice, so the second run replays its graph.
   for (int run = 0; run < 3; ++run) (x * 2.0 + 1.0).sum().item();
+  ts::softmax(x, 1).to_vector<float>();  // Row Steps: a block per row, 10 rows
 }
 
 TEST(CudaFakeDriverChild, AnOldGpuIsListedButNotUsed) {
@@ -577,6 +578,7 @@ TEST(CudaFakeDriver, CompilesIntoTheDiskCacheThenReadsIt) {
   for (auto& f : std::filesystem::directory_iterator(t.path + "/cache")) files += f.path().extension() == ".cubin";
   EXPECT_EQ(files, programs);
   EXPECT_GE(count(driver, "launch t"), 1u) << driver;     // kernels launched by name, in whole blocks
+  EXPECT_GE(count(driver, " 10x"), 1u) << driver;         // the softmax's rows, a block each
   EXPECT_GE(count(driver, "capture"), 1u) << driver;      // the program captured as a graph ...
   EXPECT_GT(count(driver, "graph-launch"), count(driver, "capture")) << driver;  // ... and replayed
   // A second process: every program from the disk cache.
