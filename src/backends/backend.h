@@ -183,9 +183,11 @@ std::atomic<int64_t>& reported_host_transfers(const std::string& kind);
 void register_backend(std::shared_ptr<Backend> b);
 Backend& backend_for(const Device& d);  // throws "[device] unknown device 'x'; available: ..."
 std::vector<std::shared_ptr<Backend>> all_backends();  // loads the plugins first
-// A plugin that failed to load: its file and why (a missing driver, a version mismatch ...).
+// A plugin that failed to load: its file and why (a version mismatch, a missing library ...).
+// `unavailable` is set when the plugin itself is fine but its backend cannot run on this machine
+// (no driver, no GPU): the backend's own reason, listed as "<kind>: not available (<reason>)".
 struct PluginFailure {
-  std::string path, reason;
+  std::string path, reason, kind, unavailable;
 };
 std::vector<PluginFailure> plugin_failures();  // loads the plugins first
 // The null device posing as `target` ("null:K", whose properties() are `target`; equal targets

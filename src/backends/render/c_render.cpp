@@ -184,9 +184,10 @@ struct Kernel {
 
 std::string source_of(const std::string& name_placeholder, Kernel& k, const std::string& body_text) {
   std::ostringstream os;
-  os << "KERNEL void " << name_placeholder << "(GLOBAL const i64* P, GLOBAL int* E, i64 seed, i64 roff";
+  os << "KERNEL void " << name_placeholder << "(GLOBAL const i64* P, GLOBAL int* E, RNG_ARGS";
   for (size_t a = 0; a < k.slots.size(); ++a) os << ", GLOBAL char* b" << a << ", i64 o" << a;
   os << ") {\n";
+  if (body_text.find("rng_") != std::string::npos) os << "  RNG_INIT\n";  // seed, roff (the dialect's)
   for (size_t a = 0; a < k.slots.size(); ++a)
     os << "  GLOBAL " << storage_type(k.slot_types[a]) << "* s" << a << " = (GLOBAL " << storage_type(k.slot_types[a])
        << "*)(b" << a << " + o" << a << ");\n";
@@ -741,6 +742,8 @@ typedef ulong u64;
 #define F64_BITS(u) as_double((long)(u))
 #define BITS_F32(f) as_uint(f)
 #define ATOMIC_MIN(p, v) atomic_min((volatile __global int*)(p), (v))
+#define RNG_ARGS i64 seed, i64 roff
+#define RNG_INIT
 )",
                          {},
                          0};
@@ -768,6 +771,8 @@ typedef unsigned long long u64;
 #define F64_BITS(u) __longlong_as_double((i64)(u))
 #define BITS_F32(f) __float_as_uint(f)
 #define ATOMIC_MIN(p, v) atomicMin((int*)(p), (int)(v))
+#define RNG_ARGS i64 seed_arg, i64 roff_arg, const u64* rng_ptr
+#define RNG_INIT i64 seed = rng_ptr ? (i64)rng_ptr[0] : seed_arg, roff = rng_ptr ? (i64)rng_ptr[1] : roff_arg;
 #ifndef INFINITY
 #define INFINITY __int_as_float(0x7f800000)
 #endif

@@ -17,7 +17,10 @@ namespace tessera::render {
 // Per-dialect hooks. Kernel bodies use only the names the preamble defines: the types
 // i8/u8/u16/i32/u32/i64/u64, KERNEL, GLOBAL, FN (helper functions), GID (this work-item's
 // linear number, i64), F32_BITS/F64_BITS/BITS_F32 (bit casts), ATOMIC_MIN(p, v) on a GLOBAL int,
-// FACC (float accumulator: double where the device has it) and HAS_FP64.
+// FACC (float accumulator: double where the device has it), HAS_FP64, and RNG_ARGS / RNG_INIT
+// (how a kernel receives the random state `seed`, `roff`: OpenCL by value; CUDA by value or,
+// when its pointer rng_ptr is not null, from rng_ptr[0] and [1], so that a replayed CUDA graph
+// reads each run's).
 struct Dialect {
   std::string name;      // "opencl", "cuda"
   std::string preamble;  // prepended once to every program (before the shared helpers)
@@ -31,7 +34,8 @@ struct Dialect {
 const Dialect& opencl_c();  // OpenCL C 1.2 (cl_khr_fp64 where the device has it)
 const Dialect& cuda_c();    // CUDA C++ for NVRTC (no headers); compile with `options`
 
-// Every kernel takes (GLOBAL const i64* P, GLOBAL int* E, i64 seed, i64 offset, then for each
+// Every kernel takes (GLOBAL const i64* P, GLOBAL int* E, RNG_ARGS (OpenCL: i64 seed, i64 offset;
+// CUDA: i64 seed, i64 offset, const u64* rng_ptr), then for each
 // buffer argument GLOBAL char* b<k>, i64 o<k> (a byte offset)). E[0] is the lowest failing
 // position of a bounds-checked kernel (INT_MAX when none).
 struct KernelCode {
