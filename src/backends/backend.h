@@ -1,4 +1,4 @@
-// The backend interface (version 3). A backend owns the memory of its devices and runs
+// The backend interface (version 4). A backend owns the memory of its devices and runs
 // Kernel-IR Steps (kernel_ir/step.h) on them; docs/backend-guide.md walks through adding one.
 // It is part of the backend SDK: a backend may be built into libtessera (cpu, null) or live in a
 // plugin, a shared library exporting one C function (backends/plugin.h).
@@ -39,7 +39,9 @@ namespace tessera::backends {
 // 2: LaunchArgs::device, Backend::no_device_message, DeviceInfo::accelerator.
 // 3: library calls, whole executables, asynchronous copies, device-to-device copies and events;
 //    plugins (backends/plugin.h), whose version the loader checks.
-constexpr int kInterfaceVersion = 3;
+// 4: the shared renderer's dialects (render::Dialect::options, row_block; KernelCode::group_size;
+//    RNG_ARGS/RNG_INIT), so a plugin built against an older SDK is refused, not crashed.
+constexpr int kInterfaceVersion = 4;
 
 // A compiled Step, opaque to the runtime; destroyed with the executable that holds it.
 struct Kernel {

@@ -58,8 +58,8 @@ const ts::DeviceMetrics& v3_metrics(const ts::Metrics& m) {
 TEST(Plugins, BrokenOnesAreReportedAndSkipped) {
   ASSERT_TRUE(kPathSet);
   std::string errors = joined(ts::plugin_errors());
-  EXPECT_NE(errors.find("libtessera-backend-badversion.so: built for backend interface version 2; this libtessera speaks "
-                        "version 3"),
+  EXPECT_NE(errors.find("libtessera-backend-badversion.so: built for backend interface version 3; this libtessera speaks "
+                        "version 4"),
             std::string::npos)
       << errors;
   EXPECT_NE(errors.find("libtessera-backend-nosymbol.so: it does not export tessera_backend_plugin"), std::string::npos) << errors;
