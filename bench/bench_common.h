@@ -37,16 +37,17 @@ inline uint64_t splitmix64(uint64_t& s) {
   return z ^ (z >> 31);
 }
 
-// kBatches (inputs, targets) pairs of [kBatch, kBlock] token ids in [0, kVocab): the targets are
-// the inputs shifted by one within a stream of kBlock + 1 tokens, as a text loader gives them.
-inline std::vector<std::pair<std::vector<int64_t>, std::vector<int64_t>>> make_batches() {
+// kBatches (inputs, targets) pairs of [batch, block] token ids in [0, vocab): the targets are
+// the inputs shifted by one within a stream of block + 1 tokens, as a text loader gives them.
+inline std::vector<std::pair<std::vector<int64_t>, std::vector<int64_t>>> make_batches(int64_t batch = kBatch, int64_t block = kBlock,
+                                                                                       int64_t vocab = kVocab) {
   uint64_t s = 1234;
   std::vector<std::pair<std::vector<int64_t>, std::vector<int64_t>>> r;
   for (int64_t b = 0; b < kBatches; ++b) {
     std::vector<int64_t> x, y;
-    for (int64_t i = 0; i < kBatch; ++i) {
+    for (int64_t i = 0; i < batch; ++i) {
       std::vector<int64_t> row;
-      for (int64_t t = 0; t <= kBlock; ++t) row.push_back(int64_t(splitmix64(s) % uint64_t(kVocab)));
+      for (int64_t t = 0; t <= block; ++t) row.push_back(int64_t(splitmix64(s) % uint64_t(vocab)));
       x.insert(x.end(), row.begin(), row.end() - 1);
       y.insert(y.end(), row.begin() + 1, row.end());
     }

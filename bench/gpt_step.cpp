@@ -3,7 +3,12 @@
 // each step ending with loss.item(), which runs the step's graph. bench/gpt_step_torch.py is the
 // same model in PyTorch; bench/gpt_vs_torch.sh runs both side by side.
 //
-//   OMP_NUM_THREADS=2 bench_gpt_step [--steps N] [--warmup N] [--device cpu|opencl|...]
+//   OMP_NUM_THREADS=2 bench_gpt_step [--steps N] [--warmup N] [--device cpu|opencl|cuda|...]
+//                                    [--preset gpt2-small] [--batch N] [--dropout P] [--losses]
+//
+// --preset gpt2-small: vocab 50257, block 1024, embd 768, 12 heads, 12 layers, tied head, batch 8
+// (bench/gpt2_torch.py is its PyTorch peer; scripts/gpu-check runs both). --losses prints every
+// step's loss ("LOSS step value", warm-up steps included) for comparing devices step by step.
 //
 // The token batches come from splitmix64 (seed 1234, 4 batches cycled), the same as the PyTorch
 // side draws. The last line is machine-readable: RESULT tessera threads=... median_ms=...
@@ -35,51 +40,69 @@ using namespace bench;
 }  // namespace
 
 int main(int argc, char** argv) {
-  int64_t steps = 30, warmup = 3;
+  int64_t steps = 30, warmup = 3, batch = kBatch;
+  double dropout = 0.0;
+  bool losses = false;
   std::string device = "cpu";
+  nn::GPTConfig cfg{.vocab = kVocab, .block = kBlock, .embd = kEmbd, .heads = kHeads, .layers = kLayers,
+                    .dropout = 0.0, .bias = true, .tied_head = false};
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
-    if (a == "--device" && i + 1 < argc) {
+    bool more = i + 1 < argc;
+    if (a == "--device" && more) {
       device = argv[++i];
-    } else if ((a == "--steps" || a == "--warmup") && i + 1 < argc) {
+    } else if ((a == "--steps" || a == "--warmup" || a == "--batch") && more) {
       int64_t v = std::atoll(argv[++i]);
-      (a == "--steps" ? steps : warmup) = v;
+      (a == "--steps" ? steps : a == "--warmup" ? warmup : batch) = v;
+    } else if (a == "--dropout" && more) {
+      dropout = std::atof(argv[++i]);
+    } else if (a == "--preset" && more && std::string(argv[i + 1]) == "gpt2-small") {
+      ++i;
+      cfg = {.vocab = 50257, .block = 1024, .embd = 768, .heads = 12, .layers = 12, .dropout = 0.0, .bias = true, .tied_head = true};
+      batch = 8;
+    } else if (a == "--losses") {
+      losses = true;
     } else {
-      std::fprintf(stderr, "usage: %s [--steps N] [--warmup N] [--device NAME]   (threads: OMP_NUM_THREADS)\n", argv[0]);
+      std::fprintf(stderr,
+                   "usage: %s [--steps N] [--warmup N] [--device NAME] [--preset gpt2-small] [--batch N] [--dropout P] "
+                   "[--losses]   (threads: OMP_NUM_THREADS)\n",
+                   argv[0]);
       return 2;
     }
   }
-  if (steps < 1 || warmup < 0) {
-    std::fprintf(stderr, "--steps must be positive and --warmup not negative\n");
+  if (steps < 1 || warmup < 0 || batch < 1 || dropout < 0 || dropout >= 1) {
+    std::fprintf(stderr, "--steps and --batch must be positive, --warmup not negative, --dropout in [0, 1)\n");
     return 2;
   }
+  cfg.dropout = dropout;
   const char* omp = std::getenv("OMP_NUM_THREADS");
   std::string threads = omp && *omp ? omp : "default";
 
   manual_seed(0);
-  nn::GPTConfig cfg{.vocab = kVocab, .block = kBlock, .embd = kEmbd, .heads = kHeads, .layers = kLayers,
-                    .dropout = 0.0, .bias = true, .tied_head = false};
   nn::GPT model(cfg);
   model.to(Device(device));
   model.train();
   optim::AdamW opt(model.parameters(), {.lr = 3e-3, .weight_decay = 0.1});
-  auto batches = make_batches();
+  auto batches = make_batches(batch, cfg.block, cfg.vocab);
   TensorOptions ids{DType::Int64, Device(device)};
 
   std::vector<double> ms;
   double first_loss = 0, last_loss = 0;
   int64_t graphs_after_warmup = 0;
+  double first_ms = 0;               // the first step: tracing, compiling (device code too) and running
+  DeviceMetrics dev_after_warmup;    // the device kind's counters when the timed steps start
   double execute_ms_after_warmup = 0;
   for (int64_t step = 0; step < warmup + steps; ++step) {
     if (step == warmup) {
       reset_peak_bytes();
       graphs_after_warmup = metrics().graphs_compiled;
+      dev_after_warmup = metrics().devices[Device(device).kind];
       execute_ms_after_warmup = metrics().execute_ms;
     }
     auto& [hx, hy] = batches[size_t(step % kBatches)];
     auto t0 = clk::now();
-    Tensor x = from_vector(hx, {kBatch, kBlock}, ids);
-    Tensor y = from_vector(hy, {kBatch, kBlock}, ids);
+    Tensor x = from_vector(hx, {batch, cfg.block}, ids);
+    Tensor y = from_vector(hy, {batch, cfg.block}, ids);
     Tensor loss = model.loss(x, y);
     loss.backward();
     opt.step();
@@ -90,7 +113,8 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "loss became %g at step %lld\n", l, (long long)step);
       return 1;
     }
-    if (step == 0) first_loss = l;
+    if (losses) std::printf("LOSS %lld %.9g\n", (long long)step, l);
+    if (step == 0) first_loss = l, first_ms = dt;
     last_loss = l;
     if (step >= warmup) ms.push_back(dt);
   }
@@ -101,10 +125,10 @@ int main(int argc, char** argv) {
   double maxrss_mb = double(ru.ru_maxrss) / 1024.0;  // Linux reports kilobytes
   double peak_mb = double(m.peak_bytes) / (1024.0 * 1024.0);
   double med = percentile(ms, 0.5), p10 = percentile(ms, 0.1), p90 = percentile(ms, 0.9);
-  std::printf("tessera GPT step on %s (vocab %lld, block %lld, embd %lld, %lld heads, %lld layers, batch %lld, AdamW), "
-              "OMP_NUM_THREADS=%s\n",
-              device.c_str(), (long long)kVocab, (long long)kBlock, (long long)kEmbd, (long long)kHeads, (long long)kLayers,
-              (long long)kBatch, threads.c_str());
+  std::printf("tessera GPT step on %s (vocab %lld, block %lld, embd %lld, %lld heads, %lld layers, batch %lld, dropout %g, "
+              "AdamW), OMP_NUM_THREADS=%s\n",
+              device.c_str(), (long long)cfg.vocab, (long long)cfg.block, (long long)cfg.embd, (long long)cfg.heads,
+              (long long)cfg.layers, (long long)batch, dropout, threads.c_str());
   std::printf("  parameters %lld, %lld warm-up + %lld timed steps\n", (long long)model.num_parameters(), (long long)warmup,
               (long long)steps);
   std::printf("  step ms: median %.2f  p10 %.2f  p90 %.2f  min %.2f\n", med, p10, p90, *std::min_element(ms.begin(), ms.end()));
@@ -116,10 +140,15 @@ int main(int argc, char** argv) {
   std::printf("  graphs compiled %lld (%lld during timed steps), cache hits %lld, host syncs %lld\n",
               (long long)m.graphs_compiled, (long long)(m.graphs_compiled - graphs_after_warmup), (long long)m.cache_hits,
               (long long)m.host_syncs);
-  std::printf("  compiling %.1f ms in all (on pjrt: emitting StableHLO and XLA's compile of each graph)\n", m.compile_ms);
+  const DeviceMetrics d = m.devices[Device(device).kind], &d0 = dev_after_warmup;
+  std::printf("  on %s per timed step: %.1f Steps launched, %.1f whole-executable runs; first step %.0f ms (compiles, "
+              "device code included: %.0f ms compiling in all), %lld Steps compiled, %lld of them library calls\n",
+              device.c_str(), double(d.steps_launched - d0.steps_launched) / double(steps),
+              double(d.executables_run - d0.executables_run) / double(steps), first_ms, m.compile_ms, (long long)d.kernels_compiled,
+              (long long)d.library_calls_compiled);
   std::printf("RESULT tessera device=%s threads=%s median_ms=%.3f p10=%.3f p90=%.3f peak_mb=%.1f maxrss_mb=%.1f graphs=%lld "
-              "exec_ms=%.3f last_loss=%.4f compile_ms=%.1f\n",
+              "exec_ms=%.3f last_loss=%.4f tokens_per_s=%.0f first_step_ms=%.0f compile_ms=%.1f\n",
               device.c_str(), threads.c_str(), med, p10, p90, peak_mb, maxrss_mb, (long long)m.graphs_compiled, exec_per_step, last_loss,
-              m.compile_ms);
+              double(batch * cfg.block) / (med / 1000.0), first_ms, m.compile_ms);
   return 0;
 }

@@ -42,7 +42,7 @@ function(tessera_add_layers table)
 
     file(GLOB_RECURSE sources CONFIGURE_DEPENDS ${root}/src/${name}/*.cpp)
     # Backends that live in plugins are built apart (cmake/plugins.cmake).
-    list(FILTER sources EXCLUDE REGEX "/src/backends/(opencl|pjrt)/")
+    list(FILTER sources EXCLUDE REGEX "/src/backends/(opencl|cuda|pjrt)/")
     add_library(tessera_${name} OBJECT ${sources})
     target_include_directories(tessera_${name} PRIVATE ${stage})
     target_compile_options(tessera_${name} PRIVATE ${TESSERA_WARNINGS} -fno-semantic-interposition)

@@ -74,7 +74,8 @@ std::vector<DeviceSpec> load_devices_json(const std::string& path);
 // The host CPU, calibrated by microbenchmarks (GEMM rate at two sizes, memory bandwidth,
 // per-Step overhead), cached in $XDG_CACHE_HOME/tessera (or ~/.cache/tessera)/host-<threads>.json.
 DeviceSpec host_device(bool recalibrate = false);
-// The device named `name` in `devs` ("host" calibrates); throws tessera::Error naming the choices.
+// The device named `name` in `devs` ("host" calibrates; "cuda" or "cuda:N" is the table's spec of
+// the GPU present there, with the memory it reports); throws tessera::Error naming the choices.
 DeviceSpec find_device(const std::vector<DeviceSpec>& devs, const std::string& name);
 
 // One Kernel-IR Step of a target's plan as the cost model sees it.

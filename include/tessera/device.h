@@ -33,10 +33,14 @@ struct DeviceInfo {
 
 // Every registered device, in order of preference.
 std::vector<DeviceInfo> devices();
-// Backend plugins found but not loaded, one line each: "<file>: <why>" (a missing driver, an
-// interface version mismatch). Plugins are libtessera-backend-<kind>.so files next to libtessera
-// or in a directory of TESSERA_PLUGIN_PATH, loaded at the first device query that needs them.
+// Backend plugins found but not loaded, one line each: "<file>: <why>" (an interface version
+// mismatch, a library it needs missing). Plugins are libtessera-backend-<kind>.so files next to
+// libtessera or in a directory of TESSERA_PLUGIN_PATH, loaded at the first device query that
+// needs them.
 std::vector<std::string> plugin_errors();
+// Backends whose plugin is fine but that cannot run on this machine (no driver, no GPU), one line
+// each: "<kind>: not available (<why>)", e.g. "cuda: not available (no NVIDIA driver: ...)".
+std::vector<std::string> unavailable_backends();
 
 }  // namespace tessera
 #pragma GCC visibility pop

@@ -28,6 +28,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -38,6 +39,7 @@
 #include <thread>
 
 #include "tessera/advise.h"
+#include "backends/backend.h"
 #include "core/fail.h"
 #include "tessera/metrics.h"
 #include "tessera/ops.h"
@@ -487,8 +489,36 @@ DeviceSpec host_device(bool recalibrate) {
   return d;
 }
 
+namespace {
+// "cuda" / "cuda:N": the table's spec of the GPU present there, matched by name ("NVIDIA H200" ->
+// h200; between memory variants, the nearest in size), with the memory it reports. Read from the
+// cuda backend's info line: "<name>, compute capability X.Y, N SMs, M GiB, ...".
+DeviceSpec present_gpu(const std::vector<DeviceSpec>& devs, const Device& dev) {
+  const std::string info = backends::backend_for(dev).info(dev.index).description;
+  const std::string gpu = info.substr(0, info.find(", compute capability"));
+  double bytes = 0;
+  if (size_t at = info.find(" GiB"), from = info.rfind(", ", at); at != std::string::npos && from != std::string::npos)
+    bytes = std::atof(info.substr(from + 2, at - from - 2).c_str()) * GiB;
+  std::string lower = gpu;
+  for (char& c : lower) c = char(std::tolower(static_cast<unsigned char>(c)));
+  const DeviceSpec* best = nullptr;
+  for (const DeviceSpec& d : devs)
+    if (d.cls.rfind("gpu", 0) == 0 && lower.find(d.name.substr(0, d.name.find('-'))) != std::string::npos &&
+        (!best || std::fabs(d.mem_bytes - bytes) < std::fabs(best->mem_bytes - bytes)))
+      best = &d;
+  if (!best)
+    fail("advise", "the GPU at " + dev.str() + " (" + gpu + ") is not in the device table; describe it with --device-file", "");
+  DeviceSpec d = *best;
+  d.name = dev.str();
+  d.description = gpu + " at " + dev.str() + ", modelled as " + best->name;
+  if (bytes > 0) d.usable_bytes = cuda_usable(bytes);
+  return d;
+}
+}  // namespace
+
 DeviceSpec find_device(const std::vector<DeviceSpec>& devs, const std::string& name) {
   if (name == "host") return host_device();
+  if (name == "cuda" || name.rfind("cuda:", 0) == 0) return present_gpu(devs, Device(name));
   std::string names;
   for (auto& d : devs) {
     if (d.name == name) return d;

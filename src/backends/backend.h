@@ -1,4 +1,4 @@
-// The backend interface (version 3). A backend owns the memory of its devices and runs
+// The backend interface (version 5). A backend owns the memory of its devices and runs
 // Kernel-IR Steps (kernel_ir/step.h) on them; docs/backend-guide.md walks through adding one.
 // It is part of the backend SDK: a backend may be built into libtessera (cpu, null) or live in a
 // plugin, a shared library exporting one C function (backends/plugin.h).
@@ -39,7 +39,11 @@ namespace tessera::backends {
 // 2: LaunchArgs::device, Backend::no_device_message, DeviceInfo::accelerator.
 // 3: library calls, whole executables, asynchronous copies, device-to-device copies and events;
 //    plugins (backends/plugin.h), whose version the loader checks.
-constexpr int kInterfaceVersion = 3;
+// 4: the shared renderer's dialects (render::Dialect::options, row_block; KernelCode::group_size;
+//    RNG_ARGS/RNG_INIT), so a plugin built against an older SDK is refused, not crashed.
+// 5: ExecutableSpec::param_slots, output_slots, donated and memory_report (a backend that
+//    compiles spec.graph itself: pjrt).
+constexpr int kInterfaceVersion = 5;
 
 // A compiled Step, opaque to the runtime; destroyed with the executable that holds it.
 struct Kernel {
@@ -190,9 +194,11 @@ std::atomic<int64_t>& reported_host_transfers(const std::string& kind);
 void register_backend(std::shared_ptr<Backend> b);
 Backend& backend_for(const Device& d);  // throws "[device] unknown device 'x'; available: ..."
 std::vector<std::shared_ptr<Backend>> all_backends();  // loads the plugins first
-// A plugin that failed to load: its file and why (a missing driver, a version mismatch ...).
+// A plugin that failed to load: its file and why (a version mismatch, a missing library ...).
+// `unavailable` is set when the plugin itself is fine but its backend cannot run on this machine
+// (no driver, no GPU): the backend's own reason, listed as "<kind>: not available (<reason>)".
 struct PluginFailure {
-  std::string path, reason;
+  std::string path, reason, kind, unavailable;
 };
 std::vector<PluginFailure> plugin_failures();  // loads the plugins first
 // The null device posing as `target` ("null:K", whose properties() are `target`; equal targets

@@ -194,7 +194,8 @@ std::vector<LoadedPlugin> load_plugins(const std::vector<std::string>& taken_nam
       const char* why_not = nullptr;
       const TesseraBackendPlugin* t = entry(&why_not);
       if (!t) {
-        r.failure = std::string("the backend cannot start here: ") + (why_not ? why_not : "no reason given");
+        r.unavailable = why_not && *why_not ? why_not : "no reason given";
+        r.failure = "the backend cannot start here: " + r.unavailable;
         continue;
       }
       if (t->interface_version != kInterfaceVersion) {

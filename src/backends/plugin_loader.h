@@ -21,6 +21,7 @@ struct LoadedPlugin {
   std::string kind;                  // the backend's name (from the file name until it loads)
   std::shared_ptr<Backend> backend;  // null when it failed
   std::string failure;               // why it failed
+  std::string unavailable;           // when its backend cannot start here: the backend's reason (no driver, no GPU)
 };
 
 // Loads every plugin on the search path (the first file of a name wins), refusing those whose

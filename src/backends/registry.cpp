@@ -81,7 +81,7 @@ std::vector<PluginFailure> plugin_failures() {
   load_plugins_locked(r);
   std::vector<PluginFailure> out;
   for (auto& p : r.plugins)
-    if (!p.backend) out.push_back({p.path, p.failure});
+    if (!p.backend) out.push_back({p.path, p.failure, p.kind, p.unavailable});
   return out;
 }
 
@@ -107,6 +107,9 @@ Backend& backend_for(const Device& d) {
   }
   std::string names;
   for (auto& x : r.backends) names += (names.empty() ? "" : ", ") + x->name();
+  for (auto& p : r.plugins)
+    if (!p.backend && p.kind == d.kind && !p.unavailable.empty())
+      fail("device", d.kind + ": not available (" + p.unavailable + "; plugin " + p.path + "); available: " + names, "");
   for (auto& p : r.plugins)
     if (!p.backend && p.kind == d.kind)
       fail("device", "the " + d.kind + " backend's plugin " + p.path + " did not load: " + p.failure + "; available: " + names, "");

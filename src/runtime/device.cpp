@@ -16,7 +16,15 @@ Device Device::best() {
 
 std::vector<std::string> plugin_errors() {
   std::vector<std::string> out;
-  for (auto& f : backends::plugin_failures()) out.push_back(f.path + ": " + f.reason);
+  for (auto& f : backends::plugin_failures())
+    if (f.unavailable.empty()) out.push_back(f.path + ": " + f.reason);
+  return out;
+}
+
+std::vector<std::string> unavailable_backends() {
+  std::vector<std::string> out;
+  for (auto& f : backends::plugin_failures())
+    if (!f.unavailable.empty()) out.push_back(f.kind + ": not available (" + f.unavailable + ")");
   return out;
 }
 

@@ -187,11 +187,51 @@ TEST(StableHLO, TextCarriesScopesAliasesAndTheRngArgument) {
             "[gather] index 7 out of range [0, 2) along dimension 1 of a tensor of shape [2, 2] (in scope 'blocks.0.mlp')");
   EXPECT_THROW(stablehlo::emit(g, {{{1, 0}}}), Error);  // int64[2, 2] cannot alias float32[2, 2]
   EXPECT_THROW(stablehlo::emit(g, {{{0, 5}}}), Error);
+  EXPECT_THROW(stablehlo::emit(g, {{{0, 0}, {0, 1}}}), Error);  // one buffer donated twice
+}
+
+// `tessera export --stablehlo gpt`: the module and the files another engine runs it from
+// (bench/stablehlo_vs_cpu.sh runs them under jax); an unknown model is a one-line error.
+TEST(StableHLO, ExportCommandWritesTheGptStep) {
+  fs::path dir = testing::scratch_dir("stablehlo_export");
+  std::string out = (dir / "step.mlir").string();
+  ASSERT_EQ(std::system((std::string(TESSERA_CLI) + " export --stablehlo gpt --out " + out + " --steps 2 > " +
+                         (dir / "log.txt").string() + " 2>&1").c_str()), 0);
+  std::ifstream f(out);
+  std::string text((std::istreambuf_iterator<char>(f)), {});
+  json meta = json::parse(std::ifstream(out + ".json"));
+  const json& args = meta["arguments"];
+  size_t fed = 0;
+  int64_t bytes = 0;
+  for (const json& a : args) {
+    fed += a["fed_from_output"].get<int>() >= 0;
+    bytes += a["initial"]["bytes"].get<int64_t>();
+  }
+  EXPECT_EQ(args.size(), 164u);  // 53 parameters, their 2 x 53 moments, 2 token batches, 3 AdamW scalars
+  EXPECT_EQ(fed, 159u);
+  EXPECT_EQ(meta["outputs"].get<int>(), 160);  // the loss, then the updated parameters and moments
+  EXPECT_EQ(meta["steps"].size(), 2u);
+  EXPECT_EQ(meta["steps"][1]["arguments"].size(), 5u);  // given per step: tokens and scalars
+  EXPECT_GE(int64_t(fs::file_size(out + ".bin")), bytes);
+  size_t aliased = 0;
+  for (size_t at = text.find("tf.aliasing_output"); at != std::string::npos; at = text.find("tf.aliasing_output", at + 1)) ++aliased;
+  EXPECT_EQ(aliased, 159u);
+  EXPECT_NE(text.find("loc(\"GPT.blocks.3.attn\")"), std::string::npos);
+  EXPECT_NE(std::system((std::string(TESSERA_CLI) + " export --stablehlo mlp --out " + out + " > " + (dir / "err.txt").string() + " 2>&1").c_str()), 0);
+  std::ifstream ef(dir / "err.txt");
+  std::string err((std::istreambuf_iterator<char>(ef)), {});
+  EXPECT_NE(err.find("[export] unknown model 'mlp' (known: gpt)"), std::string::npos) << err;
+  if (!HasFailure()) fs::remove_all(dir);
 }
 
 fs::path pyenv_python() { return fs::path(TESSERA_BUILD_DIR) / "pyenv" / "bin" / "python"; }
 
 TEST(StableHLO, MatchesTheCpuBackendUnderJax) {
+  fs::path py = pyenv_python();
+  if (!fs::exists(py)) {
+    if (testing::in_ci()) FAIL() << "jax is missing: " << py << " (scripts/pyenv installs it)";
+    GTEST_SKIP() << "jax not installed (" << py << "; run scripts/pyenv)";
+  }
   fs::path dir = testing::scratch_dir("stablehlo");
   Dump d(dir);
   for (int op = 0; op < ir::kNumOps; ++op) {
@@ -212,11 +252,6 @@ TEST(StableHLO, MatchesTheCpuBackendUnderJax) {
   }
   d.finish();
 
-  fs::path py = pyenv_python();
-  if (!fs::exists(py)) {
-    if (testing::in_ci()) FAIL() << "jax is missing: " << py << " (scripts/pyenv installs it)";
-    GTEST_SKIP() << "jax not installed (" << py << "; run scripts/pyenv)";
-  }
   auto t0 = std::chrono::steady_clock::now();
   std::string cmd = py.string() + " " + TESSERA_SOURCE_DIR + "/tests/stablehlo/run_cases.py " + dir.string() + " > " +
                     (dir / "log.txt").string() + " 2>&1";
@@ -242,6 +277,7 @@ TEST(StableHLO, MatchesTheCpuBackendUnderJax) {
   }
   std::printf("stablehlo: %zu cases (%zu primitive), %zu match the cpu backend under jax; jax ran them in %.1f s\n",
               d.size(), primitive_count, passed, secs);
+  if (!HasFailure()) fs::remove_all(dir);
 }
 
 }  // namespace

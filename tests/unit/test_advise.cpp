@@ -13,6 +13,8 @@
 #include <random>
 #include <set>
 
+#include "backends/backend.h"
+#include "core/fail.h"
 #include "tensor/tensor_impl.h"
 #include "tessera/advise.h"
 #include "tessera/metrics.h"
@@ -260,6 +262,53 @@ TEST(Devices, TableHasEveryDeviceWithPositiveFigures) {
   EXPECT_DOUBLE_EQ(v3.usable_bytes, 14.5e9);
   EXPECT_EQ(find_device(t, "tpu-v3-8").replicas, 8);
   EXPECT_THROW(find_device(t, "abacus"), Error);
+}
+
+namespace {
+// GPUs as the cuda backend describes them (its info line), for the advisor's "cuda:N" devices.
+class FakeGpus : public tessera::backends::Backend {
+ public:
+  std::string name() const override { return "cuda"; }
+  int device_count() const override { return 4; }
+  tessera::DeviceInfo info(int i) const override {
+    const char* lines[] = {"NVIDIA H200, compute capability 9.0, 132 SMs, 139.8 GiB, driver CUDA 13.0, NVRTC 13.0, cuBLASLt",
+                           "Tesla T4, compute capability 7.5, 40 SMs, 14.6 GiB, driver CUDA 13.0, NVRTC 13.0, cuBLASLt",
+                           "NVIDIA A100-SXM4-80GB, compute capability 8.0, 108 SMs, 79.2 GiB, driver CUDA 13.0, NVRTC 13.0",
+                           "NVIDIA GeForce GTX 1080, compute capability 6.1, 20 SMs, 7.9 GiB, driver CUDA 13.0, NVRTC 13.0"};
+    return {Device("cuda", i), lines[i], i < 3, i < 3};
+  }
+  void* allocate(int, size_t) override { tessera::fail("fake", "no memory", ""); }
+  void free(int, void*, size_t) override {}
+  void copy_in(void*, const void*, size_t) override {}
+  void copy_out(void*, const void*, size_t) override {}
+  std::unique_ptr<tessera::backends::Kernel> compile(const tessera::kir::Step&) override { tessera::fail("fake", "no", ""); }
+  void launch(const tessera::backends::Kernel&, const tessera::kir::Step&, const tessera::backends::LaunchArgs&) override {}
+};
+}  // namespace
+
+// The advisor's "cuda:N": the table's spec of the GPU present, with the memory it reports.
+TEST(Devices, ThePresentGpuIsModelledFromTheTable) {
+  try {
+    tessera::backends::backend_for(Device("cuda"));
+    GTEST_SKIP() << "a real GPU is here (scripts/gpu-check runs the advisor on it)";
+  } catch (const Error&) {
+  }
+  tessera::backends::register_backend(std::make_shared<FakeGpus>());
+  auto t = builtin_devices();
+  DeviceSpec h200 = find_device(t, "cuda");
+  EXPECT_EQ(h200.name, "cuda:0");
+  EXPECT_EQ(h200.description, "NVIDIA H200 at cuda:0, modelled as h200");
+  EXPECT_DOUBLE_EQ(h200.bf16_flops, find_device(t, "h200").bf16_flops);
+  EXPECT_DOUBLE_EQ(h200.usable_bytes, 139.8 * 1073741824.0 - 0.6e9);
+  EXPECT_EQ(find_device(t, "cuda:1").description, "Tesla T4 at cuda:1, modelled as t4");
+  EXPECT_EQ(find_device(t, "cuda:2").description, "NVIDIA A100-SXM4-80GB at cuda:2, modelled as a100-80");  // nearest memory
+  try {
+    find_device(t, "cuda:3");
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_STREQ(e.what(), "[advise] the GPU at cuda:3 (NVIDIA GeForce GTX 1080) is not in the device table; describe it with "
+                           "--device-file");
+  }
 }
 
 TEST(Devices, JsonFileAddsDevices) {

@@ -1,4 +1,5 @@
-// `tessera devices`: one line per registered device, then one per plugin that did not load.
+// `tessera devices`: one line per registered device, then one per backend that cannot run here
+// ("cuda: not available (<why>)") and one per plugin that did not load.
 #include <algorithm>
 #include <cstdio>
 #include <string>
@@ -19,6 +20,7 @@ void run_devices() {
   for (const DeviceInfo& d : infos)
     std::printf("%-*s  %-7s  %s\n", static_cast<int>(width), d.device.str().c_str(),
                 d.can_execute ? "yes" : "no", d.description.c_str());
+  for (const std::string& u : unavailable_backends()) std::printf("%s\n", u.c_str());
   for (const std::string& e : plugin_errors()) std::printf("plugin not loaded: %s\n", e.c_str());
 }
 

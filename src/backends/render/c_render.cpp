@@ -184,9 +184,10 @@ struct Kernel {
 
 std::string source_of(const std::string& name_placeholder, Kernel& k, const std::string& body_text) {
   std::ostringstream os;
-  os << "KERNEL void " << name_placeholder << "(GLOBAL const i64* P, GLOBAL int* E, i64 seed, i64 roff";
+  os << "KERNEL void " << name_placeholder << "(GLOBAL const i64* P, GLOBAL int* E, RNG_ARGS";
   for (size_t a = 0; a < k.slots.size(); ++a) os << ", GLOBAL char* b" << a << ", i64 o" << a;
   os << ") {\n";
+  if (body_text.find("rng_") != std::string::npos) os << "  RNG_INIT\n";  // seed, roff (the dialect's)
   for (size_t a = 0; a < k.slots.size(); ++a)
     os << "  GLOBAL " << storage_type(k.slot_types[a]) << "* s" << a << " = (GLOBAL " << storage_type(k.slot_types[a])
        << "*)(b" << a << " + o" << a << ");\n";
@@ -382,6 +383,13 @@ struct Accumulator {
     return (fl ? name + "n |= " + x + " != " + x + "; " : std::string()) + name + " = " + x + " > " + name + " ? " + x +
            " : " + name + ";";
   }
+  // Combines the partial results of a group's work-items (BLOCK_REDUCE(x, is_max)): every
+  // work-item gets the group's result.
+  std::string combine() const {
+    std::string mx = is_max ? "1" : "0";
+    std::string r = name + " = (" + type + ")BLOCK_REDUCE(" + (type == "u8" ? "(int)" : "") + name + ", " + mx + ");";
+    return is_max && fl ? r + " " + name + "n = BLOCK_REDUCE(" + name + "n, 1);" : r;
+  }
   std::string value() const {
     std::string T = ctype(t);
     if (is_max && fl) return "(" + name + "n ? (" + T + ")NAN : " + name + ")";
@@ -428,30 +436,52 @@ KernelCode render_elementwise(const Step& st) {
 
 // Row: one work-item per row of `row` positions; each RowSum/RowMax is a loop over the row
 // (recomputing what it reads), then the outputs are computed per position (or once per row).
-KernelCode render_row(const Step& st) {
+// With nt > 0 (a dialect's row_block), one group of work-items per row instead: work-item `lid`
+// of a group of n takes positions lid, lid + n, ... in order, and the group combines its partial
+// results with BLOCK_REDUCE (a fixed order: deterministic for a given n). The source reads n
+// from LOCAL_SIZE; the launch's n (group_size) is nt, or less for a short row (multiples of 32).
+KernelCode render_row(const Step& st, int nt) {
   Kernel k;
   bind_inputs(k, st, program_input_types(st));
   int64_t total = numel(st.domain), row = st.row, rows = row ? total / row : 0;
   bool per_row = numel(st.shape) != total;
-  k.b << "  i64 r = GID;\n  if (r >= " << k.p(rows) << ") return;\n  i64 L = " << k.p(row) << ";\n";
+  // The loop over a row's positions, each with its multi-index d0.. and linear number pos.
+  auto open_loop = [&](const std::string& ind) {
+    if (nt == 0) {
+      k.unravel("d", "r * L", st.domain, ind);
+      k.b << ind << "for (i64 j = 0; j < L; ++j) {\n" << ind << "  i64 pos = r * L + j;\n";
+    } else {
+      k.b << ind << "for (i64 j = lid; j < L; j += LOCAL_SIZE) {\n" << ind << "  i64 pos = r * L + j;\n";
+      k.unravel("d", "pos", st.domain, ind + "  ");
+    }
+  };
+  auto close_loop = [&](const std::string& ind) {
+    if (nt == 0) k.bump("d", st.domain, ind + "  ");
+    k.b << ind << "}\n";
+  };
+  if (nt == 0)
+    k.b << "  i64 r = GID;\n  if (r >= " << k.p(rows) << ") return;\n  i64 L = " << k.p(row) << ";\n";
+  else  // every work-item of a group reaches each BLOCK_REDUCE: the group returns as a whole
+    k.b << "  i64 r = GROUP_ID;\n  if (r >= " << k.p(rows) << ") return;\n  i64 L = " << k.p(row) << ";\n  int lid = LOCAL_ID;\n";
   ProgramWriter w(k, st, st.program, st.domain);
   for (size_t i = 0; i < st.program.size(); ++i) {
     const Instr& I = st.program[i];
     if (I.code != Code::RowSum && I.code != Code::RowMax) continue;
     Accumulator acc("a" + S(int64_t(i)), I.dtype, I.code == Code::RowMax);
     k.b << "  " << acc.init() << "\n  {\n";
-    k.unravel("d", "r * L", st.domain, "    ");
-    k.b << "    for (i64 j = 0; j < L; ++j) {\n      i64 pos = r * L + j;\n";
+    open_loop("    ");
     w.emit({I.a}, "      ");
     k.b << "      " << acc.add(w.v(I.a)) << "\n";
-    k.bump("d", st.domain, "      ");
-    k.b << "    }\n  }\n";
+    close_loop("    ");
+    k.b << "  }\n";
+    if (nt > 0) k.b << "  " << acc.combine() << "\n";
     k.b << "  " << ctype(I.dtype) << " v" << i << " = " << acc.value() << ";\n";
     w.scalar[i] = "v" + S(int64_t(i));
   }
+  const std::string first = nt == 0 ? "" : "if (lid == 0) ";  // values stored once per row
   int last = int(st.program.size()) - 1;
   if (!st.more_outputs.empty()) {  // further results: one value per row, at the row's first position
-    k.b << "  {\n";
+    k.b << "  " << first << "{\n";
     k.unravel("d", "r * L", st.domain, "    ");
     k.b << "    i64 pos = r * L;\n";
     w.emit(st.more_results, "    ");
@@ -462,21 +492,24 @@ KernelCode render_row(const Step& st) {
     }
     k.b << "  }\n";
   }
-  k.b << "  {\n";
-  k.unravel("d", "r * L", st.domain, "    ");
   if (per_row) {
+    k.b << "  " << first << "{\n";
+    k.unravel("d", "r * L", st.domain, "    ");
     k.b << "    i64 pos = r * L;\n";
     w.emit({last}, "    ");
     store_outputs(k, st, w, "r", "    ", false);
   } else {
-    k.b << "    for (i64 j = 0; j < L; ++j) {\n      i64 pos = r * L + j;\n";
+    k.b << "  {\n";
+    open_loop("    ");
     w.emit({last}, "      ");
     store_outputs(k, st, w, "pos", "      ", false);
-    k.bump("d", st.domain, "      ");
-    k.b << "    }\n";
+    close_loop("    ");
   }
   k.b << "  }\n";
-  return finish(k, rows);
+  const int n = int(std::min<int64_t>(nt, std::max<int64_t>(32, (row + 31) / 32 * 32)));
+  KernelCode kc = finish(k, nt == 0 ? rows : rows * n);
+  kc.group_size = nt == 0 ? 0 : n;
+  return kc;
 }
 
 // Reduce: the domain is permuted so the kept axes come first; each work-item owns one output
@@ -709,15 +742,78 @@ typedef ulong u64;
 #define F64_BITS(u) as_double((long)(u))
 #define BITS_F32(f) as_uint(f)
 #define ATOMIC_MIN(p, v) atomic_min((volatile __global int*)(p), (v))
-)"};
+#define RNG_ARGS i64 seed, i64 roff
+#define RNG_INIT
+)",
+                         {},
+                         0};
   return d;
 }
 
-std::vector<KernelCode> render(const Step& st) {
+// CUDA C++ for NVRTC, without headers (NVRTC's built-in math functions and intrinsics only),
+// compiled with the dialect's options: no fused multiply-add contraction (as OpenCL's
+// FP_CONTRACT OFF), so results round as the CPU's do.
+const Dialect& cuda_c() {
+  static const Dialect d{"cuda", R"(#define HAS_FP64 1
+typedef double FACC;
+typedef signed char i8;
+typedef unsigned char u8;
+typedef unsigned short u16;
+typedef int i32;
+typedef unsigned int u32;
+typedef long long i64;
+typedef unsigned long long u64;
+#define KERNEL extern "C" __global__
+#define GLOBAL
+#define FN static __device__ __forceinline__
+#define GID ((i64)blockIdx.x * (i64)blockDim.x + (i64)threadIdx.x)
+#define F32_BITS(u) __uint_as_float((u32)(u))
+#define F64_BITS(u) __longlong_as_double((i64)(u))
+#define BITS_F32(f) __float_as_uint(f)
+#define ATOMIC_MIN(p, v) atomicMin((int*)(p), (int)(v))
+#define RNG_ARGS i64 seed_arg, i64 roff_arg, const u64* rng_ptr
+#define RNG_INIT i64 seed = rng_ptr ? (i64)rng_ptr[0] : seed_arg, roff = rng_ptr ? (i64)rng_ptr[1] : roff_arg;
+#ifndef INFINITY
+#define INFINITY __int_as_float(0x7f800000)
+#endif
+#ifndef NAN
+#define NAN __int_as_float(0x7fc00000)
+#endif
+static __device__ __forceinline__ i64 clamp(i64 x, i64 lo, i64 hi) { return x < lo ? lo : x > hi ? hi : x; }
+#define LOCAL_ID ((int)threadIdx.x)
+#define LOCAL_SIZE ((int)blockDim.x)
+#define GROUP_ID ((i64)blockIdx.x)
+#define BLOCK_REDUCE(v, mx) block_reduce(v, mx)
+// The sum (mx = 0) or max (mx = 1) of v over the block (blockDim.x a multiple of 32), in a fixed
+// order: a shuffle tree within each warp, then the warps' results in warp order.
+template <typename T> static __device__ T block_reduce(T v, int mx) {
+  __shared__ T part[32];
+  for (int o = 16; o > 0; o >>= 1) {
+    T u = __shfl_down_sync(0xffffffffu, v, o);
+    v = mx ? (u > v ? u : v) : v + u;
+  }
+  __syncthreads();  // part[] may still be read from the previous call
+  if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = v;
+  __syncthreads();
+  if (threadIdx.x == 0)
+    for (int w = 1; w < (int)(blockDim.x >> 5); ++w) v = mx ? (part[w] > v ? part[w] : v) : v + part[w];
+  if (threadIdx.x == 0) part[0] = v;
+  __syncthreads();
+  return part[0];
+}
+)",
+                         {"--fmad=false"},
+                         256};
+  return d;
+}
+
+std::vector<KernelCode> render(const Step& st) { return render(st, opencl_c()); }
+
+std::vector<KernelCode> render(const Step& st, const Dialect& d) {
   switch (st.kind) {
     case StepKind::Elementwise:
     case StepKind::Copy: return {render_elementwise(st)};
-    case StepKind::Row: return {render_row(st)};
+    case StepKind::Row: return {render_row(st, d.row_block)};
     case StepKind::Reduce: return {render_reduce(st)};
     case StepKind::Gemm: {
       // A B whose columns are not contiguous (a Linear layer's transposed weight), or that is

@@ -24,28 +24,42 @@ V lower_node(Lowering& L, const ir::Node& n, const std::vector<V>& in) {
   fail("stablehlo", std::string("no lowering for ") + ir::op_name(n.op));
 }
 
-// @main's arguments: the params, then {seed, offset} when the graph draws random numbers.
+// Each (parameter, output) pair names existing ones of equal shape and dtype, each at most once.
+void check_aliases(const ir::Graph& g, const EmitOptions& o) {
+  for (size_t i = 0; i < o.aliases.size(); ++i) {
+    auto [p, out] = o.aliases[i];
+    for (size_t j = 0; j < i; ++j)
+      if (o.aliases[j].first == p || o.aliases[j].second == out)
+        fail("stablehlo", "parameter " + std::to_string(p) + " or output " + std::to_string(out) + " is aliased twice");
+    if (p < 0 || p >= int(g.params.size()) || out < 0 || out >= int(g.outputs.size()))
+      fail("stablehlo", "alias of parameter " + std::to_string(p) + " to output " + std::to_string(out) + ": the graph has " +
+                            std::to_string(g.params.size()) + " parameters and " + std::to_string(g.outputs.size()) + " outputs");
+    const ir::Node& a = *g.nodes[size_t(g.params[size_t(p)])];
+    const ir::Node& r = *g.nodes[size_t(g.outputs[size_t(out)])];
+    if (r.shape != a.shape || r.dtype != a.dtype)
+      fail("stablehlo", "parameter " + std::to_string(p) + " (" + dtype_name(a.dtype) + shape_str(a.shape) +
+                            ") cannot alias output " + std::to_string(out) + " (" + dtype_name(r.dtype) + shape_str(r.shape) + ")");
+  }
+}
+
+// @main's arguments: the params (donated ones marked), then {seed, offset} when the graph draws
+// random numbers. Binds each param's value.
 std::string signature(const ir::Graph& g, const EmitOptions& o, bool rng, std::vector<V>& vals) {
-  std::string args;
+  check_aliases(g, o);
+  std::vector<std::string> args;
   for (size_t p = 0; p < g.params.size(); ++p) {
     const ir::Node& n = *g.nodes[size_t(g.params[p])];
     V v{"%arg" + std::to_string(p), n.shape, elem_of(n.dtype)};
     vals[size_t(g.params[p])] = v;
-    args += (p ? ", " : "") + v.id + ": " + v.type();
-    for (auto [param, out] : o.aliases) {
-      if (param != int(p)) continue;
-      if (out < 0 || out >= int(g.outputs.size())) fail("stablehlo", "alias of parameter " + std::to_string(p) + " to output " + std::to_string(out) + " of " + std::to_string(g.outputs.size()));
-      const ir::Node& r = *g.nodes[size_t(g.outputs[size_t(out)])];
-      if (r.shape != n.shape || r.dtype != n.dtype)
-        fail("stablehlo", "parameter " + std::to_string(p) + " (" + dtype_name(n.dtype) + shape_str(n.shape) + ") cannot alias output " +
-                              std::to_string(out) + " (" + dtype_name(r.dtype) + shape_str(r.shape) + ")");
-      args += " {tf.aliasing_output = " + std::to_string(out) + " : i32}";
-    }
+    std::string a = v.id + ": " + v.type();
+    for (auto [param, out] : o.aliases)
+      if (param == int(p)) a += " {tf.aliasing_output = " + std::to_string(out) + " : i32}";
+    args.push_back(a);
   }
-  for (auto [param, out] : o.aliases)
-    if (param < 0 || param >= int(g.params.size())) fail("stablehlo", "alias of parameter " + std::to_string(param) + " of " + std::to_string(g.params.size()));
-  if (rng) args += std::string(g.params.empty() ? "" : ", ") + "%rng: tensor<2xui64>";
-  return args;
+  if (rng) args.push_back("%rng: tensor<2xui64>");
+  std::string s;
+  for (size_t i = 0; i < args.size(); ++i) s += (i ? ", " : "") + args[i];
+  return s;
 }
 
 }  // namespace

@@ -35,11 +35,19 @@ std::string tensor_type(const Shape& s, const std::string& elem) {
 
 static std::string join(const std::vector<int64_t>& v) {
   std::string s;
-  for (size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + std::to_string(v[i]);
+  for (size_t i = 0; i < v.size(); ++i) {
+    if (i) s += ", ";
+    s += std::to_string(v[i]);
+  }
   return s;
 }
 std::string i64_array(const std::vector<int64_t>& v) { return v.empty() ? "array<i64>" : "array<i64: " + join(v) + ">"; }
-std::string int_list(const std::vector<int64_t>& v) { return "[" + join(v) + "]"; }
+std::string int_list(const std::vector<int64_t>& v) {
+  std::string s = "[";
+  s += join(v);
+  s += "]";
+  return s;
+}
 std::vector<int64_t> iota_vec(int64_t n, int64_t from) {
   std::vector<int64_t> v;
   for (int64_t i = from; i < n; ++i) v.push_back(i);
@@ -93,8 +101,9 @@ V Writer::op(const std::string& name, const std::vector<V>& args, const Shape& s
   std::string s = r.id + " = \"" + name + "\"(";
   std::string types;
   for (size_t i = 0; i < args.size(); ++i) {
-    s += (i ? ", " : "") + args[i].id;
-    types += (i ? ", " : "") + args[i].type();
+    if (i) s += ", ", types += ", ";
+    s += args[i].id;
+    types += args[i].type();
   }
   s += ")";
   if (!region.empty()) s += " (" + region + ")";
@@ -102,6 +111,12 @@ V Writer::op(const std::string& name, const std::vector<V>& args, const Shape& s
   s += " : (" + types + ") -> " + r.type() + loc;
   line(s);
   return r;
+}
+
+std::string Writer::fresh() {
+  std::string s = "%";
+  s += std::to_string(next_++);
+  return s;
 }
 
 V Writer::constant(double v, const Shape& shape, const std::string& elem) {

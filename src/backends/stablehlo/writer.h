@@ -58,7 +58,7 @@ class Writer {
   // A scalar of x (rank 1) at position i, as tensor<elem>.
   V element(const V& x, int64_t i);
 
-  std::string fresh() { return "%" + std::to_string(next_++); }
+  std::string fresh();  // a new SSA name
   std::string text() const { return out_.str(); }
   void line(const std::string& s) { out_ << "    " << s << "\n"; }
 
