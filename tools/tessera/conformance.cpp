@@ -1,6 +1,6 @@
-// `tessera conformance [--backend B] [--op NAME]`: runs the conformance suite (every primitive
-// and composite op, forward and gradient, against the float64 reference, passes off and on) and
-// prints the op x backend support matrix. Exit status 1 when a case fails.
+// `tessera conformance [--backend B] [--op NAME] [--passes-on-only]`: runs the conformance suite
+// (every primitive and composite op, forward and gradient, against the float64 reference, passes
+// off and on) and prints the op x backend support matrix. Exit status 1 when a case fails.
 #include <cstdio>
 #include <memory>
 #include <string>
@@ -17,7 +17,7 @@ namespace {
 
 struct ConformanceArgs {
   std::vector<std::string> backends, ops;
-  bool list = false;
+  bool list = false, passes_on_only = false;
 };
 
 void run_conformance(const ConformanceArgs& a) {
@@ -29,6 +29,7 @@ void run_conformance(const ConformanceArgs& a) {
   conformance::Options o;
   o.backends = a.backends;
   o.ops = a.ops;
+  o.passes_off = !a.passes_on_only;
   // Progress on stderr, one line per finished cell, so a long run shows where it is.
   o.on_cell = [](const conformance::Cell& c) {
     std::fprintf(stderr, "%-22s %-8s %-16s %6.2f s\n", c.op.c_str(), c.backend.c_str(), c.text().c_str(), c.seconds);
@@ -50,6 +51,7 @@ void add_conformance(CLI::App& app) {
   sub->add_option("--op", a->ops, "op (row) to test (repeat or comma-separate; default: all; --list shows them)")
       ->delimiter(',');
   sub->add_flag("--list", a->list, "list the ops (rows) and exit");
+  sub->add_flag("--passes-on-only", a->passes_on_only, "run each case with the compiler's passes on only (pjrt: each is an XLA compile)");
   sub->callback([a] { run_conformance(*a); });
 }
 
