@@ -1,4 +1,5 @@
 #include "test_util.h"
+#include "../../bench/bench_common.h"
 
 #include <unistd.h>
 
@@ -302,6 +303,43 @@ std::string scratch_dir(const std::string& name) {
   std::filesystem::remove_all(dir);
   std::filesystem::create_directories(dir);
   return dir.string();
+}
+
+std::string run_command(const std::string& cmd, int* status) {
+  std::string out;
+  FILE* p = popen(cmd.c_str(), "r");
+  if (!p) {
+    *status = -1;
+    return out;
+  }
+  char buf[4096];
+  while (size_t n = fread(buf, 1, sizeof buf, p)) out.append(buf, n);
+  int st = pclose(p);
+  *status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  return out;
+}
+
+std::vector<double> bench_gpt_losses(const Device& dev, int steps) {
+  using namespace bench;
+  manual_seed(0);
+  nn::GPTConfig cfg{.vocab = kVocab, .block = kBlock, .embd = kEmbd, .heads = kHeads, .layers = kLayers,
+                    .dropout = 0.1, .bias = true, .tied_head = false};
+  nn::GPT model(cfg);
+  model.to(dev);
+  model.train();
+  optim::AdamW opt(model.parameters(), {.lr = 3e-3, .weight_decay = 0.1});
+  auto batches = make_batches();
+  std::vector<double> losses;
+  TensorOptions o{DType::Int64, dev};
+  for (int step = 0; step < steps; ++step) {
+    auto& [x, y] = batches[size_t(step) % batches.size()];
+    opt.zero_grad();
+    Tensor loss = model.loss(from_vector<int64_t>(x, {kBatch, kBlock}, o), from_vector<int64_t>(y, {kBatch, kBlock}, o));
+    loss.backward();
+    opt.step();
+    losses.push_back(loss.item());
+  }
+  return losses;
 }
 
 }  // namespace tessera::testing

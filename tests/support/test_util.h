@@ -70,6 +70,12 @@ std::string error_message(const std::function<void()>& f);
 bool in_ci();
 std::string repo_root();
 std::string scratch_dir(const std::string& name);
+// Runs a shell command; returns its standard output (add 2>&1 for the errors too) and sets
+// *status to its exit code (-1 when it could not start or did not exit).
+std::string run_command(const std::string& cmd, int* status);
+// The benchmark GPT (bench/bench_common.h) with dropout 0.1 on `dev` from seed 0: the loss of
+// each of `steps` AdamW steps (what a backend's losses are compared with the cpu's on).
+std::vector<double> bench_gpt_losses(const Device& dev, int steps);
 
 // Runs `/usr/bin/python3 SCRIPT DIR` with its output in DIR/log.txt. Exit codes 77/126/127
 // mean PyTorch (or Python) is not available.

@@ -18,8 +18,10 @@
 
 #include "backends/cuda/cuda_host.h"
 #include "tessera/tessera.h"
+#include "test_util.h"
 
 namespace ts = tessera;
+namespace tt = tessera::testing;
 namespace cu = tessera::backends::cuda;
 
 TEST(CudaLaunch, CoversTheWorkWithWholeBlocks) {
@@ -400,17 +402,14 @@ bool driver_present() {
 
 TEST(CudaNoDriver, DevicesPrintsWhyAndExitsZero) {
 #ifndef TESSERA_CUDA_PLUGIN
-  if (const char* c = std::getenv("CI"); c && std::string(c) == "true") FAIL() << "CI=true but the cuda plugin was not built (no CUDA toolkit found at configure time)";
+  if (tt::in_ci()) FAIL() << "CI=true but the cuda plugin was not built (no CUDA toolkit found at configure time)";
   GTEST_SKIP() << "the cuda plugin is not built here (no CUDA toolkit)";
 #else
   if (driver_present()) GTEST_SKIP() << "this machine has an NVIDIA driver (scripts/gpu-check covers it)";
   std::string cmd = std::string(TESSERA_CLI) + " devices 2>&1";
-  FILE* p = popen(cmd.c_str(), "r");
-  ASSERT_NE(p, nullptr);
-  std::string out;
-  char buf[512];
-  while (fgets(buf, sizeof buf, p)) out += buf;
-  EXPECT_EQ(pclose(p), 0) << out;
+  int status = 0;
+  std::string out = tt::run_command(cmd, &status);
+  EXPECT_EQ(status, 0) << out;
   EXPECT_NE(out.find("\ncuda: not available (no NVIDIA driver: libcuda.so.1: cannot open shared object file: No such file or "
                      "directory)\n"),
             std::string::npos)
@@ -431,12 +430,9 @@ TEST(CudaNoDriver, TheToolkitsStubIsNoDriver) {
   ASSERT_NE(mkdtemp(dir), nullptr);
   std::filesystem::create_symlink(TESSERA_CUDA_STUB, std::string(dir) + "/libcuda.so.1");
   std::string cmd = std::string("LD_LIBRARY_PATH=") + dir + " " + TESSERA_CLI + " devices 2>&1";
-  FILE* p = popen(cmd.c_str(), "r");
-  ASSERT_NE(p, nullptr);
-  std::string out;
-  char buf[512];
-  while (fgets(buf, sizeof buf, p)) out += buf;
-  EXPECT_EQ(pclose(p), 0) << out;
+  int status = 0;
+  std::string out = tt::run_command(cmd, &status);
+  EXPECT_EQ(status, 0) << out;
   std::filesystem::remove_all(dir);
   EXPECT_NE(out.find("\ncuda: not available (cuInit failed: CUDA_ERROR_STUB_LIBRARY (libcuda.so.1 is the toolkit's stub, not a "
                      "driver))\n"),

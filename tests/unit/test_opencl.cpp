@@ -324,28 +324,7 @@ TEST(OpenCL, ConvolutionsAndASmallCnnMatchTheCpu) {
 // equals the cpu's at every step to 1e-4 relative.
 TEST(OpenCL, BenchmarkGptTrainsToTheCpuLosses) {
   NEED_OPENCL();
-  using namespace bench;
-  auto train = [](Device dev) {
-    manual_seed(0);
-    nn::GPTConfig cfg{.vocab = kVocab, .block = kBlock, .embd = kEmbd, .heads = kHeads, .layers = kLayers,
-                      .dropout = 0.1, .bias = true, .tied_head = false};
-    nn::GPT model(cfg);
-    model.to(dev);
-    model.train();
-    optim::AdamW opt(model.parameters(), {.lr = 3e-3, .weight_decay = 0.1});
-    auto batches = make_batches();
-    std::vector<double> losses;
-    for (int step = 0; step < 50; ++step) {
-      auto& [x, y] = batches[size_t(step) % batches.size()];
-      TensorOptions o{DType::Int64, dev};
-      opt.zero_grad();
-      Tensor loss = model.loss(from_vector<int64_t>(x, {kBatch, kBlock}, o), from_vector<int64_t>(y, {kBatch, kBlock}, o));
-      loss.backward();
-      opt.step();
-      losses.push_back(loss.item());
-    }
-    return losses;
-  };
+  auto train = [](Device dev) { return tt::bench_gpt_losses(dev, 50); };
   std::vector<double> cpu = train(Device("cpu")), cl = train(kCL);
   ASSERT_EQ(cpu.size(), cl.size());
   for (size_t i = 0; i < cpu.size(); ++i) EXPECT_NEAR(cl[i], cpu[i], 1e-4 * std::abs(cpu[i])) << "step " << i;

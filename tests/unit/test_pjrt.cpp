@@ -162,12 +162,9 @@ TEST(Pjrt, DevicesReportsPluginsThatCannotLoad) {
   std::string text = ::testing::TempDir() + "/text_plugin.so";
   std::ofstream(text) << "not a library\n";
   std::string cmd = "TESSERA_PJRT_PLUGINS=" + std::string(TESSERA_PJRT_WRONG_MAJOR) + ":" + text + " " + TESSERA_CLI + " devices 2>&1";
-  std::string out;
-  FILE* f = popen(cmd.c_str(), "r");
-  ASSERT_NE(f, nullptr);
-  char buf[4096];
-  while (size_t n = fread(buf, 1, sizeof buf, f)) out.append(buf, n);
-  EXPECT_EQ(pclose(f), 0) << out;
+  int status = 0;
+  std::string out = tt::run_command(cmd, &status);
+  EXPECT_EQ(status, 0) << out;
   EXPECT_NE(out.find("PJRT API version 1.0 is not supported"), std::string::npos) << out;
   EXPECT_NE(out.find("text_plugin.so: cannot load it"), std::string::npos) << out;
   EXPECT_NE(out.find("pjrt:0"), std::string::npos) << out;  // the build's CPU plugin still works
@@ -271,28 +268,7 @@ TEST(Pjrt, ALaunchOfOneStepDeclinesClearly) {
 // CPU plugin) equals the cpu's at every step to 1e-4 relative.
 TEST(Pjrt, BenchmarkGptTrainsToTheCpuLosses) {
   REQUIRE_CPU_PLUGIN();
-  using namespace bench;
-  auto train = [](Device dev) {
-    manual_seed(0);
-    nn::GPTConfig cfg{.vocab = kVocab, .block = kBlock, .embd = kEmbd, .heads = kHeads, .layers = kLayers,
-                      .dropout = 0.1, .bias = true, .tied_head = false};
-    nn::GPT model(cfg);
-    model.to(dev);
-    model.train();
-    optim::AdamW opt(model.parameters(), {.lr = 3e-3, .weight_decay = 0.1});
-    auto batches = make_batches();
-    std::vector<double> losses;
-    for (int step = 0; step < 20; ++step) {
-      auto& [x, y] = batches[size_t(step) % batches.size()];
-      TensorOptions o{DType::Int64, dev};
-      opt.zero_grad();
-      Tensor loss = model.loss(from_vector<int64_t>(x, {kBatch, kBlock}, o), from_vector<int64_t>(y, {kBatch, kBlock}, o));
-      loss.backward();
-      opt.step();
-      losses.push_back(loss.item());
-    }
-    return losses;
-  };
+  auto train = [](Device dev) { return tt::bench_gpt_losses(dev, 20); };
   auto t0 = std::chrono::steady_clock::now();
   std::vector<double> cpu = train(Device("cpu"));
   auto t1 = std::chrono::steady_clock::now();

@@ -17,6 +17,7 @@
 #include "test_util.h"
 
 namespace ts = tessera;
+namespace tt = tessera::testing;
 using ts::Device;
 using ts::DType;
 using ts::Tensor;
@@ -95,12 +96,9 @@ TEST(Plugins, NamingAFailedPluginsDeviceSaysWhy) {
 
 TEST(Plugins, TheCliListsWhatDidNotLoad) {
   std::string cmd = std::string("TESSERA_PLUGIN_PATH=") + TESSERA_TEST_PLUGIN_PATH + " " + TESSERA_CLI + " devices 2>&1";
-  FILE* p = popen(cmd.c_str(), "r");
-  ASSERT_NE(p, nullptr);
-  std::string out;
-  char buf[512];
-  while (fgets(buf, sizeof buf, p)) out += buf;
-  EXPECT_EQ(pclose(p), 0) << out;
+  int status = 0;
+  std::string out = tt::run_command(cmd, &status);
+  EXPECT_EQ(status, 0) << out;
   EXPECT_NE(out.find("v3test:1"), std::string::npos) << out;
   EXPECT_NE(out.find("plugin not loaded: "), std::string::npos) << out;
   EXPECT_NE(out.find("libtessera-backend-badversion.so: built for backend interface version " +
