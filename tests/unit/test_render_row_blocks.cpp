@@ -98,7 +98,8 @@ void launch(Entry fn, const render::KernelCode& k, std::map<int, std::vector<flo
   int64_t seed = 7, roff = 3, zero = 0;
   int64_t* p = P.data();
   int* e = &E;
-  std::vector<void*> args{&p, &e, &seed, &roff};  // each argument's address
+  const uint64_t* rng = nullptr;  // RNG_ARGS' pointer to the state (null: seed and roff themselves)
+  std::vector<void*> args{&p, &e, &seed, &roff, &rng};  // each argument's address
   std::vector<char*> ptrs;
   for (int s : k.slots) ptrs.push_back(reinterpret_cast<char*>(buf.at(s).data()));
   for (size_t a = 0; a < ptrs.size(); ++a) args.push_back(&ptrs[a]), args.push_back(&zero);
@@ -138,9 +139,9 @@ TEST(RenderRowBlocks, BlockPerRowKernelsComputeWhatRowKernelsCompute) {
   std::string src = kEmulation + render::program_source(render::cuda_c(), ks);
   for (const render::KernelCode* k : ks) {
     src += "extern \"C\" void call_" + k->name + "(void** a) { " + k->name +
-           "(*(const i64**)a[0], *(int**)a[1], *(i64*)a[2], *(i64*)a[3]";
+           "(*(const i64**)a[0], *(int**)a[1], *(i64*)a[2], *(i64*)a[3], *(const u64**)a[4]";
     for (size_t s = 0; s < k->slots.size(); ++s)
-      src += ", *(char**)a[" + std::to_string(4 + 2 * s) + "], *(i64*)a[" + std::to_string(5 + 2 * s) + "]";
+      src += ", *(char**)a[" + std::to_string(5 + 2 * s) + "], *(i64*)a[" + std::to_string(6 + 2 * s) + "]";
     src += "); }\n";
   }
   src += "extern \"C\" unsigned* tid() { return &threadIdx.x; }\nextern \"C\" unsigned* bid() { return &blockIdx.x; }\n";
