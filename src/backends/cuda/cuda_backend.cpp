@@ -182,6 +182,7 @@ struct Dev {
   CUdeviceptr scratch = 0;       // render::kScratchSlot; outgrown ones are kept (graphs hold them)
   size_t scratch_bytes = 0;
   std::unordered_map<std::string, CUfunction> functions;  // kernel name -> loaded function
+  std::vector<CUmodule> modules;  // the loaded programs behind `functions`, kept for the process's life
   cublasLtHandle_t lt = nullptr;
   CUdeviceptr workspace = 0;
   std::vector<Staging> staging;
@@ -675,6 +676,7 @@ class CudaBackend : public Backend {
       if (!p.from_disk) write_cached(dir, p.key, p.bin);
       CUmodule m = nullptr;
       check(g.cuModuleLoadData(&m, p.bin.data()), "cuModuleLoadData");
+      d.modules.push_back(m);
       for (const render::KernelCode* c : p.kernels)
         check(g.cuModuleGetFunction(&d.functions[c->name], m, c->name.c_str()), "cuModuleGetFunction");
       build_log("program " + p.key + " " + sm + " " + std::to_string(p.kernels.size()) + " kernels " +
