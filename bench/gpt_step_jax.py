@@ -11,10 +11,11 @@ parameters and moments donated; each step ends with float(loss).
 
     build/pyenv/bin/python bench/gpt_step_jax.py THREADS [--steps N] [--warmup N]
 
-THREADS: the process is pinned to the first THREADS cores (os.sched_setaffinity before jax is
-imported), which is what sizes XLA's CPU thread pools in jax 0.10.2 (its intra-op pool and
-Eigen's both follow the affinity mask; XLA_FLAGS' --xla_cpu_multi_thread_eigen=false only stops
-Eigen's own threads in matmuls, and intra_op_parallelism_threads is no longer a flag XLA knows).
+THREADS: the process pins itself to the first THREADS cores (os.sched_setaffinity before jax is
+imported): XLA's CPU thread pools are sized by the affinity mask. XLA_FLAGS does not do it in jax
+0.10.2: with "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1" a jitted
+1500x1500 matmul still used 1.96 CPU-seconds per second on a 2-core machine (1.00 pinned to one
+core); the second word is no XLA flag (ignored without dashes, "Unknown flag" abort with them).
 
 The last line is machine-readable: RESULT jax threads=... median_ms=... compile_ms=... last_loss=...
 (compile_ms: the first call, i.e. tracing, lowering, XLA's compile and one step).
