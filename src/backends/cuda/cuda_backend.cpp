@@ -186,6 +186,7 @@ struct Dev {
   cublasLtHandle_t lt = nullptr;
   CUdeviceptr workspace = 0;
   std::vector<Staging> staging;
+  bool built = false;  // ready() finished: context, stream, pool, check words, cuBLASLt
   bool supported() const { return major * 10 + minor >= 75; }
 };
 
@@ -249,6 +250,7 @@ struct CudaExecutable : Executable {
   BlockPool* pool;  // the device's (the graphs' check words)
   std::deque<Graph> graphs;
   int64_t captures = 0, replays = 0;
+  bool step_by_step = false;  // a capture failed: launched Step by Step from then on
   ~CudaExecutable() override {  // after the runtime's synchronize: no graph still runs
     for (Graph& gr : graphs) {
       g.cuGraphExecDestroy(gr.exec);
@@ -450,9 +452,9 @@ class CudaBackend : public Backend {
     Dev& d = ready(e.device);
     std::vector<void*> now(a.slots, a.slots + e.nslots);
     auto it = std::find_if(e.graphs.begin(), e.graphs.end(), [&](const Graph& gr) { return gr.slots == now && gr.scalars == a.scalars; });
-    if (it == e.graphs.end() && e.captures >= 8 && e.replays < e.captures) {
-      // Its pointers rarely recur: capturing would cost more than it saves. Step by Step, the
-      // kernels still reading the random state from the scalars buffer.
+    if (it == e.graphs.end() && (e.step_by_step || (e.captures >= 8 && e.replays < e.captures))) {
+      // Its pointers rarely recur (capturing would cost more than it saves), or capturing
+      // failed: Step by Step, the kernels still reading the random state from the scalars buffer.
       for (size_t s = 0; s < e.steps->size(); ++s)
         launch_step(d, e.device, *e.kernels[s], (*e.steps)[s], a.slots, 0, 0, dptr(a.scalars), d.checks);
       return;
@@ -466,7 +468,15 @@ class CudaBackend : public Backend {
         if (old.checks.words) d.pool->free(old.checks.words);
         e.graphs.pop_front();
       }
-      e.graphs.push_back(capture(d, e, now, a.scalars));
+      try {
+        e.graphs.push_back(capture(d, e, now, a.scalars));
+      } catch (const std::exception& x) {  // a launch that cannot be captured still runs
+        std::string why = std::string("[cuda] capturing a CUDA graph failed, launching Step by Step: ") + x.what();
+        std::fprintf(stderr, "%s\n", why.c_str());
+        build_log(why);
+        e.step_by_step = true;
+        return run_executable(ee, a);
+      }
       it = std::prev(e.graphs.end());
     }
     check(g.cuGraphLaunch(it->exec, d.stream), "cuGraphLaunch");
@@ -497,16 +507,17 @@ class CudaBackend : public Backend {
   Dev& ready(int index) {
     if (index < 0 || size_t(index) >= devs_.size()) fail("device", "cuda:" + std::to_string(index) + " does not exist", "");
     Dev& d = devs_[size_t(index)];
-    if (d.ctx) {
+    if (d.built) {
       check(g.cuCtxSetCurrent(d.ctx), "cuCtxSetCurrent");
       return d;
     }
     if (!d.supported())
       fail("cuda", "cuda:" + std::to_string(index) + " (" + d.name + ") has compute capability " + std::to_string(d.major) + "." +
                        std::to_string(d.minor) + "; CUDA " TS_STR(TESSERA_CUDA_MAJOR) " builds nothing below 7.5", "");
-    check(g.cuDevicePrimaryCtxRetain(&d.ctx, d.id), "cuDevicePrimaryCtxRetain");
+    // A step that fails leaves d.built false: the next call starts again from the first step not done.
+    if (!d.ctx) check(g.cuDevicePrimaryCtxRetain(&d.ctx, d.id), "cuDevicePrimaryCtxRetain");
     check(g.cuCtxSetCurrent(d.ctx), "cuCtxSetCurrent");
-    check(g.cuStreamCreate(&d.stream, CU_STREAM_NON_BLOCKING), "cuStreamCreate");
+    if (!d.stream) check(g.cuStreamCreate(&d.stream, CU_STREAM_NON_BLOCKING), "cuStreamCreate");
     d.pool = std::make_unique<BlockPool>(
         [](size_t n) -> uint64_t {
           CUdeviceptr p = 0;
@@ -516,14 +527,17 @@ class CudaBackend : public Backend {
           return p;
         },
         [&d](uint64_t p, size_t) {
-          check(g.cuStreamSynchronize(d.stream), "cuStreamSynchronize");  // no queued work uses it
-          check(g.cuMemFree(CUdeviceptr(p)), "cuMemFree");
+          // No queued work may use it. Called from buffer deleters: never throws (after a kernel
+          // fault the context is lost and both calls fail; the fault itself was reported).
+          g.cuStreamSynchronize(d.stream);
+          g.cuMemFree(CUdeviceptr(p));
         });
-    d.checks = new_checks(d, kChecks);
+    if (!d.checks.words) d.checks = new_checks(d, kChecks);
     if (lt_on()) {
-      check_lt(g.cublasLtCreate(&d.lt), "cublasLtCreate");
-      d.workspace = must(d.pool->allocate(kWorkspace), "the cuBLASLt workspace");
+      if (!d.lt) check_lt(g.cublasLtCreate(&d.lt), "cublasLtCreate");
+      if (!d.workspace) d.workspace = must(d.pool->allocate(kWorkspace), "the cuBLASLt workspace");
     }
+    d.built = true;
     return d;
   }
 
@@ -623,7 +637,7 @@ class CudaBackend : public Backend {
       if (!d.functions.count(name)) batch.push_back(&c);
     if (!batch.empty()) load_programs(d, batch);
     pending_.clear();
-    std::vector<CudaKernel::Built>& out = k.built[index];
+    std::vector<CudaKernel::Built> out;  // k.built[index] only once complete
     for (const render::KernelCode& c : k.code) {
       size_t bytes = std::max<size_t>(1, c.params.size()) * sizeof(int64_t);
       CUdeviceptr p = must(d.pool->allocate(bytes), "a parameter buffer");
@@ -633,6 +647,7 @@ class CudaBackend : public Backend {
       }
       out.push_back({d.functions.at(c.name), p, d.pool.get()});
     }
+    k.built[index] = std::move(out);
   }
 
   // The kernels as programs of at least 16 kernels each, one per core at most (NVRTC compiles a
@@ -677,8 +692,11 @@ class CudaBackend : public Backend {
       CUmodule m = nullptr;
       check(g.cuModuleLoadData(&m, p.bin.data()), "cuModuleLoadData");
       d.modules.push_back(m);
-      for (const render::KernelCode* c : p.kernels)
-        check(g.cuModuleGetFunction(&d.functions[c->name], m, c->name.c_str()), "cuModuleGetFunction");
+      for (const render::KernelCode* c : p.kernels) {
+        CUfunction f = nullptr;
+        check(g.cuModuleGetFunction(&f, m, c->name.c_str()), "cuModuleGetFunction");
+        d.functions[c->name] = f;
+      }
       build_log("program " + p.key + " " + sm + " " + std::to_string(p.kernels.size()) + " kernels " +
                 (p.from_disk ? "disk" : "nvrtc " + std::to_string(p.seconds) + " s"));
     }
@@ -838,17 +856,20 @@ class CudaBackend : public Backend {
     const auto t0 = std::chrono::steady_clock::now();
     check(g.cuStreamBeginCapture(d.stream, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL), "cuStreamBeginCapture");
     CUgraph graph = nullptr;
+    bool capturing = true;
     try {
       for (size_t s = 0; s < e.steps->size(); ++s)
         launch_step(d, e.device, *e.kernels[s], (*e.steps)[s], slots.data(), 0, 0, dptr(scalars), gr.checks);
+      capturing = false;
+      check(g.cuStreamEndCapture(d.stream, &graph), "cuStreamEndCapture");
+      CUresult r = g.cuGraphInstantiate(&gr.exec, graph, 0);
+      g.cuGraphDestroy(graph);
+      check(r, "cuGraphInstantiate");
     } catch (...) {
-      if (g.cuStreamEndCapture(d.stream, &graph) == CUDA_SUCCESS && graph) g.cuGraphDestroy(graph);
+      if (capturing && g.cuStreamEndCapture(d.stream, &graph) == CUDA_SUCCESS && graph) g.cuGraphDestroy(graph);
+      if (gr.checks.words) d.pool->free(gr.checks.words);
       throw;
     }
-    check(g.cuStreamEndCapture(d.stream, &graph), "cuStreamEndCapture");
-    CUresult r = g.cuGraphInstantiate(&gr.exec, graph, 0);
-    g.cuGraphDestroy(graph);
-    check(r, "cuGraphInstantiate");
     build_log("graph " + std::to_string(e.steps->size()) + " steps captured " + std::to_string(seconds_since(t0)) + " s (capture " +
               std::to_string(e.captures) + ", " + std::to_string(e.replays) + " replays)");
     return gr;
