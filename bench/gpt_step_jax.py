@@ -27,33 +27,9 @@ import resource
 import statistics
 import time
 
-VOCAB, BLOCK, EMBD, HEADS, LAYERS, BATCH, NBATCHES = 114, 64, 128, 4, 4, 16, 4
+from gpt_data import BATCH, BLOCK, EMBD, HEADS, LAYERS, NBATCHES, VOCAB, make_batches
+
 LR, BETA1, BETA2, EPS, WEIGHT_DECAY = 3e-3, 0.9, 0.999, 1e-8, 0.1
-MASK64 = (1 << 64) - 1
-
-
-def splitmix64(state):
-    state = (state + 0x9E3779B97F4A7C15) & MASK64
-    z = state
-    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & MASK64
-    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & MASK64
-    return state, z ^ (z >> 31)
-
-
-def make_batches():
-    """NBATCHES (inputs, targets) of [BATCH, BLOCK] token ids, as bench/bench_common.h draws them."""
-    s, out = 1234, []
-    for _ in range(NBATCHES):
-        x, y = [], []
-        for _ in range(BATCH):
-            row = []
-            for _ in range(BLOCK + 1):
-                s, r = splitmix64(s)
-                row.append(r % VOCAB)
-            x.append(row[:-1])
-            y.append(row[1:])
-        out.append((x, y))
-    return out
 
 
 def main():

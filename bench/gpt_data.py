@@ -1,0 +1,29 @@
+"""The benchmark GPT's shape and token batches, shared by the Python peers of bench/gpt_step.cpp
+(gpt_step_torch.py, gpt_step_jax.py): the same splitmix64 draw as bench/bench_common.h."""
+
+VOCAB, BLOCK, EMBD, HEADS, LAYERS, BATCH, NBATCHES = 114, 64, 128, 4, 4, 16, 4
+MASK64 = (1 << 64) - 1
+
+
+def splitmix64(state):
+    state = (state + 0x9E3779B97F4A7C15) & MASK64
+    z = state
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & MASK64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & MASK64
+    return state, z ^ (z >> 31)
+
+
+def make_batches():
+    """NBATCHES (inputs, targets) of [BATCH, BLOCK] token ids, as bench/bench_common.h draws them."""
+    s, out = 1234, []
+    for _ in range(NBATCHES):
+        x, y = [], []
+        for _ in range(BATCH):
+            row = []
+            for _ in range(BLOCK + 1):
+                s, r = splitmix64(s)
+                row.append(r % VOCAB)
+            x.append(row[:-1])
+            y.append(row[1:])
+        out.append((x, y))
+    return out
