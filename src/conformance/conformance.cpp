@@ -85,6 +85,22 @@ const char* layout_name(Layout l) {
   return "?";
 }
 
+Inputs make_inputs(const Case& c, const Context& ctx, Rng& rng) {
+  Inputs r;
+  for (const Input& in : c.inputs) {
+    std::vector<double> v = in.fixed;
+    if (v.empty()) {
+      v.resize(size_t(numel(in.shape)));
+      for (double& x : v) x = in.gen(rng);
+    }
+    Tensor leaf = ctx.leaf(v, in.shape, in.dtype);
+    if (in.grad) leaf.requires_grad_();
+    r.leaves.push_back(leaf);
+    r.viewed.push_back(in.view ? in.view(leaf) : leaf);
+  }
+  return r;
+}
+
 Input input(const Shape& s, DType t, Gen g, Layout l, bool grad) {
   Input in{s, t, std::move(g), nullptr, grad};
   const int64_t rank = int64_t(s.size());
@@ -228,18 +244,7 @@ CaseResult run_once(const Case& c, const std::string& row, const Target& tg, boo
   };
   try {
     Rng rng(seed_of(row, c.variant));
-    std::vector<Tensor> leaves, viewed;
-    for (const Input& in : c.inputs) {
-      std::vector<double> v = in.fixed;
-      if (v.empty()) {
-        v.resize(size_t(numel(in.shape)));
-        for (double& x : v) x = in.gen(rng);
-      }
-      Tensor leaf = ctx.leaf(v, in.shape, in.dtype);
-      if (in.grad) leaf.requires_grad_();
-      leaves.push_back(leaf);
-      viewed.push_back(in.view ? in.view(leaf) : leaf);
-    }
+    auto [leaves, viewed] = make_inputs(c, ctx, rng);
     const int64_t syncs = metrics().host_syncs;
     std::vector<Tensor> results = c.fn(viewed, ctx);
     viewed.clear();

@@ -60,6 +60,13 @@ struct Case {
   std::optional<ir::Op> primitive{};  // primitive rows: the traced graph must contain it
 };
 
+// A case's leaves, filled from its inputs' generators (or fixed values) in order, and what the
+// case reads: each leaf through its input's view.
+struct Inputs {
+  std::vector<Tensor> leaves, viewed;
+};
+Inputs make_inputs(const Case& c, const Context& ctx, Rng& rng);
+
 // Default normalized tolerances against the float64 reference (see conformance.cpp).
 double default_tolerance(DType t, bool gradient);
 

@@ -99,18 +99,7 @@ void add_case(Dump& d, const std::string& row, const Case& c) {
   conformance::Context ctx{Device("cpu"), [](const std::vector<double>& v, const Shape& s, DType t) {
                              return testing::make_tensor(v, s, t);
                            }};
-  std::vector<Tensor> leaves, viewed;
-  for (const conformance::Input& in : c.inputs) {
-    std::vector<double> v = in.fixed;
-    if (v.empty()) {
-      v.resize(size_t(numel(in.shape)));
-      for (double& x : v) x = in.gen(rng);
-    }
-    Tensor leaf = ctx.leaf(v, in.shape, in.dtype);
-    if (in.grad) leaf.requires_grad_();
-    leaves.push_back(leaf);
-    viewed.push_back(in.view ? in.view(leaf) : leaf);
-  }
+  auto [leaves, viewed] = conformance::make_inputs(c, ctx, rng);
   std::vector<Tensor> results = c.fn(viewed, ctx);
   std::vector<double> tols;
   auto tol_of = [&](DType t, bool grad) {
