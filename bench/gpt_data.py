@@ -1,5 +1,7 @@
-"""The benchmark GPT's shape and token batches, shared by the Python peers of bench/gpt_step.cpp
+"""The benchmark GPT's shape, token batches and step statistics, shared by the Python peers of bench/gpt_step.cpp
 (gpt_step_torch.py, gpt_step_jax.py): the same splitmix64 draw as bench/bench_common.h."""
+import resource
+import statistics
 
 VOCAB, BLOCK, EMBD, HEADS, LAYERS, BATCH, NBATCHES = 114, 64, 128, 4, 4, 16, 4
 MASK64 = (1 << 64) - 1
@@ -27,3 +29,14 @@ def make_batches():
             y.append(row[1:])
         out.append((x, y))
     return out
+
+
+def max_rss_mib():
+    """The process's peak resident memory in MiB (Linux reports kilobytes)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def step_stats(times):
+    """(median, p10, p90) of the timed steps' milliseconds."""
+    q = statistics.quantiles(times, n=10, method="inclusive") if len(times) > 1 else times * 9
+    return statistics.median(times), q[0], q[-1]

@@ -23,11 +23,9 @@ The last line is machine-readable: RESULT jax threads=... median_ms=... compile_
 import argparse
 import math
 import os
-import resource
-import statistics
 import time
 
-from gpt_data import BATCH, BLOCK, EMBD, HEADS, LAYERS, NBATCHES, VOCAB, make_batches
+from gpt_data import BATCH, BLOCK, EMBD, HEADS, LAYERS, NBATCHES, VOCAB, make_batches, max_rss_mib, step_stats
 
 LR, BETA1, BETA2, EPS, WEIGHT_DECAY = 3e-3, 0.9, 0.999, 1e-8, 0.1
 
@@ -47,7 +45,7 @@ def main():
     import jax.numpy as jnp
     import numpy as np
 
-    rss_base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    rss_base = max_rss_mib()
 
     def init(key):
         keys = iter(jax.random.split(key, 64))
@@ -135,9 +133,8 @@ def main():
         if step >= a.warmup:
             times.append(dt)
 
-    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports kilobytes
-    q = statistics.quantiles(times, n=10, method="inclusive") if len(times) > 1 else times * 9
-    med, p10, p90 = statistics.median(times), q[0], q[-1]
+    rss = max_rss_mib()
+    med, p10, p90 = step_stats(times)
     nparams = sum(x.size for x in jax.tree.leaves(params))
     print(f"jax {jax.__version__} jit GPT step on {jax.devices()[0]} (vocab {VOCAB}, block {BLOCK}, embd {EMBD}, "
           f"{HEADS} heads, {LAYERS} layers, batch {BATCH}, AdamW), pinned to cores {cores[:a.threads]}")

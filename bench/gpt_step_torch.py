@@ -13,15 +13,13 @@ The last line is machine-readable: RESULT torch threads=... median_ms=... maxrss
 """
 import argparse
 import math
-import resource
-import statistics
 import time
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from gpt_data import BATCH, BLOCK, EMBD, HEADS, LAYERS, NBATCHES, VOCAB, make_batches
+from gpt_data import BATCH, BLOCK, EMBD, HEADS, LAYERS, NBATCHES, VOCAB, make_batches, max_rss_mib, step_stats
 
 
 class Attention(nn.Module):
@@ -83,7 +81,7 @@ def main():
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     torch.manual_seed(0)
-    rss_base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    rss_base = max_rss_mib()
     model = GPT()
     model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.1)
@@ -108,9 +106,8 @@ def main():
         if step >= a.warmup:
             times.append(dt)
 
-    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports kilobytes
-    q = statistics.quantiles(times, n=10, method="inclusive") if len(times) > 1 else times * 9
-    med, p10, p90 = statistics.median(times), q[0], q[-1]
+    rss = max_rss_mib()
+    med, p10, p90 = step_stats(times)
     nparams = sum(p.numel() for p in model.parameters())
     print(f"torch {torch.__version__} GPT step (vocab {VOCAB}, block {BLOCK}, embd {EMBD}, {HEADS} heads, "
           f"{LAYERS} layers, batch {BATCH}, AdamW), torch.set_num_threads({a.threads})")

@@ -1,5 +1,8 @@
 // StableHLO lowerings of movement ops, matmul and convolution (lower.h).
 #include "backends/stablehlo/lower.h"
+
+#include <array>
+
 #include "core/fail.h"
 #include "ir/conv.h"
 
@@ -8,23 +11,21 @@ namespace {
 
 using ir::Op;
 
+// Slice and pad attributes: three ints per dimension, as three lists (start/limit/step, low/high/interior).
+std::array<std::vector<int64_t>, 3> per_dim_triples(const ir::Node& n) {
+  std::array<std::vector<int64_t>, 3> t;
+  for (size_t d = 0; d < n.shape.size(); ++d)
+    for (size_t k = 0; k < 3; ++k) t[k].push_back(n.attrs.ints[3 * d + k]);
+  return t;
+}
+
 V lower_slice(Writer& w, const ir::Node& n, const V& x) {
-  std::vector<int64_t> start, limit, step;
-  for (size_t d = 0; d < n.shape.size(); ++d) {
-    start.push_back(n.attrs.ints[3 * d]);
-    limit.push_back(n.attrs.ints[3 * d + 1]);
-    step.push_back(n.attrs.ints[3 * d + 2]);
-  }
+  auto [start, limit, step] = per_dim_triples(n);
   return w.slice(x, start, limit, step);
 }
 
 V lower_pad(Writer& w, const ir::Node& n, const V& x) {
-  std::vector<int64_t> lo, hi, interior;
-  for (size_t d = 0; d < n.shape.size(); ++d) {
-    lo.push_back(n.attrs.ints[3 * d]);
-    hi.push_back(n.attrs.ints[3 * d + 1]);
-    interior.push_back(n.attrs.ints[3 * d + 2]);
-  }
+  auto [lo, hi, interior] = per_dim_triples(n);
   V value = w.constant(n.attrs.f, {}, x.elem);
   return w.op("stablehlo.pad", {x, value}, n.shape, x.elem,
               "edge_padding_low = " + i64_array(lo) + ", edge_padding_high = " + i64_array(hi) +
