@@ -192,8 +192,9 @@ struct Dev {
 
 struct CudaEvent : Event {
   CUevent e = nullptr;
+  CUcontext ctx = nullptr;  // made current before each call on e: the caller's thread may have another
   ~CudaEvent() override {
-    if (e) g.cuEventDestroy(e);
+    if (e && g.cuCtxSetCurrent(ctx) == CUDA_SUCCESS) g.cuEventDestroy(e);
   }
 };
 
@@ -213,7 +214,7 @@ struct CudaKernel : Kernel {
 };
 
 // A GEMM Step run by cuBLASLt, planned per device and operand alignment on first use.
-using LtKey = std::pair<int, std::array<size_t, 3>>;  // device, alignment of A, B, D
+using LtKey = std::pair<int, std::array<size_t, 4>>;  // device, alignment of A, B, D and the bias (0: none)
 struct LtKernel : Kernel {
   GemmPlan plan;
   DType dtype;
@@ -377,17 +378,24 @@ class CudaBackend : public Backend {
   std::unique_ptr<Event> record_event(int index) override {
     Dev& d = ready(index);
     auto e = std::make_unique<CudaEvent>();
+    e->ctx = d.ctx;
     check(g.cuEventCreate(&e->e, CU_EVENT_DISABLE_TIMING), "cuEventCreate");
     check(g.cuEventRecord(e->e, d.stream), "cuEventRecord");
     return e;
   }
   bool event_done(const Event& e) override {
-    CUresult r = g.cuEventQuery(static_cast<const CudaEvent&>(e).e);
+    const auto& ce = static_cast<const CudaEvent&>(e);
+    check(g.cuCtxSetCurrent(ce.ctx), "cuCtxSetCurrent");
+    CUresult r = g.cuEventQuery(ce.e);
     if (r == CUDA_ERROR_NOT_READY) return false;
     check(r, "cuEventQuery");
     return true;
   }
-  void wait_event(const Event& e) override { check(g.cuEventSynchronize(static_cast<const CudaEvent&>(e).e), "cuEventSynchronize"); }
+  void wait_event(const Event& e) override {
+    const auto& ce = static_cast<const CudaEvent&>(e);
+    check(g.cuCtxSetCurrent(ce.ctx), "cuCtxSetCurrent");
+    check(g.cuEventSynchronize(ce.e), "cuEventSynchronize");
+  }
 
   // ---- Steps ----
   std::unique_ptr<Kernel> compile(const kir::Step& st) override {
@@ -769,8 +777,10 @@ class CudaBackend : public Backend {
     cublasLtMatmulHeuristicResult_t h{};
     int found = 0;
     cublasStatus_t s = CUBLAS_STATUS_SUCCESS;
-    for (bool fuse : {true, false}) {  // with the bias epilogue if there is one, else (or failing that) without
-      if (fuse && !k.bias) continue;
+    // With the bias epilogue if there is one and its vector is 16-byte aligned (a bias sliced out
+    // of a larger parameter may not be; the key carries its alignment), else (or failing that) without.
+    for (bool fuse : {true, false}) {
+      if (fuse && (!k.bias || key.second[3] < 16)) continue;
       set_desc(CUBLASLT_MATMUL_DESC_EPILOGUE, fuse ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT);
       s = g.cublasLtMatmulAlgoGetHeuristic(d.lt, b.desc, b.a, b.b, b.d, b.d, pref, 1, &h, &found);
       b.fused = fuse;
@@ -792,16 +802,17 @@ class CudaBackend : public Backend {
     const char* B = static_cast<const char*>(slots[st.inputs[0]]) + p.b.offset * item;
     void* D = slots[st.output];
     auto align = [](const void* ptr, int64_t stride) { return alignment(256, int64_t(reinterpret_cast<uintptr_t>(ptr) % 256), stride); };
-    const LtKey key{index, {align(A, p.a.batch_stride * item), align(B, p.b.batch_stride * item), align(D, p.m * p.n * item)}};
+    const char* bias = k.bias ? static_cast<const char*>(slots[st.inputs[size_t(k.bias->input)]]) + k.bias->offset * item : nullptr;
+    const LtKey key{index,
+                    {align(A, p.a.batch_stride * item), align(B, p.b.batch_stride * item), align(D, p.m * p.n * item),
+                     bias ? align(bias, 0) : 0}};
     auto found = k.built.find(key);
     const LtKernel::Built& b = found != k.built.end() ? found->second : plan_lt(d, k, key);
     const float one32 = 1, zero32 = 0;
     const double one64 = 1, zero64 = 0;
     const bool f64 = k.dtype == DType::Float64;
-    if (b.fused) {  // the pointer is read when the call is made (or captured)
-      const void* bias = static_cast<const char*>(slots[st.inputs[size_t(k.bias->input)]]) + k.bias->offset * item;
+    if (b.fused)  // the pointer is read when the call is made (or captured)
       check_lt(g.cublasLtMatmulDescSetAttribute(b.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias), "setting the bias");
-    }
     check_lt(g.cublasLtMatmul(d.lt, b.desc, f64 ? static_cast<const void*>(&one64) : &one32, A, b.a, B, b.b,
                               f64 ? static_cast<const void*>(&zero64) : &zero32, D, b.d, D, b.d, &b.algo,
                               reinterpret_cast<void*>(uintptr_t(d.workspace)), kWorkspace, d.stream),
