@@ -15,7 +15,9 @@ using TensorMap = std::map<std::string, Tensor>;
 using Metadata = std::map<std::string, std::string>;
 
 // Writes atomically: a temporary file in the same directory, fsync, rename over `path`, fsync of
-// the directory. A crash at any moment leaves either the old file or the new one.
+// the directory. A crash at any moment leaves either the old file or the new one. A failure
+// before the rename (a full disk says so) leaves the old file and no temporary; one after it
+// (the directory's fsync) says "saved, but ...": the new file is in place, its durability unsure.
 void save_safetensors(const std::string& path, const TensorMap& tensors, const Metadata& meta = {});
 // Loads every tensor to `device`. A missing, truncated or corrupt file is a tessera::Error
 // starting "[load] <path>: " and saying what is wrong.

@@ -18,6 +18,7 @@
 #include <nlohmann/json.hpp>
 #include <vector>
 
+#include "io/save_hook.h"
 #include "tensor/tensor_impl.h"
 #include "runtime/allocator.h"
 #include "tessera/error.h"
@@ -66,6 +67,21 @@ bool parse_dtype(const std::string& s, DType* t) {
 }
 
 std::string errno_str() { return std::strerror(errno); }
+// errno_str for a save that failed before its rename: the file at the path is still the old one.
+std::string unsaved_str() {
+  bool full = errno == ENOSPC || errno == EDQUOT;
+  return errno_str() + (full ? " (the disk is full; the previous file at this path is untouched)" : "");
+}
+
+hooks::SaveHook save_hook = nullptr;
+
+// Runs the test hook at point p: true when it injects a failure (errno set to its value).
+bool injected(hooks::SavePoint p) {
+  if (!save_hook) return false;
+  int e = save_hook(p);
+  if (e != 0) errno = e;
+  return e != 0;
+}
 
 // Writes all of [p, p + n), retrying short writes and interrupted calls.
 bool write_all(int fd, const void* p, size_t n) {
@@ -101,6 +117,8 @@ struct TempFile {
 };
 
 }  // namespace
+
+void hooks::set_save_hook(SaveHook hook) { save_hook = hook; }
 
 void save_safetensors(const std::string& path, const TensorMap& tensors, const Metadata& meta) {
   if (path.empty()) save_fail(path, "empty path");
@@ -148,12 +166,13 @@ void save_safetensors(const std::string& path, const TensorMap& tensors, const M
   tmp.path = path + ".tmp." + std::to_string(::getpid());
   tmp.fd = ::open(tmp.path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (tmp.fd < 0) {
-    std::string why = errno_str();
+    std::string why = unsaved_str();
     tmp.path.clear();  // nothing created
     save_fail(path, "cannot create temporary file " + path + ".tmp." + std::to_string(::getpid()) + ": " + why);
   }
-  if (!write_all(tmp.fd, len, 8) || !write_all(tmp.fd, hjson.data(), hjson.size()))
-    save_fail(path, "write failed: " + errno_str());
+  using P = hooks::SavePoint;
+  if (injected(P::Created) || !write_all(tmp.fd, len, 8) || !write_all(tmp.fd, hjson.data(), hjson.size()) || injected(P::Header))
+    save_fail(path, "write failed: " + unsaved_str());
   std::vector<char> bytes;
   for (const auto& [name, t] : tensors) {
     const auto& impl = detail::impl_of(t);
@@ -161,23 +180,26 @@ void save_safetensors(const std::string& path, const TensorMap& tensors, const M
     if (nbytes == 0) continue;
     bytes.resize(nbytes);
     runtime::download(*impl->buffer, bytes.data(), nbytes);
-    if (!write_all(tmp.fd, bytes.data(), nbytes)) save_fail(path, "write failed: " + errno_str());
+    if (!write_all(tmp.fd, bytes.data(), nbytes) || injected(P::Data)) save_fail(path, "write failed: " + unsaved_str());
   }
-  if (::fsync(tmp.fd) != 0) save_fail(path, "fsync failed: " + errno_str());
+  if (::fsync(tmp.fd) != 0 || injected(P::FileSynced)) save_fail(path, "fsync failed: " + unsaved_str());
   int fd = tmp.fd;
   tmp.fd = -1;
-  if (::close(fd) != 0) save_fail(path, "close failed: " + errno_str());
+  if (::close(fd) != 0 || injected(P::Closed)) save_fail(path, "close failed: " + unsaved_str());
   if (::rename(tmp.path.c_str(), path.c_str()) != 0) save_fail(path, "rename from " + tmp.path + " failed: " + errno_str());
   tmp.keep = true;
-  // Make the rename itself durable.
+  // Make the rename itself durable. From here on the new file is in place: a failure reports
+  // that its durability is not assured, not that the save failed to happen.
+  if (injected(P::Renamed)) save_fail(path, "saved, but making the rename durable failed: " + errno_str());
   int dfd = ::open(dir_of(path).c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (dfd >= 0) {
-    int rc = ::fsync(dfd);
+    int rc = injected(P::DirectoryOpened) ? -1 : ::fsync(dfd);
     int err = errno;
     ::close(dfd);
+    if (rc == 0 && injected(P::DirectorySynced)) rc = -1, err = errno;
     if (rc != 0 && err != EINVAL) {  // some file systems cannot fsync directories
       errno = err;
-      save_fail(path, "fsync of directory " + dir_of(path) + " failed: " + errno_str());
+      save_fail(path, "saved, but the fsync of directory " + dir_of(path) + " failed: " + errno_str());
     }
   }
 }

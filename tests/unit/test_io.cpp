@@ -24,6 +24,7 @@
 #include <sstream>
 #include <thread>
 
+#include "io/save_hook.h"
 #include "tessera/io.h"
 #include "tessera/tessera.h"
 
@@ -489,14 +490,24 @@ int64_t verify_crash_checkpoint(const std::string& path) {
   return v;
 }
 
+// The point and save at which a crash child kills itself (SavePoint index and 1-based save
+// count; -1: never, the parent kills it at a random moment).
+int kill_point = -1, kill_save = 0, saves_started = 0;
+int kill_at_point(tio::hooks::SavePoint p) {
+  if (p == tio::hooks::SavePoint::Created) ++saves_started;
+  if (int(p) == kill_point && saves_started == kill_save) raise(SIGKILL);
+  return 0;
+}
+
 [[noreturn]] void crash_child(const char* spec) {
-  // spec: "<ready fd>:<first version>:<path>"
+  // spec: "<ready fd>:<first version>:<kill point>:<kill save>:<path>"
   try {
     int fd = -1, first = 1, used = 0;
-    if (std::sscanf(spec, "%d:%d:%n", &fd, &first, &used) != 2 || used == 0) _exit(3);
+    if (std::sscanf(spec, "%d:%d:%d:%d:%n", &fd, &first, &kill_point, &kill_save, &used) != 4 || used == 0) _exit(3);
     std::string path = spec + used;
     tio::TensorMap ck[2] = {crash_checkpoint(1), crash_checkpoint(2)};
     tio::Metadata meta[2] = {{{"version", "1"}}, {{"version", "2"}}};
+    tio::hooks::set_save_hook(kill_at_point);
     char ok = 'r';
     if (write(fd, &ok, 1) != 1) _exit(4);
     close(fd);
@@ -514,7 +525,10 @@ const bool crash_child_hook = [] {
 
 }  // namespace
 
-TEST(IoCrash, SigkillDuringFiftySavesNeverLeavesAPartialFile) {
+// 200 writers killed: even rounds at a random moment, odd rounds by the writer itself at each
+// point of a save in turn (through the save hook: between the rename and the directory's fsync
+// too, which random timing rarely hits), during its first, second or third save.
+TEST(IoCrash, SigkillAtTwoHundredPointsNeverLeavesAPartialFile) {
   (void)crash_child_hook;
   TempDir dir;
   const std::string path = dir / "ckpt.safetensors";
@@ -523,15 +537,20 @@ TEST(IoCrash, SigkillDuringFiftySavesNeverLeavesAPartialFile) {
 
   std::mt19937 rng(20240611);
   std::uniform_int_distribution<int> delay_us(0, 30000);
-  int seen[3] = {}, mid_save = 0, changed = 0;
+  int seen[3] = {}, mid_save = 0, changed = 0, points[tio::hooks::kSavePoints] = {};
   int64_t last = 2;
   auto t0 = std::chrono::steady_clock::now();
-  for (int round = 0; round < 50; ++round) {
+  constexpr int kRounds = 200;
+  for (int round = 0; round < kRounds; ++round) {
+    const bool targeted = round % 2 == 1;
+    const int point = targeted ? (round / 2) % tio::hooks::kSavePoints : -1;
+    const int save = 1 + (round / 2 / tio::hooks::kSavePoints) % 3;
     int fds[2];
     ASSERT_EQ(pipe2(fds, O_CLOEXEC), 0);
     int child_fd = fcntl(fds[1], F_DUPFD, 10);  // an inheritable copy of the write end
     ASSERT_GE(child_fd, 0);
-    std::string var = "TESSERA_IO_CRASH_CHILD=" + std::to_string(child_fd) + ":" + std::to_string(3 - last) + ":" + path;
+    std::string var = "TESSERA_IO_CRASH_CHILD=" + std::to_string(child_fd) + ":" + std::to_string(3 - last) + ":" +
+                      std::to_string(point) + ":" + std::to_string(save) + ":" + path;
     std::vector<char*> envp;
     for (char** e = environ; *e; ++e)
       if (std::strncmp(*e, "TESSERA_IO_CRASH_CHILD=", 23) != 0) envp.push_back(*e);
@@ -554,14 +573,27 @@ TEST(IoCrash, SigkillDuringFiftySavesNeverLeavesAPartialFile) {
       waitpid(pid, nullptr, 0);
       FAIL() << "round " << round << ": the writer never became ready";
     }
-    std::this_thread::sleep_for(std::chrono::microseconds(delay_us(rng)));
-    ASSERT_EQ(kill(pid, SIGKILL), 0);
     int status = 0;
-    ASSERT_EQ(waitpid(pid, &status, 0), pid);
+    if (targeted) {  // it kills itself within a few saves; give up after 10 s
+      pid_t w = 0;
+      for (int i = 0; i < 1000 && (w = waitpid(pid, &status, WNOHANG)) == 0; ++i)
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      if (w == 0) {
+        kill(pid, SIGKILL);
+        waitpid(pid, nullptr, 0);
+        FAIL() << "round " << round << ": the writer did not stop at point " << point;
+      }
+      ASSERT_EQ(w, pid);
+    } else {
+      std::this_thread::sleep_for(std::chrono::microseconds(delay_us(rng)));
+      ASSERT_EQ(kill(pid, SIGKILL), 0);
+      ASSERT_EQ(waitpid(pid, &status, 0), pid);
+    }
     ASSERT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL) << "round " << round << ": writer exited early, status " << status;
 
     const std::string tmp = path + ".tmp." + std::to_string(pid);
-    if (fs::exists(tmp)) {
+    const bool litter = fs::exists(tmp);
+    if (litter) {
       ++mid_save;
       fs::remove(tmp);  // a killed writer's litter; never the checkpoint itself
     }
@@ -572,16 +604,67 @@ TEST(IoCrash, SigkillDuringFiftySavesNeverLeavesAPartialFile) {
       FAIL() << "round " << round << ": checkpoint not loadable after SIGKILL: " << e.what();
     }
     ASSERT_TRUE(v == 1 || v == 2) << v;
+    if (targeted) {  // exactly the saves before the point's rename took effect
+      const bool renamed = point >= int(tio::hooks::SavePoint::Renamed);
+      const int completed = save - 1 + int(renamed);
+      EXPECT_EQ(v, completed % 2 == 0 ? last : 3 - last) << "round " << round << ", point " << point << ", save " << save;
+      EXPECT_EQ(litter, !renamed) << "round " << round << ", point " << point;
+      ++points[point];
+    }
     ++seen[v];
     changed += v != last;
     last = v;
   }
   double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  std::printf("[crash] 50 kills in %.2f s: %d mid-save (temporary present), versions seen 1:%d 2:%d, %d rounds completed a save\n", secs,
-              mid_save, seen[1], seen[2], changed);
-  EXPECT_GE(mid_save, 5);  // typically about half the kills land while the temporary is being written
+  std::printf("[crash] %d kills in %.2f s: %d mid-save (temporary present), versions seen 1:%d 2:%d, %d rounds completed a save\n",
+              kRounds, secs, mid_save, seen[1], seen[2], changed);
+  for (int p = 0; p < tio::hooks::kSavePoints; ++p) EXPECT_GE(points[p], 12) << "point " << p;
+  EXPECT_GE(mid_save, 60);  // every targeted kill before a rename, and typically half the random ones
   // Only the checkpoint is left.
   int files = 0;
   for (auto& e : fs::directory_iterator(dir.path)) files += e.exists();
   EXPECT_EQ(files, 1);
+}
+
+// A save that fails at any point (a full disk while writing, an I/O error at a sync) is one
+// error; before the rename the previous checkpoint stays whole and no temporary is left; after
+// it the new one is in place and the error says the save happened but may not be durable.
+namespace {
+int fail_point = -1, fail_errno = 0;
+int fail_at_point(tio::hooks::SavePoint p) { return int(p) == fail_point ? fail_errno : 0; }
+}  // namespace
+
+TEST(IoCrash, FullDiskOrIoErrorAtEveryPointKeepsACompleteCheckpoint) {
+  TempDir dir;
+  const std::string path = dir / "ckpt.safetensors";
+  tio::save_safetensors(path, crash_checkpoint(1), {{"version", "1"}});
+  struct Reset {
+    ~Reset() { tio::hooks::set_save_hook(nullptr); }
+  } reset;
+  tio::hooks::set_save_hook(fail_at_point);
+  int64_t expected = 1;
+  for (int p = 0; p < tio::hooks::kSavePoints; ++p)
+    for (int e : {ENOSPC, EIO}) {
+      fail_point = p;
+      fail_errno = e;
+      const int64_t next = 3 - expected;
+      std::string msg;
+      try {
+        tio::save_safetensors(path, crash_checkpoint(next), {{"version", std::to_string(next)}});
+      } catch (const ts::Error& err) {
+        msg = err.what();
+      }
+      SCOPED_TRACE("point " + std::to_string(p) + ", " + std::strerror(e) + ": " + msg);
+      ASSERT_FALSE(msg.empty()) << "the save did not fail";
+      EXPECT_EQ(msg.find("[save] " + path + ": "), 0u);
+      EXPECT_NE(msg.find(std::strerror(e)), std::string::npos);
+      const bool renamed = p >= int(tio::hooks::SavePoint::Renamed);
+      EXPECT_EQ(msg.find("saved, but") != std::string::npos, renamed);
+      EXPECT_EQ(msg.find("the disk is full") != std::string::npos, e == ENOSPC && !renamed);
+      if (renamed) expected = next;
+      EXPECT_EQ(verify_crash_checkpoint(path), expected);
+      int files = 0;
+      for (auto& f : fs::directory_iterator(dir.path)) files += f.exists();
+      EXPECT_EQ(files, 1) << "a temporary was left";
+    }
 }
