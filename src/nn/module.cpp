@@ -47,7 +47,8 @@ void Module::add_child(const std::string& name, std::shared_ptr<Module> m) {
 void Module::collect(const std::string& prefix, std::vector<std::pair<std::string, Tensor>>& out, bool params,
                      std::vector<Tensor>& seen) const {
   for (auto& [name, t] : params ? params_ : buffers_) {
-    if (!t.defined() || std::any_of(seen.begin(), seen.end(), [&](const Tensor& s) { return s.is_same(t); })) continue;
+    const Tensor& tensor = t;  // a lambda cannot capture a structured binding in clang 14
+    if (!t.defined() || std::any_of(seen.begin(), seen.end(), [&](const Tensor& s) { return s.is_same(tensor); })) continue;
     seen.push_back(t);
     out.push_back({prefix + name, t});
   }

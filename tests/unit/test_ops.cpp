@@ -279,7 +279,8 @@ TEST(Ops, Comparisons) {
     V bv = random_values(4, tb == kBool ? kBool : kI32, seed++, -2, 2);
     Tensor a = make_tensor(av, {3, 4}, ta), b = make_tensor(bv, {4}, tb);
     int k = 0;
-    for (auto& [op, host] : cases) {
+    for (auto& [op, host_op] : cases) {
+      auto& host = host_op;  // a lambda cannot capture a structured binding in clang 14
       SCOPED_TRACE(std::string("comparison ") + std::to_string(k++) + " " + dtype_name(ta) + "/" + dtype_name(tb));
       Tensor r = op(a, b);
       EXPECT_EQ(r.dtype(), kBool);
