@@ -40,10 +40,11 @@ std::vector<int64_t> read_idx(const std::string& path, int rank, std::vector<uin
   if (b.size() < header || be32(b, 0) != 0x800u + uint32_t(rank))
     fail("fashion_mnist", path + ": not an IDX file of " + std::to_string(rank) + "-d unsigned bytes");
   std::vector<int64_t> dims;
-  int64_t total = 1;
-  for (int d = 0; d < rank; ++d) dims.push_back(be32(b, 4 + 4 * size_t(d))), total *= dims.back();
-  if (b.size() != header + size_t(total))
-    fail("fashion_mnist", path + ": " + std::to_string(b.size() - header) + " data bytes, the header says " + std::to_string(total));
+  unsigned __int128 total = 1;  // up to three 32-bit extents: 64 bits could overflow
+  for (int d = 0; d < rank; ++d) dims.push_back(be32(b, 4 + 4 * size_t(d))), total *= uint64_t(dims.back());
+  if (total != b.size() - header)
+    fail("fashion_mnist", path + ": " + std::to_string(b.size() - header) + " data bytes, the header's dimensions need " +
+                              (total > b.size() ? std::string("more") : std::to_string(uint64_t(total))));
   data.assign(b.begin() + int64_t(header), b.end());
   return dims;
 }

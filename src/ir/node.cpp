@@ -163,6 +163,9 @@ NodePtr make(Op op, std::vector<NodePtr> inputs, Attrs attrs, const Shape* shape
   g_table.prefetch(hash);
   TypeShape ts = pi.infer(InferArgs{inputs, attrs, shape, dtype});
   if (ts.shape.size() > 16) fail(pi.name, "tensors of rank " + std::to_string(ts.shape.size()) + " (over 16) are not supported");
+  int64_t count = 1;
+  for (int64_t d : ts.shape)
+    if (__builtin_mul_overflow(count, d, &count)) fail(pi.name, "a result of shape " + shape_str(ts.shape) + " has over 2^63 elements");
   auto n = std::make_shared<Node>();
   n->op = op;
   n->dtype = ts.dtype;

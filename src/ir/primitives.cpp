@@ -22,11 +22,32 @@ double in_bytes(const Node& n) {
   return b;
 }
 
+// Extent arithmetic on attributes (pads, strides, lengths): an overflow is an error, not UB.
+int64_t add_extents(int64_t a, int64_t b, const char* op, const std::string& what) {
+  int64_t r = 0;
+  if (__builtin_add_overflow(a, b, &r)) fail(op, "extent overflows 64 bits: " + what);
+  return r;
+}
+int64_t mul_extents(int64_t a, int64_t b, const char* op, const std::string& what) {
+  int64_t r = 0;
+  if (__builtin_mul_overflow(a, b, &r)) fail(op, "extent overflows 64 bits: " + what);
+  return r;
+}
+
 const Shape& need_shape(In a, const char* op) {
   if (!a.shape) fail(op, "needs an output shape");
-  for (int64_t d : *a.shape)
+  int64_t n = 1;
+  for (int64_t d : *a.shape) {
     if (d < 0) fail(op, "negative extent in shape " + shape_str(*a.shape));
+    n = mul_extents(n, d, op, "shape " + shape_str(*a.shape));
+  }
   return *a.shape;
+}
+
+// The axis attribute of cat, gather and scatter_add: exactly one integer.
+int64_t axis_attr(In a, const char* op) {
+  if (a.attrs.ints.size() != 1) fail(op, "needs one axis attribute, got " + std::to_string(a.attrs.ints.size()));
+  return a.attrs.ints[0];
 }
 
 TypeShape infer_source(In a, const char* op, DType dflt) {
@@ -138,7 +159,7 @@ TypeShape infer_slice(In a) {
     if (step < 1 || st < 0 || sp < st || sp > x->shape[d])
       fail("slice", "bad range [" + std::to_string(st) + ":" + std::to_string(sp) + ":" + std::to_string(step) +
                         "] for dimension " + std::to_string(d) + " of " + desc(x));
-    s[d] = (sp - st + step - 1) / step;
+    s[d] = sp == st ? 0 : (sp - st - 1) / step + 1;
   }
   return {s, x->dtype};
 }
@@ -151,14 +172,16 @@ TypeShape infer_pad(In a) {
   for (size_t d = 0; d < s.size(); ++d) {
     if (v[3 * d] < 0 || v[3 * d + 1] < 0 || v[3 * d + 2] < 0) fail("pad", "negative padding for " + desc(x));
     int64_t n = x->shape[d];
-    s[d] = v[3 * d] + v[3 * d + 1] + n + std::max<int64_t>(n - 1, 0) * v[3 * d + 2];
+    const std::string what = "padding dimension " + std::to_string(d) + " of " + desc(x);
+    int64_t interior = mul_extents(std::max<int64_t>(n - 1, 0), v[3 * d + 2], "pad", what);
+    s[d] = add_extents(add_extents(add_extents(v[3 * d], v[3 * d + 1], "pad", what), n, "pad", what), interior, "pad", what);
   }
   return {s, x->dtype};
 }
 
 TypeShape infer_concat(In a) {
   const NodePtr& x = a.inputs[0];
-  int64_t ax = a.attrs.ints.at(0);
+  int64_t ax = axis_attr(a, "cat");
   if (ax < 0 || ax >= int64_t(x->shape.size())) fail("cat", "axis out of range for " + desc(x));
   Shape s = x->shape;
   s[ax] = 0;
@@ -166,7 +189,7 @@ TypeShape infer_concat(In a) {
     bool ok = y->dtype == x->dtype && y->shape.size() == x->shape.size();
     for (size_t d = 0; ok && d < s.size(); ++d) ok = int64_t(d) == ax || y->shape[d] == x->shape[d];
     if (!ok) fail("cat", "tensors must agree except along dimension " + std::to_string(ax) + ", got " + desc(x) + " and " + desc(y));
-    s[ax] += y->shape[ax];
+    s[ax] = add_extents(s[ax], y->shape[ax], "cat", "joining " + desc(x) + " and " + desc(y));
   }
   return {s, x->dtype};
 }
@@ -195,13 +218,13 @@ void check_index(const char* op, const NodePtr& src, const NodePtr& idx, int64_t
 }
 
 TypeShape infer_gather(In a) {
-  check_index("gather", a.inputs[0], a.inputs[1], a.attrs.ints.at(0), false);
+  check_index("gather", a.inputs[0], a.inputs[1], axis_attr(a, "gather"), false);
   return {a.inputs[1]->shape, a.inputs[0]->dtype};
 }
 
 TypeShape infer_scatter_add(In a) {
   const NodePtr &base = a.inputs[0], &idx = a.inputs[1], &src = a.inputs[2];
-  check_index("scatter_add", base, idx, a.attrs.ints.at(0), false);
+  check_index("scatter_add", base, idx, axis_attr(a, "scatter_add"), false);
   if (src->shape != idx->shape || src->dtype != base->dtype || base->dtype == DType::Bool)
     fail("scatter_add", "source " + desc(src) + " must match index " + desc(idx) + " and base " + desc(base));
   return {base->shape, base->dtype};
@@ -237,7 +260,7 @@ TypeShape infer_conv(In a) {
   if (x->dtype != w->dtype || !(x->dtype == DType::Float32 || x->dtype == DType::Float64))
     fail("conv", "input and kernel must both be float32 or float64, got " + both);
   int64_t g = c.groups, F = x->shape[1], O = w->shape[0];
-  if (g < 1 || F % g != 0 || O % g != 0 || w->shape[1] * g != F)
+  if (g < 1 || F % g != 0 || O % g != 0 || w->shape[1] != F / g)
     fail("conv", "groups=" + std::to_string(g) + " needs input channels " + std::to_string(F) +
                      " = groups * kernel dim 1 and output channels divisible by groups, got " + both);
   Shape s{x->shape[0], O};
@@ -247,6 +270,10 @@ TypeShape infer_conv(In a) {
     if (ax.stride < 1 || ax.lhs_dilation < 1 || ax.rhs_dilation < 1)
       fail("conv", "stride and dilations must be >= 1 (spatial dim " + std::to_string(d) + ") for " + both);
     if (n < 1 || k < 1) fail("conv", "empty spatial dimension " + std::to_string(d) + " in " + both);
+    const std::string what = "spatial dim " + std::to_string(d) + " of " + both;  // the helpers below, checked
+    add_extents(add_extents(add_extents(mul_extents(n - 1, ax.lhs_dilation, "conv", what), 1, "conv", what), ax.lo, "conv", what),
+                ax.hi, "conv", what);
+    mul_extents(k - 1, ax.rhs_dilation, "conv", what);
     if (conv_padded_extent(n, ax) < conv_kernel_extent(k, ax))
       fail("conv", "kernel extent " + std::to_string(conv_kernel_extent(k, ax)) + " exceeds the padded input extent " +
                        std::to_string(conv_padded_extent(n, ax)) + " in spatial dim " + std::to_string(d) + " of " + both);
