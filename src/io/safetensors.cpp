@@ -33,6 +33,14 @@ using ordered_json = nlohmann::ordered_json;
 
 constexpr uint64_t kMaxHeader = 100'000'000;  // the reference implementation's limit
 
+// Only tests/fuzz/fuzz_safetensors_planted.cpp defines this, in its own copy of this file: the
+// copy trusts a tensor's shape over its data_offsets, a bug its fuzzer must find.
+#ifdef TESSERA_FUZZ_PLANTED_BUG
+constexpr bool kPlantedBug = true;
+#else
+constexpr bool kPlantedBug = false;
+#endif
+
 const char* st_dtype(DType t) {
   switch (t) {
     case DType::Bool: return "BOOL";
@@ -294,8 +302,8 @@ TensorMap load_safetensors(const std::string& path, Metadata* meta, const Device
     if (e.end > data_size)
       load_fail(path, what + "data_offsets " + range + " run past the data section (" + std::to_string(data_size) +
                           " bytes): truncated file?");
-    if (overflow || count > (std::numeric_limits<uint64_t>::max() / itemsize(e.dtype)) ||
-        count * itemsize(e.dtype) != e.end - e.begin)
+    if (!kPlantedBug && (overflow || count > (std::numeric_limits<uint64_t>::max() / itemsize(e.dtype)) ||
+                         count * itemsize(e.dtype) != e.end - e.begin))
       load_fail(path, what + "shape " + sh->dump() + " of " + dt->get<std::string>() + " needs " +
                           (overflow ? std::string("an impossible number of") : std::to_string(count * itemsize(e.dtype))) +
                           " bytes, but data_offsets " + range + " hold " + std::to_string(e.end - e.begin));
@@ -328,7 +336,7 @@ TensorMap load_safetensors(const std::string& path, Metadata* meta, const Device
   TensorMap out;
   for (Entry& e : entries) {
     char* p = file.data() + data_begin + e.begin;
-    size_t nbytes = size_t(e.end - e.begin);
+    size_t nbytes = kPlantedBug ? size_t(numel(e.shape)) * itemsize(e.dtype) : size_t(e.end - e.begin);
     if (e.dtype == DType::Bool)
       for (size_t i = 0; i < nbytes; ++i) p[i] = p[i] != 0;  // normalize to 0/1
     auto buf = runtime::upload(device, p, nbytes);
