@@ -163,9 +163,9 @@ void bind_tensor_methods(nb::module_& m, nb::class_<Tensor>& cls) {
           nb::arg("dim").none() = none, nb::arg("keepdim") = false);
   cls.def("argmin", [](const Tensor& t, std::optional<int64_t> dim, bool keepdim) { return t.argmin(dim, keepdim); },
           nb::arg("dim").none() = none, nb::arg("keepdim") = false);
-  cls.def("all", [](const Tensor& t, nb::handle dim, bool keepdim) { return nonzero_mask(t).amin(to_dims(dim), keepdim); },
+  cls.def("all", [](const Tensor& t, nb::handle dim, bool keepdim) { return nonzero_mask(t).to(DType::Int32).amin(to_dims(dim), keepdim).to(DType::Bool); },
           nb::arg("dim").none() = none, nb::arg("keepdim") = false);
-  cls.def("any", [](const Tensor& t, nb::handle dim, bool keepdim) { return nonzero_mask(t).amax(to_dims(dim), keepdim); },
+  cls.def("any", [](const Tensor& t, nb::handle dim, bool keepdim) { return nonzero_mask(t).to(DType::Int32).amax(to_dims(dim), keepdim).to(DType::Bool); },
           nb::arg("dim").none() = none, nb::arg("keepdim") = false);
   cls.def("var", [](const Tensor& t, nb::handle dim, nb::handle unbiased, bool keepdim, nb::handle correction) {
     return tessera::var(t, to_dims(dim), correction_of(unbiased, correction), keepdim);
