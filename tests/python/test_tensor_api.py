@@ -224,3 +224,21 @@ def test_metrics_profiler_and_memory_name_python_scopes():
     planned = tessera.memory.plan([y])
     assert planned.num_steps >= 1
     tessera.sync()
+
+
+def test_python_level_helpers(th):
+    x = tessera.ones(2, 3, dtype=tessera.float64)
+    z = x.new_zeros(4)
+    assert z.dtype is tessera.float64 and z.shape == (4,) and x.new_ones((2, 2)).tolist() == [[1.0, 1.0], [1.0, 1.0]]
+    assert x.new_full((2,), 3).tolist() == [3.0, 3.0] and x.new_tensor([1, 2]).dtype is tessera.float64
+    assert x.pin_memory() is x
+    tessera.manual_seed(5)
+    p = tessera.randperm(10)
+    assert p.dtype is tessera.int64 and sorted(p.tolist()) == list(range(10))
+    tessera.manual_seed(5)
+    assert tessera.randperm(10).tolist() == p.tolist()
+    a = tessera.tensor([1.0, 2.0])
+    assert tessera.allclose(a, a + 1e-7) and not tessera.allclose(a, a + 1e-3)
+    assert tessera.isclose(a, tessera.tensor([1.0, 2.1])).tolist() == [True, False]
+    f = lambda t: t * 2  # noqa: E731
+    assert tessera.compile(f) is f
