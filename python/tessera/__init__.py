@@ -174,6 +174,71 @@ class iinfo:
         self.min = -(2 ** (bits - 1))
 
 
+# ---- printing, as torch prints ----
+def _repr(self):
+    """torch's format: values (4 decimals, or integral floats as '1.'), then the dtype when it is
+    not the default of its kind, the device when not cpu, and requires_grad. Reads the value."""
+    import numpy as np
+    if self.dtype in (bfloat16, float16):
+        values = self.detach().float().numpy()
+    else:
+        values = self.detach().numpy()
+    if values.dtype.kind == "f" and values.size and np.isfinite(values).all() and (values != np.round(values)).any():
+        body = np.array2string(values, precision=4, floatmode="fixed", separator=", ", prefix="tensor(",
+                               threshold=1000, edgeitems=3)
+    else:
+        body = np.array2string(values, separator=", ", prefix="tensor(", threshold=1000, edgeitems=3)
+    extra = []
+    if self.dtype not in (float32, int64, bool):
+        extra.append(f"dtype={self.dtype!r}")
+    if self.device.type != "cpu":
+        extra.append(f"device='{self.device}'")
+    if self.requires_grad:
+        extra.append("requires_grad=True" if self.is_leaf else "grad_fn=<tessera>")
+    if self.dim() > 0 and values.size == 0:
+        extra.insert(0, f"size={self.shape}")
+    return "tensor(" + body + "".join(", " + e for e in extra) + ")"
+
+
+Tensor.__repr__ = _repr
+Tensor.__str__ = _repr
+
+
+class _GradFn:
+    """What x.grad_fn is for a tensor with history (None for leaves): tessera records history as
+    lazy IR beside the value, so there is no per-op node object to inspect."""
+
+    def __repr__(self):
+        return "<tessera grad_fn>"
+
+
+Tensor.grad_fn = property(lambda self: None if self.is_leaf else _GradFn())
+
+
+def _in_place_of(name):
+    op = getattr(Tensor, name)
+
+    def method(self, *args, **kwargs):
+        return self.copy_(op(self, *args, **kwargs))
+    method.__name__ = name + "_"
+    method.__doc__ = f"x.{name}_(...): x.copy_(x.{name}(...)), returning x"
+    return method
+
+
+for _n in "exp log sqrt rsqrt relu sigmoid tanh neg abs floor ceil round sin cos pow sign reciprocal square tril triu".split():
+    setattr(Tensor, _n + "_", _in_place_of(_n))
+del _n
+
+
+def get_default_dtype():
+    return float32
+
+
+def set_default_dtype(d):
+    if d is not float32:
+        raise TypeError(f"tessera.set_default_dtype({d!r}) is not supported: the default dtype is tessera.float32")
+
+
 # ---- copying and pickling (copy.deepcopy of modules, multiprocessing, tessera.save/load) ----
 _load_device = [None]  # tessera.load's map_location while it unpickles
 

@@ -326,3 +326,26 @@ def test_deepcopy_pickle_save_load(tmp_path):
     tessera.save(state, str(path))
     back = tessera.load(str(path), map_location="cpu")
     assert back["w"].tolist() == [[1.0, 2.0]] and back["step"].dtype is tessera.int64
+
+
+def test_repr_like_torch(th):
+    cases = [lambda m: m.tensor([[1.5, -2.25], [3.0, 4.125]]), lambda m: m.tensor([1.0, 2.0]),
+             lambda m: m.arange(5), lambda m: m.tensor([True, False]),
+             lambda m: m.tensor([1.5, 2.0], dtype=m.float64), lambda m: m.tensor([1, 2], dtype=m.int32),
+             lambda m: m.tensor([0.5, 1.5], requires_grad=True), lambda m: m.tensor(2.5), lambda m: m.zeros(2, 0)]
+    for c in cases:
+        assert repr(c(tessera)) == repr(c(th)).replace("torch.", "tessera."), repr(c(th))
+    x = tessera.tensor([1.0], requires_grad=True)
+    assert x.grad_fn is None and (x * 2).grad_fn is not None and "grad_fn" in repr(x * 2)
+
+
+def test_more_in_place_methods(th):
+    for m in (tessera, th):
+        x = m.tensor([-1.0, 0.25, 4.0])
+        assert x.relu_() is x and x.tolist() == [0.0, 0.25, 4.0]
+        x.sqrt_()
+        x.pow_(2)
+        assert x.tolist() == [0.0, 0.25, 4.0]
+    assert tessera.get_default_dtype() is tessera.float32
+    with pytest.raises(TypeError):
+        tessera.set_default_dtype(tessera.float64)
