@@ -13,7 +13,7 @@ def test_factories_shapes_dtypes(th):
         assert t.shape == tuple(p.shape) and str(t.dtype) == str(p.dtype).replace("torch", "tessera")
         assert getattr(tessera, name)((4, 1)).shape == (4, 1)
         assert getattr(tessera, name + "_like")(t).shape == (2, 3)
-    assert tessera.zeros(2, dtype=tessera.long).dtype is tessera.int64
+    assert tessera.zeros(2, dtype=tessera.long).dtype is tessera.int64 and tessera.ones(size=(2, 1)).shape == (2, 1)
     assert tessera.ones([2, 2], dtype=tessera.float64, requires_grad=True).requires_grad
     assert tessera.zeros(3).tolist() == [0.0] * 3 and tessera.ones(2, dtype=tessera.bool).tolist() == [True, True]
     assert tessera.full((2,), 7).dtype is tessera.int64 and tessera.full((2,), 7.5).tolist() == [7.5, 7.5]
