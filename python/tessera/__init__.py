@@ -230,6 +230,63 @@ for _n in "exp log sqrt rsqrt relu sigmoid tanh neg abs floor ceil round sin cos
 del _n
 
 
+# ---- einsum: permutes, sums and batched matmuls (so autodiff and every backend have it) ----
+def _einsum_one(spec, x, keep):
+    """Sums x's dims that are in neither `keep` nor repeated; returns the reduced tensor and spec."""
+    if len(set(spec)) != len(spec):
+        raise TypeError(f"tessera.einsum: repeated index in one operand ('{spec}', a diagonal) is not supported")
+    drop = [d for d, c in enumerate(spec) if c not in keep]
+    if drop:
+        x = x.sum(dim=tuple(drop))
+        spec = "".join(c for c in spec if c in keep)
+    return x, spec
+
+
+def _einsum_pair(sa, a, sb, b, keep):
+    """a (indices sa) times b (sb), contracted over what both have and `keep` lacks: one matmul
+    of [batch, left, contracted] by [batch, contracted, right]."""
+    a, sa = _einsum_one(sa, a, keep + sb)
+    b, sb = _einsum_one(sb, b, keep + sa)
+    batch = [c for c in sa if c in sb and c in keep]
+    contract = [c for c in sa if c in sb and c not in keep]
+    left = [c for c in sa if c not in sb]
+    right = [c for c in sb if c not in sa]
+    size = {c: a.shape[i] for i, c in enumerate(sa)}
+    size.update({c: b.shape[i] for i, c in enumerate(sb)})
+    n = lambda cs: _functools.reduce(lambda p, c: p * size[c], cs, 1)  # noqa: E731
+    a = a.permute(*[sa.index(c) for c in batch + left + contract]).reshape(n(batch), n(left), n(contract))
+    b = b.permute(*[sb.index(c) for c in batch + contract + right]).reshape(n(batch), n(contract), n(right))
+    out = (a @ b).reshape(*[size[c] for c in batch + left + right])
+    return out, "".join(batch + left + right)
+
+
+def einsum(equation, *operands):
+    """torch.einsum for explicit or implicit output ('ij,jk->ik', 'ij,jk'); no '...' or diagonals."""
+    if len(operands) == 1 and isinstance(operands[0], (list, tuple)):
+        operands = tuple(operands[0])
+    eq = equation.replace(" ", "")
+    if "." in eq:
+        raise TypeError("tessera.einsum: '...' is not supported")
+    ins, arrow, out = eq.partition("->")
+    specs = ins.split(",")
+    if len(specs) != len(operands):
+        raise TypeError(f"tessera.einsum: '{equation}' names {len(specs)} operands, {len(operands)} given")
+    for sp, t in zip(specs, operands):
+        if len(sp) != t.dim():
+            raise RuntimeError(f"[einsum] '{sp}' has {len(sp)} indices for a tensor of shape {list(t.shape)}")
+    if not arrow:  # implicit output: the indices seen once, sorted
+        counts = {}
+        for c in ins.replace(",", ""):
+            counts[c] = counts.get(c, 0) + 1
+        out = "".join(sorted(c for c, k in counts.items() if k == 1))
+    x, sx = operands[0], specs[0]
+    for k in range(1, len(operands)):
+        rest = out + "".join(specs[k + 1:])
+        x, sx = _einsum_pair(sx, x, specs[k], operands[k], rest)
+    x, sx = _einsum_one(sx, x, out)
+    return x.permute(*[sx.index(c) for c in out]) if out else x
+
+
 def get_default_dtype():
     return float32
 
