@@ -69,6 +69,11 @@ Tensor var(const Tensor& a, std::vector<int64_t> dims = {}, int64_t correction =
 Tensor std(const Tensor& a, std::vector<int64_t> dims = {}, int64_t correction = 1, bool keepdim = false);
 Tensor logsumexp(const Tensor& a, std::vector<int64_t> dims, bool keepdim = false);
 
+// The values along dim in ascending (or descending) order and their int64 indices; stable (equal
+// values keep their order); NaN sorts as +inf. A bitonic network over the primitives: O(n log^2 n)
+// work in log2(n)^2 / 2 stages. The values' gradient goes back to the elements they came from.
+std::tuple<Tensor, Tensor> sort(const Tensor& a, int64_t dim = -1, bool descending = false);
+Tensor argsort(const Tensor& a, int64_t dim = -1, bool descending = false);
 // Running sums along dim (torch.cumsum): a product with a triangular matrix of ones, so every
 // backend runs it and autodiff differentiates it (O(n^2) in the dim's extent; integers and bool
 // sum as int64, exact up to 2^53).

@@ -7,7 +7,7 @@
 namespace tpy {
 namespace {
 
-nb::handle g_return_max, g_return_min, g_return_topk;  // namedtuples (values, indices), never released
+nb::handle g_return_max, g_return_min, g_return_topk, g_return_sort;  // namedtuples (values, indices), never released
 
 nb::tuple tensors_tuple(const std::vector<Tensor>& ts) {
   nb::list l;
@@ -194,6 +194,13 @@ void bind_reductions(nb::class_<Tensor>& cls) {
     auto [v, i] = tessera::topk(t, k, dim, largest, sorted);
     return g_return_topk(v, i);
   }, nb::arg("k"), nb::arg("dim") = -1, nb::arg("largest") = true, nb::arg("sorted") = true);
+  cls.def("sort", [](const Tensor& t, int64_t dim, bool descending, nb::handle stable) {
+    (void)stable;  // always stable
+    auto [v, i] = tessera::sort(t, dim, descending);
+    return g_return_sort(v, i);
+  }, nb::arg("dim") = -1, nb::arg("descending") = false, nb::kw_only(), nb::arg("stable").none() = none);
+  cls.def("argsort", [](const Tensor& t, int64_t dim, bool descending) { return tessera::argsort(t, dim, descending); },
+          nb::arg("dim") = -1, nb::arg("descending") = false);
   cls.def("multinomial", [](const Tensor& t, int64_t n, bool replacement, nb::handle generator) {
     if (!generator.is_none()) throw nb::type_error("multinomial(generator=...) is not supported by Tessera; use tessera.manual_seed");
     return tessera::multinomial(t, n, replacement);
@@ -273,6 +280,7 @@ void bind_tensor_methods(nb::module_& m, nb::class_<Tensor>& cls) {
   g_return_max = namedtuple("max", nb::make_tuple("values", "indices")).release();
   g_return_min = namedtuple("min", nb::make_tuple("values", "indices")).release();
   g_return_topk = namedtuple("topk", nb::make_tuple("values", "indices")).release();
+  g_return_sort = namedtuple("sort", nb::make_tuple("values", "indices")).release();
   m.attr("_return_types") = nb::make_tuple(nb::borrow(g_return_max), nb::borrow(g_return_min), nb::borrow(g_return_topk));
 
   bind_math(cls);

@@ -3,6 +3,7 @@
 // decides semantics (ties, rounding, estimators, sizes), and bad input for every op family.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <functional>
 #include <limits>
@@ -663,6 +664,38 @@ TEST(Surface, ErrorsNameTheScope) {
     EXPECT_EQ(m.rfind("[softmax]", 0), 0u) << m;
     EXPECT_NE(m.find("blk"), std::string::npos) << m;
   }
+}
+
+// sort against std::stable_sort on random rows of several lengths (powers of two and not), ties
+// kept in order, descending, integers, along dim 0, and the values' gradient.
+TEST(Surface, Sort) {
+  for (int64_t n : {2, 5, 8, 13, 64, 100}) {
+    Tensor x = F({3, n}, uint32_t(n));
+    auto [v, i] = sort(x, 1);
+    std::vector<float> xv = x.to_vector<float>(), vv = v.to_vector<float>();
+    std::vector<int64_t> iv = i.to_vector<int64_t>();
+    for (int64_t r = 0; r < 3; ++r) {
+      std::vector<int64_t> want(static_cast<size_t>(n));
+      for (int64_t k = 0; k < n; ++k) want[size_t(k)] = k;
+      std::stable_sort(want.begin(), want.end(), [&](int64_t p, int64_t q) { return xv[size_t(r * n + p)] < xv[size_t(r * n + q)]; });
+      for (int64_t k = 0; k < n; ++k) {
+        EXPECT_EQ(iv[size_t(r * n + k)], want[size_t(k)]) << n << " " << r << " " << k;
+        EXPECT_EQ(vv[size_t(r * n + k)], xv[size_t(r * n + want[size_t(k)])]);
+      }
+    }
+  }
+  Tensor t = make_tensor({2, 1, 2, 1, 3}, {5}, kI64);
+  auto [tv, ti] = sort(t, 0);
+  EXPECT_EQ(tv.dtype(), kI64);
+  EXPECT_EQ(tv.to_vector<int64_t>(), (std::vector<int64_t>{1, 1, 2, 2, 3}));
+  EXPECT_EQ(ti.to_vector<int64_t>(), (std::vector<int64_t>{1, 3, 0, 2, 4}));  // stable
+  EXPECT_EQ(argsort(t, 0, /*descending=*/true).to_vector<int64_t>(), (std::vector<int64_t>{4, 0, 2, 1, 3}));
+  Tensor c = make_tensor({3, 1, 2, 5, 0, 4}, {3, 2}, kF32);
+  EXPECT_EQ(std::get<0>(sort(c, 0)).to_vector<float>(), (std::vector<float>{0, 1, 2, 4, 3, 5}));
+  Tensor w = c.detach().requires_grad_();
+  (std::get<0>(sort(w, 0)) * make_tensor({1, 10, 100, 1000, 10000, 100000}, {3, 2}, kF32)).sum().backward();
+  EXPECT_EQ(w.grad().to_vector<float>(), (std::vector<float>{10000, 10, 100, 100000, 1, 1000}));
+  EXPECT_THROW(sort(c, 2), Error);
 }
 
 // cumsum by hand along each dim, integers as int64, and its gradient (the reversed running sum
