@@ -32,12 +32,13 @@ Size = tuple
 
 # ---- free functions: the Tensor methods of the same name (torch.exp(x) is x.exp()) ----
 _METHOD_FUNCTIONS = (
-    "abs neg negative sign sqrt rsqrt square reciprocal exp log sin cos tanh sigmoid relu floor ceil round "
-    "erf logical_not logical_and logical_or logical_xor add sub mul multiply div divide true_divide floor_divide "
-    "remainder pow matmul mm bmm eq ne lt le gt ge maximum minimum clamp clip masked_fill sum mean max min amax "
-    "amin argmax argmin all any var std logsumexp softmax log_softmax cumsum sort argsort topk multinomial reshape permute "
-    "flatten squeeze unsqueeze transpose swapaxes t split chunk unbind narrow gather index_select scatter_add "
-    "tril triu flip clone detach numel lerp norm").split()
+    "abs neg negative sign sqrt rsqrt square reciprocal exp log sin cos tanh sigmoid relu floor "
+    "ceil round erf logical_not logical_and logical_or logical_xor add sub mul multiply div "
+    "divide true_divide floor_divide remainder pow matmul mm bmm eq ne lt le gt ge maximum "
+    "minimum clamp clip masked_fill sum mean max min amax amin argmax argmin all any var std "
+    "logsumexp softmax log_softmax cumsum sort argsort topk multinomial reshape permute flatten "
+    "squeeze unsqueeze transpose swapaxes t split chunk unbind narrow gather index_select "
+    "scatter_add tril triu flip clone detach numel lerp norm").split()
 for _name in _METHOD_FUNCTIONS:
     globals()[_name] = getattr(Tensor, _name)
 del _name
