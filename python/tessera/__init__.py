@@ -16,6 +16,7 @@ from ._C import (Tensor, dtype, device, TesseraError, TesseraIndexError,
                  zeros_like, ones_like, empty_like, full_like, rand_like, randn_like,
                  cat, stack, where, sync, manual_seed, get_rng_state, set_rng_state,
                  is_grad_enabled, metrics, reset_peak_bytes, push_scope, pop_scope, current_scope,
+                 unavailable_backends, plugin_errors,
                  float32, float64, float16, bfloat16, int32, int64)
 from ._C import bool as bool  # noqa: A001  (tessera.bool, like torch.bool)
 

@@ -349,3 +349,25 @@ def test_more_in_place_methods(th):
     assert tessera.get_default_dtype() is tessera.float32
     with pytest.raises(TypeError):
         tessera.set_default_dtype(tessera.float64)
+
+
+def test_every_executable_device_agrees_with_cpu(rng):
+    """The wheel carries the backend plugins beside libtessera: every device that can run (PoCL's
+    OpenCL device in CI, a GPU where there is one) computes what the cpu computes."""
+    a = rng.standard_normal((8, 16)).astype(np.float32)
+    w = rng.standard_normal((16, 4)).astype(np.float32)
+    want = (tessera.tensor(a) @ tessera.tensor(w)).relu().sum(dim=0).numpy()
+    for d, _, can_run, _ in tessera.devices():
+        if not can_run or d.type == "cpu":
+            continue
+        x, y = tessera.tensor(a, device=d), tessera.tensor(w).to(d)
+        got = (x @ y).relu().sum(dim=0)
+        assert got.device == d
+        np.testing.assert_allclose(got.cpu().numpy(), want, rtol=1e-4, atol=1e-4, err_msg=str(d))
+
+
+def test_why_a_backend_is_unavailable_is_said():
+    if not tessera.cuda.is_available():
+        why = tessera.cuda.why_unavailable()
+        assert all(line.startswith("cuda") or "cuda" in line for line in why)
+    assert isinstance(tessera.unavailable_backends(), list) and isinstance(tessera.plugin_errors(), list)
