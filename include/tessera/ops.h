@@ -69,6 +69,23 @@ Tensor var(const Tensor& a, std::vector<int64_t> dims = {}, int64_t correction =
 Tensor std(const Tensor& a, std::vector<int64_t> dims = {}, int64_t correction = 1, bool keepdim = false);
 Tensor logsumexp(const Tensor& a, std::vector<int64_t> dims, bool keepdim = false);
 
+// The values along dim in ascending (or descending) order and their int64 indices; stable (equal
+// values keep their order); NaN sorts as +inf. A bitonic network over the primitives: O(n log^2 n)
+// work in log2(n)^2 / 2 stages. The values' gradient goes back to the elements they came from.
+std::tuple<Tensor, Tensor> sort(const Tensor& a, int64_t dim = -1, bool descending = false);
+Tensor argsort(const Tensor& a, int64_t dim = -1, bool descending = false);
+// Running sums along dim (torch.cumsum): a product with a triangular matrix of ones, so every
+// backend runs it and autodiff differentiates it (O(n^2) in the dim's extent; integers and bool
+// sum as int64, exact up to 2^53).
+Tensor cumsum(const Tensor& a, int64_t dim);
+// The k largest (largest = false: smallest) elements along dim and their int64 indices, in
+// order (ties: the lower index first). The values' gradient goes to the elements picked.
+std::tuple<Tensor, Tensor> topk(const Tensor& a, int64_t k, int64_t dim = -1, bool largest = true, bool sorted = true);
+// num_samples int64 category indices per row of the non-negative weights [C] or [N, C] (rows
+// need not sum to 1), drawn from the global generator (Gumbel-max: exact draws, a different
+// stream than PyTorch's). Without replacement each row's indices differ (num_samples <= C).
+Tensor multinomial(const Tensor& probs, int64_t num_samples, bool replacement = false);
+
 // ---- views and reshaping ----
 Tensor narrow(const Tensor& a, int64_t dim, int64_t start, int64_t length);
 Tensor squeeze(const Tensor& a);  // every extent-1 dimension

@@ -3,6 +3,7 @@
 // decides semantics (ties, rounding, estimators, sizes), and bad input for every op family.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <functional>
 #include <limits>
@@ -663,6 +664,116 @@ TEST(Surface, ErrorsNameTheScope) {
     EXPECT_EQ(m.rfind("[softmax]", 0), 0u) << m;
     EXPECT_NE(m.find("blk"), std::string::npos) << m;
   }
+}
+
+// sort against std::stable_sort on random rows of several lengths (powers of two and not), ties
+// kept in order, descending, integers, along dim 0, and the values' gradient.
+TEST(Surface, Sort) {
+  for (int64_t n : {2, 5, 8, 13, 64, 100}) {
+    Tensor x = F({3, n}, uint32_t(n));
+    auto [v, i] = sort(x, 1);
+    std::vector<float> xv = x.to_vector<float>(), vv = v.to_vector<float>();
+    std::vector<int64_t> iv = i.to_vector<int64_t>();
+    for (int64_t r = 0; r < 3; ++r) {
+      std::vector<int64_t> want(static_cast<size_t>(n));
+      for (int64_t k = 0; k < n; ++k) want[size_t(k)] = k;
+      std::stable_sort(want.begin(), want.end(), [&](int64_t p, int64_t q) { return xv[size_t(r * n + p)] < xv[size_t(r * n + q)]; });
+      for (int64_t k = 0; k < n; ++k) {
+        EXPECT_EQ(iv[size_t(r * n + k)], want[size_t(k)]) << n << " " << r << " " << k;
+        EXPECT_EQ(vv[size_t(r * n + k)], xv[size_t(r * n + want[size_t(k)])]);
+      }
+    }
+  }
+  Tensor t = make_tensor({2, 1, 2, 1, 3}, {5}, kI64);
+  auto [tv, ti] = sort(t, 0);
+  EXPECT_EQ(tv.dtype(), kI64);
+  EXPECT_EQ(tv.to_vector<int64_t>(), (std::vector<int64_t>{1, 1, 2, 2, 3}));
+  EXPECT_EQ(ti.to_vector<int64_t>(), (std::vector<int64_t>{1, 3, 0, 2, 4}));  // stable
+  EXPECT_EQ(argsort(t, 0, /*descending=*/true).to_vector<int64_t>(), (std::vector<int64_t>{4, 0, 2, 1, 3}));
+  Tensor c = make_tensor({3, 1, 2, 5, 0, 4}, {3, 2}, kF32);
+  EXPECT_EQ(std::get<0>(sort(c, 0)).to_vector<float>(), (std::vector<float>{0, 1, 2, 4, 3, 5}));
+  Tensor w = c.detach().requires_grad_();
+  (std::get<0>(sort(w, 0)) * make_tensor({1, 10, 100, 1000, 10000, 100000}, {3, 2}, kF32)).sum().backward();
+  EXPECT_EQ(w.grad().to_vector<float>(), (std::vector<float>{10000, 10, 100, 100000, 1, 1000}));
+  EXPECT_THROW(sort(c, 2), Error);
+}
+
+// cumsum by hand along each dim, integers as int64, and its gradient (the reversed running sum
+// of the cotangent: d/dx_i of sum_j w_j * cumsum_j = sum_{j >= i} w_j).
+TEST(Surface, Cumsum) {
+  Tensor x = make_tensor({1, 2, 3, 4, 5, 6}, {2, 3}, kF32);
+  EXPECT_EQ(cumsum(x, 1).to_vector<float>(), (std::vector<float>{1, 3, 6, 4, 9, 15}));
+  EXPECT_EQ(cumsum(x, 0).to_vector<float>(), (std::vector<float>{1, 2, 3, 5, 7, 9}));
+  Tensor i = cumsum(make_tensor({1, 0, 1, 1}, {4}, kBool), -1);
+  EXPECT_EQ(i.dtype(), kI64);
+  EXPECT_EQ(i.to_vector<int64_t>(), (std::vector<int64_t>{1, 1, 2, 3}));
+  Tensor w = x.detach().requires_grad_();
+  (cumsum(w, 1) * make_tensor({1, 10, 100, 1, 1, 1}, {2, 3}, kF32)).sum().backward();
+  EXPECT_EQ(w.grad().to_vector<float>(), (std::vector<float>{111, 110, 100, 3, 2, 1}));
+  EXPECT_THROW(cumsum(x, 2), Error);
+}
+
+// topk against a hand-sorted row; ties take the lower index first; the gradient reaches only
+// the elements picked.
+TEST(Surface, Topk) {
+  Tensor x = make_tensor({3, 1, 4, 1, 5, 9, 2, 6}, {2, 4}, kF32);
+  auto [v, i] = topk(x, 2, 1);
+  EXPECT_EQ(v.to_vector<float>(), (std::vector<float>{4, 3, 9, 6}));
+  EXPECT_EQ(i.to_vector<int64_t>(), (std::vector<int64_t>{2, 0, 1, 3}));
+  auto [vs, is] = topk(x, 3, 1, /*largest=*/false);
+  EXPECT_EQ(vs.to_vector<float>(), (std::vector<float>{1, 1, 3, 2, 5, 6}));
+  EXPECT_EQ(is.to_vector<int64_t>(), (std::vector<int64_t>{1, 3, 0, 2, 0, 3}));
+  auto [vi, ii] = topk(make_tensor({5, 7, 7, 1}, {4}, kI64), 2, 0);
+  EXPECT_EQ(vi.dtype(), kI64);
+  EXPECT_EQ(vi.to_vector<int64_t>(), (std::vector<int64_t>{7, 7}));
+  EXPECT_EQ(ii.to_vector<int64_t>(), (std::vector<int64_t>{1, 2}));
+  Tensor w = x.detach().requires_grad_();
+  std::get<0>(topk(w, 2, 1)).sum().backward();
+  EXPECT_EQ(w.grad().to_vector<float>(), (std::vector<float>{1, 0, 1, 0, 0, 1, 0, 1}));
+  EXPECT_THROW(topk(x, 5, 1), Error);
+  EXPECT_THROW(topk(x, 1, 2), Error);
+}
+
+// multinomial: frequencies with replacement match the weights (20000 draws: 4 sigma is under
+// 0.013 for p <= 0.5); without replacement a row's draws are distinct and never a zero weight.
+TEST(Surface, Multinomial) {
+  manual_seed(7);
+  Tensor p = make_tensor({1, 2, 5, 2, 0, 0}, {2, 3}, kF32);  // rows 0.125/0.25/0.625, 1/0/0
+  Tensor s = multinomial(p, 20000, /*replacement=*/true);
+  ASSERT_EQ(s.shape(), (Shape{2, 20000}));
+  EXPECT_EQ(s.dtype(), kI64);
+  std::vector<int64_t> v = s.to_vector<int64_t>();
+  int64_t count[2][3] = {};
+  for (size_t k = 0; k < v.size(); ++k) count[k / 20000][v[k]] += 1;
+  EXPECT_NEAR(count[0][0] / 20000.0, 0.125, 0.013);
+  EXPECT_NEAR(count[0][1] / 20000.0, 0.25, 0.013);
+  EXPECT_NEAR(count[0][2] / 20000.0, 0.625, 0.013);
+  EXPECT_EQ(count[1][0], 20000);
+  Tensor q = make_tensor({0.1, 0, 0.5, 0.2, 0.2}, {5}, kF32);
+  for (int r = 0; r < 20; ++r) {
+    std::vector<int64_t> d = multinomial(q, 4).to_vector<int64_t>();
+    std::set<int64_t> seen(d.begin(), d.end());
+    EXPECT_EQ(seen.size(), 4u);
+    EXPECT_EQ(seen.count(1), 0u);
+  }
+  EXPECT_THROW(multinomial(q, 6), Error);
+  EXPECT_THROW(multinomial(make_tensor({1, 2}, {2}, kI64), 1), Error);
+}
+
+// clone is a new tensor with the same history; set_grad_enabled switches recording.
+TEST(Surface, CloneAndGradMode) {
+  Tensor x = make_tensor({1, 2}, {2}, kF32).requires_grad_();
+  Tensor c = x.clone();
+  EXPECT_FALSE(c.is_same(x));
+  (c * 3.0).sum().backward();
+  EXPECT_EQ(x.grad().to_vector<float>(), (std::vector<float>{3, 3}));
+  Tensor y = x * 2.0, z = y.clone();
+  z.add_(1.0);
+  EXPECT_EQ(y.to_vector<float>(), (std::vector<float>{2, 4}));
+  set_grad_enabled(false);
+  EXPECT_FALSE((x * 2.0).requires_grad());
+  set_grad_enabled(true);
+  EXPECT_TRUE((x * 2.0).requires_grad());
 }
 
 }  // namespace
