@@ -69,6 +69,14 @@ Tensor var(const Tensor& a, std::vector<int64_t> dims = {}, int64_t correction =
 Tensor std(const Tensor& a, std::vector<int64_t> dims = {}, int64_t correction = 1, bool keepdim = false);
 Tensor logsumexp(const Tensor& a, std::vector<int64_t> dims, bool keepdim = false);
 
+// The k largest (largest = false: smallest) elements along dim and their int64 indices, in
+// order (ties: the lower index first). The values' gradient goes to the elements picked.
+std::tuple<Tensor, Tensor> topk(const Tensor& a, int64_t k, int64_t dim = -1, bool largest = true, bool sorted = true);
+// num_samples int64 category indices per row of the non-negative weights [C] or [N, C] (rows
+// need not sum to 1), drawn from the global generator (Gumbel-max: exact draws, a different
+// stream than PyTorch's). Without replacement each row's indices differ (num_samples <= C).
+Tensor multinomial(const Tensor& probs, int64_t num_samples, bool replacement = false);
+
 // ---- views and reshaping ----
 Tensor narrow(const Tensor& a, int64_t dim, int64_t start, int64_t length);
 Tensor squeeze(const Tensor& a);  // every extent-1 dimension

@@ -74,6 +74,8 @@ class Tensor {
   Tensor to(DType t) const;  // cast
   Tensor to(const Device& d) const;  // explicit copy between devices
   Tensor contiguous() const { return *this; }  // a no-op: values here have no strides
+  // A new tensor with the same value and history (in-place ops on it leave this one alone).
+  Tensor clone() const;
 
   // ---- elementwise (forwards to the free functions of the same name) ----
   Tensor operator-() const;  // neg
@@ -329,6 +331,9 @@ class NoGradGuard {
   bool prev_;
 };
 bool grad_enabled();
+// Switches recording on or off for the calling thread (torch.set_grad_enabled; NoGradGuard and
+// Python's no_grad/enable_grad save and restore it).
+void set_grad_enabled(bool on);
 
 // Realizes every pending tensor still referenced by a live handle (one graph per device).
 void sync();

@@ -49,5 +49,6 @@ Tensor Tensor::detach() const {
 NoGradGuard::NoGradGuard() : prev_(autodiff::grad_enabled()) { autodiff::set_grad_enabled(false); }
 NoGradGuard::~NoGradGuard() { autodiff::set_grad_enabled(prev_); }
 bool grad_enabled() { return autodiff::grad_enabled(); }
+void set_grad_enabled(bool on) { autodiff::set_grad_enabled(on); }
 
 }  // namespace tessera

@@ -199,6 +199,12 @@ Tensor Tensor::to(DType t) const {
   return t == dtype() ? *this : T(cast(N(*this), t), {this});
 }
 
+// A reshape to the same shape: a new node (ir::make does not fold it) with the value's history.
+Tensor Tensor::clone() const {
+  if (!defined()) fail("clone", "called on an undefined tensor");
+  return T(ir::make(Op::Reshape, {N(*this)}, {}, &shape()), {this});
+}
+
 Tensor neg(const Tensor& a) {
   if (!a.defined()) fail("neg", "called on an undefined tensor");
   if (a.dtype() == DType::Bool) fail("neg", "not defined for bool tensors, got " + desc(a));

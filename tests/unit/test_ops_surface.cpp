@@ -665,5 +665,68 @@ TEST(Surface, ErrorsNameTheScope) {
   }
 }
 
+// topk against a hand-sorted row; ties take the lower index first; the gradient reaches only
+// the elements picked.
+TEST(Surface, Topk) {
+  Tensor x = make_tensor({3, 1, 4, 1, 5, 9, 2, 6}, {2, 4}, kF32);
+  auto [v, i] = topk(x, 2, 1);
+  EXPECT_EQ(v.to_vector<float>(), (std::vector<float>{4, 3, 9, 6}));
+  EXPECT_EQ(i.to_vector<int64_t>(), (std::vector<int64_t>{2, 0, 1, 3}));
+  auto [vs, is] = topk(x, 3, 1, /*largest=*/false);
+  EXPECT_EQ(vs.to_vector<float>(), (std::vector<float>{1, 1, 3, 2, 5, 6}));
+  EXPECT_EQ(is.to_vector<int64_t>(), (std::vector<int64_t>{1, 3, 0, 2, 0, 3}));
+  auto [vi, ii] = topk(make_tensor({5, 7, 7, 1}, {4}, kI64), 2, 0);
+  EXPECT_EQ(vi.dtype(), kI64);
+  EXPECT_EQ(vi.to_vector<int64_t>(), (std::vector<int64_t>{7, 7}));
+  EXPECT_EQ(ii.to_vector<int64_t>(), (std::vector<int64_t>{1, 2}));
+  Tensor w = x.detach().requires_grad_();
+  std::get<0>(topk(w, 2, 1)).sum().backward();
+  EXPECT_EQ(w.grad().to_vector<float>(), (std::vector<float>{1, 0, 1, 0, 0, 1, 0, 1}));
+  EXPECT_THROW(topk(x, 5, 1), Error);
+  EXPECT_THROW(topk(x, 1, 2), Error);
+}
+
+// multinomial: frequencies with replacement match the weights (20000 draws: 4 sigma is under
+// 0.013 for p <= 0.5); without replacement a row's draws are distinct and never a zero weight.
+TEST(Surface, Multinomial) {
+  manual_seed(7);
+  Tensor p = make_tensor({1, 2, 5, 2, 0, 0}, {2, 3}, kF32);  // rows 0.125/0.25/0.625, 1/0/0
+  Tensor s = multinomial(p, 20000, /*replacement=*/true);
+  ASSERT_EQ(s.shape(), (Shape{2, 20000}));
+  EXPECT_EQ(s.dtype(), kI64);
+  std::vector<int64_t> v = s.to_vector<int64_t>();
+  int64_t count[2][3] = {};
+  for (size_t k = 0; k < v.size(); ++k) count[k / 20000][v[k]] += 1;
+  EXPECT_NEAR(count[0][0] / 20000.0, 0.125, 0.013);
+  EXPECT_NEAR(count[0][1] / 20000.0, 0.25, 0.013);
+  EXPECT_NEAR(count[0][2] / 20000.0, 0.625, 0.013);
+  EXPECT_EQ(count[1][0], 20000);
+  Tensor q = make_tensor({0.1, 0, 0.5, 0.2, 0.2}, {5}, kF32);
+  for (int r = 0; r < 20; ++r) {
+    std::vector<int64_t> d = multinomial(q, 4).to_vector<int64_t>();
+    std::set<int64_t> seen(d.begin(), d.end());
+    EXPECT_EQ(seen.size(), 4u);
+    EXPECT_EQ(seen.count(1), 0u);
+  }
+  EXPECT_THROW(multinomial(q, 6), Error);
+  EXPECT_THROW(multinomial(make_tensor({1, 2}, {2}, kI64), 1), Error);
+}
+
+// clone is a new tensor with the same history; set_grad_enabled switches recording.
+TEST(Surface, CloneAndGradMode) {
+  Tensor x = make_tensor({1, 2}, {2}, kF32).requires_grad_();
+  Tensor c = x.clone();
+  EXPECT_FALSE(c.is_same(x));
+  (c * 3.0).sum().backward();
+  EXPECT_EQ(x.grad().to_vector<float>(), (std::vector<float>{3, 3}));
+  Tensor y = x * 2.0, z = y.clone();
+  z.add_(1.0);
+  EXPECT_EQ(y.to_vector<float>(), (std::vector<float>{2, 4}));
+  set_grad_enabled(false);
+  EXPECT_FALSE((x * 2.0).requires_grad());
+  set_grad_enabled(true);
+  EXPECT_TRUE((x * 2.0).requires_grad());
+}
+
 }  // namespace
 }  // namespace tessera

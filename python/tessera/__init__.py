@@ -1,0 +1,190 @@
+"""Tessera from Python, shaped like PyTorch: `import tessera as torch` for the common surface.
+
+Tensors are the C++ tessera::Tensor bound directly (tessera._C, nanobind): ops trace lazily and
+run as one compiled graph when a value is read (item(), tolist(), numpy(), printing) or on
+tessera.sync(). docs/python.md lists what is supported and what copies.
+"""
+import contextlib as _contextlib
+import functools as _functools
+import builtins as _builtins
+import types as _types
+
+from . import _C
+from ._C import (Tensor, dtype, device, TesseraError, TesseraIndexError,
+                 tensor, as_tensor, from_numpy, from_dlpack, save_file, load_file,
+                 zeros, ones, empty, full, arange, rand, randn, randint, linspace, eye,
+                 zeros_like, ones_like, empty_like, full_like, rand_like, randn_like,
+                 cat, stack, where, sync, manual_seed, get_rng_state, set_rng_state,
+                 is_grad_enabled, metrics, reset_peak_bytes, push_scope, pop_scope, current_scope,
+                 float32, float64, float16, bfloat16, int32, int64)
+from ._C import bool as bool  # noqa: A001  (tessera.bool, like torch.bool)
+
+__version__ = _C.__version__
+
+# dtype aliases as torch spells them
+float = float32  # noqa: A001
+double = float64
+half = float16
+long = int64
+int = int32  # noqa: A001
+concat = cat
+Size = tuple
+
+# ---- free functions: the Tensor methods of the same name (torch.exp(x) is x.exp()) ----
+_METHOD_FUNCTIONS = (
+    "abs neg negative sign sqrt rsqrt square reciprocal exp log sin cos tanh sigmoid relu floor ceil round "
+    "erf logical_not logical_and logical_or logical_xor add sub mul multiply div divide true_divide floor_divide "
+    "remainder pow matmul mm bmm eq ne lt le gt ge maximum minimum clamp clip masked_fill sum mean max min amax "
+    "amin argmax argmin all any var std logsumexp softmax log_softmax topk multinomial reshape permute "
+    "flatten squeeze unsqueeze transpose swapaxes t split chunk unbind narrow gather index_select scatter_add "
+    "tril triu flip clone detach numel lerp").split()
+for _name in _METHOD_FUNCTIONS:
+    globals()[_name] = getattr(Tensor, _name)
+del _name
+
+
+def is_tensor(obj):
+    return isinstance(obj, Tensor)
+
+
+def is_floating_point(t):
+    return t.is_floating_point()
+
+
+# ---- grad mode: context managers that are also decorators ----
+class _GradMode(_contextlib.ContextDecorator):
+    _mode = None
+
+    def __enter__(self):
+        self._prev = _C.is_grad_enabled()
+        _C._set_grad_enabled(self._mode)
+        return self
+
+    def __exit__(self, *exc):
+        _C._set_grad_enabled(self._prev)
+        return False
+
+    def __call__(self, fn=None):  # @no_grad() and @no_grad both work
+        if fn is None:
+            return self
+        return super().__call__(fn)
+
+
+class no_grad(_GradMode):
+    """Ops record no autodiff history inside (a context manager and a decorator)."""
+    _mode = False
+
+    def __new__(cls, fn=None):
+        self = super().__new__(cls)
+        if callable(fn):  # bare @tessera.no_grad
+            return _GradMode.__call__(self, fn)
+        return self
+
+    def __init__(self, fn=None):
+        pass
+
+
+class enable_grad(no_grad):
+    """Recording back on inside a no_grad region."""
+    _mode = True
+
+
+class set_grad_enabled(_GradMode):
+    def __init__(self, mode):
+        self._mode = _builtins.bool(mode)
+        self._prev = _C.is_grad_enabled()
+        _C._set_grad_enabled(self._mode)  # takes effect at once, like torch.set_grad_enabled(False)
+
+    def __enter__(self):
+        return self
+
+
+inference_mode = no_grad
+
+
+@_contextlib.contextmanager
+def scope(name):
+    """Ops traced inside are attributed to `name` (joined with '.' when nested) in the profiler
+    and the memory plan; tessera.nn.Module.__call__ pushes each module's path this way."""
+    _C.push_scope(name)
+    try:
+        yield
+    finally:
+        _C.pop_scope()
+
+
+# ---- devices ----
+def _kind_available(kind):
+    return _builtins.any(d.type == kind and can_run for d, _, can_run, _ in _C.devices())
+
+
+class _DeviceModule(_types.ModuleType):
+    def __init__(self, kind):
+        super().__init__(f"tessera.{kind}")
+        self._kind = kind
+
+    def is_available(self):
+        """True when a `kind` device is registered and can run programs (a real answer)."""
+        return _kind_available(self._kind)
+
+    def device_count(self):
+        return _builtins.sum(1 for d, _, can_run, _ in _C.devices() if d.type == self._kind and can_run)
+
+    def why_unavailable(self):
+        return [l for l in _C.unavailable_backends() if l.startswith(self._kind + ":")] + \
+               [l for l in _C.plugin_errors() if self._kind in l]
+
+    def synchronize(self, device=None):
+        _C.sync()
+
+    def manual_seed(self, seed):
+        _C.manual_seed(seed)
+
+    manual_seed_all = manual_seed
+
+
+cuda = _DeviceModule("cuda")
+opencl = _DeviceModule("opencl")
+
+
+class _Backends(_types.SimpleNamespace):
+    pass
+
+
+backends = _Backends(mps=_types.SimpleNamespace(is_available=lambda: False),
+                     cudnn=_types.SimpleNamespace(allow_tf32=False, benchmark=False, deterministic=False))
+
+
+def devices():
+    """Every registered device as (tessera.device, description, can_execute, accelerator)."""
+    return _C.devices()
+
+
+# ---- profiler and memory ----
+profiler = _types.ModuleType("tessera.profiler", "tessera.profiler.profile(): the C++ Profiler")
+profiler.Profiler = _C.Profiler
+profiler.profile = _C.Profiler  # `with tessera.profiler.profile() as p: ...; print(p.table())`
+
+memory = _types.ModuleType("tessera.memory", "The static memory plan of compiled graphs")
+memory.plan = _C.plan_memory
+memory.pending_plan = _C.pending_memory_plan
+memory.last_plan = _C.last_memory_plan
+memory.write_viewer = _C.write_memory_viewer
+memory.MemoryPlan = _C.MemoryPlan
+
+
+# ---- what Tessera lacks fails loudly ----
+def _tensor_getattr(self, name):
+    if name.startswith("__") and name.endswith("__"):
+        raise AttributeError(name)
+    raise AttributeError(f"tessera.Tensor.{name} is not supported (a torch.Tensor attribute Tessera lacks; "
+                         "docs/python.md lists the surface)")
+
+
+Tensor.__getattr__ = _tensor_getattr
+
+
+def __getattr__(name):
+    if name.startswith("__") and name.endswith("__"):
+        raise AttributeError(name)
+    raise AttributeError(f"tessera.{name} is not supported (a torch name Tessera lacks; docs/python.md lists the surface)")
