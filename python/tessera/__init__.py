@@ -188,3 +188,7 @@ def __getattr__(name):
     if name.startswith("__") and name.endswith("__"):
         raise AttributeError(name)
     raise AttributeError(f"tessera.{name} is not supported (a torch name Tessera lacks; docs/python.md lists the surface)")
+
+
+# ---- the Python layers over the binding (after everything above: they import from it) ----
+from . import nn, optim  # noqa: E402

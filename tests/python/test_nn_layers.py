@@ -1,0 +1,158 @@
+"""Every tessera.nn layer against torch.nn 1.13: outputs, input gradients and parameter
+gradients (normalized error <= 1e-5 in float32), with the torch layer's weights loaded into
+tessera's through load_state_dict."""
+import numpy as np
+import pytest
+
+from nn_ref import close, copy_state, pair, rand, tessera, torch, to_np
+
+tnn, snn = torch.nn, tessera.nn
+
+
+def check_layer(make, x_np, rng, integer_input=False, extra=None, train=True):
+    """Runs make(torch.nn) and make(tessera.nn) on x; compares forward, backward and state."""
+    tm, sm = make(tnn), make(snn)
+    copy_state(tm, sm)
+    tm.train(train)
+    sm.train(train)
+    tx, sx = pair(x_np, requires_grad=not integer_input)
+    targs, sargs = ((), ()) if extra is None else extra
+    ty, sy = tm(tx, *targs), sm(sx, *sargs)
+    close(sy, ty, what="forward")
+    w = rand(rng, *ty.shape)
+    (ty * torch.tensor(w)).sum().backward()
+    (sy * tessera.tensor(w)).sum().backward()
+    if not integer_input:
+        close(sx.grad, tx.grad, what="input grad")
+    sparams = dict(sm.named_parameters())
+    for name, p in tm.named_parameters():
+        assert sparams[name].grad is not None, name
+        close(sparams[name].grad, p.grad, what=f"grad of {name}")
+    for (name, b), (sname, sb) in zip(tm.named_buffers(), sm.named_buffers()):
+        assert name == sname
+        close(sb, b, what=f"buffer {name}")
+    return tm, sm
+
+
+@pytest.fixture
+def rng():
+    return np.random.default_rng(0)
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_linear(rng, bias):
+    check_layer(lambda nn: nn.Linear(6, 5, bias=bias), rand(rng, 3, 4, 6), rng)
+
+
+def test_embedding(rng):
+    idx = rng.integers(0, 11, size=(3, 7)).astype(np.int64)
+    check_layer(lambda nn: nn.Embedding(11, 5), idx, rng, integer_input=True)
+
+
+def test_embedding_padding_idx(rng):
+    idx = np.array([[0, 2, 2, 1], [2, 3, 0, 2]], np.int64)
+    tm, sm = check_layer(lambda nn: nn.Embedding(4, 3, padding_idx=2), idx, rng, integer_input=True)
+    assert np.all(to_np(sm.weight)[2] == 0)
+
+
+@pytest.mark.parametrize("affine", [True, False])
+def test_layer_norm(rng, affine):
+    check_layer(lambda nn: nn.LayerNorm(8, eps=1e-4, elementwise_affine=affine), rand(rng, 2, 3, 8, scale=3), rng)
+    check_layer(lambda nn: nn.LayerNorm((3, 8)), rand(rng, 2, 3, 8), rng)
+
+
+@pytest.mark.parametrize("name,kw", [("ReLU", {}), ("GELU", {}), ("GELU", {"approximate": "tanh"}), ("SiLU", {}),
+                                     ("Tanh", {}), ("Sigmoid", {}), ("Softmax", {"dim": -1}),
+                                     ("LogSoftmax", {"dim": 1}), ("LeakyReLU", {"negative_slope": 0.2}),
+                                     ("Softplus", {}), ("ReLU6", {}), ("Identity", {}), ("Flatten", {}),
+                                     ("Dropout", {"p": 0.0})])
+def test_elementwise_layers(rng, name, kw):
+    check_layer(lambda nn: getattr(nn, name)(**kw), rand(rng, 4, 3, 5, scale=3), rng)
+
+
+def test_dropout_eval_is_identity_and_train_drops(rng):
+    check_layer(lambda nn: nn.Dropout(0.5), rand(rng, 4, 5), rng, train=False)
+    d = snn.Dropout(0.25)
+    y = to_np(d(tessera.ones(200, 100)))
+    kept = y != 0
+    assert abs(kept.mean() - 0.75) < 0.02
+    np.testing.assert_allclose(y[kept], 1 / 0.75, rtol=1e-6)
+
+
+def test_sequential(rng):
+    def make(nn):
+        return nn.Sequential(nn.Linear(5, 7), nn.ReLU(), nn.Linear(7, 3))
+    tm, sm = check_layer(make, rand(rng, 4, 5), rng)
+    assert len(sm) == 3 and isinstance(sm[1], snn.ReLU) and len(sm[1:]) == 2
+    assert [k for k, _ in sm.named_parameters()] == [k for k, _ in tm.named_parameters()]
+
+
+@pytest.mark.parametrize("kw", [{}, {"padding": 1}, {"stride": 2, "padding": 1}, {"groups": 2, "bias": False},
+                                {"dilation": 2}, {"padding": "same"}])
+def test_conv2d(rng, kw):
+    check_layer(lambda nn: nn.Conv2d(4, 6, 3, **kw), rand(rng, 2, 4, 9, 8), rng)
+
+
+def test_conv1d(rng):
+    check_layer(lambda nn: nn.Conv1d(3, 4, 3, stride=2, padding=1), rand(rng, 2, 3, 11), rng)
+
+
+@pytest.mark.parametrize("train", [True, False])
+def test_batch_norm2d(rng, train):
+    tm, sm = check_layer(lambda nn: nn.BatchNorm2d(3, momentum=0.2), rand(rng, 4, 3, 5, 5, scale=2) + 1, rng,
+                         train=train)
+    assert int(sm.num_batches_tracked.item()) == int(tm.num_batches_tracked.item())
+
+
+def test_batch_norm1d(rng):
+    check_layer(lambda nn: nn.BatchNorm1d(6), rand(rng, 8, 6), rng)
+
+
+@pytest.mark.parametrize("kw", [{"kernel_size": 2}, {"kernel_size": 3, "stride": 2, "padding": 1}])
+def test_max_pool2d(rng, kw):
+    check_layer(lambda nn: nn.MaxPool2d(**kw), rand(rng, 2, 3, 8, 8), rng)
+
+
+def test_avg_pools(rng):
+    check_layer(lambda nn: nn.AvgPool2d(2), rand(rng, 2, 3, 8, 8), rng)
+    check_layer(lambda nn: nn.AdaptiveAvgPool2d((1, 1)), rand(rng, 2, 3, 8, 8), rng)
+
+
+@pytest.mark.parametrize("kw", [{}, {"reduction": "sum"}, {"reduction": "none"}, {"ignore_index": 1},
+                                {"label_smoothing": 0.1}])
+def test_cross_entropy_loss(rng, kw):
+    y = rng.integers(0, 5, size=(6,)).astype(np.int64)
+    check_layer(lambda nn: nn.CrossEntropyLoss(**kw), rand(rng, 6, 5), rng,
+                extra=((torch.tensor(y),), (tessera.tensor(y),)))
+
+
+def test_cross_entropy_loss_classes_on_dim1(rng):
+    y = rng.integers(0, 5, size=(2, 3)).astype(np.int64)
+    check_layer(lambda nn: nn.CrossEntropyLoss(), rand(rng, 2, 5, 3), rng,
+                extra=((torch.tensor(y),), (tessera.tensor(y),)))
+
+
+def test_nll_loss(rng):
+    y = rng.integers(0, 5, size=(6,)).astype(np.int64)
+    check_layer(lambda nn: nn.NLLLoss(), rand(rng, 6, 5), rng, extra=((torch.tensor(y),), (tessera.tensor(y),)))
+
+
+@pytest.mark.parametrize("cls", ["MSELoss", "L1Loss"])
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_regression_losses(rng, cls, reduction):
+    t = rand(rng, 4, 3)
+    check_layer(lambda nn: getattr(nn, cls)(reduction=reduction), rand(rng, 4, 3), rng,
+                extra=((torch.tensor(t),), (tessera.tensor(t),)))
+
+
+def test_unsupported_arguments_fail_loudly():
+    with pytest.raises(TypeError, match="ceil_mode"):
+        snn.MaxPool2d(2, ceil_mode=True)
+    with pytest.raises(TypeError, match="weight"):
+        snn.CrossEntropyLoss(weight=tessera.ones(3))
+    with pytest.raises(TypeError, match="padding_mode"):
+        snn.Conv2d(1, 1, 3, padding_mode="reflect")
+    with pytest.raises(AttributeError, match="tessera.nn.TransformerEncoder is not supported"):
+        snn.TransformerEncoder
+    with pytest.raises(AttributeError, match="not supported"):
+        snn.functional.unfold
