@@ -132,14 +132,15 @@ Tensor from_python(nb::handle data, std::optional<DType> dtype, std::optional<te
     std::optional<DType> half;
     if (dname.find("bfloat16") != std::string::npos) half = DType::BFloat16;
     else if (dname.find("float16") != std::string::npos) half = DType::Float16;
-    if (half) arr = arr.attr("float")();
+    if (half) arr = nb::hasattr(arr, "astype") ? arr.attr("astype")("float32") : arr.attr("float")();
     if (!nb::hasattr(arr, "__dlpack__") && !nb::hasattr(arr, "__array_interface__"))
       throw nb::type_error((std::string("cannot make a tensor from ") + nb::repr(data).c_str()).c_str());
     if (nb::hasattr(arr, "is_contiguous") && !nb::cast<bool>(arr.attr("is_contiguous")())) arr = arr.attr("contiguous")();
     HostArray a;
     if (!nb::try_cast(arr, a, true)) {
       arr = numpy_module().attr("ascontiguousarray")(arr);
-      a = nb::cast<HostArray>(arr);
+      if (!nb::try_cast(arr, a, true))
+        throw nb::type_error((std::string("cannot make a tensor from ") + nb::repr(data).c_str()).c_str());
     }
     t = from_array(a, is_list, dev);
     if (half) t = t.to(*half);

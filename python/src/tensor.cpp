@@ -82,10 +82,7 @@ Tensor inplace_operand(const Tensor& t, nb::handle h, const char* name) {
   return b;
 }
 
-}  // namespace
-
-void bind_tensor(nb::module_& m) {
-  nb::class_<Tensor> cls(m, "Tensor");
+void bind_core(nb::class_<Tensor>& cls) {
   cls.def(nb::init<>())
       .def(nb::init<const Tensor&>(), nb::arg("data"),
            "A new handle on data's value and autodiff state (used by nn.Parameter subclasses)")
@@ -142,7 +139,9 @@ void bind_tensor(nb::module_& m) {
       })
       .def_prop_rw("data", &Tensor::detach, [](Tensor& t, const Tensor& v) { t.set_data(v); });
 
-  // ---- operators ----
+}
+
+void bind_operators(nb::class_<Tensor>& cls) {
   TPY_ARITH("__add__", "__radd__", +, add)
   TPY_ARITH("__sub__", "__rsub__", -, sub)
   TPY_ARITH("__mul__", "__rmul__", *, mul)
@@ -194,7 +193,10 @@ void bind_tensor(nb::module_& m) {
     return rbinop(a, h, "pow", [](const Tensor& x, const Tensor& y) { return tessera::pow(x, y); });
   });
 
-  // ---- in place (return self, like PyTorch) ----
+}
+
+// In place: each returns self, like PyTorch.
+void bind_inplace(nb::class_<Tensor>& cls) {
   TPY_INPLACE("__iadd__", t.add_(inplace_operand(t, h, "add_")));
   TPY_INPLACE("__isub__", t.sub_(inplace_operand(t, h, "sub_")));
   TPY_INPLACE("__imul__", t.mul_(inplace_operand(t, h, "mul_")));
@@ -241,6 +243,15 @@ void bind_tensor(nb::module_& m) {
     return self_after(self);
   }, nb::arg("a") = 0.0, nb::arg("b") = 1.0);
 
+}
+
+}  // namespace
+
+void bind_tensor(nb::module_& m) {
+  nb::class_<Tensor> cls(m, "Tensor");
+  bind_core(cls);
+  bind_operators(cls);
+  bind_inplace(cls);
   bind_tensor_methods(m, cls);
   bind_indexing(cls);
   bind_interop(m, cls);

@@ -81,16 +81,8 @@ int64_t correction_of(nb::handle unbiased, nb::handle correction) {
   return 1;
 }
 
-}  // namespace
-
-void bind_tensor_methods(nb::module_& m, nb::class_<Tensor>& cls) {
-  nb::object namedtuple = nb::module_::import_("collections").attr("namedtuple");
-  g_return_max = namedtuple("max", nb::make_tuple("values", "indices")).release();
-  g_return_min = namedtuple("min", nb::make_tuple("values", "indices")).release();
-  g_return_topk = namedtuple("topk", nb::make_tuple("values", "indices")).release();
-  m.attr("_return_types") = nb::make_tuple(nb::borrow(g_return_max), nb::borrow(g_return_min), nb::borrow(g_return_topk));
+void bind_math(nb::class_<Tensor>& cls) {
   auto none = nb::none();
-
   // ---- elementwise ----
 #define TPY_UNARY(name) cls.def(#name, [](const Tensor& t) { return tessera::name(t); })
   TPY_UNARY(neg); TPY_UNARY(abs); TPY_UNARY(sign); TPY_UNARY(sqrt); TPY_UNARY(rsqrt); TPY_UNARY(square);
@@ -144,7 +136,10 @@ void bind_tensor_methods(nb::module_& m, nb::class_<Tensor>& cls) {
   }, nb::arg("condition"), nb::arg("other"));
   cls.def("lerp", [](const Tensor& a, const Tensor& b, double w) { return a + (b - a) * w; });
 
-  // ---- reductions ----
+}
+
+void bind_reductions(nb::class_<Tensor>& cls) {
+  auto none = nb::none();
   cls.def("sum", [](const Tensor& t, nb::handle dim, bool keepdim, nb::handle dtype) {
     return cast_opt(t, dtype).sum(to_dims(dim), keepdim);
   }, nb::arg("dim").none() = none, nb::arg("keepdim") = false, nb::kw_only(), nb::arg("dtype").none() = none);
@@ -163,9 +158,9 @@ void bind_tensor_methods(nb::module_& m, nb::class_<Tensor>& cls) {
           nb::arg("dim").none() = none, nb::arg("keepdim") = false);
   cls.def("argmin", [](const Tensor& t, std::optional<int64_t> dim, bool keepdim) { return t.argmin(dim, keepdim); },
           nb::arg("dim").none() = none, nb::arg("keepdim") = false);
-  cls.def("all", [](const Tensor& t, nb::handle dim, bool keepdim) { return nonzero_mask(t).amin(to_dims(dim), keepdim); },
+  cls.def("all", [](const Tensor& t, nb::handle dim, bool keepdim) { return nonzero_mask(t).to(DType::Int32).amin(to_dims(dim), keepdim).to(DType::Bool); },
           nb::arg("dim").none() = none, nb::arg("keepdim") = false);
-  cls.def("any", [](const Tensor& t, nb::handle dim, bool keepdim) { return nonzero_mask(t).amax(to_dims(dim), keepdim); },
+  cls.def("any", [](const Tensor& t, nb::handle dim, bool keepdim) { return nonzero_mask(t).to(DType::Int32).amax(to_dims(dim), keepdim).to(DType::Bool); },
           nb::arg("dim").none() = none, nb::arg("keepdim") = false);
   cls.def("var", [](const Tensor& t, nb::handle dim, nb::handle unbiased, bool keepdim, nb::handle correction) {
     return tessera::var(t, to_dims(dim), correction_of(unbiased, correction), keepdim);
@@ -190,7 +185,11 @@ void bind_tensor_methods(nb::module_& m, nb::class_<Tensor>& cls) {
     return tessera::multinomial(t, n, replacement);
   }, nb::arg("num_samples"), nb::arg("replacement") = false, nb::kw_only(), nb::arg("generator").none() = none);
 
-  // ---- movement ----
+}
+
+void bind_movement(nb::class_<Tensor>& cls) {
+  auto none = nb::none();
+  nb::object pycls = cls;
   cls.def("reshape", [](const Tensor& t, nb::args s) { return t.reshape(shape_from_args(s, "reshape")); });
   cls.def("view", [](const Tensor& t, nb::args s) {
     if (s.size() == 1 && is_dtype(s[0])) throw nb::type_error("Tensor.view(dtype) is not supported by Tessera");
@@ -251,6 +250,20 @@ void bind_tensor_methods(nb::module_& m, nb::class_<Tensor>& cls) {
   TPY_CAST("float", Float32); TPY_CAST("double", Float64); TPY_CAST("half", Float16); TPY_CAST("bfloat16", BFloat16);
   TPY_CAST("long", Int64); TPY_CAST("int", Int32); TPY_CAST("bool", Bool);
 #undef TPY_CAST
+}
+
+}  // namespace
+
+void bind_tensor_methods(nb::module_& m, nb::class_<Tensor>& cls) {
+  nb::object namedtuple = nb::module_::import_("collections").attr("namedtuple");
+  g_return_max = namedtuple("max", nb::make_tuple("values", "indices")).release();
+  g_return_min = namedtuple("min", nb::make_tuple("values", "indices")).release();
+  g_return_topk = namedtuple("topk", nb::make_tuple("values", "indices")).release();
+  m.attr("_return_types") = nb::make_tuple(nb::borrow(g_return_max), nb::borrow(g_return_min), nb::borrow(g_return_topk));
+
+  bind_math(cls);
+  bind_reductions(cls);
+  bind_movement(cls);
 }
 
 }  // namespace tpy

@@ -1,6 +1,7 @@
 // tessera.dtype, tessera.device, the exception types and the argument conversions of common.h.
 #include <array>
 #include <cstring>
+#include <typeinfo>
 
 #include "common.h"
 
@@ -28,6 +29,8 @@ void translate(const std::exception_ptr& p) {
     const char* msg = e.what();
     bool index = std::strstr(msg, "out of range") || std::strstr(msg, "[index") || std::strstr(msg, "[index_put");
     PyErr_SetString((index ? g_index_error : g_runtime_error).ptr(), msg);
+  } catch (const std::bad_cast&) {  // nb::cast of an argument of the wrong Python type
+    PyErr_SetString(PyExc_TypeError, "an argument has the wrong type (see the signature in docs/python.md)");
   }
 }
 
@@ -127,6 +130,12 @@ Tensor operand(const Tensor& like, nb::handle h, const char* op) {
   try {
     Tensor t = from_python(h, std::nullopt, like.device());
     return t;
+  } catch (const nb::builtin_exception&) {
+    throw nb::type_error((std::string(op) + ": unsupported operand " + nb::repr(nb::handle(Py_TYPE(p))).c_str() +
+                          " (expected a tessera.Tensor or a number)").c_str());
+  } catch (const std::bad_cast&) {
+    throw nb::type_error((std::string(op) + ": unsupported operand " + nb::repr(nb::handle(Py_TYPE(p))).c_str() +
+                          " (expected a tessera.Tensor or a number)").c_str());
   } catch (const nb::python_error&) {
     throw nb::type_error((std::string(op) + ": unsupported operand " + nb::repr(nb::handle(Py_TYPE(p))).c_str() +
                           " (expected a tessera.Tensor or a number)").c_str());

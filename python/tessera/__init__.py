@@ -43,6 +43,48 @@ for _name in _METHOD_FUNCTIONS:
 del _name
 
 
+def isclose(a, b, rtol=1e-05, atol=1e-08, equal_nan=False):
+    if equal_nan:
+        raise TypeError("tessera.isclose(equal_nan=True) is not supported")
+    return abs(a - b) <= atol + rtol * abs(b)
+
+
+def allclose(a, b, rtol=1e-05, atol=1e-08, equal_nan=False):
+    """Reads the result (a host sync), like torch.allclose."""
+    return _builtins.bool(isclose(a, b, rtol, atol, equal_nan).all().item())
+
+
+def randperm(n, *, dtype=None, device=None, requires_grad=False):
+    """A random permutation of 0..n-1 from tessera's generator (seeded by manual_seed): uniform
+    draws ranked on the host, as torch.randperm runs on the host for CPU tensors."""
+    keys = rand(n).numpy()
+    return tensor(keys.argsort(kind="stable"), dtype=dtype or int64, device=device)
+
+
+def compile(model=None, **kwargs):  # noqa: A001
+    """Tessera always traces lazily and compiles each distinct graph once: torch.compile's job is
+    already done, so this returns the model (or function) unchanged."""
+    if model is None:
+        return lambda m: m
+    return model
+
+
+def _new_factory(make):
+    def new(self, *size, dtype=None, device=None, requires_grad=False):
+        return make(*size, dtype=dtype or self.dtype, device=device or self.device, requires_grad=requires_grad)
+    return new
+
+
+Tensor.new_zeros = _new_factory(zeros)
+Tensor.new_ones = _new_factory(ones)
+Tensor.new_empty = _new_factory(empty)
+Tensor.new_full = lambda self, size, fill_value, dtype=None, device=None, requires_grad=False: full(
+    size, fill_value, dtype=dtype or self.dtype, device=device or self.device, requires_grad=requires_grad)
+Tensor.new_tensor = lambda self, data, dtype=None, device=None, requires_grad=False: tensor(
+    data, dtype=dtype or self.dtype, device=device or self.device, requires_grad=requires_grad)
+Tensor.pin_memory = lambda self: self  # host tensors are already where a copy starts
+
+
 def is_tensor(obj):
     return isinstance(obj, Tensor)
 
@@ -151,7 +193,10 @@ class _Backends(_types.SimpleNamespace):
     pass
 
 
+# Flags scripts set for PyTorch's CUDA libraries; Tessera uses neither TF32 nor cuDNN, so they are
+# accepted and change nothing. mps: Tessera has no Metal backend.
 backends = _Backends(mps=_types.SimpleNamespace(is_available=lambda: False),
+                     cuda=_types.SimpleNamespace(matmul=_types.SimpleNamespace(allow_tf32=False)),
                      cudnn=_types.SimpleNamespace(allow_tf32=False, benchmark=False, deterministic=False))
 
 
