@@ -152,7 +152,69 @@ def test_unsupported_arguments_fail_loudly():
         snn.CrossEntropyLoss(weight=tessera.ones(3))
     with pytest.raises(TypeError, match="padding_mode"):
         snn.Conv2d(1, 1, 3, padding_mode="reflect")
-    with pytest.raises(AttributeError, match="tessera.nn.TransformerEncoder is not supported"):
-        snn.TransformerEncoder
+    with pytest.raises(AttributeError, match="tessera.nn.TransformerDecoder is not supported"):
+        snn.TransformerDecoder
     with pytest.raises(AttributeError, match="not supported"):
         snn.functional.unfold
+
+
+def test_elu_groupnorm_unflatten_convtranspose(rng):
+    check_layer(lambda nn: nn.ELU(alpha=0.7), rand(rng, 3, 4), rng)
+    check_layer(lambda nn: nn.GroupNorm(2, 6), rand(rng, 3, 6, 4, 4, scale=2), rng)
+    check_layer(lambda nn: nn.GroupNorm(3, 6, affine=False), rand(rng, 2, 6, 5), rng)
+    check_layer(lambda nn: nn.Unflatten(1, (2, 6)), rand(rng, 3, 12), rng)
+    check_layer(lambda nn: nn.ConvTranspose2d(4, 6, 3, stride=2, padding=1, output_padding=1), rand(rng, 2, 4, 5, 5),
+                rng)
+    check_layer(lambda nn: nn.ConvTranspose2d(4, 6, 2, groups=2, bias=False), rand(rng, 2, 4, 3, 3), rng)
+    check_layer(lambda nn: nn.Dropout2d(0.3), rand(rng, 2, 3, 4, 4), rng, train=False)
+
+
+def check_mha(make, L, S, N, E, rng, batch_first=False, **call):
+    tm, sm = make(tnn), make(snn)
+    copy_state(tm, sm)
+    shape = (lambda T: (N, T, E)) if batch_first else (lambda T: (T, N, E))
+    arrays = [rand(rng, *shape(L)), rand(rng, *shape(S)), rand(rng, *shape(S))]
+    tq, sq = zip(*[pair(a, requires_grad=True) for a in arrays])
+    tcall = {k: (torch.tensor(v) if isinstance(v, np.ndarray) else v) for k, v in call.items()}
+    scall = {k: (tessera.tensor(v) if isinstance(v, np.ndarray) else v) for k, v in call.items()}
+    (ty, tw), (sy, sw) = tm(*tq, **tcall), sm(*sq, **scall)
+    close(sy, ty, what="output")
+    if tw is not None:
+        close(sw, tw, what="weights")
+    w = rand(rng, *ty.shape)
+    (ty * torch.tensor(w)).sum().backward()
+    (sy * tessera.tensor(w)).sum().backward()
+    for i in range(3):
+        close(sq[i].grad, tq[i].grad, what=f"grad of input {i}")
+    sparams = dict(sm.named_parameters())
+    for name, p in tm.named_parameters():
+        close(sparams[name].grad, p.grad, what=f"grad of {name}")
+
+
+@pytest.mark.parametrize("case", ["plain", "bool_mask", "float_mask", "padding", "batch_first", "no_bias"])
+def test_multihead_attention(rng, case):
+    L, S, N, E = 4, 5, 2, 8
+    call = {}
+    if case == "bool_mask":
+        m = rng.random((L, S)) > 0.7
+        m[:, 0] = False
+        call["attn_mask"] = m
+    elif case == "float_mask":
+        call["attn_mask"] = rand(rng, L, S)
+    elif case == "padding":
+        call["key_padding_mask"] = np.array([[False, False, True, False, True], [False] * 5])
+        call["average_attn_weights"] = False
+    check_mha(lambda nn: nn.MultiheadAttention(E, 2, bias=case != "no_bias", batch_first=case == "batch_first"),
+              L, S, N, E, rng, batch_first=case == "batch_first", **call)
+
+
+@pytest.mark.parametrize("norm_first", [False, True])
+def test_transformer_encoder(rng, norm_first):
+    def make(nn):
+        layer = nn.TransformerEncoderLayer(8, 2, dim_feedforward=16, dropout=0.0, activation="gelu",
+                                           batch_first=True, norm_first=norm_first)
+        return nn.TransformerEncoder(layer, 2)
+    tm, sm = make(tnn), make(snn)
+    assert list(sm.state_dict()) == list(tm.state_dict())
+    mask = np.triu(np.ones((5, 5), bool), 1)
+    check_layer(make, rand(rng, 3, 5, 8), rng, extra=((torch.tensor(mask),), (tessera.tensor(mask),)))

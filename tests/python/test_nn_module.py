@@ -199,3 +199,20 @@ def test_module_paths_are_scopes_in_the_profiler():
     assert {"transformer.h.0.proj", "transformer.h.1.proj"} <= names, names
     assert any(n.startswith("transformer.h.1") for n in names)
     assert tessera.current_scope() == ""
+
+
+def test_memory_plan_names_python_modules():
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(16, 64)
+
+        def forward(self, x):
+            return self.fc(x).relu()
+
+    m = nn.Sequential(Block(), nn.Linear(64, 4))
+    loss = m(tessera.randn(32, 16)).square().mean()
+    loss.backward()
+    plan = tessera.memory.plan([loss, m[0].fc.weight.grad])
+    scopes = {b.scope for b in plan.buffers}
+    assert any(s.startswith("0.fc") for s in scopes), scopes

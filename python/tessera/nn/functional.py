@@ -45,6 +45,10 @@ def leaky_relu(input, negative_slope=0.01, inplace=False):
     return _result(input, tessera.where(input >= 0, input, input * negative_slope), inplace)
 
 
+def elu(input, alpha=1.0, inplace=False):
+    return _result(input, tessera.where(input > 0, input, (input.exp() - 1) * alpha), inplace)
+
+
 def gelu(input, approximate="none"):
     if approximate not in ("none", "tanh"):
         raise ValueError(f"approximate argument must be either none or tanh, got {approximate!r}")
@@ -96,6 +100,19 @@ def dropout(input, p=0.5, training=True, inplace=False):
     return _result(input, input * keep.to(input.dtype) * (1.0 / (1.0 - p)), inplace)
 
 
+def dropout2d(input, p=0.5, training=True, inplace=False):
+    """Zeroes whole channels of [N, C, H, W] (or [C, H, W]) inputs."""
+    if p < 0 or p > 1:
+        raise ValueError(f"dropout probability has to be between 0 and 1, but got {p}")
+    if not training or p == 0:
+        return input
+    if input.dim() not in (3, 4):
+        raise ValueError(f"dropout2d expects a 3-D or 4-D input, got {input.dim()}-D")
+    mask_shape = tuple(input.shape[:-2]) + (1, 1)
+    keep = tessera.rand(mask_shape, dtype=input.dtype, device=input.device) >= p
+    return _result(input, input * keep.to(input.dtype) * (1.0 / (1.0 - p)), inplace)
+
+
 # ---- layers ----
 def linear(input, weight, bias=None):
     y = input.matmul(weight.t() if weight.dim() == 2 else weight)
@@ -117,6 +134,22 @@ def layer_norm(input, normalized_shape, weight=None, bias=None, eps=1e-5):
     if isinstance(normalized_shape, int):
         normalized_shape = [normalized_shape]
     return _nn.layer_norm(input, list(normalized_shape), weight, bias, float(eps))
+
+
+def group_norm(input, num_groups, weight=None, bias=None, eps=1e-5):
+    N, C = input.shape[0], input.shape[1]
+    if C % num_groups:
+        raise ValueError(f"group_norm: {C} channels are not divisible into {num_groups} groups")
+    x = input.reshape(N, num_groups, -1)
+    mean = x.mean(-1, keepdim=True)
+    d = x - mean
+    y = (d * ((d * d).mean(-1, keepdim=True) + eps).rsqrt()).reshape(tuple(input.shape))
+    shape = (1, C) + (1,) * (input.dim() - 2)
+    if weight is not None:
+        y = y * weight.reshape(shape)
+    if bias is not None:
+        y = y + bias.reshape(shape)
+    return y
 
 
 def batch_norm(input, running_mean, running_var, weight=None, bias=None, training=False, momentum=0.1, eps=1e-5):

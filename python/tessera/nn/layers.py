@@ -143,6 +143,7 @@ def _activation(name, fn, args=(), doc=None):
 
 
 ReLU = _activation("ReLU", F.relu, [("inplace", False)])
+ELU = _activation("ELU", F.elu, [("alpha", 1.0), ("inplace", False)])
 ReLU6 = _activation("ReLU6", F.relu6, [("inplace", False)])
 LeakyReLU = _activation("LeakyReLU", F.leaky_relu, [("negative_slope", 0.01), ("inplace", False)])
 GELU = _activation("GELU", F.gelu, [("approximate", "none")])
@@ -152,6 +153,22 @@ Sigmoid = _activation("Sigmoid", F.sigmoid)
 Softplus = _activation("Softplus", F.softplus, [("beta", 1), ("threshold", 20)])
 Softmax = _activation("Softmax", F.softmax, [("dim", None)])
 LogSoftmax = _activation("LogSoftmax", F.log_softmax, [("dim", None)])
+
+
+class Dropout2d(Dropout):
+    def forward(self, input):
+        return F.dropout2d(input, self.p, self.training, self.inplace)
+
+
+class Unflatten(Module):
+    def __init__(self, dim, unflattened_size):
+        super().__init__()
+        self.dim, self.unflattened_size = dim, tuple(unflattened_size)
+
+    def forward(self, input):
+        d = self.dim % input.dim()
+        shape = tuple(input.shape)
+        return input.reshape(shape[:d] + self.unflattened_size + shape[d + 1:])
 
 
 class Flatten(Module):
@@ -166,7 +183,10 @@ class Flatten(Module):
         return f"start_dim={self.start_dim}, end_dim={self.end_dim}"
 
 
-def _conv_init(m, fan_in):
+def _conv_init(m):
+    """PyTorch's default: kaiming-uniform weights and U(-1/sqrt(fan_in), 1/sqrt(fan_in)) biases,
+    fan_in from the weight's dim 1 and kernel (so a transposed weight counts its output side)."""
+    fan_in = init._calculate_fan_in_and_fan_out(m.weight)[0]
     init.kaiming_uniform_(m.weight, a=math.sqrt(5))
     if m.bias is not None:
         bound = 1 / math.sqrt(fan_in) if fan_in > 0 else 0
@@ -189,16 +209,18 @@ class _ConvNd(Module):
         self.stride, self.dilation = tuple(F._pair(stride, n)), tuple(F._pair(dilation, n))
         self.padding = padding if isinstance(padding, str) else tuple(F._pair(padding, n))
         self.padding_mode = padding_mode
-        self.weight = Parameter(tessera.empty((out_channels, in_channels // groups) + self.kernel_size,
-                                              **_factory(device, dtype)))
+        self.weight = Parameter(tessera.empty(self._weight_shape(), **_factory(device, dtype)))
         if bias:
             self.bias = Parameter(tessera.empty(out_channels, **_factory(device, dtype)))
         else:
             self.register_parameter("bias", None)
         self.reset_parameters()
 
+    def _weight_shape(self):  # [out, in / groups, kH, kW]
+        return (self.out_channels, self.in_channels // self.groups) + self.kernel_size
+
     def reset_parameters(self):
-        _conv_init(self, self.in_channels // self.groups * math.prod(self.kernel_size))
+        _conv_init(self)
 
     def extra_repr(self):
         s = f"{self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}, stride={self.stride}"
@@ -221,6 +243,40 @@ class Conv1d(_ConvNd):
 class Conv2d(_ConvNd):
     def forward(self, input):
         return F.conv2d(input, self.weight, self.bias, self.stride, self.padding, self.dilation, self.groups)
+
+
+class ConvTranspose2d(_ConvNd):
+    def __init__(self, in_channels, out_channels, kernel_size, stride=1, padding=0, output_padding=0, groups=1,
+                 bias=True, dilation=1, padding_mode="zeros", device=None, dtype=None):
+        if isinstance(padding, str):
+            raise TypeError("tessera.nn.ConvTranspose2d: string padding is not supported")
+        super().__init__(in_channels, out_channels, kernel_size, stride, padding, dilation, groups, bias,
+                         padding_mode, device, dtype)
+        self.output_padding = tuple(F._pair(output_padding))
+
+    def _weight_shape(self):  # [in, out / groups, kH, kW]
+        return (self.in_channels, self.out_channels // self.groups) + self.kernel_size
+
+    def forward(self, input):
+        return F.conv_transpose2d(input, self.weight, self.bias, self.stride, self.padding, self.output_padding,
+                                  self.groups, self.dilation)
+
+
+class GroupNorm(Module):
+    def __init__(self, num_groups, num_channels, eps=1e-5, affine=True, device=None, dtype=None):
+        super().__init__()
+        if num_channels % num_groups:
+            raise ValueError("num_channels must be divisible by num_groups")
+        self.num_groups, self.num_channels, self.eps, self.affine = num_groups, num_channels, eps, affine
+        if affine:
+            self.weight = Parameter(tessera.ones(num_channels, **_factory(device, dtype)))
+            self.bias = Parameter(tessera.zeros(num_channels, **_factory(device, dtype)))
+        else:
+            self.register_parameter("weight", None)
+            self.register_parameter("bias", None)
+
+    def forward(self, input):
+        return F.group_norm(input, self.num_groups, self.weight, self.bias, self.eps)
 
 
 class MaxPool2d(Module):
