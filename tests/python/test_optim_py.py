@@ -56,6 +56,13 @@ def test_adam(cls, kw):
     run_both(lambda optim, params: getattr(optim, cls)(params, **kw))
 
 
+@pytest.mark.parametrize("cls,kw", [("RMSprop", {}), ("RMSprop", dict(momentum=0.9, centered=True, weight_decay=0.01)),
+                                    ("Adagrad", dict(lr=0.1, lr_decay=0.01, initial_accumulator_value=0.1)),
+                                    ("Adadelta", dict(weight_decay=0.01)), ("Adadelta", dict(lr=0.5, maximize=True))])
+def test_python_rule_optimizers(cls, kw):
+    run_both(lambda optim, params: getattr(optim, cls)(params, **kw))
+
+
 def test_learning_rate_changes_between_steps_without_recompiling():
     lrs = [0.01, 0.005, 0.02, 0.001, 0.015, 0.007]
     run_both(lambda optim, params: optim.AdamW(params, lr=0.01), steps=2)  # compile the step once
@@ -106,7 +113,7 @@ def test_zero_grad_and_errors():
         tessera.optim.AdamW([p], lr=-1)
 
 
-@pytest.mark.parametrize("cls", ["SGD", "Adam", "AdamW"])
+@pytest.mark.parametrize("cls", ["SGD", "Adam", "AdamW", "RMSprop", "Adagrad", "Adadelta"])
 def test_signatures_match_torch(cls):
     mine = inspect.signature(getattr(tessera.optim, cls))
     theirs = inspect.signature(getattr(torch.optim, cls))
@@ -138,6 +145,8 @@ def test_subclass_runs_its_own_rule():
 
 @pytest.mark.parametrize("make", [lambda lrs, o: lrs.LambdaLR(o, lambda e: 0.9 ** e),
                                   lambda lrs, o: lrs.StepLR(o, 2, gamma=0.5),
+                                  lambda lrs, o: lrs.MultiStepLR(o, [2, 5, 5, 7], gamma=0.5),
+                                  lambda lrs, o: lrs.ExponentialLR(o, 0.9),
                                   lambda lrs, o: lrs.CosineAnnealingLR(o, T_max=4, eta_min=0.01)])
 def test_schedulers_match_torch(make):
     tp, sp = torch.nn.Parameter(torch.ones(1)), tessera.nn.Parameter(tessera.ones(1))

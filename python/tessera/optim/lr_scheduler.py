@@ -1,4 +1,5 @@
-"""tessera.optim.lr_scheduler: LambdaLR, StepLR and CosineAnnealingLR (PyTorch's formulas).
+"""tessera.optim.lr_scheduler: LambdaLR, StepLR, MultiStepLR, ExponentialLR and CosineAnnealingLR
+(PyTorch's formulas).
 They set group["lr"], a runtime scalar of the step's graph: no recompiles."""
 import math
 
@@ -60,6 +61,27 @@ class StepLR(LRScheduler):
 
     def get_lr(self):
         if self.last_epoch == 0 or self.last_epoch % self.step_size != 0:
+            return [g["lr"] for g in self.optimizer.param_groups]
+        return [g["lr"] * self.gamma for g in self.optimizer.param_groups]
+
+
+class MultiStepLR(LRScheduler):
+    def __init__(self, optimizer, milestones, gamma=0.1, last_epoch=-1, verbose=False):
+        self.milestones, self.gamma = sorted(milestones), gamma
+        super().__init__(optimizer, last_epoch, verbose)
+
+    def get_lr(self):
+        hits = self.milestones.count(self.last_epoch)
+        return [g["lr"] * self.gamma ** hits for g in self.optimizer.param_groups]
+
+
+class ExponentialLR(LRScheduler):
+    def __init__(self, optimizer, gamma, last_epoch=-1, verbose=False):
+        self.gamma = gamma
+        super().__init__(optimizer, last_epoch, verbose)
+
+    def get_lr(self):
+        if self.last_epoch == 0:
             return [g["lr"] for g in self.optimizer.param_groups]
         return [g["lr"] * self.gamma for g in self.optimizer.param_groups]
 
