@@ -63,11 +63,14 @@ def test_python_rule_optimizers(cls, kw):
     run_both(lambda optim, params: getattr(optim, cls)(params, **kw))
 
 
-def test_learning_rate_changes_between_steps_without_recompiling():
+@pytest.mark.parametrize("make", [lambda optim, params: optim.AdamW(params, lr=0.01),
+                                  lambda optim, params: optim.SGD(params, lr=0.01, momentum=0.9),
+                                  lambda optim, params: optim.RMSprop(params, lr=0.01, momentum=0.5)])
+def test_learning_rate_changes_between_steps_without_recompiling(make):
     lrs = [0.01, 0.005, 0.02, 0.001, 0.015, 0.007]
-    run_both(lambda optim, params: optim.AdamW(params, lr=0.01), steps=2)  # compile the step once
+    run_both(make, steps=2)  # compile the step once
     before = tessera.metrics().graphs_compiled
-    run_both(lambda optim, params: optim.AdamW(params, lr=0.01), steps=len(lrs), lrs=lrs, check_every=False)
+    run_both(make, steps=len(lrs), lrs=lrs, check_every=False)
     # A fresh model's first step (no moments yet) and the steady step: the rates never add one.
     assert tessera.metrics().graphs_compiled - before <= 2
 

@@ -6,7 +6,9 @@ from tessera.optim.optimizer import Optimizer
 
 
 def _scalar(v, like):
-    return tessera.tensor(float(v), dtype=like.dtype, device=like.device)
+    # A one-element list becomes a realized buffer (a graph input); a bare Python float would be
+    # folded into the graph as a constant and recompile it whenever it changes.
+    return tessera.tensor([float(v)], dtype=like.dtype, device=like.device).reshape(())
 
 
 def _check(name, lr, eps, weight_decay, **flags):
