@@ -216,3 +216,43 @@ def test_memory_plan_names_python_modules():
     plan = tessera.memory.plan([loss, m[0].fc.weight.grad])
     scopes = {b.scope for b in plan.buffers}
     assert any(s.startswith("0.fc") for s in scopes), scopes
+
+
+def test_deepcopy_clones_parameters_and_buffers_keeping_ties():
+    import copy
+    m = Net()
+    c = copy.deepcopy(m)
+    assert c.emb.weight is not m.emb.weight and c.heads.a.weight is c.emb.weight
+    assert isinstance(c.emb.weight, nn.Parameter) and c.emb.weight.requires_grad
+    np.testing.assert_array_equal(c.emb.weight.detach().numpy(), m.emb.weight.detach().numpy())
+    assert c.scale is not m.scale and [n for n, _ in c.named_buffers()] == ["scale", "cache"]
+    with tessera.no_grad():
+        c.emb.weight.add_(1.0)
+    assert not np.allclose(c.emb.weight.detach().numpy(), m.emb.weight.detach().numpy())
+
+
+def test_state_dict_loads_into_torch_and_back():
+    def make(lib):
+        return lib.nn.Sequential(lib.nn.Conv2d(1, 2, 3), lib.nn.BatchNorm2d(2), lib.nn.Flatten(), lib.nn.Linear(8, 3))
+    sm, tm = make(tessera), make(torch)
+    x = rand(np.random.default_rng(2), 2, 1, 4, 4)
+    sm(tessera.tensor(x))  # training mode: moves the running statistics
+    tm.load_state_dict({k: torch.from_numpy(v.detach().numpy()) for k, v in sm.state_dict().items()})
+    sm.eval(), tm.eval()
+    close(sm(tessera.tensor(x)), tm(torch.tensor(x)), what="eval output after loading tessera's state into torch")
+
+
+def test_errors_name_the_op_shapes_and_module_path():
+    class Model(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.blocks = nn.ModuleList([nn.Sequential(nn.Linear(4, 4), nn.Linear(5, 2))])
+
+        def forward(self, x):
+            return self.blocks[0](x)
+
+    with pytest.raises(RuntimeError) as e:
+        Model()(tessera.randn(3, 4)).sum().item()
+    msg = str(e.value)
+    assert "blocks.0.1" in msg and "[3, 4]" in msg, msg
+    assert tessera.current_scope() == ""  # the failed call's scopes were popped
