@@ -10,9 +10,24 @@ using tessera::indexing::TensorIndex;
 
 bool is_bool_tensor(nb::handle h) { return is_tensor(h) && as_tensor(h).dtype() == DType::Bool; }
 
+// A slice bound or index: a Python int, a one-element integer tensor (`for i in ix: x[i:i+n]`) or
+// anything with __index__ (numpy integers).
+int64_t as_index(nb::handle h) {
+  if (is_tensor(h)) {
+    const Tensor& t = as_tensor(h);
+    if (!tessera::is_integral(t.dtype()) || t.numel() != 1)
+      throw nb::type_error(("only one-element integer tensors can be used as a slice bound or index, got " +
+                            std::string(tessera::dtype_name(t.dtype())) + tessera::shape_str(t.shape())).c_str());
+    return t.item<int64_t>();
+  }
+  Py_ssize_t v = PyNumber_AsSsize_t(h.ptr(), PyExc_IndexError);
+  if (v == -1 && PyErr_Occurred()) throw nb::python_error();
+  return v;
+}
+
 std::optional<int64_t> bound(nb::handle h) {
   if (h.is_none()) return std::nullopt;
-  return nb::cast<int64_t>(h);
+  return as_index(h);
 }
 
 TensorIndex one_index(nb::handle h, const Tensor& x) {
@@ -34,7 +49,7 @@ TensorIndex one_index(nb::handle h, const Tensor& x) {
     return TensorIndex(t);
   }
   if (nb::isinstance<nb::list>(h)) return TensorIndex(from_python(h, DType::Int64, x.device()));
-  if (PyIndex_Check(p)) return TensorIndex(static_cast<int64_t>(PyNumber_AsSsize_t(p, PyExc_IndexError)));
+  if (PyIndex_Check(p)) return TensorIndex(as_index(h));
   throw nb::type_error((std::string("unsupported index ") + nb::repr(h).c_str() +
                         " (Tessera takes ints, slices, None, ..., an integer tensor or list, or a bool mask)").c_str());
 }

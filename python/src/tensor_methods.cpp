@@ -1,5 +1,7 @@
 // The named Tensor methods (PyTorch's names, keywords and defaults), each a forward to the C++
 // op of the same meaning; tessera/__init__.py exposes the same as tessera.<name>(tensor, ...).
+#include <cmath>
+
 #include "common.h"
 
 namespace tpy {
@@ -170,6 +172,16 @@ void bind_reductions(nb::class_<Tensor>& cls) {
     return tessera::std(t, to_dims(dim), correction_of(unbiased, correction), keepdim);
   }, nb::arg("dim").none() = none, nb::arg("unbiased").none() = none, nb::arg("keepdim") = false, nb::kw_only(),
      nb::arg("correction").none() = none);
+  // The vector norm over dim (all elements by default): p = 2, 1, inf or any positive number.
+  cls.def("norm", [](const Tensor& t, nb::handle p, nb::handle dim, bool keepdim) {
+    double ord = p.is_none() ? 2.0 : nb::cast<double>(p);
+    std::vector<int64_t> dims = to_dims(dim);
+    if (std::isinf(ord) && ord > 0) return t.abs().amax(dims, keepdim);
+    if (ord == 2) return t.square().sum(dims, keepdim).sqrt();
+    if (ord == 1) return t.abs().sum(dims, keepdim);
+    if (!(ord > 0)) throw nb::value_error("norm: p must be positive (or inf)");
+    return t.abs().pow(ord).sum(dims, keepdim).pow(1.0 / ord);
+  }, nb::arg("p").none() = none, nb::arg("dim").none() = none, nb::arg("keepdim") = false);
   cls.def("logsumexp", [](const Tensor& t, nb::handle dim, bool keepdim) { return t.logsumexp(to_dims(dim), keepdim); },
           nb::arg("dim"), nb::arg("keepdim") = false);
   cls.def("softmax", [](const Tensor& t, int64_t dim, nb::handle dtype) { return cast_opt(t, dtype).softmax(dim); },

@@ -37,7 +37,7 @@ _METHOD_FUNCTIONS = (
     "remainder pow matmul mm bmm eq ne lt le gt ge maximum minimum clamp clip masked_fill sum mean max min amax "
     "amin argmax argmin all any var std logsumexp softmax log_softmax topk multinomial reshape permute "
     "flatten squeeze unsqueeze transpose swapaxes t split chunk unbind narrow gather index_select scatter_add "
-    "tril triu flip clone detach numel lerp").split()
+    "tril triu flip clone detach numel lerp norm").split()
 for _name in _METHOD_FUNCTIONS:
     globals()[_name] = getattr(Tensor, _name)
 del _name
@@ -83,6 +83,95 @@ Tensor.new_full = lambda self, size, fill_value, dtype=None, device=None, requir
 Tensor.new_tensor = lambda self, data, dtype=None, device=None, requires_grad=False: tensor(
     data, dtype=dtype or self.dtype, device=device or self.device, requires_grad=requires_grad)
 Tensor.pin_memory = lambda self: self  # host tensors are already where a copy starts
+
+_TYPE_NAMES = {float32: "FloatTensor", float64: "DoubleTensor", float16: "HalfTensor", bfloat16: "BFloat16Tensor",
+               int64: "LongTensor", int32: "IntTensor", bool: "BoolTensor"}
+
+
+def _type(self, dtype=None, non_blocking=False):
+    """x.type() names the type ('tessera.FloatTensor'); x.type(dtype) casts."""
+    if dtype is None:
+        return "tessera." + _TYPE_NAMES[self.dtype]
+    return self.to(dtype)
+
+
+Tensor.type = _type
+
+
+def _legacy_constructor(dt):
+    def make(*args):
+        """tessera.LongTensor([1, 2]) (data) or tessera.LongTensor(2, 3) (zeros of that size)."""
+        if args and _builtins.all(isinstance(a, _builtins.int) for a in args):
+            return zeros(*args, dtype=dt)
+        return tensor(args[0] if args else [], dtype=dt)
+    return make
+
+
+for _dt, _n in _TYPE_NAMES.items():
+    globals()[_n] = _legacy_constructor(_dt)
+del _dt, _n
+
+
+class _DataAlias(Tensor):
+    """What `x.data` returns: x's value without history, whose in-place ops write through to x
+    (as `p.data.add_(...)` / `p.grad.data.zero_()` do in PyTorch, where .data shares storage)."""
+
+    def __init__(self, base):
+        super().__init__(base.detach())
+        self._base = base
+
+
+def _write_through(name):
+    op = getattr(Tensor, name)
+
+    def method(self, *args, **kwargs):
+        op(self, *args, **kwargs)
+        _data_property.__set__(self._base, self)
+        return self
+    method.__name__ = name
+    return method
+
+
+for _n in ("add_ sub_ mul_ div_ copy_ fill_ zero_ masked_fill_ clamp_ normal_ uniform_ "
+           "__iadd__ __isub__ __imul__ __itruediv__ __setitem__").split():
+    setattr(_DataAlias, _n, _write_through(_n))
+del _n
+_data_property = Tensor.data
+Tensor.data = property(lambda self: _DataAlias(self), lambda self, v: _data_property.__set__(self, v),
+                       doc="The value without autodiff history; in-place ops on it write through to this tensor")
+
+
+inf = _builtins.float("inf")
+nan = _builtins.float("nan")
+pi = 3.141592653589793
+e = 2.718281828459045
+
+
+class finfo:
+    """torch.finfo for tessera's floating dtypes: bits, eps, max, min, tiny."""
+    _TABLE = {"float32": (32, 1.1920928955078125e-07, 3.4028234663852886e+38, 1.1754943508222875e-38),
+              "float64": (64, 2.220446049250313e-16, 1.7976931348623157e+308, 2.2250738585072014e-308),
+              "float16": (16, 0.0009765625, 65504.0, 6.103515625e-05),
+              "bfloat16": (16, 0.0078125, 3.3895313892515355e+38, 1.1754943508222875e-38)}
+
+    def __init__(self, dtype=float32):
+        name = repr(dtype).split(".")[-1]
+        if name not in self._TABLE:
+            raise TypeError(f"finfo: {dtype} is not a floating dtype")
+        self.dtype = dtype
+        self.bits, self.eps, self.max, self.tiny = self._TABLE[name]
+        self.min = -self.max
+        self.smallest_normal = self.tiny
+
+
+class iinfo:
+    def __init__(self, dtype):
+        bits = {"int32": 32, "int64": 64}.get(repr(dtype).split(".")[-1])
+        if bits is None:
+            raise TypeError(f"iinfo: {dtype} is not an integer dtype")
+        self.dtype, self.bits = dtype, bits
+        self.max = 2 ** (bits - 1) - 1
+        self.min = -(2 ** (bits - 1))
 
 
 def is_tensor(obj):
@@ -183,6 +272,15 @@ class _DeviceModule(_types.ModuleType):
         _C.manual_seed(seed)
 
     manual_seed_all = manual_seed
+
+
+    def is_bf16_supported(self):
+        return self.is_available()  # bfloat16 is a storage type on every tessera device
+
+    def __getattr__(self, name):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        raise AttributeError(f"tessera.{self._kind}.{name} is not supported (a torch.{self._kind} name Tessera lacks)")
 
 
 cuda = _DeviceModule("cuda")

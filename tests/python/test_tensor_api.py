@@ -242,3 +242,40 @@ def test_python_level_helpers(th):
     assert tessera.isclose(a, tessera.tensor([1.0, 2.1])).tolist() == [True, False]
     f = lambda t: t * 2  # noqa: E731
     assert tessera.compile(f) is f
+
+
+def test_data_writes_through_like_torch(th):
+    for m in (tessera, th):
+        p = m.ones(3, requires_grad=True)
+        (p * 2).sum().backward()
+        p.data.add_(m.ones(3), alpha=-0.5)  # the old optimizer idiom
+        p.grad.data.zero_()
+        d = p.data
+        d[0] = 5.0
+        p.data *= 2
+        assert p.tolist() == [10.0, 1.0, 1.0] and p.grad.tolist() == [0.0, 0.0, 0.0], m
+        assert p.requires_grad and not p.data.requires_grad
+        q = p.data * 3  # no history reaches p
+        assert not q.requires_grad
+
+
+def test_slice_bounds_from_tensors_and_numpy(th):
+    data = tessera.arange(100)
+    ix = tessera.tensor([3, 50])
+    batch = tessera.stack([data[i:i + 4] for i in ix])
+    assert batch.tolist() == [[3, 4, 5, 6], [50, 51, 52, 53]]
+    assert data[np.int64(7)].item() == 7 and data[np.int32(2):np.int64(4)].tolist() == [2, 3]
+
+
+def test_misc_torch_names(th):
+    x = tessera.tensor([[3.0, -4.0]])
+    assert x.norm().item() == 5.0 and tessera.norm(x, p=1).item() == 7.0
+    assert_close(x.norm(dim=1, keepdim=True), th.tensor([[3.0, -4.0]]).norm(dim=1, keepdim=True))
+    assert x.type() == "tessera.FloatTensor" and x.type(tessera.long).dtype is tessera.int64
+    assert tessera.LongTensor([1, 2]).dtype is tessera.int64 and tessera.FloatTensor(2, 3).shape == (2, 3)
+    assert tessera.finfo(tessera.float32).min == th.finfo(th.float32).min
+    assert tessera.finfo(tessera.bfloat16).eps == th.finfo(th.bfloat16).eps
+    assert tessera.iinfo(tessera.int64).max == th.iinfo(th.int64).max
+    assert tessera.inf == float("inf") and tessera.pi == th.pi
+    with pytest.raises(AttributeError, match="tessera.cuda.amp is not supported"):
+        tessera.cuda.amp
