@@ -71,7 +71,7 @@ def sigmoid(input):
     return input.sigmoid()
 
 
-def _dim_or_default(input, dim, op):
+def _dim_or_default(input, dim):
     if dim is None:  # PyTorch's legacy implicit dim (with a warning there)
         dim = 0 if input.dim() in (0, 1, 3) else 1
     return dim
@@ -80,13 +80,13 @@ def _dim_or_default(input, dim, op):
 def softmax(input, dim=None, _stacklevel=3, dtype=None):
     if dtype is not None:
         input = input.to(dtype)
-    return input.softmax(_dim_or_default(input, dim, "softmax"))
+    return input.softmax(_dim_or_default(input, dim))
 
 
 def log_softmax(input, dim=None, _stacklevel=3, dtype=None):
     if dtype is not None:
         input = input.to(dtype)
-    return input.log_softmax(_dim_or_default(input, dim, "log_softmax"))
+    return input.log_softmax(_dim_or_default(input, dim))
 
 
 def dropout(input, p=0.5, training=True, inplace=False):

@@ -116,13 +116,15 @@ class Dropout(Module):
         return f"p={self.p}, inplace={self.inplace}"
 
 
-def _activation(name, fn, args=(), doc=None):
+def _activation(name, fn, args=()):
     """A parameterless activation module calling fn(input, *its arguments)."""
 
     def __init__(self, *a, **k):
         Module.__init__(self)
         values = dict(args)
         names = [n for n, _ in args]
+        if len(a) > len(names):
+            raise TypeError(f"{name}.__init__() takes {len(names)} positional arguments, got {len(a)}")
         for n, v in zip(names, a):
             values[n] = v
         for n, v in k.items():
@@ -139,7 +141,7 @@ def _activation(name, fn, args=(), doc=None):
         return ", ".join(f"{n}={getattr(self, n)!r}" for n, _ in args if n != "inplace")
 
     return type(name, (Module,), {"__init__": __init__, "forward": forward, "extra_repr": extra_repr,
-                                  "__doc__": doc or f"PyTorch's nn.{name}."})
+                                  "__doc__": f"PyTorch's nn.{name}."})
 
 
 ReLU = _activation("ReLU", F.relu, [("inplace", False)])

@@ -38,9 +38,6 @@ class Parameter(tessera.Tensor):
         memo[id(self)] = r
         return r
 
-    def __reduce_ex__(self, proto):
-        return (Parameter, (self.detach(), self.requires_grad))
-
 
 class Buffer:
     """Marks a tensor assigned to a module attribute as a buffer (torch >= 2.5's nn.Buffer)."""
@@ -70,12 +67,13 @@ def _structure_changed():
 
 
 def _as_tensor(value):
-    """A tessera tensor holding value (a tessera tensor, a torch tensor or anything numpy reads)."""
+    """value as a tessera tensor: a tessera tensor as is; a torch tensor (even one that requires
+    grad) or anything numpy reads, copied. For checkpoints made by either library."""
     if isinstance(value, tessera.Tensor):
         return value
-    if hasattr(value, "detach") and hasattr(value, "cpu"):  # a torch tensor
-        value = value.detach().cpu().numpy()
-    return tessera.tensor(value)
+    if hasattr(value, "detach"):
+        value = value.detach()
+    return tessera.as_tensor(value)
 
 
 class Module:

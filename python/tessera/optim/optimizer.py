@@ -9,6 +9,7 @@ import copy
 from collections import defaultdict
 
 import tessera
+from tessera.nn.module import _as_tensor
 
 
 class _RequiredParameter:
@@ -131,11 +132,3 @@ class Optimizer:
             for k, v in saved.items():
                 if k != "params":
                     mine[k] = copy.deepcopy(v)
-
-
-def _as_tensor(v):
-    if isinstance(v, tessera.Tensor):
-        return v
-    if hasattr(v, "detach"):  # torch
-        v = v.detach().cpu().numpy()
-    return tessera.tensor(v)
