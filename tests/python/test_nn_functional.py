@@ -33,6 +33,7 @@ def rng():
     return np.random.default_rng(1)
 
 
+@pytest.mark.filterwarnings("ignore:nn.functional.(tanh|sigmoid) is deprecated")
 @pytest.mark.parametrize("name,kw", [("relu", {}), ("gelu", {}), ("gelu", {"approximate": "tanh"}), ("silu", {}),
                                      ("softmax", {"dim": 1}), ("log_softmax", {"dim": -1}), ("tanh", {}),
                                      ("sigmoid", {}), ("softplus", {"beta": 2.0}), ("leaky_relu", {}),
