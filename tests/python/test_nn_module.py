@@ -256,3 +256,43 @@ def test_errors_name_the_op_shapes_and_module_path():
     msg = str(e.value)
     assert "blocks.0.1" in msg and "[3, 4]" in msg, msg
     assert tessera.current_scope() == ""  # the failed call's scopes were popped
+
+
+def test_scopes_of_shared_and_foreign_modules_and_threads():
+    import threading
+
+    shared = nn.Linear(4, 4)
+
+    class Model(nn.Module):
+        def __init__(self, foreign):
+            super().__init__()
+            self.a = shared
+            self.b = shared  # one module under two names: its first path names it
+            self.foreign = foreign
+
+        def forward(self, x):
+            x = self.b(self.a(x))
+            return outsider(self.foreign(x))  # a module outside the tree: named by its class
+
+    outsider = nn.Tanh()
+    m = Model(nn.Sequential(nn.ReLU()))
+    with tessera.profiler.profile() as prof:
+        m(tessera.randn(2, 4)).sum().item()
+    names = {r.name for r in prof.op_table("module")}
+    assert {"a", "foreign.0", "Tanh"} <= names, names
+    # Each thread keeps its own stack of running modules.
+    errors = []
+
+    def run():
+        try:
+            for _ in range(20):
+                m(tessera.randn(2, 4))
+        except Exception as e:  # noqa: BLE001
+            errors.append(e)
+
+    threads = [threading.Thread(target=run) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors and tessera.current_scope() == ""

@@ -6,6 +6,7 @@ Tessera scope, so the profiler's op table and the memory report name Python modu
 """
 import copy
 import itertools
+import threading
 from collections import OrderedDict, namedtuple
 
 import tessera
@@ -59,7 +60,7 @@ class _IncompatibleKeys(namedtuple("IncompatibleKeys", ["missing_keys", "unexpec
 # scope paths of its tree when it has changed since it last did.
 _structure_version = itertools.count(1)
 _current_version = [0]
-_call_stack = []  # paths of the modules running now, outermost first
+_running = threading.local()  # .stack: paths of the modules running in this thread, outermost first
 
 
 def _structure_changed():
@@ -213,27 +214,30 @@ class Module:
         self.__dict__["_tsr_version"] = _current_version[0]
 
     def __call__(self, *args, **kwargs):
-        if not _call_stack:  # the outermost module: the root of the paths
+        stack = getattr(_running, "stack", None)
+        if stack is None:
+            stack = _running.stack = []
+        if not stack:  # the outermost module: the root of the paths
             if self.__dict__["_tsr_version"] != _current_version[0] or self._tsr_path != "":
                 self._assign_paths()
-            _call_stack.append("")
+            stack.append("")
             try:
                 return self.forward(*args, **kwargs)
             finally:
-                _call_stack.pop()
-        parent, path = _call_stack[-1], self.__dict__["_tsr_path"]
+                stack.pop()
+        parent, path = stack[-1], self.__dict__["_tsr_path"]
         if path and parent == "":
             scope = path
-        elif path and path.startswith(parent) and path[len(parent)] == ".":
+        elif path and path.startswith(parent + "."):
             scope = path[len(parent) + 1:]
         else:  # not below the running module (called from elsewhere): its type names it
             scope, path = type(self).__name__, (parent + "." if parent else "") + type(self).__name__
         _scope_push(scope)
-        _call_stack.append(path)
+        stack.append(path)
         try:
             return self.forward(*args, **kwargs)
         finally:
-            _call_stack.pop()
+            stack.pop()
             _scope_pop()
 
     # ---- traversal ----
