@@ -69,6 +69,13 @@ class Tensor {
   template <class T> T item() const;
   template <class T> std::vector<T> to_vector() const;
   std::string str() const;  // values, dtype and shape, like PyTorch's repr
+  // Zero-copy reading (numpy and DLPack from Python): realizes the value (a counted host sync)
+  // and returns the address of its buffer when the device keeps buffers in host memory (the cpu
+  // backend), else nullptr (read through to_vector there). `keep` receives a share of that
+  // buffer: the memory stays valid while the share lives, whatever happens to this tensor (a
+  // shared buffer is never donated, so in-place ops on the tensor write a new one). It holds
+  // numel() elements of dtype() in row-major order (bool: 1 byte; float16/bfloat16: 2).
+  void* host_data(std::shared_ptr<void>* keep) const;
 
   // ---- conversions ----
   Tensor to(DType t) const;  // cast

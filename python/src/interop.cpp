@@ -1,6 +1,6 @@
 // Values in and out: Python numbers and lists, numpy arrays, DLPack (both ways), tolist/item,
-// safetensors files. Every path copies once at the boundary (docs/python.md says why): tessera
-// owns its buffers through the runtime's allocator and the public API hands out no pointers.
+// safetensors files. Out (numpy(), __dlpack__) shares a cpu tensor's buffer (Tensor::host_data);
+// in copies once (docs/python.md says why).
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/map.h>
 
@@ -63,17 +63,58 @@ nb::object to_numpy_as(const Tensor& t, const char* np_dtype = nullptr) {
   return np_dtype ? arr.attr("view")(np_dtype) : arr;
 }
 
+// bool: numpy's bool, or for DLPack uint8, which is how PyTorch 1.13 exchanges bool (it rejects
+// DLPack's newer bool code).
+nb::dlpack::dtype dl_dtype(DType t, bool dlpack) {
+  using Code = nb::dlpack::dtype_code;
+  auto d = [](Code c, int bits) { return nb::dlpack::dtype{static_cast<uint8_t>(c), static_cast<uint8_t>(bits), 1}; };
+  switch (t) {
+    case DType::Bool: return dlpack ? d(Code::UInt, 8) : d(Code::Bool, 8);
+    case DType::Int32: return d(Code::Int, 32);
+    case DType::Int64: return d(Code::Int, 64);
+    case DType::Float16: return d(Code::Float, 16);
+    case DType::BFloat16: return d(Code::Bfloat, 16);
+    case DType::Float32: return d(Code::Float, 32);
+    case DType::Float64: return d(Code::Float, 64);
+  }
+  return d(Code::Float, 32);
+}
+
+// The tensor's own host buffer as an array, no copy (a read-only numpy array, or a DLPack
+// capsule); None where the device keeps no host memory. The array holds a
+// share of the buffer, so it stays valid whatever happens to the tensor later. numpy's is
+// read-only: tessera reads buffers when a graph runs, later than PyTorch's eager ops would, so a
+// write through the array could reach ops traced before it; refusing the write is loud.
+nb::object host_view(const Tensor& t, bool numpy) {
+  if (t.numel() == 0) return nb::none();
+  auto* keep = new std::shared_ptr<void>();
+  void* p = t.host_data(keep);
+  if (!p) {
+    delete keep;
+    return nb::none();
+  }
+  nb::capsule owner(keep, [](void* k) noexcept { delete static_cast<std::shared_ptr<void>*>(k); });
+  std::vector<size_t> shape(t.shape().begin(), t.shape().end());
+  if (numpy)
+    return nb::cast(nb::ndarray<nb::numpy, nb::ro, nb::device::cpu>(p, shape.size(), shape.data(), owner, nullptr,
+                                                                      dl_dtype(t.dtype(), false)));
+  return nb::cast(nb::ndarray<nb::device::cpu>(p, shape.size(), shape.data(), owner, nullptr, dl_dtype(t.dtype(), true)));
+}
+
 nb::object to_numpy(const Tensor& t) {
   if (t.requires_grad())
     throw nb::type_error("Can't call numpy() on a tensor that requires grad; use tensor.detach().numpy()");
-  switch (t.dtype()) {
+  if (t.dtype() == DType::BFloat16) throw nb::type_error("numpy has no bfloat16: convert with .float() first");
+  nb::object view = host_view(t, true);
+  if (!view.is_none()) return view;
+  switch (t.dtype()) {  // a device without host memory, or no elements: a host copy
     case DType::Float32: return to_numpy_as<float>(t);
     case DType::Float64: return to_numpy_as<double>(t);
     case DType::Int32: return to_numpy_as<int32_t>(t);
     case DType::Int64: return to_numpy_as<int64_t>(t);
     case DType::Bool: return to_numpy_as<uint8_t>(t, "bool");
     case DType::Float16: return to_numpy_as<float>(t).attr("astype")("float16");
-    case DType::BFloat16: throw nb::type_error("numpy has no bfloat16: convert with .float() first");
+    case DType::BFloat16: break;
   }
   return nb::none();
 }
@@ -169,12 +210,16 @@ void bind_interop(nb::module_& m, nb::class_<Tensor>& cls) {
       throw nb::type_error("only integer tensors of a single element can be converted to an index");
     return t.item<int64_t>();
   });
-  // DLPack export: a host copy (numpy owns it) handed out zero-copy from there on.
+  // DLPack export: the tensor's own host buffer where it has one (cpu), else a host copy; either
+  // way the consumer sees host memory (kDLCPU).
   cls.def("__dlpack__", [](const Tensor& t, nb::handle stream) {
     (void)stream;
-    return to_numpy(t.device().kind == "cpu" ? t.detach() : t.detach().to(tessera::Device("cpu"))).attr("__dlpack__")();
+    Tensor d = t.detach();
+    nb::object capsule = host_view(d, false);  // nanobind hands a framework-less ndarray out as a DLPack capsule
+    if (!capsule.is_none()) return capsule;
+    return to_numpy(d.device().kind == "cpu" ? d : d.to(tessera::Device("cpu"))).attr("__dlpack__")();
   }, nb::arg("stream").none() = nb::none());
-  cls.def("__dlpack_device__", [](const Tensor&) { return nb::make_tuple(1, 0); });  // kDLCPU: the copy lives on the host
+  cls.def("__dlpack_device__", [](const Tensor&) { return nb::make_tuple(1, 0); });
 
   m.def("tensor", [](nb::handle data, nb::handle dtype, nb::handle device, bool requires_grad) {
     Tensor t = from_python(data, to_dtype_opt(dtype), to_device_opt(device));

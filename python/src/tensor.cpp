@@ -70,17 +70,35 @@ Tensor logical(const Tensor& a, const Tensor& b, const char* name, Tensor (*f)(c
 
 nb::object self_after(nb::handle self) { return nb::borrow(self); }
 
-#define TPY_INPLACE(pyname, BODY)                                                              \
-  cls.def(pyname, [](nb::handle self, nb::handle h) {                                         \
-    Tensor& t = as_tensor(self);                                                              \
-    BODY;                                                                                     \
-    return self_after(self);                                                                  \
-  })
+int category(DType t) { return t == DType::Bool ? 0 : tessera::is_integral(t) ? 1 : 2; }
 
-Tensor inplace_operand(const Tensor& t, nb::handle h, const char* name) {
+// t (op)= h, returning self: a Python number through the C++ scalar overload, anything else as
+// operand(). Like PyTorch, an in-place result keeps t's dtype and refuses a higher category (a
+// float into an integer tensor) rather than truncating it.
+template <class FT, class FS>
+nb::object inplace(nb::handle self, nb::handle h, const char* name, FT ft, FS fs) {
+  Tensor& t = as_tensor(self);
+  PyObject* p = h.ptr();
+  auto refuse = [&](DType r) {
+    throw tessera::Error(std::string("[") + name + "] result type " + tessera::dtype_name(r) +
+                         " can't be cast to the desired output type " + tessera::dtype_name(t.dtype()));
+  };
+  if ((PyFloat_Check(p) || PyLong_Check(p)) && !PyBool_Check(p) && t.dtype() != DType::Bool) {
+    if (PyFloat_Check(p) && !tessera::is_floating(t.dtype())) refuse(DType::Float32);
+    fs(t, nb::cast<double>(h));
+    return self_after(self);
+  }
   Tensor b = operand(t, h, name);
-  return b;
+  if (category(b.dtype()) > category(t.dtype())) refuse(b.dtype());
+  ft(t, b);
+  return self_after(self);
 }
+
+#define TPY_INPLACE(pyname, METHOD)                                                                      \
+  cls.def(pyname, [](nb::handle self, nb::handle h) {                                                   \
+    return inplace(self, h, #METHOD, [](Tensor& t, const Tensor& b) { t.METHOD(b); },                   \
+                   [](Tensor& t, double s) { t.METHOD(s); });                                          \
+  })
 
 void bind_core(nb::class_<Tensor>& cls) {
   cls.def(nb::init<>())
@@ -197,26 +215,30 @@ void bind_operators(nb::class_<Tensor>& cls) {
 
 // In place: each returns self, like PyTorch.
 void bind_inplace(nb::class_<Tensor>& cls) {
-  TPY_INPLACE("__iadd__", t.add_(inplace_operand(t, h, "add_")));
-  TPY_INPLACE("__isub__", t.sub_(inplace_operand(t, h, "sub_")));
-  TPY_INPLACE("__imul__", t.mul_(inplace_operand(t, h, "mul_")));
-  TPY_INPLACE("__itruediv__", t.div_(inplace_operand(t, h, "div_")));
-  TPY_INPLACE("copy_", t.copy_(inplace_operand(t, h, "copy_")));
-  TPY_INPLACE("fill_", t.fill_(nb::cast<double>(is_tensor(h) ? nb::cast(as_tensor(h).item()) : nb::borrow(h))));
+  TPY_INPLACE("__iadd__", add_);
+  TPY_INPLACE("__isub__", sub_);
+  TPY_INPLACE("__imul__", mul_);
+  TPY_INPLACE("__itruediv__", div_);
+  TPY_INPLACE("mul_", mul_);
+  TPY_INPLACE("div_", div_);
   cls.def("add_", [](nb::handle self, nb::handle h, double alpha) {
-    Tensor& t = as_tensor(self);
-    Tensor b = inplace_operand(t, h, "add_");
-    t.add_(alpha == 1 ? b : b * alpha);
-    return self_after(self);
+    return inplace(self, h, "add_", [alpha](Tensor& t, const Tensor& b) { t.add_(alpha == 1 ? b : b * alpha); },
+                   [alpha](Tensor& t, double s) { t.add_(s * alpha); });
   }, nb::arg("other"), nb::kw_only(), nb::arg("alpha") = 1.0);
   cls.def("sub_", [](nb::handle self, nb::handle h, double alpha) {
-    Tensor& t = as_tensor(self);
-    Tensor b = inplace_operand(t, h, "sub_");
-    t.sub_(alpha == 1 ? b : b * alpha);
-    return self_after(self);
+    return inplace(self, h, "sub_", [alpha](Tensor& t, const Tensor& b) { t.sub_(alpha == 1 ? b : b * alpha); },
+                   [alpha](Tensor& t, double s) { t.sub_(s * alpha); });
   }, nb::arg("other"), nb::kw_only(), nb::arg("alpha") = 1.0);
-  TPY_INPLACE("mul_", t.mul_(inplace_operand(t, h, "mul_")));
-  TPY_INPLACE("div_", t.div_(inplace_operand(t, h, "div_")));
+  // copy_ and fill_ cast to t's dtype, as PyTorch's do.
+  cls.def("copy_", [](nb::handle self, nb::handle src) {
+    Tensor& t = as_tensor(self);
+    t.copy_(operand(t, src, "copy_"));
+    return self_after(self);
+  }, nb::arg("src"));
+  cls.def("fill_", [](nb::handle self, nb::handle v) {
+    as_tensor(self).fill_(is_tensor(v) ? as_tensor(v).item() : nb::cast<double>(v));
+    return self_after(self);
+  }, nb::arg("value"));
   cls.def("zero_", [](nb::handle self) {
     as_tensor(self).zero_();
     return self_after(self);
@@ -242,7 +264,6 @@ void bind_inplace(nb::class_<Tensor>& cls) {
     t.copy_(tessera::rand(t.shape(), {DType::Float32, t.device()}) * (b - a) + a);
     return self_after(self);
   }, nb::arg("a") = 0.0, nb::arg("b") = 1.0);
-
 }
 
 }  // namespace

@@ -276,6 +276,16 @@ template std::vector<int32_t> Tensor::to_vector<int32_t>() const;
 template std::vector<int64_t> Tensor::to_vector<int64_t>() const;
 template std::vector<uint8_t> Tensor::to_vector<uint8_t>() const;
 
+void* Tensor::host_data(std::shared_ptr<void>* keep) const {
+  need(*this, "host_data");
+  runtime::counters().host_syncs++;
+  sync();
+  const auto& impl = detail::impl_of(*this);
+  if (!impl->buffer || impl->buffer->device.kind != "cpu") return nullptr;
+  if (keep) *keep = impl->buffer;
+  return impl->buffer->data;
+}
+
 std::string Tensor::str() const {
   if (!defined()) return "tensor(undefined)";
   std::vector<double> v = to_vector<double>();

@@ -101,3 +101,26 @@ def test_safetensors_read_by_safetensors_torch(th, rng, tmp_path):
     np.testing.assert_array_equal(x.numpy(), a.astype(np.float64))
     with pytest.raises(RuntimeError, match=r"\[load\]"):
         tessera.load_file(str(tmp_path / "missing.safetensors"))
+
+
+def test_numpy_and_dlpack_share_the_cpu_buffer(th):
+    t = tessera.arange(6, dtype=tessera.float32).reshape(2, 3) * 2  # pending: numpy() realizes it
+    a, b = t.numpy(), t.numpy()
+    assert np.shares_memory(a, b)  # both views of the tensor's one buffer: no copy
+    assert not a.flags.writeable  # writes would reach ops traced earlier (lazy): refused
+    with pytest.raises(ValueError):
+        a[0, 0] = 1
+    p = th.from_dlpack(t)
+    assert p.data_ptr() == a.__array_interface__["data"][0]  # torch wraps the same memory
+    t.add_(1)  # a shared buffer is never donated: the views keep the old value
+    assert a.tolist() == [[0, 2, 4], [6, 8, 10]] and p.tolist() == a.tolist()
+    assert t.tolist() == [[1, 3, 5], [7, 9, 11]]
+    del t
+    assert a.sum() == 30  # still valid after the tensor is gone
+    assert th.from_dlpack(tessera.tensor([True, False])).tolist() == [1, 0]  # bool crosses as uint8 (torch 1.13's way)
+    for dt, tdt in [(tessera.int32, th.int32), (tessera.float16, th.float16),
+                    (tessera.bfloat16, th.bfloat16), (tessera.int64, th.int64), (tessera.float64, th.float64)]:
+        x = tessera.tensor([[1, 0, 3]], dtype=dt)
+        y = th.from_dlpack(x)
+        assert y.dtype == tdt and y.tolist() == th.tensor([[1, 0, 3]], dtype=tdt).tolist()
+    assert tessera.zeros(0, 3).numpy().shape == (0, 3)

@@ -6,9 +6,7 @@ import pytest
 import tessera
 from conftest import assert_close
 
-F = ("f",)  # input kinds: f normal float32, p positive float32, i int64, b bool
-
-
+# Input kinds: f normal float32, p positive float32, i int64 in [lo, hi), b bool.
 def f(*shape):
     return ("f", shape)
 
@@ -210,10 +208,6 @@ def make(spec, rng):
     if kind == "i":
         return rng.integers(spec[2], spec[3], shape).astype(np.int64)
     return rng.random(shape) > 0.5
-
-
-def differentiable(t):
-    return getattr(t, "dtype", None) in ("float32", "float64") or str(getattr(t, "dtype", "")).endswith(("float32", "float64"))
 
 
 def flat_outputs(out):

@@ -279,3 +279,21 @@ def test_misc_torch_names(th):
     assert tessera.inf == float("inf") and tessera.pi == th.pi
     with pytest.raises(AttributeError, match="tessera.cuda.amp is not supported"):
         tessera.cuda.amp
+
+
+def test_in_place_keeps_the_dtype_like_torch(th):
+    for m in (tessera, th):
+        x = m.tensor([1, 2, 3])
+        x += 2
+        x *= 3
+        assert x.dtype == m.int64 and x.tolist() == [9, 12, 15]
+        with pytest.raises(RuntimeError):
+            x += 0.5
+        with pytest.raises(RuntimeError):
+            x.add_(m.ones(3))
+        y = m.ones(3)
+        y.add_(m.tensor([1, 2, 3]))  # integers into a float tensor are fine
+        y.copy_(m.tensor([7, 8, 9]))  # copy_ casts
+        assert y.dtype == m.float32 and y.tolist() == [7.0, 8.0, 9.0]
+        y.fill_(m.tensor(2.5))
+        assert y.tolist() == [2.5] * 3

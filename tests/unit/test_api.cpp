@@ -386,5 +386,24 @@ TEST(Api, CrossEntropyDefaultsKeepTheFormerResults) {
   EXPECT_EQ(a.grad().to_vector<float>(), b.grad().to_vector<float>());
 }
 
+// host_data: the realized value's own memory (no copy), kept alive by the share it hands out
+// and never donated while shared, so an in-place op on the tensor leaves it as it was.
+TEST(Api, HostDataIsTheBufferAndOutlivesInPlaceOps) {
+  Tensor t = from_vector<float>({1, 2, 3}, {3}) * 2.0;  // pending until host_data realizes it
+  std::shared_ptr<void> keep;
+  const float* p = static_cast<const float*>(t.host_data(&keep));
+  ASSERT_NE(p, nullptr);
+  EXPECT_TRUE(t.is_realized());
+  EXPECT_EQ(std::vector<float>(p, p + 3), (std::vector<float>{2, 4, 6}));
+  EXPECT_EQ(t.host_data(nullptr), p);  // the same buffer again: no copy was made
+  t.add_(1.0);
+  EXPECT_EQ(t.to_vector<float>(), (std::vector<float>{3, 5, 7}));
+  EXPECT_EQ(std::vector<float>(p, p + 3), (std::vector<float>{2, 4, 6}));  // the shared buffer is untouched
+  Tensor b = from_vector<uint8_t>({1, 0}, {2}, {DType::Bool, Device("cpu")});
+  const uint8_t* q = static_cast<const uint8_t*>(b.host_data(&keep));
+  EXPECT_EQ(q[0], 1);
+  EXPECT_EQ(q[1], 0);
+}
+
 }  // namespace
 }  // namespace tessera
