@@ -218,3 +218,47 @@ def test_transformer_encoder(rng, norm_first):
     assert list(sm.state_dict()) == list(tm.state_dict())
     mask = np.triu(np.ones((5, 5), bool), 1)
     check_layer(make, rand(rng, 3, 5, 8), rng, extra=((torch.tensor(mask),), (tessera.tensor(mask),)))
+
+
+def check_rnn(make, x_np, rng, with_state=False):
+    tm, sm = make(tnn), make(snn)
+    assert list(sm.state_dict()) == list(tm.state_dict())
+    copy_state(tm, sm)
+    tx, sx = pair(x_np, requires_grad=True)
+    targs, sargs = (), ()
+    if with_state:
+        L = tm.num_layers * (2 if tm.bidirectional else 1)
+        shape = (L, x_np.shape[0 if tm.batch_first else 1], tm.hidden_size) if x_np.ndim == 3 else (L, tm.hidden_size)
+        states = [rand(rng, *shape) for _ in range(2 if isinstance(tm, tnn.LSTM) else 1)]
+        tstates, sstates = zip(*[pair(s) for s in states])
+        targs = (tuple(tstates),) if len(states) == 2 else (tstates[0],)
+        sargs = (tuple(sstates),) if len(states) == 2 else (sstates[0],)
+    ty, th = tm(tx, *targs)
+    sy, sh = sm(sx, *sargs)
+    close(sy, ty, what="output")
+    th, sh = (th if isinstance(th, tuple) else (th,)), (sh if isinstance(sh, tuple) else (sh,))
+    for a, b in zip(sh, th):
+        close(a, b, what="final state")
+    w = rand(rng, *ty.shape)
+    loss_t = (ty * torch.tensor(w)).sum() + sum(t.sum() for t in th)
+    loss_s = (sy * tessera.tensor(w)).sum() + sum(t.sum() for t in sh)
+    loss_t.backward()
+    loss_s.backward()
+    close(sx.grad, tx.grad, what="input grad")
+    sparams = dict(sm.named_parameters())
+    for name, p in tm.named_parameters():
+        close(sparams[name].grad, p.grad, what=f"grad of {name}")
+
+
+@pytest.mark.parametrize("cls", ["RNN", "LSTM", "GRU"])
+@pytest.mark.parametrize("kw", [{}, {"num_layers": 2, "batch_first": True}, {"bidirectional": True, "bias": False}])
+def test_recurrent_layers(rng, cls, kw):
+    x = rand(rng, 5, 3, 4) if not kw.get("batch_first") else rand(rng, 3, 5, 4)
+    check_rnn(lambda nn: getattr(nn, cls)(4, 6, **kw), x, rng)
+
+
+@pytest.mark.parametrize("cls", ["LSTM", "GRU"])
+def test_recurrent_layers_with_initial_state_and_unbatched(rng, cls):
+    check_rnn(lambda nn: getattr(nn, cls)(4, 6, num_layers=2), rand(rng, 5, 3, 4), rng, with_state=True)
+    check_rnn(lambda nn: getattr(nn, cls)(4, 6), rand(rng, 5, 4), rng, with_state=True)
+    check_rnn(lambda nn: nn.RNN(4, 6, nonlinearity="relu"), rand(rng, 5, 3, 4), rng)

@@ -6,6 +6,7 @@ from tessera.nn.layers import (  # noqa: F401
     Dropout, Dropout2d, ELU, Embedding, Flatten, GELU, GroupNorm, Identity, L1Loss, LayerNorm, LeakyReLU, Linear,
     LogSoftmax, MaxPool2d, ModuleDict, ModuleList, MSELoss, NLLLoss, ParameterList, ReLU, ReLU6, Sequential, Sigmoid,
     SiLU, Softmax, Softplus, Tanh, Unflatten)
+from tessera.nn.rnn import GRU, LSTM, RNN  # noqa: F401
 from tessera.nn.transformer import MultiheadAttention, TransformerEncoder, TransformerEncoderLayer  # noqa: F401
 
 
