@@ -155,3 +155,43 @@ def test_unsupported_fail_loudly():
         SF.pad(x, (1, 1), mode="reflect")
     with pytest.raises(AttributeError, match="tessera.nn.functional.unfold is not supported"):
         SF.unfold
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_binary_and_robust_losses(rng, reduction):
+    x, y = rand(rng, 4, 5, scale=3), (rng.random((4, 5)) > 0.5).astype(np.float32)
+    p = 1 / (1 + np.exp(-x))
+    w, pw = np.abs(rand(rng, 5)) + 0.1, np.abs(rand(rng, 5)) + 0.5
+    kw = {"reduction": reduction}
+    check(lambda a, b: TF.binary_cross_entropy(a, b, **kw), lambda a, b: SF.binary_cross_entropy(a, b, **kw),
+          [p.astype(np.float32), y], rng, grads=[True, False])
+    check(lambda a, b, c: TF.binary_cross_entropy(a, b, weight=c, **kw),
+          lambda a, b, c: SF.binary_cross_entropy(a, b, weight=c, **kw), [p.astype(np.float32), y, w], rng,
+          grads=[True, False, False])
+    for extra in ({}, {"weight": w}, {"pos_weight": pw}):
+        check(lambda a, b: TF.binary_cross_entropy_with_logits(a, b, **{k: torch.tensor(v) for k, v in extra.items()},
+                                                               **kw),
+              lambda a, b: SF.binary_cross_entropy_with_logits(a, b, **{k: tessera.tensor(v) for k, v in extra.items()},
+                                                               **kw), [x, y], rng, grads=[True, False])
+    t = rand(rng, 4, 5, scale=3)
+    for beta in (1.0, 0.5):
+        check(lambda a, b: TF.smooth_l1_loss(a, b, beta=beta, **kw), lambda a, b: SF.smooth_l1_loss(a, b, beta=beta, **kw),
+              [x, t], rng)
+    check(lambda a, b: TF.huber_loss(a, b, delta=2.0, **kw), lambda a, b: SF.huber_loss(a, b, delta=2.0, **kw), [x, t],
+          rng)
+
+
+def test_loss_modules_and_clip_grad_value(rng):
+    x, y = rand(rng, 3, 4), (rng.random((3, 4)) > 0.5).astype(np.float32)
+    pw = np.abs(rand(rng, 4)) + 0.5
+    tl = torch.nn.BCEWithLogitsLoss(pos_weight=torch.tensor(pw))
+    sl = tessera.nn.BCEWithLogitsLoss(pos_weight=tessera.tensor(pw))
+    close(sl(tessera.tensor(x), tessera.tensor(y)), tl(torch.tensor(x), torch.tensor(y)), what="BCEWithLogitsLoss")
+    close(tessera.nn.SmoothL1Loss(beta=0.3)(tessera.tensor(x), tessera.tensor(y)),
+          torch.nn.SmoothL1Loss(beta=0.3)(torch.tensor(x), torch.tensor(y)), what="SmoothL1Loss")
+    tx, sx = pair(x, requires_grad=True)
+    (tx * 5).sum().backward()
+    (sx * 5).sum().backward()
+    torch.nn.utils.clip_grad_value_([tx], 2.0)
+    tessera.nn.utils.clip_grad_value_([sx], 2.0)
+    close(sx.grad, tx.grad, what="clip_grad_value_")

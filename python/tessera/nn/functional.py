@@ -270,9 +270,47 @@ def mse_loss(input, target, size_average=None, reduce=None, reduction="mean"):
 
 
 def l1_loss(input, target, size_average=None, reduce=None, reduction="mean"):
-    r = _reduction(reduction, size_average, reduce, "l1_loss")
+    return _reduce((input - target).abs(), _reduction(reduction, size_average, reduce, "l1_loss"))
+
+
+def _reduce(loss, reduction):
+    return loss if reduction == "none" else loss.mean() if reduction == "mean" else loss.sum()
+
+
+def _weighted(loss, weight):
+    return loss if weight is None else loss * weight
+
+
+def binary_cross_entropy(input, target, weight=None, size_average=None, reduce=None, reduction="mean"):
+    r = _reduction(reduction, size_average, reduce, "binary_cross_entropy")
+    # PyTorch clamps each log at -100 so that 0 and 1 give finite losses.
+    loss = -(target * input.log().clamp(min=-100) + (1 - target) * (1 - input).log().clamp(min=-100))
+    return _reduce(_weighted(loss, weight), r)
+
+
+def binary_cross_entropy_with_logits(input, target, weight=None, size_average=None, reduce=None, reduction="mean",
+                                     pos_weight=None):
+    r = _reduction(reduction, size_average, reduce, "binary_cross_entropy_with_logits")
+    softplus_neg = (1 + (-input.abs()).exp()).log() + (-input).relu()  # log(1 + e^-x), stably
+    if pos_weight is None:
+        loss = (1 - target) * input + softplus_neg
+    else:
+        loss = (1 - target) * input + ((pos_weight - 1) * target + 1) * softplus_neg
+    return _reduce(_weighted(loss, weight), r)
+
+
+def smooth_l1_loss(input, target, size_average=None, reduce=None, reduction="mean", beta=1.0):
+    r = _reduction(reduction, size_average, reduce, "smooth_l1_loss")
     d = (input - target).abs()
-    return d if r == "none" else d.mean() if r == "mean" else d.sum()
+    if beta == 0:
+        return _reduce(d, r)
+    return _reduce(tessera.where(d < beta, d * d * (0.5 / beta), d - 0.5 * beta), r)
+
+
+def huber_loss(input, target, reduction="mean", delta=1.0):
+    r = _reduction(reduction, op="huber_loss")
+    d = (input - target).abs()
+    return _reduce(tessera.where(d < delta, d * d * 0.5, (d - 0.5 * delta) * delta), r)
 
 
 def one_hot(tensor, num_classes=-1):

@@ -565,3 +565,46 @@ class MSELoss(Module):
 class L1Loss(MSELoss):
     def forward(self, input, target):
         return F.l1_loss(input, target, reduction=self.reduction)
+
+
+class SmoothL1Loss(Module):
+    def __init__(self, size_average=None, reduce=None, reduction="mean", beta=1.0):
+        super().__init__()
+        F._reduction(reduction, size_average, reduce, "SmoothL1Loss")
+        self.reduction, self.beta = reduction, beta
+
+    def forward(self, input, target):
+        return F.smooth_l1_loss(input, target, reduction=self.reduction, beta=self.beta)
+
+
+class HuberLoss(Module):
+    def __init__(self, reduction="mean", delta=1.0):
+        super().__init__()
+        self.reduction, self.delta = reduction, delta
+
+    def forward(self, input, target):
+        return F.huber_loss(input, target, reduction=self.reduction, delta=self.delta)
+
+
+class BCELoss(Module):
+    def __init__(self, weight=None, size_average=None, reduce=None, reduction="mean"):
+        super().__init__()
+        F._reduction(reduction, size_average, reduce, "BCELoss")
+        self.register_buffer("weight", weight)
+        self.reduction = reduction
+
+    def forward(self, input, target):
+        return F.binary_cross_entropy(input, target, weight=self.weight, reduction=self.reduction)
+
+
+class BCEWithLogitsLoss(Module):
+    def __init__(self, weight=None, size_average=None, reduce=None, reduction="mean", pos_weight=None):
+        super().__init__()
+        F._reduction(reduction, size_average, reduce, "BCEWithLogitsLoss")
+        self.register_buffer("weight", weight)
+        self.register_buffer("pos_weight", pos_weight)
+        self.reduction = reduction
+
+    def forward(self, input, target):
+        return F.binary_cross_entropy_with_logits(input, target, weight=self.weight, reduction=self.reduction,
+                                                  pos_weight=self.pos_weight)

@@ -1,4 +1,4 @@
-"""tessera.nn.utils: gradient clipping."""
+"""tessera.nn.utils: gradient clipping (by global norm, by value)."""
 import tessera
 from tessera import _C
 
@@ -14,6 +14,16 @@ def clip_grad_norm_(parameters, max_norm, norm_type=2.0, error_if_nonfinite=Fals
     if isinstance(parameters, tessera.Tensor):
         parameters = [parameters]
     return _C._optim.clip_grad_norm([p for p in parameters if p.grad is not None], float(max_norm))
+
+
+def clip_grad_value_(parameters, clip_value, foreach=None):
+    """Clamps every gradient to [-clip_value, clip_value] in place."""
+    if isinstance(parameters, tessera.Tensor):
+        parameters = [parameters]
+    with tessera.no_grad():
+        for p in parameters:
+            if p.grad is not None:
+                p.grad = p.grad.clamp(-clip_value, clip_value)
 
 
 def __getattr__(name):
