@@ -174,6 +174,81 @@ class iinfo:
         self.min = -(2 ** (bits - 1))
 
 
+# ---- copying and pickling (copy.deepcopy of modules, multiprocessing, tessera.save/load) ----
+_load_device = [None]  # tessera.load's map_location while it unpickles
+
+
+def _rebuild(array, dtype_name, requires_grad):
+    t = tensor(array).to(getattr(_C, dtype_name))
+    if _load_device[0] is not None:
+        t = t.to(_load_device[0])
+    return t.requires_grad_(requires_grad) if requires_grad else t
+
+
+def _reduce_ex(self, protocol):
+    value = self.detach()
+    if value.dtype is bfloat16:  # numpy has none: through float32, exact
+        value = value.float()
+    if type(self) is not Tensor:  # a Python subclass (nn.Parameter): rebuilt as one, its attributes kept
+        return (_rebuild_subclass, (type(self), value.numpy().copy(), repr(self.dtype).split(".")[-1],
+                                    self.requires_grad, self.__dict__))
+    return (_rebuild, (value.numpy().copy(), repr(self.dtype).split(".")[-1], self.requires_grad))
+
+
+def _rebuild_subclass(cls, array, dtype_name, requires_grad, state):
+    obj = cls.__new__(cls)
+    Tensor.__init__(obj, _rebuild(array, dtype_name, False))
+    if requires_grad:
+        obj.requires_grad_(True)
+    obj.__dict__.update(state)
+    return obj
+
+
+def _deepcopy(self, memo):
+    """A new tensor with this value (copied when it is computed: clone) and no history; leaves keep
+    requires_grad; subclasses stay subclasses. (detach alone would share the buffer, as in torch.)"""
+    import copy
+    value = self.detach().clone()
+    if type(self) is Tensor:
+        out = value
+    else:
+        out = type(self).__new__(type(self))
+        Tensor.__init__(out, value)
+        out.__dict__.update(copy.deepcopy(self.__dict__, memo))
+    if self.requires_grad and self.is_leaf:
+        out.requires_grad_(True)
+    memo[id(self)] = out
+    return out
+
+
+Tensor.__reduce_ex__ = _reduce_ex
+Tensor.__deepcopy__ = _deepcopy
+
+
+def save(obj, f):
+    """Pickles obj (tensors, dicts of them, optimizer state ...) to a path or file: a Tessera file,
+    not PyTorch's zip format (use save_file/load_file for safetensors both read)."""
+    import pickle
+    if isinstance(f, (str, bytes)) or hasattr(f, "__fspath__"):
+        with open(f, "wb") as fh:
+            pickle.dump(obj, fh, protocol=4)
+    else:
+        pickle.dump(obj, f, protocol=4)
+
+
+def load(f, map_location=None, weights_only=False):
+    """Reads what tessera.save wrote; map_location puts every tensor on that device."""
+    import pickle
+    _load_device[0] = None if map_location is None else device(map_location) if isinstance(map_location, str) else map_location
+    try:
+        if isinstance(f, (str, bytes)) or hasattr(f, "__fspath__"):
+            with open(f, "rb") as fh:
+                return pickle.load(fh)
+        return pickle.load(f)
+    finally:
+        _load_device[0] = None
+
+
 def is_tensor(obj):
     return isinstance(obj, Tensor)
 

@@ -297,3 +297,32 @@ def test_in_place_keeps_the_dtype_like_torch(th):
         assert y.dtype == m.float32 and y.tolist() == [7.0, 8.0, 9.0]
         y.fill_(m.tensor(2.5))
         assert y.tolist() == [2.5] * 3
+
+
+class _Parameter(tessera.Tensor):  # module level: pickle finds classes by name
+    def __init__(self, data, requires_grad=True):
+        super().__init__(data.detach())
+        self.requires_grad_(requires_grad)
+
+
+def test_deepcopy_pickle_save_load(tmp_path):
+    import copy
+    import pickle
+
+    w = _Parameter(tessera.tensor([[1.0, 2.0]]))
+    w.tag = "w"
+    c = copy.deepcopy(w)
+    assert type(c) is _Parameter and c.requires_grad and c.tag == "w" and c.tolist() == [[1.0, 2.0]]
+    with tessera.no_grad():
+        c.add_(1.0)
+    assert w.tolist() == [[1.0, 2.0]]  # the copy is independent
+    d = copy.deepcopy({"a": w, "b": w})
+    assert d["a"] is d["b"]  # memo: one copy per tensor
+    state = {"w": w, "step": tessera.tensor(3), "h": tessera.ones(2, dtype=tessera.bfloat16), "lr": 0.1}
+    r = pickle.loads(pickle.dumps(state))
+    assert type(r["w"]) is _Parameter and r["w"].requires_grad and r["step"].item() == 3
+    assert r["h"].dtype is tessera.bfloat16 and r["lr"] == 0.1
+    path = tmp_path / "ckpt.pt"
+    tessera.save(state, str(path))
+    back = tessera.load(str(path), map_location="cpu")
+    assert back["w"].tolist() == [[1.0, 2.0]] and back["step"].dtype is tessera.int64
