@@ -4,7 +4,6 @@ Parameters, buffers and submodules register themselves by attribute assignment. 
 runs (``module(x)``), its path below the outermost module called ("transformer.h.0.attn") is the
 Tessera scope, so the profiler's op table and the memory report name Python modules.
 """
-import copy
 import itertools
 import threading
 from collections import OrderedDict, namedtuple
@@ -32,12 +31,6 @@ class Parameter(tessera.Tensor):
     def __repr__(self):
         return "Parameter containing:\n" + super().__repr__()
 
-    def __deepcopy__(self, memo):
-        if id(self) in memo:
-            return memo[id(self)]
-        r = type(self)(self.detach().clone(), self.requires_grad)
-        memo[id(self)] = r
-        return r
 
 
 class Buffer:
@@ -460,18 +453,6 @@ class Module:
             else:
                 main += "\n  " + "\n  ".join(lines) + "\n"
         return main + ")"
-
-    def __deepcopy__(self, memo):
-        """copy.deepcopy(model): parameters and buffers cloned (a Tensor has no deepcopy of its own)."""
-        for m in self.modules():
-            for t in itertools.chain(m._parameters.values(), m._buffers.values()):
-                if t is not None and id(t) not in memo:
-                    memo[id(t)] = copy.deepcopy(t, memo) if isinstance(t, Parameter) else t.detach().clone()
-        new = object.__new__(type(self))
-        memo[id(self)] = new
-        for k, v in self.__dict__.items():
-            new.__dict__[k] = copy.deepcopy(v, memo)
-        return new
 
     def __getstate__(self):
         return self.__dict__.copy()
