@@ -160,3 +160,29 @@ def test_schedulers_match_torch(make):
         topt.step(), sopt.step()
         ts.step(), ss.step()
         assert ss.get_last_lr() == pytest.approx(ts.get_last_lr(), rel=1e-12)
+
+
+def test_checkpoint_through_tessera_save_and_load_resumes_identically(tmp_path):
+    def make():
+        m = tessera.nn.Sequential(tessera.nn.Linear(3, 4), tessera.nn.ReLU(), tessera.nn.Linear(4, 2))
+        return m, tessera.optim.AdamW(m.parameters(), lr=0.01)
+
+    x = tessera.randn(5, 3)
+
+    def train(m, opt, steps):
+        for _ in range(steps):
+            opt.zero_grad()
+            m(x).square().mean().backward()
+            opt.step()
+
+    m, opt = make()
+    train(m, opt, 2)
+    tessera.save({"model": m.state_dict(), "optimizer": opt.state_dict()}, str(tmp_path / "ckpt.pt"))
+    m2, opt2 = make()
+    ck = tessera.load(str(tmp_path / "ckpt.pt"))
+    m2.load_state_dict(ck["model"])
+    opt2.load_state_dict(ck["optimizer"])
+    train(m, opt, 2)
+    train(m2, opt2, 2)
+    for a, b in zip(m2.parameters(), m.parameters()):
+        close(a, b, tol=0, what="resumed parameters")
