@@ -56,16 +56,22 @@ def gpt_init(tmp_path_factory):
     return path, torch_run("gpt.py", "--save-init", str(path))
 
 
-def test_gpt_losses_match_torch(gpt_init):
-    path, want = gpt_init
+@pytest.fixture(scope="module")
+def gpt_tessera(gpt_init):
+    return tessera_run("gpt.py", "--load-init", str(gpt_init[0]))
+
+
+def test_gpt_losses_match_torch(gpt_init, gpt_tessera):
+    want = gpt_init[1]
     assert want[-1] < want[0] - 0.5, want  # it learns
-    assert_agree(tessera_run("gpt.py", "--load-init", str(path)), want, "gpt.py on Tessera vs torch")
+    assert_agree(gpt_tessera, want, "gpt.py on Tessera vs torch")
 
 
-def test_gpt_sdpa_variant_matches_hand_written_attention(gpt_init):
+def test_gpt_sdpa_variant_matches_hand_written_attention(gpt_init, gpt_tessera):
     path, want = gpt_init
-    assert_agree(tessera_run("gpt.py", "--load-init", str(path), "--attention", "sdpa"), want,
-                 "gpt.py --attention sdpa on Tessera vs hand-written attention on torch")
+    sdpa = tessera_run("gpt.py", "--load-init", str(path), "--attention", "sdpa")
+    assert_agree(sdpa, gpt_tessera, "gpt.py --attention sdpa vs hand-written attention, both on Tessera")
+    assert_agree(sdpa, want, "gpt.py --attention sdpa on Tessera vs hand-written attention on torch")
 
 
 def require_fashion_mnist():
