@@ -262,3 +262,51 @@ def test_recurrent_layers_with_initial_state_and_unbatched(rng, cls):
     check_rnn(lambda nn: getattr(nn, cls)(4, 6, num_layers=2), rand(rng, 5, 3, 4), rng, with_state=True)
     check_rnn(lambda nn: getattr(nn, cls)(4, 6), rand(rng, 5, 4), rng, with_state=True)
     check_rnn(lambda nn: nn.RNN(4, 6, nonlinearity="relu"), rand(rng, 5, 3, 4), rng)
+
+
+@pytest.mark.parametrize("name,kw", [("Hardtanh", {"min_val": -0.5, "max_val": 2.0}), ("Hardsigmoid", {}),
+                                     ("Hardswish", {}), ("Mish", {}), ("Softsign", {}), ("LogSigmoid", {}),
+                                     ("GLU", {"dim": 1}), ("PReLU", {}), ("PReLU", {"num_parameters": 4, "init": 0.1})])
+def test_more_activations(rng, name, kw):
+    check_layer(lambda nn: getattr(nn, name)(**kw), rand(rng, 3, 4, 6, scale=3), rng)
+
+
+def test_pools_1d_and_upsample(rng):
+    check_layer(lambda nn: nn.MaxPool1d(3, stride=2, padding=1), rand(rng, 2, 3, 11), rng)
+    check_layer(lambda nn: nn.AvgPool1d(2), rand(rng, 2, 3, 10), rng)
+    check_layer(lambda nn: nn.AdaptiveAvgPool1d(1), rand(rng, 2, 3, 10), rng)
+    check_layer(lambda nn: nn.Upsample(scale_factor=2), rand(rng, 2, 3, 4, 5), rng)
+    check_layer(lambda nn: nn.Upsample(size=(8, 15)), rand(rng, 2, 3, 4, 5), rng)
+    with pytest.raises(TypeError, match="whole upsampling factors"):
+        snn.functional.interpolate(tessera.ones(1, 1, 4, 4), scale_factor=1.5)
+    with pytest.raises(TypeError, match="bilinear"):
+        snn.Upsample(scale_factor=2, mode="bilinear")
+
+
+@pytest.mark.parametrize("eps", [None, 1e-3])
+def test_rms_norm_against_its_definition(rng, eps):
+    # torch 1.13 has no RMSNorm: PyTorch 2.4's definition written in torch ops is the reference.
+    a, w = rand(rng, 3, 5, 8, scale=2), rand(rng, 8)
+    tx, sx = pair(a, requires_grad=True)
+    tw, sw = pair(w, requires_grad=True)
+    e = torch.finfo(torch.float32).eps if eps is None else eps
+    ty = tx * torch.rsqrt(tx.pow(2).mean(-1, keepdim=True) + e) * tw
+    m = snn.RMSNorm(8, eps=eps)
+    m.load_state_dict({"weight": w})
+    sy = m(sx)
+    close(sy, ty, what="forward")
+    g = rand(rng, 3, 5, 8)
+    (ty * torch.tensor(g)).sum().backward()
+    (sy * tessera.tensor(g)).sum().backward()
+    close(sx.grad, tx.grad, what="input grad")
+    close(m.weight.grad, tw.grad, what="weight grad")
+
+
+def test_orthogonal_init():
+    for shape in ((6, 4), (3, 8), (4, 2, 3)):
+        w = snn.Parameter(tessera.empty(*shape))
+        snn.init.orthogonal_(w, gain=2.0)
+        q = w.detach().numpy().reshape(shape[0], -1)
+        small = min(q.shape)
+        gram = q @ q.T if q.shape[0] == small else q.T @ q
+        np.testing.assert_allclose(gram, 4.0 * np.eye(small), atol=1e-5)

@@ -15,7 +15,7 @@ def _reduction(reduction, size_average=None, reduce=None, op="loss"):
 
 
 def _pair(v, n=2):
-    if isinstance(v, int):
+    if isinstance(v, (int, float)):
         return [v] * n
     v = list(v)
     if len(v) == 1:
@@ -47,6 +47,41 @@ def leaky_relu(input, negative_slope=0.01, inplace=False):
 
 def elu(input, alpha=1.0, inplace=False):
     return _result(input, tessera.where(input > 0, input, (input.exp() - 1) * alpha), inplace)
+
+
+def hardtanh(input, min_val=-1.0, max_val=1.0, inplace=False):
+    return _result(input, input.clamp(min_val, max_val), inplace)
+
+
+def hardsigmoid(input, inplace=False):
+    return _result(input, (input + 3).clamp(0, 6) * (1.0 / 6), inplace)
+
+
+def hardswish(input, inplace=False):
+    return _result(input, input * (input + 3).clamp(0, 6) * (1.0 / 6), inplace)
+
+
+def mish(input, inplace=False):
+    return _result(input, input * _nn.softplus(input, 1.0, 20.0).tanh(), inplace)
+
+
+def softsign(input):
+    return input / (input.abs() + 1)
+
+
+def logsigmoid(input):
+    return -_nn.softplus(-input, 1.0, 20.0)
+
+
+def glu(input, dim=-1):
+    a, b = input.chunk(2, dim)
+    return a * b.sigmoid()
+
+
+def prelu(input, weight):
+    if weight.numel() != 1 and input.dim() > 1:  # one slope per channel (dim 1)
+        weight = weight.reshape((1, -1) + (1,) * (input.dim() - 2))
+    return tessera.where(input >= 0, input, input * weight)
 
 
 def gelu(input, approximate="none"):
@@ -152,6 +187,18 @@ def group_norm(input, num_groups, weight=None, bias=None, eps=1e-5):
     return y
 
 
+def rms_norm(input, normalized_shape, weight=None, eps=None):
+    """x / sqrt(mean(x^2 over the trailing normalized_shape dims) + eps) * weight (PyTorch 2.4's
+    rms_norm; eps=None means the dtype's machine epsilon, as there)."""
+    if isinstance(normalized_shape, int):
+        normalized_shape = (normalized_shape,)
+    if eps is None:
+        eps = tessera.finfo(input.dtype).eps
+    dims = tuple(range(-len(normalized_shape), 0))
+    y = input * ((input * input).mean(dims, keepdim=True) + eps).rsqrt()
+    return y if weight is None else y * weight
+
+
 def batch_norm(input, running_mean, running_var, weight=None, bias=None, training=False, momentum=0.1, eps=1e-5):
     if momentum is None:
         raise TypeError("tessera.nn.functional.batch_norm: momentum=None (a cumulative average) is not supported")
@@ -224,6 +271,54 @@ def pad(input, pad, mode="constant", value=None):
     pairs = [pad[i:i + 2] for i in range(0, len(pad), 2)]
     pads = [0, 0] * (input.dim() - len(pairs)) + [v for p in reversed(pairs) for v in p]
     return _nn.pad(input, pads, 0.0 if value is None else float(value))
+
+
+def interpolate(input, size=None, scale_factor=None, mode="nearest", align_corners=None,
+                recompute_scale_factor=None, antialias=False):
+    """Nearest-neighbour upsampling by whole factors (the spatial dims after [N, C])."""
+    if mode != "nearest" or antialias:
+        raise TypeError(f"tessera.nn.functional.interpolate: mode={mode!r} is not supported (only 'nearest' "
+                        "by whole factors)")
+    spatial = list(input.shape[2:])
+    n = len(spatial)
+    if size is not None:
+        sizes = _pair(size, n)
+        factors = [o // i if i and o % i == 0 else None for o, i in zip(sizes, spatial)]
+    else:
+        factors = [int(f) if float(f).is_integer() else None for f in _pair(scale_factor, n)]
+    if any(f is None or f < 1 for f in factors):
+        raise TypeError("tessera.nn.functional.interpolate: only whole upsampling factors are supported, got "
+                        f"size={size}, scale_factor={scale_factor} for spatial dims {spatial}")
+    out = input
+    for d, f in enumerate(factors):
+        if f == 1:
+            continue
+        axis = 2 + d
+        shape = list(out.shape)
+        out = out.unsqueeze(axis + 1).expand(*shape[:axis + 1], f, *shape[axis + 1:])
+        out = out.reshape(*shape[:axis], shape[axis] * f, *shape[axis + 1:])
+    return out
+
+
+def _pool1d(pool2d, input, kernel_size, stride, padding, **kw):
+    k, s = _pair(kernel_size, 1)[0], None if stride is None else _pair(stride, 1)[0]
+    p = _pair(padding, 1)[0]
+    y = pool2d(input.unsqueeze(-2), (1, k), None if s is None else (1, s), (0, p), **kw)
+    return y.squeeze(-2)
+
+
+def max_pool1d(input, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False, return_indices=False):
+    return _pool1d(max_pool2d, input, kernel_size, stride, padding, dilation=dilation, ceil_mode=ceil_mode,
+                   return_indices=return_indices)
+
+
+def avg_pool1d(input, kernel_size, stride=None, padding=0, ceil_mode=False, count_include_pad=True):
+    return _pool1d(avg_pool2d, input, kernel_size, stride, padding, ceil_mode=ceil_mode,
+                   count_include_pad=count_include_pad)
+
+
+def adaptive_avg_pool1d(input, output_size):
+    return adaptive_avg_pool2d(input.unsqueeze(-2), (1, _pair(output_size, 1)[0])).squeeze(-2)
 
 
 def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None):

@@ -4,7 +4,7 @@ import math
 import tessera
 
 __all__ = ["calculate_gain", "uniform_", "normal_", "trunc_normal_", "constant_", "ones_", "zeros_", "eye_",
-           "xavier_uniform_", "xavier_normal_", "kaiming_uniform_", "kaiming_normal_"]
+           "orthogonal_", "xavier_uniform_", "xavier_normal_", "kaiming_uniform_", "kaiming_normal_"]
 
 
 def _fill(tensor, value):
@@ -89,6 +89,26 @@ def eye_(tensor):
     if tensor.dim() != 2:
         raise ValueError("Only tensors with 2 dimensions are supported")
     return _fill(tensor, tessera.eye(tensor.shape[0], tensor.shape[1], dtype=tensor.dtype, device=tensor.device))
+
+
+def orthogonal_(tensor, gain=1, generator=None):
+    """A (semi-)orthogonal matrix from the QR decomposition of a normal draw (PyTorch's method;
+    the QR runs on the host through numpy, once, at initialization)."""
+    import numpy as np
+    if generator is not None:
+        raise TypeError("tessera.nn.init.orthogonal_: generator= is not supported")
+    if tensor.dim() < 2:
+        raise ValueError("Only tensors with 2 or more dimensions are supported")
+    rows, cols = tensor.shape[0], tensor.numel() // tensor.shape[0]
+    flat = tessera.randn(rows, cols).numpy().astype(np.float64)
+    if rows < cols:
+        flat = flat.T
+    q, r = np.linalg.qr(flat)
+    q = q * np.sign(np.diag(r))
+    if rows < cols:
+        q = q.T
+    return _fill(tensor, tessera.tensor((q * gain).reshape(tuple(tensor.shape)), dtype=tensor.dtype,
+                                        device=tensor.device))
 
 
 def xavier_uniform_(tensor, gain=1.0, generator=None):

@@ -155,6 +155,49 @@ Sigmoid = _activation("Sigmoid", F.sigmoid)
 Softplus = _activation("Softplus", F.softplus, [("beta", 1), ("threshold", 20)])
 Softmax = _activation("Softmax", F.softmax, [("dim", None)])
 LogSoftmax = _activation("LogSoftmax", F.log_softmax, [("dim", None)])
+Hardtanh = _activation("Hardtanh", F.hardtanh, [("min_val", -1.0), ("max_val", 1.0), ("inplace", False)])
+Hardsigmoid = _activation("Hardsigmoid", F.hardsigmoid, [("inplace", False)])
+Hardswish = _activation("Hardswish", F.hardswish, [("inplace", False)])
+Mish = _activation("Mish", F.mish, [("inplace", False)])
+Softsign = _activation("Softsign", F.softsign)
+LogSigmoid = _activation("LogSigmoid", F.logsigmoid)
+GLU = _activation("GLU", F.glu, [("dim", -1)])
+
+
+class PReLU(Module):
+    def __init__(self, num_parameters=1, init=0.25, device=None, dtype=None):
+        super().__init__()
+        self.num_parameters = num_parameters
+        self.weight = Parameter(tessera.full((num_parameters,), float(init), **_factory(device, dtype)))
+
+    def forward(self, input):
+        return F.prelu(input, self.weight)
+
+
+class RMSNorm(Module):
+    def __init__(self, normalized_shape, eps=None, elementwise_affine=True, device=None, dtype=None):
+        super().__init__()
+        if isinstance(normalized_shape, int):
+            normalized_shape = (normalized_shape,)
+        self.normalized_shape, self.eps, self.elementwise_affine = tuple(normalized_shape), eps, elementwise_affine
+        if elementwise_affine:
+            self.weight = Parameter(tessera.ones(self.normalized_shape, **_factory(device, dtype)))
+        else:
+            self.register_parameter("weight", None)
+
+    def forward(self, input):
+        return F.rms_norm(input, self.normalized_shape, self.weight, self.eps)
+
+
+class Upsample(Module):
+    def __init__(self, size=None, scale_factor=None, mode="nearest", align_corners=None, recompute_scale_factor=None):
+        super().__init__()
+        if mode != "nearest":
+            raise TypeError(f"tessera.nn.Upsample: mode={mode!r} is not supported (only 'nearest')")
+        self.size, self.scale_factor, self.mode = size, scale_factor, mode
+
+    def forward(self, input):
+        return F.interpolate(input, self.size, self.scale_factor, self.mode)
 
 
 class Dropout2d(Dropout):
@@ -307,6 +350,38 @@ class AvgPool2d(Module):
 
     def forward(self, input):
         return F.avg_pool2d(input, self.kernel_size, self.stride, self.padding, count_include_pad=self.count_include_pad)
+
+
+class MaxPool1d(Module):
+    def __init__(self, kernel_size, stride=None, padding=0, dilation=1, return_indices=False, ceil_mode=False):
+        super().__init__()
+        if dilation != 1 or return_indices or ceil_mode:
+            raise TypeError("tessera.nn.MaxPool1d: dilation, return_indices and ceil_mode are not supported")
+        self.kernel_size, self.stride, self.padding = kernel_size, stride if stride is not None else kernel_size, padding
+
+    def forward(self, input):
+        return F.max_pool1d(input, self.kernel_size, self.stride, self.padding)
+
+
+class AvgPool1d(Module):
+    def __init__(self, kernel_size, stride=None, padding=0, ceil_mode=False, count_include_pad=True):
+        super().__init__()
+        if ceil_mode:
+            raise TypeError("tessera.nn.AvgPool1d: ceil_mode is not supported")
+        self.kernel_size, self.stride, self.padding = kernel_size, stride if stride is not None else kernel_size, padding
+        self.count_include_pad = count_include_pad
+
+    def forward(self, input):
+        return F.avg_pool1d(input, self.kernel_size, self.stride, self.padding, count_include_pad=self.count_include_pad)
+
+
+class AdaptiveAvgPool1d(Module):
+    def __init__(self, output_size):
+        super().__init__()
+        self.output_size = output_size
+
+    def forward(self, input):
+        return F.adaptive_avg_pool1d(input, self.output_size)
 
 
 class AdaptiveAvgPool2d(Module):
