@@ -237,7 +237,7 @@ def test_state_dict_loads_into_torch_and_back():
     sm, tm = make(tessera), make(torch)
     x = rand(np.random.default_rng(2), 2, 1, 4, 4)
     sm(tessera.tensor(x))  # training mode: moves the running statistics
-    tm.load_state_dict({k: torch.from_numpy(v.detach().numpy()) for k, v in sm.state_dict().items()})
+    tm.load_state_dict({k: torch.tensor(v.detach().numpy()) for k, v in sm.state_dict().items()})
     sm.eval(), tm.eval()
     close(sm(tessera.tensor(x)), tm(torch.tensor(x)), what="eval output after loading tessera's state into torch")
 
@@ -296,3 +296,22 @@ def test_scopes_of_shared_and_foreign_modules_and_threads():
     for t in threads:
         t.join()
     assert not errors and tessera.current_scope() == ""
+
+
+def test_forward_hooks():
+    m = nn.Sequential(nn.Linear(3, 3), nn.ReLU())
+    seen = []
+    h1 = m[0].register_forward_hook(lambda mod, args, out: seen.append(("post", type(mod).__name__, tuple(out.shape))))
+    h2 = m[0].register_forward_pre_hook(lambda mod, args: (args[0] * 0,))  # replaces the input
+    h3 = m[1].register_forward_hook(lambda mod, args, out: out + 1)  # replaces the output
+    y = m(tessera.randn(2, 3))
+    bias = m[0].bias.detach().numpy()
+    np.testing.assert_allclose(y.detach().numpy(), np.maximum(bias, 0)[None, :].repeat(2, 0) + 1, rtol=1e-6)
+    assert seen == [("post", "Linear", (2, 3))]
+    for h in (h1, h2, h3):
+        h.remove()
+    x = tessera.randn(2, 3)
+    np.testing.assert_allclose(m(x).detach().numpy(), np.maximum(m[0](x).detach().numpy(), 0), rtol=1e-6)
+    assert len(seen) == 1
+    with pytest.raises(AttributeError, match="register_full_backward_hook is not supported"):
+        m.register_full_backward_hook(lambda *a: None)

@@ -40,6 +40,23 @@ class Buffer:
         self.data, self.persistent = data, persistent
 
 
+_hook_ids = itertools.count()
+
+
+class _RemovableHandle:
+    def __init__(self, hooks, key):
+        self._hooks, self.id = hooks, key
+
+    def remove(self):
+        self._hooks.pop(self.id, None)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.remove()
+
+
 class _IncompatibleKeys(namedtuple("IncompatibleKeys", ["missing_keys", "unexpected_keys"])):
     def __repr__(self):
         if not self.missing_keys and not self.unexpected_keys:
@@ -206,7 +223,25 @@ class Module:
             m.__dict__["_tsr_path"] = path
         self.__dict__["_tsr_version"] = _current_version[0]
 
+    def _forward_with_hooks(self, args, kwargs):
+        d = self.__dict__
+        for hook in tuple(d.get("_forward_pre_hooks", {}).values()):
+            r = hook(self, args)
+            if r is not None:
+                args = r if isinstance(r, tuple) else (r,)
+        out = self.forward(*args, **kwargs)
+        for hook in tuple(d.get("_forward_hooks", {}).values()):
+            r = hook(self, args, out)
+            if r is not None:
+                out = r
+        return out
+
     def __call__(self, *args, **kwargs):
+        if "_forward_pre_hooks" in self.__dict__ or "_forward_hooks" in self.__dict__:
+            run = self._forward_with_hooks
+            args, kwargs = (args, kwargs), {}
+        else:
+            run = self.forward
         stack = getattr(_running, "stack", None)
         if stack is None:
             stack = _running.stack = []
@@ -215,7 +250,7 @@ class Module:
                 self._assign_paths()
             stack.append("")
             try:
-                return self.forward(*args, **kwargs)
+                return run(*args, **kwargs)
             finally:
                 stack.pop()
         parent, path = stack[-1], self.__dict__["_tsr_path"]
@@ -228,7 +263,7 @@ class Module:
         _scope_push(scope)
         stack.append(path)
         try:
-            return self.forward(*args, **kwargs)
+            return run(*args, **kwargs)
         finally:
             stack.pop()
             _scope_pop()
@@ -460,15 +495,27 @@ class Module:
     def __setstate__(self, state):
         self.__dict__.update(state)
 
-    # The hooks PyTorch offers are not here: say so rather than ignore them.
+    # ---- hooks: forward ones (they run in Python around forward); backward hooks are not supported ----
+    def _add_hook(self, table, hook, prepend, with_kwargs, what):
+        if with_kwargs:
+            raise TypeError(f"tessera.nn.Module.{what}: with_kwargs=True is not supported")
+        hooks = self.__dict__.setdefault(table, OrderedDict())
+        key = next(_hook_ids)
+        hooks[key] = hook
+        if prepend:
+            hooks.move_to_end(key, last=False)
+        return _RemovableHandle(hooks, key)
+
+    def register_forward_pre_hook(self, hook, *, prepend=False, with_kwargs=False):
+        """hook(module, args) runs before forward; a non-None result replaces args."""
+        return self._add_hook("_forward_pre_hooks", hook, prepend, with_kwargs, "register_forward_pre_hook")
+
+    def register_forward_hook(self, hook, *, prepend=False, with_kwargs=False, always_call=False):
+        """hook(module, args, output) runs after forward; a non-None result replaces output."""
+        return self._add_hook("_forward_hooks", hook, prepend, with_kwargs, "register_forward_hook")
+
     def _unsupported(self, what):
         raise AttributeError(f"tessera.nn.Module.{what} is not supported")
-
-    def register_forward_hook(self, *a, **k):
-        self._unsupported("register_forward_hook")
-
-    def register_forward_pre_hook(self, *a, **k):
-        self._unsupported("register_forward_pre_hook")
 
     def register_full_backward_hook(self, *a, **k):
         self._unsupported("register_full_backward_hook")
