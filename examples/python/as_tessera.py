@@ -17,10 +17,10 @@ sys.modules["torch"] = tessera
 sys.modules["torch.nn"] = tessera.nn
 sys.modules["torch.nn.functional"] = tessera.nn.functional
 sys.modules["torch.optim"] = tessera.optim
-# The other submodules too (torch.optim.lr_scheduler, torch.nn.init ...), so that
-# `from torch.optim.lr_scheduler import StepLR` finds tessera's module rather than a second copy.
+# The other submodules too (torch.optim.lr_scheduler, torch.nn.init, torch.utils.data ...), so
+# that `from torch.optim.lr_scheduler import StepLR` finds tessera's module rather than a copy.
 for _name, _module in list(sys.modules.items()):
-    if _name.startswith(("tessera.nn.", "tessera.optim.")):
+    if _name.startswith(("tessera.nn.", "tessera.optim.", "tessera.utils", "tessera.amp")):
         sys.modules.setdefault("torch" + _name[len("tessera"):], _module)
 
 if __name__ == "__main__":
