@@ -2,9 +2,11 @@
 DataLoader (batching, shuffling with tessera's generator, drop_last, the default collate).
 Loading runs in the calling process: num_workers and pin_memory are accepted and change nothing
 but speed, since batches are host data copied into tensors either way."""
+import bisect
+import itertools
+import math
 import numbers
-
-import numpy as np
+import sys
 
 import tessera
 
@@ -33,16 +35,16 @@ class TensorDataset(Dataset):
 class ConcatDataset(Dataset):
     def __init__(self, datasets):
         self.datasets = list(datasets)
-        self.cumulative_sizes = list(np.cumsum([len(d) for d in self.datasets]))
+        self.cumulative_sizes = list(itertools.accumulate(len(d) for d in self.datasets))
 
     def __len__(self):
-        return int(self.cumulative_sizes[-1]) if self.cumulative_sizes else 0
+        return self.cumulative_sizes[-1] if self.cumulative_sizes else 0
 
     def __getitem__(self, index):
         if index < 0:
             index += len(self)
-        d = int(np.searchsorted(self.cumulative_sizes, index, side="right"))
-        return self.datasets[d][index - (int(self.cumulative_sizes[d - 1]) if d else 0)]
+        d = bisect.bisect_right(self.cumulative_sizes, index)
+        return self.datasets[d][index - (self.cumulative_sizes[d - 1] if d else 0)]
 
 
 class Subset(Dataset):
@@ -61,7 +63,7 @@ def random_split(dataset, lengths, generator=None):
         raise TypeError("tessera.utils.data.random_split: generator= is not supported")
     n = len(dataset)
     if all(isinstance(x, float) for x in lengths) and abs(sum(lengths) - 1) < 1e-9:
-        sizes = [int(np.floor(n * f)) for f in lengths]
+        sizes = [math.floor(n * f) for f in lengths]
         for i in range(n - sum(sizes)):
             sizes[i % len(sizes)] += 1
         lengths = sizes
@@ -80,9 +82,10 @@ def default_collate(batch):
     numbers become one tensor with a leading batch dim; tuples, lists and dicts are collated
     field by field; strings stay lists."""
     first = batch[0]
+    np = sys.modules.get("numpy")  # numpy is optional: only arrays that exist need it
     if isinstance(first, tessera.Tensor):
         return tessera.stack(list(batch), 0)
-    if isinstance(first, np.ndarray):
+    if np is not None and isinstance(first, np.ndarray):
         return tessera.tensor(np.stack(batch))
     if isinstance(first, bool):
         return tessera.tensor(batch, dtype=tessera.bool)
