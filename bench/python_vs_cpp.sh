@@ -35,8 +35,10 @@ run_side() {
     torch) out=$(OMP_NUM_THREADS=$threads MALLOC_MMAP_THRESHOLD_=33554432 MALLOC_TRIM_THRESHOLD_=134217728 \
                  /usr/bin/python3 "$here/gpt_step_torch.py" "$threads" --steps "$steps") ;;
   esac
-  local ms
-  ms=$(grep '^RESULT ' <<<"$out" | tail -1 | sed 's/.*median_ms=\([^ ]*\).*/\1/')
+  local ms line
+  line=$(grep '^RESULT ' <<<"$out" | tail -1)
+  ms=$(sed 's/.*median_ms=\([^ ]*\).*/\1/' <<<"$line")
+  [[ $1 == python ]] && echo "trace $(sed 's/.*trace_ms=\([^ ]*\).*/\1/' <<<"$line")" >>"$results"
   [[ -n $ms ]] || { echo "python_vs_cpp: $1 printed no RESULT line:" >&2; printf '%s\n' "$out" >&2; exit 1; }
   echo "$1 $ms" >>"$results"
   printf '  round %d  %-7s median %8.2f ms\n' "$r" "$1" "$ms"
@@ -53,12 +55,14 @@ function median(list,   a, n, i, j, t) {
   for (i = 2; i <= n; ++i) for (j = i; j > 1 && a[j-1] + 0 > a[j] + 0; --j) { t = a[j]; a[j] = a[j-1]; a[j-1] = t }
   return n % 2 ? a[(n + 1) / 2] : (a[n / 2] + a[n / 2 + 1]) / 2
 }
+$1 == "trace" { tr = tr " " $2; next }
 { ms[$1] = ms[$1] " " $2; if (!($1 in best) || $2 + 0 < best[$1]) best[$1] = $2 + 0 }
 END {
   printf "\n%-28s %12s %10s\n", "side", "median ms", "best ms"
   printf "%-28s %12.2f %10.2f\n", "C++ API (bench_gpt_step)", median(ms["cpp"]), best["cpp"]
   printf "%-28s %12.2f %10.2f\n", "Python on Tessera", median(ms["python"]), best["python"]
   printf "%-28s %12.2f %10.2f\n", "PyTorch 1.13 eager", median(ms["torch"]), best["torch"]
+  printf "(Python on Tessera: %.2f ms of its step is tracing in Python, median)\n", median(tr)
   printf "\nPython / C++ = %.3f (goal <= 1.1)\n", median(ms["python"]) / median(ms["cpp"])
   printf "Python on Tessera / PyTorch eager = %.3f (medians), %.3f (best processes)\n", median(ms["python"]) / median(ms["torch"]), best["python"] / best["torch"]
 }' "$results"
