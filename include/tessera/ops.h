@@ -69,6 +69,10 @@ Tensor var(const Tensor& a, std::vector<int64_t> dims = {}, int64_t correction =
 Tensor std(const Tensor& a, std::vector<int64_t> dims = {}, int64_t correction = 1, bool keepdim = false);
 Tensor logsumexp(const Tensor& a, std::vector<int64_t> dims, bool keepdim = false);
 
+// Running sums along dim (torch.cumsum): a product with a triangular matrix of ones, so every
+// backend runs it and autodiff differentiates it (O(n^2) in the dim's extent; integers and bool
+// sum as int64, exact up to 2^53).
+Tensor cumsum(const Tensor& a, int64_t dim);
 // The k largest (largest = false: smallest) elements along dim and their int64 indices, in
 // order (ties: the lower index first). The values' gradient goes to the elements picked.
 std::tuple<Tensor, Tensor> topk(const Tensor& a, int64_t k, int64_t dim = -1, bool largest = true, bool sorted = true);

@@ -34,8 +34,15 @@ Tensor finish(Tensor t, const Opts& o) {
 template <class F>
 void def_sized(nb::module_& m, const char* name, F make) {
   m.def(name, [make, name](nb::args size, nb::kwargs kw) {
+    Shape s;
+    if (kw.contains("size")) {  // zeros(size=(2, 3))
+      s = to_shape(kw["size"]);
+      nb::del(kw["size"]);
+    } else {
+      s = shape_from_args(size, name);
+    }
     Opts o = parse(kw, name);
-    return finish(make(shape_from_args(size, name), tessera::TensorOptions{o.dtype.value_or(DType::Float32), o.device}), o);
+    return finish(make(s, tessera::TensorOptions{o.dtype.value_or(DType::Float32), o.device}), o);
   });
 }
 

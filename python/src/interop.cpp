@@ -11,14 +11,9 @@ namespace {
 
 using HostArray = nb::ndarray<nb::ro, nb::c_contig, nb::device::cpu>;
 
-template <class T>
+// The array's From elements as To values in a new tensor (from_vector takes the To vector).
+template <class From, class To = From>
 Tensor copy_in(const HostArray& a, const Shape& s, DType dtype, const tessera::Device& dev) {
-  const T* p = static_cast<const T*>(a.data());
-  std::vector<T> v(p, p + a.size());
-  return tessera::from_vector(v, s, {dtype, dev});
-}
-template <class From, class To>
-Tensor copy_convert(const HostArray& a, const Shape& s, DType dtype, const tessera::Device& dev) {
   const From* p = static_cast<const From*>(a.data());
   std::vector<To> v(p, p + a.size());
   return tessera::from_vector(v, s, {dtype, dev});
@@ -34,15 +29,15 @@ Tensor from_array(const HostArray& a, bool floats_as_f32, const tessera::Device&
   auto code = static_cast<Code>(t.code);
   if (code == Code::Float && t.bits == 32) return copy_in<float>(a, s, DType::Float32, dev);
   if (code == Code::Float && t.bits == 64)
-    return floats_as_f32 ? copy_convert<double, float>(a, s, DType::Float32, dev) : copy_in<double>(a, s, DType::Float64, dev);
+    return floats_as_f32 ? copy_in<double, float>(a, s, DType::Float32, dev) : copy_in<double>(a, s, DType::Float64, dev);
   if (code == Code::Int && t.bits == 64) return copy_in<int64_t>(a, s, DType::Int64, dev);
   if (code == Code::Int && t.bits == 32) return copy_in<int32_t>(a, s, DType::Int32, dev);
   if (code == Code::Bool) return copy_in<uint8_t>(a, s, DType::Bool, dev);
   // Narrow integers widen to int32 (tessera has no 8/16-bit integer dtypes): values are kept.
-  if (code == Code::UInt && t.bits == 8) return copy_convert<uint8_t, int32_t>(a, s, DType::Int32, dev);
-  if (code == Code::Int && t.bits == 8) return copy_convert<int8_t, int32_t>(a, s, DType::Int32, dev);
-  if (code == Code::Int && t.bits == 16) return copy_convert<int16_t, int32_t>(a, s, DType::Int32, dev);
-  if (code == Code::UInt && t.bits == 16) return copy_convert<uint16_t, int32_t>(a, s, DType::Int32, dev);
+  if (code == Code::UInt && t.bits == 8) return copy_in<uint8_t, int32_t>(a, s, DType::Int32, dev);
+  if (code == Code::Int && t.bits == 8) return copy_in<int8_t, int32_t>(a, s, DType::Int32, dev);
+  if (code == Code::Int && t.bits == 16) return copy_in<int16_t, int32_t>(a, s, DType::Int32, dev);
+  if (code == Code::UInt && t.bits == 16) return copy_in<uint16_t, int32_t>(a, s, DType::Int32, dev);
   throw nb::type_error(("unsupported array element type (DLPack code " + std::to_string(t.code) + ", " +
                         std::to_string(t.bits) + " bits): Tessera takes bool, int8-64, uint8/16, float32/64 (and "
                         "float16/bfloat16 through float32)").c_str());
@@ -154,8 +149,8 @@ Tensor from_python(nb::handle data, std::optional<DType> dtype, std::optional<te
   tessera::Device dev = device.value_or(tessera::Device("cpu"));
   Tensor t;
   PyObject* p = data.ptr();
-  if (is_tensor(data)) {
-    t = as_tensor(data).detach();
+  if (is_tensor(data)) {  // torch.tensor(t): an independent copy without history
+    t = as_tensor(data).detach().clone();
     if (device && t.device() != dev) t = t.to(dev);
   } else if (PyBool_Check(p)) {
     t = tessera::full({}, p == Py_True ? 1 : 0, {DType::Bool, dev});

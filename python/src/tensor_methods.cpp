@@ -188,6 +188,8 @@ void bind_reductions(nb::class_<Tensor>& cls) {
           nb::arg("dim"), nb::arg("dtype").none() = none);
   cls.def("log_softmax", [](const Tensor& t, int64_t dim, nb::handle dtype) { return cast_opt(t, dtype).log_softmax(dim); },
           nb::arg("dim"), nb::arg("dtype").none() = none);
+  cls.def("cumsum", [](const Tensor& t, int64_t dim, nb::handle dtype) { return tessera::cumsum(cast_opt(t, dtype), dim); },
+          nb::arg("dim"), nb::kw_only(), nb::arg("dtype").none() = none);
   cls.def("topk", [](const Tensor& t, int64_t k, int64_t dim, bool largest, bool sorted) {
     auto [v, i] = tessera::topk(t, k, dim, largest, sorted);
     return g_return_topk(v, i);

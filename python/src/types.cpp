@@ -128,15 +128,10 @@ Tensor operand(const Tensor& like, nb::handle h, const char* op) {
     return tessera::full({}, PyFloat_AS_DOUBLE(p), o);
   }
   try {
-    Tensor t = from_python(h, std::nullopt, like.device());
-    return t;
-  } catch (const nb::builtin_exception&) {
-    throw nb::type_error((std::string(op) + ": unsupported operand " + nb::repr(nb::handle(Py_TYPE(p))).c_str() +
-                          " (expected a tessera.Tensor or a number)").c_str());
-  } catch (const std::bad_cast&) {
-    throw nb::type_error((std::string(op) + ": unsupported operand " + nb::repr(nb::handle(Py_TYPE(p))).c_str() +
-                          " (expected a tessera.Tensor or a number)").c_str());
-  } catch (const nb::python_error&) {
+    return from_python(h, std::nullopt, like.device());  // numpy scalars and arrays, nested lists
+  } catch (const tessera::Error&) {
+    throw;
+  } catch (const std::exception&) {  // not array-like (nb::python_error, a failed cast ...)
     throw nb::type_error((std::string(op) + ": unsupported operand " + nb::repr(nb::handle(Py_TYPE(p))).c_str() +
                           " (expected a tessera.Tensor or a number)").c_str());
   }

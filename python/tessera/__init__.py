@@ -35,7 +35,7 @@ _METHOD_FUNCTIONS = (
     "abs neg negative sign sqrt rsqrt square reciprocal exp log sin cos tanh sigmoid relu floor ceil round "
     "erf logical_not logical_and logical_or logical_xor add sub mul multiply div divide true_divide floor_divide "
     "remainder pow matmul mm bmm eq ne lt le gt ge maximum minimum clamp clip masked_fill sum mean max min amax "
-    "amin argmax argmin all any var std logsumexp softmax log_softmax topk multinomial reshape permute "
+    "amin argmax argmin all any var std logsumexp softmax log_softmax cumsum topk multinomial reshape permute "
     "flatten squeeze unsqueeze transpose swapaxes t split chunk unbind narrow gather index_select scatter_add "
     "tril triu flip clone detach numel lerp norm").split()
 for _name in _METHOD_FUNCTIONS:
@@ -172,6 +172,128 @@ class iinfo:
         self.dtype, self.bits = dtype, bits
         self.max = 2 ** (bits - 1) - 1
         self.min = -(2 ** (bits - 1))
+
+
+# ---- printing, as torch prints ----
+def _repr(self):
+    """torch's format: values (4 decimals, or integral floats as '1.'), then the dtype when it is
+    not the default of its kind, the device when not cpu, and requires_grad. Reads the value."""
+    import numpy as np
+    if self.dtype in (bfloat16, float16):
+        values = self.detach().float().numpy()
+    else:
+        values = self.detach().numpy()
+    if values.dtype.kind == "f" and values.size and np.isfinite(values).all() and (values != np.round(values)).any():
+        body = np.array2string(values, precision=4, floatmode="fixed", separator=", ", prefix="tensor(",
+                               threshold=1000, edgeitems=3)
+    else:
+        body = np.array2string(values, separator=", ", prefix="tensor(", threshold=1000, edgeitems=3)
+    extra = []
+    if self.dtype not in (float32, int64, bool):
+        extra.append(f"dtype={self.dtype!r}")
+    if self.device.type != "cpu":
+        extra.append(f"device='{self.device}'")
+    if self.requires_grad:
+        extra.append("requires_grad=True" if self.is_leaf else "grad_fn=<tessera>")
+    if self.dim() > 0 and values.size == 0:
+        extra.insert(0, f"size={self.shape}")
+    return "tensor(" + body + "".join(", " + e for e in extra) + ")"
+
+
+Tensor.__repr__ = _repr
+Tensor.__str__ = _repr
+
+
+class _GradFn:
+    """What x.grad_fn is for a tensor with history (None for leaves): tessera records history as
+    lazy IR beside the value, so there is no per-op node object to inspect."""
+
+    def __repr__(self):
+        return "<tessera grad_fn>"
+
+
+Tensor.grad_fn = property(lambda self: None if self.is_leaf else _GradFn())
+
+
+def _in_place_of(name):
+    op = getattr(Tensor, name)
+
+    def method(self, *args, **kwargs):
+        return self.copy_(op(self, *args, **kwargs))
+    method.__name__ = name + "_"
+    method.__doc__ = f"x.{name}_(...): x.copy_(x.{name}(...)), returning x"
+    return method
+
+
+for _n in "exp log sqrt rsqrt relu sigmoid tanh neg abs floor ceil round sin cos pow sign reciprocal square tril triu".split():
+    setattr(Tensor, _n + "_", _in_place_of(_n))
+del _n
+
+
+# ---- einsum: permutes, sums and batched matmuls (so autodiff and every backend have it) ----
+def _einsum_one(spec, x, keep):
+    """Sums x's dims that are in neither `keep` nor repeated; returns the reduced tensor and spec."""
+    if len(set(spec)) != len(spec):
+        raise TypeError(f"tessera.einsum: repeated index in one operand ('{spec}', a diagonal) is not supported")
+    drop = [d for d, c in enumerate(spec) if c not in keep]
+    if drop:
+        x = x.sum(dim=tuple(drop))
+        spec = "".join(c for c in spec if c in keep)
+    return x, spec
+
+
+def _einsum_pair(sa, a, sb, b, keep):
+    """a (indices sa) times b (sb), contracted over what both have and `keep` lacks: one matmul
+    of [batch, left, contracted] by [batch, contracted, right]."""
+    a, sa = _einsum_one(sa, a, keep + sb)
+    b, sb = _einsum_one(sb, b, keep + sa)
+    batch = [c for c in sa if c in sb and c in keep]
+    contract = [c for c in sa if c in sb and c not in keep]
+    left = [c for c in sa if c not in sb]
+    right = [c for c in sb if c not in sa]
+    size = {c: a.shape[i] for i, c in enumerate(sa)}
+    size.update({c: b.shape[i] for i, c in enumerate(sb)})
+    n = lambda cs: _functools.reduce(lambda p, c: p * size[c], cs, 1)  # noqa: E731
+    a = a.permute(*[sa.index(c) for c in batch + left + contract]).reshape(n(batch), n(left), n(contract))
+    b = b.permute(*[sb.index(c) for c in batch + contract + right]).reshape(n(batch), n(contract), n(right))
+    out = (a @ b).reshape(*[size[c] for c in batch + left + right])
+    return out, "".join(batch + left + right)
+
+
+def einsum(equation, *operands):
+    """torch.einsum for explicit or implicit output ('ij,jk->ik', 'ij,jk'); no '...' or diagonals."""
+    if len(operands) == 1 and isinstance(operands[0], (list, tuple)):
+        operands = tuple(operands[0])
+    eq = equation.replace(" ", "")
+    if "." in eq:
+        raise TypeError("tessera.einsum: '...' is not supported")
+    ins, arrow, out = eq.partition("->")
+    specs = ins.split(",")
+    if len(specs) != len(operands):
+        raise TypeError(f"tessera.einsum: '{equation}' names {len(specs)} operands, {len(operands)} given")
+    for sp, t in zip(specs, operands):
+        if len(sp) != t.dim():
+            raise RuntimeError(f"[einsum] '{sp}' has {len(sp)} indices for a tensor of shape {list(t.shape)}")
+    if not arrow:  # implicit output: the indices seen once, sorted
+        counts = {}
+        for c in ins.replace(",", ""):
+            counts[c] = counts.get(c, 0) + 1
+        out = "".join(sorted(c for c, k in counts.items() if k == 1))
+    x, sx = operands[0], specs[0]
+    for k in range(1, len(operands)):
+        rest = out + "".join(specs[k + 1:])
+        x, sx = _einsum_pair(sx, x, specs[k], operands[k], rest)
+    x, sx = _einsum_one(sx, x, out)
+    return x.permute(*[sx.index(c) for c in out]) if out else x
+
+
+def get_default_dtype():
+    return float32
+
+
+def set_default_dtype(d):
+    if d is not float32:
+        raise TypeError(f"tessera.set_default_dtype({d!r}) is not supported: the default dtype is tessera.float32")
 
 
 # ---- copying and pickling (copy.deepcopy of modules, multiprocessing, tessera.save/load) ----

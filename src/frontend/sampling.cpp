@@ -1,4 +1,4 @@
-// topk and multinomial as decompositions: k rounds of argmax with the winner masked out, and
+// cumsum, topk and multinomial as decompositions: a triangular product; k rounds of argmax with the winner masked out, and
 // the Gumbel-max trick (argmax of log-weights plus Gumbel noise draws exactly from the
 // categorical; its top-k draws without replacement).
 #include <limits>
@@ -12,6 +12,19 @@ namespace {
 std::string desc(const Tensor& t) { return std::string(dtype_name(t.dtype())) + shape_str(t.shape()); }
 
 }  // namespace
+
+Tensor cumsum(const Tensor& a, int64_t dim) {
+  if (!a.defined()) fail("cumsum", "called on an undefined tensor");
+  if (a.dim() == 0) return is_floating(a.dtype()) ? a : a.to(DType::Int64);
+  int64_t d = wrap_dim(dim, a.shape(), "cumsum");
+  int64_t n = a.size(d);
+  DType out = is_floating(a.dtype()) ? a.dtype() : DType::Int64;
+  DType work = is_floating(a.dtype()) ? compute_dtype(a.dtype()) : DType::Float64;
+  // upper[i][j] = 1 for i <= j: (x moved to the last dim) @ upper sums x[.., 0..j] into j.
+  Tensor upper = triu(ones({n, n}, {work, a.device()}));
+  Tensor x = a.to(work).transpose(d, -1);
+  return matmul(x, upper).transpose(d, -1).to(out);
+}
 
 std::tuple<Tensor, Tensor> topk(const Tensor& a, int64_t k, int64_t dim, bool largest, bool sorted) {
   (void)sorted;  // always sorted: the rounds find the elements in order

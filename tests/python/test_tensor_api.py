@@ -13,7 +13,7 @@ def test_factories_shapes_dtypes(th):
         assert t.shape == tuple(p.shape) and str(t.dtype) == str(p.dtype).replace("torch", "tessera")
         assert getattr(tessera, name)((4, 1)).shape == (4, 1)
         assert getattr(tessera, name + "_like")(t).shape == (2, 3)
-    assert tessera.zeros(2, dtype=tessera.long).dtype is tessera.int64
+    assert tessera.zeros(2, dtype=tessera.long).dtype is tessera.int64 and tessera.ones(size=(2, 1)).shape == (2, 1)
     assert tessera.ones([2, 2], dtype=tessera.float64, requires_grad=True).requires_grad
     assert tessera.zeros(3).tolist() == [0.0] * 3 and tessera.ones(2, dtype=tessera.bool).tolist() == [True, True]
     assert tessera.full((2,), 7).dtype is tessera.int64 and tessera.full((2,), 7.5).tolist() == [7.5, 7.5]
@@ -326,3 +326,26 @@ def test_deepcopy_pickle_save_load(tmp_path):
     tessera.save(state, str(path))
     back = tessera.load(str(path), map_location="cpu")
     assert back["w"].tolist() == [[1.0, 2.0]] and back["step"].dtype is tessera.int64
+
+
+def test_repr_like_torch(th):
+    cases = [lambda m: m.tensor([[1.5, -2.25], [3.0, 4.125]]), lambda m: m.tensor([1.0, 2.0]),
+             lambda m: m.arange(5), lambda m: m.tensor([True, False]),
+             lambda m: m.tensor([1.5, 2.0], dtype=m.float64), lambda m: m.tensor([1, 2], dtype=m.int32),
+             lambda m: m.tensor([0.5, 1.5], requires_grad=True), lambda m: m.tensor(2.5), lambda m: m.zeros(2, 0)]
+    for c in cases:
+        assert repr(c(tessera)) == repr(c(th)).replace("torch.", "tessera."), repr(c(th))
+    x = tessera.tensor([1.0], requires_grad=True)
+    assert x.grad_fn is None and (x * 2).grad_fn is not None and "grad_fn" in repr(x * 2)
+
+
+def test_more_in_place_methods(th):
+    for m in (tessera, th):
+        x = m.tensor([-1.0, 0.25, 4.0])
+        assert x.relu_() is x and x.tolist() == [0.0, 0.25, 4.0]
+        x.sqrt_()
+        x.pow_(2)
+        assert x.tolist() == [0.0, 0.25, 4.0]
+    assert tessera.get_default_dtype() is tessera.float32
+    with pytest.raises(TypeError):
+        tessera.set_default_dtype(tessera.float64)

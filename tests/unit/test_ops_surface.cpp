@@ -665,6 +665,21 @@ TEST(Surface, ErrorsNameTheScope) {
   }
 }
 
+// cumsum by hand along each dim, integers as int64, and its gradient (the reversed running sum
+// of the cotangent: d/dx_i of sum_j w_j * cumsum_j = sum_{j >= i} w_j).
+TEST(Surface, Cumsum) {
+  Tensor x = make_tensor({1, 2, 3, 4, 5, 6}, {2, 3}, kF32);
+  EXPECT_EQ(cumsum(x, 1).to_vector<float>(), (std::vector<float>{1, 3, 6, 4, 9, 15}));
+  EXPECT_EQ(cumsum(x, 0).to_vector<float>(), (std::vector<float>{1, 2, 3, 5, 7, 9}));
+  Tensor i = cumsum(make_tensor({1, 0, 1, 1}, {4}, kBool), -1);
+  EXPECT_EQ(i.dtype(), kI64);
+  EXPECT_EQ(i.to_vector<int64_t>(), (std::vector<int64_t>{1, 1, 2, 3}));
+  Tensor w = x.detach().requires_grad_();
+  (cumsum(w, 1) * make_tensor({1, 10, 100, 1, 1, 1}, {2, 3}, kF32)).sum().backward();
+  EXPECT_EQ(w.grad().to_vector<float>(), (std::vector<float>{111, 110, 100, 3, 2, 1}));
+  EXPECT_THROW(cumsum(x, 2), Error);
+}
+
 // topk against a hand-sorted row; ties take the lower index first; the gradient reaches only
 // the elements picked.
 TEST(Surface, Topk) {
