@@ -59,8 +59,6 @@ class Optimizer {
   virtual const std::vector<Tensor>& group_params(size_t g) const = 0;
   virtual double group_lr(size_t g) const = 0;
   virtual void set_group_lr(size_t g, double lr) = 0;
-  // A realized float32 scalar holding v: a graph input, not a constant.
-  Tensor runtime_scalar(double v) const;
 
   const char* name_;  // for error messages: "SGD", "Adam", "AdamW"
   std::vector<std::map<std::string, Tensor>> state_;  // per parameter, in params() order
@@ -120,6 +118,23 @@ class AdamW : public Adam {
   AdamW(std::vector<Group> groups, AdamOptions defaults = {.lr = 1e-3, .weight_decay = 1e-2})
       : Adam(std::move(groups), defaults, true) {}
 };
+
+// ---- multi-tensor update kernels (what SGD/Adam/AdamW's step() runs; also for Python's optimizers) ----
+// Each updates a whole parameter list in place, lazily (under NoGradGuard; nothing runs until a
+// sync), entry i of every list belonging to parameter i; a parameter whose grads[i] is undefined
+// is skipped. The learning rate and every step-dependent factor enter the graph as runtime
+// scalars, so a schedule never changes the graph.
+//
+// SGD with momentum, dampening, weight decay and Nesterov (PyTorch's rule). Returns the momentum
+// buffers: momentum_buffers[i] updated in place, or, where undefined (the first step), a new
+// buffer holding the gradient. With momentum 0 the buffers are returned unchanged.
+std::vector<Tensor> sgd_update(const std::vector<Tensor>& params, const std::vector<Tensor>& grads,
+                               const std::vector<Tensor>& momentum_buffers, const SGDOptions& o);
+// Adam (decoupled = false: L2 decay added to the gradient) or AdamW (decoupled: p *= 1 - lr * wd)
+// at step `step` (1 at the first update: the bias corrections' exponent). exp_avg and exp_avg_sq
+// must be defined (zeros before the first step) and are updated in place.
+void adam_update(const std::vector<Tensor>& params, const std::vector<Tensor>& grads, const std::vector<Tensor>& exp_avg,
+                 const std::vector<Tensor>& exp_avg_sq, int64_t step, const AdamOptions& o, bool decoupled);
 
 extern template class OptimizerBase<SGDOptions>;
 extern template class OptimizerBase<AdamOptions>;

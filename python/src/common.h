@@ -54,5 +54,6 @@ void bind_indexing(nb::class_<Tensor>& cls);
 void bind_interop(nb::module_& m, nb::class_<Tensor>& cls);
 void bind_factories(nb::module_& m);
 void bind_runtime(nb::module_& m);
+void bind_optim(nb::module_& m);  // optim.cpp: tessera._C._optim (tessera.optim's kernels)
 
 }  // namespace tpy

@@ -11,5 +11,6 @@ NB_MODULE(_C, m) {
   tpy::bind_tensor(m);
   tpy::bind_factories(m);
   tpy::bind_runtime(m);
+  tpy::bind_optim(m);
   m.attr("__version__") = tessera::version();
 }

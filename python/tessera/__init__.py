@@ -530,3 +530,10 @@ def __getattr__(name):
     if name.startswith("__") and name.endswith("__"):
         raise AttributeError(name)
     raise AttributeError(f"tessera.{name} is not supported (a torch name Tessera lacks; docs/python.md lists the surface)")
+
+
+# ---- the Python layers over the binding (after everything above: they import from it) ----
+from . import amp, nn, optim, utils  # noqa: E402
+
+cuda.amp = amp  # torch.cuda.amp.GradScaler / autocast, as nanoGPT's train.py spells them
+autocast = amp.autocast

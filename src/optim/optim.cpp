@@ -52,12 +52,6 @@ void Optimizer::set_lr(size_t group, double lr) {
   set_group_lr(group, lr);
 }
 
-Tensor Optimizer::runtime_scalar(double v) const {
-  for (size_t g = 0; g < num_param_groups(); ++g)
-    if (!group_params(g).empty()) return from_vector<double>({v}, {}, {DType::Float32, group_params(g)[0].device()});
-  return from_vector<double>({v}, {}, {DType::Float32, Device("cpu")});
-}
-
 namespace {
 Tensor host_scalar(double v, DType t) { return from_vector<double>({v}, {}, {t, Device("cpu")}); }
 // Splits "<index>.<name>" (a decimal index); nullopt for any other key.
@@ -146,28 +140,17 @@ SGD::SGD(std::vector<Tensor> params, SGDOptions o) : SGD(std::vector<Group>{{std
 SGD::SGD(std::vector<Group> groups, SGDOptions defaults) : OptimizerBase("SGD", std::move(groups), defaults) {}
 
 void SGD::step() {
-  NoGradGuard ng;
   size_t i = 0;  // the parameter's index in state_
   for (Group& group : groups_) {
-    const SGDOptions& o = *group.options;
-    Tensor lr = runtime_scalar(o.lr);
-    for (Tensor& p : group.params) {
-      auto& st = state_[i++];
-      Tensor g = p.grad();
-      if (!g.defined()) continue;
-      if (o.weight_decay != 0) g = g + p * o.weight_decay;
-      if (o.momentum != 0) {
-        auto it = st.find("momentum_buffer");
-        if (it == st.end()) {
-          st["momentum_buffer"] = g * 1.0;  // first step: the buffer is the gradient
-        } else {
-          it->second.mul_(o.momentum).add_(g * (1 - o.dampening));
-        }
-        Tensor buf = st["momentum_buffer"];
-        g = o.nesterov ? g + buf * o.momentum : buf;
-      }
-      p.sub_(g * lr);
+    std::vector<Tensor> grads, bufs;
+    for (size_t k = 0; k < group.params.size(); ++k) {
+      grads.push_back(group.params[k].grad());
+      auto it = state_[i + k].find("momentum_buffer");
+      bufs.push_back(it == state_[i + k].end() ? Tensor() : it->second);
     }
+    bufs = sgd_update(group.params, grads, bufs, *group.options);
+    for (size_t k = 0; k < group.params.size(); ++k, ++i)
+      if (bufs[k].defined()) state_[i]["momentum_buffer"] = bufs[k];
   }
   ++steps_;
 }
@@ -178,34 +161,82 @@ Adam::Adam(std::vector<Group> groups, AdamOptions defaults, bool decoupled)
     : OptimizerBase(decoupled ? "AdamW" : "Adam", std::move(groups), defaults), decoupled_(decoupled) {}
 
 void Adam::step() {
-  NoGradGuard ng;
   ++steps_;
   size_t i = 0;  // the parameter's index in state_
   for (Group& group : groups_) {
-    const AdamOptions& o = *group.options;
-    double bc1 = 1 - std::pow(o.beta1, double(steps_)), bc2 = 1 - std::pow(o.beta2, double(steps_));
-    // Step-dependent factors are runtime scalars: the graph is the same at every step.
-    Tensor step_size = runtime_scalar(o.lr / bc1), inv_sqrt_bc2 = runtime_scalar(1 / std::sqrt(bc2));
-    Tensor decay = runtime_scalar(1 - o.lr * o.weight_decay);
+    std::vector<Tensor> grads, m, v;
     for (Tensor& p : group.params) {
       auto& st = state_[i++];
-      Tensor g = p.grad();
-      if (!g.defined()) continue;
-      if (o.weight_decay != 0) {
-        if (decoupled_) p.mul_(decay);
-        else g = g + p * o.weight_decay;
-      }
-      if (!st.count("exp_avg")) {
+      grads.push_back(p.grad());
+      if (grads.back().defined() && !st.count("exp_avg")) {
         st["exp_avg"] = zeros_like(p);
         st["exp_avg_sq"] = zeros_like(p);
       }
-      Tensor& m = st["exp_avg"];
-      Tensor& v = st["exp_avg_sq"];
-      m.mul_(o.beta1).add_(g * (1 - o.beta1));
-      v.mul_(o.beta2).add_(g * g * (1 - o.beta2));
-      Tensor denom = sqrt(v) * inv_sqrt_bc2 + o.eps;  // PyTorch's formulation
-      p.sub_(m / denom * step_size);
+      m.push_back(st.count("exp_avg") ? st["exp_avg"] : Tensor());
+      v.push_back(st.count("exp_avg_sq") ? st["exp_avg_sq"] : Tensor());
     }
+    adam_update(group.params, grads, m, v, steps_, *group.options, decoupled_);
+  }
+}
+
+// ---- the update kernels ----
+namespace {
+// A realized float32 scalar on the parameters' device: a graph input, not a constant.
+Tensor runtime_scalar_on(const std::vector<Tensor>& params, double v) {
+  for (auto& p : params)
+    if (p.defined()) return from_vector<double>({v}, {}, {DType::Float32, p.device()});
+  return from_vector<double>({v}, {}, {DType::Float32, Device("cpu")});
+}
+void check_lists(const char* op, size_t n, std::initializer_list<size_t> sizes) {
+  for (size_t s : sizes)
+    if (s != n) fail(op, "every list must have one entry per parameter (" + std::to_string(n) + "), got " + std::to_string(s), "");
+}
+}  // namespace
+
+std::vector<Tensor> sgd_update(const std::vector<Tensor>& params, const std::vector<Tensor>& grads,
+                               const std::vector<Tensor>& momentum_buffers, const SGDOptions& o) {
+  check_lists("sgd_update", params.size(), {grads.size(), momentum_buffers.size()});
+  check_options(o, "sgd_update");
+  NoGradGuard ng;
+  std::vector<Tensor> bufs = momentum_buffers;
+  Tensor lr = runtime_scalar_on(params, o.lr);
+  for (size_t i = 0; i < params.size(); ++i) {
+    Tensor g = grads[i], p = params[i];
+    if (!g.defined()) continue;
+    if (o.weight_decay != 0) g = g + p * o.weight_decay;
+    if (o.momentum != 0) {
+      if (!bufs[i].defined()) bufs[i] = g * 1.0;  // first step: the buffer is the gradient
+      else bufs[i].mul_(o.momentum).add_(g * (1 - o.dampening));
+      g = o.nesterov ? g + bufs[i] * o.momentum : bufs[i];
+    }
+    p.sub_(g * lr);
+  }
+  return bufs;
+}
+
+void adam_update(const std::vector<Tensor>& params, const std::vector<Tensor>& grads, const std::vector<Tensor>& exp_avg,
+                 const std::vector<Tensor>& exp_avg_sq, int64_t step, const AdamOptions& o, bool decoupled) {
+  const char* op = decoupled ? "adamw_update" : "adam_update";
+  check_lists(op, params.size(), {grads.size(), exp_avg.size(), exp_avg_sq.size()});
+  check_options(o, op);
+  if (step < 1) fail(op, "step must be at least 1, got " + std::to_string(step), "");
+  NoGradGuard ng;
+  double bc1 = 1 - std::pow(o.beta1, double(step)), bc2 = 1 - std::pow(o.beta2, double(step));
+  // Step-dependent factors are runtime scalars: the graph is the same at every step.
+  Tensor step_size = runtime_scalar_on(params, o.lr / bc1), inv_sqrt_bc2 = runtime_scalar_on(params, 1 / std::sqrt(bc2));
+  Tensor decay = runtime_scalar_on(params, 1 - o.lr * o.weight_decay);
+  for (size_t i = 0; i < params.size(); ++i) {
+    Tensor g = grads[i], p = params[i], m = exp_avg[i], v = exp_avg_sq[i];
+    if (!g.defined()) continue;
+    if (!m.defined() || !v.defined()) fail(op, "parameter " + std::to_string(i) + " has no moment buffers", "");
+    if (o.weight_decay != 0) {
+      if (decoupled) p.mul_(decay);
+      else g = g + p * o.weight_decay;
+    }
+    m.mul_(o.beta1).add_(g * (1 - o.beta1));
+    v.mul_(o.beta2).add_(g * g * (1 - o.beta2));
+    Tensor denom = sqrt(v) * inv_sqrt_bc2 + o.eps;  // PyTorch's formulation
+    p.sub_(m / denom * step_size);
   }
 }
 

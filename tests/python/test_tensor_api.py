@@ -277,8 +277,8 @@ def test_misc_torch_names(th):
     assert tessera.finfo(tessera.bfloat16).eps == th.finfo(th.bfloat16).eps
     assert tessera.iinfo(tessera.int64).max == th.iinfo(th.int64).max
     assert tessera.inf == float("inf") and tessera.pi == th.pi
-    with pytest.raises(AttributeError, match="tessera.cuda.amp is not supported"):
-        tessera.cuda.amp
+    with pytest.raises(AttributeError, match="tessera.cuda.nccl is not supported"):
+        tessera.cuda.nccl  # (tessera.cuda.amp is tessera.amp: GradScaler)
 
 
 def test_in_place_keeps_the_dtype_like_torch(th):

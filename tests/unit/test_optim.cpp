@@ -156,6 +156,56 @@ TEST_P(OptimDtype, AdamWDecoupledWeightDecay) {
 INSTANTIATE_TEST_SUITE_P(Optim, OptimDtype, ::testing::Values(DType::Float32, DType::Float64),
                          [](const auto& info) { return std::string(dtype_name(info.param)); });
 
+// The multi-tensor kernels called directly (as Python's optimizers call them): two parameters
+// in one call, one without a gradient (skipped), three steps against the references.
+TEST(OptimKernels, SGDUpdateManyParamsAgainstReference) {
+  optim::SGDOptions o{.lr = 0.1, .momentum = 0.9, .dampening = 0.1, .weight_decay = 0.01, .nesterov = false};
+  Tensor a = make_tensor(kP0, {4}, DType::Float32), b = make_tensor(kP0, {2, 2}, DType::Float32),
+         idle = make_tensor(kP0, {4}, DType::Float32);
+  for (Tensor* t : {&a, &b, &idle}) t->requires_grad_();
+  std::vector<Tensor> bufs(3);
+  RefSGD ref{.lr = 0.1, .momentum = 0.9, .dampening = 0.1, .wd = 0.01};
+  V want = kP0;
+  for (int s = 0; s < 3; ++s) {
+    a.set_grad(Tensor()), b.set_grad(Tensor());
+    backward_tiny(a);
+    backward_tiny(b.reshape({4}));
+    bufs = optim::sgd_update({a, b, idle}, {a.grad(), b.grad(), Tensor()}, bufs, o);
+    ref.step(want, grad_by_hand(want));
+    EXPECT_TRUE(all_close(a.to_vector<double>(), want, 1e-6));
+    EXPECT_TRUE(all_close(b.to_vector<double>(), want, 1e-6));
+  }
+  EXPECT_TRUE(bufs[0].defined() && bufs[1].defined());
+  EXPECT_FALSE(bufs[2].defined());
+  EXPECT_TRUE(all_close(idle.to_vector<double>(), kP0, 0));
+  EXPECT_THROW(optim::sgd_update({a, b}, {a.grad()}, bufs, o), Error);
+}
+
+TEST(OptimKernels, AdamUpdateManyParamsAgainstReference) {
+  for (bool decoupled : {false, true}) {
+    SCOPED_TRACE(decoupled ? "AdamW" : "Adam");
+    optim::AdamOptions o{.lr = 0.05, .beta1 = 0.8, .beta2 = 0.95, .eps = 1e-6, .weight_decay = 0.1};
+    Tensor a = make_tensor(kP0, {4}, DType::Float32), b = make_tensor(kP0, {4}, DType::Float64);
+    a.requires_grad_(), b.requires_grad_();
+    std::vector<Tensor> m{zeros_like(a), zeros_like(b)}, v{zeros_like(a), zeros_like(b)};
+    RefAdam ref{.lr = 0.05, .b1 = 0.8, .b2 = 0.95, .eps = 1e-6, .wd = 0.1, .decoupled = decoupled};
+    V want = kP0;
+    for (int64_t s = 1; s <= 3; ++s) {
+      a.set_grad(Tensor()), b.set_grad(Tensor());
+      backward_tiny(a);
+      backward_tiny(b);
+      optim::adam_update({a, b}, {a.grad(), b.grad()}, m, v, s, o, decoupled);
+      ref.step(want, grad_by_hand(want));
+      EXPECT_TRUE(all_close(a.to_vector<double>(), want, 1e-6));
+      EXPECT_TRUE(all_close(b.to_vector<double>(), want, 1e-6));  // the runtime scalars are float32
+    }
+    EXPECT_TRUE(all_close(m[1].to_vector<double>(), ref.m, 1e-6));
+    EXPECT_TRUE(all_close(v[1].to_vector<double>(), ref.v, 1e-6));
+    EXPECT_THROW(optim::adam_update({a, b}, {a.grad(), b.grad()}, m, v, 0, o, decoupled), Error);
+    EXPECT_THROW(optim::adam_update({a, b}, {a.grad(), b.grad()}, {Tensor(), Tensor()}, v, 1, o, decoupled), Error);
+  }
+}
+
 TEST(Optim, AdamAndAdamWDiffer) {
   // With weight decay the two rules give different parameters (sanity check of the flag).
   auto run = [](bool decoupled) {
