@@ -4,6 +4,9 @@
 // gradients reaching float32 parameters; dynamic loss scaling (optim::GradScaler).
 #include <omp.h>
 
+#include <cmath>
+#include <limits>
+
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -270,6 +273,64 @@ TEST(Autocast, DumpShowsBfloat16Products) {
   EXPECT_NE(text.find("gemm f32[40, 48]"), std::string::npos) << text;
   EXPECT_NE(text.find("product: bfloat16 operands, float32 accumulation"), std::string::npos) << text;
   EXPECT_NE(text.find("(bf16)"), std::string::npos) << text;
+}
+
+}  // namespace
+}  // namespace tessera
+
+namespace tessera {
+namespace {
+
+// ---- Dynamic loss scaling ----
+// A float16 autocast step with GradScaler moves the parameters exactly as the unscaled step does
+// (power-of-two scales); a planted inf gradient skips the step, leaves the parameters alone and
+// halves the scale; the next finite step runs; growth after growth_interval good steps.
+TEST(GradScaler, SkipsStepsWithInfGradientsAndRecovers) {
+  auto run = [](bool scaled, const std::vector<float>& poison) {
+    manual_seed(3);
+    nn::Linear l(6, 3);
+    optim::SGD opt(l.parameters(), {.lr = 0.1});
+    optim::GradScaler scaler({.init_scale = 1024, .growth_interval = 2});
+    std::vector<std::vector<float>> weights;
+    std::vector<double> scales;
+    std::vector<bool> stepped;
+    for (size_t i = 0; i < poison.size(); ++i) {
+      std::vector<float> xs = random_tensor({4, 6}, F32, uint32_t(20 + i)).to_vector<float>();
+      xs[0] = poison[i] != 0 ? poison[i] : xs[0];
+      Tensor x = from_vector(xs, {4, 6});
+      Tensor loss;
+      {
+        Autocast ac{F16};
+        loss = (l(x) * l(x)).mean();
+      }
+      opt.zero_grad();
+      if (scaled) {
+        scaler.scale(loss).backward();
+        stepped.push_back(scaler.step(opt));
+        scaler.update();
+      } else {
+        loss.backward();
+        opt.step();
+      }
+      weights.push_back(l.weight.to_vector<float>());
+      scales.push_back(scaler.get_scale());
+    }
+    return std::make_tuple(weights, scales, stepped, scaler.skipped_steps());
+  };
+  const float inf = std::numeric_limits<float>::infinity();
+  auto [plain, unused_scales, unused_steps, unused_skips] = run(false, {0, 0, 0});
+  auto [same, s0, st0, sk0] = run(true, {0, 0, 0});
+  EXPECT_EQ(plain, same) << "power-of-two scaling must not change the update";
+  EXPECT_EQ(s0, (std::vector<double>{1024, 2048, 2048}));  // grown after 2 good steps
+  EXPECT_EQ(sk0, 0);
+  auto [w, s, st, skipped] = run(true, {0, inf, 0});
+  EXPECT_EQ(st, (std::vector<bool>{true, false, true}));
+  EXPECT_EQ(skipped, 1);
+  EXPECT_EQ(w[1], w[0]) << "the inf step must leave the parameters alone";
+  EXPECT_NE(w[2], w[1]) << "the next finite step runs";
+  for (float v : w[2]) EXPECT_TRUE(std::isfinite(v));
+  EXPECT_EQ(s, (std::vector<double>{1024, 512, 512}));  // backoff, then the growth count restarts
+  EXPECT_THROW(optim::GradScaler({.init_scale = 0}), Error);
 }
 
 }  // namespace

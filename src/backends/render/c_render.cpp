@@ -838,7 +838,8 @@ std::vector<KernelCode> render(const Step& st, const Dialect& d) {
         packed.inputs.push_back(st.inputs[1]);
         if (!packed.input_dtypes.empty()) packed.input_dtypes.resize(st.inputs.size(), st.dtype), packed.input_dtypes.push_back(st.input_dtypes.at(1));
       }
-      return {render_copy(st.inputs[1], kScratchSlot, st.dtype, bm), render_gemm(packed)};
+      const DType bt = st.input_dtypes.size() > 1 ? st.input_dtypes[1] : st.dtype;  // 16-bit B: packed as stored
+      return {render_copy(st.inputs[1], kScratchSlot, bt, bm), render_gemm(packed)};
     }
     case StepKind::Gather: return {render_gather(st)};
     case StepKind::ScatterAdd: return {render_copy(st.inputs[0], st.output, st.dtype, st.maps[0]), render_scatter(st)};
