@@ -5,6 +5,7 @@
 #include <omp.h>
 
 #include <cmath>
+#include <cstring>
 #include <limits>
 
 #include <filesystem>
@@ -15,6 +16,7 @@
 #include <thread>
 
 #include "backends/cpu/bf16_gemm.h"
+#include "core/half.h"
 #include "ir/graph.h"
 #include "ir/node.h"
 #include "runtime/compile_options.h"
@@ -228,6 +230,25 @@ TEST(Autocast, ProductsMatchTheReference) {
   EXPECT_TRUE(matches_reference(product(q.slice(3, 0, 6, 2), k.slice(3, 1, 6, 2).transpose(-2, -1))));  // strided columns
   // float16 goes through float32 and the BLAS.
   EXPECT_TRUE(matches_reference(product(q.to(F16), k.to(F16).transpose(-2, -1))));
+}
+
+// An operand's rounding to bfloat16 (an Elementwise Step ending in the cast: the native loop into a
+// float32 tile, then rounded) gives exactly the bits of rounding the float32 value, on transposed
+// and dense inputs, NaN and infinities included.
+TEST(Autocast, RoundingStepsGiveExactBits) {
+  std::vector<float> xs = random_tensor({70, 300}, F32, 9, -1e3, 1e3).to_vector<float>();
+  xs[5] = std::numeric_limits<float>::quiet_NaN(), xs[6] = std::numeric_limits<float>::infinity(), xs[7] = 1e-40f;
+  Tensor x = from_vector(xs, {70, 300});
+  for (bool transposed : {false, true}) {
+    Tensor v = transposed ? x.transpose(0, 1) : x;
+    Tensor y = (v * 3.0).to(BF16);  // the product alone is the output: one Step, ending in the rounding
+    std::vector<float> got = y.to_vector<float>(), src = v.contiguous().to_vector<float>();
+    ASSERT_EQ(got.size(), src.size());
+    for (size_t i = 0; i < got.size(); ++i) {
+      const float want = half::bf16_to_float(half::float_to_bf16(src[i] * 3.0f));
+      ASSERT_TRUE(std::memcmp(&got[i], &want, 4) == 0 || (std::isnan(got[i]) && std::isnan(want))) << i << ": " << got[i] << " vs " << want;
+    }
+  }
 }
 
 // Results are bit-identical for 1, 2 and 3 threads; the bf16 flops counter counts exactly the
