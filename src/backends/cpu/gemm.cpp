@@ -307,7 +307,8 @@ class GemmLaunch {
   // bfloat16 on AVX512-BF16 through bf16_gemm (vdpbf16ps); otherwise (float16, or no such
   // instructions) the operands are converted to float32 for the BLAS. Either way B is prepared
   // once per batch element (packed in pairs of depths, or converted), then tasks of 128-row
-  // blocks read it, each preparing its A rows unless bf16_gemm reads them in place.
+  // blocks (and column blocks, for few rows) read it, each preparing its A rows unless bf16_gemm
+  // reads them in place.
   void half_product() {
     const DType t = st_.input_dtypes[0];
     const bool dot = t == DType::BFloat16 && bf16_gemm::available();
@@ -329,10 +330,15 @@ class GemmLaunch {
       for (int64_t k = 0; k < K_; ++k)
         for (int64_t j = 0; j < w; ++j) dst[k * N_ + j] = to_float(t, src[k * rs + j * cs]);
     }
-    const int64_t mb = (M_ + kBlock - 1) / kBlock;
+    // Fewer than 4 row blocks in all (a weight gradient: M = 128..512, K = the tokens) also split
+    // the columns, in multiples of 16, so that both threads work; fixed by the shape alone.
+    const int64_t mb = (M_ + kBlock - 1) / kBlock, nbk = nb_ * mb < 4 ? std::min<int64_t>(4 / (nb_ * mb), ncb) : 1;
+    const int64_t cw = (ncb + nbk - 1) / nbk * 16, per = mb * nbk;
 #pragma omp parallel for schedule(static)
-    for (int64_t task = 0; task < nb_ * mb; ++task) {
-      const int64_t b = task / mb, m0 = task % mb * kBlock, m1 = std::min(M_, m0 + kBlock), rows = m1 - m0;
+    for (int64_t task = 0; task < nb_ * per; ++task) {
+      const int64_t b = task / per, m0 = task % per / nbk * kBlock, m1 = std::min(M_, m0 + kBlock), rows = m1 - m0;
+      const int64_t n0 = task % nbk * cw, n1 = std::min(N_, n0 + cw);
+      if (n0 >= n1) continue;
       const uint16_t* a = half_at(a_, b) + (a_.trans ? m0 : m0 * a_.ld);
       const int64_t rs = a_.trans ? 1 : a_.ld, cs = a_.trans ? a_.ld : 1;
       float* c = reinterpret_cast<float*>(out_) + b * M_ * N_ + m0 * N_;
@@ -345,15 +351,15 @@ class GemmLaunch {
           bf16_gemm::pack_a(a, rs, cs, rows, K_, ap.data());
           a = ap.data();
         }
-        bf16_gemm::product(a, lda, (K_ + 1) / 2 * 2, bh.data() + b * bsize, rows, N_, c, N_);
+        bf16_gemm::product(a, lda, (K_ + 1) / 2 * 2, bh.data() + b * bsize + n0 * ((K_ + 1) / 2 * 2), rows, n1 - n0, c + n0, N_);
       } else {
         thread_local std::vector<float, LineAligned<float>> af;
         af.resize(std::max(af.size(), size_t(rows * K_)));
         for (int64_t i = 0; i < rows; ++i)
           for (int64_t q = 0; q < K_; ++q) af[size_t(i * K_ + q)] = to_float(t, a[i * rs + q * cs]);
-        blas_gemm(false, false, rows, N_, K_, af.data(), K_, bf.data() + b * bsize, N_, c, N_);
+        blas_gemm(false, false, rows, n1 - n0, K_, af.data(), K_, bf.data() + b * bsize + n0, N_, c + n0, N_);
       }
-      epilogue(b, m0, m1, 0, N_);
+      epilogue(b, m0, m1, n0, n1);
     }
     if (dot) backends::report_bf16_flops(2 * nb_ * M_ * N_ * K_);
   }
