@@ -5,7 +5,11 @@
 //
 //   OMP_NUM_THREADS=2 bench_gpt_step [--steps N] [--warmup N] [--device cpu|opencl|cuda|...]
 //                                    [--preset gpt2-small] [--batch N] [--dropout P] [--losses]
+//                                    [--dtype float32|bfloat16|float16]
 //
+// --dtype bfloat16 / float16: the forward pass and loss under tessera::Autocast (the products in
+// that dtype with float32 accumulation, everything else and the AdamW state in float32); float16
+// with dynamic loss scaling (optim::GradScaler, one more host sync per step).
 // --preset gpt2-small: vocab 50257, block 1024, embd 768, 12 heads, 12 layers, tied head, batch 8
 // (bench/gpt2_torch.py is its PyTorch peer; scripts/gpu-check runs both). --losses prints every
 // step's loss ("LOSS step value", warm-up steps included) for comparing devices step by step.
@@ -24,7 +28,10 @@
 #include <string>
 #include <vector>
 
+#include <optional>
+
 #include "bench_common.h"
+#include "tessera/autocast.h"
 #include "tessera/metrics.h"
 #include "tessera/nn.h"
 #include "tessera/optim.h"
@@ -43,7 +50,7 @@ int main(int argc, char** argv) {
   int64_t steps = 30, warmup = 3, batch = kBatch;
   double dropout = 0.0;
   bool losses = false;
-  std::string device = "cpu";
+  std::string device = "cpu", dtype = "float32";
   nn::GPTConfig cfg{.vocab = kVocab, .block = kBlock, .embd = kEmbd, .heads = kHeads, .layers = kLayers,
                     .dropout = 0.0, .bias = true, .tied_head = false};
   for (int i = 1; i < argc; ++i) {
@@ -60,12 +67,15 @@ int main(int argc, char** argv) {
       ++i;
       cfg = {.vocab = 50257, .block = 1024, .embd = 768, .heads = 12, .layers = 12, .dropout = 0.0, .bias = true, .tied_head = true};
       batch = 8;
+    } else if (a == "--dtype" && more && (std::string(argv[i + 1]) == "float32" || std::string(argv[i + 1]) == "bfloat16" ||
+                                          std::string(argv[i + 1]) == "float16")) {
+      dtype = argv[++i];
     } else if (a == "--losses") {
       losses = true;
     } else {
       std::fprintf(stderr,
                    "usage: %s [--steps N] [--warmup N] [--device NAME] [--preset gpt2-small] [--batch N] [--dropout P] "
-                   "[--losses]   (threads: OMP_NUM_THREADS)\n",
+                   "[--losses] [--dtype float32|bfloat16|float16]   (threads: OMP_NUM_THREADS)\n",
                    argv[0]);
       return 2;
     }
@@ -89,6 +99,9 @@ int main(int argc, char** argv) {
   std::vector<double> ms;
   double first_loss = 0, last_loss = 0;
   int64_t graphs_after_warmup = 0;
+  int64_t bf16_flops_after_warmup = 0;
+  std::optional<optim::GradScaler> scaler;
+  if (dtype == "float16") scaler.emplace();
   double first_ms = 0;               // the first step: tracing, compiling (device code too) and running
   DeviceMetrics dev_after_warmup;    // the device kind's counters when the timed steps start
   double execute_ms_after_warmup = 0;
@@ -98,14 +111,26 @@ int main(int argc, char** argv) {
       graphs_after_warmup = metrics().graphs_compiled;
       dev_after_warmup = metrics().devices[Device(device).kind];
       execute_ms_after_warmup = metrics().execute_ms;
+      bf16_flops_after_warmup = metrics().bf16_flops;
     }
     auto& [hx, hy] = batches[size_t(step % kBatches)];
     auto t0 = clk::now();
     Tensor x = from_vector(hx, {batch, cfg.block}, ids);
     Tensor y = from_vector(hy, {batch, cfg.block}, ids);
-    Tensor loss = model.loss(x, y);
-    loss.backward();
-    opt.step();
+    Tensor loss;
+    {
+      std::optional<Autocast> ac;
+      if (dtype != "float32") ac.emplace(dtype == "float16" ? DType::Float16 : DType::BFloat16);
+      loss = model.loss(x, y);
+    }
+    if (scaler) {
+      scaler->scale(loss).backward();
+      scaler->step(opt);
+      scaler->update();
+    } else {
+      loss.backward();
+      opt.step();
+    }
     opt.zero_grad();
     double l = loss.item();  // runs the step's graph: forward, backward and update together
     double dt = std::chrono::duration<double, std::milli>(clk::now() - t0).count();
@@ -126,9 +151,9 @@ int main(int argc, char** argv) {
   double peak_mb = double(m.peak_bytes) / (1024.0 * 1024.0);
   double med = percentile(ms, 0.5), p10 = percentile(ms, 0.1), p90 = percentile(ms, 0.9);
   std::printf("tessera GPT step on %s (vocab %lld, block %lld, embd %lld, %lld heads, %lld layers, batch %lld, dropout %g, "
-              "AdamW), OMP_NUM_THREADS=%s\n",
+              "AdamW, %s), OMP_NUM_THREADS=%s\n",
               device.c_str(), (long long)cfg.vocab, (long long)cfg.block, (long long)cfg.embd, (long long)cfg.heads,
-              (long long)cfg.layers, (long long)batch, dropout, threads.c_str());
+              (long long)cfg.layers, (long long)batch, dropout, dtype == "float32" ? "float32" : (dtype + " autocast").c_str(), threads.c_str());
   std::printf("  parameters %lld, %lld warm-up + %lld timed steps\n", (long long)model.num_parameters(), (long long)warmup,
               (long long)steps);
   std::printf("  step ms: median %.2f  p10 %.2f  p90 %.2f  min %.2f\n", med, p10, p90, *std::min_element(ms.begin(), ms.end()));
@@ -136,6 +161,8 @@ int main(int argc, char** argv) {
   std::printf("  of which running the compiled graph %.2f ms/step (mean); the rest is tracing, autodiff and lookup\n",
               exec_per_step);
   std::printf("  loss: first %.4f  last %.4f\n", first_loss, last_loss);
+  const double bf16_gflop = double(m.bf16_flops - bf16_flops_after_warmup) / double(steps) / 1e9;
+  std::printf("  bf16 dot-product flops per timed step: %.3f GFLOP\n", bf16_gflop);
   std::printf("  peak bytes (timed steps) %.1f MiB, process max RSS %.1f MiB\n", peak_mb, maxrss_mb);
   std::printf("  graphs compiled %lld (%lld during timed steps), cache hits %lld, host syncs %lld\n",
               (long long)m.graphs_compiled, (long long)(m.graphs_compiled - graphs_after_warmup), (long long)m.cache_hits,
@@ -147,8 +174,8 @@ int main(int argc, char** argv) {
               double(d.executables_run - d0.executables_run) / double(steps), first_ms, m.compile_ms, (long long)d.kernels_compiled,
               (long long)d.library_calls_compiled);
   std::printf("RESULT tessera device=%s threads=%s median_ms=%.3f p10=%.3f p90=%.3f peak_mb=%.1f maxrss_mb=%.1f graphs=%lld "
-              "exec_ms=%.3f last_loss=%.4f tokens_per_s=%.0f first_step_ms=%.0f compile_ms=%.1f\n",
+              "exec_ms=%.3f last_loss=%.4f tokens_per_s=%.0f first_step_ms=%.0f compile_ms=%.1f dtype=%s bf16_gflop=%.3f\n",
               device.c_str(), threads.c_str(), med, p10, p90, peak_mb, maxrss_mb, (long long)m.graphs_compiled, exec_per_step, last_loss,
-              double(batch * cfg.block) / (med / 1000.0), first_ms, m.compile_ms);
+              double(batch * cfg.block) / (med / 1000.0), first_ms, m.compile_ms, dtype.c_str(), bf16_gflop);
   return 0;
 }

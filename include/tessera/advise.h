@@ -1,7 +1,7 @@
 // The advisor: predicts a training step's time and memory on accelerators that are not here.
 // A graph is traced on a device that is here (the cpu) and compiled without running for the
 // target's properties (through the null backend posing as it: alignment, buffer tiling, dtypes;
-// bfloat16 substituted for float32 when asked), so the Steps' {flops, bytes} and the static memory
+// under bfloat16 traced inside tessera::Autocast, as training runs), so the Steps' {flops, bytes} and the static memory
 // plan are the target's; they are priced against a device table (src/advise/devices.cpp, every
 // figure with its source).
 //
@@ -14,6 +14,7 @@
 #pragma once
 #include <cstdint>
 #include <map>
+#include <tuple>
 #include <memory>
 #include <string>
 #include <vector>
@@ -55,6 +56,10 @@ struct DeviceSpec {
   // rate = gemm_flops * f / (f + gemm_half_flops). fp32_flops is then the elementwise rate.
   double gemm_flops = 0;
   double gemm_half_flops = 0;
+  // The same line for products of bfloat16 operands (autocast's; the host: vdpbf16ps where the cpu
+  // has it), 0: as float32's.
+  double gemm_bf16_flops = 0;
+  double gemm_bf16_half_flops = 0;
   // Host only: tracing is synchronous with running there, so its time is added to the step.
   bool add_trace_time = false;
   // What changes the compiled plan on this device (kir::Target, see src/kernel_ir/target.h):
@@ -81,7 +86,8 @@ DeviceSpec find_device(const std::vector<DeviceSpec>& devs, const std::string& n
 // One Kernel-IR Step of a target's plan as the cost model sees it.
 struct StepCost {
   bool gemm = false;
-  DType dtype = DType::Float32;  // its output's (bfloat16/float16: matrix-unit and 16-bit vector rates)
+  // Its output's dtype; a Gemm's its operands' (bfloat16/float16: matrix-unit and 16-bit vector rates).
+  DType dtype = DType::Float32;
   double flops = 0, bytes = 0;   // the compiler's Step cost on the target (bytes of its layout)
   int64_t batch = 1, m = 0, n = 0, k = 0;  // Gemm: out[batch.., m, n] = [m, k] @ [k, n]
 };
@@ -90,7 +96,7 @@ struct StepCost {
 struct Workload {
   std::vector<StepCost> steps;
   MemoryPlan plan;               // the target's plan (its buffer sizes, dtypes, alignment)
-  DType dtype = DType::Float32;  // float32 as traced, or bfloat16 substituted for it
+  DType dtype = DType::Float32;  // float32, or bfloat16: the step traced under Autocast
   int64_t batch = 0;             // per replica
   double tokens = 0;             // tokens per replica per step
   double grad_bytes = 0;         // gradient bytes on the target (all-reduced under data parallelism)
@@ -102,7 +108,7 @@ struct Workload {
 
 // Compiles the pending graph that computes `outputs` (compile only; all pending tensors when
 // empty) into a Workload: for `target`'s properties when given, else for the tensors' device;
-// dtype BFloat16 stores float32 as bfloat16 (target only).
+// `dtype` is recorded (trace the outputs under Autocast for a bfloat16 workload).
 Workload workload_of(const std::vector<Tensor>& outputs, const DeviceSpec* target = nullptr,
                      DType dtype = DType::Float32);
 
@@ -157,7 +163,7 @@ class GptWorkloads {
   const Workload& trace_and_compile(int64_t batch, const DeviceSpec* target, DType dtype);
   nn::GPTConfig cfg_;
   std::unique_ptr<State> st_;
-  std::map<std::pair<int64_t, int>, Workload> memo_;  // (batch, target: null device index; -1 the cpu)
+  std::map<std::tuple<int64_t, int, DType>, Workload> memo_;  // (batch, target: null device index; -1 the cpu, dtype)
 };
 
 // Runs `steps` training steps of the GPT at `batch` on the cpu after `warmup`, returning the

@@ -31,6 +31,8 @@ struct Metrics {
   int64_t peak_bytes = 0;        // high-water mark of live_bytes (see reset_peak_bytes)
   int64_t bytes_to_device = 0;   // host -> device copies (from_vector, to(device), loading checkpoints)
   int64_t bytes_to_host = 0;     // device -> host copies (item, to_vector, printing, saving, to(device))
+  int64_t bf16_flops = 0;        // matrix-product flops run in bfloat16 dot-product instructions
+                                 // (the cpu's vdpbf16ps under Autocast; tessera/autocast.h)
   double compile_ms = 0;         // total time spent compiling
   double execute_ms = 0;         // total time spent running compiled graphs
   std::map<std::string, DeviceMetrics> devices;  // per device kind ("cpu", "opencl"), once used

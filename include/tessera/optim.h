@@ -151,5 +151,41 @@ struct WarmupCosine {
   double operator()(int64_t step) const;
 };
 
+// Dynamic loss scaling for float16 autocast, PyTorch's GradScaler: the loss is multiplied by a
+// scale before backward() so that small gradients survive float16; step() divides the gradients
+// by it, checks them (one host sync) and runs the optimizer only when all are finite; update()
+// halves the scale after a skipped step and doubles it after `growth_interval` good steps in a
+// row. The scale enters each graph as a realized scalar, so a new scale never recompiles.
+//   Tensor loss; { Autocast ac{DType::Float16}; loss = cross_entropy(model(x), y); }
+//   opt.zero_grad(); scaler.scale(loss).backward(); scaler.step(opt); scaler.update();
+// To clip the gradients, unscale them first: scaler.unscale(opt); clip_grad_norm(...); scaler.step(opt).
+struct GradScalerOptions {
+  double init_scale = 65536.0;
+  double growth_factor = 2.0;
+  double backoff_factor = 0.5;
+  int64_t growth_interval = 2000;
+};
+
+class GradScaler {
+ public:
+  explicit GradScaler(GradScalerOptions o = {});
+  Tensor scale(const Tensor& loss) const;  // loss times the current scale
+  // Divides the gradients of opt's parameters by the scale, in place (lazily: nothing runs).
+  void unscale(Optimizer& opt);
+  // Unscales (unless unscale() did since the last step), checks the gradients for inf and NaN
+  // (one host sync) and steps opt unless it found one. Returns whether it stepped.
+  bool step(Optimizer& opt);
+  void update();  // the new scale, from what the last step() found
+  double get_scale() const { return scale_; }
+  int64_t skipped_steps() const { return skipped_; }
+
+ private:
+  GradScalerOptions o_;
+  double scale_;
+  bool found_inf_ = false;
+  Tensor nonfinite_;  // after unscale(): NaN when a gradient holds an inf or NaN, else 0
+  int64_t good_steps_ = 0, skipped_ = 0;
+};
+
 }  // namespace tessera::optim
 #pragma GCC visibility pop

@@ -4,6 +4,7 @@
 #include <iostream>
 
 #include "tessera/advise.h"
+#include "tessera/autocast.h"
 #include "tessera/bucket.h"
 #include "tessera/data.h"
 #include "tessera/device.h"

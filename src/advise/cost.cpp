@@ -1,17 +1,19 @@
 // The advisor's cost model and workloads.
 //
 // The target's plan: the step traced on the cpu is compiled for the null device posing as the
-// target (backends::null_device_for with the DeviceSpec's alignment, buffer tiling and dtypes;
-// under bfloat16 also float32_as = bfloat16), so buffer sizes, Step bytes, the arena and the
-// peak are what the compiler plans for that device (compiler/passes/target.cpp). bfloat16 is
-// pure bf16 training: weights, moments, activations and gradients all bf16, no float32 master.
+// target (backends::null_device_for with the DeviceSpec's alignment, buffer tiling and dtypes),
+// so buffer sizes, Step bytes, the arena and the peak are what the compiler plans for that device
+// (compiler/passes/target.cpp). bfloat16 is what the runtime trains: the step traced under
+// tessera::Autocast, so the products take bfloat16 operands (float32 accumulation and results)
+// and everything else, the float32 master weights, AdamW's moments and the gradients, stays
+// float32; the plan holds the bfloat16 operand copies besides.
 // Per Step (one replica): t = max(flops / (peak * eff), bytes / (bw * bw_eff)) + launch.
 //   Gemm Steps: M, N, K from the Step's output shape and its first input's map; on a matrix
 //   unit (tensor cores, a TPU MXU) the flops are those of M, N, K padded to the device's tiles;
-//   bfloat16 runs at the matrix unit's bf16/fp16 peak, float32 at the vector fp32 peak on GPUs
+//   bfloat16 operands run at the matrix unit's bf16/fp16 peak, float32 at the vector fp32 peak on GPUs
 //   and at the MXU peak / fp32_matmul_passes on TPUs; the host's GEMM rate falls on small
 //   problems (rate = peak f / (f + gemm_half_flops), calibrated).
-//   Other Steps run at the vector rate (the 16-bit one for bfloat16 Steps).
+//   Other Steps run at the vector rate (the 16-bit one for bfloat16 Steps: the operand copies).
 // Data parallel over R replicas: + a ring all-reduce of the gradient bytes, not overlapped with
 // the backward pass (an upper bound; DDP overlaps most of it).
 // Memory per replica: the footprint of the target's plan of the training step at the
@@ -25,6 +27,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <optional>
 #include <set>
 
 #include "backends/backend.h"
@@ -34,6 +37,7 @@
 #include "kernel_ir/target.h"
 #include "runtime/realize.h"
 #include "tessera/advise.h"
+#include "tessera/autocast.h"
 #include "core/fail.h"
 #include "tessera/metrics.h"
 #include "tessera/optim.h"
@@ -67,8 +71,11 @@ double step_seconds(const DeviceSpec& d, const StepCost& s, Bottleneck* why) {
         flops *= double(pad_to(s.m, d.tile_mn)) * double(pad_to(s.n, d.tile_mn)) * double(pad_to(s.k, d.tile_k)) / mnk;
       rate = d.bf16_flops * d.matrix_eff / (half ? 1.0 : d.fp32_matmul_passes);
     } else {
-      rate = (half && d.vec16_flops > 0 ? d.vec16_flops : d.gemm_flops > 0 ? d.gemm_flops : d.fp32_flops) * d.vector_eff;
-      if (d.gemm_half_flops > 0 && flops > 0) rate *= flops / (flops + d.gemm_half_flops);
+      const bool line16 = half && d.gemm_bf16_flops > 0;  // a calibrated host's bfloat16 GEMM line
+      rate = (line16 ? d.gemm_bf16_flops : half && d.vec16_flops > 0 ? d.vec16_flops : d.gemm_flops > 0 ? d.gemm_flops : d.fp32_flops) *
+             d.vector_eff;
+      const double half_flops = line16 ? d.gemm_bf16_half_flops : d.gemm_half_flops;
+      if (half_flops > 0 && flops > 0) rate *= flops / (flops + half_flops);
     }
   } else {
     rate = (half && d.vec16_flops > 0 ? d.vec16_flops : d.fp32_flops) * d.vector_eff;
@@ -124,7 +131,6 @@ kir::Target target_of(const DeviceSpec& d, DType dtype) {
   t.compute_dtypes = d.dtypes;
   t.tile_rows = d.layout_tile_rows;
   t.tile_cols = d.layout_tile_cols;
-  if (dtype == DType::BFloat16) t.float32_as = DType::BFloat16;
   return t;
 }
 
@@ -142,7 +148,6 @@ Workload compile_workload(const std::vector<runtime::Request>& req, const Device
       fail("advise", "the step does not compile for device '" + target->name + "': " + e.what(), "");
     }
   } else {
-    if (dtype != DType::Float32) fail("advise", "bfloat16 is substituted only when compiling for a target device", "");
     compiled = runtime::compile_only(req);
   }
   w.plan = runtime::memory_plan_of(*compiled);
@@ -150,6 +155,8 @@ Workload compile_workload(const std::vector<runtime::Request>& req, const Device
     StepCost c;
     c.gemm = st.kind == kir::StepKind::Gemm;
     c.dtype = st.dtype;
+    if (c.gemm && !st.input_dtypes.empty() && compute_dtype(st.input_dtypes[0]) != st.input_dtypes[0])
+      c.dtype = st.input_dtypes[0];  // autocast's product: 16-bit operands (float32 accumulation)
     c.flops = st.cost.flops;
     c.bytes = st.cost.bytes;
     if (c.gemm && st.shape.size() >= 2 && !st.maps.empty() && !st.maps[0].shape().empty()) {
@@ -204,7 +211,7 @@ const Workload& GptWorkloads::trace_and_compile(int64_t batch, const DeviceSpec*
   if (batch < 1) fail("advise", "batch must be positive", "");
   const kir::Target props = target ? target_of(*target, dtype) : kir::Target{};
   const int dev_index = target ? backends::null_device_for(props).index : -1;
-  auto it = memo_.find({batch, dev_index});
+  auto it = memo_.find({batch, dev_index, dtype});
   if (it != memo_.end()) return it->second;
   // Everything the step updates in place; put back on its old buffer after. No strong reference
   // to those buffers is held here: one would forbid donating them and change the plan (the
@@ -221,7 +228,12 @@ const Workload& GptWorkloads::trace_and_compile(int64_t batch, const DeviceSpec*
     Tensor x = from_vector(ids, {batch, T}, o), y = from_vector(ids, {batch, T}, o);
     st_->opt->zero_grad();
     auto t0 = std::chrono::steady_clock::now();
-    Tensor loss = st_->model->loss(x, y);
+    Tensor loss;
+    {
+      std::optional<Autocast> ac;  // bfloat16: as `tessera train gpt --dtype bfloat16` trains
+      if (dtype != DType::Float32) ac.emplace(dtype);
+      loss = st_->model->loss(x, y);
+    }
     loss.backward();
     st_->opt->step();
     st_->opt->zero_grad();  // as a training loop does before loss.item(): gradients are temporaries
@@ -244,7 +256,7 @@ const Workload& GptWorkloads::trace_and_compile(int64_t batch, const DeviceSpec*
   w.batch = batch;
   w.tokens = double(batch * cfg_.block);
   for (auto& p : st_->opt->params()) w.grad_bytes += double(props.buffer_bytes(p.shape(), p.dtype()));
-  return memo_.emplace(std::make_pair(batch, dev_index), std::move(w)).first->second;
+  return memo_.emplace(std::make_tuple(batch, dev_index, dtype), std::move(w)).first->second;
 }
 
 int64_t GptWorkloads::max_batch(const DeviceSpec& target, DType dtype, int64_t limit) {

@@ -36,9 +36,11 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <thread>
 
 #include "tessera/advise.h"
+#include "tessera/autocast.h"
 #include "backends/backend.h"
 #include "core/fail.h"
 #include "tessera/metrics.h"
@@ -413,18 +415,26 @@ DeviceSpec calibrate() {
   int64_t steps_per_run = (metrics().steps_launched - s0) / 8;
   d.launch_s = t_chain / double(std::max<int64_t>(steps_per_run, 1));
   // GEMM: t(f) = f / peak + c at two sizes; gemm_half_flops = c * peak (see advise.h).
-  auto gemm_time = [&](int64_t n) {
+  // The bfloat16 line under Autocast, as the runtime runs it: the operands' rounding included.
+  auto gemm_time = [&](int64_t n, bool bf16) {
     Tensor x = randn({n, n}, f32), y = randn({n, n}, f32);
     sync();
-    return best_time(5, [&] { return matmul(x, y).sum(); }) - 2 * d.launch_s;
+    return best_time(5, [&] {
+             std::optional<Autocast> ac;
+             if (bf16) ac.emplace(DType::BFloat16);
+             return matmul(x, y).sum();
+           }) -
+           2 * d.launch_s;
   };
   const double n1 = 128, n2 = 1024;
   double f1 = 2 * n1 * n1 * n1, f2 = 2 * n2 * n2 * n2;
-  double t1 = gemm_time(int64_t(n1)), t2 = gemm_time(int64_t(n2));
-  double peak = (f2 - f1) / std::max(t2 - t1, 1e-9);
-  double c = std::max(0.0, t1 - f1 / peak);
-  d.gemm_flops = peak;
-  d.gemm_half_flops = c * peak;
+  for (bool bf16 : {false, true}) {
+    double t1 = gemm_time(int64_t(n1), bf16), t2 = gemm_time(int64_t(n2), bf16);
+    double peak = (f2 - f1) / std::max(t2 - t1, 1e-9);
+    double c = std::max(0.0, t1 - f1 / peak);
+    (bf16 ? d.gemm_bf16_flops : d.gemm_flops) = peak;
+    (bf16 ? d.gemm_bf16_half_flops : d.gemm_half_flops) = c * peak;
+  }
   // Elementwise rate as the cost model counts it (one flop per op per element): a fused chain of
   // 9 ops with tanh and exp over 256K floats (cache-resident: compute, not bandwidth).
   {
@@ -454,7 +464,7 @@ DeviceSpec host_device(bool recalibrate) {
   std::string dir = cache_dir();
   // The version in the name is bumped when the cpu backend's speed changes (figures measured
   // on an older runtime would mispredict this one).
-  std::string path = dir.empty() ? "" : dir + "/host-v2-" + threads_key() + ".json";
+  std::string path = dir.empty() ? "" : dir + "/host-v3-" + threads_key() + ".json";
   if (!recalibrate && !path.empty()) {
     std::ifstream f(path);
     if (f) {
@@ -465,6 +475,8 @@ DeviceSpec host_device(bool recalibrate) {
         d.fp32_flops = j.at("fp32_flops").get<double>();
         d.gemm_flops = j.at("gemm_flops").get<double>();
         d.gemm_half_flops = j.at("gemm_half_flops").get<double>();
+        d.gemm_bf16_flops = j.at("gemm_bf16_flops").get<double>();
+        d.gemm_bf16_half_flops = j.at("gemm_bf16_half_flops").get<double>();
         d.mem_bw = j.at("mem_bw").get<double>();
         d.launch_s = j.at("launch_s").get<double>();
         d.description = j.at("description").get<std::string>();
@@ -482,6 +494,7 @@ DeviceSpec host_device(bool recalibrate) {
     std::ofstream f(path);
     if (f) {
       nlohmann::json j = {{"fp32_flops", d.fp32_flops}, {"gemm_flops", d.gemm_flops}, {"gemm_half_flops", d.gemm_half_flops},
+                          {"gemm_bf16_flops", d.gemm_bf16_flops}, {"gemm_bf16_half_flops", d.gemm_bf16_half_flops},
                           {"mem_bw", d.mem_bw}, {"launch_s", d.launch_s}, {"description", d.description}};
       f << j.dump(2) << "\n";
     }

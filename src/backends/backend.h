@@ -188,6 +188,10 @@ class Backend {
 void report_host_transfer(const std::string& kind, int64_t bytes);
 // Bytes reported so far for a device kind (a stable counter: look it up once, read it often).
 std::atomic<int64_t>& reported_host_transfers(const std::string& kind);
+// Flops a backend ran in bfloat16 dot-product instructions (the cpu's vdpbf16ps; products of
+// autocast): reported per launch, read by the runtime into Metrics::bf16_flops.
+void report_bf16_flops(int64_t flops);
+int64_t bf16_flops_reported();
 
 // The registry: cpu and null are built in; plugins (backends/plugin.h) are loaded at the first
 // lookup of a device kind that is not built in, or of all devices (never at start-up).

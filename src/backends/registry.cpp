@@ -55,6 +55,12 @@ std::atomic<int64_t>& reported_host_transfers(const std::string& kind) {
 
 void report_host_transfer(const std::string& kind, int64_t bytes) { reported_host_transfers(kind) += bytes; }
 
+namespace {
+std::atomic<int64_t> g_bf16_flops{0};
+}
+void report_bf16_flops(int64_t flops) { g_bf16_flops.fetch_add(flops, std::memory_order_relaxed); }
+int64_t bf16_flops_reported() { return g_bf16_flops.load(std::memory_order_relaxed); }
+
 void Backend::copy_device(void* dst, int, const void* src, int, size_t nbytes) {
   std::vector<char> staged(nbytes);
   copy_out(staged.data(), src, nbytes);

@@ -173,6 +173,8 @@ std::string step_text(const kir::Step& st) {
   if (st.kind == kir::StepKind::Row)
     os << "  rows of " << st.row << " positions over domain " << shape_str(st.domain)
        << (numel(st.shape) != numel(st.domain) ? ", one value per row" : "") << "\n";
+  if (st.kind == kir::StepKind::Gemm && !st.input_dtypes.empty() && compute_dtype(st.input_dtypes[0]) != st.input_dtypes[0])
+    os << "  product: " << dtype_name(st.input_dtypes[0]) << " operands, float32 accumulation (autocast)\n";
   if (st.kind == kir::StepKind::Gemm && !st.program.empty()) os << "  epilogue: the program below, per row block\n";
   if (st.kind == kir::StepKind::Gather || st.kind == kir::StepKind::ScatterAdd) os << "  axis " << st.axis << "\n";
   for (size_t i = 0; i < st.maps.size(); ++i) os << "  map " << i << ": " << st.maps[i].str() << "\n";

@@ -15,6 +15,7 @@ int Lowerer::conv_input(int i, IndexMap& xm) {
   const ir::Node& n = *g.nodes[i];
   int xn = g.index.at(n.inputs[0].get());
   const Shape& xs = g.nodes[xn]->shape;
+  const DType operands = n.inputs[0]->dtype;  // the product's dtype is float32 for 16-bit operands
   ir::ConvAttrs c = ir::ConvAttrs::from(n.attrs);
   size_t S = c.axes.size(), r = S + 2;
   Val xv = strided(xn, i);
@@ -45,7 +46,7 @@ int Lowerer::conv_input(int i, IndexMap& xm) {
       merged.push_back(xs[d + 2] * ld);
       sp.insert(sp.end(), {0, 0, 0, 0, ld - 1, 0});
     }
-    xslot = copy_map(xslot, xm.reshape(split).pad(sp), n.dtype, i);
+    xslot = copy_map(xslot, xm.reshape(split).pad(sp), operands, i);
     xm = IndexMap::contiguous(merged);
     // Its trailing zeros serve as up to dilation - 1 of the high padding.
     std::vector<int64_t> keep;
@@ -67,7 +68,7 @@ int Lowerer::conv_input(int i, IndexMap& xm) {
       crop.insert(crop.end(), {lo, lo + padded[d], 1});
     }
     if (grows) {
-      xslot = copy_map(xslot, xm.pad(pads).slice(crop), n.dtype, i);
+      xslot = copy_map(xslot, xm.pad(pads).slice(crop), operands, i);
       xm = IndexMap::contiguous(padded);
     } else {
       xm = xm.slice(crop);  // only crops: a view
@@ -117,7 +118,7 @@ Val Lowerer::lower_conv(int i) {
     // the input; otherwise the backend packs each block of columns where it multiplies it.
     cm = cm.reshape(cols);
   } else {
-    xslot = copy_map(xslot, cm, n.dtype, i);
+    xslot = copy_map(xslot, cm, n.inputs[0]->dtype, i);
     cm = IndexMap::contiguous(cols);
   }
   // The kernel [O, F/G, kernel...] as [B (stride 0), G, O/G, F/G * kernel], or for the folded
@@ -127,7 +128,7 @@ Val Lowerer::lower_conv(int i) {
   if (!wv.map.reshape(kshape).single()) wv = copy_to_slot(wn, i, kir::SlotKind::Temp, 0);
   IndexMap wm = wv.map.reshape(kshape);
   kir::Step st = begin(kir::StepKind::Gemm, i);
-  st.input_dtypes = {n.dtype, n.dtype};
+  st.input_dtypes = {n.inputs[0]->dtype, n.inputs[0]->dtype};  // 16-bit operands: a float32 product
   st.inputs = {wv.slot, xslot};
   if (!folded) {
     st.shape = {B, G, O / G, pp};

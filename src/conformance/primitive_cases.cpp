@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "conformance/suite.h"
+#include "tessera/autocast.h"
 #include "tensor/tensor_impl.h"
 #include "ir/build.h"
 
@@ -368,6 +369,22 @@ std::vector<Case> matmul_cases(Rng& r) {
   c.push_back(mmc("f32[3,4] x [4,5] nan/inf", input({3, 4}, F32, with_specials(g)), input({4, 5}, F32, g)));
   c.push_back(mmc("f32[5,3]^T x [5,4] strided grad", transposed({3, 5}, F32, g, true), input({5, 4}, F32, g, L::Strided, true), -1));
   c.push_back(mmc("f64[2,3,4] x [4,2] broadcast grad", input({2, 3, 4}, F64, g, L::Contiguous, true), input({4, 2}, F64, g, L::Contiguous, true), -1));
+  // 16-bit operands: a float32 product, rounded back outside autocast; under autocast (float32
+  // operands cast to bfloat16/float16, the float32 product returned) in edge tiles and odd K.
+  for (DType t : {BF16, F16}) {
+    Shape a = odd_shape(r, 2), b = {a[1], odd_shape(r, 1)[0]};
+    c.push_back(mmc(variant_name(t, a, "x " + shape_str(b)), input(a, t, g), input(b, t, g), -1));
+  }
+  auto autocast = [](DType t) {
+    return [t](const Tensor& a, const Tensor& b) {
+      Autocast ac{t};
+      return matmul(a, b);
+    };
+  };
+  c.push_back(two("f32[13,129] x [129,67] bf16 autocast", input({13, 129}, F32, g), input({129, 67}, F32, g), autocast(BF16), 2e-5));
+  c.push_back(two("f32[2,3,7] x [2,7,5] f16 autocast batched", input({2, 3, 7}, F32, g), input({2, 7, 5}, F32, g), autocast(F16), 2e-5));
+  c.push_back(two("f32[5,3]^T x [5,4] strided bf16 autocast grad", transposed({3, 5}, F32, g, true), input({5, 4}, F32, g, L::Strided, true),
+                  autocast(BF16), -1));
   return c;
 }
 
@@ -455,6 +472,13 @@ std::vector<Case> conv_cases() {
   c.push_back(cc("f32 x[2,2,4,5] w[3,2,3,3] lhs dilation 2 (transposed)", input({2, 2, 4, 5}, F32, g), input({3, 2, 3, 3}, F32, g), {{}, {2}, {2}, {2}, {}, 1}));
   c.push_back(cc("f32 x[1,2,8,8] w[2,2,2,2] crop -1", input({1, 2, 8, 8}, F32, g), input({2, 2, 2, 2}, F32, g), {{}, {-1}, {0}, {}, {}, 1}));
   c.push_back(cc("f32 x[1,2,4,4,5] w[3,2,2,3,2] (3-d)", input({1, 2, 4, 4, 5}, F32, g), input({3, 2, 2, 3, 2}, F32, g), {}));
+  c.push_back(two("f32 x[2,3,7,6] w[4,3,3,3] pad 1 bf16 autocast grad", input({2, 3, 7, 6}, F32, g, L::Contiguous, true),
+                  input({4, 3, 3, 3}, F32, g, L::Contiguous, true),
+                  [](const Tensor& x, const Tensor& w) {
+                    Autocast ac{BF16};
+                    return conv_general(x, w, {{}, {1}, {1}, {}, {}, 1});
+                  },
+                  -1));
   c.push_back(cc("f32 x[3,3,5,6] permuted, w strided", input({3, 3, 5, 6}, F32, g, L::Permuted), input({4, 3, 3, 3}, F32, g, L::Strided), {{1, 2}, {1}, {0}, {}, {}, 1}));
   c.push_back(cc("f32 x[0,2,5] w[3,2,2] (empty batch)", input({0, 2, 5}, F32, g), input({3, 2, 2}, F32, g), {}));
   c.push_back(cc("f32 x[2,8,20,20] w[8,8,3,3]", input({2, 8, 20, 20}, F32, g), input({8, 8, 3, 3}, F32, g), {{}, {1}, {1}, {}, {}, 1}));

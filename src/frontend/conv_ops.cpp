@@ -8,6 +8,7 @@
 #include "tensor/tensor_impl.h"
 #include "ir/conv.h"
 #include "core/fail.h"
+#include "tessera/autocast.h"
 #include "tessera/ops.h"
 
 namespace tessera {
@@ -40,7 +41,11 @@ Tensor conv_checked(const std::string& op, const Tensor& x, const Tensor& w, con
   if (x.device() != w.device())
     fail(op, "tensors on different devices: " + x.device().str() + " and " + w.device().str() + " (" + both + ")");
   DType t = promote(x.dtype(), w.dtype());
-  if (t != DType::Float32 && t != DType::Float64) fail(op, "needs float32 or float64 tensors, got " + both);
+  if (!is_floating(t)) fail(op, "needs floating tensors, got " + both);
+  // Autocast: float32 operands in its dtype, the float32 product the result (as in matmul); a
+  // product of 16-bit operands is rounded back to their dtype outside autocast.
+  const DType result = t;
+  if (t == DType::Float32 && autocast_dtype()) t = *autocast_dtype();
   size_t S = size_t(x.dim() - 2);
   int64_t g = o.groups, C = x.shape()[1], O = w.shape()[0];
   if (g < 1) fail(op, "groups must be positive, got " + num(g));
@@ -64,7 +69,9 @@ Tensor conv_checked(const std::string& op, const Tensor& x, const Tensor& w, con
                    num(ir::conv_padded_extent(n, a)) + ") in spatial dim " + num(int64_t(d)) + " of " + both);
     c.axes.push_back(a);
   }
-  return traced(ir::make(ir::Op::Conv, {detail::node_of(x.to(t)), detail::node_of(w.to(t))}, c.to_attrs()), {&x, &w});
+  ir::NodePtr r = ir::make(ir::Op::Conv, {detail::node_of(x.to(t)), detail::node_of(w.to(t))}, c.to_attrs());
+  if (r->dtype != result) r = ir::make(ir::Op::Cast, {r}, {}, nullptr, result);
+  return traced(std::move(r), {&x, &w});
 }
 
 Tensor add_bias(const std::string& op, Tensor y, const Tensor& bias) {
@@ -244,6 +251,7 @@ Tensor adaptive_avg_pool2d(const Tensor& input, std::vector<int64_t> output_size
       Tensor m = logical_and(j * double(out) + double(out) > i * double(in), j * double(out) < (i + 1.0) * double(in)).to(x.dtype());
       return m / m.sum({1}, true);
     };
+    Autocast off{DType::BFloat16, false};  // pooling is float32 under autocast: not a product
     return matmul(matmul(averaging(H, os[0]), x), averaging(W, os[1]).transpose(0, 1));
   };
   if (!input.defined()) fail(op, "called on an undefined tensor");

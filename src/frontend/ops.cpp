@@ -5,6 +5,7 @@
 #include "autodiff/autograd.h"
 #include "tensor/tensor_impl.h"
 #include "core/fail.h"
+#include "tessera/autocast.h"
 #include "tessera/ops.h"
 
 namespace tessera {
@@ -350,6 +351,11 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
   if (a.device() != b.device()) fail("matmul", "tensors on different devices: " + a.device().str() + " and " + b.device().str());
   DType t = promote(a.dtype(), b.dtype());
   if (t == DType::Bool) fail("matmul", "not defined for bool tensors, got " + desc(a) + " and " + desc(b));
+  // Autocast: float32 operands in its dtype. A product of 16-bit floats returns float32 (the
+  // primitive accumulates in it), rounded back to the operands' dtype outside autocast (PyTorch's
+  // result dtype); under autocast the float32 product is the result.
+  const DType result = t;
+  if (t == DType::Float32 && autocast_dtype()) t = *autocast_dtype();
   NodePtr x = cast(N(a), t), y = cast(N(b), t);
   // PyTorch's 1-D rules: a vector is a row (left) or a column (right), removed afterwards.
   Shape xs = x->shape, ys = y->shape;
@@ -364,7 +370,7 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
     Shape out = xb;
     if (a.dim() > 1) out.push_back(xs[xs.size() - 2]);
     if (b.dim() > 1) out.push_back(ys.back());
-    return T(reshape_node(r, out), {&a, &b});
+    return T(cast(reshape_node(r, out), result), {&a, &b});
   }
   Shape xf = batch, yf = batch;
   xf.insert(xf.end(), xs.end() - 2, xs.end());
@@ -375,7 +381,7 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
   Shape out = batch;
   if (a.dim() > 1) out.push_back(xs[xs.size() - 2]);
   if (b.dim() > 1) out.push_back(ys.back());
-  return T(reshape_node(r, out), {&a, &b});
+  return T(cast(reshape_node(r, out), result), {&a, &b});
 }
 
 Tensor gather(const Tensor& a, int64_t dim, const Tensor& index) {

@@ -194,6 +194,10 @@ TypeShape infer_concat(In a) {
   return {s, x->dtype};
 }
 
+// Products of float16/bfloat16 operands accumulate in float32 and return float32 (mixed
+// precision: the products of autocast, docs/architecture.md "Autocast"); others keep their dtype.
+DType product_dtype(DType operands) { return compute_dtype(operands); }
+
 TypeShape infer_matmul(In a) {
   const NodePtr &x = a.inputs[0], &y = a.inputs[1];
   size_t r = x->shape.size();
@@ -201,11 +205,9 @@ TypeShape infer_matmul(In a) {
   for (size_t d = 0; ok && d + 2 < r; ++d) ok = x->shape[d] == y->shape[d];
   if (!ok || x->shape[r - 1] != y->shape[r - 2])
     fail("matmul", "incompatible operands " + desc(x) + " and " + desc(y));
-  if (!(x->dtype == DType::Float32 || x->dtype == DType::Float64 || is_integral(x->dtype)))
-    fail("matmul", std::string(dtype_name(x->dtype)) + " is a storage dtype; cast to float32 first");
   Shape s = x->shape;
   s[r - 1] = y->shape[r - 1];
-  return {s, x->dtype};
+  return {s, product_dtype(x->dtype)};
 }
 
 void check_index(const char* op, const NodePtr& src, const NodePtr& idx, int64_t ax, bool equal_extents) {
@@ -257,8 +259,8 @@ TypeShape infer_conv(In a) {
   std::string both = desc(x) + " and kernel " + desc(w);
   if (x->shape.size() != r || w->shape.size() != r)
     fail("conv", std::to_string(S) + " spatial dims need rank-" + std::to_string(r) + " input and kernel, got " + both);
-  if (x->dtype != w->dtype || !(x->dtype == DType::Float32 || x->dtype == DType::Float64))
-    fail("conv", "input and kernel must both be float32 or float64, got " + both);
+  if (x->dtype != w->dtype || !is_floating(x->dtype))
+    fail("conv", "input and kernel must both be of one floating dtype, got " + both);
   int64_t g = c.groups, F = x->shape[1], O = w->shape[0];
   if (g < 1 || F % g != 0 || O % g != 0 || w->shape[1] != F / g)
     fail("conv", "groups=" + std::to_string(g) + " needs input channels " + std::to_string(F) +
@@ -279,7 +281,7 @@ TypeShape infer_conv(In a) {
                        std::to_string(conv_padded_extent(n, ax)) + " in spatial dim " + std::to_string(d) + " of " + both);
     s.push_back(conv_output_extent(n, k, ax));
   }
-  return {s, x->dtype};
+  return {s, product_dtype(x->dtype)};
 }
 
 TypeShape infer_leaf(In) { fail("leaf", "leaves are made by ir::leaf()"); }

@@ -188,6 +188,18 @@ Grads vjp_conv(const Node& n, const NodePtr&, const NodePtr& g) {
   return {dx, dw};
 }
 
+// A product of 16-bit float operands returns float32: its operands' cotangents are the same
+// products of the cotangent rounded to their dtype, rounded to it again (products accumulate in
+// float32 and return it).
+template <VjpRule rule>
+Grads vjp_product(const Node& n, const NodePtr& self, const NodePtr& g) {
+  const DType t = in(n, 0)->dtype;
+  if (compute_dtype(t) == t) return rule(n, self, g);
+  Grads r = rule(n, self, cast(g, t));
+  for (NodePtr& x : r) x = cast(x, t);
+  return r;
+}
+
 }  // namespace
 
 VjpRule vjp_rule(Op op) {
@@ -218,12 +230,12 @@ VjpRule vjp_rule(Op op) {
     case Op::Slice: return vjp_slice;
     case Op::Pad: return vjp_pad;
     case Op::Concat: return vjp_concat;
-    case Op::Matmul: return vjp_matmul;
+    case Op::Matmul: return vjp_product<vjp_matmul>;
     case Op::Gather: return vjp_gather;
     case Op::ScatterAdd: return vjp_scatter_add;
     case Op::DynamicUpdateSlice: return vjp_dus;
     case Op::Reverse: return vjp_reverse;
-    case Op::Conv: return vjp_conv;
+    case Op::Conv: return vjp_product<vjp_conv>;
     default: return nullptr;
   }
 }

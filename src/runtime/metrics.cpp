@@ -5,6 +5,7 @@
 #include <sstream>
 #include <vector>
 
+#include "backends/backend.h"
 #include "ir/node.h"
 #include "runtime/metrics_impl.h"
 #include "tessera/metrics.h"
@@ -70,6 +71,7 @@ Metrics metrics() {
   m.execute_ms = double(c.execute_ns) / 1e6;
   m.bytes_to_device = c.bytes_to_device;
   m.bytes_to_host = c.bytes_to_host;
+  m.bf16_flops = backends::bf16_flops_reported();
   {
     std::lock_guard<std::mutex> lock(runtime::g_devices_mu);
     for (auto& [kind, d] : runtime::device_table())
@@ -117,7 +119,8 @@ std::string Metrics::report() const {
      << "  host -> device:    " << bytes_text(bytes_to_device) << "\n"
      << "  device -> host:    " << bytes_text(bytes_to_host) << "\n"
      << "  live memory:       " << bytes_text(live_bytes) << "\n"
-     << "  peak memory:       " << bytes_text(peak_bytes) << "\n";
+     << "  peak memory:       " << bytes_text(peak_bytes) << "\n"
+     << "  bf16 flops:        " << bf16_flops << " (run in bfloat16 dot-product instructions)\n";
   for (auto& [kind, d] : devices)
     os << "  on " << kind << ": " << d.steps_launched << " steps launched, " << d.kernels_compiled
        << " kernels compiled, " << bytes_text(d.bytes_to_device) << " in, " << bytes_text(d.bytes_to_host) << " out, "

@@ -658,8 +658,8 @@ TEST(Cli, AdviseTableForATinyModel) {
   EXPECT_TRUE(r.err.empty()) << r.err;
 }
 
-// --json: one object with every device's prediction; a tiny model fits everywhere, bfloat16
-// never needs more memory, and data parallelism adds communication time.
+// --json: one object with every device's prediction; a tiny model fits everywhere, in bfloat16
+// too (autocast; its rates: test_advise), and data parallelism adds communication time.
 TEST(Cli, AdviseJsonHasEveryFieldAndDtypeAndDataParallelBehave) {
   TempDir dir;
   auto run_json = [&](std::vector<std::string> extra) {
@@ -682,7 +682,7 @@ TEST(Cli, AdviseJsonHasEveryFieldAndDtypeAndDataParallelBehave) {
   EXPECT_FALSE(f["recommendation"].get<std::string>().empty());
   json b = run_json({"--dtype", "bfloat16", "--data-parallel", "2"});
   for (size_t i = 0; i < 3; ++i) {
-    EXPECT_LT(b["devices"][i]["peak_bytes"].get<double>(), f["devices"][i]["peak_bytes"].get<double>());
+    EXPECT_TRUE(b["devices"][i]["fits"].get<bool>());
     EXPECT_GT(b["devices"][i]["communication_s"].get<double>(), 0);
   }
 }

@@ -61,12 +61,20 @@ TEST(CostModel, PureGemmIsComputeBoundAtTheVectorRateInFloat32) {
   // 2 * 1024^3 flops at 0.5 * 1e12 = 4.294967 ms, + 1 us; no padding off the matrix unit.
   EXPECT_NEAR(t, 2.0 * 1073741824.0 / 0.5e12 + 1e-6, 1e-12);
   EXPECT_EQ(why, Bottleneck::Compute);
-  // A bfloat16 Step (of a plan with bfloat16 substituted) on the matrix unit: 8x the rate, 1024
-  // is a multiple of the 128 tile.
+  // A product of bfloat16 operands (autocast's) on the matrix unit: 8x the rate, 1024 is a
+  // multiple of the 128 tile.
   s.dtype = DType::BFloat16;
   double tb = step_seconds(d, s, &why);
   EXPECT_NEAR(tb, 2.0 * 1073741824.0 / 4e12 + 1e-6, 1e-12);
   EXPECT_EQ(why, Bottleneck::Compute);
+  // A host with a calibrated bfloat16 GEMM line (no matrix unit) runs it on that line.
+  DeviceSpec h = round_device();
+  h.bf16_flops = 0, h.vector_eff = 1;
+  h.gemm_flops = 1e11, h.gemm_half_flops = 1e6, h.gemm_bf16_flops = 2e11, h.gemm_bf16_half_flops = 3e6;
+  const double f = 2.0 * 1073741824.0;
+  EXPECT_NEAR(step_seconds(h, s), f / (2e11 * f / (f + 3e6)) + 1e-6, 1e-12);
+  s.dtype = DType::Float32;
+  EXPECT_NEAR(step_seconds(h, s), f / (1e11 * f / (f + 1e6)) + 1e-6, 1e-12);
 }
 
 TEST(CostModel, PureBandwidthStepIsMemoryBound) {
@@ -77,7 +85,7 @@ TEST(CostModel, PureBandwidthStepIsMemoryBound) {
   Bottleneck why;
   EXPECT_NEAR(step_seconds(d, s, &why), 0.02 + 1e-6, 1e-12);
   EXPECT_EQ(why, Bottleneck::Memory);
-  // The bytes are the target plan's (halved there under bfloat16): the model does not halve again.
+  // The bytes are the target plan's (its buffers' own dtypes): the model does not halve them.
   s.dtype = DType::BFloat16;
   EXPECT_NEAR(step_seconds(d, s, &why), 0.02 + 1e-6, 1e-12);
   // A tiny Step is launch-bound.
@@ -166,8 +174,9 @@ TEST(GptWorkloads, CompilesWithoutRunningAndRestoresTheModel) {
 }
 
 // Each device's workload is compiled for its own properties: a GPU's arena aligns temporaries to
-// 256 bytes, a TPU's buffers are tiled (8 x 128), bfloat16 stores every float32 buffer in half the
-// bytes; the host's plan is the cpu's. The flops do not depend on the layout.
+// 256 bytes, a TPU's buffers are tiled (8 x 128); bfloat16 is the step traced under Autocast (the
+// products' operands bfloat16, float32 master weights, moments and gradients); the host's plan is
+// the cpu's. The flops do not depend on the layout.
 TEST(GptWorkloads, EachDeviceGetsItsOwnPlan) {
   GptWorkloads g(tiny_gpt());
   std::vector<DeviceSpec> t = builtin_devices();
@@ -190,9 +199,15 @@ TEST(GptWorkloads, EachDeviceGetsItsOwnPlan) {
   EXPECT_GT(tp.plan.param_bytes, 2 * host.plan.param_bytes);
   EXPECT_GT(tp.footprint_bytes(), 2 * host.footprint_bytes());
   EXPECT_GT(tp.grad_bytes, host.grad_bytes) << "the all-reduced gradients are the tiled buffers";
-  for (const PlannedBuffer& b : half.plan.buffers) EXPECT_NE(b.dtype, DType::Float32) << b.op;
-  EXPECT_LT(half.footprint_bytes(), 0.55 * gpu.footprint_bytes());
-  EXPECT_DOUBLE_EQ(half.grad_bytes, gpu.grad_bytes / 2);
+  int bf16_buffers = 0, bf16_products = 0, f32_products = 0;
+  for (const PlannedBuffer& b : half.plan.buffers) bf16_buffers += b.dtype == DType::BFloat16;
+  for (const StepCost& c : half.steps) c.gemm && c.dtype == DType::BFloat16 ? ++bf16_products : c.gemm ? ++f32_products : 0;
+  EXPECT_GT(bf16_buffers, 0) << "the products' bfloat16 operands";
+  EXPECT_GT(bf16_products, 10);
+  EXPECT_EQ(f32_products, 0) << "every product of the step runs in bfloat16";
+  EXPECT_EQ(half.plan.param_bytes, gpu.plan.param_bytes) << "float32 master weights and moments";
+  EXPECT_DOUBLE_EQ(half.grad_bytes, gpu.grad_bytes) << "float32 gradients";
+  EXPECT_NE(&g.at(4, t4, DType::BFloat16), &gpu) << "the dtype is part of the memo's key";
   double fh = 0, ft = 0, bh = 0, bt = 0;
   for (auto& s : host.steps) fh += s.flops, bh += s.bytes;
   for (auto& s : tp.steps) ft += s.flops, bt += s.bytes;
@@ -230,8 +245,11 @@ TEST(GptWorkloads, MaxBatchIsTheLargestThatFits) {
   EXPECT_GE(b, 5);
   EXPECT_LE(g.at(b, d, DType::Float32).footprint_bytes(), d.usable_bytes);
   EXPECT_GT(g.at(b + 1, d, DType::Float32).footprint_bytes(), d.usable_bytes);
-  // bfloat16 stores every float32 buffer in half the bytes: a larger batch fits in the same bytes.
-  EXPECT_GT(g.max_batch(d, DType::BFloat16), b);
+  // bfloat16 (autocast) holds its own plan: the largest batch that fits it, found the same way.
+  const int64_t bb = g.max_batch(d, DType::BFloat16);
+  EXPECT_GE(bb, 1);
+  EXPECT_LE(g.at(bb, d, DType::BFloat16).footprint_bytes(), d.usable_bytes);
+  EXPECT_GT(g.at(bb + 1, d, DType::BFloat16).footprint_bytes(), d.usable_bytes);
   DeviceSpec small = d;
   small.usable_bytes = g.at(1, d, DType::Float32).footprint_bytes() - 1;
   EXPECT_EQ(g.max_batch(small, DType::Float32), 0) << "nothing fits";

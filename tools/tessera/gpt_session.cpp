@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <optional>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -135,15 +136,30 @@ TrainResult train_gpt(const TrainOptions& o) {
   double tokens = 0, last_print = -1;
   r.first_step = start;
   reset_peak_bytes();
+  std::optional<optim::GradScaler> scaler;
+  if (o.dtype == "float16") scaler.emplace();
   for (int64_t step = start; step < o.steps; ++step) {
     auto t0 = clk::now();
     double lr = schedule(step);
     opt.set_lr(lr);
     auto [x, y] = loader.next(dev);
-    Tensor loss = model.loss(x, y);
-    loss.backward();
-    if (o.clip > 0) optim::clip_grad_norm(model.parameters(), o.clip);
-    opt.step();
+    Tensor loss;
+    {
+      std::optional<Autocast> ac;
+      if (o.dtype != "float32") ac.emplace(o.dtype == "float16" ? DType::Float16 : DType::BFloat16);
+      loss = model.loss(x, y);
+    }
+    if (scaler) {  // float16: the loss scaled, the gradients unscaled and checked before the update
+      scaler->scale(loss).backward();
+      scaler->unscale(opt);
+      if (o.clip > 0) optim::clip_grad_norm(model.parameters(), o.clip);
+      scaler->step(opt);
+      scaler->update();
+    } else {
+      loss.backward();
+      if (o.clip > 0) optim::clip_grad_norm(model.parameters(), o.clip);
+      opt.step();
+    }
     opt.zero_grad();         // gradients are consumed inside the step's graph, never stored
     double l = loss.item();  // runs the step's graph: forward, backward and update together
     if (!std::isfinite(l)) fail("train", "the loss became " + std::to_string(l) + " at step " + std::to_string(step) + "; try a smaller --lr", "");

@@ -15,6 +15,8 @@ namespace tessera::cli {
 struct TrainOptions {
   std::string device = "best";
   int64_t steps = 1000, batch = 16, block = 64, layers = 4, heads = 4, embd = 128;
+  // Autocast's dtype for the products (bfloat16, float16 with loss scaling), or float32.
+  std::string dtype = "float32";
   double lr = 3e-3, min_lr = 3e-4, dropout = 0.0, weight_decay = 0.1, clip = 1.0;
   int64_t warmup = 100;
   std::string data;      // a text file; empty: Debian's fortunes

@@ -26,6 +26,10 @@ void add_train_flags(CLI::App& cmd, TrainOptions& o) {
   cmd.add_option("--seed", o.seed, "random seed")->capture_default_str();
   cmd.add_option("--eval-every", o.eval_every, "held-out evaluation interval in steps")->capture_default_str()->check(positive());
   cmd.add_option("--log-json", o.log_json, "write one JSON object per step to FILE");
+  cmd.add_option("--dtype", o.dtype, "products in bfloat16 or float16 under autocast (float32 weights, optimizer and the rest; "
+                                     "float16 with dynamic loss scaling), or float32")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"float32", "bfloat16", "float16"}));
 }
 
 void add_train(CLI::App& app) {

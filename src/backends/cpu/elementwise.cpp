@@ -10,6 +10,7 @@
 #include "backends/cpu/native_loops.h"
 #include "backends/cpu/reg_alloc.h"
 #include "backends/cpu/views.h"
+#include "core/half.h"
 
 namespace tessera::backends::cpu {
 namespace {
@@ -29,9 +30,29 @@ struct ElementwiseKernel final : CpuKernel {
   // uncoalesced permuted output view.
   NativeLoop loop;
   std::vector<Instr> walk_program;
+  // A float32 program whose one result is rounded to bfloat16/float16 (autocast's operands: a
+  // weight's or an activation's copy for a product): the program before the rounding as a native
+  // loop into a per-thread float32 tile, rounded from there (`narrow_prog`: that program).
+  NativeLoop narrow;
+  std::vector<Instr> narrow_prog;
 
   void run(const Step& st, const LaunchArgs& args) const override;
+  bool run_narrowing(const Step& st, const std::vector<const void*>& in, const LaunchArgs& args) const;
 };
+
+// The narrowing loop of an Elementwise Step with one output, stored densely, whose last
+// instruction rounds a float32 value to bfloat16/float16, when the rest is a native loop without
+// masked loads (loop_range reads every load in place).
+void build_narrowing(ElementwiseKernel& k, const Step& st) {
+  const Instr& last = st.program.back();
+  if (st.kind != StepKind::Elementwise || k.loop.loop || k.out || !st.more_outputs.empty() || last.code != Code::Cast ||
+      (st.dtype != DType::BFloat16 && st.dtype != DType::Float16) || st.program[size_t(last.a)].dtype != DType::Float32)
+    return;
+  k.narrow_prog.assign(st.program.begin(), st.program.end() - 1);
+  build_loop(k.narrow, k.narrow_prog, st.shape, {last.a}, {1}, false);
+  for (const NativeLoop::Load& L : k.narrow.loads)
+    if (!L.lo.empty()) k.narrow.loop.reset();
+}
 
 // The order to walk an elementwise domain in, or {} for its own: when its last dim is short (at
 // most 4: pooling windows, the interleaved taps of a pooling gradient) after a long one, the last
@@ -152,12 +173,33 @@ void store_results(const ElementwiseKernel& k, const Step& st, const LaunchArgs&
   }
 }
 
+// The narrowing loop's launch (false: the interpreter's, when the loop cannot run it).
+bool ElementwiseKernel::run_narrowing(const Step& st, const std::vector<const void*>& in, const LaunchArgs& args) const {
+  std::vector<char*> base;
+  if (!narrow.loop || !loop_for(narrow, narrow_prog, st, in, args, base)) return false;
+  const int64_t total = numel(st.shape), ntiles = (total + kTile - 1) / kTile;
+  uint16_t* o = static_cast<uint16_t*>(args.slots[st.output]);
+  const bool bf16 = st.dtype == DType::BFloat16;
+#pragma omp parallel for schedule(static) if (total >= kParallelMin)
+  for (int64_t t = 0; t < ntiles; ++t) {
+    float v[kTile];
+    const int64_t start = t * kTile, n = std::min(kTile, total - start);
+    loop_range(narrow, base, start, n, v);
+    if (bf16)
+      for (int64_t i = 0; i < n; ++i) o[start + i] = half::float_to_bf16(v[i]);
+    else
+      for (int64_t i = 0; i < n; ++i) o[start + i] = half::float_to_f16(v[i]);
+  }
+  return true;
+}
+
 void ElementwiseKernel::run(const Step& st, const LaunchArgs& args) const {
   const int64_t total = numel(st.shape);
   auto in = inputs_of(st, args);
   std::vector<char*> base;
   if (const jit::Loop* l = loop_for(loop, out ? walk_program : st.program, st, in, args, base))
     return run_loop(loop, *l, base, total);
+  if (run_narrowing(st, in, args)) return;
   const int64_t ntiles = (total + kTile - 1) / kTile;
   // An output far larger than the caches and the Step's only one is streamed out of its register.
   const bool stream = st.more_outputs.empty() && compute_dtype(st.dtype) == st.dtype && !out &&
@@ -243,6 +285,7 @@ std::unique_ptr<CpuKernel> compile_elementwise(const Step& st) {
   for (int r : keep) k->last_read[size_t(r)] = std::numeric_limits<int>::max();
   k->regs.load = load_paths(k->program);
   build_loops(*k, st, walk_out);
+  build_narrowing(*k, st);
   return k;
 }
 

@@ -7,11 +7,13 @@
 
 #include <optional>
 
+#include "backends/cpu/bf16_gemm.h"
 #include "backends/cpu/copies.h"
 #include "backends/cpu/interpreter.h"
 #include "backends/cpu/kernel.h"
 #include "backends/cpu/native_loops.h"
 #include "backends/cpu/window_gemm.h"
+#include "core/half.h"
 
 namespace tessera::backends::cpu {
 namespace {
@@ -208,6 +210,7 @@ class GemmLaunch {
       return;
     }
     if (k_.window) return window_product();
+    if (compute_dtype(st_.input_dtypes[0]) != st_.input_dtypes[0]) return half_product();
     blas_product();
   }
 
@@ -299,6 +302,76 @@ class GemmLaunch {
       epilogue(b, 0, M_, n0, n1);
     }
   }
+
+  // ---- 16-bit float operands (autocast's products): float32 results ----
+  // bfloat16 on AVX512-BF16 through bf16_gemm (vdpbf16ps); otherwise (float16, or no such
+  // instructions) the operands are converted to float32 for the BLAS. Either way B is prepared
+  // once per batch element (packed in pairs of depths, or converted), then tasks of 128-row
+  // blocks (and column blocks, for few rows) read it, each preparing its A rows unless bf16_gemm
+  // reads them in place.
+  void half_product() {
+    const DType t = st_.input_dtypes[0];
+    const bool dot = t == DType::BFloat16 && bf16_gemm::available();
+    a_ = gemm_operand(st_.maps[0], args_.slots[st_.inputs[0]], t, false);
+    b_ = gemm_operand(st_.maps[1], args_.slots[st_.inputs[1]], t, false);
+    const int64_t ncb = (N_ + 15) / 16, bsize = dot ? bf16_gemm::packed_size(K_, N_) : K_ * N_;
+    std::vector<uint16_t, LineAligned<uint16_t>> bh(dot ? size_t(nb_ * bsize) : 0);
+    std::vector<float, LineAligned<float>> bf(dot ? 0 : size_t(nb_ * bsize));
+#pragma omp parallel for schedule(static) if (nb_ * K_ * N_ >= kParallelMin)
+    for (int64_t t2 = 0; t2 < nb_ * ncb; ++t2) {
+      const int64_t b = t2 / ncb, n0 = t2 % ncb * 16, w = std::min<int64_t>(16, N_ - n0);
+      const uint16_t* src = half_at(b_, b) + (b_.trans ? n0 * b_.ld : n0);
+      const int64_t rs = b_.trans ? 1 : b_.ld, cs = b_.trans ? b_.ld : 1;
+      if (dot) {
+        bf16_gemm::pack_b(src, rs, cs, K_, w, bh.data() + b * bsize + n0 * ((K_ + 1) / 2 * 2));
+        continue;
+      }
+      float* dst = bf.data() + b * bsize + n0;
+      for (int64_t k = 0; k < K_; ++k)
+        for (int64_t j = 0; j < w; ++j) dst[k * N_ + j] = to_float(t, src[k * rs + j * cs]);
+    }
+    // Fewer than 4 row blocks in all (a weight gradient: M = 128..512, K = the tokens) also split
+    // the columns, in multiples of 16, so that both threads work; fixed by the shape alone.
+    const int64_t mb = (M_ + kBlock - 1) / kBlock, nbk = nb_ * mb < 4 ? std::min<int64_t>(4 / (nb_ * mb), ncb) : 1;
+    const int64_t cw = (ncb + nbk - 1) / nbk * 16, per = mb * nbk;
+#pragma omp parallel for schedule(static)
+    for (int64_t task = 0; task < nb_ * per; ++task) {
+      const int64_t b = task / per, m0 = task % per / nbk * kBlock, m1 = std::min(M_, m0 + kBlock), rows = m1 - m0;
+      const int64_t n0 = task % nbk * cw, n1 = std::min(N_, n0 + cw);
+      if (n0 >= n1) continue;
+      const uint16_t* a = half_at(a_, b) + (a_.trans ? m0 : m0 * a_.ld);
+      const int64_t rs = a_.trans ? 1 : a_.ld, cs = a_.trans ? a_.ld : 1;
+      float* c = reinterpret_cast<float*>(out_) + b * M_ * N_ + m0 * N_;
+      if (dot) {
+        thread_local std::vector<uint16_t, LineAligned<uint16_t>> ap;
+        int64_t lda = a_.ld;
+        if (cs != 1 || K_ % 2 != 0) {
+          lda = (K_ + 1) / 2 * 2;
+          ap.resize(std::max(ap.size(), size_t(rows * lda)));
+          bf16_gemm::pack_a(a, rs, cs, rows, K_, ap.data());
+          a = ap.data();
+        }
+        bf16_gemm::product(a, lda, (K_ + 1) / 2 * 2, bh.data() + b * bsize + n0 * ((K_ + 1) / 2 * 2), rows, n1 - n0, c + n0, N_);
+      } else {
+        thread_local std::vector<float, LineAligned<float>> af;
+        af.resize(std::max(af.size(), size_t(rows * K_)));
+        for (int64_t i = 0; i < rows; ++i)
+          for (int64_t q = 0; q < K_; ++q) af[size_t(i * K_ + q)] = to_float(t, a[i * rs + q * cs]);
+        blas_gemm(false, false, rows, n1 - n0, K_, af.data(), K_, bf.data() + b * bsize + n0, N_, c + n0, N_);
+      }
+      epilogue(b, m0, m1, n0, n1);
+    }
+    if (dot) backends::report_bf16_flops(2 * nb_ * M_ * N_ * K_);
+  }
+
+  // Batch element b's first element of a 16-bit operand.
+  const uint16_t* half_at(const GemmOperand& g, int64_t b) const {
+    int64_t idx[32] = {}, off = g.offset;
+    unravel(b, batch_, idx);
+    for (size_t d = 0; d < batch_.size(); ++d) off += idx[d] * g.batch_strides[d];
+    return static_cast<const uint16_t*>(g.data) + off;
+  }
+  static float to_float(DType t, uint16_t h) { return t == DType::BFloat16 ? half::bf16_to_float(h) : half::f16_to_float(h); }
 
   // ---- The BLAS ----
   // Our pool runs the BLAS over fixed blocks (128 rows; 128 columns too when the matrix is only a

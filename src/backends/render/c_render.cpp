@@ -569,7 +569,9 @@ KernelCode render_gemm(const Step& st) {
   std::vector<DType> types = st.input_dtypes;
   types.resize(st.inputs.size(), t);
   bind_inputs(k, st, types);
-  std::string a = k.arg(st.inputs[0], t), b = k.arg(st.inputs[1], t);
+  // Operands of float16/bfloat16 (autocast's products) are converted as read; the product is float32.
+  const DType ot = types[0];
+  std::string a = k.arg(st.inputs[0], ot), b = k.arg(st.inputs[1], ot);
   k.b << "  i64 g = GID;\n  if (g >= " << k.p(nb * mb * nc) << ") return;\n";
   k.b << "  i64 M = " << k.p(M) << ", N = " << k.p(N) << ", K = " << k.p(K) << ", nc = " << k.pdiv(nc) << ", mb = " << k.pdiv(mb)
       << ";\n";
@@ -589,11 +591,14 @@ KernelCode render_gemm(const Step& st) {
   // Columns past N read column N - 1 and rows past M row M - 1 (never stored): no branches inside.
   k.b << "  i64 jl = min(jb + " << TN << ", N) - jb;\n";
   k.b << "  for (i64 kk = 0; kk < K; ++kk) {\n    " << acc << " bt[" << TN << "];\n";
-  k.b << "    GLOBAL const " << storage_type(t) << "* brow = " << b << " + ob + kk * br + jb * " << bc << ";\n";
-  k.b << "    if (jl == " << TN << ") { for (int y = 0; y < " << TN << "; ++y) bt[y] = (" << acc << ")brow[y * " << bc << "]; }\n";
-  k.b << "    else { for (int y = 0; y < " << TN << "; ++y) bt[y] = (" << acc << ")brow[min((i64)y, jl - 1) * " << bc << "]; }\n";
-  k.b << "    for (int x = 0; x < " << TM << "; ++x) {\n      " << acc << " av = (" << acc << ")" << a
-      << "[ra[x] + kk * ac];\n      for (int y = 0; y < " << TN << "; ++y) c[x][y] += av * bt[y];\n    }\n  }\n";
+  k.b << "    GLOBAL const " << storage_type(ot) << "* brow = " << b << " + ob + kk * br + jb * " << bc << ";\n";
+  k.b << "    if (jl == " << TN << ") { for (int y = 0; y < " << TN << "; ++y) bt[y] = (" << acc << ")"
+      << to_compute(ot, "brow[y * " + bc + "]") << "; }\n";
+  k.b << "    else { for (int y = 0; y < " << TN << "; ++y) bt[y] = (" << acc << ")"
+      << to_compute(ot, "brow[min((i64)y, jl - 1) * " + bc + "]") << "; }\n";
+  k.b << "    for (int x = 0; x < " << TM << "; ++x) {\n      " << acc << " av = (" << acc << ")"
+      << to_compute(ot, a + "[ra[x] + kk * ac]") << ";\n      for (int y = 0; y < " << TN
+      << "; ++y) c[x][y] += av * bt[y];\n    }\n  }\n";
   k.b << "  for (int x = 0; x < " << TM << "; ++x)\n    for (int y = 0; y < " << TN << "; ++y) {\n";
   k.b << "      if (i0 + x >= M || y >= jl) continue;\n      i64 pos = (bi * M + i0 + x) * N + jb + y;\n";
   if (st.program.empty()) {
@@ -833,7 +838,8 @@ std::vector<KernelCode> render(const Step& st, const Dialect& d) {
         packed.inputs.push_back(st.inputs[1]);
         if (!packed.input_dtypes.empty()) packed.input_dtypes.resize(st.inputs.size(), st.dtype), packed.input_dtypes.push_back(st.input_dtypes.at(1));
       }
-      return {render_copy(st.inputs[1], kScratchSlot, st.dtype, bm), render_gemm(packed)};
+      const DType bt = st.input_dtypes.size() > 1 ? st.input_dtypes[1] : st.dtype;  // 16-bit B: packed as stored
+      return {render_copy(st.inputs[1], kScratchSlot, bt, bm), render_gemm(packed)};
     }
     case StepKind::Gather: return {render_gather(st)};
     case StepKind::ScatterAdd: return {render_copy(st.inputs[0], st.output, st.dtype, st.maps[0]), render_scatter(st)};

@@ -40,7 +40,7 @@ V lower_matmul(Writer& w, const ir::Node& n, const V& a, const V& b) {
   if (!batch.empty()) dims += "lhs_batching_dimensions = " + int_list(batch) + ", rhs_batching_dimensions = " + int_list(batch) + ", ";
   dims += "lhs_contracting_dimensions = [" + std::to_string(r - 1) + "], rhs_contracting_dimensions = [" +
           std::to_string(r - 2) + "]>";
-  return w.op("stablehlo.dot_general", {a, b}, n.shape, a.elem, "dot_dimension_numbers = " + dims);
+  return w.op("stablehlo.dot_general", {a, b}, n.shape, elem_of(n.dtype), "dot_dimension_numbers = " + dims);
 }
 
 // Op::Conv's layout is StableHLO's [b, f, spatial...] x [o, i, spatial...] -> [b, f, spatial...].
@@ -61,7 +61,7 @@ V lower_conv(Writer& w, const ir::Node& n, const V& x, const V& k) {
            std::to_string(c.axes.size()) + "x2xi64>";
   attrs += ", lhs_dilation = " + i64_array(lhs_dil) + ", rhs_dilation = " + i64_array(rhs_dil);
   attrs += ", feature_group_count = " + std::to_string(c.groups) + " : i64, batch_group_count = 1 : i64";
-  return w.op("stablehlo.convolution", {x, k}, n.shape, x.elem, attrs);
+  return w.op("stablehlo.convolution", {x, k}, n.shape, elem_of(n.dtype), attrs);
 }
 
 }  // namespace
