@@ -12,6 +12,7 @@ std::string Options::key() const {
   for (const std::string& n : disabled) k += n + ",";
   if (arena_guard) k += "|guard" + std::to_string(arena_guard);
   if (memory_budget) k += "|budget" + std::to_string(memory_budget);
+  if (memory_budget_fraction > 0) k += "|budget*" + std::to_string(memory_budget_fraction);
   return k;
 }
 

@@ -42,5 +42,10 @@ void apply_target(Plan& plan, const kir::Target& target);
 // sharing bytes by lifetime unless "memplan" is disabled, and fills plan.memory (peak, the Step at
 // the peak, what is live).
 void plan_memory(Plan& plan, const Options& opts = {});
+// The memory budget (budget.cpp): the bytes opts asks for given the plan's natural step bytes (0:
+// none), and, after plan_memory, the budget passes until plan.memory.step_bytes fits it; throws
+// tessera::Error ("[memory] ...") naming the smallest figure reached and the buffers at its peak.
+size_t resolve_budget(const Options& opts, size_t natural);
+void meet_budget(Plan& plan, const Options& opts);
 
 }  // namespace tessera::compiler
