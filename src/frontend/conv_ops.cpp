@@ -268,6 +268,9 @@ Tensor batch_norm(const Tensor& input, Tensor running_mean, Tensor running_var, 
   bshape[1] = C;
   Tensor mean, var;
   if (training) {
+    if (detail::batch_slice().rows)
+      fail(op, "training mode normalizes with statistics over the whole batch, which micro-batches cannot accumulate: "
+               "train without --micro-batches (or in eval mode), or lower the memory budget's demands another way");
     if (n < 2) fail(op, "training needs more than one value per channel, got " + desc(x));
     mean = tessera::mean(x, dims, true);
     Tensor dev = x - mean;

@@ -13,6 +13,7 @@
 #include "tessera/optim.h"
 #include "tessera/tessera.h"
 #include "test_util.h"
+#include "../../bench/bench_common.h"
 
 namespace tessera {
 namespace {
@@ -111,6 +112,130 @@ TEST(MemoryBudget, TheScopeRestoresThePreviousBudget) {
     EXPECT_DOUBLE_EQ(memory_budget().fraction, 0.5);
   }
   EXPECT_TRUE(memory_budget().none());
+}
+
+}  // namespace
+}  // namespace tessera
+
+// ---------------------------------------------------------------------------------------------
+// Micro-batches (optim::accumulate_gradients): the whole-step case of batch unstacking.
+namespace tessera {
+namespace {
+
+TEST(BatchSlice, ARandomSliceDrawsTheWholeTensorsRows) {
+  manual_seed(5);
+  RngState rs = rng_state();
+  Tensor whole = rand({6, 3, 4});
+  std::vector<double> want = whole.to_vector<double>();
+  for (int64_t start : {0, 2, 4}) {
+    set_rng_state(rs);
+    BatchSliceScope in_slice(start, 2);
+    Tensor part = rand({2, 3, 4});
+    EXPECT_TRUE(testing::matches_reference(part, 0));  // the float64 reference draws the same rows
+    std::vector<double> got = part.to_vector<double>();
+    EXPECT_EQ(got, std::vector<double>(want.begin() + start * 12, want.begin() + (start + 2) * 12)) << start;
+  }
+}
+
+// The benchmark GPT (bench/bench_common.h) at batch 32: each step's loss, and the gradients of the
+// first step, with `micro` micro-batches (1: one graph) under `budget`. peaks: the allocator's
+// high-water mark over each step, beside the budget in bytes each step met.
+struct GptRun {
+  std::vector<double> losses;
+  std::vector<std::vector<double>> grads;
+  std::vector<std::pair<int64_t, size_t>> peaks;  // (measured, budget)
+  int64_t micro = 1;
+};
+GptRun train_gpt(int steps, double dropout, MemoryBudget budget, int64_t micro) {
+  using namespace bench;
+  constexpr int64_t kB = 32;
+  manual_seed(0);
+  nn::GPT model({.vocab = kVocab, .block = kBlock, .embd = kEmbd, .heads = kHeads, .layers = kLayers, .dropout = dropout});
+  model.train();
+  optim::AdamW opt(model.parameters(), {.lr = 3e-3, .weight_decay = 0.1});
+  auto batches = make_batches(kB);
+  GptRun r;
+  for (int step = 0; step < steps; ++step) {
+    auto& [xs, ys] = batches[size_t(step) % batches.size()];
+    TensorOptions o{DType::Int64, Device("cpu")};
+    Tensor x = from_vector<int64_t>(xs, {kB, kBlock}, o), y = from_vector<int64_t>(ys, {kB, kBlock}, o);
+    sync();
+    reset_peak_bytes();
+    MemoryBudgetScope in_force(budget);
+    auto loss_fn = [&](const std::vector<Tensor>& b) { return model.loss(b[0], b[1]); };
+    if (micro == 1) {
+      Tensor loss = loss_fn({x, y});
+      loss.backward();
+      if (step == 0) {
+        sync();
+        for (const Tensor& p : model.parameters()) r.grads.push_back(p.grad().to_vector<double>());
+      }
+      opt.step();
+      opt.zero_grad();
+      r.losses.push_back(loss.item());
+      continue;
+    }
+    optim::AccumulateResult a = optim::accumulate_gradients(model.parameters(), {x, y}, loss_fn, micro);
+    if (step == 0)
+      for (const Tensor& p : model.parameters()) r.grads.push_back(p.grad().to_vector<double>());
+    MemoryBudgetScope update(MemoryBudget{a.budget_bytes, 0});
+    opt.step();
+    opt.zero_grad();
+    sync();
+    r.losses.push_back(a.loss);
+    r.micro = a.micro_batches;
+    r.peaks.push_back({metrics().peak_bytes, a.budget_bytes});
+  }
+  return r;
+}
+
+double worst_grad_error(const GptRun& a, const GptRun& b) {
+  double worst = 0;
+  for (size_t i = 0; i < a.grads.size(); ++i) worst = std::max(worst, testing::normalized_error(a.grads[i], b.grads[i]));
+  return worst;
+}
+
+TEST(MicroBatches, AutoUnderHalfAndAQuarterOfThePeakGivesTheSameLossesAndGradients) {
+  GptRun base = train_gpt(20, 0.0, {}, 1);
+  for (double fraction : {0.5, 0.25}) {
+    GptRun r = train_gpt(20, 0.0, {0, fraction}, 0);
+    EXPECT_GT(r.micro, 1) << fraction;
+    EXPECT_LE(testing::normalized_error(r.losses, base.losses), 1e-5) << fraction;
+    EXPECT_LE(worst_grad_error(r, base), 1e-5) << fraction;
+    // The allocator's high-water mark over every step (slices and update) stays under the budget.
+    for (auto& [measured, budget] : r.peaks) EXPECT_LE(measured, int64_t(budget)) << fraction << " with " << r.micro << " micro-batches";
+  }
+}
+
+TEST(MicroBatches, DropoutMasksMatchTheUnslicedStep) {
+  GptRun base = train_gpt(10, 0.1, {}, 1);
+  GptRun r = train_gpt(10, 0.1, {0, 0.5}, 0);
+  EXPECT_GT(r.micro, 1);
+  EXPECT_LE(testing::normalized_error(r.losses, base.losses), 1e-5);
+  EXPECT_LE(worst_grad_error(r, base), 1e-5);
+}
+
+TEST(MicroBatches, BatchNormAndAnUnreachableBudgetAreRefusedBeforeRunning) {
+  manual_seed(1);
+  auto bn = std::make_shared<nn::BatchNorm2d>(4);
+  Tensor x = testing::random_tensor({8, 4, 3, 3}, DType::Float32, 2);
+  sync();
+  auto loss_fn = [&](const std::vector<Tensor>& b) { return (*bn)(b[0]).square().mean(); };
+  std::string e = testing::error_message([&] { optim::accumulate_gradients(bn->parameters(), {x}, loss_fn, 2); });
+  EXPECT_NE(e.find("[batch_norm] training mode normalizes with statistics over the whole batch"), std::string::npos) << e;
+
+  MlpStep s(64);
+  int64_t launched = metrics().steps_launched;
+  std::vector<double> w = s.model->parameters()[0].to_vector<double>();
+  MemoryBudgetScope tiny(MemoryBudget::parse("1KiB"));
+  e = testing::error_message([&] {
+    optim::accumulate_gradients(s.model->parameters(), {s.x, s.y}, [&](const std::vector<Tensor>& b) { return mse_loss((*s.model)(b[0]), b[1]); });
+  });
+  EXPECT_NE(e.find("[memory] the budget of 0.00 MiB cannot be met by micro-batches: the smallest, 64 of them, needs"), std::string::npos) << e;
+  EXPECT_NE(e.find("largest buffers live there: param"), std::string::npos) << e;
+  EXPECT_EQ(metrics().steps_launched, launched);
+  EXPECT_FALSE(s.model->parameters()[0].grad().defined());
+  EXPECT_EQ(s.model->parameters()[0].to_vector<double>(), w);
 }
 
 }  // namespace

@@ -140,12 +140,13 @@ TrainResult train_gpt(const TrainOptions& o) {
     double lr = schedule(step);
     opt.set_lr(lr);
     auto [x, y] = loader.next(dev);
-    Tensor loss = model.loss(x, y);
-    loss.backward();
-    if (o.clip > 0) optim::clip_grad_norm(model.parameters(), o.clip);
-    opt.step();
-    opt.zero_grad();         // gradients are consumed inside the step's graph, never stored
-    double l = loss.item();  // runs the step's graph: forward, backward and update together
+    double l = train_step(model.parameters(), {x, y}, [&](const std::vector<Tensor>& b) { return model.loss(b[0], b[1]); },
+                          [&] {
+                            if (o.clip > 0) optim::clip_grad_norm(model.parameters(), o.clip);
+                            opt.step();
+                            opt.zero_grad();  // gradients are consumed inside the step's graph, never stored
+                          },
+                          o.memory_budget, o.micro_batches);
     if (!std::isfinite(l)) fail("train", "the loss became " + std::to_string(l) + " at step " + std::to_string(step) + "; try a smaller --lr", "");
     double ms = std::chrono::duration<double, std::milli>(clk::now() - t0).count();
     if (o.on_step) o.on_step(step + 1);

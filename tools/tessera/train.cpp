@@ -26,6 +26,7 @@ void add_train_flags(CLI::App& cmd, TrainOptions& o) {
   cmd.add_option("--seed", o.seed, "random seed")->capture_default_str();
   cmd.add_option("--eval-every", o.eval_every, "held-out evaluation interval in steps")->capture_default_str()->check(positive());
   cmd.add_option("--log-json", o.log_json, "write one JSON object per step to FILE");
+  add_memory_flags(cmd, o.memory_budget, o.micro_batches);
 }
 
 void add_train(CLI::App& app) {
