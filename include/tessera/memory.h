@@ -49,6 +49,10 @@ struct MemoryPlan {
   size_t step_bytes = 0;
   size_t budget_bytes = 0;
   size_t natural_step_bytes = 0;
+  // What the budget passes rewrote: Steps recomputed (their sources read "recompute:<op>") and
+  // the flops they add.
+  int recomputed_steps = 0;
+  double recompute_flops = 0;
   // A backend that compiles the whole program itself (pjrt: XLA) and so owns its temporaries:
   // its own figures ("XLA: peak ..."); empty for the others.
   std::string device_report;

@@ -26,6 +26,9 @@ struct MemoryInfo {
   // before the budget passes rewrote anything.
   size_t budget_bytes = 0;
   size_t natural_step_bytes = 0;
+  // What the budget passes did: Steps recomputed ("remat") and their flops.
+  int recomputed_steps = 0;
+  double recompute_flops = 0;
 };
 
 struct Plan {

@@ -86,6 +86,8 @@ MemoryPlan runtime::memory_plan_of(const compiler::Plan& plan) {
   m.step_bytes = plan.memory.step_bytes;
   m.budget_bytes = plan.memory.budget_bytes;
   m.natural_step_bytes = plan.memory.natural_step_bytes;
+  m.recomputed_steps = plan.memory.recomputed_steps;
+  m.recompute_flops = plan.memory.recompute_flops;
   m.device_report = plan.device_memory;
   return m;
 }
@@ -109,7 +111,8 @@ std::string MemoryPlan::report(size_t max_buffers) const {
      << " live at once); the run allocates " << human(run_bytes()) << "\n";
   if (budget_bytes)
     os << "budget " << human(budget_bytes) << ": the step needs " << human(step_bytes) << " (" << human(natural_step_bytes)
-       << " before the budget passes)\n";
+       << " before the budget passes); " << recomputed_steps << " Steps recomputed (" << recompute_flops / 1e6
+       << " Mflop more)\n";
   if (!device_report.empty()) os << "on the device: " << device_report << "\n";
   return os.str();
 }

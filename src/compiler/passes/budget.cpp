@@ -1,6 +1,7 @@
 // The memory budget (Options::memory_budget, memory_budget_fraction): after the memory plan, the
 // plan's step bytes (parameters + outputs + arena) must fit the budget. The budget passes that
-// lower them run here, cheapest first, each re-planning memory, until the budget is met; when
+// lower them run here, cheapest first, each re-planning memory, until the budget is met
+// (rematerialization, remat.cpp: elementwise and normalization outputs, then GEMMs); when
 // none is left the compile fails before anything runs, naming the smallest figure reached, the
 // Step at the peak and the largest buffers live there with their module paths.
 #include <algorithm>
@@ -63,7 +64,16 @@ void meet_budget(Plan& plan, const Options& opts) {
   plan.memory.natural_step_bytes = natural;
   plan.memory.budget_bytes = budget;
   if (plan.memory.step_bytes <= budget) return;
-  unreachable(plan, budget, "no budget pass applies");
+  std::string tried = "no budget pass applies";
+  if (opts.enabled("remat")) {
+    rematerialize(plan, opts, budget, false);  // elementwise and normalization outputs first
+    if (plan.memory.step_bytes > budget) rematerialize(plan, opts, budget, true);  // then GEMMs too
+    plan.memory.natural_step_bytes = natural;
+    plan.memory.budget_bytes = budget;
+    tried = "after recomputing " + std::to_string(plan.memory.recomputed_steps) + " Steps";
+  }
+  if (plan.memory.step_bytes <= budget) return;
+  unreachable(plan, budget, tried);
 }
 
 }  // namespace tessera::compiler
