@@ -203,25 +203,61 @@ double worst_grad_error(const GptRun& a, const GptRun& b) {
 
 TEST(MicroBatches, AutoUnderHalfAndAQuarterOfThePeakGivesTheSameLossesAndGradients) {
   GptRun base = train_gpt(20, 0.0, {}, 1);
+  auto first = [](std::vector<double> v, size_t n) { return std::vector<double>(v.begin(), v.begin() + std::ptrdiff_t(n)); };
   {
     // Rematerialization alone (one graph) meets 3/4 of the peak, not 1/2.
-    GptRun r = train_gpt(20, 0.0, {0, 0.75}, 1);
+    GptRun r = train_gpt(10, 0.0, {0, 0.75}, 1);
     EXPECT_GT(r.recomputed, 0);
-    EXPECT_LE(testing::normalized_error(r.losses, base.losses), 1e-5);
+    EXPECT_LE(testing::normalized_error(r.losses, first(base.losses, 10)), 1e-5);
     EXPECT_LE(worst_grad_error(r, base), 1e-5);
-    ASSERT_EQ(r.peaks.size(), size_t(20));
+    ASSERT_EQ(r.peaks.size(), size_t(10));
     for (auto& [measured, budget] : r.peaks) EXPECT_LE(measured, int64_t(budget)) << "remat";
     std::string e = testing::error_message([] { train_gpt(1, 0.0, {0, 0.5}, 1); });
     EXPECT_NE(e.find("cannot be met: the smallest step this compiler reaches needs"), std::string::npos) << e;
     EXPECT_NE(e.find("after recomputing"), std::string::npos) << e;
   }
   for (double fraction : {0.5, 0.25}) {
-    GptRun r = train_gpt(20, 0.0, {0, fraction}, 0);
+    const int steps = fraction == 0.5 ? 20 : 10;  // the quarter's first 10 (CI time)
+    GptRun r = train_gpt(steps, 0.0, {0, fraction}, 0);
     EXPECT_GT(r.micro, 1) << fraction;
-    EXPECT_LE(testing::normalized_error(r.losses, base.losses), 1e-5) << fraction;
+    EXPECT_LE(testing::normalized_error(r.losses, first(base.losses, size_t(steps))), 1e-5) << fraction;
     EXPECT_LE(worst_grad_error(r, base), 1e-5) << fraction;
     // The allocator's high-water mark over every step (slices and update) stays under the budget.
     for (auto& [measured, budget] : r.peaks) EXPECT_LE(measured, int64_t(budget)) << fraction << " with " << r.micro << " micro-batches";
+  }
+}
+
+// The small CNN at batch 256 (random images): losses of `steps` Adam steps with `micro` micro-batches.
+std::pair<std::vector<double>, int64_t> train_cnn(int steps, MemoryBudget budget, int64_t micro) {
+  manual_seed(3);
+  nn::SmallCNN model;
+  optim::Adam opt(model.parameters(), {.lr = 1e-3});
+  Tensor x = testing::random_tensor({256, 1, 28, 28}, DType::Float32, 9);
+  Tensor y = testing::random_int({256}, 0, 9, DType::Int64, 10);
+  sync();
+  std::vector<double> losses;
+  int64_t k = 1;
+  for (int step = 0; step < steps; ++step) {
+    MemoryBudgetScope in_force(budget);
+    auto loss_fn = [&](const std::vector<Tensor>& b) { return cross_entropy(model(b[0]), b[1]); };
+    optim::AccumulateResult a = optim::accumulate_gradients(model.parameters(), {x, y}, loss_fn, micro);
+    MemoryBudgetScope update(MemoryBudget{a.budget_bytes, 0});
+    opt.step();
+    opt.zero_grad();
+    sync();
+    losses.push_back(a.loss);
+    k = a.micro_batches;
+  }
+  return {losses, k};
+}
+
+TEST(MicroBatches, TheSmallCnnAtBatch256UnderHalfAndAQuarterGivesTheSameLosses) {
+  auto [base, one] = train_cnn(5, {}, 1);
+  EXPECT_EQ(one, 1);
+  for (double fraction : {0.5, 0.25}) {
+    auto [losses, k] = train_cnn(5, {0, fraction}, 0);
+    EXPECT_GT(k, 1) << fraction;
+    EXPECT_LE(testing::normalized_error(losses, base), 1e-5) << fraction;
   }
 }
 
