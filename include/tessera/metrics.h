@@ -31,6 +31,10 @@ struct Metrics {
   int64_t peak_bytes = 0;        // high-water mark of live_bytes (see reset_peak_bytes)
   int64_t bytes_to_device = 0;   // host -> device copies (from_vector, to(device), loading checkpoints)
   int64_t bytes_to_host = 0;     // device -> host copies (item, to_vector, printing, saving, to(device))
+  // The memory budget's rewrites (tessera/memory.h): graphs compiled under a budget, and the Steps
+  // rematerialization added to them (recomputing activations).
+  int64_t budget_graphs = 0;
+  int64_t recomputed_steps = 0;
   double compile_ms = 0;         // total time spent compiling
   double execute_ms = 0;         // total time spent running compiled graphs
   std::map<std::string, DeviceMetrics> devices;  // per device kind ("cpu", "opencl"), once used

@@ -179,6 +179,7 @@ GptRun train_gpt(int steps, double dropout, MemoryBudget budget, int64_t micro) 
       if (p.budget_bytes)  // what was live before and the graph does not read counts beside the budget
         r.peaks.push_back({metrics().peak_bytes - (live_before - int64_t(p.param_bytes)), p.budget_bytes});
       r.recomputed = p.recomputed_steps;
+      if (step == 0) EXPECT_GE(metrics().recomputed_steps, p.recomputed_steps);
       continue;
     }
     optim::AccumulateResult a = optim::accumulate_gradients(model.parameters(), {x, y}, loss_fn, micro);
