@@ -112,21 +112,21 @@ AccumulateResult accumulate_gradients(const std::vector<Tensor>& params, const s
     for (int64_t d = 1; d <= n; ++d)
       if (n % d == 0 && (k == 0 || d == k)) candidates.push_back(d);
     r.budget_bytes = budget.bytes;
+    Estimate whole;
     if (!budget.bytes) {  // a fraction of the unsliced (k = 1) figure
-      Estimate whole = estimate(params, batch, n, n, loss_fn);
+      whole = estimate(params, batch, n, n, loss_fn);
       r.budget_bytes = size_t(budget.fraction * double(whole.bytes));
     }
     Estimate best;
     int64_t best_k = 0;
     for (int64_t d : candidates) {
-      Estimate e = estimate(params, batch, n / d, n, loss_fn);
+      Estimate e = d == 1 && whole.bytes ? whole : estimate(params, batch, n / d, n, loss_fn);
       if (!best_k || e.bytes < best.bytes) best = e, best_k = d;
       if (e.bytes <= r.budget_bytes) {
         k = d;
         r.planned_bytes = e.bytes;
         break;
       }
-      if (k) break;
     }
     if (r.planned_bytes == 0) unreachable(r.budget_bytes, best, best_k);
     r.micro_batches = k;
