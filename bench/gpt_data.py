@@ -15,12 +15,12 @@ def splitmix64(state):
     return state, z ^ (z >> 31)
 
 
-def make_batches():
-    """NBATCHES (inputs, targets) of [BATCH, BLOCK] token ids, as bench/bench_common.h draws them."""
+def make_batches(batch=BATCH):
+    """NBATCHES (inputs, targets) of [batch, BLOCK] token ids, as bench/bench_common.h draws them."""
     s, out = 1234, []
     for _ in range(NBATCHES):
         x, y = [], []
-        for _ in range(BATCH):
+        for _ in range(batch):
             row = []
             for _ in range(BLOCK + 1):
                 s, r = splitmix64(s)

@@ -5,7 +5,7 @@
 //
 //   OMP_NUM_THREADS=2 bench_gpt_step [--steps N] [--warmup N] [--device cpu|opencl|cuda|...]
 //                                    [--preset gpt2-small] [--batch N] [--dropout P] [--losses]
-//                                    [--dtype float32|bfloat16|float16]
+//                                    [--dtype float32|bfloat16|float16] [--memory-budget 200MB|0.5] [--micro-batches N|auto]
 //
 // --dtype bfloat16 / float16: the forward pass and loss under tessera::Autocast (the products in
 // that dtype with float32 accumulation, everything else and the AdamW state in float32); float16
@@ -13,6 +13,11 @@
 // --preset gpt2-small: vocab 50257, block 1024, embd 768, 12 heads, 12 layers, tied head, batch 8
 // (bench/gpt2_torch.py is its PyTorch peer; scripts/gpu-check runs both). --losses prints every
 // step's loss ("LOSS step value", warm-up steps included) for comparing devices step by step.
+//
+// --memory-budget: the step is compiled under that budget (tessera::MemoryBudgetScope: met by
+// rematerialization, or an error); with --micro-batches (auto: the fewest that fit the budget) the
+// forward and backward run over slices of the batch (optim::accumulate_gradients) and the update
+// as one more graph. bench/memory_budget.sh compares budgets.
 //
 // The token batches come from splitmix64 (seed 1234, 4 batches cycled), the same as the PyTorch
 // side draws. The last line is machine-readable: RESULT tessera threads=... median_ms=...
@@ -32,6 +37,7 @@
 
 #include "bench_common.h"
 #include "tessera/autocast.h"
+#include "tessera/memory.h"
 #include "tessera/metrics.h"
 #include "tessera/nn.h"
 #include "tessera/optim.h"
@@ -51,6 +57,8 @@ int main(int argc, char** argv) {
   double dropout = 0.0;
   bool losses = false;
   std::string device = "cpu", dtype = "float32";
+  MemoryBudget budget;
+  int64_t micro = 1;
   nn::GPTConfig cfg{.vocab = kVocab, .block = kBlock, .embd = kEmbd, .heads = kHeads, .layers = kLayers,
                     .dropout = 0.0, .bias = true, .tied_head = false};
   for (int i = 1; i < argc; ++i) {
@@ -70,12 +78,17 @@ int main(int argc, char** argv) {
     } else if (a == "--dtype" && more && (std::string(argv[i + 1]) == "float32" || std::string(argv[i + 1]) == "bfloat16" ||
                                           std::string(argv[i + 1]) == "float16")) {
       dtype = argv[++i];
+    } else if (a == "--memory-budget" && more) {
+      budget = MemoryBudget::parse(argv[++i]);
+    } else if (a == "--micro-batches" && more) {
+      std::string v = argv[++i];
+      micro = v == "auto" ? 0 : std::atoll(v.c_str());
     } else if (a == "--losses") {
       losses = true;
     } else {
       std::fprintf(stderr,
                    "usage: %s [--steps N] [--warmup N] [--device NAME] [--preset gpt2-small] [--batch N] [--dropout P] "
-                   "[--losses] [--dtype float32|bfloat16|float16]   (threads: OMP_NUM_THREADS)\n",
+                   "[--losses] [--dtype float32|bfloat16|float16] [--memory-budget BYTES|FRACTION] [--micro-batches N|auto]   (threads: OMP_NUM_THREADS)\n",
                    argv[0]);
       return 2;
     }
@@ -102,6 +115,7 @@ int main(int argc, char** argv) {
   int64_t bf16_flops_after_warmup = 0;
   std::optional<optim::GradScaler> scaler;
   if (dtype == "float16") scaler.emplace();
+  int64_t micro_used = 1;
   double first_ms = 0;               // the first step: tracing, compiling (device code too) and running
   DeviceMetrics dev_after_warmup;    // the device kind's counters when the timed steps start
   double execute_ms_after_warmup = 0;
@@ -117,22 +131,37 @@ int main(int argc, char** argv) {
     auto t0 = clk::now();
     Tensor x = from_vector(hx, {batch, cfg.block}, ids);
     Tensor y = from_vector(hy, {batch, cfg.block}, ids);
-    Tensor loss;
-    {
+    MemoryBudgetScope in_force(budget);
+    auto loss_fn = [&](const std::vector<Tensor>& b) {
       std::optional<Autocast> ac;
       if (dtype != "float32") ac.emplace(dtype == "float16" ? DType::Float16 : DType::BFloat16);
-      loss = model.loss(x, y);
-    }
-    if (scaler) {
-      scaler->scale(loss).backward();
-      scaler->step(opt);
-      scaler->update();
-    } else {
+      Tensor loss = model.loss(b[0], b[1]);
+      return scaler ? scaler->scale(loss) : loss;
+    };
+    const double scale = scaler ? scaler->get_scale() : 1.0;
+    auto update = [&] {
+      if (scaler) {
+        scaler->step(opt);
+        scaler->update();
+      } else {
+        opt.step();
+      }
+      opt.zero_grad();
+    };
+    double l = 0;
+    if (micro == 1) {
+      Tensor loss = loss_fn({x, y});
       loss.backward();
-      opt.step();
+      update();
+      l = loss.item() / scale;  // runs the step's graph: forward, backward and update together
+    } else {
+      auto r = optim::accumulate_gradients(model.parameters(), {x, y}, loss_fn, micro);
+      MemoryBudgetScope update_budget(MemoryBudget{r.budget_bytes, 0});
+      update();
+      tessera::sync();
+      l = r.loss / scale;
+      micro_used = r.micro_batches;
     }
-    opt.zero_grad();
-    double l = loss.item();  // runs the step's graph: forward, backward and update together
     double dt = std::chrono::duration<double, std::milli>(clk::now() - t0).count();
     if (!std::isfinite(l)) {
       std::fprintf(stderr, "loss became %g at step %lld\n", l, (long long)step);
@@ -173,9 +202,14 @@ int main(int argc, char** argv) {
               device.c_str(), double(d.steps_launched - d0.steps_launched) / double(steps),
               double(d.executables_run - d0.executables_run) / double(steps), first_ms, m.compile_ms, (long long)d.kernels_compiled,
               (long long)d.library_calls_compiled);
+  if (!budget.none())
+    std::printf("  memory budget %s: %lld micro-batches, %lld Steps recomputed\n", budget.str().c_str(), (long long)micro_used,
+                (long long)m.recomputed_steps);
   std::printf("RESULT tessera device=%s threads=%s median_ms=%.3f p10=%.3f p90=%.3f peak_mb=%.1f maxrss_mb=%.1f graphs=%lld "
-              "exec_ms=%.3f last_loss=%.4f tokens_per_s=%.0f first_step_ms=%.0f compile_ms=%.1f dtype=%s bf16_gflop=%.3f\n",
+              "exec_ms=%.3f last_loss=%.4f tokens_per_s=%.0f first_step_ms=%.0f compile_ms=%.1f dtype=%s bf16_gflop=%.3f "
+              "micro_batches=%lld recomputed=%lld\n",
               device.c_str(), threads.c_str(), med, p10, p90, peak_mb, maxrss_mb, (long long)m.graphs_compiled, exec_per_step, last_loss,
-              double(batch * cfg.block) / (med / 1000.0), first_ms, m.compile_ms, dtype.c_str(), bf16_gflop);
+              double(batch * cfg.block) / (med / 1000.0), first_ms, m.compile_ms, dtype.c_str(), bf16_gflop, (long long)micro_used,
+              (long long)m.recomputed_steps);
   return 0;
 }

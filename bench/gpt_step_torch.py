@@ -7,7 +7,10 @@ without bias, no dropout), AdamW (lr 3e-3, weight decay 0.1 on every parameter, 
 the same splitmix64 token batches. Step = forward + cross entropy + backward + AdamW step,
 ending with loss.item().
 
-    /usr/bin/python3 bench/gpt_step_torch.py THREADS [--steps N] [--warmup N]
+    /usr/bin/python3 bench/gpt_step_torch.py THREADS [--steps N] [--warmup N] [--batch N] [--checkpoint]
+
+--checkpoint wraps every block in torch.utils.checkpoint (activations recomputed in the backward
+pass), the peer of Tessera's memory budget (bench/memory_budget.sh).
 
 The last line is machine-readable: RESULT torch threads=... median_ms=... maxrss_mb=...
 """
@@ -18,6 +21,7 @@ import time
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+import torch.utils.checkpoint
 
 from gpt_data import BATCH, BLOCK, EMBD, HEADS, LAYERS, NBATCHES, VOCAB, make_batches, max_rss_mib, step_stats
 
@@ -64,11 +68,13 @@ class GPT(nn.Module):
         self.ln_f = nn.LayerNorm(EMBD)
         self.head = nn.Linear(EMBD, VOCAB, bias=False)
 
+    checkpoint = False  # every block under torch.utils.checkpoint
+
     def loss(self, idx, targets):
         T = idx.shape[1]
         x = self.wte(idx) + self.wpe(torch.arange(T))
         for b in self.blocks:
-            x = b(x)
+            x = torch.utils.checkpoint.checkpoint(b, x, use_reentrant=False) if self.checkpoint else b(x)
         logits = self.head(self.ln_f(x))
         return F.cross_entropy(logits.reshape(-1, VOCAB), targets.reshape(-1))
 
@@ -78,14 +84,17 @@ def main():
     ap.add_argument("threads", type=int)
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--batch", type=int, default=BATCH)
+    ap.add_argument("--checkpoint", action="store_true")
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     torch.manual_seed(0)
     rss_base = max_rss_mib()
     model = GPT()
+    model.checkpoint = a.checkpoint
     model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.1)
-    batches = make_batches()
+    batches = make_batches(a.batch)
 
     times, first, last = [], None, None
     for step in range(a.warmup + a.steps):
@@ -110,13 +119,14 @@ def main():
     med, p10, p90 = step_stats(times)
     nparams = sum(p.numel() for p in model.parameters())
     print(f"torch {torch.__version__} GPT step (vocab {VOCAB}, block {BLOCK}, embd {EMBD}, {HEADS} heads, "
-          f"{LAYERS} layers, batch {BATCH}, AdamW), torch.set_num_threads({a.threads})")
+          f"{LAYERS} layers, batch {a.batch}, AdamW{', checkpointed blocks' if a.checkpoint else ''}), "
+          f"torch.set_num_threads({a.threads})")
     print(f"  parameters {nparams}, {a.warmup} warm-up + {a.steps} timed steps")
     print(f"  step ms: median {med:.2f}  p10 {p10:.2f}  p90 {p90:.2f}  min {min(times):.2f}")
     print(f"  loss: first {first:.4f}  last {last:.4f}")
     print(f"  process max RSS {rss:.1f} MiB ({rss_base:.1f} MiB after importing torch)")
     print(f"RESULT torch threads={a.threads} median_ms={med:.3f} p10={p10:.3f} p90={p90:.3f} "
-          f"maxrss_mb={rss:.1f} base_rss_mb={rss_base:.1f} last_loss={last:.4f}")
+          f"maxrss_mb={rss:.1f} base_rss_mb={rss_base:.1f} last_loss={last:.4f} checkpoint={int(a.checkpoint)}")
 
 
 if __name__ == "__main__":

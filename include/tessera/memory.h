@@ -43,6 +43,16 @@ struct MemoryPlan {
   size_t param_bytes = 0;                   // graph inputs (already allocated before the run)
   size_t output_bytes = 0;                  // outputs the run allocates (not those written into a donated input)
   int num_steps = 0;
+  // Parameters + outputs + arena: what the allocator's high-water mark rises by over the bytes
+  // not read by the graph; the memory budget bounds it. With a budget in force (MemoryBudgetScope):
+  // the budget in bytes and this figure before the budget passes (both 0 without one).
+  size_t step_bytes = 0;
+  size_t budget_bytes = 0;
+  size_t natural_step_bytes = 0;
+  // What the budget passes rewrote: Steps recomputed (their sources read "recompute:<op>") and
+  // the flops they add.
+  int recomputed_steps = 0;
+  double recompute_flops = 0;
   // A backend that compiles the whole program itself (pjrt: XLA) and so owns its temporaries:
   // its own figures ("XLA: peak ..."); empty for the others.
   std::string device_report;
@@ -52,6 +62,35 @@ struct MemoryPlan {
   size_t run_bytes() const { return arena_bytes + output_bytes; }
   // A few lines: the peak, the Step at it, the largest live buffers, the arena.
   std::string report(size_t max_buffers = 5) const;
+};
+
+// A memory budget for what the compiler plans: a graph's step bytes (MemoryPlan::step_bytes) must
+// fit `bytes`, or `fraction` of its natural figure (what it plans without a budget), or compiling
+// it throws tessera::Error before anything runs, naming the smallest figure reached and the
+// buffers (with module paths) live at its peak. A training step traced as one graph (forward,
+// backward, update) is bounded whole: parameters, optimizer state, inputs, activations, temporaries.
+struct MemoryBudget {
+  size_t bytes = 0;
+  double fraction = 0;  // in (0, 1]
+  bool none() const { return bytes == 0 && fraction <= 0; }
+  // "200MB" (B, KB, MB, GB: powers of 1000; KiB, MiB, GiB: of 1024; no unit: bytes), "0.5" (a
+  // number up to 1: a fraction), "none" or "" (no budget). Throws "[memory] ..." otherwise.
+  static MemoryBudget parse(const std::string& text);
+  std::string str() const;  // "209715200 B", "0.5 of the natural peak", "none"
+};
+// The budget in force for the current compiles (none by default).
+MemoryBudget memory_budget();
+// Puts a budget in force for its lifetime (then the previous one again). Part of the
+// compile-cache key, so a graph compiled without the budget is compiled again under it.
+class MemoryBudgetScope {
+ public:
+  explicit MemoryBudgetScope(const MemoryBudget& budget);
+  ~MemoryBudgetScope();
+  MemoryBudgetScope(const MemoryBudgetScope&) = delete;
+  MemoryBudgetScope& operator=(const MemoryBudgetScope&) = delete;
+
+ private:
+  MemoryBudget previous_;
 };
 
 // Compiles (through the compile cache: counted as a compile or a cache hit) the graph that

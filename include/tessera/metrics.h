@@ -33,6 +33,10 @@ struct Metrics {
   int64_t bytes_to_host = 0;     // device -> host copies (item, to_vector, printing, saving, to(device))
   int64_t bf16_flops = 0;        // matrix-product flops run in bfloat16 dot-product instructions
                                  // (the cpu's vdpbf16ps under Autocast; tessera/autocast.h)
+  // The memory budget's rewrites (tessera/memory.h): graphs compiled under a budget, and the Steps
+  // rematerialization added to them (recomputing activations).
+  int64_t budget_graphs = 0;
+  int64_t recomputed_steps = 0;
   double compile_ms = 0;         // total time spent compiling
   double execute_ms = 0;         // total time spent running compiled graphs
   std::map<std::string, DeviceMetrics> devices;  // per device kind ("cpu", "opencl"), once used

@@ -9,6 +9,7 @@
 //                    {.lr = 3e-4, .weight_decay = 0.1});
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <optional>
 #include <string>
@@ -186,6 +187,28 @@ class GradScaler {
   Tensor nonfinite_;  // after unscale(): NaN when a gradient holds an inf or NaN, else 0
   int64_t good_steps_ = 0, skipped_ = 0;
 };
+
+// Gradient accumulation over micro-batches: the forward and backward passes of one training step
+// over `batch` (tensors sharing their leading extent N) in k slices along it, each traced and run
+// as its own graph, so only one slice's activations are live at a time. loss_fn(slice) returns
+// the mean loss over its slice; each slice's backward, weighted by its share of N, accumulates
+// into the parameters' grad(), so the gradients and the returned loss are the unsliced step's up
+// to summation order. Afterwards the caller clips, steps and zeroes as usual (one more graph).
+//   micro_batches > 0: that k (it must divide N). 0 ("auto"): the smallest divisor k of N whose
+//   graphs fit the memory budget in force (tessera::MemoryBudgetScope; without one, 1), counting
+//   every byte live on the device beside the graph (parameters, optimizer state, inputs, the
+//   accumulated gradients); a fraction is of the k = 1 figure. A budget no k meets throws
+//   "[memory] ..." before any slice runs, naming the smallest figure and the buffers at its peak.
+// Dropout draws the whole batch's numbers (BatchSliceScope); batch norm in training is refused.
+struct AccumulateResult {
+  double loss = 0;            // the slices' losses weighted by their rows: the step's mean loss
+  int64_t micro_batches = 1;  // k
+  size_t planned_bytes = 0;   // bytes live on the device at a slice graph's high-water mark, as planned
+  size_t budget_bytes = 0;    // the budget that was met, in bytes (0: none)
+};
+AccumulateResult accumulate_gradients(const std::vector<Tensor>& params, const std::vector<Tensor>& batch,
+                                      const std::function<Tensor(const std::vector<Tensor>&)>& loss_fn,
+                                      int64_t micro_batches = 0);
 
 }  // namespace tessera::optim
 #pragma GCC visibility pop

@@ -351,9 +351,27 @@ std::ostream& operator<<(std::ostream& os, const Tensor& t);
 void manual_seed(uint64_t seed);
 struct RngState {
   uint64_t seed = 0, offset = 0;
+  // Draws traced since the last sync (numbered from the offset when it runs). Restoring a state
+  // taken before a trace that is then discarded takes its draws back.
+  uint32_t draws = 0;
 };
 RngState rng_state();
 void set_rng_state(const RngState& s);
+// A batch slice being traced (gradient accumulation over micro-batches, optim::accumulate_gradients):
+// while in force, a random tensor whose leading extent is `rows` draws rows [start, start + rows)
+// of the numbers the whole batch's tensor would draw (its element indices start at
+// start * numel / rows), so dropout gives the same mask sliced or not; and batch_norm in training
+// mode, whose statistics couple the batch, is refused. Scopes nest; the previous one returns.
+class BatchSliceScope {
+ public:
+  BatchSliceScope(int64_t start, int64_t rows);
+  ~BatchSliceScope();
+  BatchSliceScope(const BatchSliceScope&) = delete;
+  BatchSliceScope& operator=(const BatchSliceScope&) = delete;
+
+ private:
+  int64_t prev_start_, prev_rows_;
+};
 
 }  // namespace tessera
 #pragma GCC visibility pop

@@ -215,6 +215,10 @@ std::string plan_text(const ir::Graph& g, const Plan& plan) {
   os << "memory peak: " << plan.memory.peak_bytes << " B at step " << plan.memory.peak_step << "; live slots:";
   if (plan.memory.live_at_peak.empty()) os << " none";
   for (int s : plan.memory.live_at_peak) os << " " << s;
+  os << "\nstep bytes: " << plan.memory.step_bytes << " B (parameters + outputs + arena)";
+  if (plan.memory.budget_bytes)
+    os << "; budget " << plan.memory.budget_bytes << " B, " << plan.memory.natural_step_bytes << " B before the budget passes; remat: "
+       << plan.memory.recomputed_steps << " Steps recomputed (" << plan.memory.recompute_flops << " flops)";
   os << "\n";
   return os.str();
 }

@@ -332,6 +332,7 @@ Val Lowerer::lower_positional(int i) {
   ins.dtype = n.dtype;
   ins.i0 = n.attrs.ints[0];
   if (n.op == Op::Rng) ins.i1 = n.attrs.ints[1];
+  if (n.op == Op::Rng && n.attrs.ints.size() > 2) ins.value = double(n.attrs.ints[2]);
   v.frag.add(ins);
   v.nodes.push_back(i);
   return v;

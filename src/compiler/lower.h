@@ -19,6 +19,16 @@ struct MemoryInfo {
   int peak_step = -1;
   std::vector<int> live_at_peak;   // slots live at the peak Step
   size_t max_live_temp_bytes = 0;  // largest sum of temporaries live at once (the arena's lower bound)
+  // What running the plan holds at its high-water mark: parameters + outputs + the arena (>= the
+  // peak, by the arena's fragmentation). The memory budget bounds this figure.
+  size_t step_bytes = 0;
+  // The memory budget (passes/budget.cpp): the bytes it resolved to (0: none) and step_bytes
+  // before the budget passes rewrote anything.
+  size_t budget_bytes = 0;
+  size_t natural_step_bytes = 0;
+  // What the budget passes did: Steps recomputed ("remat") and their flops.
+  int recomputed_steps = 0;
+  double recompute_flops = 0;
 };
 
 struct Plan {

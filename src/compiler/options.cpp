@@ -3,7 +3,7 @@
 namespace tessera::compiler {
 
 const std::vector<std::string>& pass_names() {
-  static const std::vector<std::string> names = {"simplify", "cse", "dce", "fuse", "schedule", "epilogue", "merge", "memplan"};
+  static const std::vector<std::string> names = {"simplify", "cse", "dce", "fuse", "schedule", "epilogue", "merge", "memplan", "remat"};
   return names;
 }
 
@@ -12,6 +12,7 @@ std::string Options::key() const {
   for (const std::string& n : disabled) k += n + ",";
   if (arena_guard) k += "|guard" + std::to_string(arena_guard);
   if (memory_budget) k += "|budget" + std::to_string(memory_budget);
+  if (memory_budget_fraction > 0) k += "|budget*" + std::to_string(memory_budget_fraction);
   return k;
 }
 

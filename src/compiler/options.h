@@ -35,9 +35,13 @@ struct Options {
   // Debug: guard bytes before and after each arena temporary (rounded up to the alignment), which
   // the runtime fills and checks around the Steps writing it; 0 is off.
   size_t arena_guard = 0;
-  // Bytes the plan should fit in; 0 is no limit. Carried to the passes but not yet acted on: the
-  // budget passes (unstacking, rematerialization; issue 24) will read it.
+  // The memory budget: the plan's step bytes (MemoryInfo::step_bytes: parameters, outputs and the
+  // arena, what the allocator's high-water mark rises by over what the graph reads) must fit in
+  // memory_budget bytes, or in memory_budget_fraction of what the plan needs without the budget
+  // passes (its natural figure), or compile_graph throws before anything runs, naming the
+  // smallest figure it reached and the buffers live there. 0 and 0.0: no budget.
   size_t memory_budget = 0;
+  double memory_budget_fraction = 0;
   // Dumps change nothing compiled, so they are not part of key().
   DumpOptions dump;
 

@@ -22,6 +22,12 @@ Plan compile_graph(const ir::Graph& g, const std::vector<int>& donate_to, const 
   if (opts.enabled("merge")) merge_elementwise(plan), merge_rows(plan);
   donate(plan, donate_to);
   plan_memory(plan, opts);  // "memplan" off: every temporary gets its own bytes
+  try {
+    meet_budget(plan, opts);  // the memory budget, when there is one: met or an error
+  } catch (...) {
+    dump_plan(opts.dump, h, plan);  // the smallest plan reached, to read beside the error
+    throw;
+  }
   dump_plan(opts.dump, h, plan);
   if (optimized) *optimized = std::move(h);
   return plan;

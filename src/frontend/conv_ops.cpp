@@ -276,6 +276,9 @@ Tensor batch_norm(const Tensor& input, Tensor running_mean, Tensor running_var, 
   bshape[1] = C;
   Tensor mean, var;
   if (training) {
+    if (detail::batch_slice().rows)
+      fail(op, "training mode normalizes with statistics over the whole batch, which micro-batches cannot accumulate: "
+               "train this model without micro-batches (a memory budget is then met by rematerialization alone)");
     if (n < 2) fail(op, "training needs more than one value per channel, got " + desc(x));
     mean = tessera::mean(x, dims, true);
     Tensor dev = x - mean;

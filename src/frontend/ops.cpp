@@ -456,7 +456,11 @@ static Tensor random(const Shape& s, TensorOptions o, int dist, const char* name
   for (int64_t d : s)
     if (d < 0) fail(name, "negative extent in shape " + shape_str(s));
   if (!is_floating(o.dtype)) fail(name, std::string("needs a floating dtype, got ") + dtype_name(o.dtype));
-  return T(ir::make(Op::Rng, {}, Attrs{{int64_t(detail::next_draw()), dist}, 0}, &s, o.dtype, o.device));
+  std::vector<int64_t> attrs{int64_t(detail::next_draw()), dist};
+  // In a batch slice, the rows of the whole batch's draw: element indices from start * row size.
+  detail::BatchSlice b = detail::batch_slice();
+  if (b.rows && !s.empty() && s[0] == b.rows && b.start) attrs.push_back(b.start * (numel(s) / b.rows));
+  return T(ir::make(Op::Rng, {}, Attrs{std::move(attrs), 0}, &s, o.dtype, o.device));
 }
 Tensor rand(const Shape& s, TensorOptions o) { return random(s, o, 0, "rand"); }
 Tensor randn(const Shape& s, TensorOptions o) { return random(s, o, 1, "randn"); }

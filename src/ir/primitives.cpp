@@ -63,7 +63,9 @@ TypeShape infer_iota(In a) {
 TypeShape infer_rng(In a) {
   TypeShape r = infer_source(a, "rng", DType::Float32);
   if (!is_floating(r.dtype)) fail("rng", std::string("random values need a floating dtype, got ") + dtype_name(r.dtype));
-  if (a.attrs.ints.size() != 2 || a.attrs.ints[1] < 0 || a.attrs.ints[1] > 1) fail("rng", "bad attributes");
+  // ints: draw, distribution and optionally the first element index (a batch slice of a draw).
+  const auto& k = a.attrs.ints;
+  if (k.size() < 2 || k.size() > 3 || k[1] < 0 || k[1] > 1 || (k.size() == 3 && k[2] < 0)) fail("rng", "bad attributes");
   return r;
 }
 TypeShape infer_cast(In a) {

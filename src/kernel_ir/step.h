@@ -19,7 +19,8 @@ enum class Code : uint8_t {
   Load,   // input = index into Step::inputs, map = domain index -> element; value = pad value
   Const,  // value
   Iota,   // int64 index along axis i0 of the domain
-  Rng,    // draw i0, distribution i1 (see core/philox.h), at the launch's (seed, offset)
+  Rng,    // draw i0, distribution i1 (see core/philox.h), at the launch's (seed, offset); element
+          // indices start at `value` (a batch slice draws its rows of the whole tensor's numbers)
   Cast,   // a -> dtype
   Neg, Exp, Log, Tanh, Abs, Sign, Sqrt, Sin, Cos, Erf, Floor, Ceil, Round,
   Add, Sub, Mul, Div, Max, Min, Pow,

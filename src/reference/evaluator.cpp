@@ -145,8 +145,9 @@ void eval_values(const Node& n, const std::vector<const Value*>& in, uint64_t se
     case Op::Rng: {
       uint32_t draw = uint32_t(ints.at(0));
       int dist = int(ints.at(1));
+      uint64_t first = ints.size() > 2 ? uint64_t(ints[2]) : 0;  // a batch slice's first element
       for (int64_t i = 0; i < total; ++i)
-        out.data[i] = round_to(rng::sample(seed, offset, draw, uint64_t(i), dist), n.dtype);
+        out.data[i] = round_to(rng::sample(seed, offset, draw, first + uint64_t(i), dist), n.dtype);
       break;
     }
 

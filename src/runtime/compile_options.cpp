@@ -111,6 +111,14 @@ void set_arena_guard(size_t bytes) {
   replace(std::move(o));
 }
 
+void set_memory_budget(size_t bytes, double fraction) {
+  std::lock_guard<std::mutex> lock(g_mu);
+  compiler::Options o = current();
+  o.memory_budget = bytes;
+  o.memory_budget_fraction = bytes ? 0.0 : fraction;
+  replace(std::move(o));
+}
+
 void set_dump_config(const std::string& stages, const std::string& dir) {
   compiler::DumpOptions d = parse_dump(stages, dir);
   std::lock_guard<std::mutex> lock(g_mu);

@@ -28,6 +28,8 @@ void set_compile_options(const compiler::Options& opts);
 void set_disabled_passes(const std::string& list);
 // Arena guards: bytes (rounded up to 64) before and after each arena temporary; 0 is off.
 void set_arena_guard(size_t bytes);
+// The memory budget (compiler::Options::memory_budget and memory_budget_fraction; 0, 0: none).
+void set_memory_budget(size_t bytes, double fraction);
 // Dumps: the syntax of TESSERA_DUMP and TESSERA_DUMP_DIR; graph numbering restarts at 1. Throws
 // tessera::Error on an unknown stage.
 void set_dump_config(const std::string& stages, const std::string& dir);

@@ -7,6 +7,8 @@
 #include "runtime/memory_plan.h"
 
 #include "compiler/lower.h"
+#include "core/fail.h"
+#include "runtime/compile_options.h"
 #include "tessera/memory.h"
 
 namespace tessera {
@@ -81,6 +83,11 @@ MemoryPlan runtime::memory_plan_of(const compiler::Plan& plan) {
   m.arena_bytes = plan.arena_bytes;
   m.max_live_temp_bytes = plan.memory.max_live_temp_bytes;
   m.num_steps = int(plan.steps.size());
+  m.step_bytes = plan.memory.step_bytes;
+  m.budget_bytes = plan.memory.budget_bytes;
+  m.natural_step_bytes = plan.memory.natural_step_bytes;
+  m.recomputed_steps = plan.memory.recomputed_steps;
+  m.recompute_flops = plan.memory.recompute_flops;
   m.device_report = plan.device_memory;
   return m;
 }
@@ -102,8 +109,54 @@ std::string MemoryPlan::report(size_t max_buffers) const {
   }
   os << "arena " << human(arena_bytes) << " for temporaries (at most " << human(max_live_temp_bytes)
      << " live at once); the run allocates " << human(run_bytes()) << "\n";
+  if (budget_bytes)
+    os << "budget " << human(budget_bytes) << ": the step needs " << human(step_bytes) << " (" << human(natural_step_bytes)
+       << " before the budget passes); " << recomputed_steps << " Steps recomputed (" << recompute_flops / 1e6
+       << " Mflop more)\n";
   if (!device_report.empty()) os << "on the device: " << device_report << "\n";
   return os.str();
 }
+
+MemoryBudget MemoryBudget::parse(const std::string& text) {
+  MemoryBudget b;
+  if (text.empty() || text == "none") return b;
+  size_t used = 0;
+  double v = 0;
+  try {
+    v = std::stod(text, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  std::string unit = text.substr(used);
+  static const std::pair<const char*, double> units[] = {{"", 1},           {"B", 1},           {"KB", 1e3},
+                                                         {"MB", 1e6},       {"GB", 1e9},        {"KiB", 1024.0},
+                                                         {"MiB", 1048576.0}, {"GiB", 1073741824.0}};
+  const double* scale = nullptr;
+  for (auto& [name, f] : units)
+    if (unit == name) scale = &f;
+  if (used == 0 || !scale || !(v > 0))
+    fail("memory", "cannot read the memory budget '" + text + "': give bytes (200MB, 1.5GiB, 1048576) or a fraction of the natural peak (0.5)", "");
+  if (unit.empty() && v <= 1) b.fraction = v;
+  else b.bytes = size_t(v * *scale);
+  if (b.none()) fail("memory", "the memory budget '" + text + "' is zero bytes", "");
+  return b;
+}
+
+std::string MemoryBudget::str() const {
+  if (bytes) return std::to_string(bytes) + " B";
+  if (fraction > 0) return std::to_string(fraction) + " of the natural peak";
+  return "none";
+}
+
+MemoryBudget memory_budget() {
+  compiler::Options o = runtime::compile_options();
+  return {o.memory_budget, o.memory_budget_fraction};
+}
+
+MemoryBudgetScope::MemoryBudgetScope(const MemoryBudget& budget) : previous_(memory_budget()) {
+  runtime::set_memory_budget(budget.bytes, budget.fraction);
+}
+
+MemoryBudgetScope::~MemoryBudgetScope() { runtime::set_memory_budget(previous_.bytes, previous_.fraction); }
 
 }  // namespace tessera

@@ -72,6 +72,8 @@ Metrics metrics() {
   m.bytes_to_device = c.bytes_to_device;
   m.bytes_to_host = c.bytes_to_host;
   m.bf16_flops = backends::bf16_flops_reported();
+  m.budget_graphs = c.budget_graphs;
+  m.recomputed_steps = c.recomputed_steps;
   {
     std::lock_guard<std::mutex> lock(runtime::g_devices_mu);
     for (auto& [kind, d] : runtime::device_table())
@@ -121,6 +123,9 @@ std::string Metrics::report() const {
      << "  live memory:       " << bytes_text(live_bytes) << "\n"
      << "  peak memory:       " << bytes_text(peak_bytes) << "\n"
      << "  bf16 flops:        " << bf16_flops << " (run in bfloat16 dot-product instructions)\n";
+  if (budget_graphs)
+    os << "  memory budget:     " << budget_graphs << " graphs compiled under one; rematerialization recomputed " << recomputed_steps
+       << " Steps\n";
   for (auto& [kind, d] : devices)
     os << "  on " << kind << ": " << d.steps_launched << " steps launched, " << d.kernels_compiled
        << " kernels compiled, " << bytes_text(d.bytes_to_device) << " in, " << bytes_text(d.bytes_to_host) << " out, "

@@ -154,6 +154,10 @@ std::shared_ptr<Executable> compile(const ir::Graph& g, const Device& dev, const
   if (opts.dump.any()) opts.dump.graph = detail::next_dump_graph();
   ir::Graph optimized;
   exe->plan = compiler::compile_graph(g, donate, opts, &optimized);
+  if (exe->plan.memory.budget_bytes) {
+    counters().budget_graphs++;
+    counters().recomputed_steps += exe->plan.memory.recomputed_steps;
+  }
   std::vector<bool> library = claim_library_calls(exe->plan, be, dev.index);
   for (size_t s = 0; s < exe->plan.steps.size(); ++s)
     exe->kernels.push_back(library[s] ? be.compile_library(exe->plan.steps[s]) : be.compile(exe->plan.steps[s]));

@@ -187,7 +187,9 @@ std::vector<runtime::Request> pending_requests(const std::vector<Tensor>& output
   }
   return req;
 }
-RngState rng_state() { return {rng().seed, rng().offset}; }
+RngState rng_state() { return {rng().seed, rng().offset, rng().draws}; }
+static thread_local BatchSlice g_batch_slice;
+BatchSlice batch_slice() { return g_batch_slice; }
 uint32_t next_draw() { return rng().draws++; }
 // Draws are numbered from the offset: the next sync's draws follow every draw traced before.
 void reset_draws() {
@@ -195,6 +197,13 @@ void reset_draws() {
   rng().draws = 0;
 }
 }  // namespace detail
+
+BatchSliceScope::BatchSliceScope(int64_t start, int64_t rows)
+    : prev_start_(detail::g_batch_slice.start), prev_rows_(detail::g_batch_slice.rows) {
+  if (start < 0 || rows <= 0) fail("batch_slice", "needs start >= 0 and rows > 0, got " + std::to_string(start) + " and " + std::to_string(rows));
+  detail::g_batch_slice = {start, rows};
+}
+BatchSliceScope::~BatchSliceScope() { detail::g_batch_slice = {prev_start_, prev_rows_}; }
 
 void manual_seed(uint64_t seed) {
   rng().seed = seed;
@@ -204,6 +213,7 @@ RngState rng_state() { return detail::rng_state(); }
 void set_rng_state(const RngState& s) {
   rng().seed = s.seed;
   rng().offset = s.offset;
+  rng().draws = s.draws;
 }
 
 void sync() {

@@ -79,6 +79,11 @@ using tessera::RngState;
 RngState rng_state();
 // Reserves a draw index for an RNG node of the graph being traced (reset after each sync).
 uint32_t next_draw();
+// The batch slice in force (BatchSliceScope; rows 0: none).
+struct BatchSlice {
+  int64_t start = 0, rows = 0;
+};
+BatchSlice batch_slice();
 // After each sync: advances the offset past the draws traced and restarts their numbering.
 void reset_draws();
 }  // namespace detail

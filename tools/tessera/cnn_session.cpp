@@ -84,11 +84,12 @@ CnnResult train_cnn(const CnnOptions& o) {
   for (int64_t step = start; step < total; ++step) {
     auto t0 = clk::now();
     auto [x, y] = loader.next(dev);
-    Tensor loss = cross_entropy((*model)(x), y);
-    loss.backward();
-    opt.step();
-    opt.zero_grad();
-    double l = loss.item();  // runs forward, backward, the update and the running statistics as one graph
+    // One graph: forward, backward, the update and the running statistics (unless micro-batched).
+    double l = train_step(model->parameters(), {x, y}, [&](const std::vector<Tensor>& b) { return cross_entropy((*model)(b[0]), b[1]); },
+                          [&] {
+                            opt.step();
+                            opt.zero_grad();
+                          }, o.memory_budget, o.micro_batches);
     if (!std::isfinite(l)) fail("train", "the loss became " + std::to_string(l) + " at step " + std::to_string(step) + "; try a smaller --lr", "");
     ms.push_back(std::chrono::duration<double, std::milli>(clk::now() - t0).count());
     loss_sum += l, ++loss_n;

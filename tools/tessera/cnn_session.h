@@ -25,6 +25,8 @@ struct CnnOptions {
   int64_t eval_batch = 500;
   int64_t test_images = 0;      // evaluate on the first N test images (0: all 10,000)
   bool quiet = false;
+  MemoryBudget memory_budget;  // for each training step's graphs (none: no limit)
+  int64_t micro_batches = 1;   // gradient accumulation slices; 0: the fewest that fit memory_budget
 };
 
 struct CnnResult {

@@ -4,6 +4,7 @@
 #include <memory>
 
 #include <CLI/CLI.hpp>
+#include <tessera/memory.h>
 #include <tessera/metrics.h>
 
 namespace tessera::cli {
@@ -40,6 +41,28 @@ inline void print_metrics(bool on) {
   std::fflush(stdout);
   std::printf("\n%s", metrics().report().c_str());
   std::fflush(stdout);
+}
+
+// --memory-budget 200MB|0.5: each training step must fit in that many bytes or that fraction of
+// its natural peak (tessera::MemoryBudget::parse), or the step fails before running, naming the
+// buffers at its peak. --micro-batches N|auto: gradient accumulation over N slices of the batch
+// (optim::accumulate_gradients; auto, stored as 0: the fewest that fit the budget).
+inline void add_memory_flags(CLI::App& cmd, MemoryBudget& budget, int64_t& micro_batches) {
+  cmd.add_option_function<std::string>("--memory-budget", [&budget](const std::string& v) { budget = MemoryBudget::parse(v); },
+                                       "fit each training step's memory in BYTES (200MB, 1.5GiB) or a FRACTION of its natural "
+                                       "peak (0.5), or fail before it runs, naming the buffers at the peak")
+      ->check(CLI::Validator([](std::string& v) {
+        try {
+          MemoryBudget::parse(v);
+          return std::string();
+        } catch (const std::exception& e) {
+          return std::string(e.what());
+        }
+      }, "BYTES|FRACTION"));
+  cmd.add_option_function<std::string>("--micro-batches", [&micro_batches](const std::string& v) {
+        micro_batches = v == "auto" ? 0 : std::stoll(v);
+      }, "accumulate gradients over N slices of each batch, or 'auto': the fewest that fit --memory-budget (default 1)")
+      ->check(CLI::Validator([](std::string& v) { return v == "auto" ? std::string() : check_number(v, false); }, "N|auto"));
 }
 
 // `tessera devices`: lists every registered device, whether it can execute, and a description.

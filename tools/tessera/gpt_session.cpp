@@ -143,25 +143,27 @@ TrainResult train_gpt(const TrainOptions& o) {
     double lr = schedule(step);
     opt.set_lr(lr);
     auto [x, y] = loader.next(dev);
-    Tensor loss;
-    {
+    auto loss_fn = [&](const std::vector<Tensor>& b) {
       std::optional<Autocast> ac;
       if (o.dtype != "float32") ac.emplace(o.dtype == "float16" ? DType::Float16 : DType::BFloat16);
-      loss = model.loss(x, y);
-    }
-    if (scaler) {  // float16: the loss scaled, the gradients unscaled and checked before the update
-      scaler->scale(loss).backward();
-      scaler->unscale(opt);
-      if (o.clip > 0) optim::clip_grad_norm(model.parameters(), o.clip);
-      scaler->step(opt);
-      scaler->update();
-    } else {
-      loss.backward();
-      if (o.clip > 0) optim::clip_grad_norm(model.parameters(), o.clip);
-      opt.step();
-    }
-    opt.zero_grad();         // gradients are consumed inside the step's graph, never stored
-    double l = loss.item();  // runs the step's graph: forward, backward and update together
+      Tensor loss = model.loss(b[0], b[1]);
+      return scaler ? scaler->scale(loss) : loss;  // float16: scaled so that small gradients survive
+    };
+    const double scale = scaler ? scaler->get_scale() : 1.0;
+    double l = train_step(model.parameters(), {x, y}, loss_fn,
+                          [&] {
+                            if (scaler) scaler->unscale(opt);  // before clipping: the norm of the true gradients
+                            if (o.clip > 0) optim::clip_grad_norm(model.parameters(), o.clip);
+                            if (scaler) {
+                              scaler->step(opt);  // skipped when a gradient is inf or NaN
+                              scaler->update();
+                            } else {
+                              opt.step();
+                            }
+                            opt.zero_grad();  // gradients are consumed inside the step's graph, never stored
+                          },
+                          o.memory_budget, o.micro_batches) /
+               scale;
     if (!std::isfinite(l)) fail("train", "the loss became " + std::to_string(l) + " at step " + std::to_string(step) + "; try a smaller --lr", "");
     double ms = std::chrono::duration<double, std::milli>(clk::now() - t0).count();
     if (o.on_step) o.on_step(step + 1);

@@ -27,6 +27,8 @@ struct TrainOptions {
   int64_t eval_every = 100, eval_batches = 8;
   int64_t ckpt_every = 0;  // also checkpoint every N steps (0: only at the end)
   bool quiet = false;
+  MemoryBudget memory_budget;  // for each training step's graphs (none: no limit)
+  int64_t micro_batches = 1;   // gradient accumulation slices; 0: the fewest that fit memory_budget
   // Called after each training step's loss.item() (before any evaluation or checkpoint); `step`
   // counts from 1. The profiler starts and stops around steps with it.
   std::function<void(int64_t step)> on_step;

@@ -97,4 +97,21 @@ std::FILE* open_log(const std::string& path, bool append) {
   return f;
 }
 
+double train_step(const std::vector<Tensor>& params, const std::vector<Tensor>& batch,
+                  const std::function<Tensor(const std::vector<Tensor>&)>& loss_fn, const std::function<void()>& update,
+                  const MemoryBudget& budget, int64_t micro_batches) {
+  MemoryBudgetScope in_force(budget);
+  if (micro_batches == 1) {
+    Tensor loss = loss_fn(batch);
+    loss.backward();
+    update();
+    return loss.item();  // runs the step's graph: forward, backward and update together
+  }
+  optim::AccumulateResult r = optim::accumulate_gradients(params, batch, loss_fn, micro_batches);
+  MemoryBudgetScope update_budget(MemoryBudget{r.budget_bytes, 0});
+  update();
+  sync();
+  return r.loss;
+}
+
 }  // namespace tessera::cli

@@ -2,6 +2,7 @@
 // checkpoints holding everything needed to resume bit-identically, and small formatting.
 #pragma once
 #include <cstdio>
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
@@ -59,6 +60,15 @@ io::Metadata load_training(const std::string& path, const Device& dev, const nlo
 std::map<std::string, Tensor> model_tensors(const io::TensorMap& t);
 
 // --log-json: one JSON object per line, appended when resuming; null when no file was asked for.
+// One training step under `budget`: loss_fn(batch), its backward and update() (clipping, the
+// optimizer's step and zero_grad) traced as one graph, run by reading the loss; with micro_batches
+// other than 1 (0: auto), the forward and backward over slices of the batch
+// (optim::accumulate_gradients) and then update() as one more graph, held to the bytes the slices
+// met. Returns the step's loss.
+double train_step(const std::vector<Tensor>& params, const std::vector<Tensor>& batch,
+                  const std::function<Tensor(const std::vector<Tensor>&)>& loss_fn, const std::function<void()>& update,
+                  const MemoryBudget& budget, int64_t micro_batches);
+
 std::FILE* open_log(const std::string& path, bool append);
 
 }  // namespace tessera::cli

@@ -30,6 +30,7 @@ void add_train_flags(CLI::App& cmd, TrainOptions& o) {
                                      "float16 with dynamic loss scaling), or float32")
       ->capture_default_str()
       ->check(CLI::IsMember({"float32", "bfloat16", "float16"}));
+  add_memory_flags(cmd, o.memory_budget, o.micro_batches);
 }
 
 void add_train(CLI::App& app) {

@@ -27,6 +27,7 @@ void add_train_cnn(CLI::App& train) {
   cmd->add_option("--seed", o->seed, "random seed")->capture_default_str();
   cmd->add_option("--log-json", o->log_json, "write one JSON object per step and per evaluation to FILE");
   auto show_metrics = add_metrics_flag(*cmd);
+  add_memory_flags(*cmd, o->memory_budget, o->micro_batches);
   cmd->callback([o, show_metrics] {
     CnnResult r = train_cnn(*o);
     if (!r.test_accuracy.empty())

@@ -376,7 +376,7 @@ class Tile {
       using T = std::remove_pointer_t<decltype(tp)>;
       T* out = static_cast<T*>(dst);
       for (int64_t i = 0; i < n_; ++i)
-        out[i] = T(rounded_to(I.dtype, rng::sample(args_.seed, args_.offset, uint32_t(I.i0), uint64_t(start_ + i), int(I.i1))));
+        out[i] = T(rounded_to(I.dtype, rng::sample(args_.seed, args_.offset, uint32_t(I.i0), uint64_t(I.value) + uint64_t(start_ + i), int(I.i1))));
     });
     return dst;
   }

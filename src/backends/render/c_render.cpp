@@ -284,7 +284,7 @@ struct ProgramWriter {
       case Code::Iota: return "(" + T + ")" + dom + S(I.i0);
       case Code::Rng:
         return rounded(t, "(" + T + ")" + std::string(I.i1 == 0 ? "rng_uniform" : "rng_normal") + "((u64)seed, (u64)roff, (u32)" +
-                              k.p(I.i0) + ", (u64)" + pos + ")");
+                              k.p(I.i0) + ", (u64)" + pos + (I.value != 0 ? " + " + std::to_string(int64_t(I.value)) + "ull" : std::string()) + ")");
       case Code::Cast: {
         DType from = compute_dtype(prog[size_t(I.a)].dtype);
         if (t == DType::Bool) return "(u8)(" + a + " != 0)";

@@ -30,6 +30,8 @@ V lower_rng(Lowering& L, const ir::Node& n) {
   Philox p{w, s};
   const int64_t count = numel(s);
   V index = w.reshape(w.iota({count}, 0, "ui64"), s);
+  if (n.attrs.ints.size() > 2 && n.attrs.ints[2] != 0)  // a batch slice's first element
+    index = w.binary("stablehlo.add", index, w.constant(double(n.attrs.ints[2]), s, "ui64"));
   V seed = w.element(L.rng_state, 0);
   V stream = w.binary("stablehlo.add", w.element(L.rng_state, 1), w.constant(double(uint32_t(n.attrs.ints.at(0))), {}, "ui64"));
   V c0 = p.lo32(index), c1 = p.hi32(index);

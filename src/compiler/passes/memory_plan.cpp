@@ -186,6 +186,7 @@ void plan_memory(Plan& plan, const Options& opts) {
     for (int k : ends[s]) temps -= plan.slots[k].nbytes;
   }
   m.peak_bytes = fixed + m.max_live_temp_bytes;
+  m.step_bytes = fixed + plan.arena_bytes;
   if (m.peak_step >= 0)
     for (size_t k = 0; k < ns; ++k) {
       const kir::Slot& sl = plan.slots[k];

@@ -12,6 +12,8 @@
 //                        reads the other's result element for element, become one multi-output Step;
 //                        a Row Step's per-row result joins the later Row Step that recomputes it
 //   memplan   Steps      temporaries share one arena by lifetime (off: each gets its own bytes)
+//   remat     Steps      under a memory budget: activations live across the peak recomputed where
+//                        they are read again (budget.cpp runs it, remat.cpp)
 #pragma once
 #include <string>
 #include <vector>
@@ -42,5 +44,14 @@ void apply_target(Plan& plan, const kir::Target& target);
 // sharing bytes by lifetime unless "memplan" is disabled, and fills plan.memory (peak, the Step at
 // the peak, what is live).
 void plan_memory(Plan& plan, const Options& opts = {});
+// The memory budget (budget.cpp): the bytes opts asks for given the plan's natural step bytes (0:
+// none), and, after plan_memory, the budget passes until plan.memory.step_bytes fits it; throws
+// tessera::Error ("[memory] ...") naming the smallest figure reached and the buffers at its peak.
+size_t resolve_budget(const Options& opts, size_t natural);
+void meet_budget(Plan& plan, const Options& opts);
+// Recomputes temporaries live across the peak Step, cheapest per byte first (remat.cpp), until
+// plan.memory.step_bytes fits `budget` or no candidate is left; GEMMs only with allow_gemm.
+// Leaves the plan with the smallest step bytes it saw, memory planned.
+void rematerialize(Plan& plan, const Options& opts, size_t budget, bool allow_gemm);
 
 }  // namespace tessera::compiler

@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# The memory budget (issue 24) on the benchmark GPT at batch 32: step time and the allocator's
+# measured peak with no budget, 3/4 (rematerialization in one graph), 1/2 and 1/4 (micro-batches
+# auto), against PyTorch's same model plain and with torch.utils.checkpoint on every block (peak:
+# the process's max RSS growth over the run, as the CPU allocator keeps no statistics).
+#
+#   bench/memory_budget.sh [BUILD_DIR]     (default build/; builds nothing)
+#   env: ROUNDS (3), STEPS (20 timed steps per run), THREADS (2)
+#
+# A cell is the median over rounds of each run's median step time; runs alternate within a round.
+set -euo pipefail
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+build="${1:-build}"
+bin="$build/bench/bench_gpt_step"
+py=/usr/bin/python3
+rounds="${ROUNDS:-3}"
+steps="${STEPS:-20}"
+threads="${THREADS:-2}"
+[[ -x $bin ]] || { echo "memory_budget: no $bin; build it first (cmake --build $build --target bench_gpt_step)" >&2; exit 1; }
+
+echo "benchmark GPT at batch 32 under memory budgets: $rounds rounds, $steps timed steps, $threads threads"
+echo "host: $(nproc) CPUs; load at start:$(uptime | sed 's/.*load average://')"
+results=$(mktemp)
+trap 'rm -f "$results"' EXIT
+configs=("none|" "0.75|--memory-budget 0.75" "0.5|--memory-budget 0.5 --micro-batches auto"
+         "0.25|--memory-budget 0.25 --micro-batches auto" "torch|" "torch-ckpt|--checkpoint")
+for ((r = 0; r < rounds; ++r)); do
+  for c in "${configs[@]}"; do
+    name=${c%%|*} flags=${c#*|}
+    if [[ $name == torch* ]]; then
+      # shellcheck disable=SC2086
+      line=$(cd "$here" && OMP_NUM_THREADS=$threads $py gpt_step_torch.py "$threads" --steps "$steps" --batch 32 $flags | grep '^RESULT')
+    else
+      # shellcheck disable=SC2086
+      line=$(OMP_NUM_THREADS=$threads "$bin" --steps "$steps" --batch 32 $flags | grep '^RESULT')
+    fi
+    echo "$name $line" >>"$results"
+  done
+done
+echo "load at end:$(uptime | sed 's/.*load average://')"
+$py - "$results" <<'EOF'
+import re, statistics, sys
+rows = {}
+for line in open(sys.argv[1]):
+    name, rest = line.split(" ", 1)
+    kv = dict(re.findall(r"(\w+)=([\w.\-]+)", rest))
+    rows.setdefault(name, []).append(kv)
+base = statistics.median(float(k["median_ms"]) for k in rows["none"])
+print(f"{'budget':<11}{'step ms':>10}{'x none':>8}{'peak MiB':>10}{'micro':>7}{'recomputed':>12}{'last loss':>11}")
+for name, runs in rows.items():
+    ms = statistics.median(float(k["median_ms"]) for k in runs)
+    if name.startswith("torch"):
+        peak = statistics.median(float(k["maxrss_mb"]) - float(k["base_rss_mb"]) for k in runs)
+        micro, rec = "-", "-"
+    else:
+        peak = statistics.median(float(k["peak_mb"]) for k in runs)
+        micro, rec = runs[0]["micro_batches"], runs[0]["recomputed"]
+    print(f"{name:<11}{ms:>10.1f}{ms / base:>8.2f}{peak:>10.1f}{micro:>7}{rec:>12}{float(runs[0]['last_loss']):>11.4f}")
+EOF
