@@ -246,6 +246,48 @@ void add_reductions_rows(AddRow add) {
   };
   add("argmax", [arg] { return arg(true); });
   add("argmin", [arg] { return arg(false); });
+  // sort/argsort/topk: a bitonic network over the primitives (ties keep their order);
+  // cumsum: a triangular product; multinomial: Gumbel-max over the generator's draws.
+  auto pair = [](std::tuple<Tensor, Tensor> t) { return std::vector<Tensor>{std::get<0>(t), std::get<1>(t)}; };
+  add("sort", [g, pair] {
+    return std::vector<Case>{
+        of("f32[4,7] dim 1", {input({4, 7}, F32, g)}, [pair](const std::vector<Tensor>& x) { return pair(sort(x[0], 1)); }),
+        of("f32[3,6] ties dim 0 descending", {input({3, 6}, F32, integers(-1, 1))},
+           [pair](const std::vector<Tensor>& x) { return pair(sort(x[0], 0, true)); }),
+        one("f64[5,9] permuted values grad", input({5, 9}, F64, g, L::Permuted, true), [](const Tensor& x) { return std::get<0>(sort(x)); }),
+    };
+  });
+  add("argsort", [g] {
+    return std::vector<Case>{
+        one("f32[4,13] dim -1", input({4, 13}, F32, g), [](const Tensor& x) { return argsort(x); }),
+        one("i64[6,5] ties strided dim 0 descending", input({6, 5}, I64, integers(-2, 2), L::Strided),
+            [](const Tensor& x) { return argsort(x, 0, true); }),
+        one("f32[2,300] dim 1", input({2, 300}, F32, g), [](const Tensor& x) { return argsort(x, 1); }),
+    };
+  });
+  add("cumsum", [g] {
+    return std::vector<Case>{
+        one("f32[4,7] dim 1", input({4, 7}, F32, g), [](const Tensor& x) { return cumsum(x, 1); }),
+        one("f64[5,3,4] permuted dim 0 grad", input({5, 3, 4}, F64, g, L::Permuted, true), [](const Tensor& x) { return cumsum(x, 0); }),
+        one("f32[3,6] strided dim -1 grad", input({3, 6}, F32, g, L::Strided, true), [](const Tensor& x) { return cumsum(x, -1); }),
+        one("i32[4,9] dim 1", input({4, 9}, I32, integers(-9, 9)), [](const Tensor& x) { return cumsum(x, 1); }),
+        one("f32[2,700] dim 1", input({2, 700}, F32, g), [](const Tensor& x) { return cumsum(x, 1); }, 1e-4),
+    };
+  });
+  add("topk", [g, pair] {
+    return std::vector<Case>{
+        of("f32[4,9] k 3 dim 1", {input({4, 9}, F32, g)}, [pair](const std::vector<Tensor>& x) { return pair(topk(x[0], 3, 1)); }),
+        of("f32[6,4] ties k 2 smallest dim 0", {input({6, 4}, F32, integers(-1, 1))},
+           [pair](const std::vector<Tensor>& x) { return pair(topk(x[0], 2, 0, false)); }),
+        one("f32[3,8] strided values grad", input({3, 8}, F32, g, L::Strided, true), [](const Tensor& x) { return std::get<0>(topk(x, 4)); }),
+    };
+  });
+  add("multinomial", [] {
+    return std::vector<Case>{
+        one("f32[3,6] 4 samples", input({3, 6}, F32, uniform(0.1, 2)), [](const Tensor& p) { return multinomial(p, 4); }),
+        one("f32[5] 8 samples with replacement", input({5}, F32, uniform(0.1, 2)), [](const Tensor& p) { return multinomial(p, 8, true); }),
+    };
+  });
   add("var", [g] {
     std::vector<Case> c = reduction([](const Tensor& x, std::vector<int64_t> d, bool k) { return var(x, d, 1, k); }, g);
     c.push_back(one("f32[5,6] correction 0 grad", input({5, 6}, F32, g, L::Contiguous, true), [](const Tensor& x) { return var(x, {1}, 0); }));

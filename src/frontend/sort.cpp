@@ -16,11 +16,12 @@ namespace {
 std::string desc(const Tensor& t) { return std::string(dtype_name(t.dtype())) + shape_str(t.shape()); }
 
 // Blocks of the stage (k, j) that sort ascending: block b starts at position b * 2j, and a
-// position's direction bit is (position & k) == 0 (the bitonic network's rule).
+// position's direction bit is (position & k) == 0, that is floor(position / k) is even (k is a
+// power of two). Made from an iota (exact in float32 up to 2^24 positions), so tracing a sort
+// uploads nothing.
 Tensor ascending_blocks(int64_t m, int64_t k, int64_t j, const Device& dev) {
-  std::vector<uint8_t> asc(size_t(m / (2 * j)));
-  for (size_t b = 0; b < asc.size(); ++b) asc[b] = ((int64_t(b) * 2 * j) & k) == 0;
-  return from_vector(asc, {int64_t(asc.size()), 1}, {DType::Bool, dev});
+  Tensor q = floor(arange(0, double(m / (2 * j)), 1, TensorOptions{DType::Float32, dev}) * double(2 * j) * (1.0 / double(k)));
+  return eq(q - floor(q * 0.5) * 2.0, zeros({}, {DType::Float32, dev})).reshape({m / (2 * j), 1});
 }
 
 // One compare-exchange stage on keys v and indices i, both [..., m].
@@ -50,6 +51,7 @@ Tensor sorted_indices(const Tensor& a, int64_t d, bool descending) {
   double inf = std::numeric_limits<double>::infinity();
   v = where(ne(v, v), full({}, inf, {work, a.device()}), v);
   if (descending) v = -v;
+  if (n > (int64_t(1) << 24)) fail("sort", "sorts at most 2^24 elements along a dimension, got " + desc(a) + " along " + std::to_string(d));
   int64_t m = 1;
   while (m < n) m *= 2;
   if (m > n) {
