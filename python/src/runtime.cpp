@@ -9,6 +9,8 @@ namespace {
 
 // Module scopes pushed from Python (tessera.nn.Module.__call__), popped in reverse order.
 thread_local std::vector<std::unique_ptr<tessera::Scope>> t_scopes;
+// tessera.autocast's settings (tessera/autocast.h), pushed by __enter__ and popped by __exit__.
+thread_local std::vector<std::unique_ptr<tessera::Autocast>> t_autocasts;
 
 std::optional<Tensor> opt(const Tensor& t) { return t.defined() ? std::optional<Tensor>(t) : std::nullopt; }
 Tensor def(const std::optional<Tensor>& t) { return t ? *t : Tensor(); }
@@ -145,10 +147,28 @@ void bind_runtime(nb::module_& m) {
     t_scopes.pop_back();
   });
   m.def("current_scope", &tessera::current_scope);
+  m.def("_push_autocast", [](nb::handle dtype, bool enabled) {
+    t_autocasts.push_back(std::make_unique<tessera::Autocast>(to_dtype(dtype), enabled));
+  }, nb::arg("dtype"), nb::arg("enabled"));
+  m.def("_pop_autocast", [] {
+    if (t_autocasts.empty()) throw nb::index_error("_pop_autocast: no autocast was entered");
+    t_autocasts.pop_back();
+  });
+  m.def("get_autocast_dtype", [] {
+    std::optional<DType> d = tessera::autocast_dtype();
+    return d ? dtype_object(*d) : nb::none();
+  }, "The dtype products take their float32 operands in on this thread (None outside autocast)");
   m.def("sync", &tessera::sync);
   m.def("manual_seed", [](uint64_t seed) { tessera::manual_seed(seed); }, nb::arg("seed"));
-  m.def("get_rng_state", [] { auto s = tessera::rng_state(); return nb::make_tuple(s.seed, s.offset); });
+  // Python's state is the position after every draw traced so far, pending ones too (torch's
+  // state after creating a random tensor is past its numbers); setting it realizes pending draws
+  // first, so they keep the numbers they were drawn with.
+  m.def("get_rng_state", [] {
+    auto s = tessera::rng_state();
+    return nb::make_tuple(s.seed, s.offset + s.draws);
+  });
   m.def("set_rng_state", [](std::tuple<uint64_t, uint64_t> s) {
+    if (tessera::rng_state().draws) tessera::sync();
     tessera::set_rng_state({std::get<0>(s), std::get<1>(s)});
   });
   m.def("devices", [] {

@@ -15,7 +15,7 @@ from ._C import (Tensor, dtype, device, TesseraError, TesseraIndexError,
                  zeros, ones, empty, full, arange, rand, randn, randint, linspace, eye,
                  zeros_like, ones_like, empty_like, full_like, rand_like, randn_like,
                  cat, stack, where, sync, manual_seed, get_rng_state, set_rng_state,
-                 is_grad_enabled, metrics, reset_peak_bytes, push_scope, pop_scope, current_scope,
+                 is_grad_enabled, get_autocast_dtype, metrics, reset_peak_bytes, push_scope, pop_scope, current_scope,
                  unavailable_backends, plugin_errors,
                  float32, float64, float16, bfloat16, int32, int64)
 from ._C import bool as bool  # noqa: A001  (tessera.bool, like torch.bool)
@@ -537,3 +537,8 @@ from . import amp, nn, optim, utils  # noqa: E402
 
 cuda.amp = amp  # torch.cuda.amp.GradScaler / autocast, as nanoGPT's train.py spells them
 autocast = amp.autocast
+
+
+def is_autocast_enabled(device_type=None):
+    """Whether products traced on this thread run under autocast (tessera.get_autocast_dtype())."""
+    return get_autocast_dtype() is not None

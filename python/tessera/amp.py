@@ -7,9 +7,13 @@ PyTorch's is), update() halves the scale after a skipped step and doubles it aft
 growth_interval good ones. enabled=False passes everything through (nanoGPT builds its scaler
 that way on a CPU).
 
-autocast: Tessera has no mixed-precision autocast yet; autocast(enabled=False) and autocast at
-float32 are accepted as no-ops, any other dtype raises TypeError rather than silently computing
-in float32.
+autocast: the C++ tessera::Autocast (docs/architecture.md, "Autocast"). While it is entered on a
+thread, matrix products and convolutions traced there take bfloat16 (or float16) copies of their
+float32 operands, accumulate in float32 and return float32; everything else, the parameters,
+gradients and optimizer state stay float32. The dtype defaults as PyTorch's do: float16 for
+device_type "cuda", bfloat16 otherwise. enabled=False (or dtype float32, which PyTorch's CPU
+autocast also turns into a disabled one) makes a scope without autocast inside an enabled one.
+Other dtypes raise TypeError.
 """
 import contextlib
 
@@ -104,15 +108,21 @@ class GradScaler:
 
 
 class autocast(contextlib.ContextDecorator):
-    """Reusable, like PyTorch's (`ctx = autocast(...)` then `with ctx:` every step)."""
+    """Reusable and nestable, like PyTorch's (`ctx = autocast(...)` then `with ctx:` every step)."""
 
     def __init__(self, device_type="cuda", dtype=None, enabled=True, cache_enabled=None):
-        if enabled and dtype not in (None, tessera.float32):
-            raise TypeError(f"tessera.autocast: mixed precision ({dtype}) is not supported yet; "
-                            "run without autocast (float32) or with enabled=False")
+        if dtype is None:
+            dtype = tessera.float16 if str(device_type).startswith("cuda") else tessera.bfloat16
+        if dtype == tessera.float32:
+            dtype, enabled = tessera.bfloat16, False
+        if dtype not in (tessera.bfloat16, tessera.float16):
+            raise TypeError(f"tessera.autocast: products run in bfloat16 or float16 (or float32: no autocast), got {dtype}")
+        self.fast_dtype, self._enabled = dtype, bool(enabled)
 
     def __enter__(self):
+        tessera._C._push_autocast(self.fast_dtype, self._enabled)
         return self
 
     def __exit__(self, *exc):
+        tessera._C._pop_autocast()
         return False
