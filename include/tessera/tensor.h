@@ -347,7 +347,9 @@ void sync();
 std::ostream& operator<<(std::ostream& os, const Tensor& t);
 
 // The global random generator: a seed and an offset that advances per executed graph that
-// draws. Saving and restoring both (checkpoints) reproduces every later draw.
+// draws. Saving and restoring both (checkpoints) reproduces every later draw. manual_seed first
+// realizes the random tensors still pending (sync()), so that, as in PyTorch, a tensor drawn
+// before it keeps the numbers of the seed it was drawn under.
 void manual_seed(uint64_t seed);
 struct RngState {
   uint64_t seed = 0, offset = 0;

@@ -152,12 +152,12 @@ Tensor from_python(nb::handle data, std::optional<DType> dtype, std::optional<te
   if (is_tensor(data)) {  // torch.tensor(t): an independent copy without history
     t = as_tensor(data).detach().clone();
     if (device && t.device() != dev) t = t.to(dev);
-  } else if (PyBool_Check(p)) {
-    t = tessera::full({}, p == Py_True ? 1 : 0, {DType::Bool, dev});
+  } else if (PyBool_Check(p)) {  // numbers become data, not graph constants: a new value never recompiles
+    t = tessera::from_vector(std::vector<uint8_t>{p == Py_True}, {}, {DType::Bool, dev});
   } else if (PyLong_Check(p)) {
-    t = tessera::full({}, static_cast<double>(nb::cast<int64_t>(data)), {DType::Int64, dev});
+    t = tessera::from_vector(std::vector<int64_t>{nb::cast<int64_t>(data)}, {}, {DType::Int64, dev});
   } else if (PyFloat_Check(p)) {
-    t = tessera::full({}, PyFloat_AS_DOUBLE(p), {DType::Float32, dev});
+    t = tessera::from_vector(std::vector<float>{static_cast<float>(PyFloat_AS_DOUBLE(p))}, {}, {DType::Float32, dev});
   } else {
     bool is_list = nb::isinstance<nb::list>(data) || nb::isinstance<nb::tuple>(data);
     nb::object arr = nb::borrow(data);

@@ -206,6 +206,7 @@ BatchSliceScope::BatchSliceScope(int64_t start, int64_t rows)
 BatchSliceScope::~BatchSliceScope() { detail::g_batch_slice = {prev_start_, prev_rows_}; }
 
 void manual_seed(uint64_t seed) {
+  if (rng().draws) sync();  // pending draws take the old seed's numbers; this resets draws
   rng().seed = seed;
   rng().offset = 0;
 }

@@ -43,6 +43,36 @@ def test_manual_seed_reproduces():
     assert tessera.rand(3).tolist() == b
 
 
+def test_manual_seed_and_rng_state_with_pending_draws():
+    # Values are fixed when drawn, as in PyTorch, though the tensors are still pending (lazy).
+    tessera.manual_seed(0)
+    a = tessera.rand(4)
+    tessera.manual_seed(0)
+    b = tessera.rand(4)
+    assert a.tolist() == b.tolist()
+    tessera.manual_seed(1)
+    c = tessera.rand(4)
+    state = tessera.get_rng_state()  # after c's draw, though c is pending
+    d = tessera.rand(4)
+    tessera.set_rng_state(state)
+    e = tessera.rand(4)
+    assert d.tolist() == e.tolist() and c.tolist() != d.tolist() and a.tolist() != c.tolist()
+
+
+def test_python_numbers_are_data_not_constants():
+    # tessera.tensor(0.01) each step (a learning rate, a scale) must not compile a graph per value.
+    x = tessera.randn(16)
+    total = x.sum().item()  # realizes x too: a leaf from here on
+    (x * tessera.tensor(0.5)).sum().item()
+    before = tessera.metrics().graphs_compiled
+    for v in (0.25, 2.0, 3.5):
+        got = (x * tessera.tensor(v)).sum().item()
+        assert abs(got - v * total) < 1e-4
+    assert tessera.metrics().graphs_compiled == before  # every value hits the first product's graph
+    assert tessera.tensor(True).dtype is tessera.bool and tessera.tensor(7).item() == 7
+    assert tessera.tensor(2 ** 40).dtype is tessera.int64 and tessera.tensor(2 ** 40).item() == 2 ** 40
+
+
 def test_metadata(th):
     x = tessera.ones(2, 3, 4)
     assert x.shape == (2, 3, 4) and x.size() == (2, 3, 4) and x.size(-1) == 4 and x.size(1) == 3

@@ -67,6 +67,32 @@ TEST(IR, RandomNodesAreNeverMerged) {
   EXPECT_NE(va, vb);
 }
 
+TEST(IR, ManualSeedFixesTheNumbersOfPendingDraws) {
+  ts::manual_seed(0);
+  auto a = ts::rand({4});  // still pending: manual_seed realizes it under seed 0
+  ts::manual_seed(0);
+  auto b = ts::rand({4});
+  ts::manual_seed(1);
+  auto c = ts::rand({4});
+  EXPECT_EQ(a.to_vector<float>(), b.to_vector<float>());
+  EXPECT_NE(a.to_vector<float>(), c.to_vector<float>());
+}
+
+// Inputs the IR fuzzer (tests/fuzz/fuzz_ir.cpp) found: each a tessera::Error, not UB or std::out_of_range.
+TEST(IR, MalformedAttributesAndOverflowingExtentsAreErrors) {
+  using ts::ir::Op;
+  auto x = node_of(ts::zeros({2, 3}));
+  EXPECT_THROW(ts::ir::make(Op::Concat, {x, x}, {}), ts::Error);  // no axis attribute
+  const int64_t big = int64_t(1) << 62;
+  EXPECT_THROW(ts::ir::make(Op::Pad, {x}, {{big, big, 0, 0, 0, 0}}), ts::Error);  // 2^63 + 2 rows
+  EXPECT_THROW(ts::ir::make(Op::Pad, {x}, {{0, 0, big, 0, 0, 0}}), ts::Error);   // interior padding
+  ts::Shape huge{big, 4};
+  EXPECT_THROW(ts::ir::make(Op::Full, {}, {{}, 0}, &huge, DType::Float32), ts::Error);  // 2^64 elements
+  // A slice whose stop - start + step would overflow is still the right length: one element.
+  auto one = ts::ir::make(Op::Slice, {x}, {{0, 2, INT64_MAX, 0, 3, 1}});
+  EXPECT_EQ(one->shape, (ts::Shape{1, 3}));
+}
+
 TEST(IR, PrinterIsOneLinePerNode) {
   auto x = ts::from_vector<float>({1, 2, 3, 4, 5, 6}, {2, 3});
   ts::Tensor y;
