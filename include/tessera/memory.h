@@ -93,6 +93,19 @@ class MemoryBudgetScope {
   MemoryBudget previous_;
 };
 
+// The memory limit: the bytes live buffers may hold on one device (as the allocator counts them,
+// each rounded up to 256 bytes; its cache of freed blocks not included). A graph whose new
+// buffers (outputs and arena) would cross it beside what is live is refused before anything runs:
+// tessera::Error "[memory] out of memory on <device>: ...", naming the plan's peak and the largest
+// buffers there with their module paths, and suggesting a memory budget or micro-batches. Any
+// other allocation that would cross it fails the same way, as does a backend that cannot allocate
+// even after the allocator returned its cached blocks; the tensors stay pending and computable
+// once memory is freed. Set by set_memory_limit (0: back to the default) or TESSERA_MEMORY_LIMIT
+// ("200MB", "1.5GiB", bytes; read once); by default none (a host that overcommits memory may then
+// kill the process instead: set one to get the error).
+void set_memory_limit(size_t bytes);
+size_t memory_limit();
+
 // Compiles (through the compile cache: counted as a compile or a cache hit) the graph that
 // sync() would run to compute these pending tensors, with the same in-place donations, without
 // running it. Realized tensors contribute nothing; all pending ones must be on one device.

@@ -54,4 +54,9 @@ Plan lower(const ir::Graph& g, const std::vector<ir::NodePtr>& params, const Opt
 // no Step reads the parameter's old value after the output is written. Run after scheduling.
 void donate(Plan& plan, const std::vector<int>& donate);
 
+// Where a plan's memory peaks, for errors: "its peak at step N (<kind> <shape>: <op> in <scope>);
+// largest buffers live there: <kind> <dtype/shape> <MiB> <op> in <scope>; ..." (passes/budget.cpp).
+std::string describe_peak(const Plan& plan, size_t max_buffers = 8);
+std::string mib(size_t bytes);  // "12.34 MiB"
+
 }  // namespace tessera::compiler

@@ -1,26 +1,31 @@
 #include "runtime/allocator.h"
 
 #include <atomic>
-#include <deque>
 #include <cstdio>
+#include <cstdlib>
+#include <deque>
 #include <iterator>
 #include <map>
 #include <mutex>
 #include <vector>
 
 #include "backends/backend.h"
+#include "core/fail.h"
 #include "runtime/metrics_impl.h"
+#include "tessera/memory.h"
 
 namespace tessera::runtime {
 namespace {
 
-constexpr size_t kRound = 256;
+constexpr size_t kRound = kAllocRound;
 constexpr size_t kMaxCached = size_t(4) << 30;  // beyond this, freed blocks go back to the backend
 
+using DeviceKey = std::pair<std::string, int>;
 struct Cache {
   std::mutex mu;
-  std::map<std::pair<std::string, int>, std::multimap<size_t, void*>> free_blocks;  // device -> size -> ptr
+  std::map<DeviceKey, std::multimap<size_t, void*>> free_blocks;  // device -> size -> ptr
   size_t cached = 0;
+  std::map<DeviceKey, size_t> live;  // rounded bytes of live buffers per device (the memory limit's count)
 };
 Cache& cache() {
   static Cache* c = new Cache();  // never destroyed: buffers may die during static destruction
@@ -32,6 +37,7 @@ void release(const Device& d, void* p, size_t rounded) {
   Cache& c = cache();
   {
     std::lock_guard<std::mutex> lock(c.mu);
+    c.live[{d.kind, d.index}] -= rounded;
     if (c.cached + rounded <= kMaxCached) {
       c.free_blocks[{d.kind, d.index}].emplace(rounded, p);
       c.cached += rounded;
@@ -39,6 +45,37 @@ void release(const Device& d, void* p, size_t rounded) {
     }
   }
   backends::backend_for(d).free(d.index, p, rounded);
+}
+
+// The memory limit: set_memory_limit's value, else TESSERA_MEMORY_LIMIT's (read once), else none.
+std::atomic<size_t> g_limit_set{0};
+size_t env_limit() {
+  static const size_t v = [] {
+    const char* e = std::getenv("TESSERA_MEMORY_LIMIT");
+    if (!e || !*e) return size_t(0);
+    MemoryBudget b = MemoryBudget::parse(e);
+    if (!b.bytes) fail("memory", std::string("TESSERA_MEMORY_LIMIT='") + e + "' must be bytes (200MB, 1.5GiB, 1048576), not a fraction", "");
+    return b.bytes;
+  }();
+  return v;
+}
+
+// Returns d's cached blocks to its backend (under c.mu); the bytes released.
+size_t release_cached(Cache& c, const Device& d) {
+  auto it = c.free_blocks.find({d.kind, d.index});
+  if (it == c.free_blocks.end()) return 0;
+  size_t freed = 0;
+  backends::Backend& be = backends::backend_for(d);
+  for (auto& [size, p] : it->second) be.free(d.index, p, size), freed += size;
+  c.cached -= freed;
+  c.free_blocks.erase(it);
+  return freed;
+}
+
+std::string mib(size_t b) {
+  char buf[48];
+  std::snprintf(buf, sizeof buf, "%.2f MiB", double(b) / (1024.0 * 1024.0));
+  return buf;
 }
 
 // ---- sentinel mode (debug) ----
@@ -139,11 +176,18 @@ std::shared_ptr<Buffer> allocate(const Device& d, size_t nbytes) {
   size_t rounded = (nbytes + kRound - 1) / kRound * kRound;
   void* p = nullptr;
   Cache& c = cache();
+  const DeviceKey key{d.kind, d.index};
+  const size_t limit = memory_limit();
   {
     std::lock_guard<std::mutex> lock(c.mu);
+    const size_t live = c.live[key];
+    if (limit && live + rounded > limit)
+      fail("memory", "out of memory on " + d.str() + ": allocating " + mib(rounded) + " beside the " + mib(live) +
+                         " live there would cross the memory limit of " + mib(limit) + " (" + memory_limit_source() + ")",
+           "");
     // The block of this size freed last: a loop's buffers come back at the same addresses (a
     // replayed whole executable finds its pointers again) and still warm in cache.
-    auto& blocks = c.free_blocks[{d.kind, d.index}];
+    auto& blocks = c.free_blocks[key];
     auto [first, last] = blocks.equal_range(rounded);
     if (first != last) {
       auto it = std::prev(last);
@@ -152,11 +196,56 @@ std::shared_ptr<Buffer> allocate(const Device& d, size_t nbytes) {
       c.cached -= rounded;
     }
   }
-  if (!p) p = backends::backend_for(d).allocate(d.index, rounded);
+  if (!p) {
+    try {
+      p = backends::backend_for(d).allocate(d.index, rounded);
+    } catch (const Error&) {  // the cached blocks back to the backend, then once more
+      size_t freed = 0, live = 0;
+      {
+        std::lock_guard<std::mutex> lock(c.mu);
+        freed = release_cached(c, d);
+        live = c.live[key];
+      }
+      try {
+        if (!freed) throw;
+        p = backends::backend_for(d).allocate(d.index, rounded);
+      } catch (const Error& e) {
+        fail("memory", "out of memory on " + d.str() + ": allocating " + mib(rounded) + " beside the " + mib(live) +
+                           " live there failed (" + e.what() + "), also after returning " + mib(freed) + " of cached blocks",
+             "");
+      }
+    }
+  }
+  {
+    std::lock_guard<std::mutex> lock(c.mu);
+    c.live[key] += rounded;
+  }
   add_live_bytes(int64_t(rounded));
   return std::make_shared<Buffer>(d, p, nbytes, [d, rounded](void* ptr, size_t) { release(d, ptr, rounded); });
 }
 
+size_t live_bytes_on(const Device& d) {
+  Cache& c = cache();
+  std::lock_guard<std::mutex> lock(c.mu);
+  auto it = c.live.find({d.kind, d.index});
+  return it == c.live.end() ? 0 : it->second;
+}
+
+size_t memory_limit() {
+  size_t set = g_limit_set.load();
+  return set ? set : env_limit();
+}
+
+const char* memory_limit_source() { return g_limit_set.load() ? "set_memory_limit" : "TESSERA_MEMORY_LIMIT"; }
+
+}  // namespace tessera::runtime
+
+namespace tessera {
+void set_memory_limit(size_t bytes) { runtime::g_limit_set = bytes; }
+size_t memory_limit() { return runtime::memory_limit(); }
+}  // namespace tessera
+
+namespace tessera::runtime {
 namespace {
 
 // Uploads still in flight on backends with asynchronous copies: the host bytes they read, kept

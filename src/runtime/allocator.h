@@ -10,7 +10,16 @@
 
 namespace tessera::runtime {
 
+// Fails "[memory] out of memory on <device>: ..." when nbytes on top of what is live there would
+// cross the memory limit (tessera::set_memory_limit), or when the backend cannot allocate even
+// after the allocator's cached blocks of that device went back to it.
 std::shared_ptr<Buffer> allocate(const Device& d, size_t nbytes);
+constexpr size_t kAllocRound = 256;  // every allocation is rounded up to this
+// The bytes of live buffers on d (rounded as allocated); the memory limit in force (0: none) and
+// where it came from ("TESSERA_MEMORY_LIMIT", "set_memory_limit").
+size_t live_bytes_on(const Device& d);
+size_t memory_limit();
+const char* memory_limit_source();
 // Host transfers (counted by the backend's device): a new buffer holding a copy of `bytes`,
 // and a buffer's first `nbytes` copied to the host.
 std::shared_ptr<Buffer> upload(const Device& d, const void* bytes, size_t nbytes);

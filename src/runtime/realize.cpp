@@ -360,6 +360,26 @@ bool step_times() {
   return on;
 }
 
+// The memory limit (tessera/memory.h): a graph whose new buffers would cross it is refused before
+// anything is allocated or run.
+void check_fits(const compiler::Plan& plan, const Device& dev) {
+  const size_t limit = memory_limit();
+  if (!limit) return;
+  auto rounded = [](size_t n) { return (n + kAllocRound - 1) / kAllocRound * kAllocRound; };
+  size_t outputs = 0;
+  for (size_t k = 0; k < plan.output_slot.size(); ++k)
+    if (plan.donated[k] < 0) outputs += rounded(plan.slots[size_t(plan.output_slot[k])].nbytes);
+  const size_t more = outputs + rounded(plan.arena_bytes), live = live_bytes_on(dev);
+  if (live + more <= limit) return;
+  using compiler::mib;
+  fail("memory", "out of memory on " + dev.str() + ": this graph needs " + mib(more) + " (outputs " + mib(outputs) + ", arena " +
+                     mib(plan.arena_bytes) + ") beside the " + mib(live) + " live there, over the memory limit of " + mib(limit) +
+                     " (" + memory_limit_source() + "); " + compiler::describe_peak(plan, 5) +
+                     ". A memory budget (--memory-budget, tessera::MemoryBudgetScope) or micro-batches (--micro-batches auto) "
+                     "lower what a step needs",
+       "");
+}
+
 // Slot pointers: parameters' buffers, arena temporaries and the outputs (allocated here unless
 // written into a donated parameter), which become the results.
 void bind_slots(Run& run, const ir::Graph& g, size_t nreq, std::vector<std::shared_ptr<Buffer>>& results) {
@@ -460,6 +480,7 @@ std::vector<std::shared_ptr<Buffer>> realize(const std::vector<Request>& req, Rn
   const compiler::Plan& plan = exe->plan;
   // Profiling: each Step is waited for and timed; the bookkeeping around it is Launch time.
   const int prof_run = prof::on() ? prof::begin_run(std::shared_ptr<const compiler::Plan>(exe, &exe->plan), dev.str()) : -1;
+  check_fits(plan, dev);
   std::shared_ptr<Buffer> arena = plan.arena_bytes ? allocate(dev, plan.arena_bytes) : nullptr;
   const size_t guard = arena ? plan.arena_guard : 0;
   std::vector<unsigned char> pattern(guard ? guard + plan.alignment : 0, kGuardByte);

@@ -4,7 +4,7 @@
 // and the buffers at its peak with their module paths. Rematerialization on the benchmark GPT
 // (same losses and gradients, copies marked), micro-batches (the GPT at 1/2 and 1/4, dropout, the
 // small CNN, batch norm refused, an unreachable budget refused), and a property test over the
-// compiler's random graphs.
+// compiler's random graphs. The memory limit (out of memory as an error, issue 27).
 #include <gtest/gtest.h>
 
 #include <random>
@@ -15,6 +15,7 @@
 #include "compiler/lower.h"
 #include "conformance/random_graph.h"
 #include "ir/graph.h"
+#include "runtime/allocator.h"
 #include "runtime/realize.h"
 #include "tensor/tensor_impl.h"
 #include "tessera/memory.h"
@@ -109,6 +110,41 @@ TEST(MemoryBudget, AMetBudgetRunsUnderItAndAnUnreachableOneFailsBeforeRunning) {
   EXPECT_TRUE(memory_budget().bytes == natural.step_bytes);
 }
 
+// The memory limit (issue 27: out of memory is an error): a step whose new buffers would cross it
+// is refused before anything runs, naming its peak and buffers and pointing to the budget; a
+// single allocation over it fails the same way; nothing is poisoned: with room again the same
+// pending step runs to the values of a run that never met the limit.
+TEST(MemoryLimit, AStepOverTheLimitIsRefusedBeforeRunningThenRunsWhenItFits) {
+  struct Reset {
+    ~Reset() { set_memory_limit(0); }
+  } reset;
+  MlpStep s(512);
+  Tensor loss = s.trace();
+  const MemoryPlan plan = pending_memory_plan();
+  const size_t live = runtime::live_bytes_on(Device("cpu"));
+  set_memory_limit(live + plan.run_bytes() / 2);
+  EXPECT_EQ(memory_limit(), live + plan.run_bytes() / 2);
+  const int64_t launched = metrics().steps_launched;
+  std::string e = error_message([] { sync(); });
+  for (const char* part : {"[memory] out of memory on cpu:0: this graph needs", "over the memory limit of", "(set_memory_limit)",
+                           "largest buffers live there:", " in ", "--memory-budget"})
+    EXPECT_NE(e.find(part), std::string::npos) << part << "\n" << e;
+  EXPECT_EQ(metrics().steps_launched, launched);
+  EXPECT_FALSE(loss.is_realized());
+  std::vector<float> big(plan.run_bytes() / sizeof(float));
+  e = error_message([&] { from_vector(big, {int64_t(big.size())}); });
+  EXPECT_NE(e.find("[memory] out of memory on cpu:0: allocating"), std::string::npos) << e;
+  EXPECT_NE(e.find("would cross the memory limit"), std::string::npos) << e;
+
+  set_memory_limit(live + plan.run_bytes() + 64 * 256);  // room for the step (each buffer rounded up to 256 B)
+  const double limited = loss.item();
+  const std::vector<float> w = s.model->parameters()[0].to_vector<float>();
+  set_memory_limit(0);
+  MlpStep fresh(512);
+  EXPECT_EQ(fresh.trace().item(), limited);
+  EXPECT_EQ(fresh.model->parameters()[0].to_vector<float>(), w);
+}
+
 TEST(MemoryBudget, TheScopeRestoresThePreviousBudget) {
   EXPECT_TRUE(memory_budget().none());
   {
@@ -195,7 +231,9 @@ GptRun train_gpt(int steps, double dropout, MemoryBudget budget, int64_t micro) 
           marked += !st.sources.empty() && st.sources[0].op.rfind("recompute:", 0) == 0;
         EXPECT_EQ(marked, p.recomputed_steps);
       }
-      if (step == 0) EXPECT_GE(metrics().recomputed_steps, p.recomputed_steps);
+      if (step == 0) {
+        EXPECT_GE(metrics().recomputed_steps, p.recomputed_steps);
+      }
       continue;
     }
     optim::AccumulateResult a = optim::accumulate_gradients(model.parameters(), {x, y}, loss_fn, micro);
@@ -357,7 +395,9 @@ TEST(MemoryBudgetProperty, RandomGraphsMeetARandomBudgetWithTheSameValuesOrFailB
       EXPECT_NE(e.find("[memory] the budget of"), std::string::npos) << "graph " << i << ": " << e;
       EXPECT_EQ(metrics().steps_launched, launched) << "graph " << i;
       for (size_t k = 0; k < budgeted.size(); ++k)  // an output that is an input is only rebound
-        if (nodes[k]->op != ir::Op::Leaf) EXPECT_FALSE(budgeted[k].is_realized()) << "graph " << i;
+        if (nodes[k]->op != ir::Op::Leaf) {
+          EXPECT_FALSE(budgeted[k].is_realized()) << "graph " << i;
+        }
       ++refused;
       continue;
     }

@@ -13,12 +13,6 @@
 namespace tessera::compiler {
 namespace {
 
-std::string mib(size_t b) {
-  char buf[48];
-  std::snprintf(buf, sizeof buf, "%.2f MiB", double(b) / (1024.0 * 1024.0));
-  return buf;
-}
-
 std::string slot_text(const kir::Slot& sl) {
   static const char* kinds[] = {"param", "output", "temp"};
   std::string t = std::string(kinds[int(sl.kind)]) + " " + dtype_short(sl.dtype) + shape_str(sl.shape) + " " + mib(sl.nbytes) +
@@ -38,18 +32,31 @@ std::string step_sources(const kir::Step& st) {
 
 [[noreturn]] void unreachable(const Plan& plan, size_t budget, const std::string& tried) {
   const MemoryInfo& m = plan.memory;
-  std::vector<int> live = m.live_at_peak;
-  std::stable_sort(live.begin(), live.end(), [&](int a, int b) { return plan.slots[a].nbytes > plan.slots[b].nbytes; });
-  std::string msg = "the budget of " + mib(budget) + " cannot be met: the smallest step this compiler reaches needs " +
-                    mib(m.step_bytes) + " (peak " + mib(m.peak_bytes) + ", arena " + mib(plan.arena_bytes) + "; " + tried + ")";
-  if (m.peak_step >= 0) msg += ", its peak at step " + std::to_string(m.peak_step) + " (" + step_sources(plan.steps[size_t(m.peak_step)]) + ")";
-  msg += "; largest buffers live there:";
-  for (size_t i = 0; i < live.size() && i < 8; ++i) msg += (i ? "; " : " ") + slot_text(plan.slots[size_t(live[i])]);
-  if (live.size() > 8) msg += "; and " + std::to_string(live.size() - 8) + " more";
-  fail("memory", msg, "");
+  fail("memory", "the budget of " + mib(budget) + " cannot be met: the smallest step this compiler reaches needs " +
+                     mib(m.step_bytes) + " (peak " + mib(m.peak_bytes) + ", arena " + mib(plan.arena_bytes) + "; " + tried + "), " +
+                     describe_peak(plan),
+       "");
 }
 
 }  // namespace
+
+std::string mib(size_t b) {
+  char buf[48];
+  std::snprintf(buf, sizeof buf, "%.2f MiB", double(b) / (1024.0 * 1024.0));
+  return buf;
+}
+
+std::string describe_peak(const Plan& plan, size_t max_buffers) {
+  const MemoryInfo& m = plan.memory;
+  std::vector<int> live = m.live_at_peak;
+  std::stable_sort(live.begin(), live.end(), [&](int a, int b) { return plan.slots[a].nbytes > plan.slots[b].nbytes; });
+  std::string msg;
+  if (m.peak_step >= 0) msg += "its peak at step " + std::to_string(m.peak_step) + " (" + step_sources(plan.steps[size_t(m.peak_step)]) + "); ";
+  msg += "largest buffers live there:";
+  for (size_t i = 0; i < live.size() && i < max_buffers; ++i) msg += (i ? "; " : " ") + slot_text(plan.slots[size_t(live[i])]);
+  if (live.size() > max_buffers) msg += "; and " + std::to_string(live.size() - max_buffers) + " more";
+  return msg;
+}
 
 size_t resolve_budget(const Options& opts, size_t natural) {
   if (opts.memory_budget) return opts.memory_budget;
