@@ -58,7 +58,7 @@ def main(argv=None):
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=50)
     ap.add_argument("--batch", type=int, default=32)
-    ap.add_argument("--lr", type=float, default=0.05)
+    ap.add_argument("--lr", type=float, default=0.03)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--batch-norm", action="store_true", help="BatchNorm2d after each convolution")
     ap.add_argument("--save-init")
