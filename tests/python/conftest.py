@@ -62,3 +62,12 @@ def assert_close(t_out, p_out, tol=1e-5, what="value"):
         f"{what}: dtype {t_out.dtype} vs {p_out.dtype}"
     err = normalized_error(to_np(t_out), to_np(p_out))
     assert err <= tol, f"{what}: normalized error {err:.3g} > {tol}"
+
+
+@pytest.fixture(autouse=True)
+def _seeded():
+    # Debian's torch 1.13 seeds its default generator randomly per process: seed both sides per
+    # test, so every run compares the same weights and a failure reproduces.
+    if torch is not None:
+        torch.manual_seed(0)
+    tessera.manual_seed(0)
