@@ -60,6 +60,14 @@ class Optimizer {
   virtual const std::vector<Tensor>& group_params(size_t g) const = 0;
   virtual double group_lr(size_t g) const = 0;
   virtual void set_group_lr(size_t g, double lr) = 0;
+  // A step whose graph failed while running is taken back by sync() (its in-place updates undone,
+  // the tensors it created errored: Tensor::failed). step() calls begin_step() first, which then
+  // drops the count and the state tensors that step created, so the next step is the one that
+  // failed, run again; and end_step() last.
+  void begin_step();
+  void end_step();
+  int64_t param_versions() const;
+  int64_t versions_after_step_ = -1;  // the parameters' versions after the last step (-1: none)
 
   const char* name_;  // for error messages: "SGD", "Adam", "AdamW"
   std::vector<std::map<std::string, Tensor>> state_;  // per parameter, in params() order

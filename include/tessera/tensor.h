@@ -57,6 +57,12 @@ class Tensor {
   DType dtype() const;
   Device device() const;
   bool is_realized() const;  // true once the value lives in a buffer
+  // Whether the graph computing this value failed while running: using or reading the tensor
+  // throws that failure (sync(); "Failure isolation" in docs/architecture.md).
+  bool failed() const;
+  // How many values in-place ops gave this tensor, less those a failed graph took back (roughly
+  // PyTorch's _version). Optimizers read it to tell whether their last step landed.
+  int64_t version() const;
   // Whether both handles name the same tensor (copies of a handle share it, as in PyTorch).
   bool is_same(const Tensor& other) const { return impl_ == other.impl_; }
   // Replaces this tensor's value with new_data's (shape, dtype and device included), keeping

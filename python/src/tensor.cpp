@@ -136,6 +136,8 @@ void bind_core(nb::class_<Tensor>& cls) {
              return self_after(self);
            }, nb::arg("requires_grad") = true)
       .def_prop_ro("is_leaf", &Tensor::is_leaf)
+      .def_prop_ro("_version", &Tensor::version)
+      .def("_failed", &Tensor::failed, "whether the graph computing this tensor failed (using it raises that error)")
       .def_prop_rw("grad",
                    [](const Tensor& t) -> std::optional<Tensor> {
                      Tensor g = t.grad();

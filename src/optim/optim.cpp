@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <iterator>
 #include <optional>
 #include <utility>
 
@@ -109,6 +110,7 @@ void Optimizer::load_state_dict(const std::map<std::string, Tensor>& sd) {
   }
   state_ = std::move(state);
   steps_ = it->second.item<int64_t>();
+  versions_after_step_ = -1;
   for (auto& [g, v] : groups) set_group_lr(g, v.first);
   if (auto l = sd.find("lr"); l != sd.end()) lr_ = l->second.item();
 }
@@ -137,9 +139,24 @@ void OptimizerBase<Options>::add_param_group(Group g) {
 
 // ---- SGD ----
 SGD::SGD(std::vector<Tensor> params, SGDOptions o) : SGD(std::vector<Group>{{std::move(params)}}, o) {}
+int64_t Optimizer::param_versions() const {
+  int64_t v = 0;
+  for (const Tensor& p : params()) v += p.version();
+  return v;
+}
+
+void Optimizer::begin_step() {
+  if (versions_after_step_ >= 0 && steps_ > 0 && param_versions() < versions_after_step_) --steps_;  // taken back
+  for (auto& st : state_)
+    for (auto it = st.begin(); it != st.end();) it = it->second.failed() ? st.erase(it) : std::next(it);
+}
+
+void Optimizer::end_step() { versions_after_step_ = param_versions(); }
+
 SGD::SGD(std::vector<Group> groups, SGDOptions defaults) : OptimizerBase("SGD", std::move(groups), defaults) {}
 
 void SGD::step() {
+  begin_step();
   size_t i = 0;  // the parameter's index in state_
   for (Group& group : groups_) {
     std::vector<Tensor> grads, bufs;
@@ -153,6 +170,7 @@ void SGD::step() {
       if (bufs[k].defined()) state_[i]["momentum_buffer"] = bufs[k];
   }
   ++steps_;
+  end_step();
 }
 
 // ---- Adam / AdamW ----
@@ -161,6 +179,7 @@ Adam::Adam(std::vector<Group> groups, AdamOptions defaults, bool decoupled)
     : OptimizerBase(decoupled ? "AdamW" : "Adam", std::move(groups), defaults), decoupled_(decoupled) {}
 
 void Adam::step() {
+  begin_step();
   ++steps_;
   size_t i = 0;  // the parameter's index in state_
   for (Group& group : groups_) {
@@ -177,6 +196,7 @@ void Adam::step() {
     }
     adam_update(group.params, grads, m, v, steps_, *group.options, decoupled_);
   }
+  end_step();
 }
 
 // ---- the update kernels ----

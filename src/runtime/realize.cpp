@@ -404,13 +404,15 @@ void bind_slots(Run& run, const ir::Graph& g, size_t nreq, std::vector<std::shar
 
 // Step by Step: each launched, timed when profiling or TESSERA_STEP_TIMES asks, its guards
 // checked. Returns the host <-> device bytes the backend reported while launching.
-int64_t launch_steps(Run& run, const Executable& exe, const backends::LaunchArgs& args, int prof_run, const StepHook& hook) {
+int64_t launch_steps(Run& run, const Executable& exe, const backends::LaunchArgs& args, int prof_run, const StepHook& hook,
+                     int& at) {
   const bool time_steps = step_times();
   const compiler::Plan& plan = run.plan;
   backends::Backend& be = run.be;
   int64_t moved = 0;
   const std::atomic<int64_t>& reported = backends::reported_host_transfers(run.dev.kind);
   for (size_t s = 0; s < plan.steps.size(); ++s) {
+    at = int(s);
     const kir::Step& st = plan.steps[s];
     std::vector<Run::Guard> guards = run.step_guards(s);
     run.fill_guards(guards);
@@ -434,6 +436,42 @@ int64_t launch_steps(Run& run, const Executable& exe, const backends::LaunchArgs
     run.check_guards(guards, int(s));
   }
   return moved;
+}
+
+// What a graph that failed at Step `failed` (-1: unknown) leaves (GraphFailure, realize.h): the
+// Steps that ran before it are complete, the failed one and every Step reading what it wrote
+// (transitively) are tainted, the rest never ran.
+GraphFailure failure(const std::string& what, const compiler::Plan& plan, int failed,
+                     const std::vector<std::shared_ptr<Buffer>>& results) {
+  GraphFailure f(what);
+  f.failed_step = failed;
+  const size_t n = plan.output_slot.size();
+  f.done.assign(n, nullptr);
+  f.tainted.assign(n, true);
+  f.donor_written.assign(n, false);
+  if (failed < 0) {
+    for (size_t k = 0; k < n; ++k) f.donor_written[k] = plan.donated[k] >= 0;
+    return f;
+  }
+  std::vector<char> taint(plan.slots.size(), 0);
+  std::vector<int> first_writer(plan.slots.size(), -1), last_writer(plan.slots.size(), -1);
+  for (size_t s = 0; s < plan.steps.size(); ++s) {
+    const bool t = int(s) == failed || (int(s) > failed && std::any_of(plan.steps[s].inputs.begin(), plan.steps[s].inputs.end(),
+                                                                       [&](int in) { return taint[size_t(in)] != 0; }));
+    for (int o : plan.steps[s].outputs()) {
+      if (first_writer[size_t(o)] < 0) first_writer[size_t(o)] = int(s);
+      last_writer[size_t(o)] = int(s);
+      if (t) taint[size_t(o)] = 1;
+    }
+  }
+  for (size_t k = 0; k < n; ++k) {
+    const size_t slot = size_t(plan.output_slot[k]);
+    f.tainted[k] = taint[slot] != 0;
+    if (!f.tainted[k] && last_writer[slot] < failed) f.done[k] = results[k];
+    f.donor_written[k] = plan.donated[k] >= 0 && first_writer[slot] >= 0 && first_writer[slot] <= failed;
+    if (!f.done[k] && f.donor_written[k]) f.tainted[k] = true;  // half written: it cannot simply run again
+  }
+  return f;
 }
 
 // The backend's whole program: this run's random state and small parameters go into the
@@ -489,9 +527,16 @@ std::vector<std::shared_ptr<Buffer>> realize(const std::vector<Request>& req, Rn
   bind_slots(run, g, req.size(), results);
   // A whole executable runs as one call, unless profiling or a Step hook needs the Steps one by one.
   const bool whole = exe->whole && prof_run < 0 && !hook && !step_times();
-  int64_t moved = whole ? run_whole(run, *exe, rng)
-                        : launch_steps(run, *exe, backends::LaunchArgs{run.slots.data(), rng.seed, rng.offset, dev.index}, prof_run, hook);
-  be.synchronize();
+  int64_t moved = 0;
+  int at = -1;  // the Step being launched (-1: unknown)
+  try {
+    moved = whole ? run_whole(run, *exe, rng)
+                  : launch_steps(run, *exe, backends::LaunchArgs{run.slots.data(), rng.seed, rng.offset, dev.index}, prof_run, hook, at);
+    at = -1;  // an asynchronous device reports a failure at synchronize: of some Step
+    be.synchronize();
+  } catch (const std::exception& e) {
+    throw failure(e.what(), plan, at, results);
+  }
   counters().steps_launched += int64_t(plan.steps.size());
   DeviceCounters& dc = device_counters(dev.kind);
   dc.steps_launched += int64_t(plan.steps.size());

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "core/buffer.h"
+#include "tessera/error.h"
 #include "ir/node.h"
 
 namespace tessera::compiler {
@@ -24,8 +25,23 @@ struct RngArgs {
 };
 
 // Computes every requested node (all on one device) in one graph; returns one buffer per
-// request (contiguous, row-major).
+// request (contiguous, row-major). Throws GraphFailure when the graph fails while running;
+// errors before anything runs (compiling, memory) are plain tessera::Errors.
 std::vector<std::shared_ptr<Buffer>> realize(const std::vector<Request>& requests, RngArgs rng);
+
+// A graph that failed while running (a Step threw: an index out of range, a device error, a test
+// hook), with what the tensor layer needs to confine the failure to what depended on it. Per
+// request: its buffer when its value was complete before the failed Step (else null); whether it
+// depends on the failed Step (`tainted`; untainted incomplete ones never ran and can run again);
+// and for a donated request, whether a Step up to the failed one wrote into the donor (its old
+// value is then lost). Where the failed Step is unknown (a whole program, an asynchronous
+// device's synchronize), every request is tainted and every donated donor counts as written.
+struct GraphFailure : Error {
+  using Error::Error;
+  int failed_step = -1;
+  std::vector<std::shared_ptr<Buffer>> done;
+  std::vector<bool> tainted, donor_written;
+};
 
 // What realize() would run for `requests`, compiled (or found in the compile cache, counted as a
 // compile or a hit, with the same donation decisions) but not run. With `target`, compiled for

@@ -61,7 +61,9 @@ Rng& rng() {
 
 const std::shared_ptr<TensorImpl>& need(const Tensor& t, const char* op) {
   if (!t.defined()) fail(op, "called on an undefined tensor");
-  return detail::impl_of(t);
+  const auto& impl = detail::impl_of(t);
+  if (impl->error) throw Error(*impl->error);
+  return impl;
 }
 
 // Writes host values of type T into storage of dtype t.
@@ -108,8 +110,13 @@ std::vector<char> detail::host_bytes(const Tensor& t, const char* op) {
     }
   } prof_sync{runtime::prof::on()};
   if (prof_sync.on) runtime::prof::sync_begin(op);
-  sync();
   const auto& impl = detail::impl_of(t);
+  try {
+    sync();
+  } catch (const Error&) {  // a failure t did not depend on does not stop reading t
+    if (impl->error) throw Error(*impl->error);
+    if (!impl->buffer) throw;
+  }
   std::vector<char> bytes(size_t(numel(impl->shape)) * itemsize(impl->dtype));
   runtime::download(*impl->buffer, bytes.data(), bytes.size());
   return bytes;
@@ -125,7 +132,8 @@ TensorImpl::~TensorImpl() {
   if (node) set_pending(this, false);
 }
 void TensorImpl::rebind(ir::NodePtr n) {
-  if (buffer) donor = buffer;
+  if (buffer) donor = buffer, donor_version = version;
+  ++version;
   buffer.reset();
   node = std::move(n);
   set_pending(this, true);
@@ -137,7 +145,16 @@ void TensorImpl::realize_to(std::shared_ptr<Buffer> b) {
   donor.reset();
   set_pending(this, false);
 }
+void TensorImpl::set_error(std::string msg) {
+  set_pending(this, false);
+  error = std::make_shared<const std::string>(std::move(msg));
+  node.reset();
+  buffer.reset();
+  donor.reset();
+  realized_from.reset();
+}
 void TensorImpl::adopt_value(const TensorImpl& other) {
+  error = other.error;
   node = other.node;
   buffer = other.buffer;
   shape = other.shape;
@@ -152,6 +169,7 @@ void TensorImpl::revert_to_donor() {
     std::shared_ptr<Buffer> b = donor.lock();
     if (!b) fail("tensor", "internal: the buffer an in-place value replaced is gone", "");
     realize_to(std::move(b));
+    version = donor_version;
   }
   realized_from.reset();
 }
@@ -217,6 +235,49 @@ void set_rng_state(const RngState& s) {
   rng().draws = s.draws;
 }
 
+namespace {
+// One device's pending impls as one graph. When the graph fails while running (failure isolation,
+// docs/architecture.md): a tensor updated in place goes back to its value before the step when
+// the failed run did not write its buffer, else it is errored (all or nothing: no half-applied
+// optimizer step is kept); other values complete before the failure are kept; what did not depend
+// on the failed Step runs again as one graph; the rest become errored, raising the failure when
+// used or read. Returns the failure ("" when none).
+std::string realize_group(const std::vector<std::shared_ptr<TensorImpl>>& group, const RngState& st) {
+  std::vector<runtime::Request> req;
+  for (auto& impl : group) req.push_back({impl->node, impl->donor});
+  try {
+    auto bufs = runtime::realize(req, {st.seed, st.offset});
+    req.clear();
+    for (size_t k = 0; k < group.size(); ++k) group[k]->realize_to(std::move(bufs[k]));
+    return "";
+  } catch (const runtime::GraphFailure& f) {
+    req.clear();
+    std::vector<std::shared_ptr<TensorImpl>> again;
+    for (size_t k = 0; k < group.size(); ++k) {
+      TensorImpl& impl = *group[k];
+      if (!impl.donor.expired() || f.donor_written[k]) {  // updated in place: all or nothing
+        if (!f.donor_written[k]) impl.revert_to_donor();
+        else
+          impl.set_error(std::string(f.what()) +
+                         " (the failed graph had written this tensor's buffer in place: its value before the step is lost; "
+                         "restore it from the last checkpoint)");
+      } else if (f.done[k]) {
+        impl.realize_to(f.done[k]);
+      } else if (!f.tainted[k]) {
+        again.push_back(group[k]);
+      } else {
+        impl.set_error(f.what());
+      }
+    }
+    if (again.size() == group.size())  // nothing depended on the failure: it cannot be confined
+      for (auto& impl : again) impl->set_error(f.what());
+    else if (!again.empty())
+      realize_group(again, st);
+    return f.what();
+  }
+}
+}  // namespace
+
 void sync() {
   const bool prof = runtime::prof::on();
   if (prof) runtime::prof::mark(runtime::prof::Region::Graph);
@@ -239,14 +300,12 @@ void sync() {
     if (it == groups.end()) groups.push_back({impl->device, {impl}});
     else it->second.push_back(impl);
   }
+  std::string failed;
   for (auto& [dev, group] : groups) {
-    std::vector<runtime::Request> req;
-    for (auto& impl : group) req.push_back({impl->node, impl->donor});
-    auto st = detail::rng_state();
-    auto bufs = runtime::realize(req, {st.seed, st.offset});
-    req.clear();
-    for (size_t k = 0; k < group.size(); ++k) group[k]->realize_to(std::move(bufs[k]));
+    std::string e = realize_group(group, detail::rng_state());
+    if (failed.empty()) failed = e;
   }
+  if (!failed.empty()) throw Error(failed);
 }
 
 // ---- Tensor ----
@@ -256,6 +315,11 @@ int64_t Tensor::numel() const { return tessera::numel(shape()); }
 DType Tensor::dtype() const { return need(*this, "dtype")->dtype; }
 Device Tensor::device() const { return need(*this, "device")->device; }
 bool Tensor::is_realized() const { return need(*this, "is_realized")->buffer != nullptr; }
+bool Tensor::failed() const { return defined() && detail::impl_of(*this)->error != nullptr; }
+int64_t Tensor::version() const {
+  if (!defined()) fail("version", "called on an undefined tensor");
+  return detail::impl_of(*this)->version;
+}
 void Tensor::set_data(const Tensor& new_data) {
   need(*this, "set_data")->adopt_value(*need(new_data, "set_data"));
 }

@@ -33,6 +33,10 @@ struct TensorImpl {
   TensorImpl* pending_prev = nullptr;
   TensorImpl* pending_next = nullptr;
   bool pending = false;
+  // Set when the graph computing this value failed (sync(), "failure isolation" in
+  // docs/architecture.md): the error every later use or read of it raises.
+  std::shared_ptr<const std::string> error;
+  int64_t version = 0, donor_version = 0;  // Tensor::version(); the version the donor buffer holds
 
   TensorImpl(ir::NodePtr n);                                      // pending
   TensorImpl(std::shared_ptr<Buffer> b, Shape s, DType t);        // realized
@@ -50,6 +54,8 @@ struct TensorImpl {
   // Undoes the pending in-place value: back on the donor buffer it was rebound from (the advisor
   // traces a step and puts the model back). Throws when that buffer is gone.
   void revert_to_donor();
+  // Pending -> errored: no value; using or reading it throws tessera::Error(msg).
+  void set_error(std::string msg);
 };
 
 namespace detail {

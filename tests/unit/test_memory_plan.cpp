@@ -411,6 +411,7 @@ TEST(MemoryPlan, ACorruptedGuardIsReportedNamingTheStep) {
   // Step 0 writes exp(y) into the arena (see PeakReportNamesTheStepOpAndBuffers).
   ASSERT_EQ(plan->slots[plan->steps[0].output].kind, kir::SlotKind::Temp);
   for (int where : {int(kBig), -1}) {
+    out = two_branches(x, y);
     runtime::set_after_step_hook([&](int step, void* const* slots) {
       if (step == 0) static_cast<char*>(slots[plan->steps[0].output])[where] = 0;
     });
@@ -421,10 +422,11 @@ TEST(MemoryPlan, ACorruptedGuardIsReportedNamingTheStep) {
               std::string::npos)
         << msg;
     EXPECT_NE(msg.find("in scope 'branches'"), std::string::npos) << msg;
-    EXPECT_FALSE(out.is_realized()) << "a failed graph leaves its tensors pending";
+    EXPECT_TRUE(out.failed()) << "the failed graph's output is errored (failure isolation)";
+    EXPECT_EQ(testing::error_message([&] { out.to_vector<float>(); }), msg);
   }
   runtime::set_after_step_hook(nullptr);
-  std::vector<float> got = out.to_vector<float>();  // runs cleanly with the guards left alone
+  std::vector<float> got = two_branches(x, y).to_vector<float>();  // runs cleanly with the guards left alone
   EXPECT_EQ(got.size(), size_t(N));
 }
 

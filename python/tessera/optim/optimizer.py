@@ -6,6 +6,7 @@ training step's graph. Learning rates and step-dependent factors enter that grap
 scalars, so changing group["lr"] between steps never recompiles.
 """
 import copy
+import functools
 from collections import defaultdict
 
 import tessera
@@ -21,6 +22,35 @@ required = _RequiredParameter()
 
 
 class Optimizer:
+    def __init_subclass__(cls, **kwargs):
+        # Every step() (subclasses' too) first takes back what a step whose graph failed left:
+        # tessera.sync() restored the parameters and the state it updated in place and errored
+        # the state it created (docs/architecture.md, "Failure isolation").
+        super().__init_subclass__(**kwargs)
+        inner = cls.__dict__.get("step")
+        if inner is None or getattr(inner, "_takes_back_failed_steps", False):
+            return
+
+        @functools.wraps(inner)
+        def step(self, *args, **kw):
+            self._take_back_failed_step()
+            out = inner(self, *args, **kw)
+            self._versions = {id(p): p._version for g in self.param_groups for p in g["params"]}
+            return out
+        step._takes_back_failed_steps = True
+        cls.step = step
+
+    def _take_back_failed_step(self):
+        versions = getattr(self, "_versions", None)
+        if not versions:
+            return
+        for p, st in list(self.state.items()):
+            if any(isinstance(v, tessera.Tensor) and v._failed() for v in st.values()):
+                del self.state[p]  # state the failed step created
+            elif p._version < versions.get(id(p), -1) and isinstance(st.get("step"), int) and st["step"] > 0:
+                st["step"] -= 1  # its update was taken back
+        self._versions = None
+
     def __init__(self, params, defaults):
         self.defaults = defaults
         self.state = defaultdict(dict)
