@@ -1,7 +1,8 @@
 // Stability soak: 1,000 training steps of a tiny GPT (with dropout, periodic held-out
 // evaluation and checkpoints, like the CLI's loop) keep the live IR node count, the allocator's
 // live bytes, the process RSS and its open file descriptors flat (within 1%) after warm-up.
-// TESSERA_SOAK_STEPS sets the length: bench/soak.sh runs 10,000. Public API, plus the node count.
+// TESSERA_SOAK_STEPS sets the length and TESSERA_SOAK_MODEL=benchmark the benchmark GPT: bench/soak.sh
+// runs that for 10,000 steps. Public API, plus the node count.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -11,6 +12,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <string>
 
 #include <tessera/tessera.h>
 
@@ -40,12 +42,18 @@ struct Sample {
 
 TEST(Soak, ThousandStepsKeepNodesBytesRssAndFilesFlat) {
   const char* env = std::getenv("TESSERA_SOAK_STEPS");
-  const int64_t steps = env ? std::max<int64_t>(std::atoll(env), 400) : 1000, warm = 200, block = 16, batch = 4;
+  // TESSERA_SOAK_MODEL=benchmark: the benchmark GPT (bench_gpt_step's: block 64, embd 128, 4 heads,
+  // 4 layers, batch 16) instead of the tiny one.
+  const char* model_env = std::getenv("TESSERA_SOAK_MODEL");
+  const bool bench_model = model_env && std::string(model_env) == "benchmark";
+  const int64_t steps = env ? std::max<int64_t>(std::atoll(env), 400) : 1000, warm = 200;
+  const int64_t block = bench_model ? 64 : 16, batch = bench_model ? 16 : 4;
   fs::path ckpt = fs::temp_directory_path() / ("tessera-soak-" + std::to_string(getpid()) + ".safetensors");
 
   ts::manual_seed(1);
   ts::data::TextDataset ds(ts::data::read_default_corpus(), block, 0.1);
-  ts::nn::GPT model({.vocab = ds.vocab_size(), .block = block, .embd = 32, .heads = 2, .layers = 1, .dropout = 0.1});
+  ts::nn::GPT model({.vocab = ds.vocab_size(), .block = block, .embd = bench_model ? 128 : 32, .heads = bench_model ? 4 : 2,
+                     .layers = bench_model ? 4 : 1, .dropout = 0.1});
   const ts::Device dev("cpu");
   model.to(dev);
   ts::optim::AdamW opt(model.parameters(), {.lr = 3e-3, .weight_decay = 0.1});
