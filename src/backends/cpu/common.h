@@ -64,8 +64,14 @@ template <class T> inline T to_c(BF16 s) { return T(half::bf16_to_float(s.v)); }
 
 template <class S> inline S from_c(double v);  // compute value -> storage
 template <> inline uint8_t from_c<uint8_t>(double v) { return v != 0; }
-template <> inline int32_t from_c<int32_t>(double v) { return int32_t(v); }
-template <> inline int64_t from_c<int64_t>(double v) { return int64_t(v); }
+// NaN and values out of range give the type's minimum, as x86's truncating conversions
+// (cvttsd2si) do and the native loops therefore do too; in C++ such a conversion is undefined.
+template <> inline int32_t from_c<int32_t>(double v) {
+  return v >= -2147483648.0 && v < 2147483648.0 ? int32_t(v) : std::numeric_limits<int32_t>::min();
+}
+template <> inline int64_t from_c<int64_t>(double v) {
+  return v >= -9223372036854775808.0 && v < 9223372036854775808.0 ? int64_t(v) : std::numeric_limits<int64_t>::min();
+}
 template <> inline float from_c<float>(double v) { return float(v); }
 template <> inline double from_c<double>(double v) { return v; }
 template <> inline F16 from_c<F16>(double v) { return F16{half::float_to_f16(float(v))}; }
