@@ -64,7 +64,7 @@ def compile_one(args, job):
     cmd = [args.cxx, "-std=c++20", "-Wall", "-Wextra", "-Wno-unused-parameter", "-I", args.include, cpp]
     if link:
         lib = os.path.dirname(os.path.abspath(args.lib))
-        cmd += ["-o", os.path.join(args.out, name), "-L", lib, "-Wl,-rpath," + lib, "-ltessera"]
+        cmd += ["-o", os.path.join(args.out, name), "-L", lib, "-Wl,-rpath," + lib, "-ltessera"] + args.link_flag
     else:
         cmd += ["-fsyntax-only"]
     r = subprocess.run(cmd, capture_output=True, text=True)
@@ -76,6 +76,8 @@ def main():
     p.add_argument("--cxx", required=True)
     p.add_argument("--include", required=True, help="the public headers' directory (include/)")
     p.add_argument("--lib", required=True, help="libtessera.so")
+    p.add_argument("--link-flag", action="append", default=[],
+                   help="a flag for linking (a sanitized library: clang links its runtime into the program only)")
     p.add_argument("--out", required=True, help="a scratch directory for the generated sources")
     p.add_argument("--root", default=".", help="the directory the globs are relative to")
     p.add_argument("--optional", action="append", default=[], help="a Markdown file checked when it exists")

@@ -391,7 +391,8 @@ TEST(Devices, HostIsCalibratedAndCached) {
   std::string saved = old ? old : "";
   setenv("XDG_CACHE_HOME", dir.c_str(), 1);
   DeviceSpec h = host_device();
-  EXPECT_GT(h.fp32_flops, 1e8);
+  // Plausible, not fast: a sanitized build on a loaded 2-core machine measured 7e7 flop/s.
+  EXPECT_GT(h.fp32_flops, 1e7);
   EXPECT_GT(h.mem_bw, 1e8);
   EXPECT_GT(h.launch_s, 0);
   EXPECT_LT(h.launch_s, 1e-2);
