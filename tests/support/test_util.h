@@ -1,6 +1,7 @@
 // Helpers shared by the tests: normalized comparisons against the float64 reference, running
 // pending tensors through both the reference evaluator and the runtime, random inputs.
 #pragma once
+#include <algorithm>
 #include <gtest/gtest.h>
 
 #include <cstdint>
@@ -13,6 +14,16 @@
 #include "tessera/tessera.h"
 
 namespace tessera::testing {
+
+// The sanitized build (ASan + UBSan, coverage guards; about 10x slower) runs long training
+// comparisons over fewer steps: memory safety is its job, the Release run checks the numbers.
+#ifdef TESSERA_SANITIZED
+constexpr bool kSanitized = true;
+#else
+constexpr bool kSanitized = false;
+#endif
+// n steps, or a few under the sanitizers.
+constexpr int steps_or_few(int n, int few = 3) { return kSanitized ? std::min(n, few) : n; }
 
 // max|a - b| / max|b| over the elements (DESIGN.md "Testing"); max|a - b| when max|b| == 0.
 // NaN-aware: a NaN (or infinity) in `b` must sit at the same place, with the same value, in

@@ -257,22 +257,24 @@ double worst_grad_error(const GptRun& a, const GptRun& b) {
 }
 
 TEST(MicroBatches, AutoUnderHalfAndAQuarterOfThePeakGivesTheSameLossesAndGradients) {
-  GptRun base = train_gpt(20, 0.0, {}, 1);
+  using testing::steps_or_few;
+  GptRun base = train_gpt(steps_or_few(20), 0.0, {}, 1);
   auto first = [](std::vector<double> v, size_t n) { return std::vector<double>(v.begin(), v.begin() + std::ptrdiff_t(n)); };
   {
     // Rematerialization alone (one graph) meets 3/4 of the peak, not 1/2.
-    GptRun r = train_gpt(10, 0.0, {0, 0.75}, 1);
+    const int n = steps_or_few(10);
+    GptRun r = train_gpt(n, 0.0, {0, 0.75}, 1);
     EXPECT_GT(r.recomputed, 0);
-    EXPECT_LE(testing::normalized_error(r.losses, first(base.losses, 10)), 1e-5);
+    EXPECT_LE(testing::normalized_error(r.losses, first(base.losses, size_t(n))), 1e-5);
     EXPECT_LE(worst_grad_error(r, base), 1e-5);
-    ASSERT_EQ(r.peaks.size(), size_t(10));
+    ASSERT_EQ(r.peaks.size(), size_t(n));
     for (auto& [measured, budget] : r.peaks) EXPECT_LE(measured, int64_t(budget)) << "remat";
     std::string e = testing::error_message([] { train_gpt(1, 0.0, {0, 0.5}, 1); });
     EXPECT_NE(e.find("cannot be met: the smallest step this compiler reaches needs"), std::string::npos) << e;
     EXPECT_NE(e.find("after recomputing"), std::string::npos) << e;
   }
   for (double fraction : {0.5, 0.25}) {
-    const int steps = fraction == 0.5 ? 20 : 10;  // the quarter's first 10 (CI time)
+    const int steps = steps_or_few(fraction == 0.5 ? 20 : 10);  // the quarter's first 10 (CI time)
     GptRun r = train_gpt(steps, 0.0, {0, fraction}, 0);
     EXPECT_GT(r.micro, 1) << fraction;
     EXPECT_LE(testing::normalized_error(r.losses, first(base.losses, size_t(steps))), 1e-5) << fraction;
@@ -307,18 +309,19 @@ std::pair<std::vector<double>, int64_t> train_cnn(int steps, MemoryBudget budget
 }
 
 TEST(MicroBatches, TheSmallCnnAtBatch256UnderHalfAndAQuarterGivesTheSameLosses) {
-  auto [base, one] = train_cnn(5, {}, 1);
+  const int n = testing::steps_or_few(5, 2);
+  auto [base, one] = train_cnn(n, {}, 1);
   EXPECT_EQ(one, 1);
   for (double fraction : {0.5, 0.25}) {
-    auto [losses, k] = train_cnn(5, {0, fraction}, 0);
+    auto [losses, k] = train_cnn(n, {0, fraction}, 0);
     EXPECT_GT(k, 1) << fraction;
     EXPECT_LE(testing::normalized_error(losses, base), 1e-5) << fraction;
   }
 }
 
 TEST(MicroBatches, DropoutMasksMatchTheUnslicedStep) {
-  GptRun base = train_gpt(10, 0.1, {}, 1);
-  GptRun r = train_gpt(10, 0.1, {0, 0.5}, 0);
+  GptRun base = train_gpt(testing::steps_or_few(10), 0.1, {}, 1);
+  GptRun r = train_gpt(testing::steps_or_few(10), 0.1, {0, 0.5}, 0);
   EXPECT_GT(r.micro, 1);
   EXPECT_LE(testing::normalized_error(r.losses, base.losses), 1e-5);
   EXPECT_LE(worst_grad_error(r, base), 1e-5);
