@@ -77,6 +77,18 @@ def _structure_changed():
     _current_version[0] = next(_structure_version)
 
 
+def _zero_grads(params, set_to_none):
+    """Module.zero_grad and Optimizer.zero_grad: drops each gradient, or zeroes it in place."""
+    for p in params:
+        if p.grad is None:
+            continue
+        if set_to_none:
+            p.grad = None
+        else:
+            with tessera.no_grad():
+                p.grad = tessera.zeros_like(p.grad)
+
+
 def _as_tensor(value):
     """value as a tessera tensor: a tessera tensor as is; a torch tensor (even one that requires
     grad) or anything numpy reads, copied. For checkpoints made by either library."""
@@ -390,14 +402,7 @@ class Module:
         return self
 
     def zero_grad(self, set_to_none=True):
-        for p in self.parameters():
-            if p.grad is None:
-                continue
-            if set_to_none:
-                p.grad = None
-            else:
-                with tessera.no_grad():
-                    p.grad = tessera.zeros_like(p.grad)
+        _zero_grads(self.parameters(), set_to_none)
 
     def apply(self, fn):
         for m in self.children():

@@ -10,7 +10,7 @@ import functools
 from collections import defaultdict
 
 import tessera
-from tessera.nn.module import _as_tensor
+from tessera.nn.module import _as_tensor, _zero_grads
 
 
 class _RequiredParameter:
@@ -102,15 +102,7 @@ class Optimizer:
         self.param_groups.append(group)
 
     def zero_grad(self, set_to_none=True):
-        for g in self.param_groups:
-            for p in g["params"]:
-                if p.grad is None:
-                    continue
-                if set_to_none:
-                    p.grad = None
-                else:
-                    with tessera.no_grad():
-                        p.grad = tessera.zeros_like(p.grad)
+        _zero_grads((p for g in self.param_groups for p in g["params"]), set_to_none)
 
     def step(self, closure=None):
         raise NotImplementedError
