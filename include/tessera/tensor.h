@@ -348,7 +348,10 @@ bool grad_enabled();
 // Python's no_grad/enable_grad save and restore it).
 void set_grad_enabled(bool on);
 
-// Realizes every pending tensor still referenced by a live handle (one graph per device).
+// Realizes every pending tensor still referenced by a live handle (one graph per device). When a
+// graph fails while running, it throws that error once, after confining it: the tensors that
+// depended on the failure become failed() (using or reading one throws it again), tensors updated
+// in place by the failed step get their values from before it back, the rest are computed.
 void sync();
 std::ostream& operator<<(std::ostream& os, const Tensor& t);
 
