@@ -15,13 +15,13 @@ pass), the peer of Tessera's memory budget (bench/memory_budget.sh).
 The last line is machine-readable: RESULT torch threads=... median_ms=... maxrss_mb=...
 """
 import argparse
+import importlib
 import math
 import time
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-import torch.utils.checkpoint
 
 from gpt_data import BATCH, BLOCK, EMBD, HEADS, LAYERS, NBATCHES, VOCAB, make_batches, max_rss_mib, step_stats
 
@@ -92,6 +92,8 @@ def main():
     rss_base = max_rss_mib()
     model = GPT()
     model.checkpoint = a.checkpoint
+    if a.checkpoint:  # imported only then: the same file runs on Tessera (gpt_step_tessera.py), which lacks it
+        importlib.import_module("torch.utils.checkpoint")
     model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.1)
     batches = make_batches(a.batch)
