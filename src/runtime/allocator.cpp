@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "backends/backend.h"
+#include "compiler/lower.h"
 #include "core/fail.h"
 #include "runtime/metrics_impl.h"
 #include "tessera/memory.h"
@@ -17,7 +18,8 @@
 namespace tessera::runtime {
 namespace {
 
-constexpr size_t kRound = kAllocRound;
+using compiler::mib;
+
 constexpr size_t kMaxCached = size_t(4) << 30;  // beyond this, freed blocks go back to the backend
 
 using DeviceKey = std::pair<std::string, int>;
@@ -72,14 +74,8 @@ size_t release_cached(Cache& c, const Device& d) {
   return freed;
 }
 
-std::string mib(size_t b) {
-  char buf[48];
-  std::snprintf(buf, sizeof buf, "%.2f MiB", double(b) / (1024.0 * 1024.0));
-  return buf;
-}
-
 // ---- sentinel mode (debug) ----
-// A guarded block is [guard][nbytes of data][slack to a multiple of kRound][guard]; the caller
+// A guarded block is [guard][nbytes of data][slack to a multiple of kAllocRound][guard]; the caller
 // gets base + guard. Guarded blocks bypass the cache: each comes from and goes back to the backend.
 struct Guarded {
   Device device;
@@ -131,7 +127,7 @@ void record_check(Sentinels& s, const Guarded& g, const std::string& why) {
 
 std::shared_ptr<Buffer> allocate_guarded(const Device& d, size_t nbytes, size_t guard) {
   backends::Backend& be = backends::backend_for(d);
-  size_t rounded = (nbytes + kRound - 1) / kRound * kRound;
+  size_t rounded = allocated_size(nbytes);
   Guarded g{d, nullptr, nbytes, guard, guard + rounded + guard};
   g.base = be.allocate(d.index, g.total);
   for (auto [b, e] : guard_ranges(g)) {
@@ -173,7 +169,7 @@ std::shared_ptr<Buffer> allocate_guarded(const Device& d, size_t nbytes, size_t 
 
 std::shared_ptr<Buffer> allocate(const Device& d, size_t nbytes) {
   if (size_t guard = sentinels().bytes.load()) return allocate_guarded(d, nbytes, guard);
-  size_t rounded = (nbytes + kRound - 1) / kRound * kRound;
+  size_t rounded = allocated_size(nbytes);
   void* p = nullptr;
   Cache& c = cache();
   const DeviceKey key{d.kind, d.index};
@@ -306,7 +302,7 @@ std::shared_ptr<Buffer> copy_between_devices(const Buffer& src, const Device& d)
 
 void check_device(const Device& d) { backends::backend_for(d); }
 
-void set_sentinels(size_t bytes) { sentinels().bytes = (bytes + kRound - 1) / kRound * kRound; }
+void set_sentinels(size_t bytes) { sentinels().bytes = allocated_size(bytes); }
 
 std::vector<std::string> check_sentinels() {
   Sentinels& s = sentinels();

@@ -15,6 +15,7 @@ namespace tessera::runtime {
 // after the allocator's cached blocks of that device went back to it.
 std::shared_ptr<Buffer> allocate(const Device& d, size_t nbytes);
 constexpr size_t kAllocRound = 256;  // every allocation is rounded up to this
+constexpr size_t allocated_size(size_t nbytes) { return (nbytes + kAllocRound - 1) / kAllocRound * kAllocRound; }
 // The bytes of live buffers on d (rounded as allocated); the memory limit in force (0: none) and
 // where it came from ("TESSERA_MEMORY_LIMIT", "set_memory_limit").
 size_t live_bytes_on(const Device& d);

@@ -365,11 +365,10 @@ bool step_times() {
 void check_fits(const compiler::Plan& plan, const Device& dev) {
   const size_t limit = memory_limit();
   if (!limit) return;
-  auto rounded = [](size_t n) { return (n + kAllocRound - 1) / kAllocRound * kAllocRound; };
   size_t outputs = 0;
   for (size_t k = 0; k < plan.output_slot.size(); ++k)
-    if (plan.donated[k] < 0) outputs += rounded(plan.slots[size_t(plan.output_slot[k])].nbytes);
-  const size_t more = outputs + rounded(plan.arena_bytes), live = live_bytes_on(dev);
+    if (plan.donated[k] < 0) outputs += allocated_size(plan.slots[size_t(plan.output_slot[k])].nbytes);
+  const size_t more = outputs + allocated_size(plan.arena_bytes), live = live_bytes_on(dev);
   if (live + more <= limit) return;
   using compiler::mib;
   fail("memory", "out of memory on " + dev.str() + ": this graph needs " + mib(more) + " (outputs " + mib(outputs) + ", arena " +
