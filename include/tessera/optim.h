@@ -8,6 +8,7 @@
 //   optim::AdamW opt({{decay}, {no_decay, optim::AdamOptions{.lr = 3e-4, .weight_decay = 0}}},
 //                    {.lr = 3e-4, .weight_decay = 0.1});
 #pragma once
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -60,14 +61,26 @@ class Optimizer {
   virtual const std::vector<Tensor>& group_params(size_t g) const = 0;
   virtual double group_lr(size_t g) const = 0;
   virtual void set_group_lr(size_t g, double lr) = 0;
-  // A step whose graph failed while running is taken back by sync() (its in-place updates undone,
-  // the tensors it created errored: Tensor::failed). step() calls begin_step() first, which then
-  // drops the count and the state tensors that step created, so the next step is the one that
-  // failed, run again; and end_step() last.
-  void begin_step();
-  void end_step();
+  // What step() runs inside. A step whose graph failed while running is taken back by sync() (its
+  // in-place updates undone, the tensors it created errored: Tensor::failed); entering the next
+  // step drops the count and the state tensors that step created, so it is the failed one run
+  // again, and done() records the parameters' versions when a step completes. One thread at a
+  // time: a second thread entering the same optimizer's step raises (docs/architecture.md,
+  // Threading).
+  class StepScope {
+   public:
+    explicit StepScope(Optimizer& o);
+    ~StepScope();
+    StepScope(const StepScope&) = delete;
+    StepScope& operator=(const StepScope&) = delete;
+    void done();
+
+   private:
+    Optimizer& o_;
+  };
   int64_t param_versions() const;
   int64_t versions_after_step_ = -1;  // the parameters' versions after the last step (-1: none)
+  std::atomic<bool> in_step_{false};
 
   const char* name_;  // for error messages: "SGD", "Adam", "AdamW"
   std::vector<std::map<std::string, Tensor>> state_;  // per parameter, in params() order

@@ -145,18 +145,26 @@ int64_t Optimizer::param_versions() const {
   return v;
 }
 
-void Optimizer::begin_step() {
-  if (versions_after_step_ >= 0 && steps_ > 0 && param_versions() < versions_after_step_) --steps_;  // taken back
-  for (auto& st : state_)
-    for (auto it = st.begin(); it != st.end();) it = it->second.failed() ? st.erase(it) : std::next(it);
+Optimizer::StepScope::StepScope(Optimizer& o) : o_(o) {
+  if (o.in_step_.exchange(true))
+    fail(std::string(o.name_) + ".step",
+         "another thread is inside this optimizer's step; one thread at a time steps an optimizer (docs/architecture.md, Threading)");
+  try {
+    if (o.versions_after_step_ >= 0 && o.steps_ > 0 && o.param_versions() < o.versions_after_step_) --o.steps_;  // taken back
+    for (auto& st : o.state_)
+      for (auto it = st.begin(); it != st.end();) it = it->second.failed() ? st.erase(it) : std::next(it);
+  } catch (...) {
+    o.in_step_ = false;
+    throw;
+  }
 }
-
-void Optimizer::end_step() { versions_after_step_ = param_versions(); }
+Optimizer::StepScope::~StepScope() { o_.in_step_ = false; }
+void Optimizer::StepScope::done() { o_.versions_after_step_ = o_.param_versions(); }
 
 SGD::SGD(std::vector<Group> groups, SGDOptions defaults) : OptimizerBase("SGD", std::move(groups), defaults) {}
 
 void SGD::step() {
-  begin_step();
+  StepScope scope(*this);
   size_t i = 0;  // the parameter's index in state_
   for (Group& group : groups_) {
     std::vector<Tensor> grads, bufs;
@@ -170,7 +178,7 @@ void SGD::step() {
       if (bufs[k].defined()) state_[i]["momentum_buffer"] = bufs[k];
   }
   ++steps_;
-  end_step();
+  scope.done();
 }
 
 // ---- Adam / AdamW ----
@@ -179,7 +187,7 @@ Adam::Adam(std::vector<Group> groups, AdamOptions defaults, bool decoupled)
     : OptimizerBase(decoupled ? "AdamW" : "Adam", std::move(groups), defaults), decoupled_(decoupled) {}
 
 void Adam::step() {
-  begin_step();
+  StepScope scope(*this);
   ++steps_;
   size_t i = 0;  // the parameter's index in state_
   for (Group& group : groups_) {
@@ -196,7 +204,7 @@ void Adam::step() {
     }
     adam_update(group.params, grads, m, v, steps_, *group.options, decoupled_);
   }
-  end_step();
+  scope.done();
 }
 
 // ---- the update kernels ----

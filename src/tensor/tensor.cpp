@@ -18,22 +18,66 @@
 namespace tessera {
 namespace {
 
-// Pending impls in the order they last became pending, so graphs are built deterministically:
-// an intrusive list (no allocation per tensor), re-registering moves an impl to the end.
+struct Rng {
+  uint64_t seed = 0x7e55e2a;
+  uint64_t offset = 0;
+  uint32_t draws = 0;
+};
+
+// The lazy graph's state, under one mutex: pending impls in the order they last became pending,
+// so graphs are built deterministically (an intrusive list: no allocation per tensor,
+// re-registering moves an impl to the end); the generator; and the owner thread. Threading
+// (docs/architecture.md): one thread at a time holds unsynced work (pending tensors or traced
+// draws); another thread's call that would build on the graph, run it or draw then raises.
 struct Registry {
   std::mutex mu;
   TensorImpl* head = nullptr;
   TensorImpl* tail = nullptr;
   size_t count = 0;
+  Rng rng;
+  int owner = 0;         // thread_no() of the thread that last claimed the graph (0: none)
+  bool syncing = false;  // the owner is running its pending work (sync() until reset_draws())
+  bool busy() const { return count || rng.draws || syncing; }
 };
 Registry& registry() {
   static Registry* r = new Registry();
   return *r;
 }
 
-void set_pending(TensorImpl* t, bool on) {
-  Registry& r = registry();
-  std::lock_guard<std::mutex> lock(r.mu);
+// Threads are numbered 1, 2, ... in the order they first use the graph; a thread that exits while
+// owning the graph gives it up, so another can take over what it left pending.
+struct ThreadNo {
+  int n;
+  ThreadNo() {
+    static std::atomic<int> next{1};
+    n = next++;
+  }
+  ~ThreadNo() {
+    Registry& r = registry();
+    std::lock_guard<std::mutex> lock(r.mu);
+    if (r.owner == n) r.owner = 0;
+  }
+};
+int thread_no() {
+  thread_local ThreadNo t;
+  return t.n;
+}
+
+// With r.mu held: makes the calling thread the graph's owner, or throws when another thread holds
+// unsynced work (the state is untouched).
+void claim(Registry& r, std::string_view what) {
+  const int me = thread_no();
+  if (r.owner && r.owner != me && r.busy())
+    fail(std::string(what), "thread " + std::to_string(me) +
+                " cannot use the lazy graph while thread " + std::to_string(r.owner) + " holds unsynced work (" +
+                std::to_string(r.count) + " pending tensors, " + std::to_string(r.rng.draws) +
+                " random draws); one thread at a time builds, runs and draws: call tessera::sync() on thread " +
+                std::to_string(r.owner) + " first (docs/architecture.md, Threading)");
+  r.owner = me;
+}
+
+// With r.mu held: links t at the end of the pending list (on) or unlinks it.
+void set_pending(Registry& r, TensorImpl* t, bool on) {
   if (t->pending) {
     (t->pending_prev ? t->pending_prev->pending_next : r.head) = t->pending_next;
     (t->pending_next ? t->pending_next->pending_prev : r.tail) = t->pending_prev;
@@ -49,20 +93,13 @@ void set_pending(TensorImpl* t, bool on) {
   }
 }
 
-struct Rng {
-  uint64_t seed = 0x7e55e2a;
-  uint64_t offset = 0;
-  uint32_t draws = 0;
-};
-Rng& rng() {
-  static Rng r;
-  return r;
-}
-
 const std::shared_ptr<TensorImpl>& need(const Tensor& t, const char* op) {
   if (!t.defined()) fail(op, "called on an undefined tensor");
   const auto& impl = detail::impl_of(t);
-  if (impl->error) throw Error(*impl->error);
+  if (impl->errored.load(std::memory_order_acquire)) {
+    std::lock_guard<std::mutex> lock(registry().mu);
+    throw Error(*impl->error);
+  }
   return impl;
 }
 
@@ -97,6 +134,31 @@ void convert_from(const void* src, DType t, int64_t n, T* dst) {
   }
 }
 
+// The buffer holding t's value after sync(); a value is read without syncing while another thread
+// owns the graph (reading never touches that thread's work). A failure t did not depend on does
+// not stop reading t.
+std::shared_ptr<Buffer> value_buffer(const Tensor& t) {
+  const auto& impl = detail::impl_of(t);
+  Registry& r = registry();
+  {
+    std::lock_guard<std::mutex> lock(r.mu);
+    if (impl->error) throw Error(*impl->error);
+    if (impl->buffer && r.owner != thread_no() && r.busy()) return impl->buffer;
+  }
+  std::exception_ptr failure;
+  try {
+    sync();
+  } catch (const Error&) {
+    failure = std::current_exception();
+  }
+  std::lock_guard<std::mutex> lock(r.mu);
+  if (impl->error) throw Error(*impl->error);
+  if (impl->buffer) return impl->buffer;
+  if (failure) std::rethrow_exception(failure);
+  fail("read", "thread " + std::to_string(r.owner) +
+                   " updated this tensor in place before this thread could read it (docs/architecture.md, Threading)");
+}
+
 }  // namespace
 
 std::vector<char> detail::host_bytes(const Tensor& t, const char* op) {
@@ -110,51 +172,65 @@ std::vector<char> detail::host_bytes(const Tensor& t, const char* op) {
     }
   } prof_sync{runtime::prof::on()};
   if (prof_sync.on) runtime::prof::sync_begin(op);
-  const auto& impl = detail::impl_of(t);
-  try {
-    sync();
-  } catch (const Error&) {  // a failure t did not depend on does not stop reading t
-    if (impl->error) throw Error(*impl->error);
-    if (!impl->buffer) throw;
-  }
-  std::vector<char> bytes(size_t(numel(impl->shape)) * itemsize(impl->dtype));
-  runtime::download(*impl->buffer, bytes.data(), bytes.size());
+  std::shared_ptr<Buffer> b = value_buffer(t);
+  std::vector<char> bytes(size_t(numel(t.shape())) * itemsize(t.dtype()));
+  runtime::download(*b, bytes.data(), bytes.size());
   return bytes;
 }
 
 // ---- TensorImpl ----
+// Every change of an impl's value happens with the registry's mutex held, so a thread reading a
+// realized value (host_bytes) sees it whole while the owner of the graph works.
 TensorImpl::TensorImpl(ir::NodePtr n) : node(std::move(n)), shape(node->shape), dtype(node->dtype), device(node->device) {
-  set_pending(this, true);
+  Registry& r = registry();
+  std::lock_guard<std::mutex> lock(r.mu);
+  claim(r, ir::op_name(node->op));
+  set_pending(r, this, true);
 }
 TensorImpl::TensorImpl(std::shared_ptr<Buffer> b, Shape s, DType t)
     : buffer(std::move(b)), shape(std::move(s)), dtype(t), device(buffer->device) {}
 TensorImpl::~TensorImpl() {
-  if (node) set_pending(this, false);
+  if (!pending) return;
+  Registry& r = registry();
+  std::lock_guard<std::mutex> lock(r.mu);
+  set_pending(r, this, false);
 }
 void TensorImpl::rebind(ir::NodePtr n) {
+  Registry& r = registry();
+  std::lock_guard<std::mutex> lock(r.mu);
+  claim(r, "in-place update");
   if (buffer) donor = buffer, donor_version = version;
   ++version;
   buffer.reset();
   node = std::move(n);
-  set_pending(this, true);
+  set_pending(r, this, true);
 }
 void TensorImpl::realize_to(std::shared_ptr<Buffer> b) {
+  Registry& r = registry();
+  std::lock_guard<std::mutex> lock(r.mu);
   realized_from = node;
   buffer = std::move(b);
   node.reset();
   donor.reset();
-  set_pending(this, false);
+  set_pending(r, this, false);
 }
 void TensorImpl::set_error(std::string msg) {
-  set_pending(this, false);
+  Registry& r = registry();
+  std::lock_guard<std::mutex> lock(r.mu);
+  set_pending(r, this, false);
   error = std::make_shared<const std::string>(std::move(msg));
+  errored.store(true, std::memory_order_release);
   node.reset();
   buffer.reset();
   donor.reset();
   realized_from.reset();
 }
 void TensorImpl::adopt_value(const TensorImpl& other) {
+  Registry& r = registry();
+  std::lock_guard<std::mutex> lock(r.mu);
+  claim(r, "set_data");
   error = other.error;
+  errored.store(error != nullptr, std::memory_order_release);
   node = other.node;
   buffer = other.buffer;
   shape = other.shape;
@@ -162,7 +238,7 @@ void TensorImpl::adopt_value(const TensorImpl& other) {
   device = other.device;
   donor.reset();
   realized_from = other.realized_from;
-  set_pending(this, node != nullptr);
+  set_pending(r, this, node != nullptr);
 }
 void TensorImpl::revert_to_donor() {
   if (node) {
@@ -177,16 +253,25 @@ void TensorImpl::revert_to_donor() {
 namespace detail {
 ir::NodePtr node_of(const Tensor& t) {
   const auto& impl = need(t, "tensor");
-  if (impl->node) return impl->node;
-  return ir::leaf(impl->buffer, impl->shape, impl->dtype);
+  std::shared_ptr<Buffer> b;
+  {
+    Registry& r = registry();
+    std::lock_guard<std::mutex> lock(r.mu);
+    claim(r, "an op on a tensor");
+    if (impl->node) return impl->node;
+    b = impl->buffer;
+  }
+  return ir::leaf(std::move(b), impl->shape, impl->dtype);
 }
 Tensor from_node(ir::NodePtr n) { return TensorAccess::make(std::make_shared<TensorImpl>(std::move(n))); }
 Tensor from_buffer(std::shared_ptr<Buffer> b, Shape s, DType t) {
   return TensorAccess::make(std::make_shared<TensorImpl>(std::move(b), std::move(s), t));
 }
-std::vector<std::shared_ptr<TensorImpl>> pending_impls() {
+std::vector<std::shared_ptr<TensorImpl>> pending_impls(bool for_sync) {
   Registry& r = registry();
   std::lock_guard<std::mutex> lock(r.mu);
+  claim(r, for_sync ? "sync" : "pending tensors");
+  r.syncing |= for_sync;
   std::vector<std::shared_ptr<TensorImpl>> out;
   out.reserve(r.count);
   for (TensorImpl* impl = r.head; impl; impl = impl->pending_next) {
@@ -205,14 +290,26 @@ std::vector<runtime::Request> pending_requests(const std::vector<Tensor>& output
   }
   return req;
 }
-RngState rng_state() { return {rng().seed, rng().offset, rng().draws}; }
+RngState rng_state() {
+  Registry& r = registry();
+  std::lock_guard<std::mutex> lock(r.mu);
+  return {r.rng.seed, r.rng.offset, r.rng.draws};
+}
 static thread_local BatchSlice g_batch_slice;
 BatchSlice batch_slice() { return g_batch_slice; }
-uint32_t next_draw() { return rng().draws++; }
+uint32_t next_draw() {
+  Registry& r = registry();
+  std::lock_guard<std::mutex> lock(r.mu);
+  claim(r, "a random draw");
+  return r.rng.draws++;
+}
 // Draws are numbered from the offset: the next sync's draws follow every draw traced before.
 void reset_draws() {
-  rng().offset += rng().draws;
-  rng().draws = 0;
+  Registry& r = registry();
+  std::lock_guard<std::mutex> lock(r.mu);
+  r.rng.offset += r.rng.draws;
+  r.rng.draws = 0;
+  r.syncing = false;
 }
 }  // namespace detail
 
@@ -224,15 +321,25 @@ BatchSliceScope::BatchSliceScope(int64_t start, int64_t rows)
 BatchSliceScope::~BatchSliceScope() { detail::g_batch_slice = {prev_start_, prev_rows_}; }
 
 void manual_seed(uint64_t seed) {
-  if (rng().draws) sync();  // pending draws take the old seed's numbers; this resets draws
-  rng().seed = seed;
-  rng().offset = 0;
+  Registry& r = registry();
+  bool drawn;
+  {
+    std::lock_guard<std::mutex> lock(r.mu);
+    claim(r, "manual_seed");
+    drawn = r.rng.draws;
+  }
+  if (drawn) sync();  // pending draws take the old seed's numbers; this resets draws
+  std::lock_guard<std::mutex> lock(r.mu);
+  claim(r, "manual_seed");
+  r.rng.seed = seed;
+  r.rng.offset = 0;
 }
 RngState rng_state() { return detail::rng_state(); }
 void set_rng_state(const RngState& s) {
-  rng().seed = s.seed;
-  rng().offset = s.offset;
-  rng().draws = s.draws;
+  Registry& r = registry();
+  std::lock_guard<std::mutex> lock(r.mu);
+  claim(r, "set_rng_state");
+  r.rng = {s.seed, s.offset, s.draws};
 }
 
 namespace {
@@ -281,7 +388,7 @@ std::string realize_group(const std::vector<std::shared_ptr<TensorImpl>>& group,
 void sync() {
   const bool prof = runtime::prof::on();
   if (prof) runtime::prof::mark(runtime::prof::Region::Graph);
-  auto impls = detail::pending_impls();
+  auto impls = detail::pending_impls(true);
   struct Reset {
     bool prof;
     ~Reset() {
@@ -314,8 +421,15 @@ int64_t Tensor::size(int64_t d) const { return shape()[wrap_dim(d, shape(), "siz
 int64_t Tensor::numel() const { return tessera::numel(shape()); }
 DType Tensor::dtype() const { return need(*this, "dtype")->dtype; }
 Device Tensor::device() const { return need(*this, "device")->device; }
-bool Tensor::is_realized() const { return need(*this, "is_realized")->buffer != nullptr; }
-bool Tensor::failed() const { return defined() && detail::impl_of(*this)->error != nullptr; }
+bool Tensor::is_realized() const {
+  const auto& impl = need(*this, "is_realized");
+  std::lock_guard<std::mutex> lock(registry().mu);
+  return impl->buffer != nullptr;
+}
+bool Tensor::failed() const {
+  if (!defined()) return false;
+  return detail::impl_of(*this)->errored.load(std::memory_order_acquire);
+}
 int64_t Tensor::version() const {
   if (!defined()) fail("version", "called on an undefined tensor");
   return detail::impl_of(*this)->version;
@@ -354,11 +468,11 @@ template std::vector<uint8_t> Tensor::to_vector<uint8_t>() const;
 void* Tensor::host_data(std::shared_ptr<void>* keep) const {
   need(*this, "host_data");
   runtime::counters().host_syncs++;
-  sync();
-  const auto& impl = detail::impl_of(*this);
-  if (!impl->buffer || impl->buffer->device.kind != "cpu") return nullptr;
-  if (keep) *keep = impl->buffer;
-  return impl->buffer->data;
+  std::shared_ptr<Buffer> b = value_buffer(*this);
+  if (b->device.kind != "cpu") return nullptr;
+  void* data = b->data;
+  if (keep) *keep = std::move(b);
+  return data;
 }
 
 std::string Tensor::str() const {

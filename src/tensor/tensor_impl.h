@@ -2,6 +2,7 @@
 // Every change of that state (becoming pending, realized, rebound in place, moved to another
 // device, reverted) is a method here, written once; the layers above call them.
 #pragma once
+#include <atomic>
 #include <memory>
 #include <vector>
 
@@ -36,6 +37,7 @@ struct TensorImpl {
   // Set when the graph computing this value failed (sync(), "failure isolation" in
   // docs/architecture.md): the error every later use or read of it raises.
   std::shared_ptr<const std::string> error;
+  std::atomic<bool> errored{false};  // error != nullptr, readable without the registry's mutex
   int64_t version = 0, donor_version = 0;  // Tensor::version(); the version the donor buffer holds
 
   TensorImpl(ir::NodePtr n);                                      // pending
@@ -73,8 +75,10 @@ inline const std::shared_ptr<TensorImpl>& impl_of(const Tensor& t) { return Tens
 ir::NodePtr node_of(const Tensor& t);
 Tensor from_node(ir::NodePtr n);
 Tensor from_buffer(std::shared_ptr<Buffer> b, Shape s, DType t);
-// Live pending impls (the runtime realizes all of them on sync).
-std::vector<std::shared_ptr<TensorImpl>> pending_impls();
+// Live pending impls (the runtime realizes all of them on sync). Claims the graph for the calling
+// thread (docs/architecture.md, Threading); for sync(), also marks it as running until
+// reset_draws().
+std::vector<std::shared_ptr<TensorImpl>> pending_impls(bool for_sync = false);
 // What sync() would request to compute `outputs` (every pending tensor when empty), in its
 // order and with its donors, so the graph and its cache key are the ones sync() would run.
 std::vector<runtime::Request> pending_requests(const std::vector<Tensor>& outputs = {});
