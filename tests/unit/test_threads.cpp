@@ -94,7 +94,7 @@ TEST(Threads, ASecondThreadIsRefusedWhileTheOwnerHoldsWork) {
     manual_seed(7);
     Tensor p = from_vector<float>({1, 2, 3, 4}, {4});
     Trainer other(5);  // built and synced here; stepped from the intruding thread
-    auto [x, y] = Trainer::batch(0);
+    std::pair<Tensor, Tensor> xy = Trainer::batch(0);
     Tensor noise = rand({64});
     Tensor doubled = p * 2.0;
     std::vector<std::string> errors;
@@ -111,7 +111,7 @@ TEST(Threads, ASecondThreadIsRefusedWhileTheOwnerHoldsWork) {
         expect("a random draw", [&] { rand({4}); });
         expect("manual_seed", [&] { manual_seed(1); });
         expect("set_rng_state", [&] { set_rng_state({1, 2, 0}); });
-        expect("a training step", [&] { other.step(x, y); });
+        expect("a training step", [&] { other.step(xy.first, xy.second); });
         read = p.to_vector<float>();  // a value: read without touching the owner's work
         Tensor upload = from_vector<float>({5, 6}, {2});  // uploads are values too
         read.push_back(upload.to_vector<float>()[1]);
