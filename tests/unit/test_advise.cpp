@@ -258,6 +258,79 @@ TEST(GptWorkloads, MaxBatchIsTheLargestThatFits) {
   EXPECT_LE(g.max_batch(huge, DType::Float32, 64), 64) << "the search stops at its limit";
 }
 
+// The memory budget's rewrites as the runtime applies them under a budget of the device's usable
+// memory: one graph while it fits, then one graph rematerialized, then the fewest micro-batches.
+// The model has activations well above its parameters (block 64), so rematerialization reaches
+// 0.9 of the plain footprint but not what a one-row slice needs.
+TEST(GptWorkloads, FitTakesOneGraphThenRematThenTheFewestMicroBatches) {
+  const nn::GPTConfig cfg = tiny_gpt(1, 32, 64);
+  GptWorkloads g(cfg);
+  DeviceSpec d = find_device(builtin_devices(), "t4");
+  const DType f32 = DType::Float32;
+  const double plain = g.at(8, d, f32).footprint_bytes();
+  int64_t nparams = 0;  // by the model, not the advisor: a slice holds beside it the gradients and both moments
+  {
+    nn::GPT m(cfg);
+    for (const Tensor& p : m.parameters()) nparams += p.numel();
+  }
+  const Workload& one_row = g.slice(1, d, f32);
+  EXPECT_DOUBLE_EQ(one_row.beside_bytes, 3.0 * 4.0 * double(nparams));
+  EXPECT_EQ(one_row.grad_bytes, 0) << "the update all-reduces the gradients, once";
+  EXPECT_TRUE(detail::pending_impls().empty()) << "the model is put back after a slice";
+
+  d.usable_bytes = plain;
+  Fit f = g.fit(8, d, f32);
+  EXPECT_TRUE(f.fits);
+  EXPECT_EQ(f.micro_batches, 1);
+  EXPECT_EQ(f.recomputed_steps, 0);
+  EXPECT_DOUBLE_EQ(f.slowdown(), 1.0);
+
+  d.usable_bytes = 0.9 * plain;
+  f = g.fit(8, d, f32);
+  EXPECT_TRUE(f.fits);
+  EXPECT_EQ(f.micro_batches, 1);
+  EXPECT_GT(f.recomputed_steps, 0);
+  EXPECT_LE(f.peak_bytes, d.usable_bytes);
+  EXPECT_GT(f.slowdown(), 1.0) << "recomputed Steps cost time";
+  EXPECT_EQ(f.recomputed_steps, g.rematerialized(8, d, f32).plan.recomputed_steps);
+
+  // Room for a one-row slice only: 8 micro-batches, priced as 7 slices plus the whole step at one row.
+  d.usable_bytes = one_row.footprint_bytes();
+  ASSERT_GT(g.slice(2, d, f32).footprint_bytes(), d.usable_bytes);
+  EXPECT_TRUE(g.rematerialized(8, d, f32).over_budget);
+  f = g.fit(8, d, f32);
+  EXPECT_TRUE(f.fits);
+  EXPECT_EQ(f.micro_batches, 8);
+  EXPECT_DOUBLE_EQ(f.peak_bytes, one_row.footprint_bytes());
+  EXPECT_DOUBLE_EQ(f.step_s, 7 * predict(d, one_row, {}).step_s + predict(d, g.at(1, d, f32), {}).step_s);
+  EXPECT_GT(f.slowdown(), 1.0);
+  EXPECT_EQ(g.max_slice_rows(d, f32), 1);
+
+  d.usable_bytes = one_row.footprint_bytes() - 1;
+  EXPECT_FALSE(g.fit(8, d, f32).fits);
+  EXPECT_EQ(g.max_slice_rows(d, f32), 0);
+}
+
+// The largest batch with rematerialization: at least the plain one; one more fits neither way.
+TEST(GptWorkloads, MaxBatchWithRematIsTheLargestTheCompilerFits) {
+  GptWorkloads g(tiny_gpt(1, 32, 64));
+  DeviceSpec d = find_device(builtin_devices(), "t4");
+  const DType f32 = DType::Float32;
+  d.usable_bytes = g.at(6, d, f32).footprint_bytes();
+  const int64_t plain = g.max_batch(d, f32), remat = g.max_batch_remat(d, f32);
+  EXPECT_EQ(plain, 6);
+  EXPECT_GT(remat, plain) << "rematerialization takes activations off the peak";
+  const Workload& w = g.rematerialized(remat, d, f32);
+  EXPECT_FALSE(w.over_budget);
+  EXPECT_LE(w.footprint_bytes(), d.usable_bytes);
+  const Workload& over = g.rematerialized(remat + 1, d, f32);
+  EXPECT_TRUE(over.over_budget || over.footprint_bytes() > d.usable_bytes);
+  const int64_t rows = g.max_slice_rows(d, f32);
+  EXPECT_GE(rows, 1);
+  EXPECT_LE(g.slice(rows, d, f32).footprint_bytes(), d.usable_bytes);
+  EXPECT_GT(g.slice(rows + 1, d, f32).footprint_bytes(), d.usable_bytes);
+}
+
 TEST(Devices, TableHasEveryDeviceWithPositiveFigures) {
   std::vector<DeviceSpec> t = builtin_devices();
   std::set<std::string> names;
