@@ -104,6 +104,30 @@ Rewrites rewrites_on(advise::GptWorkloads& works, const advise::DeviceSpec& d, c
   return rw;
 }
 
+// --memory-budget: none; 0 for auto (each device's usable memory); else bytes.
+std::optional<size_t> budget_of(const AdviseOptions& o) {
+  if (o.memory_budget.empty()) return std::nullopt;
+  if (o.memory_budget == "auto") return size_t(0);
+  MemoryBudget b = MemoryBudget::parse(o.memory_budget);
+  if (!b.bytes) fail("advise", "--memory-budget takes auto or bytes (200MB, 12GiB), not '" + o.memory_budget + "'", "");
+  return b.bytes;
+}
+
+void print_rewrites(const std::vector<Row>& rows, size_t budget, const AdviseOptions& o) {
+  std::printf("\nWith the memory budget's rewrites (budget: %s):\n"
+              "REMAT MAX: the largest batch run as one graph rematerialized (slowdown against that batch unbudgeted);\n"
+              "SLICE ROWS: the most rows per micro-batch (--micro-batches auto runs any batch in slices of up to that many);\n"
+              "AT BATCH %lld: how it fits (slowdown against it as one graph unbudgeted).\n",
+              budget ? human_bytes(double(budget)).c_str() : "each device's usable memory", (long long)o.batch);
+  std::printf("%-12s %9s %20s %10s  %s\n", "DEVICE", "MAX BATCH", "REMAT MAX (SLOWDOWN)", "SLICE ROWS", "AT BATCH");
+  for (auto& r : rows) {
+    const Rewrites& rw = *r.rw;
+    std::string remat = at_least(rw.max_remat, r.replicas) + (rw.max_remat ? " (" + ratio(rw.remat_slowdown) + ")" : "");
+    std::printf("%-12s %9s %20s %10s  %s\n", r.dev.name.c_str(), o.no_max_batch ? "-" : at_least(r.p.max_batch, r.replicas).c_str(),
+                remat.c_str(), at_least(rw.max_slice, r.replicas).c_str(), how_it_fits(rw.at).c_str());
+  }
+}
+
 void run_advise(const AdviseOptions& o) {
   nn::GPTConfig cfg{.vocab = o.vocab, .block = o.block, .embd = o.embd, .heads = o.heads, .layers = o.layers,
                     .dropout = 0.0, .bias = true, .tied_head = false};
@@ -120,14 +144,7 @@ void run_advise(const AdviseOptions& o) {
   for (auto& name : split(o.devices)) devs.push_back(name == "host" ? advise::host_device(o.recalibrate) : advise::find_device(table, name));
   if (devs.empty()) fail("advise", "--devices names no device", "");
 
-  std::optional<size_t> budget;  // bytes; 0: each device's usable memory
-  if (!o.memory_budget.empty() && o.memory_budget != "auto") {
-    MemoryBudget b = MemoryBudget::parse(o.memory_budget);
-    if (b.none() || !b.bytes) fail("advise", "--memory-budget takes auto or bytes (200MB, 12GiB), not '" + o.memory_budget + "'", "");
-    budget = b.bytes;
-  } else if (o.memory_budget == "auto") {
-    budget = 0;
-  }
+  const std::optional<size_t> budget = budget_of(o);
 
   advise::GptWorkloads works(cfg);
   advise::Options opts{.data_parallel = int(o.data_parallel)};
@@ -229,20 +246,7 @@ void run_advise(const AdviseOptions& o) {
                   advise::bottleneck_name(r.p.bottleneck));
     }
     std::printf("Memory is per device (replica); TPU boards run their cores data parallel (batch split across them).\n");
-    if (budget) {
-      std::printf("\nWith the memory budget's rewrites (budget: %s):\n"
-                  "REMAT MAX: the largest batch run as one graph rematerialized (slowdown against that batch unbudgeted);\n"
-                  "SLICE ROWS: the most rows per micro-batch (--micro-batches auto runs any batch in slices of up to that many);\n"
-                  "AT BATCH %lld: how it fits (slowdown against it as one graph unbudgeted).\n",
-                  *budget ? human_bytes(double(*budget)).c_str() : "each device's usable memory", (long long)o.batch);
-      std::printf("%-12s %9s %20s %10s  %s\n", "DEVICE", "MAX BATCH", "REMAT MAX (SLOWDOWN)", "SLICE ROWS", "AT BATCH");
-      for (auto& r : rows) {
-        const Rewrites& rw = *r.rw;
-        std::string remat = at_least(rw.max_remat, r.replicas) + (rw.max_remat ? " (" + ratio(rw.remat_slowdown) + ")" : "");
-        std::printf("%-12s %9s %20s %10s  %s\n", r.dev.name.c_str(), o.no_max_batch ? "-" : at_least(r.p.max_batch, r.replicas).c_str(),
-                    remat.c_str(), at_least(rw.max_slice, r.replicas).c_str(), how_it_fits(rw.at).c_str());
-      }
-    }
+    if (budget) print_rewrites(rows, *budget, o);
     std::printf("\n%s\n", rec.str().c_str());
   }
 
