@@ -24,11 +24,15 @@
 // the footprint is weights + 2 moments + the arena (within ~1% of the most activations and
 // gradients live at once, plus alignment padding). Under data parallelism every replica holds all
 // of it (plain DDP, no sharding).
+// The memory budget's rewrites (GptWorkloads::fit, `tessera advise --memory-budget`): the step
+// compiled under a budget of the device's usable memory (the remat pass on the target's plan),
+// and micro-batch slices (forward and backward, the gradients their outputs) beside the moments
+// and the gradients later slices read, as the runtime's accumulate_gradients estimates them.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
-#include <optional>
 #include <functional>
+#include <optional>
 #include <set>
 #include <string_view>
 
@@ -253,9 +257,11 @@ const Workload& GptWorkloads::trace_and_compile(int64_t batch, const DeviceSpec*
       MemoryBudgetScope in_force(MemoryBudget{budget, 0});
       w = compile_workload(detail::pending_requests(), target, dtype);
     } catch (const Error& e) {
-      restore();
-      if (!budget || std::string_view(e.what()).find("[memory]") == std::string_view::npos) throw;
-      w = Workload{};  // the compiler's budget passes fall short: nothing to price
+      if (!budget || std::string_view(e.what()).find("[memory]") == std::string_view::npos) {
+        restore();
+        throw;
+      }
+      w = Workload{};  // the compiler's budget passes fall short: nothing to price (restored below)
       w.dtype = dtype;
       w.over_budget = true;
     } catch (...) {
@@ -270,7 +276,7 @@ const Workload& GptWorkloads::trace_and_compile(int64_t batch, const DeviceSpec*
   for (auto& p : st_->opt->params()) w.grad_bytes += double(props.buffer_bytes(p.shape(), p.dtype()));
   if (graph == Graph::Slice) {  // beside it: AdamW's moments and the gradients the later slices read
     w.beside_bytes = w.grad_bytes;
-    for (auto& [k, t] : st_->opt->state_dict())  // per-parameter state; not the scalars (step, learning rates)
+    for (auto& [name, t] : st_->opt->state_dict())  // per-parameter state; not the scalars (step, learning rates)
       if (t.dim() > 0) w.beside_bytes += double(props.buffer_bytes(t.shape(), t.dtype()));
     w.grad_bytes = 0;  // all-reduced once, by the update
   }

@@ -155,7 +155,7 @@ void run_advise(const AdviseOptions& o) {
     if (budget && *budget && *budget < d.capacity_bytes()) r.dev.usable_bytes = double(*budget);
     r.replicas = o.data_parallel * d.replicas;
     r.per_replica = (o.batch + r.replicas - 1) / r.replicas;
-    r.p = advise::predict(r.dev, works.at(r.per_replica, r.dev, dtype), opts);  // d's own plan
+    r.p = advise::predict(r.dev, works.at(r.per_replica, r.dev, dtype), opts);  // the device's own plan
     if (!o.no_max_batch) r.p.max_batch = works.max_batch(r.dev, dtype) * r.replicas;
     if (budget) r.rw = rewrites_on(works, r.dev, r, dtype, opts);
     rows.push_back(r);
