@@ -3,7 +3,8 @@
 // compiled plan, the host's predicted peak against the allocator's high-water mark (within 2%),
 // the largest-batch search, the device table and JSON devices, and monotonicity over generated
 // models (more memory never turns "fits" into "does not fit"; faster on both roofs is never
-// predicted slower).
+// predicted slower). The memory budget's rewrites: one graph, remat, then micro-batches, their
+// searches, and the advisor's micro-batch count and slice footprint against the runtime's.
 #include <gtest/gtest.h>
 
 #include <cstdio>
@@ -18,6 +19,7 @@
 #include "tensor/tensor_impl.h"
 #include "tessera/advise.h"
 #include "tessera/metrics.h"
+#include "tessera/optim.h"
 #include "tessera/tessera.h"
 #include "test_util.h"
 
@@ -309,6 +311,50 @@ TEST(GptWorkloads, FitTakesOneGraphThenRematThenTheFewestMicroBatches) {
   d.usable_bytes = one_row.footprint_bytes() - 1;
   EXPECT_FALSE(g.fit(8, d, f32).fits);
   EXPECT_EQ(g.max_slice_rows(d, f32), 0);
+}
+
+// The advisor's micro-batch count against the runtime's: on the cpu (a device posing with the
+// cpu's 64-byte alignment), a budget between the advisor's 2-row and 4-row slices of batch 8 is
+// 4 micro-batches in both, and the allocator's high-water mark over the slices stays under it.
+TEST(GptWorkloads, MicroBatchesAreWhatTheRuntimePicks) {
+  const nn::GPTConfig cfg = tiny_gpt(1, 32, 64);
+  DeviceSpec cpu = find_device(builtin_devices(), "t4");
+  cpu.alignment = 64;
+  double two_rows = 0, four_rows = 0;
+  int64_t advised = 0;
+  {
+    GptWorkloads g(cfg);
+    two_rows = g.slice(2, cpu, DType::Float32).footprint_bytes();
+    four_rows = g.slice(4, cpu, DType::Float32).footprint_bytes();
+    cpu.usable_bytes = (two_rows + four_rows) / 2;
+    advised = g.fit(8, cpu, DType::Float32).micro_batches;
+  }
+  EXPECT_EQ(advised, 4);
+  nn::GPT model(cfg);
+  model.train();
+  optim::AdamW opt(model.parameters(), {.lr = 3e-3, .weight_decay = 0.1});
+  std::vector<int64_t> ids(size_t(8 * cfg.block), 1);
+  TensorOptions o{DType::Int64, Device("cpu")};
+  Tensor x = from_vector(ids, {8, cfg.block}, o), y = from_vector(ids, {8, cfg.block}, o);
+  auto loss_fn = [&](const std::vector<Tensor>& b) { return model.loss(b[0], b[1]); };
+  optim::accumulate_gradients(model.parameters(), {x, y}, loss_fn, 1);  // the moments exist from here on
+  opt.step();
+  opt.zero_grad();
+  sync();
+  int64_t nparams = 0;
+  for (const Tensor& p : model.parameters()) nparams += p.numel();
+  // What is live besides the model's weights and moments (this process's other tensors) is beside
+  // the advisor's device too.
+  const int64_t others = metrics().live_bytes - 3 * 4 * nparams;
+  const size_t budget = size_t(double(others) + cpu.usable_bytes);
+  reset_peak_bytes();
+  MemoryBudgetScope in_force(MemoryBudget{budget, 0});
+  optim::AccumulateResult r = optim::accumulate_gradients(model.parameters(), {x, y}, loss_fn, 0);
+  EXPECT_EQ(r.micro_batches, advised);
+  EXPECT_NEAR(double(r.planned_bytes - size_t(others)) / two_rows, 1.0, 0.02) << "the runtime's estimate of a 2-row slice";
+  EXPECT_LE(metrics().peak_bytes, int64_t(budget));
+  std::printf("[advise] slices of 2 rows %.0f B, of 4 rows %.0f B; budget %zu B (%lld B beside); the runtime planned %zu B, "
+              "high-water %lld B\n", two_rows, four_rows, budget, (long long)others, r.planned_bytes, (long long)metrics().peak_bytes);
 }
 
 // The largest batch with rematerialization: at least the plain one; one more fits neither way.
