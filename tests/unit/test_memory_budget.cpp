@@ -183,9 +183,9 @@ TEST(BatchSlice, ARandomSliceDrawsTheWholeTensorsRows) {
   }
 }
 
-// The benchmark GPT (bench/bench_common.h) at batch 32: each step's loss, and the gradients of the
-// first step, with `micro` micro-batches (1: one graph) under `budget`. peaks: the allocator's
-// high-water mark over each step, beside the budget in bytes each step met.
+// The benchmark GPT (bench/bench_common.h; or `cfg`) at batch 32 (or `batch`): each step's loss,
+// and the gradients of the first step, with `micro` micro-batches (1: one graph) under `budget`.
+// peaks: the allocator's high-water mark over each step, beside the budget in bytes each step met.
 struct GptRun {
   std::vector<double> losses;
   std::vector<std::vector<double>> grads;
@@ -196,20 +196,18 @@ struct GptRun {
 };
 constexpr nn::GPTConfig kBenchGpt{.vocab = bench::kVocab, .block = bench::kBlock, .embd = bench::kEmbd, .heads = bench::kHeads,
                                    .layers = bench::kLayers};
-GptRun train_gpt(int steps, double dropout, MemoryBudget budget, int64_t micro, nn::GPTConfig cfg = kBenchGpt, int64_t kB = 32) {
-  using namespace bench;
-  const int64_t kBlock = cfg.block;
+GptRun train_gpt(int steps, double dropout, MemoryBudget budget, int64_t micro, nn::GPTConfig cfg = kBenchGpt, int64_t batch = 32) {
   manual_seed(0);
   cfg.dropout = dropout;
   nn::GPT model(cfg);
   model.train();
   optim::AdamW opt(model.parameters(), {.lr = 3e-3, .weight_decay = 0.1});
-  auto batches = make_batches(kB, cfg.block, cfg.vocab);
+  auto batches = bench::make_batches(batch, cfg.block, cfg.vocab);
   GptRun r;
   for (int step = 0; step < steps; ++step) {
     auto& [xs, ys] = batches[size_t(step) % batches.size()];
     TensorOptions o{DType::Int64, Device("cpu")};
-    Tensor x = from_vector<int64_t>(xs, {kB, kBlock}, o), y = from_vector<int64_t>(ys, {kB, kBlock}, o);
+    Tensor x = from_vector<int64_t>(xs, {batch, cfg.block}, o), y = from_vector<int64_t>(ys, {batch, cfg.block}, o);
     sync();
     reset_peak_bytes();
     MemoryBudgetScope in_force(budget);
