@@ -4,14 +4,16 @@
 // same model in PyTorch; bench/gpt_vs_torch.sh runs both side by side.
 //
 //   OMP_NUM_THREADS=2 bench_gpt_step [--steps N] [--warmup N] [--device cpu|opencl|cuda|...]
-//                                    [--preset gpt2-small] [--batch N] [--dropout P] [--losses]
+//                                    [--preset gpt2-small|vocab-peak] [--batch N] [--dropout P] [--losses]
 //                                    [--dtype float32|bfloat16|float16] [--memory-budget 200MB|0.5] [--micro-batches N|auto]
 //
 // --dtype bfloat16 / float16: the forward pass and loss under tessera::Autocast (the products in
 // that dtype with float32 accumulation, everything else and the AdamW state in float32); float16
 // with dynamic loss scaling (optim::GradScaler, one more host sync per step).
 // --preset gpt2-small: vocab 50257, block 1024, embd 768, 12 heads, 12 layers, tied head, batch 8
-// (bench/gpt2_torch.py is its PyTorch peer; scripts/gpu-check runs both). --losses prints every
+// (bench/gpt2_torch.py is its PyTorch peer; scripts/gpu-check runs both). --preset vocab-peak:
+// vocab 12608, block 256, embd 32, 2 heads, 1 layer, batch 32, whose peak is the language-model
+// head's logits and their gradient (issue 24's seed case). --losses prints every
 // step's loss ("LOSS step value", warm-up steps included) for comparing devices step by step.
 //
 // --memory-budget: the step is compiled under that budget (tessera::MemoryBudgetScope: met by
@@ -75,6 +77,10 @@ int main(int argc, char** argv) {
       ++i;
       cfg = {.vocab = 50257, .block = 1024, .embd = 768, .heads = 12, .layers = 12, .dropout = 0.0, .bias = true, .tied_head = true};
       batch = 8;
+    } else if (a == "--preset" && more && std::string(argv[i + 1]) == "vocab-peak") {
+      ++i;
+      cfg = {.vocab = 12608, .block = 256, .embd = 32, .heads = 2, .layers = 1, .dropout = 0.0, .bias = true, .tied_head = false};
+      batch = 32;
     } else if (a == "--dtype" && more && (std::string(argv[i + 1]) == "float32" || std::string(argv[i + 1]) == "bfloat16" ||
                                           std::string(argv[i + 1]) == "float16")) {
       dtype = argv[++i];
@@ -87,7 +93,7 @@ int main(int argc, char** argv) {
       losses = true;
     } else {
       std::fprintf(stderr,
-                   "usage: %s [--steps N] [--warmup N] [--device NAME] [--preset gpt2-small] [--batch N] [--dropout P] "
+                   "usage: %s [--steps N] [--warmup N] [--device NAME] [--preset gpt2-small|vocab-peak] [--batch N] [--dropout P] "
                    "[--losses] [--dtype float32|bfloat16|float16] [--memory-budget BYTES|FRACTION] [--micro-batches N|auto]   (threads: OMP_NUM_THREADS)\n",
                    argv[0]);
       return 2;

@@ -4,8 +4,12 @@
 # auto), against PyTorch's same model plain and with torch.utils.checkpoint on every block (peak:
 # the process's max RSS growth over the run, as the CPU allocator keeps no statistics).
 #
+# MODEL=vocab-peak: the seed's case instead, a model whose peak is a vocabulary-sized tensor (the
+# head's logits over 12,608 tokens at batch 32, block 256: bench_gpt_step --preset vocab-peak),
+# with no budget and with 1/8 of the no-budget run's measured peak (micro-batches auto), no torch.
+#
 #   bench/memory_budget.sh [BUILD_DIR]     (default build/; builds nothing)
-#   env: ROUNDS (3), STEPS (20 timed steps per run), THREADS (2)
+#   env: ROUNDS (3), STEPS (20 timed steps per run), THREADS (2), MODEL (gpt, vocab-peak)
 #
 # A cell is the median over rounds of each run's median step time; runs alternate within a round.
 set -euo pipefail
@@ -18,21 +22,33 @@ steps="${STEPS:-20}"
 threads="${THREADS:-2}"
 [[ -x $bin ]] || { echo "memory_budget: no $bin; build it first (cmake --build $build --target bench_gpt_step)" >&2; exit 1; }
 
-echo "benchmark GPT at batch 32 under memory budgets: $rounds rounds, $steps timed steps, $threads threads"
-echo "host: $(nproc) CPUs; load at start:$(uptime | sed 's/.*load average://')"
+model="${MODEL:-gpt}"
 results=$(mktemp)
 trap 'rm -f "$results"' EXIT
-configs=("none|" "0.75|--memory-budget 0.75" "0.5|--memory-budget 0.5 --micro-batches auto"
-         "0.25|--memory-budget 0.25 --micro-batches auto" "torch|" "torch-ckpt|--checkpoint")
+if [[ $model == vocab-peak ]]; then
+  echo "vocabulary-peak model (vocab 12608, block 256, batch 32) under 1/8 of its peak: $rounds rounds, $steps timed steps, $threads threads"
+  configs=("none|--preset vocab-peak" "1/8|--preset vocab-peak --memory-budget @EIGHTH@ --micro-batches auto")
+else
+  echo "benchmark GPT at batch 32 under memory budgets: $rounds rounds, $steps timed steps, $threads threads"
+  configs=("none|" "0.75|--memory-budget 0.75" "0.5|--memory-budget 0.5 --micro-batches auto"
+           "0.25|--memory-budget 0.25 --micro-batches auto" "torch|" "torch-ckpt|--checkpoint")
+fi
+echo "host: $(nproc) CPUs; load at start:$(uptime | sed 's/.*load average://')"
+eighth=""  # bytes: 1/8 of the first no-budget run's measured peak
 for ((r = 0; r < rounds; ++r)); do
   for c in "${configs[@]}"; do
     name=${c%%|*} flags=${c#*|}
+    flags=${flags/@EIGHTH@/$eighth}
     if [[ $name == torch* ]]; then
       # shellcheck disable=SC2086
       line=$(cd "$here" && OMP_NUM_THREADS=$threads $py gpt_step_torch.py "$threads" --steps "$steps" --batch 32 $flags | grep '^RESULT')
     else
       # shellcheck disable=SC2086
       line=$(OMP_NUM_THREADS=$threads "$bin" --steps "$steps" --batch 32 $flags | grep '^RESULT')
+      if [[ $name == none && -z $eighth ]]; then
+        eighth=$(sed -E 's/.* peak_mb=([0-9.]+).*/\1/' <<<"$line" | awk '{printf "%d", $1 * 1048576 / 8}')
+        echo "no budget: peak $(sed -E 's/.* peak_mb=([0-9.]+).*/\1/' <<<"$line") MiB; 1/8 of it: $eighth B"
+      fi
     fi
     echo "$name $line" >>"$results"
   done

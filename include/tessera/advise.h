@@ -101,9 +101,14 @@ struct Workload {
   double tokens = 0;             // tokens per replica per step
   double grad_bytes = 0;         // gradient bytes on the target (all-reduced under data parallelism)
   double trace_s = 0;            // host time to trace the step (added on devices with add_trace_time)
+  // Held on the device beside the graph and not read by it: a micro-batch slice's optimizer
+  // moments and the gradients later slices read (0 for a whole step, which reads everything).
+  double beside_bytes = 0;
+  // Compiled under a memory budget the compiler could not meet (the plan is then empty).
+  bool over_budget = false;
   // What the device holds during the step: the plan's parameters plus what the run allocates
-  // (outputs and the arena, whose placement honours the target's alignment).
-  double footprint_bytes() const { return double(plan.param_bytes + plan.run_bytes()); }
+  // (outputs and the arena, whose placement honours the target's alignment), plus beside_bytes.
+  double footprint_bytes() const { return double(plan.param_bytes + plan.run_bytes()) + beside_bytes; }
 };
 
 // Compiles the pending graph that computes `outputs` (compile only; all pending tensors when
@@ -141,6 +146,23 @@ struct Prediction {
 // Prices one workload (compiled for d at the per-replica batch) on a device.
 Prediction predict(const DeviceSpec& d, const Workload& w, const Options& o);
 
+// How the runtime fits one per-replica batch into a device's usable memory with the memory
+// budget's rewrites (`tessera train gpt --memory-budget <capacity>`): the step as one graph if it
+// fits; else one graph rematerialized by the compiler (compiler/passes/remat.cpp) if that meets
+// the budget; else gradient accumulation over the fewest micro-batches dividing the batch whose
+// slice graph fits beside the weights, moments and gradients (`--micro-batches auto`,
+// optim/accumulate.cpp, whose slice graphs are not rematerialized).
+struct Fit {
+  int64_t batch = 0;            // per replica
+  bool fits = false;            // false: not even slices of one row fit
+  int64_t micro_batches = 1;    // 1: one graph
+  int recomputed_steps = 0;     // one graph: the Steps remat recomputes
+  double peak_bytes = 0;        // the footprint with the rewrites
+  double step_s = 0;            // predicted with the rewrites: k slices' forward and backward, one update
+  double plain_step_s = 0;      // the same batch as one graph without them (as if memory were unbounded)
+  double slowdown() const { return plain_step_s > 0 ? step_s / plain_step_s : 0; }
+};
+
 // The training step of a GPT with AdamW (no dropout) at any per-replica batch: the model and
 // the optimizer's state are realized on the cpu once; each batch size is traced, compiled
 // without running for a target, and the model restored. Results are memoized per batch and
@@ -155,15 +177,32 @@ class GptWorkloads {
   // memory: grows from the fitted line through two compiled sizes, then checks by compiling (at
   // most `limit`).
   int64_t max_batch(const DeviceSpec& target, DType dtype, int64_t limit = 1 << 16);
+
+  // The memory budget's rewrites on `target` with a budget of its usable memory (see Fit).
+  // The step compiled under that budget (remat; over_budget when the compiler cannot meet it):
+  const Workload& rematerialized(int64_t batch, const DeviceSpec& target, DType dtype);
+  // One micro-batch slice of `rows` rows: its forward and backward as one graph (the gradients
+  // its outputs), beside the moments and the gradients later slices read.
+  const Workload& slice(int64_t rows, const DeviceSpec& target, DType dtype);
+  Fit fit(int64_t batch, const DeviceSpec& target, DType dtype, const Options& o = {});
+  // The largest per-replica batch that runs as one graph with rematerialization (0: none).
+  int64_t max_batch_remat(const DeviceSpec& target, DType dtype, int64_t limit = 1 << 16);
+  // The most rows a micro-batch slice may have (0: none fits): accumulation runs any batch that
+  // is a multiple of a row count up to it.
+  int64_t max_slice_rows(const DeviceSpec& target, DType dtype, int64_t limit = 1 << 16);
+
   const nn::GPTConfig& config() const { return cfg_; }
   int64_t compiles() const { return int64_t(memo_.size()); }
 
  private:
   struct State;
-  const Workload& trace_and_compile(int64_t batch, const DeviceSpec* target, DType dtype);
+  enum class Graph { Step, Slice };
+  const Workload& trace_and_compile(int64_t batch, const DeviceSpec* target, DType dtype, Graph graph = Graph::Step,
+                                    size_t budget = 0);
   nn::GPTConfig cfg_;
   std::unique_ptr<State> st_;
-  std::map<std::tuple<int64_t, int, DType>, Workload> memo_;  // (batch, target: null device index; -1 the cpu, dtype)
+  // (batch, target: null device index; -1 the cpu, dtype, graph, budget bytes)
+  std::map<std::tuple<int64_t, int, DType, Graph, size_t>, Workload> memo_;
 };
 
 // Runs `steps` training steps of the GPT at `batch` on the cpu after `warmup`, returning the

@@ -24,11 +24,17 @@
 // the footprint is weights + 2 moments + the arena (within ~1% of the most activations and
 // gradients live at once, plus alignment padding). Under data parallelism every replica holds all
 // of it (plain DDP, no sharding).
+// The memory budget's rewrites (GptWorkloads::fit, `tessera advise --memory-budget`): the step
+// compiled under a budget of the device's usable memory (the remat pass on the target's plan),
+// and micro-batch slices (forward and backward, the gradients their outputs) beside the moments
+// and the gradients later slices read, as the runtime's accumulate_gradients estimates them.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <functional>
 #include <optional>
 #include <set>
+#include <string_view>
 
 #include "backends/backend.h"
 #include "compiler/lower.h"
@@ -207,11 +213,12 @@ const Workload& GptWorkloads::at(int64_t batch, const DeviceSpec& target, DType 
   return trace_and_compile(batch, &target, dtype);
 }
 
-const Workload& GptWorkloads::trace_and_compile(int64_t batch, const DeviceSpec* target, DType dtype) {
+const Workload& GptWorkloads::trace_and_compile(int64_t batch, const DeviceSpec* target, DType dtype, Graph graph, size_t budget) {
   if (batch < 1) fail("advise", "batch must be positive", "");
   const kir::Target props = target ? target_of(*target, dtype) : kir::Target{};
   const int dev_index = target ? backends::null_device_for(props).index : -1;
-  auto it = memo_.find({batch, dev_index, dtype});
+  const auto key = std::make_tuple(batch, dev_index, dtype, graph, budget);
+  auto it = memo_.find(key);
   if (it != memo_.end()) return it->second;
   // Everything the step updates in place; put back on its old buffer after. No strong reference
   // to those buffers is held here: one would forbid donating them and change the plan (the
@@ -235,8 +242,10 @@ const Workload& GptWorkloads::trace_and_compile(int64_t batch, const DeviceSpec*
       loss = st_->model->loss(x, y);
     }
     loss.backward();
-    st_->opt->step();
-    st_->opt->zero_grad();  // as a training loop does before loss.item(): gradients are temporaries
+    if (graph == Graph::Step) {
+      st_->opt->step();
+      st_->opt->zero_grad();  // as a training loop does before loss.item(): gradients are temporaries
+    }  // a slice: the gradients are its outputs, for the next slice or the update
     double trace_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     // Put the model back (also when the target refuses the step); no strong reference to the
     // donors may exist while compiling.
@@ -245,7 +254,16 @@ const Workload& GptWorkloads::trace_and_compile(int64_t batch, const DeviceSpec*
       for (auto& impl : saved) impl->revert_to_donor();
     };
     try {
+      MemoryBudgetScope in_force(MemoryBudget{budget, 0});
       w = compile_workload(detail::pending_requests(), target, dtype);
+    } catch (const Error& e) {
+      if (!budget || std::string_view(e.what()).find("[memory]") == std::string_view::npos) {
+        restore();
+        throw;
+      }
+      w = Workload{};  // the compiler's budget passes fall short: nothing to price (restored below)
+      w.dtype = dtype;
+      w.over_budget = true;
     } catch (...) {
       restore();
       throw;
@@ -256,16 +274,24 @@ const Workload& GptWorkloads::trace_and_compile(int64_t batch, const DeviceSpec*
   w.batch = batch;
   w.tokens = double(batch * cfg_.block);
   for (auto& p : st_->opt->params()) w.grad_bytes += double(props.buffer_bytes(p.shape(), p.dtype()));
-  return memo_.emplace(std::make_tuple(batch, dev_index, dtype), std::move(w)).first->second;
+  if (graph == Graph::Slice) {  // beside it: AdamW's moments and the gradients the later slices read
+    w.beside_bytes = w.grad_bytes;
+    for (auto& [name, t] : st_->opt->state_dict())  // per-parameter state; not the scalars (step, learning rates)
+      if (t.dim() > 0) w.beside_bytes += double(props.buffer_bytes(t.shape(), t.dtype()));
+    w.grad_bytes = 0;  // all-reduced once, by the update
+  }
+  return memo_.emplace(key, std::move(w)).first->second;
 }
 
-int64_t GptWorkloads::max_batch(const DeviceSpec& target, DType dtype, int64_t limit) {
-  const double capacity = target.capacity_bytes();
-  auto peak = [&](int64_t b) { return at(b, target, dtype).footprint_bytes(); };
-  auto fits = [&](int64_t b) { return peak(b) <= capacity; };
+namespace {
+
+// The largest b in [1, limit] with fits(b), fits monotone (0: not even 1), starting the search
+// from the line through the footprints at 1 and 2.
+int64_t largest_fitting(const std::function<double(int64_t)>& peak, const std::function<bool(int64_t)>& fits, double capacity,
+                        int64_t limit) {
   if (!fits(1)) return 0;
+  if (limit < 2 || !fits(2)) return 1;
   double p1 = peak(1), p2 = peak(2);
-  if (p2 > capacity) return 1;
   double slope = p2 - p1;
   int64_t est = slope > 0 ? int64_t(std::floor((capacity - p1) / slope)) + 1 : limit;
   est = std::clamp<int64_t>(est, 1, limit);
@@ -286,6 +312,73 @@ int64_t GptWorkloads::max_batch(const DeviceSpec& target, DType dtype, int64_t l
     (fits(mid) ? lo : hi) = mid;
   }
   return lo;
+}
+
+}  // namespace
+
+int64_t GptWorkloads::max_batch(const DeviceSpec& target, DType dtype, int64_t limit) {
+  const double capacity = target.capacity_bytes();
+  auto peak = [&](int64_t b) { return at(b, target, dtype).footprint_bytes(); };
+  return largest_fitting(peak, [&](int64_t b) { return peak(b) <= capacity; }, capacity, limit);
+}
+
+const Workload& GptWorkloads::rematerialized(int64_t batch, const DeviceSpec& target, DType dtype) {
+  return trace_and_compile(batch, &target, dtype, Graph::Step, size_t(target.capacity_bytes()));
+}
+
+const Workload& GptWorkloads::slice(int64_t rows, const DeviceSpec& target, DType dtype) {
+  return trace_and_compile(rows, &target, dtype, Graph::Slice);
+}
+
+int64_t GptWorkloads::max_batch_remat(const DeviceSpec& target, DType dtype, int64_t limit) {
+  const double capacity = target.capacity_bytes();
+  auto fits = [&](int64_t b) {  // the plain plan first: remat is only compiled where that does not fit
+    if (at(b, target, dtype).footprint_bytes() <= capacity) return true;
+    const Workload& w = rematerialized(b, target, dtype);
+    return !w.over_budget && w.footprint_bytes() <= capacity;
+  };
+  return largest_fitting([&](int64_t b) { return at(b, target, dtype).footprint_bytes(); }, fits, capacity, limit);
+}
+
+int64_t GptWorkloads::max_slice_rows(const DeviceSpec& target, DType dtype, int64_t limit) {
+  const double capacity = target.capacity_bytes();
+  auto peak = [&](int64_t b) { return slice(b, target, dtype).footprint_bytes(); };
+  return largest_fitting(peak, [&](int64_t b) { return peak(b) <= capacity; }, capacity, limit);
+}
+
+Fit GptWorkloads::fit(int64_t batch, const DeviceSpec& target, DType dtype, const Options& o) {
+  const double capacity = target.capacity_bytes();
+  Fit f;
+  f.batch = batch;
+  const Workload& plain = at(batch, target, dtype);
+  f.plain_step_s = predict(target, plain, o).step_s;
+  if (plain.footprint_bytes() <= capacity) {
+    f.fits = true;
+    f.peak_bytes = plain.footprint_bytes();
+    f.step_s = f.plain_step_s;
+    return f;
+  }
+  if (const Workload& r = rematerialized(batch, target, dtype); !r.over_budget && r.footprint_bytes() <= capacity) {
+    f.fits = true;
+    f.recomputed_steps = r.plan.recomputed_steps;
+    f.peak_bytes = r.footprint_bytes();
+    f.step_s = predict(target, r, o).step_s;
+    return f;
+  }
+  // Micro-batches: the fewest k dividing the batch whose slice fits (accumulate_gradients' auto).
+  // The step: k slices' forward and backward, then the update, priced as the whole step at the
+  // slice's rows (its forward, backward and update) plus k - 1 more slices.
+  for (int64_t k = 2; k <= batch; ++k) {
+    if (batch % k) continue;
+    const Workload& s = slice(batch / k, target, dtype);
+    if (s.footprint_bytes() > capacity) continue;
+    f.fits = true;
+    f.micro_batches = k;
+    f.peak_bytes = s.footprint_bytes();
+    f.step_s = double(k - 1) * predict(target, s, o).step_s + predict(target, at(batch / k, target, dtype), o).step_s;
+    return f;
+  }
+  return f;
 }
 
 Measured measure_gpt_on_host(const nn::GPTConfig& cfg, int64_t batch, int steps, int warmup) {

@@ -687,6 +687,42 @@ TEST(Cli, AdviseJsonHasEveryFieldAndDtypeAndDataParallelBehave) {
   }
 }
 
+// --memory-budget: what rematerialization and micro-batches fit. A budget below batch 8's own
+// footprint (a block of 64: activations outweigh the parameters) is met by a rewrite whose
+// footprint is under it and which costs time; a tiny one leaves nothing that fits; a fraction is
+// refused.
+TEST(Cli, AdviseMemoryBudgetReportsWhatTheRewritesFit) {
+  TempDir dir;
+  const std::vector<std::string> model = {"advise", "gpt", "--layers", "1", "--embd", "32", "--heads", "2",
+                                          "--block", "64", "--vocab", "28", "--batch", "8", "--devices", "t4"};
+  auto run_json = [&](const std::string& budget) {
+    Result r = cli(cat(model, {"--json", "--memory-budget", budget}), dir.path());
+    EXPECT_TRUE(r.exited && r.code == 0) << r.describe();
+    return json::parse(r.out)["devices"][0];
+  };
+  json a = run_json("auto");
+  ASSERT_TRUE(a.contains("rewrites")) << a.dump();
+  EXPECT_TRUE(a["rewrites"]["at_batch"]["fits"].get<bool>());
+  EXPECT_EQ(a["rewrites"]["at_batch"]["micro_batches"].get<int64_t>(), 1);
+  EXPECT_DOUBLE_EQ(a["rewrites"]["at_batch"]["slowdown"].get<double>(), 1.0);
+  const double own = a["peak_bytes"].get<double>();
+  const int64_t budget = int64_t(0.8 * own);
+  json b = run_json(std::to_string(budget));
+  const json& at = b["rewrites"]["at_batch"];
+  EXPECT_FALSE(b["fits"].get<bool>());
+  EXPECT_TRUE(at["fits"].get<bool>()) << b.dump();
+  EXPECT_LE(at["peak_bytes"].get<double>(), double(budget));
+  EXPECT_TRUE(at["micro_batches"].get<int64_t>() > 1 || at["recomputed_steps"].get<int64_t>() > 0) << b.dump();
+  EXPECT_GT(at["slowdown"].get<double>(), 1.0);
+  EXPECT_GE(b["rewrites"]["max_slice_rows"].get<int64_t>(), 1);
+  EXPECT_FALSE(run_json("1KB")["rewrites"]["at_batch"]["fits"].get<bool>());
+  Result t = cli(cat(model, {"--memory-budget", std::to_string(budget)}), dir.path());  // the table
+  ASSERT_TRUE(t.exited && t.code == 0) << t.describe();
+  for (const char* s : {"REMAT MAX (SLOWDOWN)", "SLICE ROWS", "AT BATCH 8", "With the rewrites"})
+    EXPECT_NE(t.out.find(s), std::string::npos) << s << "\n" << t.out;
+  expect_clean_error(cli(cat(model, {"--memory-budget", "0.5"}), dir.path()), "a fraction");
+}
+
 // --validate runs the step here and prints predicted vs measured; bad input is one clean line.
 TEST(Cli, AdviseValidateAndErrors) {
   TempDir dir;

@@ -3,7 +3,8 @@
 // compiled plan, the host's predicted peak against the allocator's high-water mark (within 2%),
 // the largest-batch search, the device table and JSON devices, and monotonicity over generated
 // models (more memory never turns "fits" into "does not fit"; faster on both roofs is never
-// predicted slower).
+// predicted slower). The memory budget's rewrites: one graph, remat, then micro-batches, their
+// searches, and the advisor's micro-batch count and slice footprint against the runtime's.
 #include <gtest/gtest.h>
 
 #include <cstdio>
@@ -18,6 +19,7 @@
 #include "tensor/tensor_impl.h"
 #include "tessera/advise.h"
 #include "tessera/metrics.h"
+#include "tessera/optim.h"
 #include "tessera/tessera.h"
 #include "test_util.h"
 
@@ -256,6 +258,123 @@ TEST(GptWorkloads, MaxBatchIsTheLargestThatFits) {
   DeviceSpec huge = d;
   huge.usable_bytes = 1e12;
   EXPECT_LE(g.max_batch(huge, DType::Float32, 64), 64) << "the search stops at its limit";
+}
+
+// The memory budget's rewrites as the runtime applies them under a budget of the device's usable
+// memory: one graph while it fits, then one graph rematerialized, then the fewest micro-batches.
+// The model has activations well above its parameters (block 64), so rematerialization reaches
+// 0.9 of the plain footprint but not what a one-row slice needs.
+TEST(GptWorkloads, FitTakesOneGraphThenRematThenTheFewestMicroBatches) {
+  const nn::GPTConfig cfg = tiny_gpt(1, 32, 64);
+  GptWorkloads g(cfg);
+  DeviceSpec d = find_device(builtin_devices(), "t4");
+  const DType f32 = DType::Float32;
+  const double plain = g.at(8, d, f32).footprint_bytes();
+  int64_t nparams = 0;  // by the model, not the advisor: a slice holds beside it the gradients and both moments
+  {
+    nn::GPT m(cfg);
+    for (const Tensor& p : m.parameters()) nparams += p.numel();
+  }
+  const Workload& one_row = g.slice(1, d, f32);
+  EXPECT_DOUBLE_EQ(one_row.beside_bytes, 3.0 * 4.0 * double(nparams));
+  EXPECT_EQ(one_row.grad_bytes, 0) << "the update all-reduces the gradients, once";
+  EXPECT_TRUE(detail::pending_impls().empty()) << "the model is put back after a slice";
+
+  d.usable_bytes = plain;
+  Fit f = g.fit(8, d, f32);
+  EXPECT_TRUE(f.fits);
+  EXPECT_EQ(f.micro_batches, 1);
+  EXPECT_EQ(f.recomputed_steps, 0);
+  EXPECT_DOUBLE_EQ(f.slowdown(), 1.0);
+
+  d.usable_bytes = 0.9 * plain;
+  f = g.fit(8, d, f32);
+  EXPECT_TRUE(f.fits);
+  EXPECT_EQ(f.micro_batches, 1);
+  EXPECT_GT(f.recomputed_steps, 0);
+  EXPECT_LE(f.peak_bytes, d.usable_bytes);
+  EXPECT_GT(f.slowdown(), 1.0) << "recomputed Steps cost time";
+  EXPECT_EQ(f.recomputed_steps, g.rematerialized(8, d, f32).plan.recomputed_steps);
+
+  // Room for a one-row slice only: 8 micro-batches, priced as 7 slices plus the whole step at one row.
+  d.usable_bytes = one_row.footprint_bytes();
+  ASSERT_GT(g.slice(2, d, f32).footprint_bytes(), d.usable_bytes);
+  EXPECT_TRUE(g.rematerialized(8, d, f32).over_budget);
+  f = g.fit(8, d, f32);
+  EXPECT_TRUE(f.fits);
+  EXPECT_EQ(f.micro_batches, 8);
+  EXPECT_DOUBLE_EQ(f.peak_bytes, one_row.footprint_bytes());
+  EXPECT_DOUBLE_EQ(f.step_s, 7 * predict(d, one_row, {}).step_s + predict(d, g.at(1, d, f32), {}).step_s);
+  EXPECT_GT(f.slowdown(), 1.0);
+  EXPECT_EQ(g.max_slice_rows(d, f32), 1);
+
+  d.usable_bytes = one_row.footprint_bytes() - 1;
+  EXPECT_FALSE(g.fit(8, d, f32).fits);
+  EXPECT_EQ(g.max_slice_rows(d, f32), 0);
+}
+
+// The advisor's micro-batch count against the runtime's: on the cpu (a device posing with the
+// cpu's 64-byte alignment), a budget between the advisor's 2-row and 4-row slices of batch 8 is
+// 4 micro-batches in both, and the allocator's high-water mark over the slices stays under it.
+TEST(GptWorkloads, MicroBatchesAreWhatTheRuntimePicks) {
+  const nn::GPTConfig cfg = tiny_gpt(1, 32, 64);
+  DeviceSpec cpu = find_device(builtin_devices(), "t4");
+  cpu.alignment = 64;
+  double two_rows = 0, four_rows = 0;
+  int64_t advised = 0;
+  {
+    GptWorkloads g(cfg);
+    two_rows = g.slice(2, cpu, DType::Float32).footprint_bytes();
+    four_rows = g.slice(4, cpu, DType::Float32).footprint_bytes();
+    cpu.usable_bytes = (two_rows + four_rows) / 2;
+    advised = g.fit(8, cpu, DType::Float32).micro_batches;
+  }
+  EXPECT_EQ(advised, 4);
+  nn::GPT model(cfg);
+  model.train();
+  optim::AdamW opt(model.parameters(), {.lr = 3e-3, .weight_decay = 0.1});
+  std::vector<int64_t> ids(size_t(8 * cfg.block), 1);
+  TensorOptions o{DType::Int64, Device("cpu")};
+  Tensor x = from_vector(ids, {8, cfg.block}, o), y = from_vector(ids, {8, cfg.block}, o);
+  auto loss_fn = [&](const std::vector<Tensor>& b) { return model.loss(b[0], b[1]); };
+  optim::accumulate_gradients(model.parameters(), {x, y}, loss_fn, 1);  // the moments exist from here on
+  opt.step();
+  opt.zero_grad();
+  sync();
+  int64_t nparams = 0;
+  for (const Tensor& p : model.parameters()) nparams += p.numel();
+  // What is live besides the model's weights and moments (this process's other tensors) is beside
+  // the advisor's device too.
+  const int64_t others = metrics().live_bytes - 3 * 4 * nparams;
+  const size_t budget = size_t(double(others) + cpu.usable_bytes);
+  reset_peak_bytes();
+  MemoryBudgetScope in_force(MemoryBudget{budget, 0});
+  optim::AccumulateResult r = optim::accumulate_gradients(model.parameters(), {x, y}, loss_fn, 0);
+  EXPECT_EQ(r.micro_batches, advised);
+  EXPECT_NEAR(double(r.planned_bytes - size_t(others)) / two_rows, 1.0, 0.02) << "the runtime's estimate of a 2-row slice";
+  EXPECT_LE(metrics().peak_bytes, int64_t(budget));
+  std::printf("[advise] slices of 2 rows %.0f B, of 4 rows %.0f B; budget %zu B (%lld B beside); the runtime planned %zu B, "
+              "high-water %lld B\n", two_rows, four_rows, budget, (long long)others, r.planned_bytes, (long long)metrics().peak_bytes);
+}
+
+// The largest batch with rematerialization: at least the plain one; one more fits neither way.
+TEST(GptWorkloads, MaxBatchWithRematIsTheLargestTheCompilerFits) {
+  GptWorkloads g(tiny_gpt(1, 32, 64));
+  DeviceSpec d = find_device(builtin_devices(), "t4");
+  const DType f32 = DType::Float32;
+  d.usable_bytes = g.at(6, d, f32).footprint_bytes();
+  const int64_t plain = g.max_batch(d, f32), remat = g.max_batch_remat(d, f32);
+  EXPECT_EQ(plain, 6);
+  EXPECT_GT(remat, plain) << "rematerialization takes activations off the peak";
+  const Workload& w = g.rematerialized(remat, d, f32);
+  EXPECT_FALSE(w.over_budget);
+  EXPECT_LE(w.footprint_bytes(), d.usable_bytes);
+  const Workload& over = g.rematerialized(remat + 1, d, f32);
+  EXPECT_TRUE(over.over_budget || over.footprint_bytes() > d.usable_bytes);
+  const int64_t rows = g.max_slice_rows(d, f32);
+  EXPECT_GE(rows, 1);
+  EXPECT_LE(g.slice(rows, d, f32).footprint_bytes(), d.usable_bytes);
+  EXPECT_GT(g.slice(rows + 1, d, f32).footprint_bytes(), d.usable_bytes);
 }
 
 TEST(Devices, TableHasEveryDeviceWithPositiveFigures) {

@@ -183,29 +183,31 @@ TEST(BatchSlice, ARandomSliceDrawsTheWholeTensorsRows) {
   }
 }
 
-// The benchmark GPT (bench/bench_common.h) at batch 32: each step's loss, and the gradients of the
-// first step, with `micro` micro-batches (1: one graph) under `budget`. peaks: the allocator's
-// high-water mark over each step, beside the budget in bytes each step met.
+// The benchmark GPT (bench/bench_common.h; or `cfg`) at batch 32 (or `batch`): each step's loss,
+// and the gradients of the first step, with `micro` micro-batches (1: one graph) under `budget`.
+// peaks: the allocator's high-water mark over each step, beside the budget in bytes each step met.
 struct GptRun {
   std::vector<double> losses;
   std::vector<std::vector<double>> grads;
   std::vector<std::pair<int64_t, size_t>> peaks;  // (measured, budget)
   int64_t micro = 1;
   int recomputed = 0;  // Steps the last one-graph step recomputed
+  MemoryPlan natural;  // one graph: the first step's plan
 };
-GptRun train_gpt(int steps, double dropout, MemoryBudget budget, int64_t micro) {
-  using namespace bench;
-  constexpr int64_t kB = 32;
+constexpr nn::GPTConfig kBenchGpt{.vocab = bench::kVocab, .block = bench::kBlock, .embd = bench::kEmbd, .heads = bench::kHeads,
+                                   .layers = bench::kLayers};
+GptRun train_gpt(int steps, double dropout, MemoryBudget budget, int64_t micro, nn::GPTConfig cfg = kBenchGpt, int64_t batch = 32) {
   manual_seed(0);
-  nn::GPT model({.vocab = kVocab, .block = kBlock, .embd = kEmbd, .heads = kHeads, .layers = kLayers, .dropout = dropout});
+  cfg.dropout = dropout;
+  nn::GPT model(cfg);
   model.train();
   optim::AdamW opt(model.parameters(), {.lr = 3e-3, .weight_decay = 0.1});
-  auto batches = make_batches(kB);
+  auto batches = bench::make_batches(batch, cfg.block, cfg.vocab);
   GptRun r;
   for (int step = 0; step < steps; ++step) {
     auto& [xs, ys] = batches[size_t(step) % batches.size()];
     TensorOptions o{DType::Int64, Device("cpu")};
-    Tensor x = from_vector<int64_t>(xs, {kB, kBlock}, o), y = from_vector<int64_t>(ys, {kB, kBlock}, o);
+    Tensor x = from_vector<int64_t>(xs, {batch, cfg.block}, o), y = from_vector<int64_t>(ys, {batch, cfg.block}, o);
     sync();
     reset_peak_bytes();
     MemoryBudgetScope in_force(budget);
@@ -225,6 +227,7 @@ GptRun train_gpt(int steps, double dropout, MemoryBudget budget, int64_t micro) 
       if (p.budget_bytes)  // what was live before and the graph does not read counts beside the budget
         r.peaks.push_back({metrics().peak_bytes - (live_before - int64_t(p.param_bytes)), p.budget_bytes});
       r.recomputed = p.recomputed_steps;
+      if (step == 0) r.natural = p;
       if (p.recomputed_steps) {  // each copy is marked in its sources, as dumps and the profiler show it
         int marked = 0;
         for (const kir::Step& st : runtime::last_executed_plan()->steps)
@@ -325,6 +328,29 @@ TEST(MicroBatches, DropoutMasksMatchTheUnslicedStep) {
   EXPECT_GT(r.micro, 1);
   EXPECT_LE(testing::normalized_error(r.losses, base.losses), 1e-5);
   EXPECT_LE(worst_grad_error(r, base), 1e-5);
+}
+
+// The seed's case: a model whose peak is a vocabulary-sized tensor (the language-model head's
+// logits and their gradient; the full size, a 12,608-token vocabulary at batch 32 and block 256,
+// is in bench/memory_budget.sh): a budget of 1/8 of its natural figure is met by unstacking the
+// batch alone, with the unbudgeted losses and gradients and the allocator's high-water mark under it.
+TEST(MicroBatches, AVocabularySizedPeakMeetsAnEighthOfItByUnstacking) {
+  const nn::GPTConfig head{.vocab = 1576, .block = 32, .embd = 8, .heads = 2, .layers = 1};
+  const int steps = testing::steps_or_few(4);
+  GptRun base = train_gpt(steps, 0.0, {}, 1, head, 32);
+  ASSERT_FALSE(base.natural.live_at_peak.empty());
+  const PlannedBuffer& largest = base.natural.live_at_peak.front();
+  EXPECT_EQ(largest.shape, (Shape{32 * 32, 1576})) << "the peak is the logits' size: " << base.natural.report();
+  const size_t eighth = base.natural.step_bytes / 8;  // of the one-graph step: parameters, moments, inputs, activations
+  GptRun r = train_gpt(steps, 0.0, {eighth, 0}, 0, head, 32);
+  EXPECT_GT(r.micro, 1);
+  EXPECT_EQ(r.recomputed, 0) << "unstacking alone";
+  EXPECT_LE(testing::normalized_error(r.losses, base.losses), 1e-5);
+  EXPECT_LE(worst_grad_error(r, base), 1e-5);
+  ASSERT_EQ(r.peaks.size(), size_t(steps));
+  for (auto& [measured, budget] : r.peaks) EXPECT_LE(measured, int64_t(eighth)) << r.micro << " micro-batches";
+  std::printf("[vocabulary peak] natural %zu B, budget %zu B, %lld micro-batches, high-water %lld B\n", base.natural.step_bytes,
+              r.peaks[0].second, (long long)r.micro, (long long)r.peaks[0].first);
 }
 
 TEST(MicroBatches, BatchNormAndAnUnreachableBudgetAreRefusedBeforeRunning) {

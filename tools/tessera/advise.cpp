@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -23,6 +24,7 @@ struct AdviseOptions {
   std::string devices = "t4,p100,v100-16,a100-40,a100-80,h100,h200,tpu-v3-8,tpu-v4-8";
   std::string device_file;
   std::string dtype = "float32";
+  std::string memory_budget;  // "auto": each device's usable memory; bytes: at most that much
   int64_t data_parallel = 1;
   bool json = false, validate = false, no_max_batch = false, recalibrate = false;
 };
@@ -58,11 +60,73 @@ std::vector<std::string> split(const std::string& s) {
   return out;
 }
 
+// What the memory budget's rewrites reach on one device (--memory-budget).
+struct Rewrites {
+  int64_t max_remat = 0;     // global batch: one graph, rematerialized
+  double remat_slowdown = 0; // at max_remat
+  int64_t max_slice = 0;     // the most rows a micro-batch slice may have (all replicas)
+  advise::Fit at;            // the requested batch (per replica)
+};
+
 struct Row {
   advise::DeviceSpec dev;
   advise::Prediction p;
   int64_t per_replica = 0, replicas = 1;
+  std::optional<Rewrites> rw;
 };
+
+std::string ratio(double x) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.2fx", x);
+  return buf;
+}
+
+// The searches stop at 65536 per replica: "at least" there.
+std::string at_least(int64_t global, int64_t replicas) {
+  return (global >= (int64_t(1) << 16) * replicas ? ">=" : "") + std::to_string(global);
+}
+
+std::string how_it_fits(const advise::Fit& f) {
+  if (!f.fits) return "does not fit";
+  if (f.micro_batches > 1) return std::to_string(f.micro_batches) + " micro-batches, " + ratio(f.slowdown());
+  if (f.recomputed_steps > 0) return "remat (" + std::to_string(f.recomputed_steps) + " Steps), " + ratio(f.slowdown());
+  return "one graph";
+}
+
+Rewrites rewrites_on(advise::GptWorkloads& works, const advise::DeviceSpec& d, const Row& r, DType dtype,
+                     const advise::Options& opts) {
+  Rewrites rw;
+  const int64_t remat = works.max_batch_remat(d, dtype);
+  rw.max_remat = remat * r.replicas;
+  if (remat > 0) rw.remat_slowdown = works.fit(remat, d, dtype, opts).slowdown();
+  rw.max_slice = works.max_slice_rows(d, dtype) * r.replicas;
+  rw.at = works.fit(r.per_replica, d, dtype, opts);
+  return rw;
+}
+
+// --memory-budget: none; 0 for auto (each device's usable memory); else bytes.
+std::optional<size_t> budget_of(const AdviseOptions& o) {
+  if (o.memory_budget.empty()) return std::nullopt;
+  if (o.memory_budget == "auto") return size_t(0);
+  MemoryBudget b = MemoryBudget::parse(o.memory_budget);
+  if (!b.bytes) fail("advise", "--memory-budget takes auto or bytes (200MB, 12GiB), not '" + o.memory_budget + "'", "");
+  return b.bytes;
+}
+
+void print_rewrites(const std::vector<Row>& rows, size_t budget, const AdviseOptions& o) {
+  std::printf("\nWith the memory budget's rewrites (budget: %s):\n"
+              "REMAT MAX: the largest batch run as one graph rematerialized (slowdown against that batch unbudgeted);\n"
+              "SLICE ROWS: the most rows per micro-batch (--micro-batches auto runs any batch in slices of up to that many);\n"
+              "AT BATCH %lld: how it fits (slowdown against it as one graph unbudgeted).\n",
+              budget ? human_bytes(double(budget)).c_str() : "each device's usable memory", (long long)o.batch);
+  std::printf("%-12s %9s %20s %10s  %s\n", "DEVICE", "MAX BATCH", "REMAT MAX (SLOWDOWN)", "SLICE ROWS", "AT BATCH");
+  for (auto& r : rows) {
+    const Rewrites& rw = *r.rw;
+    std::string remat = at_least(rw.max_remat, r.replicas) + (rw.max_remat ? " (" + ratio(rw.remat_slowdown) + ")" : "");
+    std::printf("%-12s %9s %20s %10s  %s\n", r.dev.name.c_str(), o.no_max_batch ? "-" : at_least(r.p.max_batch, r.replicas).c_str(),
+                remat.c_str(), at_least(rw.max_slice, r.replicas).c_str(), how_it_fits(rw.at).c_str());
+  }
+}
 
 void run_advise(const AdviseOptions& o) {
   nn::GPTConfig cfg{.vocab = o.vocab, .block = o.block, .embd = o.embd, .heads = o.heads, .layers = o.layers,
@@ -80,16 +144,20 @@ void run_advise(const AdviseOptions& o) {
   for (auto& name : split(o.devices)) devs.push_back(name == "host" ? advise::host_device(o.recalibrate) : advise::find_device(table, name));
   if (devs.empty()) fail("advise", "--devices names no device", "");
 
+  const std::optional<size_t> budget = budget_of(o);
+
   advise::GptWorkloads works(cfg);
   advise::Options opts{.data_parallel = int(o.data_parallel)};
   std::vector<Row> rows;
   for (auto& d : devs) {
     Row r;
     r.dev = d;
+    if (budget && *budget && *budget < d.capacity_bytes()) r.dev.usable_bytes = double(*budget);
     r.replicas = o.data_parallel * d.replicas;
     r.per_replica = (o.batch + r.replicas - 1) / r.replicas;
-    r.p = advise::predict(d, works.at(r.per_replica, d, dtype), opts);  // d's own plan
-    if (!o.no_max_batch) r.p.max_batch = works.max_batch(d, dtype) * r.replicas;
+    r.p = advise::predict(r.dev, works.at(r.per_replica, r.dev, dtype), opts);  // the device's own plan
+    if (!o.no_max_batch) r.p.max_batch = works.max_batch(r.dev, dtype) * r.replicas;
+    if (budget) r.rw = rewrites_on(works, r.dev, r, dtype, opts);
     rows.push_back(r);
   }
 
@@ -132,6 +200,11 @@ void run_advise(const AdviseOptions& o) {
     rec << " Does not fit at batch " << o.batch << ":";
     for (auto* r : misfits) rec << " " << r->dev.name << " (max batch " << r->p.max_batch << ")";
     rec << ".";
+    std::string rewritten;
+    for (auto* r : misfits)
+      if (r->rw && r->rw->at.fits) rewritten += (rewritten.empty() ? " " : "; ") + r->dev.name + ": " + how_it_fits(r->rw->at);
+    if (!rewritten.empty())
+      rec << " With the rewrites (train with --memory-budget, and --micro-batches auto where it says micro-batches):" << rewritten << ".";
   }
 
   if (o.json) {
@@ -148,6 +221,13 @@ void run_advise(const AdviseOptions& o) {
                               {"max_batch", r.p.max_batch}, {"tokens_per_joule", r.p.tokens_per_joule},
                               {"bottleneck", advise::bottleneck_name(r.p.bottleneck)}, {"compute_s", r.p.compute_s},
                               {"memory_s", r.p.memory_s}, {"launch_s", r.p.launch_s}, {"communication_s", r.p.comm_s}});
+    for (size_t i = 0; i < rows.size(); ++i)
+      if (const auto& rw = rows[i].rw)
+        j["devices"][i]["rewrites"] = {{"max_batch_remat", rw->max_remat}, {"remat_slowdown", rw->remat_slowdown},
+                                       {"max_slice_rows", rw->max_slice},
+                                       {"at_batch", {{"fits", rw->at.fits}, {"micro_batches", rw->at.micro_batches},
+                                                     {"recomputed_steps", rw->at.recomputed_steps}, {"peak_bytes", rw->at.peak_bytes},
+                                                     {"step_s", rw->at.step_s}, {"slowdown", rw->at.slowdown()}}}};
     j["recommendation"] = rec.str();
     std::printf("%s\n", j.dump(2).c_str());
   } else {
@@ -159,14 +239,14 @@ void run_advise(const AdviseOptions& o) {
                 "TOKENS/J", "BOTTLENECK");
     for (auto& r : rows) {
       std::string mem = human_bytes(r.p.peak_bytes) + " / " + human_bytes(r.p.capacity_bytes);
-      // The search stops at 65536 per replica: say "at least" there.
-      std::string mb = o.no_max_batch ? "-" : (r.p.max_batch >= (int64_t(1) << 16) * r.replicas ? ">=" : "") + std::to_string(r.p.max_batch);
+      std::string mb = o.no_max_batch ? "-" : at_least(r.p.max_batch, r.replicas);
       std::string tpj = r.p.tokens_per_joule > 0 ? human_rate(r.p.tokens_per_joule) : "n/a";
       std::printf("%-12s %10s %10s %21s %5s %9s %9s %13s\n", r.dev.name.c_str(), human_time(r.p.step_s).c_str(),
                   human_rate(r.p.tokens_per_s).c_str(), mem.c_str(), r.p.fits ? "yes" : "NO", mb.c_str(), tpj.c_str(),
                   advise::bottleneck_name(r.p.bottleneck));
     }
     std::printf("Memory is per device (replica); TPU boards run their cores data parallel (batch split across them).\n");
+    if (budget) print_rewrites(rows, *budget, o);
     std::printf("\n%s\n", rec.str().c_str());
   }
 
@@ -205,6 +285,9 @@ void add_advise(CLI::App& app) {
       ->capture_default_str();
   gpt->add_option("--device-file", o->device_file, "JSON file of more devices (see src/advise/devices.cpp for the keys)");
   gpt->add_option("--dtype", o->dtype, "float32 or bfloat16")->capture_default_str()->check(CLI::IsMember({"float32", "bfloat16"}));
+  gpt->add_option("--memory-budget", o->memory_budget,
+                  "auto (each device's usable memory) or bytes (12GB): also report what rematerialization and micro-batches "
+                  "fit under it and their predicted slowdown");
   gpt->add_option("--data-parallel", o->data_parallel, "devices (boards) in data parallel")->capture_default_str()->check(positive());
   gpt->add_flag("--json", o->json, "print JSON instead of a table");
   gpt->add_flag("--validate", o->validate, "also run the step on this host and print predicted vs measured time and peak memory");
