@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "core/fail.h"
+#include "tessera/memory.h"
 #include "tessera/nn.h"
 
 namespace tessera::nn {
@@ -88,6 +89,15 @@ Tensor Block::forward(const Tensor& x, Tensor* k_cache, Tensor* v_cache, const T
 GPT::GPT(const GPTConfig& c) : Module("GPT"), cfg_(c) {
   if (c.vocab <= 0 || c.block <= 0 || c.embd <= 0 || c.layers <= 0)
     fail("GPT", "vocab, block, embd and layers must be positive");
+  // Parameters alone over the memory limit: refused before anything is built (a mistyped
+  // --layers 100000 is this error, not minutes of tracing and then a [memory] one).
+  const double e = double(c.embd), params = double(c.vocab + c.block) * e + double(c.layers) * (12 * e * e + 13 * e) +
+                                            (c.tied_head ? 0.0 : double(c.vocab) * e) + 2 * e;
+  if (const size_t limit = memory_limit(); limit && params * 4 > double(limit))
+    fail("GPT", "about " + std::to_string(int64_t(params / 1e6)) + " M parameters (layers " + std::to_string(c.layers) +
+                    ", embd " + std::to_string(c.embd) + ", vocab " + std::to_string(c.vocab) + ") need " +
+                    std::to_string(int64_t(params * 4 / (1 << 20))) + " MiB, over the memory limit of " +
+                    std::to_string(limit >> 20) + " MiB");
   wte = register_module("wte", std::make_shared<Embedding>(c.vocab, c.embd));
   wpe = register_module("wpe", std::make_shared<Embedding>(c.block, c.embd));
   drop = register_module("drop", std::make_shared<Dropout>(c.dropout));

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <cstring>
 #include <map>
+#include <regex>
 #include <set>
 
 #include "e2e_util.h"
@@ -372,6 +373,75 @@ TEST(Errors, BadDevicesFlagsAndFiles) {
   // A text too short for the window.
   write_file(dir / "tiny.txt", "hello world\n");
   expect_clean_error(cli({"train", "gpt", "--data", (dir / "tiny.txt").string(), "--steps", "1"}, dir.path()), "text too short");
+}
+
+// Every option of every command, read from its --help (so a new flag is covered when it is
+// added), refuses malformed, non-finite and out-of-range values with one error line that names it.
+TEST(Errors, EveryFlagOfEveryCommandRefusesBadValues) {
+  TempDir dir;
+  const std::vector<std::vector<std::string>> commands = {{"train", "gpt"}, {"train", "cnn"}, {"sample"},       {"demo"},
+                                                          {"profile", "gpt"}, {"advise", "gpt"}, {"export", "gpt"},
+                                                          {"conformance"},    {"devices"}};
+  const std::regex option(R"(^\s+(?:-\w,)?(--[a-z0-9-]+)(?: (\S+))?)");
+  const std::regex range(R"(in \[([-0-9.e]+) - ([-0-9.e]+)\])");
+  int flags = 0, cases = 0;
+  for (const auto& command : commands) {
+    Result help = cli(cat(command, {"--help"}), dir.path());
+    ASSERT_TRUE(help.exited && help.code == 0) << help.describe();
+    std::set<std::string> seen;
+    for (const std::string& line : lines_of(help.out)) {
+      std::smatch m;
+      if (!std::regex_search(line, m, option) || m[1] == "--help" || !seen.insert(m[1]).second) continue;
+      const std::string flag = m[1], type = m[2];
+      std::vector<std::string> bad;
+      if (type.rfind("INT", 0) == 0 || type.rfind("UINT", 0) == 0) bad = {"abc", "1.5", "99999999999999999999999"};
+      if (type.rfind("UINT", 0) == 0) bad.push_back("-1");
+      if (type.rfind("FLOAT", 0) == 0) bad = {"abc", "nan", "inf", "1e999"};
+      if (type.find("POSITIVE") != std::string::npos && type.find("NON-") == std::string::npos) bad.push_back("0");
+      if (type.find("NON-NEGATIVE") != std::string::npos || type.find("POSITIVE") != std::string::npos) bad.push_back("-1");
+      std::smatch r;
+      if (std::regex_search(type, r, range)) bad.push_back(std::to_string(std::stod(r[2]) + 1));
+      if (type.rfind("TEXT:{", 0) == 0) bad.push_back("bogus");
+      if (type.find("BYTES|FRACTION") != std::string::npos) bad.push_back("lots");
+      if (type.find("N|auto") != std::string::npos) bad.insert(bad.end(), {"0", "some"});
+      if (type.rfind("TEXT", 0) == 0 && flag != "--prompt") bad.push_back("");
+      if (bad.empty()) continue;  // a switch
+      ++flags;
+      for (const std::string& v : bad) {
+        Result res = cli(cat(command, {flag, v}), dir.path());
+        std::string what = command[0] + (command.size() > 1 ? " " + command[1] : "") + " " + flag + " '" + v + "'";
+        expect_clean_error(res, what);
+        EXPECT_NE(res.err.find(flag), std::string::npos) << what << ": the error should name the flag: " << res.err;
+        ++cases;
+      }
+    }
+  }
+  EXPECT_GE(flags, 50) << "options found in the commands' --help";
+  std::printf("%d options, %d bad values refused\n", flags, cases);
+}
+
+// Values in range but too large for the machine, and conflicting flags: one error line before
+// anything heavy runs.
+TEST(Errors, TooLargeAndConflictingFlags) {
+  TempDir dir;
+  const std::string d = dir.path().string();
+  struct Case {
+    std::string what;
+    std::vector<std::string> args;
+  };
+  const std::vector<Case> cases = {
+      {"a model over the memory", {"train", "gpt", "--layers", "1000000", "--steps", "1"}},
+      {"a batch over the memory", {"train", "gpt", "--batch", "10000000", "--steps", "1"}},
+      {"a batch over the training set", {"train", "cnn", "--batch", "70000", "--steps", "1"}},
+      {"micro-batches not dividing the batch", {"train", "gpt", "--batch", "6", "--micro-batches", "4", "--steps", "1"}},
+      {"auto micro-batches without a budget", {"train", "gpt", "--micro-batches", "auto", "--steps", "1"}},
+      {"checkpoints every N without --out", {"train", "gpt", "--ckpt-every", "5", "--steps", "1"}},
+      {"resume without --out (cnn)", {"train", "cnn", "--resume", "--steps", "1"}},
+  };
+  for (const Case& c : cases) {
+    Result r = cli(c.args, dir.path());
+    expect_clean_error(r, c.what);
+  }
 }
 
 // ---- 4 and 5. the JSON log and plain progress lines ----

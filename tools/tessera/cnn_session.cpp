@@ -47,12 +47,15 @@ CnnResult train_cnn(const CnnOptions& o) {
   if (o.epochs < 1 || o.batch < 1 || o.steps < 0 || o.eval_batch < 1 || o.test_images < 0 || !(o.lr > 0))
     fail("train", "epochs, batch and lr must be positive and steps and test images non-negative", "");
   if (o.resume && o.out.empty()) fail("train", "--resume needs --out DIR (the checkpoint directory)", "");
+  check_micro_batches(o.micro_batches, o.memory_budget);
   Device dev = pick_device(o.device);
   data::FashionMNIST train(data::FashionMNIST::Part::Train, o.data), test(data::FashionMNIST::Part::Test, o.data);
   manual_seed(o.seed);
   std::shared_ptr<nn::Module> model = make_cnn(o.model);
   model->to(dev);
   optim::Adam opt(model->parameters(), {.lr = o.lr});
+  if (o.batch > train.size())
+    fail("train", "--batch " + std::to_string(o.batch) + " is larger than the " + std::to_string(train.size()) + " training images", "");
   data::ImageLoader loader(train, o.batch, o.seed, true, o.flip);
   int64_t per_epoch = loader.batches_per_epoch(), total = o.epochs * per_epoch;
   if (o.steps > 0) total = std::min(total, o.steps);

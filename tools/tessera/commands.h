@@ -1,7 +1,11 @@
 // Subcommands of the `tessera` tool: each adds itself to the app and runs when selected.
 #pragma once
+#include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <memory>
+#include <string>
+#include <vector>
 
 #include <CLI/CLI.hpp>
 #include <tessera/memory.h>
@@ -26,6 +30,43 @@ inline CLI::Validator positive() {
 }
 inline CLI::Validator non_negative() {
   return CLI::Validator([](std::string& v) { return check_number(v, true); }, "NON-NEGATIVE");
+}
+
+// Every option of every command, whatever its own checks: an INT or UINT value is a whole number
+// between 0 or -2^40 and 2^40 (so products of flags such as epochs x batches cannot overflow), a
+// FLOAT is finite, a TEXT value is not empty (unless the option lists itself in `may_be_empty`).
+// A UINT never takes a sign (CLI11 would wrap -1 around). main() applies it once to the whole app.
+inline std::string check_value(const std::string& v, const std::string& type) {
+  constexpr double kMaxWhole = double(int64_t(1) << 40);
+  if (type.rfind("INT", 0) == 0 || type.rfind("UINT", 0) == 0) {
+    const bool sign_ok = type[0] == 'I';
+    size_t i = v.size() > 1 && (v[0] == '-' || v[0] == '+') && sign_ok ? 1 : 0;
+    if (i == v.size() || v.find_first_not_of("0123456789", i) != std::string::npos)
+      return "is not a whole number" + std::string(sign_ok ? "" : " of at least 0") + ": '" + v + "'";
+    if (v.size() - i > 13 || std::abs(std::stod(v)) > kMaxWhole) return "is out of range (at most 2^40): " + v;
+  } else if (type.rfind("FLOAT", 0) == 0) {
+    size_t used = 0;
+    double d = 0;
+    try {
+      d = std::stod(v, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    if (used != v.size() || v.empty()) return "is not a number: '" + v + "'";
+    if (!std::isfinite(d)) return "must be a finite number, got " + v;
+  } else if (type.rfind("TEXT", 0) == 0 && v.empty()) {
+    return "must not be empty";
+  }
+  return "";
+}
+inline void check_every_value(CLI::App& app, const std::vector<std::string>& may_be_empty = {"--prompt"}) {
+  for (CLI::Option* opt : app.get_options()) {
+    if (opt->get_type_size() == 0) continue;  // a switch
+    const std::string type = opt->get_type_name();
+    const bool empty_ok = std::find(may_be_empty.begin(), may_be_empty.end(), opt->get_name()) != may_be_empty.end();
+    opt->check(CLI::Validator([type, empty_ok](std::string& v) { return empty_ok && v.empty() ? std::string() : check_value(v, type); }, ""));
+  }
+  for (CLI::App* sub : app.get_subcommands({})) check_every_value(*sub, may_be_empty);
 }
 
 // --metrics: commands that run work print tessera::metrics().report() on stdout when they end.

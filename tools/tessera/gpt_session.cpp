@@ -91,6 +91,8 @@ TrainResult train_gpt(const TrainOptions& o) {
     fail("train", "steps, batch, eval-every and eval-batches must be positive and block at least 2", "");
   if (o.embd % o.heads != 0) fail("train", "--embd " + std::to_string(o.embd) + " is not divisible by --heads " + std::to_string(o.heads), "");
   if (o.resume && o.out.empty()) fail("train", "--resume needs --out DIR (the checkpoint directory)", "");
+  if (o.ckpt_every > 0 && o.out.empty()) fail("train", "--ckpt-every needs --out DIR (where the checkpoints go)", "");
+  check_micro_batches(o.micro_batches, o.memory_budget);
   Device dev = pick_device(o.device);
   std::string text = o.data.empty() ? data::read_default_corpus() : data::read_text_file(o.data);
   data::TextDataset ds(text, o.block, 0.1);

@@ -1,5 +1,8 @@
 // The `tessera` command-line tool. Errors are one line on stderr and a non-zero exit status.
+#include <unistd.h>
+
 #include <cstdio>
+#include <cstdlib>
 #include <exception>
 #include <string>
 
@@ -20,7 +23,12 @@ int main(int argc, char** argv) {
   tessera::cli::add_advise(app);
   tessera::cli::add_conformance(app);
   tessera::cli::add_export(app);
+  tessera::cli::check_every_value(app);
   try {
+    // Without TESSERA_MEMORY_LIMIT, the machine's memory is the limit: a run too large for it is a
+    // [memory] error before it starts, not the kernel's out-of-memory kill halfway.
+    const char* limit = std::getenv("TESSERA_MEMORY_LIMIT");
+    if (!limit || !*limit) tessera::set_memory_limit(size_t(sysconf(_SC_PHYS_PAGES)) * size_t(sysconf(_SC_PAGE_SIZE)));
     // An unknown word where a subcommand belongs gets a direct message (CLI11 would only say
     // that a subcommand is required).
     if (argc > 1 && argv[1][0] != '-') {

@@ -97,6 +97,11 @@ std::FILE* open_log(const std::string& path, bool append) {
   return f;
 }
 
+void check_micro_batches(int64_t micro_batches, const MemoryBudget& budget) {
+  if (micro_batches == 0 && budget.none())
+    fail("train", "--micro-batches auto needs --memory-budget (the budget the fewest micro-batches must fit)", "");
+}
+
 double train_step(const std::vector<Tensor>& params, const std::vector<Tensor>& batch,
                   const std::function<Tensor(const std::vector<Tensor>&)>& loss_fn, const std::function<void()>& update,
                   const MemoryBudget& budget, int64_t micro_batches) {

@@ -59,7 +59,6 @@ io::Metadata load_training(const std::string& path, const Device& dev, const nlo
 // The "model.*" tensors of a checkpoint, without the prefix.
 std::map<std::string, Tensor> model_tensors(const io::TensorMap& t);
 
-// --log-json: one JSON object per line, appended when resuming; null when no file was asked for.
 // One training step under `budget`: loss_fn(batch), its backward and update() (clipping, the
 // optimizer's step and zero_grad) traced as one graph, run by reading the loss; with micro_batches
 // other than 1 (0: auto), the forward and backward over slices of the batch
@@ -69,6 +68,10 @@ double train_step(const std::vector<Tensor>& params, const std::vector<Tensor>& 
                   const std::function<Tensor(const std::vector<Tensor>&)>& loss_fn, const std::function<void()>& update,
                   const MemoryBudget& budget, int64_t micro_batches);
 
+// --micro-batches auto (0) fits the memory budget: refused without one.
+void check_micro_batches(int64_t micro_batches, const MemoryBudget& budget);
+
+// --log-json: one JSON object per line, appended when resuming; null when no file was asked for.
 std::FILE* open_log(const std::string& path, bool append);
 
 }  // namespace tessera::cli
