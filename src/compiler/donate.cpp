@@ -46,4 +46,32 @@ void donate(Plan& plan, const std::vector<int>& donate) {
     if (donate[k] >= 0 && try_donate(plan, int(k), donate[k])) plan.donated[k] = donate[k];
 }
 
+void inplace_last(Plan& plan) {
+  const size_t n = plan.steps.size();
+  std::vector<bool> donated_slot(plan.slots.size(), false);
+  for (size_t k = 0; k < plan.donated.size(); ++k)
+    if (plan.donated[k] >= 0) donated_slot[plan.output_slot[k]] = true;
+  // The Steps that write a donated buffer and everything after them that depends on them through
+  // a slot (reads what they wrote, or writes what they read or wrote): moved after the rest, each
+  // part in its order, which keeps every read-after-write, write-after-read and write-after-write.
+  std::vector<bool> late(n, false), written(plan.slots.size(), false), touched(plan.slots.size(), false);
+  for (size_t s = 0; s < n; ++s) {
+    const kir::Step& st = plan.steps[s];
+    std::vector<int> outs = st.outputs();
+    bool is_late = false;
+    for (int o : outs) is_late = is_late || donated_slot[o] || touched[o];
+    for (int x : st.inputs) is_late = is_late || written[x];
+    if (!is_late) continue;
+    late[s] = true;
+    for (int o : outs) written[o] = touched[o] = true;
+    for (int x : st.inputs) touched[x] = true;
+  }
+  std::vector<kir::Step> order;
+  order.reserve(n);
+  for (int pass = 0; pass < 2; ++pass)
+    for (size_t s = 0; s < n; ++s)
+      if (late[s] == (pass == 1)) order.push_back(std::move(plan.steps[s]));
+  plan.steps = std::move(order);
+}
+
 }  // namespace tessera::compiler

@@ -53,6 +53,10 @@ Plan lower(const ir::Graph& g, const std::vector<ir::NodePtr>& params, const Opt
 // donate[k] names a parameter that output k may overwrite (-1: none); it is honoured only when
 // no Step reads the parameter's old value after the output is written. Run after scheduling.
 void donate(Plan& plan, const std::vector<int>& donate);
+// All or nothing (docs/architecture.md, Failure isolation): the Steps writing donated buffers in
+// place, and what depends on them, run after every other Step, so a failure before them leaves
+// every in-place tensor's old value intact. Pass "inplace_last".
+void inplace_last(Plan& plan);
 
 // Where a plan's memory peaks, for errors: "its peak at step N (<kind> <shape>: <op> in <scope>);
 // largest buffers live there: <kind> <dtype/shape> <MiB> <op> in <scope>; ..." (passes/budget.cpp).

@@ -21,6 +21,7 @@ Plan compile_graph(const ir::Graph& g, const std::vector<int>& donate_to, const 
   if (opts.enabled("epilogue")) fuse_epilogues(plan);
   if (opts.enabled("merge")) merge_elementwise(plan), merge_rows(plan);
   donate(plan, donate_to);
+  if (opts.enabled("inplace_last")) inplace_last(plan);
   plan_memory(plan, opts);  // "memplan" off: every temporary gets its own bytes
   try {
     meet_budget(plan, opts);  // the memory budget, when there is one: met or an error

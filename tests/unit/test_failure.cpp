@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -90,10 +91,10 @@ TEST(FailureIsolation, TensorsThatDoNotDependOnTheFailureStayValid) {
 }
 
 // A failure injected after every Step of a training step in turn (a device error anywhere): each
-// time one error. Before the first Step that writes a parameter or moment in place, the step is
-// undone entirely and the next one gives the values of a run without the failure; from there on,
-// the tensors whose buffers were written are errored with a message saying to restore the
-// checkpoint. Never a silently half-updated value.
+// time one error. Before the first Step that writes a parameter or moment in place -- the fused
+// updates, which run after every other Step -- the step is undone entirely and the next one gives
+// the values of a run without the failure; from there on, the tensors whose buffers were written
+// are errored with a message saying to restore the checkpoint. Never a silently half-updated value.
 TEST(FailureIsolation, AFailureAfterAnyStepOfATrainingStepIsConfined) {
   Training reference;
   reference.trace(0).item();
@@ -111,6 +112,20 @@ TEST(FailureIsolation, AFailureAfterAnyStepOfATrainingStepIsConfined) {
     for (int s = 0; s < steps && plan->donated[k] >= 0; ++s)
       for (int o : plan->steps[size_t(s)].outputs())
         if (o == plan->output_slot[k]) first_in_place = std::min(first_in_place, s);
+  // The pass "inplace_last" put the in-place writes last: every Step from the first one on writes a
+  // donated buffer or reads what such a Step wrote.
+  std::set<int> tail_slots;
+  for (size_t k = 0; k < plan->output_slot.size(); ++k)
+    if (plan->donated[k] >= 0) tail_slots.insert(plan->output_slot[k]);
+  for (int s = first_in_place; s < steps; ++s) {
+    const kir::Step& st = plan->steps[size_t(s)];
+    bool in_tail = false;
+    for (int o : st.outputs()) in_tail = in_tail || tail_slots.count(o);
+    for (int x : st.inputs) in_tail = in_tail || tail_slots.count(x);
+    EXPECT_TRUE(in_tail) << "Step " << s << " runs after an in-place write without needing to";
+    if (in_tail)
+      for (int o : st.outputs()) tail_slots.insert(o);
+  }
   sync();
   ASSERT_GT(steps, 20);
   ASSERT_LT(first_in_place, steps);
