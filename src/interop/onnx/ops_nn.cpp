@@ -1,0 +1,349 @@
+// ONNX ops for networks: matmul and einsum, convolution, pooling, normalization, dropout.
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <numeric>
+
+#include "interop/onnx/ops_util.h"
+#include "tessera/ops.h"
+
+namespace tessera::onnx::detail {
+namespace {
+
+// ---- convolution and pooling ----
+struct Window {
+  std::vector<int64_t> kernel, stride, dilation, lo, hi, out;
+};
+// Resolves ONNX's pads / auto_pad / ceil_mode for the spatial dims of `x` ([N, C, ...]).
+Window window(const Ctx& c, const Tensor& x, std::vector<int64_t> kernel, bool ceil_allowed) {
+  size_t sd = size_t(x.dim() - 2);
+  if (x.dim() < 3) c.fail("needs [N, C, spatial...], got " + shape_str(x.shape()));
+  if (kernel.size() != sd) c.fail("kernel_shape " + shape_str(kernel) + " does not match the input " + shape_str(x.shape()));
+  Window w;
+  w.kernel = kernel;
+  w.stride = c.ints("strides", std::vector<int64_t>(sd, 1));
+  w.dilation = c.ints("dilations", std::vector<int64_t>(sd, 1));
+  std::vector<int64_t> pads = c.ints("pads", std::vector<int64_t>(2 * sd, 0));
+  if (w.stride.size() != sd || w.dilation.size() != sd || pads.size() != 2 * sd) c.fail("strides, dilations or pads do not match the spatial rank");
+  std::string ap = c.s("auto_pad", "NOTSET");
+  bool ceil = ceil_allowed && c.i("ceil_mode", 0) != 0;
+  for (size_t i = 0; i < sd; ++i) {
+    int64_t in = x.size(int64_t(2 + i)), ek = (w.kernel[i] - 1) * w.dilation[i] + 1, s = w.stride[i];
+    if (s < 1 || w.dilation[i] < 1) c.fail("strides and dilations must be positive");
+    int64_t lo = pads[i], hi = pads[i + sd], out;
+    if (ap == "SAME_UPPER" || ap == "SAME_LOWER") {
+      out = (in + s - 1) / s;
+      int64_t total = std::max<int64_t>(0, (out - 1) * s + ek - in);
+      lo = ap == "SAME_UPPER" ? total / 2 : total - total / 2;
+      hi = total - lo;
+    } else {
+      if (ap == "VALID") lo = hi = 0;
+      else if (ap != "NOTSET") c.fail("auto_pad '" + ap + "' is not supported");
+      int64_t span = in + lo + hi - ek;
+      if (span < 0) c.fail("the kernel is larger than the padded input " + shape_str(x.shape()));
+      out = (ceil ? (span + s - 1) / s : span / s) + 1;
+      if (ceil && (out - 1) * s >= in + lo) --out;  // the last window must start inside the input
+    }
+    w.lo.push_back(lo);
+    w.hi.push_back(hi);
+    w.out.push_back(out);
+  }
+  return w;
+}
+// Pads the spatial dims, the window's extent past hi (ceil mode) included.
+Tensor pad_spatial(const Tensor& x, const Window& w, double value, double extra_value) {
+  size_t sd = w.kernel.size();
+  std::vector<int64_t> p(size_t(2 * x.dim()), 0), extra(size_t(2 * x.dim()), 0);
+  bool any_extra = false;
+  for (size_t i = 0; i < sd; ++i) {
+    int64_t in = x.size(int64_t(2 + i)), need = (w.out[i] - 1) * w.stride[i] + (w.kernel[i] - 1) * w.dilation[i] + 1;
+    p[2 * (2 + i)] = w.lo[i];
+    p[2 * (2 + i) + 1] = std::max<int64_t>(0, w.hi[i]);
+    int64_t have = in + w.lo[i] + w.hi[i];
+    extra[2 * (2 + i) + 1] = std::max<int64_t>(0, need - have);
+    any_extra = any_extra || need > have;
+  }
+  Tensor r = pad(x, p, value);
+  return any_extra ? pad(r, extra, extra_value) : r;
+}
+// Combines every kernel tap's strided slice of the padded input.
+template <class F> Tensor over_taps(const Tensor& xp, const Window& w, F combine) {
+  size_t sd = w.kernel.size();
+  std::vector<int64_t> tap(sd, 0);
+  Tensor acc;
+  for (;;) {
+    Tensor s = xp;
+    for (size_t i = 0; i < sd; ++i) {
+      int64_t start = tap[i] * w.dilation[i];
+      s = slice(s, int64_t(2 + i), start, start + (w.out[i] - 1) * w.stride[i] + 1, w.stride[i]);
+    }
+    acc = acc.defined() ? combine(acc, s) : s;
+    size_t i = 0;
+    while (i < sd && ++tap[i] == w.kernel[i]) tap[i++] = 0;
+    if (i == sd) break;
+  }
+  return acc;
+}
+
+Tensor max_pool(Ctx& c) {
+  const Tensor& x = c.input(0);
+  if (c.i("storage_order", 0) != 0) c.fail("storage_order=1 is not supported");
+  Window w = window(c, x, c.ints("kernel_shape"), true);
+  double lowest = is_floating(x.dtype()) ? -kInf : -9.2e18;
+  return over_taps(pad_spatial(x, w, lowest, lowest), w, [](const Tensor& a, const Tensor& b) { return maximum(a, b); });
+}
+Tensor avg_pool(Ctx& c) {
+  const Tensor& x = c.input(0);
+  Window w = window(c, x, c.ints("kernel_shape"), true);
+  auto add_ = [](const Tensor& a, const Tensor& b) { return a + b; };
+  Tensor total = over_taps(pad_spatial(x, w, 0, 0), w, add_);
+  // The number of cells each window averages: the input's, plus the pads where they count.
+  Shape ones_shape = x.shape();
+  ones_shape[0] = ones_shape[1] = 1;
+  Tensor one = ones(ones_shape, {x.dtype(), x.device()});
+  bool include_pad = c.i("count_include_pad", 0) != 0;
+  Tensor count = over_taps(pad_spatial(one, w, include_pad ? 1 : 0, 0), w, add_);
+  return total / count;
+}
+
+Tensor conv(Ctx& c) {
+  const Tensor &x = c.input(0), &wt = c.input(1);
+  if (wt.dim() != x.dim()) c.fail("weight " + shape_str(wt.shape()) + " does not match input " + shape_str(x.shape()));
+  Shape ks(wt.shape().begin() + 2, wt.shape().end());
+  Window w = window(c, x, c.ints("kernel_shape", ks), false);
+  ConvGeneralOptions o;
+  o.stride = w.stride;
+  o.pad_lo = w.lo;
+  o.pad_hi = w.hi;
+  o.rhs_dilation = w.dilation;
+  o.groups = c.i("group", 1);
+  Tensor y = conv_general(x, wt, o);
+  if (c.has_input(2)) {
+    Shape bs(size_t(y.dim()), 1);
+    bs[1] = -1;
+    y = y + c.input(2).reshape(bs);
+  }
+  return y;
+}
+
+Tensor conv_transpose(Ctx& c) {
+  const Tensor &x = c.input(0), &wt = c.input(1);
+  if (wt.dim() != x.dim() || x.dim() < 3) c.fail("weight " + shape_str(wt.shape()) + " does not match input " + shape_str(x.shape()));
+  size_t sd = size_t(x.dim() - 2);
+  int64_t g = c.i("group", 1), cin = wt.size(0), cout_g = wt.size(1);
+  Shape ks(wt.shape().begin() + 2, wt.shape().end());
+  std::vector<int64_t> stride = c.ints("strides", std::vector<int64_t>(sd, 1)), dil = c.ints("dilations", std::vector<int64_t>(sd, 1)),
+                       pads = c.ints("pads", std::vector<int64_t>(2 * sd, 0)), opad = c.ints("output_padding", std::vector<int64_t>(sd, 0)),
+                       oshape = c.ints("output_shape");
+  if (stride.size() != sd || dil.size() != sd || pads.size() != 2 * sd || opad.size() != sd) c.fail("strides, dilations, pads or output_padding do not match the spatial rank");
+  std::string ap = c.s("auto_pad", "NOTSET");
+  if (!oshape.empty() && oshape.size() != sd) oshape.erase(oshape.begin(), oshape.end() - int64_t(sd));
+  // The equivalent convolution: zeros between inputs, the kernel flipped with in/out swapped.
+  ConvGeneralOptions o;
+  o.stride.assign(sd, 1);
+  o.lhs_dilation = stride;
+  o.rhs_dilation = dil;
+  o.groups = g;
+  for (size_t i = 0; i < sd; ++i) {
+    int64_t in = x.size(int64_t(2 + i)), ek = (ks[i] - 1) * dil[i] + 1;
+    int64_t lo = pads[i], hi = pads[i + sd];
+    if (!oshape.empty() || ap == "SAME_UPPER" || ap == "SAME_LOWER") {
+      int64_t target = oshape.empty() ? in * stride[i] : oshape[i];
+      int64_t total = stride[i] * (in - 1) + opad[i] + ek - target;
+      bool upper = ap == "SAME_UPPER";
+      lo = upper ? total / 2 : total - total / 2;
+      hi = total - lo;
+    }
+    o.pad_lo.push_back(ek - 1 - lo);
+    o.pad_hi.push_back(ek - 1 - hi + opad[i]);
+  }
+  Shape grouped{g, cin / g, cout_g};
+  grouped.insert(grouped.end(), ks.begin(), ks.end());
+  Shape flat{g * cout_g, cin / g};
+  flat.insert(flat.end(), ks.begin(), ks.end());
+  std::vector<int64_t> sp;
+  for (size_t i = 0; i < sd; ++i) sp.push_back(int64_t(2 + i));
+  Tensor w2 = flip(wt.reshape(grouped).transpose(1, 2).reshape(flat), sp);
+  Tensor y = conv_general(x, w2, o);
+  if (c.has_input(2)) {
+    Shape bs(size_t(y.dim()), 1);
+    bs[1] = -1;
+    y = y + c.input(2).reshape(bs);
+  }
+  return y;
+}
+
+Tensor channel_view(const Tensor& t, int64_t rank) {
+  Shape s(size_t(rank), 1);
+  s[1] = -1;
+  return t.reshape(s);
+}
+
+Ts batch_norm_(Ctx& c) {
+  const Tensor &x = c.input(0), &scale = c.input(1), &b = c.input(2), &rm = c.input(3), &rv = c.input(4);
+  double eps = c.f("epsilon", 1e-5), momentum = c.f("momentum", 0.9);
+  int64_t r = x.dim();
+  bool training = c.opset >= 14 && c.i("training_mode", 0) != 0;
+  if (!training) {
+    Tensor y = (x - channel_view(rm, r)) / sqrt(channel_view(rv, r) + eps) * channel_view(scale, r) + channel_view(b, r);
+    return {y};
+  }
+  std::vector<int64_t> dims;
+  for (int64_t d = 0; d < r; ++d)
+    if (d != 1) dims.push_back(d);
+  Tensor m = mean(x, dims), v = var(x, dims, 0);
+  Tensor y = (x - channel_view(m, r)) / sqrt(channel_view(v, r) + eps) * channel_view(scale, r) + channel_view(b, r);
+  return {y, rm * momentum + m * (1 - momentum), rv * momentum + v * (1 - momentum)};
+}
+
+// Normalizes over `dims` (kept), in float32 at least; returns y, mean and 1/std.
+std::tuple<Tensor, Tensor, Tensor> normalize(const Tensor& x_in, const std::vector<int64_t>& dims, double eps) {
+  Tensor x = x_in.to(compute_dtype(x_in.dtype()));
+  Tensor m = mean(x, dims, true), d = x - m;
+  Tensor inv = rsqrt(mean(d * d, dims, true) + eps);
+  return {d * inv, m, inv};
+}
+
+Ts layer_norm_(Ctx& c) {
+  const Tensor& x = c.input(0);
+  int64_t axis = axis_of(c, c.i("axis", -1), x.dim());
+  std::vector<int64_t> dims;
+  for (int64_t d = axis; d < x.dim(); ++d) dims.push_back(d);
+  auto [y, m, inv] = normalize(x, dims, c.f("epsilon", 1e-5));
+  y = (y * c.input(1)).to(x.dtype());
+  if (c.has_input(2)) y = y + c.input(2);
+  return {y, m, inv};
+}
+
+Tensor instance_norm(Ctx& c) {
+  const Tensor& x = c.input(0);
+  std::vector<int64_t> dims;
+  for (int64_t d = 2; d < x.dim(); ++d) dims.push_back(d);
+  Tensor y = std::get<0>(normalize(x, dims, c.f("epsilon", 1e-5))).to(x.dtype());
+  return y * channel_view(c.input(1), x.dim()) + channel_view(c.input(2), x.dim());
+}
+
+Tensor lrn(Ctx& c) {
+  const Tensor& x = c.input(0);
+  int64_t size = c.i("size", 0);
+  if (size < 1) c.fail("size must be positive");
+  double alpha = c.f("alpha", 1e-4), beta = c.f("beta", 0.75), bias = c.f("bias", 1.0);
+  std::vector<int64_t> p(size_t(2 * x.dim()), 0);
+  p[2] = (size - 1) / 2;
+  p[3] = size - 1 - p[2];
+  Tensor sq = pad(x * x, p, 0), acc;
+  for (int64_t k = 0; k < size; ++k) {
+    Tensor s = slice(sq, 1, k, k + x.size(1));
+    acc = acc.defined() ? acc + s : s;
+  }
+  return x / pow(bias + acc * (alpha / double(size)), beta);
+}
+
+
+// in the output summed away. Repeated labels in one operand (diagonals) and '...' are refused.
+Tensor einsum_(Ctx& c) {
+  std::string eq = c.s("equation", "");
+  eq.erase(std::remove(eq.begin(), eq.end(), ' '), eq.end());
+  if (eq.find("...") != std::string::npos) c.fail("'...' in the equation '" + eq + "' is not supported");
+  std::string lhs = eq, out;
+  size_t arrow = eq.find("->");
+  bool explicit_out = arrow != std::string::npos;
+  if (explicit_out) {
+    lhs = eq.substr(0, arrow);
+    out = eq.substr(arrow + 2);
+  }
+  std::vector<std::string> terms;
+  for (size_t at = 0;;) {
+    size_t comma = lhs.find(',', at);
+    terms.push_back(lhs.substr(at, comma - at));
+    if (comma == std::string::npos) break;
+    at = comma + 1;
+  }
+  if (terms.size() != c.in.size()) c.fail("equation '" + eq + "' names " + std::to_string(terms.size()) + " operands");
+  std::string labels;
+  std::map<char, int> count;
+  for (const auto& t : terms) {
+    for (char ch : t) {
+      if (std::count(t.begin(), t.end(), ch) > 1) c.fail("repeated label '" + std::string(1, ch) + "' in one operand is not supported");
+      if (labels.find(ch) == std::string::npos) labels += ch;
+      ++count[ch];
+    }
+  }
+  if (!explicit_out) {
+    for (char ch : labels)
+      if (count[ch] == 1) out += ch;
+    std::sort(out.begin(), out.end());
+  }
+  Tensor acc;
+  for (size_t k = 0; k < terms.size(); ++k) {
+    const Tensor& t = c.input(k);
+    if (int64_t(terms[k].size()) != t.dim()) c.fail("operand " + std::to_string(k) + " " + shape_str(t.shape()) + " does not match '" + terms[k] + "'");
+    std::vector<int64_t> perm;
+    Shape s;
+    for (char ch : labels) {
+      size_t p = terms[k].find(ch);
+      if (p != std::string::npos) perm.push_back(int64_t(p)), s.push_back(t.size(int64_t(p)));
+      else s.push_back(1);
+    }
+    Tensor v = t.permute(perm).reshape(s);
+    acc = acc.defined() ? acc * v : v;
+  }
+  std::vector<int64_t> summed, order;
+  for (size_t i = 0; i < labels.size(); ++i)
+    if (out.find(labels[i]) == std::string::npos) summed.push_back(int64_t(i));
+  if (!summed.empty()) acc = sum(acc, summed);
+  std::string left;
+  for (char ch : labels)
+    if (out.find(ch) != std::string::npos) left += ch;
+  for (char ch : out) {
+    size_t p = left.find(ch);
+    if (p == std::string::npos) c.fail("output label '" + std::string(1, ch) + "' is in no operand");
+    order.push_back(int64_t(p));
+  }
+  return order.empty() ? acc : acc.permute(order);
+}
+
+
+}  // namespace
+
+void add_nn_ops(OpTable& t) {
+  auto spatial = [](const Tensor& x) {
+    std::vector<int64_t> d;
+    for (int64_t k = 2; k < x.dim(); ++k) d.push_back(k);
+    return d;
+  };
+  t["MatMul"] = [](Ctx& c) { return Ts{matmul(c.input(0), c.input(1))}; };
+  t["Gemm"] = [](Ctx& c) {
+    Tensor a = c.input(0), b = c.input(1);
+    if (c.i("transA", 0)) a = a.transpose(0, 1);
+    if (c.i("transB", 0)) b = b.transpose(0, 1);
+    Tensor y = matmul(a, b) * c.f("alpha", 1.0);
+    if (c.has_input(2)) y = y + c.input(2) * c.f("beta", 1.0);
+    return Ts{y};
+  };
+  t["Einsum"] = [](Ctx& c) { return Ts{einsum_(c)}; };
+  t["Conv"] = [](Ctx& c) { return Ts{conv(c)}; };
+  t["ConvTranspose"] = [](Ctx& c) { return Ts{conv_transpose(c)}; };
+  t["MaxPool"] = [](Ctx& c) { return Ts{max_pool(c)}; };
+  t["AveragePool"] = [](Ctx& c) { return Ts{avg_pool(c)}; };
+  t["GlobalAveragePool"] = [spatial](Ctx& c) { return Ts{mean(c.input(0), spatial(c.input(0)), true)}; };
+  t["GlobalMaxPool"] = [spatial](Ctx& c) { return Ts{amax(c.input(0), spatial(c.input(0)), true)}; };
+  t["BatchNormalization"] = batch_norm_;
+  t["InstanceNormalization"] = [](Ctx& c) { return Ts{instance_norm(c)}; };
+  t["LayerNormalization"] = layer_norm_;
+  t["MeanVarianceNormalization"] = [](Ctx& c) {
+    const Tensor& x = c.input(0);
+    auto axes = axes_of(c, c.ints("axes", {0, 2, 3}), x.dim());
+    Tensor m = mean(x, axes, true), d = x - m;
+    return Ts{d / sqrt(mean(d * d, axes, true) + 1e-9)};
+  };
+  t["LRN"] = [](Ctx& c) { return Ts{lrn(c)}; };
+  t["Dropout"] = [](Ctx& c) {
+    if (c.has_input(2) && c.doubles_input(2).at(0) != 0) c.fail("training_mode=true draws random masks: not supported");
+    if (c.opset < 12 && c.i("is_test", 1) == 0 && c.opset < 7) c.fail("training dropout is not supported");
+    const Tensor& x = c.input(0);
+    return Ts{x, ones(x.shape(), {DType::Bool, x.device()})};
+  };
+}
+
+}  // namespace tessera::onnx::detail
