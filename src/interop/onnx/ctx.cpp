@@ -48,7 +48,6 @@ std::vector<int64_t> Ctx::ints_input(size_t k) const {
 
 std::vector<double> Ctx::doubles_input(size_t k) const {
   const Tensor& t = input(k);
-  if (t.dtype() == DType::Bool) fail("operand " + std::to_string(k) + " must be numeric");
   return t.to(DType::Float64).to_vector<double>();
 }
 

@@ -1,5 +1,5 @@
-// The default-domain op table (three files add their ops: ops_math.cpp, ops_nn.cpp,
-// ops_shape.cpp), and the ops refused with a reason.
+// The default-domain op table (four files add their ops: ops_math.cpp, ops_nn.cpp,
+// ops_shape.cpp, ops_resize.cpp), and the ops refused with a reason.
 #include "interop/onnx/ops_util.h"
 
 namespace tessera::onnx::detail {
@@ -29,6 +29,7 @@ const std::map<std::string, OpFn>& op_table() {
     add_math_ops(t);
     add_nn_ops(t);
     add_shape_ops(t);
+    add_resize_ops(t);
     return t;
   }();
   return table;

@@ -188,6 +188,7 @@ Tensor clip_(Ctx& c) {
     if (c.has_input(2)) hi = c.doubles_input(2).at(0);
   }
   const Tensor& x = c.input(0);
+  if (!lo && !hi) return x;
   if (is_integral(x.dtype())) return clamp(x.to(DType::Float64), lo, hi).to(x.dtype());
   return clamp(x, lo, hi);
 }

@@ -66,31 +66,59 @@ Tensor pad_spatial(const Tensor& x, const Window& w, double value, double extra_
   Tensor r = pad(x, p, value);
   return any_extra ? pad(r, extra, extra_value) : r;
 }
-// Combines every kernel tap's strided slice of the padded input.
-template <class F> Tensor over_taps(const Tensor& xp, const Window& w, F combine) {
+// Calls f(slicer) once per kernel tap; slicer(t) is the tap's strided window grid of a padded t.
+template <class F> void for_taps(const Window& w, F f) {
   size_t sd = w.kernel.size();
   std::vector<int64_t> tap(sd, 0);
-  Tensor acc;
   for (;;) {
-    Tensor s = xp;
-    for (size_t i = 0; i < sd; ++i) {
-      int64_t start = tap[i] * w.dilation[i];
-      s = slice(s, int64_t(2 + i), start, start + (w.out[i] - 1) * w.stride[i] + 1, w.stride[i]);
-    }
-    acc = acc.defined() ? combine(acc, s) : s;
+    f([&](const Tensor& t) {
+      Tensor s = t;
+      for (size_t i = 0; i < sd; ++i) {
+        int64_t start = tap[i] * w.dilation[i];
+        s = slice(s, int64_t(2 + i), start, start + (w.out[i] - 1) * w.stride[i] + 1, w.stride[i]);
+      }
+      return s;
+    });
     size_t i = 0;
     while (i < sd && ++tap[i] == w.kernel[i]) tap[i++] = 0;
     if (i == sd) break;
   }
+}
+template <class F> Tensor over_taps(const Tensor& xp, const Window& w, F combine) {
+  Tensor acc;
+  for_taps(w, [&](const auto& at) {
+    Tensor s = at(xp);
+    acc = acc.defined() ? combine(acc, s) : s;
+  });
   return acc;
 }
 
-Tensor max_pool(Ctx& c) {
+// MaxPool, with the flat index of each maximum (the first one; storage_order 1: spatial dims
+// counted column-major) as its second output.
+Ts max_pool(Ctx& c) {
   const Tensor& x = c.input(0);
-  if (c.i("storage_order", 0) != 0) c.fail("storage_order=1 is not supported");
   Window w = window(c, x, c.ints("kernel_shape"), true);
   double lowest = is_floating(x.dtype()) ? -kInf : -9.2e18;
-  return over_taps(pad_spatial(x, w, lowest, lowest), w, [](const Tensor& a, const Tensor& b) { return maximum(a, b); });
+  Tensor xp = pad_spatial(x, w, lowest, lowest);
+  if (c.node.output_size() < 2 || c.node.output(1).empty())
+    return {over_taps(xp, w, [](const Tensor& a, const Tensor& b) { return maximum(a, b); })};
+  Shape s = x.shape();
+  std::vector<int64_t> perm{0, 1};
+  if (c.i("storage_order", 0)) std::reverse(s.begin() + 2, s.end());
+  for (int64_t d = x.dim() - 1; d >= 2; --d) perm.push_back(c.i("storage_order", 0) ? d : x.dim() + 1 - d);
+  Tensor pos = arange(double(x.numel()), TensorOptions{DType::Int64, x.device()}).reshape(s).permute(perm);
+  Tensor ip = pad_spatial(pos, w, -1, -1), best, best_i;
+  for_taps(w, [&](const auto& at) {
+    Tensor v = at(xp), i = at(ip);
+    if (!best.defined()) {
+      best = v, best_i = i;
+      return;
+    }
+    Tensor take = v > best;
+    best_i = where(take, i, best_i);
+    best = maximum(best, v);
+  });
+  return {best, best_i};
 }
 Tensor avg_pool(Ctx& c) {
   const Tensor& x = c.input(0);
@@ -150,8 +178,8 @@ Tensor conv_transpose(Ctx& c) {
     if (!oshape.empty() || ap == "SAME_UPPER" || ap == "SAME_LOWER") {
       int64_t target = oshape.empty() ? in * stride[i] : oshape[i];
       int64_t total = stride[i] * (in - 1) + opad[i] + ek - target;
-      bool upper = ap == "SAME_UPPER";
-      lo = upper ? total / 2 : total - total / 2;
+      int64_t half = total >= 0 ? total / 2 : -((1 - total) / 2);  // floor(total / 2), as ONNX's reference
+      lo = ap == "SAME_UPPER" ? half : total - half;
       hi = total - lo;
     }
     o.pad_lo.push_back(ek - 1 - lo);
@@ -324,7 +352,7 @@ void add_nn_ops(OpTable& t) {
   t["Einsum"] = [](Ctx& c) { return Ts{einsum_(c)}; };
   t["Conv"] = [](Ctx& c) { return Ts{conv(c)}; };
   t["ConvTranspose"] = [](Ctx& c) { return Ts{conv_transpose(c)}; };
-  t["MaxPool"] = [](Ctx& c) { return Ts{max_pool(c)}; };
+  t["MaxPool"] = max_pool;
   t["AveragePool"] = [](Ctx& c) { return Ts{avg_pool(c)}; };
   t["GlobalAveragePool"] = [spatial](Ctx& c) { return Ts{mean(c.input(0), spatial(c.input(0)), true)}; };
   t["GlobalMaxPool"] = [spatial](Ctx& c) { return Ts{amax(c.input(0), spatial(c.input(0)), true)}; };
@@ -339,8 +367,9 @@ void add_nn_ops(OpTable& t) {
   };
   t["LRN"] = [](Ctx& c) { return Ts{lrn(c)}; };
   t["Dropout"] = [](Ctx& c) {
-    if (c.has_input(2) && c.doubles_input(2).at(0) != 0) c.fail("training_mode=true draws random masks: not supported");
-    if (c.opset < 12 && c.i("is_test", 1) == 0 && c.opset < 7) c.fail("training dropout is not supported");
+    bool training = c.has_input(2) && c.doubles_input(2).at(0) != 0;
+    double ratio = c.opset >= 12 ? (c.has_input(1) ? c.doubles_input(1).at(0) : 0.5) : c.f("ratio", 0.5);
+    if (training && ratio != 0) c.fail("training_mode=true draws random masks: not supported");
     const Tensor& x = c.input(0);
     return Ts{x, ones(x.shape(), {DType::Bool, x.device()})};
   };

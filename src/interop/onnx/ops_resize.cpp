@@ -1,0 +1,178 @@
+// ONNX Resize (and the older Upsample) by separable interpolation: for each resized axis a
+// weight matrix [out, in] is built on the host (nearest, linear or cubic taps at the coordinates
+// the transformation mode gives) and applied as a matmul along that axis, so every backend runs
+// it and autodiff differentiates it. Also the window generators (Hann, Hamming, Blackman) and
+// ReverseSequence, which are likewise index arithmetic done on the host.
+#include <algorithm>
+#include <cmath>
+
+#include "interop/onnx/ops_util.h"
+#include "tessera/ops.h"
+
+namespace tessera::onnx::detail {
+namespace {
+
+struct ResizeMode {
+  std::string mode, coord, nearest;
+  double cubic_a = -0.75, extrapolation = 0;
+  bool exclude_outside = false;
+};
+
+// The source coordinate of output index i along an axis of `in` elements; `out` is the resized
+// length before rounding (in * scale), as ONNX's reference uses it.
+double source_coord(const Ctx& c, const ResizeMode& m, int64_t i, int64_t in, double out, double scale, double roi_lo, double roi_hi) {
+  const std::string& t = m.coord;
+  if (t == "half_pixel") return (double(i) + 0.5) / scale - 0.5;
+  if (t == "pytorch_half_pixel") return out > 1 ? (double(i) + 0.5) / scale - 0.5 : 0.0;
+  if (t == "align_corners") return out == 1 ? 0.0 : double(i) * double(in - 1) / (out - 1);
+  if (t == "asymmetric") return double(i) / scale;
+  if (t == "tf_half_pixel_for_nn") return (double(i) + 0.5) / scale;
+  if (t == "tf_crop_and_resize")
+    return out > 1 ? roi_lo * double(in - 1) + double(i) * (roi_hi - roi_lo) * double(in - 1) / (out - 1)
+                   : 0.5 * (roi_lo + roi_hi) * double(in - 1);
+  c.fail("coordinate_transformation_mode '" + t + "' is not supported");
+}
+
+int64_t nearest_index(const Ctx& c, const std::string& mode, double x) {
+  double f = std::floor(x);
+  if (mode == "floor") return int64_t(f);
+  if (mode == "ceil") return int64_t(std::ceil(x));
+  bool half = x - f == 0.5;
+  if (mode == "round_prefer_floor") return int64_t(half ? f : std::round(x));
+  if (mode == "round_prefer_ceil") return int64_t(half ? f + 1 : std::round(x));
+  c.fail("nearest_mode '" + mode + "' is not supported");
+}
+
+// Weights [out, in] and the per-row constant (extrapolation outside the crop) for one axis.
+std::pair<std::vector<double>, std::vector<double>> axis_weights(const Ctx& c, const ResizeMode& m, int64_t in, int64_t out, double scale,
+                                                                  double roi_lo, double roi_hi) {
+  std::vector<double> w(size_t(out * in), 0.0), bias(size_t(out), 0.0);
+  auto clampi = [in](int64_t k) { return std::min(std::max<int64_t>(k, 0), in - 1); };
+  for (int64_t i = 0; i < out; ++i) {
+    double x = source_coord(c, m, i, in, double(in) * scale, scale, roi_lo, roi_hi);
+    double* row = w.data() + i * in;
+    if (m.coord == "tf_crop_and_resize" && (x < 0 || x > double(in - 1))) {
+      bias[size_t(i)] = m.extrapolation;
+      continue;
+    }
+    if (m.mode == "nearest") {
+      row[clampi(nearest_index(c, m.nearest, x))] = 1;
+    } else if (m.mode == "linear") {
+      double f = std::floor(x), r = x - f;
+      row[clampi(int64_t(f))] += 1 - r;
+      row[clampi(int64_t(f) + 1)] += r;
+    } else if (m.mode == "cubic") {
+      double f = std::floor(x), r = x - f, a = m.cubic_a;
+      auto far = [a](double d) { return ((a * d - 5 * a) * d + 8 * a) * d - 4 * a; };         // 1 < |d| < 2
+      auto near = [a](double d) { return ((a + 2) * d - (a + 3)) * d * d + 1; };              // |d| <= 1
+      double coef[4] = {far(r + 1), near(r), near(1 - r), far(2 - r)};
+      double total = 0;
+      for (int k = 0; k < 4; ++k) {
+        int64_t j = int64_t(f) - 1 + k;
+        if (m.exclude_outside && (j < 0 || j >= in)) coef[k] = 0;
+        total += coef[k];
+      }
+      for (int k = 0; k < 4; ++k) row[clampi(int64_t(f) - 1 + k)] += m.exclude_outside ? coef[k] / total : coef[k];
+    } else {
+      c.fail("mode '" + m.mode + "' is not supported");
+    }
+  }
+  return {w, bias};
+}
+
+Tensor resize(Ctx& c) {
+  const Tensor& x = c.input(0);
+  int64_t r = x.dim();
+  ResizeMode m;
+  m.mode = c.s("mode", "nearest");
+  bool legacy = c.node.op_type() == "Upsample" || c.opset < 11;  // scales only, asymmetric, floor
+  m.coord = legacy ? "asymmetric" : c.s("coordinate_transformation_mode", "half_pixel");
+  m.nearest = legacy ? "floor" : c.s("nearest_mode", "round_prefer_floor");
+  m.cubic_a = c.f("cubic_coeff_a", -0.75);
+  m.exclude_outside = c.i("exclude_outside", 0) != 0;
+  m.extrapolation = c.f("extrapolation_value", 0.0);
+  std::vector<double> scales, roi;
+  std::vector<int64_t> sizes;
+  if (legacy) {
+    scales = c.node.op_type() == "Upsample" && c.opset < 9 ? c.floats("scales") : c.doubles_input(1);
+  } else {
+    if (c.has_input(1)) roi = c.doubles_input(1);
+    if (c.has_input(2)) scales = c.doubles_input(2);
+    if (c.has_input(3)) sizes = c.ints_input(3);
+  }
+  if (!sizes.empty() && !scales.empty()) c.fail("scales and sizes are both given");
+  if (scales.empty() && sizes.empty()) c.fail("neither scales nor sizes is given");
+  if ((!scales.empty() && int64_t(scales.size()) != r) || (!sizes.empty() && int64_t(sizes.size()) != r))
+    c.fail("scales/sizes need one entry per dimension of " + shape_str(x.shape()));
+  if (m.coord == "tf_crop_and_resize" && int64_t(roi.size()) != 2 * r) c.fail("tf_crop_and_resize needs roi with 2 entries per dimension");
+  if (c.s("keep_aspect_ratio_policy", "stretch") != "stretch") c.fail("keep_aspect_ratio_policy other than stretch is not supported");
+  Tensor y = x.to(compute_dtype(x.dtype()));
+  for (int64_t d = 0; d < r; ++d) {
+    int64_t in = x.size(d);
+    int64_t out = sizes.empty() ? int64_t(std::floor(double(in) * scales[size_t(d)])) : sizes[size_t(d)];
+    double scale = sizes.empty() ? scales[size_t(d)] : double(out) / double(in);
+    if (out < 0 || (out > 0 && scale <= 0)) c.fail("invalid output extent " + std::to_string(out) + " along axis " + std::to_string(d));
+    bool crop = m.coord == "tf_crop_and_resize";
+    if (out == in && scale == 1.0 && !crop) continue;
+    auto [w, bias] = axis_weights(c, m, in, out, scale, crop ? roi[size_t(d)] : 0, crop ? roi[size_t(d + r)] : 1);
+    TensorOptions o{y.dtype(), y.device()};
+    Tensor wt = from_vector(w, {out, in}, o).transpose(0, 1);
+    Tensor moved = y.transpose(d, r - 1);
+    Tensor res = matmul(moved, wt);
+    if (crop) res = res + from_vector(bias, {out}, o);
+    y = res.transpose(d, r - 1);
+  }
+  return y.to(x.dtype());
+}
+
+// Hann, Hamming and Blackman windows: sum_k a_k cos(2 pi k n / N), N = size (periodic) or size - 1.
+OpFn window_op(std::vector<double> a) {
+  return [a](Ctx& c) {
+    int64_t size = c.ints_input(0).at(0);
+    if (size < 0) c.fail("negative size");
+    double n_den = c.i("periodic", 1) ? double(size) : double(size - 1);
+    std::vector<double> v(static_cast<size_t>(size));
+    for (int64_t n = 0; n < size; ++n) {
+      double s = 0;
+      for (size_t k = 0; k < a.size(); ++k) s += a[k] * std::cos(2 * kPi * double(k) * double(n) / n_den);
+      v[size_t(n)] = s;
+    }
+    DType dt = to_dtype(int32_t(c.i("output_datatype", 1)), c.node.op_type());
+    return Ts{from_vector(v, {size}, {dt, c.device})};
+  };
+}
+
+// ReverseSequence: a gather along the time axis whose indices (made on the host from the
+// sequence lengths) reverse each batch entry's first len elements.
+Tensor reverse_sequence(Ctx& c) {
+  const Tensor& x = c.input(0);
+  int64_t ta = axis_of(c, c.i("time_axis", 0), x.dim()), ba = axis_of(c, c.i("batch_axis", 1), x.dim());
+  std::vector<int64_t> lens = c.ints_input(1);
+  int64_t t_len = x.size(ta), b_len = x.size(ba);
+  if (int64_t(lens.size()) != b_len) c.fail("sequence_lens needs one entry per batch element");
+  std::vector<int64_t> idx(size_t(t_len * b_len));
+  for (int64_t t = 0; t < t_len; ++t)
+    for (int64_t b = 0; b < b_len; ++b) {
+      int64_t l = std::min(std::max<int64_t>(lens[size_t(b)], 0), t_len);
+      int64_t v = t < l ? l - 1 - t : t;
+      idx[size_t(ta < ba ? t * b_len + b : b * t_len + t)] = v;
+    }
+  Shape s(size_t(x.dim()), 1);
+  s[size_t(ta)] = t_len;
+  s[size_t(ba)] = b_len;
+  Tensor it = from_vector(idx, s, {DType::Int64, x.device()}).expand(x.shape());
+  return gather(x, ta, it);
+}
+
+}  // namespace
+
+void add_resize_ops(OpTable& t) {
+  t["Resize"] = [](Ctx& c) { return Ts{resize(c)}; };
+  t["Upsample"] = t["Resize"];
+  t["HannWindow"] = window_op({0.5, -0.5});
+  t["HammingWindow"] = window_op({25.0 / 46.0, -21.0 / 46.0});
+  t["BlackmanWindow"] = window_op({0.42, -0.5, 0.08});
+  t["ReverseSequence"] = [](Ctx& c) { return Ts{reverse_sequence(c)}; };
+}
+
+}  // namespace tessera::onnx::detail
