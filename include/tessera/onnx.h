@@ -38,7 +38,7 @@ class Model : public nn::Module {
   // Shape operands (Reshape's shape, Slice's starts, ...) computed from inputs are read on the
   // host here, before the rest is traced.
   std::vector<Tensor> run(const std::vector<Tensor>& inputs);
-  std::map<std::string, Tensor> run(const std::map<std::string, Tensor>& inputs);
+  std::map<std::string, Tensor> run_named(const std::map<std::string, Tensor>& inputs);
   Tensor forward(const Tensor& x) override;  // models with one input and one output
 
  private:

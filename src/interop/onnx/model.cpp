@@ -88,8 +88,8 @@ std::shared_ptr<Model> load(const std::string& path, const LoadOptions& o) {
   g->opset = model_opset(m, path);
   if (auto bad = check_nodes(m.graph(), g->opset); !bad.empty())
     fail(path, std::to_string(bad.size()) + " unsupported node" + (bad.size() > 1 ? "s" : "") + ": " + describe(bad));
-  std::string dir = std::filesystem::path(path).parent_path().string();
-  if (dir.empty()) dir = ".";
+  std::filesystem::path parent = std::filesystem::path(path).parent_path();
+  std::string dir = parent.empty() ? std::string(".") : parent.string();
   std::set<std::string> init_names;
   for (const auto& t : m.graph().initializer()) {
     if (!init_names.insert(t.name()).second) fail(path, "initializer '" + t.name() + "' is defined twice");
@@ -113,7 +113,7 @@ const std::vector<std::string>& Model::input_names() const { return g_->inputs; 
 const std::vector<std::string>& Model::output_names() const { return g_->outputs; }
 int64_t Model::opset() const { return g_->opset; }
 
-std::map<std::string, Tensor> Model::run(const std::map<std::string, Tensor>& inputs) {
+std::map<std::string, Tensor> Model::run_named(const std::map<std::string, Tensor>& inputs) {
   nn::ModuleScope scope(*this);
   std::map<std::string, Tensor> env;
   for (const auto& [name, t] : g_->initializers) env[name] = t;
@@ -167,7 +167,7 @@ std::vector<Tensor> Model::run(const std::vector<Tensor>& inputs) {
     fail("run", "the model takes " + std::to_string(g_->inputs.size()) + " inputs, got " + std::to_string(inputs.size()));
   std::map<std::string, Tensor> named;
   for (size_t k = 0; k < inputs.size(); ++k) named[g_->inputs[k]] = inputs[k];
-  std::map<std::string, Tensor> out = run(named);
+  std::map<std::string, Tensor> out = run_named(named);
   std::vector<Tensor> v;
   for (const std::string& name : g_->outputs) v.push_back(out.at(name));
   return v;
