@@ -19,8 +19,9 @@ struct Graph;  // internal (src/interop/onnx/graph.h)
 #pragma GCC visibility push(default)  // the public API: exported (cmake/libtessera.map)
 namespace tessera::onnx {
 
-// A node the importer cannot run: its op (with domain when not the default one), node name,
-// the opset it was imported at, and why (not implemented, data-dependent output shape, ...).
+// A node the importer cannot run: its op (with domain when not the default one), node name
+// ('name' quoted, or #k, its index, when unnamed), the opset it was imported at, and why (not
+// implemented, data-dependent output shape, ...).
 struct UnsupportedOp {
   std::string op_type, node_name;
   int64_t opset = 0;

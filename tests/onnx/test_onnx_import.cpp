@@ -13,6 +13,7 @@
 #include <onnx/onnx_pb.h>
 
 #include "tessera/onnx.h"
+#include "tessera/io.h"
 #include "tessera/optim.h"
 
 namespace fs = std::filesystem;
@@ -128,7 +129,7 @@ TEST(OnnxImport, UnsupportedOpsAreAllListedBeforeAnythingRuns) {
   auto bad = tessera::onnx::unsupported_ops(path);
   ASSERT_EQ(bad.size(), 3u);
   EXPECT_EQ(bad[0].op_type, "FancyOp");
-  EXPECT_EQ(bad[0].node_name, "my_fancy");
+  EXPECT_EQ(bad[0].node_name, "'my_fancy'");
   EXPECT_EQ(bad[0].opset, 13);
   EXPECT_EQ(bad[1].op_type, "NonZero");
   EXPECT_NE(bad[1].reason.find("depends on the input's values"), std::string::npos);
@@ -317,4 +318,25 @@ TEST(OnnxImport, TensorProtoFilesRoundTripEveryDtype) {
   u8.set_raw_data("x");
   std::ofstream(d.path / "u8.pb", std::ios::binary) << u8.SerializeAsString();
   EXPECT_NE(error_of([&] { tessera::onnx::load_tensor((d.path / "u8.pb").string()); }).find("uint8 (2) has no Tessera dtype"), std::string::npos);
+}
+
+// `tessera run` on one of ONNX's node tests: the .npy it writes holds ONNX's expected output.
+TEST(OnnxCli, RunWritesTheExpectedOutputs) {
+  const std::string dir = "/usr/share/libonnx-testdata/data/node/test_gemm_all_attributes";
+  ASSERT_TRUE(fs::exists(dir + "/model.onnx")) << "Debian's libonnx-testdata is needed";
+  TempDir d;
+  std::string set = dir + "/test_data_set_0/";
+  std::string cmd = std::string(TESSERA_CLI) + " run " + dir + "/model.onnx -i " + set + "input_0.pb -i b=" + set + "input_1.pb -i c=" +
+                    set + "input_2.pb -o " + d.path.string() + " > " + (d.path / "log").string() + " 2>&1";
+  ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
+  Tensor got = io::load_npy((d.path / "y.npy").string()), want = tessera::onnx::load_tensor(set + "output_0.pb");
+  ASSERT_EQ(got.shape(), want.shape());
+  auto g = got.to_vector<float>(), w = want.to_vector<float>();
+  for (size_t i = 0; i < g.size(); ++i) EXPECT_NEAR(g[i], w[i], 1e-5 * (1 + std::abs(w[i])));
+  // A missing input names what the model takes.
+  cmd = std::string(TESSERA_CLI) + " run " + dir + "/model.onnx -i " + set + "input_0.pb > " + (d.path / "log").string() + " 2>&1";
+  EXPECT_NE(std::system(cmd.c_str()), 0);
+  std::ifstream log(d.path / "log");
+  std::string text((std::istreambuf_iterator<char>(log)), std::istreambuf_iterator<char>());
+  EXPECT_NE(text.find("input 'b' is not given (the model's inputs: a, b, c"), std::string::npos) << text;
 }

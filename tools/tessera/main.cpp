@@ -20,6 +20,9 @@ int main(int argc, char** argv) {
   tessera::cli::add_advise(app);
   tessera::cli::add_conformance(app);
   tessera::cli::add_export(app);
+#ifdef TESSERA_HAVE_ONNX
+  tessera::cli::add_run(app);
+#endif
   try {
     // An unknown word where a subcommand belongs gets a direct message (CLI11 would only say
     // that a subcommand is required).

@@ -3,8 +3,12 @@
 
 namespace tessera::onnx::detail {
 
+std::string node_label(const ::onnx::NodeProto& n, int index) {
+  return n.name().empty() ? "#" + std::to_string(index) : "'" + n.name() + "'";
+}
+
 void Ctx::fail(const std::string& what) const {
-  throw Error("onnx: " + node.op_type() + " node '" + node.name() + "' (opset " + std::to_string(opset) + "): " + what);
+  throw Error("onnx: " + node.op_type() + " node " + node_label(node, index) + " (opset " + std::to_string(opset) + "): " + what);
 }
 
 const ::onnx::AttributeProto* Ctx::attr(const std::string& name) const {

@@ -32,8 +32,12 @@ struct Graph {
 };
 
 // One node being traced: its inputs (undefined where the name is empty) and attribute readers.
+// How errors name a node: 'name', or #k (its index in the graph) when it has no name.
+std::string node_label(const ::onnx::NodeProto& n, int index);
+
 struct Ctx {
   const ::onnx::NodeProto& node;
+  int index;  // in the graph's node list
   int64_t opset;
   Device device;  // where constants are made: the inputs' device
   std::vector<Tensor> in;

@@ -42,7 +42,8 @@ std::vector<UnsupportedOp> check_nodes(const ::onnx::GraphProto& g, int64_t opse
   std::vector<UnsupportedOp> out;
   const auto& table = detail::op_table();
   const auto& refused = detail::refused_ops();
-  for (const auto& n : g.node()) {
+  for (int k = 0; k < g.node_size(); ++k) {
+    const auto& n = g.node(k);
     std::string op = default_domain(n.domain()) ? n.op_type() : n.domain() + "." + n.op_type();
     std::string reason;
     if (!default_domain(n.domain())) reason = "not in the default domain";
@@ -50,7 +51,7 @@ std::vector<UnsupportedOp> check_nodes(const ::onnx::GraphProto& g, int64_t opse
     else if (!table.count(n.op_type())) reason = "not implemented";
     for (const auto& a : n.attribute())
       if (reason.empty() && (a.has_g() || a.graphs_size() > 0)) reason = "subgraphs (If, Loop, Scan) are not supported";
-    if (!reason.empty()) out.push_back({op, n.name(), opset, reason});
+    if (!reason.empty()) out.push_back({op, detail::node_label(n, k), opset, reason});
   }
   return out;
 }
@@ -58,7 +59,7 @@ std::vector<UnsupportedOp> check_nodes(const ::onnx::GraphProto& g, int64_t opse
 std::string describe(const std::vector<UnsupportedOp>& ops) {
   std::string s;
   for (const auto& u : ops)
-    s += (s.empty() ? "" : "; ") + u.op_type + " (node '" + u.node_name + "', opset " + std::to_string(u.opset) + ": " + u.reason + ")";
+    s += (s.empty() ? "" : "; ") + u.op_type + " (node " + u.node_name + ", opset " + std::to_string(u.opset) + ": " + u.reason + ")";
   return s;
 }
 
@@ -128,8 +129,9 @@ std::map<std::string, Tensor> Model::run_named(const std::map<std::string, Tenso
   Device device = g_->inputs.empty() ? (g_->initializers.empty() ? Device("cpu") : g_->initializers[0].second.device())
                                      : env[g_->inputs[0]].device();
   const auto& table = detail::op_table();
-  for (const auto& n : g_->graph.node()) {
-    detail::Ctx c{n, g_->opset, device, {}};
+  for (int k = 0; k < g_->graph.node_size(); ++k) {
+    const auto& n = g_->graph.node(k);
+    detail::Ctx c{n, k, g_->opset, device, {}};
     for (const std::string& name : n.input()) {
       if (name.empty()) {
         c.in.emplace_back();
