@@ -1,5 +1,4 @@
-// The default-domain op table (four files add their ops: ops_math.cpp, ops_nn.cpp,
-// ops_shape.cpp, ops_resize.cpp), and the ops refused with a reason.
+// The default-domain op table (the ops_*.cpp files add their ops), and the ops refused with a reason.
 #include "interop/onnx/ops_util.h"
 
 namespace tessera::onnx::detail {
@@ -30,6 +29,7 @@ const std::map<std::string, OpFn>& op_table() {
     add_nn_ops(t);
     add_shape_ops(t);
     add_resize_ops(t);
+    add_rnn_ops(t);
     return t;
   }();
   return table;

@@ -30,5 +30,6 @@ void add_math_ops(OpTable& t);   // ops_math.cpp: elementwise, reductions, softm
 void add_nn_ops(OpTable& t);     // ops_nn.cpp: matmul, convolution, pooling, normalization
 void add_shape_ops(OpTable& t);  // ops_shape.cpp: views, indexing, constants and generators
 void add_resize_ops(OpTable& t);  // ops_resize.cpp: Resize, Upsample, windows, ReverseSequence
+void add_rnn_ops(OpTable& t);     // ops_rnn.cpp: RNN, GRU, LSTM
 
 }  // namespace tessera::onnx::detail
