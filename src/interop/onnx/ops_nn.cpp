@@ -332,9 +332,61 @@ Tensor einsum_(Ctx& c) {
 }
 
 
+// MaxUnpool: X's values scattered to the flat positions MaxPool's indices name, in zeros of the
+// unpooled shape ((in - 1) * stride - pads + kernel), padded at the end to output_shape if given
+// (ONNX's reference semantics).
+Tensor max_unpool(Ctx& c) {
+  const Tensor &x = c.input(0), &idx = c.input(1);
+  std::vector<int64_t> k = c.ints("kernel_shape");
+  size_t sd = k.size();
+  if (x.dim() != int64_t(sd) + 2 || idx.shape() != x.shape()) c.fail("needs X [N, C, spatial...] and indices of its shape");
+  std::vector<int64_t> stride = c.ints("strides", std::vector<int64_t>(sd, 1)), pads = c.ints("pads", std::vector<int64_t>(2 * sd, 0));
+  Shape shape{x.size(0), x.size(1)};
+  for (size_t i = 0; i < sd; ++i) shape.push_back((x.size(int64_t(2 + i)) - 1) * stride[i] - pads[i] - pads[i + sd] + k[i]);
+  Tensor flat = scatter_add(zeros({numel(shape)}, {x.dtype(), x.device()}), 0, idx.to(DType::Int64).reshape({-1}), x.reshape({-1}));
+  Tensor y = flat.reshape(shape);
+  if (!c.has_input(2)) return y;
+  Shape out = c.ints_input(2);
+  if (out.size() != shape.size()) c.fail("output_shape " + shape_str(out) + " does not match the input's rank");
+  std::vector<int64_t> p(2 * out.size(), 0);
+  for (size_t d = 0; d < out.size(); ++d) {
+    if (out[d] < shape[d]) c.fail("output_shape " + shape_str(out) + " is smaller than the unpooled " + shape_str(shape));
+    p[2 * d + 1] = out[d] - shape[d];
+  }
+  return pad(y, p, 0);
+}
+
+// Det of [..., n, n] by the Leibniz formula (n <= 6): a sum over permutations of signed products
+// of gathered entries, so it runs and differentiates everywhere; larger n is refused.
+Tensor det(Ctx& c) {
+  const Tensor& a = c.input(0);
+  if (a.dim() < 2 || a.size(-1) != a.size(-2)) c.fail("needs [..., n, n], got " + shape_str(a.shape()));
+  int64_t n = a.size(-1);
+  if (n > 6) c.fail("matrices larger than 6x6 are not supported (the Leibniz sum has n! terms)");
+  std::vector<int64_t> perm(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) perm[size_t(i)] = i;
+  Tensor total;
+  do {
+    int64_t inversions = 0;
+    for (int64_t i = 0; i < n; ++i)
+      for (int64_t j = i + 1; j < n; ++j) inversions += perm[size_t(i)] > perm[size_t(j)];
+    Tensor term;
+    for (int64_t i = 0; i < n; ++i) {
+      Tensor e = a.narrow(-2, i, 1).narrow(-1, perm[size_t(i)], 1);
+      term = term.defined() ? term * e : e;
+    }
+    if (inversions % 2) term = -term;
+    total = total.defined() ? total + term : term;
+  } while (std::next_permutation(perm.begin(), perm.end()));
+  Shape s(a.shape().begin(), a.shape().end() - 2);
+  return n == 0 ? ones(s, {a.dtype(), a.device()}) : total.reshape(s);
+}
+
 }  // namespace
 
 void add_nn_ops(OpTable& t) {
+  t["MaxUnpool"] = [](Ctx& c) { return Ts{max_unpool(c)}; };
+  t["Det"] = [](Ctx& c) { return Ts{det(c)}; };
   auto spatial = [](const Tensor& x) {
     std::vector<int64_t> d;
     for (int64_t k = 2; k < x.dim(); ++k) d.push_back(k);
