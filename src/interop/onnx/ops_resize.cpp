@@ -1,8 +1,8 @@
 // ONNX Resize (and the older Upsample) by separable interpolation: for each resized axis a
 // weight matrix [out, in] is built on the host (nearest, linear or cubic taps at the coordinates
 // the transformation mode gives) and applied as a matmul along that axis, so every backend runs
-// it and autodiff differentiates it. Also the window generators (Hann, Hamming, Blackman) and
-// ReverseSequence, which are likewise index arithmetic done on the host.
+// it and autodiff differentiates it. Also GridSample (gathers at sample positions computed as
+// tensors), the window generators (Hann, Hamming, Blackman) and ReverseSequence.
 #include <algorithm>
 #include <cmath>
 
@@ -164,9 +164,78 @@ Tensor reverse_sequence(Ctx& c) {
   return gather(x, ta, it);
 }
 
+// GridSample (opset 16, 2-D): X [N, C, H, W] sampled at grid [N, Ho, Wo, 2] (x, y in [-1, 1]).
+// The sample positions are runtime values, so taps are gathers at indices computed as tensors.
+struct Grid {
+  std::string padding;
+  bool align;
+};
+// Reflects coordinates into [lo, hi] (twice the bounds given, as integers), as PyTorch does.
+Tensor reflect(const Tensor& x, double twice_lo, double twice_hi) {
+  if (twice_lo == twice_hi) return zeros_like(x);
+  double lo = twice_lo / 2, span = (twice_hi - twice_lo) / 2;
+  Tensor in = abs(x - lo), flips = floor(in / span), extra = in - flips * span;
+  Tensor even = eq(flips - 2.0 * floor(flips / 2.0), zeros_like(flips));
+  return where(even, extra + lo, (span - extra) + lo);
+}
+// Applies the padding mode to source coordinates (border and reflection keep them in range).
+Tensor pad_coord(const Grid& g, const Tensor& x, int64_t size) {
+  if (g.padding == "border") return clamp(x, 0.0, double(size - 1));
+  if (g.padding == "reflection") {
+    Tensor r = g.align ? reflect(x, 0, 2.0 * double(size - 1)) : reflect(x, -1, 2.0 * double(size) - 1);
+    return clamp(r, 0.0, double(size - 1));
+  }
+  return x;
+}
+// Values of X at integer-valued coordinates (yi, xi) [N, Ho, Wo]; zero outside (zeros padding).
+Tensor tap(const Tensor& x, const Tensor& yi, const Tensor& xi) {
+  int64_t n = x.size(0), ch = x.size(1), h = x.size(2), w = x.size(3), ho = yi.size(1), wo = yi.size(2);
+  Tensor valid = logical_and(logical_and(xi >= 0.0, xi <= double(w - 1)), logical_and(yi >= 0.0, yi <= double(h - 1)));
+  Tensor flat = (clamp(yi, 0.0, double(h - 1)) * double(w) + clamp(xi, 0.0, double(w - 1))).to(DType::Int64);
+  Tensor idx = flat.reshape({n, 1, ho * wo}).expand({n, ch, ho * wo});
+  Tensor v = gather(x.reshape({n, ch, h * w}), 2, idx).reshape({n, ch, ho, wo});
+  return where(valid.unsqueeze(1), v, zeros_like(v));
+}
+
+Tensor grid_sample(Ctx& c) {
+  const Tensor &x = c.input(0), &grid = c.input(1);
+  if (x.dim() != 4 || grid.dim() != 4 || grid.size(3) != 2 || grid.size(0) != x.size(0))
+    c.fail("needs X [N, C, H, W] and grid [N, Ho, Wo, 2]");
+  Grid g{c.s("padding_mode", "zeros"), c.i("align_corners", 0) != 0};
+  std::string mode = c.s("mode", "bilinear");
+  if (g.padding != "zeros" && g.padding != "border" && g.padding != "reflection") c.fail("padding_mode '" + g.padding + "'");
+  int64_t h = x.size(2), w = x.size(3);
+  auto unnorm = [&](const Tensor& v, int64_t size) {
+    return g.align ? (v + 1.0) * (0.5 * double(size - 1)) : ((v + 1.0) * double(size) - 1.0) * 0.5;
+  };
+  Tensor ix = unnorm(grid.narrow(3, 0, 1).squeeze(3), w), iy = unnorm(grid.narrow(3, 1, 1).squeeze(3), h);
+  if (mode == "nearest") return tap(x, round(pad_coord(g, iy, h)), round(pad_coord(g, ix, w)));
+  if (mode == "bilinear") {
+    ix = pad_coord(g, ix, w);
+    iy = pad_coord(g, iy, h);
+    Tensor x0 = floor(ix), y0 = floor(iy), wx = (ix - x0).unsqueeze(1), wy = (iy - y0).unsqueeze(1);
+    return tap(x, y0, x0) * (1.0 - wx) * (1.0 - wy) + tap(x, y0, x0 + 1.0) * wx * (1.0 - wy) + tap(x, y0 + 1.0, x0) * (1.0 - wx) * wy +
+           tap(x, y0 + 1.0, x0 + 1.0) * wx * wy;
+  }
+  if (mode != "bicubic") c.fail("mode '" + mode + "' is not supported");
+  const double a = -0.75;
+  auto near = [a](const Tensor& d) { return ((a + 2) * d - (a + 3)) * d * d + 1.0; };
+  auto far = [a](const Tensor& d) { return ((a * d - 5 * a) * d + 8 * a) * d - 4 * a; };
+  Tensor x0 = floor(ix), y0 = floor(iy), tx = ix - x0, ty = iy - y0;
+  Tensor cx[4] = {far(tx + 1.0), near(tx), near(1.0 - tx), far(2.0 - tx)}, cy[4] = {far(ty + 1.0), near(ty), near(1.0 - ty), far(2.0 - ty)};
+  Tensor out;
+  for (int j = 0; j < 4; ++j)
+    for (int i = 0; i < 4; ++i) {
+      Tensor v = tap(x, pad_coord(g, y0 + double(j - 1), h), pad_coord(g, x0 + double(i - 1), w)) * (cx[i] * cy[j]).unsqueeze(1);
+      out = out.defined() ? out + v : v;
+    }
+  return out;
+}
+
 }  // namespace
 
 void add_resize_ops(OpTable& t) {
+  t["GridSample"] = [](Ctx& c) { return Ts{grid_sample(c)}; };
   t["Resize"] = [](Ctx& c) { return Ts{resize(c)}; };
   t["Upsample"] = t["Resize"];
   t["HannWindow"] = window_op({0.5, -0.5});
