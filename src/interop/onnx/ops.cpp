@@ -28,7 +28,7 @@ const std::map<std::string, OpFn>& op_table() {
     add_math_ops(t);
     add_nn_ops(t);
     add_shape_ops(t);
-    add_resize_ops(t);
+    add_signal_ops(t);
     add_rnn_ops(t);
     return t;
   }();

@@ -2,7 +2,8 @@
 // weight matrix [out, in] is built on the host (nearest, linear or cubic taps at the coordinates
 // the transformation mode gives) and applied as a matmul along that axis, so every backend runs
 // it and autodiff differentiates it. Also GridSample (gathers at sample positions computed as
-// tensors), the window generators (Hann, Hamming, Blackman) and ReverseSequence.
+// tensors), DFT and STFT (matmuls with host-made cosine and sine matrices), the window
+// generators (Hann, Hamming, Blackman) and ReverseSequence.
 #include <algorithm>
 #include <cmath>
 
@@ -232,9 +233,87 @@ Tensor grid_sample(Ctx& c) {
   return out;
 }
 
+// The discrete Fourier transform of real or complex signals ([..., n, 1] or [..., n, 2]) along
+// the last signal dim, as matmuls with host-made cosine and sine matrices [n, bins]. Returns
+// [..., bins, 2].
+Tensor dft_last(const Tensor& re, const Tensor& im, int64_t bins, bool inverse) {
+  int64_t n = re.size(-1);
+  std::vector<double> cs(static_cast<size_t>(n * bins)), sn(static_cast<size_t>(n * bins));
+  for (int64_t j = 0; j < n; ++j)
+    for (int64_t k = 0; k < bins; ++k) {
+      double ang = 2 * kPi * double((j * k) % std::max<int64_t>(n, 1)) / double(n);
+      cs[size_t(j * bins + k)] = std::cos(ang) / (inverse ? double(n) : 1.0);
+      sn[size_t(j * bins + k)] = std::sin(ang) / (inverse ? double(n) : 1.0) * (inverse ? 1.0 : -1.0);
+    }
+  TensorOptions o{re.dtype(), re.device()};
+  Tensor c = from_vector(cs, {n, bins}, o), s = from_vector(sn, {n, bins}, o);
+  Tensor out_re = matmul(re, c), out_im = matmul(re, s);
+  if (im.defined()) {
+    out_re = out_re - matmul(im, s);
+    out_im = out_im + matmul(im, c);
+  }
+  return stack({out_re, out_im}, -1);
+}
+
+// Splits [..., n, 1|2] into real and imaginary parts (undefined for a real signal).
+std::pair<Tensor, Tensor> complex_parts(const Ctx& c, const Tensor& x) {
+  if (x.dim() < 2 || (x.size(-1) != 1 && x.size(-1) != 2)) c.fail("the signal's last dim must be 1 (real) or 2 (complex), got " + shape_str(x.shape()));
+  Tensor re = x.narrow(-1, 0, 1).squeeze(-1);
+  return {re, x.size(-1) == 2 ? x.narrow(-1, 1, 1).squeeze(-1) : Tensor()};
+}
+
+Tensor dft(Ctx& c) {
+  const Tensor& x = c.input(0);
+  int64_t axis = axis_of(c, c.i("axis", 1), x.dim() - 1);
+  bool inverse = c.i("inverse", 0) != 0, onesided = c.i("onesided", 0) != 0;
+  auto [re, im] = complex_parts(c, x);
+  re = re.transpose(axis, -1);
+  if (im.defined()) im = im.transpose(axis, -1);
+  int64_t n = re.size(-1), len = c.has_input(1) ? c.ints_input(1).at(0) : n;
+  if (len < 1) c.fail("dft_length must be positive");
+  auto fit = [&](Tensor t) {  // zero-pad or truncate to dft_length
+    if (!t.defined() || len == n) return t;
+    if (len < n) return t.narrow(-1, 0, len);
+    std::vector<int64_t> p(size_t(2 * t.dim()), 0);
+    p.back() = len - n;
+    return pad(t, p, 0);
+  };
+  re = fit(re);
+  im = fit(im);
+  if (onesided && im.defined()) c.fail("onesided needs a real signal");
+  Tensor y = dft_last(re, im, onesided ? len / 2 + 1 : len, inverse);  // [..., bins, 2] with the signal axis last-but-one
+  return y.transpose(axis, -2);
+}
+
+// STFT: frames of frame_length every frame_step along dim 1 of [batch, n, 1|2], windowed, then a
+// DFT of each: [batch, frames, bins, 2].
+Tensor stft(Ctx& c) {
+  const Tensor& x = c.input(0);
+  auto [re, im] = complex_parts(c, x);
+  if (re.dim() != 2) c.fail("needs a signal [batch, n, 1|2]");
+  int64_t n = re.size(1), step = c.ints_input(1).at(0);
+  Tensor window = c.has_input(2) ? c.input(2) : Tensor();
+  int64_t len = c.has_input(3) ? c.ints_input(3).at(0) : window.defined() ? window.size(0) : 0;
+  if (step < 1 || len < 1 || len > n) c.fail("frame_step and frame_length must be positive, frame_length at most the signal's " + std::to_string(n));
+  int64_t frames = (n - len) / step + 1;
+  std::vector<int64_t> rows;
+  for (int64_t f = 0; f < frames; ++f)
+    for (int64_t k = 0; k < len; ++k) rows.push_back(f * step + k);
+  Tensor idx = from_vector(rows, {int64_t(rows.size())}, {DType::Int64, x.device()});
+  auto framed = [&](const Tensor& t) {
+    if (!t.defined()) return t;
+    Tensor fr = index_select(t, 1, idx).reshape({t.size(0), frames, len});
+    return window.defined() ? fr * window : fr;
+  };
+  bool onesided = c.i("onesided", 1) != 0 && !im.defined();
+  return dft_last(framed(re), framed(im), onesided ? len / 2 + 1 : len, false);
+}
+
 }  // namespace
 
-void add_resize_ops(OpTable& t) {
+void add_signal_ops(OpTable& t) {
+  t["DFT"] = [](Ctx& c) { return Ts{dft(c)}; };
+  t["STFT"] = [](Ctx& c) { return Ts{stft(c)}; };
   t["GridSample"] = [](Ctx& c) { return Ts{grid_sample(c)}; };
   t["Resize"] = [](Ctx& c) { return Ts{resize(c)}; };
   t["Upsample"] = t["Resize"];
