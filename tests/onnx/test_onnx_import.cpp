@@ -58,7 +58,11 @@ struct Builder {
     v->set_name(name);
     auto* tt = v->mutable_type()->mutable_tensor_type();
     tt->set_elem_type(elem);
-    for (int64_t d : dims) tt->mutable_shape()->add_dim()->set_dim_value(d);
+    for (int64_t d : dims) {
+      auto* dim = tt->mutable_shape()->add_dim();
+      if (d < 0) dim->set_dim_param("n" + std::to_string(-d));  // a dynamic dimension
+      else dim->set_dim_value(d);
+    }
   }
   void input(const std::string& name, Shape dims, int elem = ::onnx::TensorProto::FLOAT) { value(g->mutable_input(), name, elem, dims); }
   void output(const std::string& name) { value(g->mutable_output(), name, ::onnx::TensorProto::FLOAT, {}); }
@@ -228,8 +232,8 @@ TEST(OnnxImport, ExternalDataInsideTheFolderLoadsOutsideIsRefused) {
 TEST(OnnxImport, ShapeOperandsFromRuntimeInputsAndErrorsNameTheNode) {
   TempDir d;
   Builder b;
-  b.input("x", {2, 6});
-  b.input("shape", {2}, ::onnx::TensorProto::INT64);
+  b.input("x", {-1, 6});  // a dynamic batch
+  b.input("shape", {-2}, ::onnx::TensorProto::INT64);
   b.node("Reshape", {"x", "shape"}, {"y"}, "reshape_me");
   b.output("y");
   auto m = tessera::onnx::load(b.save(d.path / "m.onnx"));
@@ -245,6 +249,12 @@ TEST(OnnxImport, ShapeOperandsFromRuntimeInputsAndErrorsNameTheNode) {
   EXPECT_NE(e.find("Reshape node 'reshape_me' (opset 13)"), std::string::npos) << e;
   EXPECT_NE(e.find("float32[2, 6]"), std::string::npos) << e;
   EXPECT_NE(error_of([&] { m->run({x}); }).find("takes 2 inputs, got 1"), std::string::npos);
+  // Inputs are checked against the declared types and fixed extents; dynamic ones take any.
+  EXPECT_EQ(m->run({zeros({5, 6}), from_vector<int64_t>({30}, {1}, {DType::Int64})})[0].shape(), Shape{30});
+  e = error_of([&] { m->run({zeros({2, 5}), from_vector<int64_t>({10}, {1}, {DType::Int64})}); });
+  EXPECT_NE(e.find("input 'x' has shape [2, 5], the model declares [-1, 6]"), std::string::npos) << e;
+  e = error_of([&] { m->run({x, from_vector<int32_t>({3, -1}, {2}, {DType::Int32})}); });
+  EXPECT_NE(e.find("input 'shape' is int32, the model declares int64"), std::string::npos) << e;
 }
 
 TEST(OnnxImport, InitializersAreTrainableParameters) {

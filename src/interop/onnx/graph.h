@@ -28,6 +28,8 @@ struct Graph {
   ::onnx::GraphProto graph;  // nodes and value names (the initializers moved to `initializers`)
   int64_t opset = 0;
   std::vector<std::string> inputs, outputs;
+  // Each runtime input's declared element type (0: none) and dims (-1: dynamic, `batch`).
+  std::vector<std::pair<int32_t, Shape>> declared;
   std::vector<std::pair<std::string, Tensor>> initializers;
 };
 

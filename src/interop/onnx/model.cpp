@@ -97,8 +97,15 @@ std::shared_ptr<Model> load(const std::string& path, const LoadOptions& o) {
     g->initializers.push_back({t.name(), detail::to_tensor(t, dir, o.device, path + ": initializer")});
   }
   if (m.graph().sparse_initializer_size() > 0) fail(path, "sparse initializers are not supported");
-  for (const auto& v : m.graph().input())
-    if (!init_names.count(v.name())) g->inputs.push_back(v.name());
+  for (const auto& v : m.graph().input()) {
+    if (init_names.count(v.name())) continue;
+    g->inputs.push_back(v.name());
+    const auto& tt = v.type().tensor_type();
+    Shape dims;
+    bool ranked = tt.has_shape();
+    for (const auto& d : tt.shape().dim()) dims.push_back(d.has_dim_value() ? d.dim_value() : -1);
+    g->declared.push_back({tt.elem_type(), ranked ? dims : Shape{-2}});  // -2: rank unknown
+  }
   for (const auto& v : m.graph().output()) g->outputs.push_back(v.name());
   m.mutable_graph()->clear_initializer();
   g->graph = std::move(*m.mutable_graph());
@@ -118,10 +125,20 @@ std::map<std::string, Tensor> Model::run_named(const std::map<std::string, Tenso
   nn::ModuleScope scope(*this);
   std::map<std::string, Tensor> env;
   for (const auto& [name, t] : g_->initializers) env[name] = t;
-  for (const std::string& name : g_->inputs) {
+  for (size_t k = 0; k < g_->inputs.size(); ++k) {
+    const std::string& name = g_->inputs[k];
     auto it = inputs.find(name);
     if (it == inputs.end() || !it->second.defined()) fail("run", "input '" + name + "' is not given");
-    env[name] = it->second;
+    const Tensor& t = it->second;
+    const auto& [elem, dims] = g_->declared[k];
+    if (elem != 0 && detail::to_dtype(elem, "run: input '" + name + "'") != t.dtype())
+      fail("run", "input '" + name + "' is " + dtype_name(t.dtype()) + ", the model declares " + detail::onnx_type_name(elem));
+    bool rank_known = dims.size() != 1 || dims[0] != -2;
+    bool fits = !rank_known || int64_t(dims.size()) == t.dim();
+    for (size_t d = 0; fits && rank_known && d < dims.size(); ++d) fits = dims[d] < 0 || dims[d] == t.size(int64_t(d));
+    if (!fits)
+      fail("run", "input '" + name + "' has shape " + shape_str(t.shape()) + ", the model declares " + shape_str(dims) + " (-1: any extent)");
+    env[name] = t;
   }
   for (const auto& [name, t] : inputs)
     if (std::find(g_->inputs.begin(), g_->inputs.end(), name) == g_->inputs.end())
