@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <map>
 #include <numeric>
 
 #include "interop/onnx/ops_util.h"
@@ -190,25 +191,46 @@ Tensor gather_nd(Ctx& c) {
   return r.reshape(s);
 }
 
+// ScatterND. The row indices are known on the host, so updates are applied in rounds whose rows
+// are distinct: the k-th round takes each row's k-th update. "add" sums every round at once;
+// "none" writes (the last update to a row wins) and "mul" multiplies, round by round.
 Tensor scatter_nd(Ctx& c) {
   const Tensor &x = c.input(0), &indices = c.input(1), &upd = c.input(2);
   int64_t k;
   std::vector<int64_t> rows = nd_rows(c, x.shape(), indices, 0, &k);
+  std::string red = c.s("reduction", "none");
+  if (red != "none" && red != "add" && red != "mul") c.fail("reduction '" + red + "' is not supported");
   Shape rest(x.shape().begin() + k, x.shape().end()), flat{-1};
   flat.insert(flat.end(), rest.begin(), rest.end());
   Tensor xf = x.reshape(flat);
   Shape us{int64_t(rows.size())};
   us.insert(us.end(), rest.begin(), rest.end());
   Tensor u = upd.reshape(us);
-  Shape is(us.size(), 1);
-  is[0] = int64_t(rows.size());
-  Tensor idx = from_vector(rows, is, {DType::Int64, x.device()}).expand(us);
-  Tensor added = scatter_add(zeros_like(xf), 0, idx, u);
-  std::string red = c.s("reduction", "none");
-  if (red == "add") return (xf + added).reshape(x.shape());
-  if (red != "none") c.fail("reduction '" + red + "' is not supported");
-  Tensor hit = scatter_add(zeros_like(xf), 0, idx, ones_like(u)) > 0.0;
-  return where(hit, added, xf).reshape(x.shape());
+  auto scatter = [&](const std::vector<int64_t>& picked, const std::vector<int64_t>& to, const Tensor& values) {
+    Shape ps = us, is(us.size(), 1);
+    ps[0] = is[0] = int64_t(picked.size());
+    TensorOptions io{DType::Int64, x.device()};
+    Tensor v = index_select(values, 0, from_vector(picked, {ps[0]}, io));
+    return scatter_add(zeros_like(xf), 0, from_vector(to, is, io).expand(ps), v);
+  };
+  if (red == "add") {
+    std::vector<int64_t> all(rows.size());
+    for (size_t i = 0; i < rows.size(); ++i) all[i] = int64_t(i);
+    return (xf + scatter(all, rows, u)).reshape(x.shape());
+  }
+  std::map<int64_t, int64_t> seen;  // row -> updates to it so far
+  std::vector<std::vector<int64_t>> picked, to;
+  for (size_t i = 0; i < rows.size(); ++i) {
+    size_t round = size_t(seen[rows[i]]++);
+    if (round == picked.size()) picked.emplace_back(), to.emplace_back();
+    picked[round].push_back(int64_t(i));
+    to[round].push_back(rows[i]);
+  }
+  for (size_t r = 0; r < picked.size(); ++r) {
+    Tensor hit = scatter(picked[r], to[r], ones_like(u)) > 0.0, v = scatter(picked[r], to[r], u);
+    xf = where(hit, red == "mul" ? xf * v : v, xf);
+  }
+  return xf.reshape(x.shape());
 }
 
 // Pad: constant (negative pads crop), reflect and edge (by gathering the rows each pad repeats).
