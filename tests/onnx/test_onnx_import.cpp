@@ -188,6 +188,13 @@ TEST(OnnxImport, SizesAreCheckedAgainstTheBytesPresent) {
   b2.output("y");
   e = error_of([&] { tessera::onnx::load(b2.save(d.path / "m2.onnx")); });
   EXPECT_NE(e.find("float_data holds 1 values, its shape [3] needs 3"), std::string::npos) << e;
+  // An empty initializer with empty raw_data (fuzz_onnx found a memcpy to a null pointer here).
+  Builder b3;
+  b3.init("empty", {0, 4}, {});
+  b3.node("Identity", {"empty"}, {"y"});
+  b3.output("y");
+  auto m = tessera::onnx::load(b3.save(d.path / "m3.onnx"));
+  EXPECT_EQ(m->run(std::vector<Tensor>{})[0].shape(), (Shape{0, 4}));
 }
 
 TEST(OnnxImport, ExternalDataInsideTheFolderLoadsOutsideIsRefused) {

@@ -4,7 +4,8 @@
 namespace tessera::onnx::detail {
 
 std::string node_label(const ::onnx::NodeProto& n, int index) {
-  return n.name().empty() ? "#" + std::to_string(index) : "'" + n.name() + "'";
+  // append(), not "#" + std::string: GCC 12 warns (-Wrestrict) about the latter's insert.
+  return n.name().empty() ? std::string("#").append(std::to_string(index)) : std::string("'").append(n.name()).append("'");
 }
 
 void Ctx::fail(const std::string& what) const {

@@ -16,8 +16,10 @@ namespace tessera::onnx::detail {
 // Errors of the importer: one line, "onnx: <where>: <what>".
 [[noreturn]] void fail(const std::string& where, const std::string& what);
 
-// The bytes of a file, refused beyond `limit` (the protobuf format's own 2 GiB limit).
+// The bytes of a file, refused beyond protobuf's own 2 GiB limit.
 std::string read_file(const std::string& path, const std::string& what);
+// Parses a message with protobuf's own logging held back (the caller raises one error line).
+bool parse_quietly(google::protobuf::MessageLite& m, const std::string& bytes);
 // TensorProto -> Tensor. `dir` is the model's folder for external data ("" refuses external
 // data); every size is checked against the bytes present before anything is allocated.
 Tensor to_tensor(const ::onnx::TensorProto& t, const std::string& dir, const Device& device, const std::string& where);

@@ -4,8 +4,6 @@
 #include <filesystem>
 #include <set>
 
-#include <google/protobuf/stubs/logging.h>
-
 #include "interop/onnx/graph.h"
 
 namespace tessera::onnx {
@@ -19,11 +17,9 @@ constexpr int64_t kMinOpset = 7, kMaxOpset = 17;
 bool default_domain(const std::string& d) { return d.empty() || d == "ai.onnx"; }
 
 ::onnx::ModelProto parse_model(const std::string& path) {
-  // Protobuf prints some parse problems itself; the importer's one error line says it all.
-  google::protobuf::SetLogHandler([](google::protobuf::LogLevel, const char*, int, const std::string&) {});
   std::string bytes = detail::read_file(path, "ONNX model");
   ::onnx::ModelProto m;
-  if (!m.ParseFromString(bytes)) fail(path, "not an ONNX model (malformed or truncated protobuf)");
+  if (!detail::parse_quietly(m, bytes)) fail(path, "not an ONNX model (malformed or truncated protobuf)");
   if (!m.has_graph()) fail(path, "the model has no graph");
   return m;
 }

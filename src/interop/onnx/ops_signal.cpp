@@ -2,8 +2,8 @@
 // weight matrix [out, in] is built on the host (nearest, linear or cubic taps at the coordinates
 // the transformation mode gives) and applied as a matmul along that axis, so every backend runs
 // it and autodiff differentiates it. Also GridSample (gathers at sample positions computed as
-// tensors), DFT and STFT (matmuls with host-made cosine and sine matrices), the window
-// generators (Hann, Hamming, Blackman) and ReverseSequence.
+// tensors), RoiAlign (per-region sample-weight matrices), DFT and STFT (matmuls with host-made
+// cosine and sine matrices), the window generators (Hann, Hamming, Blackman), ReverseSequence.
 #include <algorithm>
 #include <cmath>
 
@@ -309,9 +309,61 @@ Tensor stft(Ctx& c) {
   return dft_last(framed(re), framed(im), onesided ? len / 2 + 1 : len, false);
 }
 
+// RoiAlign, average mode: the regions (read on the host like shape operands) give, per region,
+// a matrix [oh * ow, H * W] of bilinear sample weights averaged per output cell, applied to that
+// region's image as a matmul. Max mode is refused.
+Tensor roi_align(Ctx& c) {
+  const Tensor& x = c.input(0);
+  if (x.dim() != 4) c.fail("needs X [N, C, H, W]");
+  if (c.s("mode", "avg") != "avg") c.fail("mode 'max' is not supported");
+  std::vector<double> rois = c.input(1).to(DType::Float64).to_vector<double>();
+  std::vector<int64_t> batch = c.ints_input(2);
+  int64_t n_rois = int64_t(batch.size()), ch = x.size(1), h = x.size(2), w = x.size(3);
+  int64_t oh = c.i("output_height", 1), ow = c.i("output_width", 1), ratio = c.i("sampling_ratio", 0);
+  double scale = c.f("spatial_scale", 1.0);
+  bool half_pixel = c.s("coordinate_transformation_mode", "half_pixel") == "half_pixel";
+  if (int64_t(rois.size()) != 4 * n_rois || oh < 1 || ow < 1) c.fail("rois must be [num_rois, 4] with one batch index each");
+  std::vector<Tensor> outs;
+  for (int64_t r = 0; r < n_rois; ++r) {
+    if (batch[size_t(r)] < 0 || batch[size_t(r)] >= x.size(0)) c.fail("batch index " + std::to_string(batch[size_t(r)]) + " out of range");
+    double off = half_pixel ? 0.5 : 0.0, x0 = rois[size_t(4 * r)] * scale - off, y0 = rois[size_t(4 * r + 1)] * scale - off;
+    double rw = rois[size_t(4 * r + 2)] * scale - off - x0, rh = rois[size_t(4 * r + 3)] * scale - off - y0;
+    if (!half_pixel) rw = std::max(rw, 1.0), rh = std::max(rh, 1.0);
+    double bh = rh / double(oh), bw = rw / double(ow);
+    int64_t gh = ratio > 0 ? ratio : int64_t(std::ceil(rh / double(oh))), gw = ratio > 0 ? ratio : int64_t(std::ceil(rw / double(ow)));
+    double count = double(std::max<int64_t>(gh * gw, 1));
+    std::vector<double> m(static_cast<size_t>(oh * ow * h * w), 0.0);
+    for (int64_t py = 0; py < oh; ++py)
+      for (int64_t px = 0; px < ow; ++px) {
+        double* row = m.data() + (py * ow + px) * h * w;
+        for (int64_t iy = 0; iy < gh; ++iy)
+          for (int64_t ix = 0; ix < gw; ++ix) {
+            double y = y0 + double(py) * bh + (double(iy) + 0.5) * bh / double(gh);
+            double xx = x0 + double(px) * bw + (double(ix) + 0.5) * bw / double(gw);
+            if (y < -1.0 || y > double(h) || xx < -1.0 || xx > double(w)) continue;
+            y = std::max(y, 0.0);
+            xx = std::max(xx, 0.0);
+            int64_t yl = int64_t(y), xl = int64_t(xx), yh = yl + 1, xh = xl + 1;
+            if (yl >= h - 1) yh = yl = h - 1, y = double(yl);
+            if (xl >= w - 1) xh = xl = w - 1, xx = double(xl);
+            double ly = y - double(yl), lx = xx - double(xl), hy = 1 - ly, hx = 1 - lx;
+            row[yl * w + xl] += hy * hx / count;
+            row[yl * w + xh] += hy * lx / count;
+            row[yh * w + xl] += ly * hx / count;
+            row[yh * w + xh] += ly * lx / count;
+          }
+      }
+    Tensor weights = from_vector(m, {oh * ow, h * w}, {x.dtype(), x.device()});
+    Tensor img = x.narrow(0, batch[size_t(r)], 1).reshape({ch, h * w});
+    outs.push_back(matmul(img, weights.transpose(0, 1)).reshape({ch, oh, ow}));
+  }
+  return stack(outs, 0);
+}
+
 }  // namespace
 
 void add_signal_ops(OpTable& t) {
+  t["RoiAlign"] = [](Ctx& c) { return Ts{roi_align(c)}; };
   t["DFT"] = [](Ctx& c) { return Ts{dft(c)}; };
   t["STFT"] = [](Ctx& c) { return Ts{stft(c)}; };
   t["GridSample"] = [](Ctx& c) { return Ts{grid_sample(c)}; };

@@ -29,7 +29,7 @@ inline Tensor cast(const Tensor& t, DType d) { return t.dtype() == d ? t : t.to(
 void add_math_ops(OpTable& t);   // ops_math.cpp: elementwise, reductions, softmax, losses
 void add_nn_ops(OpTable& t);     // ops_nn.cpp: matmul, convolution, pooling, normalization
 void add_shape_ops(OpTable& t);  // ops_shape.cpp: views, indexing, constants and generators
-void add_signal_ops(OpTable& t);  // ops_signal.cpp: Resize, Upsample, GridSample, DFT, STFT, windows, ReverseSequence
+void add_signal_ops(OpTable& t);  // ops_signal.cpp: Resize, Upsample, GridSample, RoiAlign, DFT, STFT, windows, ReverseSequence
 void add_rnn_ops(OpTable& t);     // ops_rnn.cpp: RNN, GRU, LSTM
 
 }  // namespace tessera::onnx::detail

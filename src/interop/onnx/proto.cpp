@@ -6,6 +6,8 @@
 #include <fstream>
 #include <limits>
 
+#include <google/protobuf/stubs/logging.h>
+
 #include "core/half.h"
 #include "interop/onnx/graph.h"
 
@@ -25,6 +27,13 @@ std::string read_file(const std::string& path, const std::string& what) {
   std::ifstream f(path, std::ios::binary);
   if (!f || !f.read(bytes.data(), std::streamsize(size))) fail(path, "cannot read the file");
   return bytes;
+}
+
+bool parse_quietly(google::protobuf::MessageLite& m, const std::string& bytes) {
+  auto* previous = google::protobuf::SetLogHandler([](google::protobuf::LogLevel, const char*, int, const std::string&) {});
+  bool ok = m.ParseFromString(bytes);
+  google::protobuf::SetLogHandler(previous);
+  return ok;
 }
 
 const char* onnx_type_name(int32_t t) {
@@ -162,31 +171,23 @@ Tensor to_tensor(const ::onnx::TensorProto& t, const std::string& dir, const Dev
                       dtype_name(dt) + " needs " + std::to_string(want));
     raw = &t.raw_data();
   }
+  // Raw little-endian bytes, or the typed field the format keeps this type in.
+  auto typed = [&](auto zero, const auto& field, const char* field_name) {
+    std::vector<decltype(zero)> v;
+    if (raw) {
+      v.resize(static_cast<size_t>(n));
+      if (want) std::memcpy(v.data(), raw->data(), want);  // want == 0: v.data() may be null
+    } else {
+      count_check(field.size(), field_name);
+      v.assign(field.begin(), field.end());
+    }
+    return from_vector(v, shape, o);
+  };
   switch (dt) {
-    case DType::Float32: {
-      std::vector<float> v(static_cast<size_t>(raw ? n : 0));
-      if (raw) std::memcpy(v.data(), raw->data(), want);
-      else count_check(t.float_data_size(), "float_data"), v.assign(t.float_data().begin(), t.float_data().end());
-      return from_vector(v, shape, o);
-    }
-    case DType::Float64: {
-      std::vector<double> v(static_cast<size_t>(raw ? n : 0));
-      if (raw) std::memcpy(v.data(), raw->data(), want);
-      else count_check(t.double_data_size(), "double_data"), v.assign(t.double_data().begin(), t.double_data().end());
-      return from_vector(v, shape, o);
-    }
-    case DType::Int64: {
-      std::vector<int64_t> v(static_cast<size_t>(raw ? n : 0));
-      if (raw) std::memcpy(v.data(), raw->data(), want);
-      else count_check(t.int64_data_size(), "int64_data"), v.assign(t.int64_data().begin(), t.int64_data().end());
-      return from_vector(v, shape, o);
-    }
-    case DType::Int32: {
-      std::vector<int32_t> v(static_cast<size_t>(raw ? n : 0));
-      if (raw) std::memcpy(v.data(), raw->data(), want);
-      else count_check(t.int32_data_size(), "int32_data"), v.assign(t.int32_data().begin(), t.int32_data().end());
-      return from_vector(v, shape, o);
-    }
+    case DType::Float32: return typed(float(), t.float_data(), "float_data");
+    case DType::Float64: return typed(double(), t.double_data(), "double_data");
+    case DType::Int64: return typed(int64_t(), t.int64_data(), "int64_data");
+    case DType::Int32: return typed(int32_t(), t.int32_data(), "int32_data");
     case DType::Bool: {
       if (!raw) count_check(t.int32_data_size(), "int32_data");
       std::vector<uint8_t> v(static_cast<size_t>(n));
@@ -214,7 +215,7 @@ namespace tessera::onnx {
 Tensor load_tensor(const std::string& path, std::string* name, const Device& device) {
   std::string bytes = detail::read_file(path, "TensorProto");
   ::onnx::TensorProto t;
-  if (!t.ParseFromString(bytes)) detail::fail(path, "not a serialized ONNX TensorProto (malformed or truncated)");
+  if (!detail::parse_quietly(t, bytes)) detail::fail(path, "not a serialized ONNX TensorProto (malformed or truncated)");
   if (name) *name = t.name();
   return detail::to_tensor(t, "", device, path);
 }
