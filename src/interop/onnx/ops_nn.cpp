@@ -11,6 +11,13 @@ namespace tessera::onnx::detail {
 namespace {
 
 // ---- convolution and pooling ----
+// A per-channel vector [C] as [1, C, 1, ...] of `rank` dims.
+Tensor channel_view(const Tensor& t, int64_t rank) {
+  Shape s(size_t(rank), 1);
+  s[1] = -1;
+  return t.reshape(s);
+}
+
 struct Window {
   std::vector<int64_t> kernel, stride, dilation, lo, hi, out;
 };
@@ -146,12 +153,7 @@ Tensor conv(Ctx& c) {
   o.rhs_dilation = w.dilation;
   o.groups = c.i("group", 1);
   Tensor y = conv_general(x, wt, o);
-  if (c.has_input(2)) {
-    Shape bs(size_t(y.dim()), 1);
-    bs[1] = -1;
-    y = y + c.input(2).reshape(bs);
-  }
-  return y;
+  return c.has_input(2) ? y + channel_view(c.input(2), y.dim()) : y;
 }
 
 Tensor conv_transpose(Ctx& c) {
@@ -193,35 +195,23 @@ Tensor conv_transpose(Ctx& c) {
   for (size_t i = 0; i < sd; ++i) sp.push_back(int64_t(2 + i));
   Tensor w2 = flip(wt.reshape(grouped).transpose(1, 2).reshape(flat), sp);
   Tensor y = conv_general(x, w2, o);
-  if (c.has_input(2)) {
-    Shape bs(size_t(y.dim()), 1);
-    bs[1] = -1;
-    y = y + c.input(2).reshape(bs);
-  }
-  return y;
-}
-
-Tensor channel_view(const Tensor& t, int64_t rank) {
-  Shape s(size_t(rank), 1);
-  s[1] = -1;
-  return t.reshape(s);
+  return c.has_input(2) ? y + channel_view(c.input(2), y.dim()) : y;
 }
 
 Ts batch_norm_(Ctx& c) {
   const Tensor &x = c.input(0), &scale = c.input(1), &b = c.input(2), &rm = c.input(3), &rv = c.input(4);
   double eps = c.f("epsilon", 1e-5), momentum = c.f("momentum", 0.9);
   int64_t r = x.dim();
-  bool training = c.opset >= 14 && c.i("training_mode", 0) != 0;
-  if (!training) {
-    Tensor y = (x - channel_view(rm, r)) / sqrt(channel_view(rv, r) + eps) * channel_view(scale, r) + channel_view(b, r);
-    return {y};
-  }
+  auto norm = [&](const Tensor& m, const Tensor& v) {
+    return (x - channel_view(m, r)) / sqrt(channel_view(v, r) + eps) * channel_view(scale, r) + channel_view(b, r);
+  };
+  if (c.opset < 14 || c.i("training_mode", 0) == 0) return {norm(rm, rv)};
+  // Training: the batch's statistics (variance biased) normalize, the running ones are updated.
   std::vector<int64_t> dims;
   for (int64_t d = 0; d < r; ++d)
     if (d != 1) dims.push_back(d);
   Tensor m = mean(x, dims), v = var(x, dims, 0);
-  Tensor y = (x - channel_view(m, r)) / sqrt(channel_view(v, r) + eps) * channel_view(scale, r) + channel_view(b, r);
-  return {y, rm * momentum + m * (1 - momentum), rv * momentum + v * (1 - momentum)};
+  return {norm(m, v), rm * momentum + m * (1 - momentum), rv * momentum + v * (1 - momentum)};
 }
 
 // Normalizes over `dims` (kept), in float32 at least; returns y, mean and 1/std.
