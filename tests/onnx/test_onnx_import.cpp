@@ -14,6 +14,7 @@
 
 #include "tessera/onnx.h"
 #include "tessera/io.h"
+#include "tessera/metrics.h"
 #include "tessera/optim.h"
 
 namespace fs = std::filesystem;
@@ -262,6 +263,26 @@ TEST(OnnxImport, ShapeOperandsFromRuntimeInputsAndErrorsNameTheNode) {
   EXPECT_NE(e.find("input 'x' has shape [2, 5], the model declares [-1, 6]"), std::string::npos) << e;
   e = error_of([&] { m->run({x, from_vector<int32_t>({3, -1}, {2}, {DType::Int32})}); });
   EXPECT_NE(e.find("input 'shape' is int32, the model declares int64"), std::string::npos) << e;
+}
+
+// A dynamic batch: each new extent compiles once, a repeated one is served by the compile cache.
+TEST(OnnxImport, DynamicBatchHitsTheCompileCachePerExtent) {
+  TempDir d;
+  auto w1 = random_floats(15, 1), b1 = random_floats(5, 2), w2 = random_floats(10, 3), b2 = random_floats(2, 4);
+  Builder b = mlp(w1, b1, w2, b2);
+  b.g->mutable_input(0)->mutable_type()->mutable_tensor_type()->mutable_shape()->mutable_dim(0)->set_dim_param("batch");
+  auto m = tessera::onnx::load(b.save(d.path / "mlp.onnx"));
+  m->eval();
+  NoGradGuard no_grad;
+  auto compiled_by = [&](int64_t batch) {
+    int64_t before = metrics().graphs_compiled;
+    m->forward(zeros({batch, 3})).to_vector<float>();
+    return metrics().graphs_compiled - before;
+  };
+  EXPECT_GT(compiled_by(4), 0);
+  EXPECT_GT(compiled_by(7), 0);
+  EXPECT_EQ(compiled_by(4), 0);
+  EXPECT_EQ(compiled_by(7), 0);
 }
 
 TEST(OnnxImport, InitializersAreTrainableParameters) {
