@@ -193,7 +193,6 @@ Tensor clip_(Ctx& c) {
   return clamp(x, lo, hi);
 }
 
-
 }  // namespace
 
 void add_math_ops(OpTable& t) {

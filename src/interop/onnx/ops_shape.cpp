@@ -310,7 +310,7 @@ Tensor space_to_depth(Ctx& c) {
 // ---- constants and generators ----
 Tensor constant_(Ctx& c) {
   const ::onnx::AttributeProto* a = c.attr("value");
-  if (a) return to_tensor(a->t(), "", c.device, "Constant node '" + c.node.name() + "'");
+  if (a) return to_tensor(a->t(), "", c.device, "Constant node " + node_label(c.node, c.index));
   if (c.has("value_float")) return scalar_tensor(c.f("value_float", 0), {DType::Float32, c.device});
   if (c.has("value_int")) return full({}, double(c.i("value_int", 0)), {DType::Int64, c.device});
   if (c.has("value_floats")) {
@@ -330,14 +330,15 @@ Tensor constant_of_shape(Ctx& c) {
     if (d < 0) c.fail("negative extent in " + shape_str(s));
   const ::onnx::AttributeProto* a = c.attr("value");
   if (!a) return zeros(s, {DType::Float32, c.device});
-  Tensor v = to_tensor(a->t(), "", c.device, "ConstantOfShape node '" + c.node.name() + "'");
+  Tensor v = to_tensor(a->t(), "", c.device, "ConstantOfShape node " + node_label(c.node, c.index));
   if (v.numel() != 1) c.fail("value must hold one element");
   return v.reshape({}).expand(s).clone();
 }
 
 Tensor range_(Ctx& c) {
   double start = c.doubles_input(0).at(0), limit = c.doubles_input(1).at(0), delta = c.doubles_input(2).at(0);
-  if (delta == 0) c.fail("delta 0");
+  if (delta == 0 || !std::isfinite(start) || !std::isfinite(limit) || !std::isfinite(delta))
+    c.fail("start, limit and delta must be finite and delta non-zero");
   int64_t n = std::max<int64_t>(0, int64_t(std::ceil((limit - start) / delta)));
   if (n > (int64_t(1) << 32)) c.fail("more than 2^32 elements");
   std::vector<double> v(static_cast<size_t>(n));
@@ -374,12 +375,11 @@ Tensor trilu(Ctx& c) {
   return c.i("upper", 1) ? triu(c.input(0), k) : tril(c.input(0), k);
 }
 
-
 }  // namespace
 
 void add_shape_ops(OpTable& t) {
   t["Identity"] = [](Ctx& c) { return Ts{c.input(0)}; };
-  t["Cast"] = [](Ctx& c) { return Ts{cast(c.input(0), to_dtype(int32_t(c.i("to", 0)), "Cast node '" + c.node.name() + "'"))}; };
+  t["Cast"] = [](Ctx& c) { return Ts{cast(c.input(0), to_dtype(int32_t(c.i("to", 0)), "Cast node " + node_label(c.node, c.index)))}; };
   t["CastLike"] = [](Ctx& c) { return Ts{cast(c.input(0), c.input(1).dtype())}; };
   t["Where"] = [](Ctx& c) { return Ts{where(cast(c.input(0), DType::Bool), c.input(1), c.input(2))}; };
   t["Reshape"] = [](Ctx& c) { return Ts{reshape_(c)}; };
