@@ -257,12 +257,11 @@ Tensor lrn(Ctx& c) {
   return x / pow(bias + acc * (alpha / double(size)), beta);
 }
 
-
-// in the output summed away. Repeated labels in one operand (diagonals) and '...' are refused.
+// Einsum by broadcasting: each operand laid out over every label, multiplied, the labels not
+// in the output summed away; '...' and repeated labels (diagonals) included.
 Tensor einsum_(Ctx& c) {
   std::string eq = c.s("equation", "");
   eq.erase(std::remove(eq.begin(), eq.end(), ' '), eq.end());
-  if (eq.find("...") != std::string::npos) c.fail("'...' in the equation '" + eq + "' is not supported");
   std::string lhs = eq, out;
   size_t arrow = eq.find("->");
   bool explicit_out = arrow != std::string::npos;
@@ -278,24 +277,49 @@ Tensor einsum_(Ctx& c) {
     at = comma + 1;
   }
   if (terms.size() != c.in.size()) c.fail("equation '" + eq + "' names " + std::to_string(terms.size()) + " operands");
+  // '...' becomes digit labels (never letters), right-aligned across operands as numpy does.
+  const std::string digits = "0123456789";
+  std::vector<Tensor> ops;
+  size_t max_ell = 0;
+  for (size_t k = 0; k < terms.size(); ++k) {
+    ops.push_back(c.input(k));
+    size_t e = terms[k].find("...");
+    if (e == std::string::npos) continue;
+    int64_t n = ops[k].dim() - int64_t(terms[k].size() - 3);
+    if (n < 0 || n > 10) c.fail("operand " + std::to_string(k) + " " + shape_str(ops[k].shape()) + " does not match '" + terms[k] + "'");
+    max_ell = std::max(max_ell, size_t(n));
+    terms[k].replace(e, 3, digits.substr(10 - size_t(n)));
+  }
+  std::string ell = digits.substr(10 - max_ell);
+  if (size_t e = out.find("..."); e != std::string::npos) out.replace(e, 3, ell);
   std::string labels;
   std::map<char, int> count;
-  for (const auto& t : terms) {
+  for (size_t k = 0; k < terms.size(); ++k) {
+    std::string& t = terms[k];
+    if (int64_t(t.size()) != ops[k].dim()) c.fail("operand " + std::to_string(k) + " " + shape_str(ops[k].shape()) + " does not match '" + t + "'");
+    // A label repeated in one operand takes its diagonal: times the identity, summed over one.
+    for (size_t p = 0; p < t.size(); ++p)
+      for (size_t q = t.size() - 1; q > p; --q)
+        if (t[q] == t[p]) {
+          int64_t n = ops[k].size(int64_t(p));
+          Shape es(t.size(), 1);
+          es[p] = es[q] = n;
+          ops[k] = sum(ops[k] * eye(n, n, {ops[k].dtype(), ops[k].device()}).reshape(es), {int64_t(q)});
+          t.erase(q, 1);
+        }
     for (char ch : t) {
-      if (std::count(t.begin(), t.end(), ch) > 1) c.fail("repeated label '" + std::string(1, ch) + "' in one operand is not supported");
       if (labels.find(ch) == std::string::npos) labels += ch;
       ++count[ch];
     }
   }
   if (!explicit_out) {
     for (char ch : labels)
-      if (count[ch] == 1) out += ch;
-    std::sort(out.begin(), out.end());
+      if (count[ch] == 1 || ell.find(ch) != std::string::npos) out += ch;
+    std::sort(out.begin(), out.end());  // digits (the ellipsis) first, then letters
   }
   Tensor acc;
   for (size_t k = 0; k < terms.size(); ++k) {
-    const Tensor& t = c.input(k);
-    if (int64_t(terms[k].size()) != t.dim()) c.fail("operand " + std::to_string(k) + " " + shape_str(t.shape()) + " does not match '" + terms[k] + "'");
+    const Tensor& t = ops[k];
     std::vector<int64_t> perm;
     Shape s;
     for (char ch : labels) {
