@@ -360,9 +360,40 @@ Tensor roi_align(Ctx& c) {
   return stack(outs, 0);
 }
 
+// MelWeightMatrix [dft_length / 2 + 1, num_mel_bins]: triangular filters between mel-spaced
+// edges, rounded down to DFT bins as ONNX's reference does.
+Tensor mel_weight_matrix(Ctx& c) {
+  int64_t mels = c.ints_input(0).at(0), dft_len = c.ints_input(1).at(0), rate = c.ints_input(2).at(0);
+  double lo = c.doubles_input(3).at(0), hi = c.doubles_input(4).at(0);
+  if (mels < 1 || dft_len < 1 || rate < 1 || mels > 4096 || dft_len > (1 << 20)) c.fail("num_mel_bins, dft_length and sample_rate must be positive (and sane)");
+  int64_t bins = dft_len / 2 + 1;
+  auto to_mel = [](double hz) { return 2595.0 * std::log10(1.0 + hz / 700.0); };
+  double mel_lo = to_mel(lo), step = (to_mel(hi) - mel_lo) / double(mels + 2);
+  std::vector<int64_t> edge(static_cast<size_t>(mels + 2));
+  for (int64_t i = 0; i < mels + 2; ++i) {
+    double hz = 700.0 * (std::pow(10.0, (double(i) * step + mel_lo) / 2595.0) - 1.0);
+    edge[size_t(i)] = int64_t(std::floor(double(dft_len + 1) * hz / double(rate)));
+  }
+  std::vector<double> m(static_cast<size_t>(bins * mels), 0.0);
+  auto at = [&](int64_t j, int64_t i) -> double& {
+    if (j < 0 || j >= bins) c.fail("a filter edge falls outside the " + std::to_string(bins) + " DFT bins");
+    return m[size_t(j * mels + i)];
+  };
+  for (int64_t i = 0; i < mels; ++i) {
+    int64_t left = edge[size_t(i)], center = edge[size_t(i + 1)], right = edge[size_t(i + 2)];
+    if (center == left) at(center, i) = 1;
+    else
+      for (int64_t j = left; j <= center; ++j) at(j, i) = double(j - left) / double(center - left);
+    for (int64_t j = center; j < right; ++j) at(j, i) = double(right - j) / double(right - center);
+  }
+  DType dt = to_dtype(int32_t(c.i("output_datatype", 1)), "MelWeightMatrix");
+  return from_vector(m, {bins, mels}, {dt, c.device});
+}
+
 }  // namespace
 
 void add_signal_ops(OpTable& t) {
+  t["MelWeightMatrix"] = [](Ctx& c) { return Ts{mel_weight_matrix(c)}; };
   t["RoiAlign"] = [](Ctx& c) { return Ts{roi_align(c)}; };
   t["DFT"] = [](Ctx& c) { return Ts{dft(c)}; };
   t["STFT"] = [](Ctx& c) { return Ts{stft(c)}; };
