@@ -30,15 +30,16 @@ struct Graph {
   ::onnx::GraphProto graph;  // nodes and value names (the initializers moved to `initializers`)
   int64_t opset = 0;
   std::vector<std::string> inputs, outputs;
-  // Each runtime input's declared element type (0: none) and dims (-1: dynamic, `batch`).
+  // Each runtime input's declared element type (0: none) and dims (-1: dynamic, such as
+  // `batch`; the single entry -2: no shape declared).
   std::vector<std::pair<int32_t, Shape>> declared;
   std::vector<std::pair<std::string, Tensor>> initializers;
 };
 
-// One node being traced: its inputs (undefined where the name is empty) and attribute readers.
 // How errors name a node: 'name', or #k (its index in the graph) when it has no name.
 std::string node_label(const ::onnx::NodeProto& n, int index);
 
+// One node being traced: its inputs (undefined where the name is empty) and attribute readers.
 struct Ctx {
   const ::onnx::NodeProto& node;
   int index;  // in the graph's node list
