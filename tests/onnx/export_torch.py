@@ -45,7 +45,9 @@ def export(name, model, x):
     model.eval()
     with torch.no_grad():
         y = model(x)
-    torch.onnx.export(model, x, f"{out}/{name}.onnx", input_names=["x"], output_names=["y"], opset_version=14)
+    # No constant folding: it would fold the BatchNorm into the convolution before us.
+    torch.onnx.export(model, x, f"{out}/{name}.onnx", input_names=["x"], output_names=["y"], opset_version=14,
+                      do_constant_folding=False, training=torch.onnx.TrainingMode.PRESERVE)
     np.save(f"{out}/{name}_x.npy", x.numpy())
     np.save(f"{out}/{name}_y.npy", y.numpy())
 

@@ -5,6 +5,7 @@
 // classes (Debian's libonnx-dev).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -61,7 +62,7 @@ struct Builder {
     tt->set_elem_type(elem);
     for (int64_t d : dims) {
       auto* dim = tt->mutable_shape()->add_dim();
-      if (d < 0) dim->set_dim_param("n" + std::to_string(-d));  // a dynamic dimension
+      if (d < 0) dim->set_dim_param(std::string("n").append(std::to_string(-d)));  // a dynamic dimension
       else dim->set_dim_value(d);
     }
   }
@@ -414,6 +415,14 @@ TEST(OnnxTorch, ExportedModelsMatchPyTorchAndFineTuneAlike) {
       ASSERT_EQ(got.shape(), want.shape()) << name << " on " << dev;
       EXPECT_LE(normalized(got, want), 1e-5) << name << " on " << dev;
     }
+  // The CNN keeps its BatchNormalization (exported without folding): its running statistics
+  // are buffers, its scale and shift parameters.
+  auto cnn = tessera::onnx::load(path("cnn.onnx"));
+  std::vector<std::string> params, buffers;
+  for (const auto& [name, t] : cnn->named_parameters()) params.push_back(name);
+  for (const auto& [name, t] : cnn->named_buffers()) buffers.push_back(name);
+  EXPECT_EQ(buffers, (std::vector<std::string>{"1.running_mean", "1.running_var"}));
+  EXPECT_NE(std::find(params.begin(), params.end(), "1.weight"), params.end());
   auto m = tessera::onnx::load(path("mlp.onnx"));
   Tensor x = io::load_npy(path("mlp_x.npy")), target = io::load_npy(path("mlp_target.npy"));
   auto want = io::load_npy(path("mlp_losses.npy")).to_vector<double>();

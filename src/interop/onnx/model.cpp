@@ -108,9 +108,17 @@ std::shared_ptr<Model> load(const std::string& path, const LoadOptions& o) {
   return std::make_shared<Model>(std::move(g));
 }
 
+// Floating-point initializers are parameters, except statistics: those only ever read as
+// BatchNormalization's running mean and variance are buffers (no gradient, as in PyTorch).
 Model::Model(std::shared_ptr<detail::Graph> g) : nn::Module("onnx.Model"), g_(std::move(g)) {
-  for (auto& [name, t] : g_->initializers)
-    t = is_floating(t.dtype()) ? register_parameter(name, t) : register_buffer(name, t);
+  std::set<std::string> stats, other;
+  for (const auto& n : g_->graph.node())
+    for (int k = 0; k < n.input_size(); ++k)
+      (n.op_type() == "BatchNormalization" && (k == 3 || k == 4) ? stats : other).insert(n.input(k));
+  for (auto& [name, t] : g_->initializers) {
+    bool statistic = stats.count(name) && !other.count(name);
+    t = is_floating(t.dtype()) && !statistic ? register_parameter(name, t) : register_buffer(name, t);
+  }
 }
 
 const std::vector<std::string>& Model::input_names() const { return g_->inputs; }
