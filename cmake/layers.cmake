@@ -2,7 +2,7 @@
 # src/<name>/ exists, compiled against build/layers/<name>/, a directory of symbolic links to
 # exactly the headers the line allows (the layer's own src/<name>/, each full dependency's
 # src/<dep>/, and in tessera/ the public headers of the layer and of every dependency). Sets
-# TESSERA_LAYERS (names, bottom to top) and TESSERA_LAYER_OBJECTS (every layer's objects).
+# TESSERA_LAYERS (names, bottom to top; a layer whose TESSERA_SKIP_LAYER_<name> is set is left out) and TESSERA_LAYER_OBJECTS (every layer's objects).
 function(tessera_add_layers table)
   set_property(DIRECTORY APPEND PROPERTY CMAKE_CONFIGURE_DEPENDS ${table})
   file(STRINGS ${table} lines REGEX "^[a-z_]+ *\\|")
@@ -18,7 +18,7 @@ function(tessera_add_layers table)
     separate_arguments(deps UNIX_COMMAND "${deps}")
     separate_arguments(headers UNIX_COMMAND "${headers}")
     set(headers_${name} ${headers})
-    if(NOT IS_DIRECTORY ${root}/src/${name})
+    if(NOT IS_DIRECTORY ${root}/src/${name} OR TESSERA_SKIP_LAYER_${name})
       continue()
     endif()
 

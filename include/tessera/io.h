@@ -23,5 +23,11 @@ void save_safetensors(const std::string& path, const TensorMap& tensors, const M
 // starting "[load] <path>: " and saying what is wrong.
 TensorMap load_safetensors(const std::string& path, Metadata* meta = nullptr, const Device& device = Device("cpu"));
 
+// NumPy .npy files (format versions 1-3): little-endian <f2 <f4 <f8 <i4 <i8 |b1 in C order.
+// Everything else (Fortran order, big-endian, other dtypes, a header or data size that does not
+// match the file) is refused with one error line before any tensor is allocated.
+Tensor load_npy(const std::string& path, const Device& device = Device("cpu"));
+void save_npy(const std::string& path, const Tensor& t);  // version 1.0
+
 }  // namespace tessera::io
 #pragma GCC visibility pop

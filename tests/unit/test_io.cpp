@@ -669,3 +669,79 @@ TEST(IoCrash, FullDiskOrIoErrorAtEveryPointKeepsACompleteCheckpoint) {
       EXPECT_EQ(files, 1) << "a temporary was left";
     }
 }
+
+// ---- .npy (the CLI's `tessera run` inputs and outputs) ----
+
+// NumPy writes each dtype and odd shapes; we read them; we write them back; NumPy reads ours.
+TEST(IoNpy, RoundTripWithNumPy) {
+  if (!have_python()) GTEST_SKIP() << "/usr/bin/python3 is not installed";
+  TempDir dir;
+  const char* write = R"PY(
+import sys, numpy as np
+d = sys.argv[1]
+np.save(d + "/f4.npy", np.array([[1.5, -2.25, 3.0], [0.1, -0.0, 1e30]], dtype="<f4"))
+np.save(d + "/f8.npy", np.array([3.141592653589793, -1e-300]))
+np.save(d + "/f2.npy", np.array([0.5, -1.0, 65504.0], dtype="<f2"))
+np.save(d + "/i4.npy", np.array([7, -8, 2147483647], dtype="<i4"))
+np.save(d + "/i8.npy", np.arange(6, dtype="<i8").reshape(3, 1, 2) - 2**40)
+np.save(d + "/b1.npy", np.array([True, False, True]))
+np.save(d + "/scalar.npy", np.float32(42))
+np.save(d + "/empty.npy", np.zeros((0, 3), dtype="<f4"))
+np.save(d + "/fortran.npy", np.asfortranarray(np.ones((2, 3), dtype="<f4")))
+np.save(d + "/big.npy", np.ones(3, dtype=">f4"))
+np.save(d + "/u1.npy", np.ones(3, dtype="u1"))
+)PY";
+  int rc = 0;
+  std::string out = run_python(dir, write, dir.path, &rc);
+  if (rc != 0 && out.find("No module named 'numpy'") != std::string::npos) GTEST_SKIP() << "numpy is not installed";
+  ASSERT_EQ(rc, 0) << out;
+  auto f4 = tio::load_npy(dir / "f4.npy");
+  EXPECT_EQ(f4.shape(), (ts::Shape{2, 3}));
+  EXPECT_EQ(f4.to_vector<float>(), (std::vector<float>{1.5f, -2.25f, 3.0f, 0.1f, -0.0f, 1e30f}));
+  EXPECT_EQ(tio::load_npy(dir / "f8.npy").to_vector<double>(), (std::vector<double>{3.141592653589793, -1e-300}));
+  auto f2 = tio::load_npy(dir / "f2.npy");
+  EXPECT_EQ(f2.dtype(), DType::Float16);
+  EXPECT_EQ(f2.to_vector<float>(), (std::vector<float>{0.5f, -1.0f, 65504.0f}));
+  EXPECT_EQ(tio::load_npy(dir / "i4.npy").to_vector<int32_t>(), (std::vector<int32_t>{7, -8, 2147483647}));
+  auto i8 = tio::load_npy(dir / "i8.npy");
+  EXPECT_EQ(i8.shape(), (ts::Shape{3, 1, 2}));
+  EXPECT_EQ(i8.to_vector<int64_t>()[5], 5 - (int64_t(1) << 40));
+  auto b1 = tio::load_npy(dir / "b1.npy");
+  EXPECT_EQ(b1.dtype(), DType::Bool);
+  EXPECT_EQ(b1.to(DType::Int32).to_vector<int32_t>(), (std::vector<int32_t>{1, 0, 1}));
+  EXPECT_EQ(tio::load_npy(dir / "scalar.npy").shape(), ts::Shape{});
+  EXPECT_EQ(tio::load_npy(dir / "empty.npy").shape(), (ts::Shape{0, 3}));
+  EXPECT_NE(message_of([&] { tio::load_npy(dir / "fortran.npy"); }).find("Fortran-order"), std::string::npos);
+  EXPECT_NE(message_of([&] { tio::load_npy(dir / "big.npy"); }).find("dtype '>f4' is not supported"), std::string::npos);
+  EXPECT_NE(message_of([&] { tio::load_npy(dir / "u1.npy"); }).find("dtype '|u1' is not supported"), std::string::npos);
+  for (const char* name : {"f4", "f8", "f2", "i4", "i8", "b1", "scalar", "empty"})
+    tio::save_npy(dir / (std::string("ours_") + name + ".npy"), tio::load_npy(dir / (std::string(name) + ".npy")));
+  const char* check = R"PY(
+import sys, numpy as np
+d = sys.argv[1]
+for n in ["f4", "f8", "f2", "i4", "i8", "b1", "scalar", "empty"]:
+    a, b = np.load(d + "/" + n + ".npy"), np.load(d + "/ours_" + n + ".npy")
+    assert a.dtype == b.dtype and a.shape == b.shape and np.array_equal(a, b), n
+print("same")
+)PY";
+  out = run_python(dir, check, dir.path, &rc);
+  EXPECT_EQ(rc, 0) << out;
+  EXPECT_NE(out.find("same"), std::string::npos) << out;
+}
+
+// Truncations and lies in the header are one error each, before any allocation.
+TEST(IoNpy, CorruptFilesAreRefused) {
+  TempDir dir;
+  std::string p = dir / "t.npy";
+  tio::save_npy(p, ts::from_vector<float>({1, 2, 3, 4, 5, 6}, {2, 3}));
+  std::string bytes = read_bytes(p);
+  for (size_t len = 0; len < bytes.size(); ++len) {
+    write_bytes(p, bytes.substr(0, len));
+    EXPECT_FALSE(message_of([&] { tio::load_npy(p); }).empty()) << len;
+  }
+  std::string huge = bytes;
+  size_t s = huge.find("(2, 3)");
+  huge.replace(s, 6, "(9, 9)");  // same header length, 81 elements claimed
+  write_bytes(p, huge);
+  EXPECT_NE(message_of([&] { tio::load_npy(p); }).find("needs 324 data bytes, the file holds 24"), std::string::npos);
+}

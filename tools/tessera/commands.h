@@ -116,5 +116,6 @@ void add_profile(CLI::App& app);  // profile gpt: Chrome trace, op table, memory
 void add_advise(CLI::App& app);  // advise gpt
 void add_conformance(CLI::App& app);  // the op x backend support matrix
 void add_export(CLI::App& app);  // export --stablehlo gpt
+void add_run(CLI::App& app);  // run model.onnx (built where ONNX import is)
 
 }  // namespace tessera::cli

@@ -23,6 +23,9 @@ int main(int argc, char** argv) {
   tessera::cli::add_advise(app);
   tessera::cli::add_conformance(app);
   tessera::cli::add_export(app);
+#ifdef TESSERA_HAVE_ONNX
+  tessera::cli::add_run(app);
+#endif
   tessera::cli::check_every_value(app);
   try {
     // Without TESSERA_MEMORY_LIMIT, the machine's memory is the limit: a run too large for it is a

@@ -53,3 +53,62 @@ put("devices", "array", json.dumps([{"name": "a", "cls": "tpu", "fp32_tflops": 1
 put("ir", "add", bytes([1, 2, 3, 4, 5, 1, 0, 1, 0, 0, 0, 0, 0, 0]))
 put("ir", "matmul", bytes([2, 2, 3, 4, 5, 2, 4, 2, 5, 30, 0, 1, 0, 0, 0, 0, 0, 24, 0, 1, 0, 0, 0, 0, 0]))
 put("ir", "reduce", bytes([1, 3, 2, 3, 4, 5, 22, 0, 1, 5, 0, 0, 0, 0, 0]))
+
+# ONNX models, protobuf wire format written out by hand (field numbers from onnx/onnx.proto):
+# an MLP with raw-data initializers, one with an external-data initializer, one with a Constant
+# feeding Reshape. The importer's fuzzer (fuzz_onnx.cpp) mutates them.
+
+
+def varint(v):
+    out = b""
+    while True:
+        b, v = v & 0x7F, v >> 7
+        out += bytes([b | (0x80 if v else 0)])
+        if not v:
+            return out
+
+
+def field(num, value):
+    if isinstance(value, int):
+        return varint(num << 3) + varint(value)
+    if isinstance(value, str):
+        value = value.encode()
+    return varint(num << 3 | 2) + varint(len(value)) + value
+
+
+def tensor(name, dims, floats=None, external=None):
+    t = b"".join(field(1, d) for d in dims) + field(2, 1) + field(8, name)  # dims, FLOAT, name
+    if floats is not None:
+        t += field(9, struct.pack("<%df" % len(floats), *floats))
+    if external:
+        t += b"".join(field(13, field(1, k) + field(2, v)) for k, v in external) + field(14, 1)
+    return t
+
+
+def value_info(name, dims):
+    shape = b"".join(field(1, field(1, d)) for d in dims)
+    return field(1, name) + field(2, field(1, field(1, 1) + field(2, shape)))
+
+
+def node(op, inputs, outputs, attrs=b""):
+    return b"".join(field(1, i) for i in inputs) + b"".join(field(2, o) for o in outputs) + field(4, op) + attrs
+
+
+def model(nodes, inits, inputs, outputs):
+    g = b"".join(field(1, n) for n in nodes) + field(2, "g") + b"".join(field(5, t) for t in inits)
+    g += b"".join(field(11, value_info(*i)) for i in inputs) + b"".join(field(12, value_info(o, [])) for o in outputs)
+    return field(1, 8) + field(8, field(1, "") + field(2, 13)) + field(7, g)
+
+
+put("onnx", "mlp", model(
+    [node("MatMul", ["x", "w"], ["h"]), node("Add", ["h", "b"], ["a"]), node("Relu", ["a"], ["y"])],
+    [tensor("w", [3, 2], [0.5, -1, 2, 0.25, 1, -0.5]), tensor("b", [2], [0.1, -0.1])],
+    [("x", [4, 3])], ["y"]))
+put("onnx", "external", model(
+    [node("Mul", ["x", "w"], ["y"])],
+    [tensor("w", [4], external=[("location", "weights.bin"), ("offset", "0"), ("length", "16")])],
+    [("x", [4])], ["y"]))
+shape_attr = field(5, field(1, "value") + field(20, 4) + field(5, b"".join(field(1, d) for d in [1]) + field(2, 7) +
+                                                               field(9, struct.pack("<q", -1))))
+put("onnx", "reshape", model(
+    [node("Constant", [], ["s"], shape_attr), node("Reshape", ["x", "s"], ["y"])], [], [("x", [2, 3])], ["y"]))

@@ -1,0 +1,70 @@
+// Internal to the ONNX importer: the checked ModelProto, its tensors, and the op table.
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <string>
+#include <vector>
+
+#include <onnx/onnx_pb.h>
+
+#include "tessera/onnx.h"
+#include "tessera/tensor.h"
+
+namespace tessera::onnx::detail {
+
+// Errors of the importer: one line, "onnx: <where>: <what>".
+[[noreturn]] void fail(const std::string& where, const std::string& what);
+
+// The bytes of a file, refused beyond protobuf's own 2 GiB limit.
+std::string read_file(const std::string& path, const std::string& what);
+// Parses a message with protobuf's own logging held back (the caller raises one error line).
+bool parse_quietly(google::protobuf::MessageLite& m, const std::string& bytes);
+// TensorProto -> Tensor. `dir` is the model's folder for external data ("" refuses external
+// data); every size is checked against the bytes present before anything is allocated.
+Tensor to_tensor(const ::onnx::TensorProto& t, const std::string& dir, const Device& device, const std::string& where);
+DType to_dtype(int32_t onnx_type, const std::string& where);  // fails for types Tessera lacks
+const char* onnx_type_name(int32_t onnx_type);
+
+struct Graph {
+  ::onnx::GraphProto graph;  // nodes and value names (the initializers moved to `initializers`)
+  int64_t opset = 0;
+  std::vector<std::string> inputs, outputs;
+  // Each runtime input's declared element type (0: none) and dims (-1: dynamic, such as
+  // `batch`; the single entry -2: no shape declared).
+  std::vector<std::pair<int32_t, Shape>> declared;
+  std::vector<std::pair<std::string, Tensor>> initializers;
+};
+
+// How errors name a node: 'name', or #k (its index in the graph) when it has no name.
+std::string node_label(const ::onnx::NodeProto& n, int index);
+
+// One node being traced: its inputs (undefined where the name is empty) and attribute readers.
+struct Ctx {
+  const ::onnx::NodeProto& node;
+  int index;  // in the graph's node list
+  int64_t opset;
+  Device device;  // where constants are made: the inputs' device
+  std::vector<Tensor> in;
+
+  [[noreturn]] void fail(const std::string& what) const;
+  const ::onnx::AttributeProto* attr(const std::string& name) const;
+  bool has(const std::string& name) const { return attr(name) != nullptr; }
+  int64_t i(const std::string& name, int64_t def) const;
+  double f(const std::string& name, double def) const;
+  std::string s(const std::string& name, const std::string& def) const;
+  std::vector<int64_t> ints(const std::string& name, std::vector<int64_t> def = {}) const;
+  std::vector<double> floats(const std::string& name, std::vector<double> def = {}) const;
+  bool has_input(size_t k) const { return k < in.size() && in[k].defined(); }
+  const Tensor& input(size_t k) const;  // fails when absent
+  // A shape operand (Reshape's shape, Slice's starts...) read on the host before tracing goes on.
+  std::vector<int64_t> ints_input(size_t k) const;
+  std::vector<double> doubles_input(size_t k) const;
+};
+
+using OpFn = std::function<std::vector<Tensor>(Ctx&)>;
+// The default-domain op table (ops.cpp); `refused` holds ops refused with a reason.
+const std::map<std::string, OpFn>& op_table();
+const std::map<std::string, std::string>& refused_ops();
+
+}  // namespace tessera::onnx::detail
