@@ -379,9 +379,11 @@ TEST(Errors, BadDevicesFlagsAndFiles) {
 // added), refuses malformed, non-finite and out-of-range values with one error line that names it.
 TEST(Errors, EveryFlagOfEveryCommandRefusesBadValues) {
   TempDir dir;
-  const std::vector<std::vector<std::string>> commands = {{"train", "gpt"}, {"train", "cnn"}, {"sample"},       {"demo"},
-                                                          {"profile", "gpt"}, {"advise", "gpt"}, {"export", "gpt"},
-                                                          {"conformance"},    {"devices"}};
+  std::vector<std::vector<std::string>> commands = {{"train", "gpt"}, {"train", "cnn"}, {"sample"},       {"demo"},
+                                                    {"profile", "gpt"}, {"advise", "gpt"}, {"export", "gpt"},
+                                                    {"conformance"},    {"devices"}};
+  write_file(dir / "m.onnx", "");  // `run` checks its model exists before the flags' values reach it
+  if (cli({"run", "--help"}, dir.path()).code == 0) commands.push_back({"run", (dir / "m.onnx").string()});
   const std::regex option(R"(^\s+(?:-\w,)?(--[a-z0-9-]+)(?: (\S+))?)");
   const std::regex range(R"(in \[([-0-9.e]+) - ([-0-9.e]+)\])");
   int flags = 0, cases = 0;
