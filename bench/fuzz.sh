@@ -9,7 +9,7 @@ ASAN_DIR="${TESSERA_ASAN_BUILD_DIR:-$ROOT/build-asan}"
 SECS="${1:-600}"
 shift || true
 NAMES=("$@")
-[[ ${#NAMES[@]} -gt 0 ]] || NAMES=(safetensors idx devices ir onnx)
+[[ ${#NAMES[@]} -gt 0 ]] || NAMES=(safetensors idx devices ir npy onnx)
 for name in "${NAMES[@]}"; do
   bin="$ASAN_DIR/tests/fuzz/fuzz_$name"
   [[ -x "$bin" ]] || { echo "bench/fuzz.sh: $bin not built (scripts/run test)" >&2; exit 1; }

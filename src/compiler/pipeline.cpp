@@ -20,7 +20,7 @@ Plan compile_graph(const ir::Graph& g, const std::vector<int>& donate_to, const 
   if (opts.enabled("schedule")) schedule(plan);
   if (opts.enabled("epilogue")) fuse_epilogues(plan);
   if (opts.enabled("merge")) merge_elementwise(plan), merge_rows(plan);
-  donate(plan, donate_to);
+  donate(plan, opts.enabled("donate") ? donate_to : std::vector<int>{});  // off: nothing written in place
   if (opts.enabled("inplace_last")) inplace_last(plan);
   plan_memory(plan, opts);  // "memplan" off: every temporary gets its own bytes
   try {

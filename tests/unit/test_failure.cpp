@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "compiler/lower.h"
+#include "runtime/compile_options.h"
 #include "runtime/realize.h"
 #include "tensor/tensor_impl.h"
 #include "tessera/tessera.h"
@@ -177,6 +178,27 @@ TEST(FailureIsolation, AFailureAfterAnyStepOfATrainingStepIsConfined) {
   EXPECT_EQ(clean, first_lost);
   EXPECT_GT(clean, 0);
   EXPECT_GT(lost, 0);
+
+  // Strictly all or nothing: with donation off ("donate" disabled), nothing is written in place,
+  // so a failure even inside the updates' tail undoes the whole step (at the cost of the updated
+  // tensors' bytes beside the old ones).
+  runtime::set_disabled_passes("donate");
+  for (int fail_at = first_in_place; fail_at < steps; fail_at += testing::kSanitized ? 6 : 1) {
+    SCOPED_TRACE("donation off, failure after Step " + std::to_string(fail_at));
+    Training t;
+    t.trace(0).item();
+    t.trace(1);
+    bool armed = true;
+    runtime::set_after_step_hook([&](int s, void* const*) {
+      if (armed && s == fail_at) armed = false, throw Error("[test] injected device error");
+    });
+    EXPECT_EQ(error_message([] { sync(); }), "[test] injected device error");
+    runtime::set_after_step_hook(nullptr);
+    EXPECT_EQ(t.values(), before) << "a value changed or was lost";
+    EXPECT_EQ(t.trace(1).to_vector<float>(), ref_loss);
+    EXPECT_EQ(t.values(), ref_after);
+  }
+  runtime::set_disabled_passes("");
 }
 
 }  // namespace

@@ -112,3 +112,19 @@ shape_attr = field(5, field(1, "value") + field(20, 4) + field(5, b"".join(field
                                                                field(9, struct.pack("<q", -1))))
 put("onnx", "reshape", model(
     [node("Constant", [], ["s"], shape_attr), node("Reshape", ["x", "s"], ["y"])], [], [("x", [2, 3])], ["y"]))
+
+
+# .npy (format 1.0 and 2.0): a header dictionary padded so the data starts 64-byte aligned.
+def npy(descr, shape, data, version=1):
+    dims = ", ".join(str(d) for d in shape) + ("," if len(shape) == 1 else "")
+    header = "{'descr': '%s', 'fortran_order': False, 'shape': (%s), }" % (descr, dims)
+    lead = 10 if version == 1 else 12
+    header += " " * ((64 - (lead + len(header) + 1) % 64) % 64) + "\n"
+    size = struct.pack("<H", len(header)) if version == 1 else struct.pack("<I", len(header))
+    return b"\x93NUMPY" + bytes([version, 0]) + size + header.encode("latin1") + data
+
+
+put("npy", "f4", npy("<f4", [2, 3], struct.pack("<6f", 1, -2, 3.5, 0, 1e-3, -7)))
+put("npy", "i8", npy("<i8", [4], struct.pack("<4q", 1, -2, 3, 1 << 40)))
+put("npy", "b1", npy("|b1", [3], bytes([1, 0, 1])))
+put("npy", "scalar_v2", npy("<f8", [], struct.pack("<d", 2.5), version=2))
