@@ -4,7 +4,9 @@
 // it. Per-Step compile() accepts every Step (the runtime compiles them before offering the whole
 // program) and launch() declines: profiling and Step hooks need another backend.
 //
-// Devices: pjrt:0, pjrt:1 ... number the devices of every plugin found, in this order: the files
+// Devices: pjrt:0, pjrt:1 ... number the plugins found -- the first device of each; XLA's CPU
+// client refuses our single-device executables on its others ("ExecuteShard attempted to execute
+// on device id 1 which is not addressable"), and using several is issue 25's -- in this order: the files
 // of TESSERA_PJRT_PLUGINS (a ':' list), the build folder's (pjrt-plugins/*/*.so beside the lib/
 // folder holding this library: where scripts/run unpacks XLA's CPU plugin), and jax's plugin
 // packages (jax_plugins/*/*.so in Python's site-packages). Nothing is loaded until a device of
@@ -195,7 +197,7 @@ class PjrtBackend : public Backend {
     for (const std::string& f : plugin_files()) {
       try {
         plugins_.push_back(Plugin::load(f));
-        for (int d = 0; d < plugins_.back()->device_count(); ++d) devices_.push_back({plugins_.back().get(), d});
+        if (plugins_.back()->device_count() > 0) devices_.push_back({plugins_.back().get(), 0});
       } catch (const std::exception& e) {
         failures_.push_back(e.what());
       }
