@@ -102,6 +102,9 @@ void add_profile(CLI::App& app) {
     profiled_train(*o, *p, true);
     print_metrics(*show_metrics);
   });
+#ifdef TESSERA_HAVE_ONNX
+  add_profile_onnx(*profile);  // tessera profile model.onnx
+#endif
 }
 
 TrainResult train_gpt_profiled(const TrainOptions& o, const std::string& dir) {
