@@ -29,15 +29,6 @@ struct AdviseOptions {
   bool json = false, validate = false, no_max_batch = false, recalibrate = false;
 };
 
-std::vector<std::string> split(const std::string& s) {
-  std::vector<std::string> out;
-  std::stringstream ss(s);
-  std::string item;
-  while (std::getline(ss, item, ','))
-    if (!item.empty()) out.push_back(item);
-  return out;
-}
-
 // What the memory budget's rewrites reach on one device (--memory-budget).
 struct Rewrites {
   int64_t max_remat = 0;     // global batch: one graph, rematerialized
@@ -119,7 +110,7 @@ void run_advise(const AdviseOptions& o) {
   if (!o.device_file.empty())
     for (auto& d : advise::load_devices_json(o.device_file)) table.push_back(d);
   std::vector<advise::DeviceSpec> devs;
-  for (auto& name : split(o.devices)) devs.push_back(name == "host" ? advise::host_device(o.recalibrate) : advise::find_device(table, name));
+  for (auto& name : split_commas(o.devices)) devs.push_back(name == "host" ? advise::host_device(o.recalibrate) : advise::find_device(table, name));
   if (devs.empty()) fail("advise", "--devices names no device", "");
 
   const std::optional<size_t> budget = budget_of(o);

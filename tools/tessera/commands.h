@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdio>
 #include <memory>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -91,6 +92,19 @@ inline std::string human_rate(double r) {
   else std::snprintf(buf, sizeof buf, "%.1f", r);
   return buf;
 }
+
+// "a,b,,c" -> {a, b, c} (empty items dropped).
+inline std::vector<std::string> split_commas(const std::string& s) {
+  std::vector<std::string> out;
+  std::stringstream ss(s);
+  std::string item;
+  while (std::getline(ss, item, ','))
+    if (!item.empty()) out.push_back(item);
+  return out;
+}
+
+// Writes `text` to `path` (profile.cpp), or fails naming the file.
+void write_text(const std::string& path, const std::string& text);
 
 // --metrics: commands that run work print tessera::metrics().report() on stdout when they end.
 // Returns the flag's storage (shared with the command's callback).

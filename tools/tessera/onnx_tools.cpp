@@ -100,14 +100,7 @@ void advise_onnx(const AdviseOnnx& o) {
   if (!o.device_file.empty())
     for (auto& d : advise::load_devices_json(o.device_file)) table.push_back(d);
   std::vector<advise::DeviceSpec> devs;
-  std::string names = o.devices;
-  for (size_t pos = 0; pos <= names.size();) {
-    size_t comma = names.find(',', pos);
-    std::string name = names.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
-    if (!name.empty()) devs.push_back(name == "host" ? advise::host_device() : advise::find_device(table, name));
-    if (comma == std::string::npos) break;
-    pos = comma + 1;
-  }
+  for (auto& name : split_commas(o.devices)) devs.push_back(name == "host" ? advise::host_device() : advise::find_device(table, name));
   if (devs.empty()) fail("advise", "--devices names no device", "");
 
   auto model = onnx::load(o.in.model);  // traced on the cpu, compiled for each device below
@@ -212,10 +205,7 @@ void profile_onnx(const ProfileOnnx& o) {
   if (!o.trace.empty()) prof.write_chrome_trace(o.trace);
   if (!o.table.empty()) prof.write_table_csv(o.table);
   std::string text = prof.table_text();
-  if (!o.text.empty()) {
-    std::FILE* f = std::fopen(o.text.c_str(), "w");
-    if (!f || std::fputs(text.c_str(), f) < 0 || std::fclose(f) != 0) fail("profile", "cannot write '" + o.text + "'", "");
-  }
+  if (!o.text.empty()) write_text(o.text, text);
   if (!o.memory.empty()) write_memory_viewer(o.memory, plan, "tessera memory plan: " + o.in.model + " inference");
   std::printf("ONNX model %s (opset %lld) on %s: inference, inputs %s\n\n%s\n", o.in.model.c_str(), (long long)model->opset(),
               o.device.c_str(), describe_inputs(*model, inputs).c_str(), text.c_str());
