@@ -28,11 +28,23 @@ struct UnsupportedOp {
   std::string reason;
 };
 
+// A runtime input as the file declares it: element type (float32 when it declares none) and
+// dims, -1 for a dynamic one with the name the file gives it ("batch") in dim_names ("" where
+// fixed or unnamed); ranked is false when the file declares no shape.
+struct InputSpec {
+  std::string name;
+  DType dtype = DType::Float32;
+  bool ranked = true;
+  Shape dims;
+  std::vector<std::string> dim_names;
+};
+
 class Model : public nn::Module {
  public:
   explicit Model(std::shared_ptr<detail::Graph> g);
   // Runtime inputs (graph inputs that are not initializers) and outputs, in the graph's order.
   const std::vector<std::string>& input_names() const;
+  std::vector<InputSpec> input_specs() const;  // in input_names() order
   const std::vector<std::string>& output_names() const;
   int64_t opset() const;  // the default domain's version the model was exported at
   // Runs the graph: inputs in input_names() order (or by name); outputs in output_names() order.

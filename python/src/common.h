@@ -55,5 +55,6 @@ void bind_interop(nb::module_& m, nb::class_<Tensor>& cls);
 void bind_factories(nb::module_& m);
 void bind_runtime(nb::module_& m);
 void bind_optim(nb::module_& m);  // optim.cpp: tessera._C._optim (tessera.optim's kernels)
+void bind_onnx(nb::module_& m);   // onnx.cpp: tessera._C._onnx (tessera.onnx), where ONNX import is built
 
 }  // namespace tpy

@@ -12,5 +12,6 @@ NB_MODULE(_C, m) {
   tpy::bind_factories(m);
   tpy::bind_runtime(m);
   tpy::bind_optim(m);
+  tpy::bind_onnx(m);
   m.attr("__version__") = tessera::version();
 }

@@ -533,7 +533,7 @@ def __getattr__(name):
 
 
 # ---- the Python layers over the binding (after everything above: they import from it) ----
-from . import amp, nn, optim, utils  # noqa: E402
+from . import amp, nn, onnx, optim, utils  # noqa: E402
 
 cuda.amp = amp  # torch.cuda.amp.GradScaler / autocast, as nanoGPT's train.py spells them
 autocast = amp.autocast

@@ -5,7 +5,8 @@ MLP from the exported weights:
   mlp          Linear-ReLU-Linear
   cnn          Conv-BatchNorm(eval, non-trivial running statistics)-ReLU-MaxPool-Flatten-Linear
   transformer  a pre-norm block: causal self-attention (4 heads) and an erf-GELU MLP
-usage: export_torch.py OUT_DIR   (Debian's python3-torch; exits 3 when torch is missing)"""
+usage: export_torch.py OUT_DIR [--dynamic-batch]   (Debian's python3-torch; exits 3 when torch is missing)
+--dynamic-batch: the input's and output's first dimension is the dynamic `batch` (bench/onnx_vs_ort.sh)"""
 import math
 import sys
 
@@ -18,6 +19,7 @@ except ImportError as e:
     sys.exit(3)
 
 out = sys.argv[1]
+dynamic = {"x": {0: "batch"}, "y": {0: "batch"}} if "--dynamic-batch" in sys.argv[2:] else None
 torch.manual_seed(0)
 
 
@@ -47,7 +49,7 @@ def export(name, model, x):
         y = model(x)
     # No constant folding: it would fold the BatchNorm into the convolution before us.
     torch.onnx.export(model, x, f"{out}/{name}.onnx", input_names=["x"], output_names=["y"], opset_version=14,
-                      do_constant_folding=False, training=torch.onnx.TrainingMode.PRESERVE)
+                      dynamic_axes=dynamic, do_constant_folding=False, training=torch.onnx.TrainingMode.PRESERVE)
     np.save(f"{out}/{name}_x.npy", x.numpy())
     np.save(f"{out}/{name}_y.npy", y.numpy())
 

@@ -10,7 +10,9 @@
 #include <filesystem>
 #include <fstream>
 #include <random>
+#include <sstream>
 
+#include <nlohmann/json.hpp>
 #include <onnx/onnx_pb.h>
 
 #include "tessera/onnx.h"
@@ -378,6 +380,120 @@ TEST(OnnxCli, RunWritesTheExpectedOutputs) {
   std::ifstream log(d.path / "log");
   std::string text((std::istreambuf_iterator<char>(log)), std::istreambuf_iterator<char>());
   EXPECT_NE(text.find("input 'b' is not given (the model's inputs: a, b, c"), std::string::npos) << text;
+}
+
+namespace {
+
+// The CLI with `args`, from `dir`: its exit code, its stdout, its stderr.
+struct CliResult {
+  int code = -1;
+  std::string out, err;
+};
+CliResult run_cli(const std::string& args, const fs::path& dir) {
+  auto slurp = [](const fs::path& p) {
+    std::ifstream f(p);
+    return std::string((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  };
+  std::string cmd = std::string(TESSERA_CLI) + " " + args + " > " + (dir / "out").string() + " 2> " + (dir / "err").string();
+  int rc = std::system(cmd.c_str());
+  return {WIFEXITED(rc) ? WEXITSTATUS(rc) : -1, slurp(dir / "out"), slurp(dir / "err")};
+}
+
+}  // namespace
+
+// `tessera advise model.onnx --batch N` and `tessera profile model.onnx` on y = x @ w with a
+// dynamic batch: the advisor's memory is the weight, the batch and the product, counted here by
+// hand (plus at most the alignment padding of three buffers); the profiler's op table has one
+// product per profiled run at 2 N K M flops. Dynamic dimensions without an extent, a --batch
+// against a fixed one and a --dim no input has are one error line each.
+TEST(OnnxCli, AdviseAndProfileSeeTheModelAtTheGivenBatch) {
+  TempDir d;
+  const int64_t K = 48, M = 24;
+  Builder b;
+  b.input("x", {-1, K});  // dimension 0: the dynamic "n1"
+  b.init("w", {K, M}, random_floats(size_t(K * M), 5));
+  b.node("MatMul", {"x", "w"}, {"y"});
+  b.output("y");
+  const std::string model = b.save(d.path / "matmul.onnx");
+  for (int64_t n : {1, 256}) {
+    CliResult r = run_cli("advise " + model + " --batch " + std::to_string(n) + " --devices t4,h100,host --json", d.path);
+    ASSERT_EQ(r.code, 0) << r.err;
+    auto j = nlohmann::json::parse(r.out);
+    EXPECT_EQ(j["samples"].get<int64_t>(), n);
+    EXPECT_EQ(j["workload"], "inference");
+    const double exact = 4.0 * double(K * M + n * K + n * M);
+    ASSERT_EQ(j["devices"].size(), 3u);
+    for (const auto& dev : j["devices"]) {
+      double peak = dev["peak_bytes"].get<double>(), step = dev["step_s"].get<double>();
+      EXPECT_GE(peak, exact) << dev;
+      EXPECT_LE(peak, exact + 3 * 256) << dev;
+      EXPECT_TRUE(dev["fits"].get<bool>()) << dev;
+      EXPECT_GT(step, 0) << dev;
+      EXPECT_NEAR(dev["samples_per_s"].get<double>() * step, double(n), 1e-9 * double(n)) << dev;
+    }
+  }
+  // --train: forward and backward, the weight's gradient beside the weight and the batch.
+  CliResult t = run_cli("advise " + model + " --batch 64 --devices t4 --train --json", d.path);
+  ASSERT_EQ(t.code, 0) << t.err;
+  auto jt = nlohmann::json::parse(t.out);
+  EXPECT_EQ(jt["workload"], "train");
+  EXPECT_GE(jt["devices"][0]["peak_bytes"].get<double>(), 4.0 * double(2 * K * M + 64 * K));
+  // The table names the model, its inputs at the batch, and the fastest device.
+  CliResult table = run_cli("advise " + model + " --batch 8 --devices t4,host", d.path);
+  ASSERT_EQ(table.code, 0) << table.err;
+  EXPECT_NE(table.out.find("inputs x float32[8, 48]"), std::string::npos) << table.out;
+  EXPECT_NE(table.out.find("Fastest: "), std::string::npos) << table.out;
+
+  const std::string csv = (d.path / "ops.csv").string(), trace = (d.path / "trace.json").string();
+  CliResult p = run_cli("profile " + model + " --batch 32 --runs 4 --table " + csv + " --trace " + trace, d.path);
+  ASSERT_EQ(p.code, 0) << p.err;
+  EXPECT_NE(p.out.find("profiled runs 2-5"), std::string::npos) << p.out;
+  EXPECT_NE(p.out.find("memory plan of the inference graph"), std::string::npos) << p.out;
+  std::ifstream rows(csv);
+  std::string line;
+  bool found = false;
+  while (std::getline(rows, line))
+    if (line.rfind("op,matmul @ onnx.Model,", 0) == 0) {
+      std::vector<std::string> f;
+      std::stringstream ss(line);
+      for (std::string cell; std::getline(ss, cell, ',');) f.push_back(cell);
+      ASSERT_GE(f.size(), 5u) << line;
+      EXPECT_EQ(std::stoll(f[3]), 4) << line;                                   // calls
+      EXPECT_DOUBLE_EQ(std::stod(f[4]), 4.0 * 2 * 32 * double(K * M)) << line;  // flops
+      found = true;
+    }
+  EXPECT_TRUE(found) << "no matmul row in " << csv;
+  std::ifstream tf(trace);
+  EXPECT_NO_THROW((void)nlohmann::json::parse(tf)) << "the Chrome trace parses";
+
+  // Errors: one line each.
+  Builder two;
+  two.input("x", {-1, -2});  // "n1", "n2"
+  two.node("Relu", {"x"}, {"y"});
+  two.output("y");
+  const std::string dyn = two.save(d.path / "dyn.onnx");
+  Builder fixed = mlp(random_floats(15, 1), random_floats(5, 2), random_floats(10, 3), random_floats(2, 4));
+  const std::string fixed_model = fixed.save(d.path / "fixed.onnx");
+  struct Case {
+    std::string args, says;
+  };
+  for (const Case& c : std::vector<Case>{
+           {"advise " + dyn + " --batch 2", "input 'x' dimension 1 ('n2') is dynamic: give its extent with --dim n2=N"},
+           {"profile " + dyn + " --dim n3=4", "input 'x' dimension 1 ('n2') is dynamic"},
+           {"advise " + dyn + " --dim n2=4 --dim n3=2", "--dim n3=2: no input has a dynamic dimension named 'n3'"},
+           {"advise " + dyn + " --dim n2=x", "--dim takes NAME=N with N a positive whole number, not 'n2=x'"},
+           {"advise " + fixed_model + " --batch 8", "input 'x' fixes its first dimension at 4: --batch 8 cannot apply"},
+           {"advise", "give a model: gpt, or an ONNX file"},
+       }) {
+    CliResult r = run_cli(c.args, d.path);
+    EXPECT_NE(r.code, 0) << c.args;
+    EXPECT_NE(r.err.find(c.says), std::string::npos) << c.args << ": " << r.err;
+    EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << c.args << ": " << r.err;
+  }
+  // The fixed model runs at its own batch without --batch.
+  CliResult own = run_cli("profile " + fixed_model + " --runs 1", d.path);
+  EXPECT_EQ(own.code, 0) << own.err;
+  EXPECT_NE(own.out.find("inputs x float32[4, 3]"), std::string::npos) << own.out;
 }
 
 // Models exported from PyTorch (tests/onnx/export_torch.py under Debian's python3-torch): an

@@ -282,11 +282,16 @@ def test_scopes_of_shared_and_foreign_modules_and_threads():
     assert {"a", "foreign.0", "Tanh"} <= names, names
     # Each thread keeps its own stack of running modules.
     errors = []
+    turn = threading.Lock()  # the lazy graph has one owner at a time (docs/architecture.md, Threading)
 
     def run():
         try:
-            for _ in range(20):
-                m(tessera.randn(2, 4))
+            with turn:
+                for _ in range(20):
+                    m(tessera.randn(2, 4))
+                # Hand the graph over before the thread ends: join() may return before the
+                # thread's exit gives up its unsynced draws.
+                tessera.sync()
         except Exception as e:  # noqa: BLE001
             errors.append(e)
 

@@ -29,37 +29,6 @@ struct AdviseOptions {
   bool json = false, validate = false, no_max_batch = false, recalibrate = false;
 };
 
-std::string human_bytes(double b) {
-  char buf[32];
-  if (b >= 1e9) std::snprintf(buf, sizeof buf, "%.2f GB", b / 1e9);
-  else if (b >= 1e6) std::snprintf(buf, sizeof buf, "%.1f MB", b / 1e6);
-  else std::snprintf(buf, sizeof buf, "%.0f kB", b / 1e3);
-  return buf;
-}
-std::string human_time(double s) {
-  char buf[32];
-  if (s >= 1) std::snprintf(buf, sizeof buf, "%.2f s", s);
-  else if (s >= 1e-3) std::snprintf(buf, sizeof buf, "%.2f ms", s * 1e3);
-  else std::snprintf(buf, sizeof buf, "%.1f us", s * 1e6);
-  return buf;
-}
-std::string human_rate(double r) {
-  char buf[32];
-  if (r >= 1e6) std::snprintf(buf, sizeof buf, "%.2fM", r / 1e6);
-  else if (r >= 1e3) std::snprintf(buf, sizeof buf, "%.1fk", r / 1e3);
-  else std::snprintf(buf, sizeof buf, "%.1f", r);
-  return buf;
-}
-
-std::vector<std::string> split(const std::string& s) {
-  std::vector<std::string> out;
-  std::stringstream ss(s);
-  std::string item;
-  while (std::getline(ss, item, ','))
-    if (!item.empty()) out.push_back(item);
-  return out;
-}
-
 // What the memory budget's rewrites reach on one device (--memory-budget).
 struct Rewrites {
   int64_t max_remat = 0;     // global batch: one graph, rematerialized
@@ -141,7 +110,7 @@ void run_advise(const AdviseOptions& o) {
   if (!o.device_file.empty())
     for (auto& d : advise::load_devices_json(o.device_file)) table.push_back(d);
   std::vector<advise::DeviceSpec> devs;
-  for (auto& name : split(o.devices)) devs.push_back(name == "host" ? advise::host_device(o.recalibrate) : advise::find_device(table, name));
+  for (auto& name : split_commas(o.devices)) devs.push_back(name == "host" ? advise::host_device(o.recalibrate) : advise::find_device(table, name));
   if (devs.empty()) fail("advise", "--devices names no device", "");
 
   const std::optional<size_t> budget = budget_of(o);
@@ -269,7 +238,7 @@ void run_advise(const AdviseOptions& o) {
 }  // namespace
 
 void add_advise(CLI::App& app) {
-  CLI::App* adv = app.add_subcommand("advise", "Predict training step time and memory on accelerators (compiles, does not run)");
+  CLI::App* adv = app.add_subcommand("advise", "Predict step time and memory on accelerators: the GPT's training step, or an ONNX model's inference (compiles, does not run)");
   adv->require_subcommand(1);
   auto o = std::make_shared<AdviseOptions>();
   CLI::App* gpt = adv->add_subcommand("gpt", "Advice for the character GPT's AdamW training step");
@@ -294,6 +263,9 @@ void add_advise(CLI::App& app) {
   gpt->add_flag("--no-max-batch", o->no_max_batch, "skip the search for the largest batch that fits");
   gpt->add_flag("--recalibrate", o->recalibrate, "re-run the host microbenchmarks instead of using the cached calibration");
   gpt->callback([o] { run_advise(*o); });
+#ifdef TESSERA_HAVE_ONNX
+  add_advise_onnx(*adv);  // tessera advise model.onnx --batch N
+#endif
 }
 
 }  // namespace tessera::cli

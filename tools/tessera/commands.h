@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdio>
 #include <memory>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -69,6 +70,42 @@ inline void check_every_value(CLI::App& app, const std::vector<std::string>& may
   for (CLI::App* sub : app.get_subcommands({})) check_every_value(*sub, may_be_empty);
 }
 
+// Sizes, times and rates as the advisor prints them: "1.2 MB", "3.40 ms", "12.3k".
+inline std::string human_bytes(double b) {
+  char buf[32];
+  if (b >= 1e9) std::snprintf(buf, sizeof buf, "%.2f GB", b / 1e9);
+  else if (b >= 1e6) std::snprintf(buf, sizeof buf, "%.1f MB", b / 1e6);
+  else std::snprintf(buf, sizeof buf, "%.0f kB", b / 1e3);
+  return buf;
+}
+inline std::string human_time(double s) {
+  char buf[32];
+  if (s >= 1) std::snprintf(buf, sizeof buf, "%.2f s", s);
+  else if (s >= 1e-3) std::snprintf(buf, sizeof buf, "%.2f ms", s * 1e3);
+  else std::snprintf(buf, sizeof buf, "%.1f us", s * 1e6);
+  return buf;
+}
+inline std::string human_rate(double r) {
+  char buf[32];
+  if (r >= 1e6) std::snprintf(buf, sizeof buf, "%.2fM", r / 1e6);
+  else if (r >= 1e3) std::snprintf(buf, sizeof buf, "%.1fk", r / 1e3);
+  else std::snprintf(buf, sizeof buf, "%.1f", r);
+  return buf;
+}
+
+// "a,b,,c" -> {a, b, c} (empty items dropped).
+inline std::vector<std::string> split_commas(const std::string& s) {
+  std::vector<std::string> out;
+  std::stringstream ss(s);
+  std::string item;
+  while (std::getline(ss, item, ','))
+    if (!item.empty()) out.push_back(item);
+  return out;
+}
+
+// Writes `text` to `path` (profile.cpp), or fails naming the file.
+void write_text(const std::string& path, const std::string& text);
+
 // --metrics: commands that run work print tessera::metrics().report() on stdout when they end.
 // Returns the flag's storage (shared with the command's callback).
 inline std::shared_ptr<bool> add_metrics_flag(CLI::App& cmd) {
@@ -117,5 +154,9 @@ void add_advise(CLI::App& app);  // advise gpt
 void add_conformance(CLI::App& app);  // the op x backend support matrix
 void add_export(CLI::App& app);  // export --stablehlo gpt
 void add_run(CLI::App& app);  // run model.onnx (built where ONNX import is)
+// `tessera advise model.onnx` and `tessera profile model.onnx` (onnx_tools.cpp, built where ONNX
+// import is): a model file as the command's argument besides its subcommands.
+void add_advise_onnx(CLI::App& advise);
+void add_profile_onnx(CLI::App& profile);
 
 }  // namespace tessera::cli

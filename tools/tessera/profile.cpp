@@ -24,13 +24,6 @@ struct ProfileOptions {
   std::string trace, memory, table, text;
 };
 
-void write_text(const std::string& path, const std::string& text) {
-  std::FILE* f = std::fopen(path.c_str(), "w");
-  if (!f) fail("profile", "cannot write '" + path + "'", "");
-  std::fputs(text.c_str(), f);
-  if (std::fclose(f) != 0) fail("profile", "writing '" + path + "' failed", "");
-}
-
 // Runs train_gpt with the profiler recording steps skip+1 .. steps (or to the end of the run),
 // writes the files asked for and prints the op table (print_table) and the peak report.
 TrainResult profiled_train(TrainOptions o, const ProfileOptions& p, bool print_table) {
@@ -79,6 +72,13 @@ TrainResult profiled_train(TrainOptions o, const ProfileOptions& p, bool print_t
 
 }  // namespace
 
+void write_text(const std::string& path, const std::string& text) {
+  std::FILE* f = std::fopen(path.c_str(), "w");
+  if (!f) fail("profile", "cannot write '" + path + "'", "");
+  std::fputs(text.c_str(), f);
+  if (std::fclose(f) != 0) fail("profile", "writing '" + path + "' failed", "");
+}
+
 void add_profile(CLI::App& app) {
   auto* profile = app.add_subcommand("profile", "profile a model: Chrome trace, op table and memory viewer");
   profile->require_subcommand(1);
@@ -102,6 +102,9 @@ void add_profile(CLI::App& app) {
     profiled_train(*o, *p, true);
     print_metrics(*show_metrics);
   });
+#ifdef TESSERA_HAVE_ONNX
+  add_profile_onnx(*profile);  // tessera profile model.onnx
+#endif
 }
 
 TrainResult train_gpt_profiled(const TrainOptions& o, const std::string& dir) {

@@ -33,6 +33,7 @@ struct Graph {
   // Each runtime input's declared element type (0: none) and dims (-1: dynamic, such as
   // `batch`; the single entry -2: no shape declared).
   std::vector<std::pair<int32_t, Shape>> declared;
+  std::vector<std::vector<std::string>> dim_names;  // each input's dims' names ("" where none)
   std::vector<std::pair<std::string, Tensor>> initializers;
 };
 

@@ -98,9 +98,14 @@ std::shared_ptr<Model> load(const std::string& path, const LoadOptions& o) {
     g->inputs.push_back(v.name());
     const auto& tt = v.type().tensor_type();
     Shape dims;
+    std::vector<std::string> names;
     bool ranked = tt.has_shape();
-    for (const auto& d : tt.shape().dim()) dims.push_back(d.has_dim_value() ? d.dim_value() : -1);
+    for (const auto& d : tt.shape().dim()) {
+      dims.push_back(d.has_dim_value() ? d.dim_value() : -1);
+      names.push_back(d.has_dim_value() ? "" : d.dim_param());
+    }
     g->declared.push_back({tt.elem_type(), ranked ? dims : Shape{-2}});  // -2: rank unknown
+    g->dim_names.push_back(std::move(names));
   }
   for (const auto& v : m.graph().output()) g->outputs.push_back(v.name());
   m.mutable_graph()->clear_initializer();
@@ -123,6 +128,18 @@ Model::Model(std::shared_ptr<detail::Graph> g) : nn::Module("onnx.Model"), g_(st
 
 const std::vector<std::string>& Model::input_names() const { return g_->inputs; }
 const std::vector<std::string>& Model::output_names() const { return g_->outputs; }
+std::vector<InputSpec> Model::input_specs() const {
+  std::vector<InputSpec> specs;
+  for (size_t k = 0; k < g_->inputs.size(); ++k) {
+    const auto& [elem, dims] = g_->declared[k];
+    InputSpec s{.name = g_->inputs[k]};
+    if (elem != 0) s.dtype = detail::to_dtype(elem, "input '" + s.name + "'");
+    s.ranked = dims.size() != 1 || dims[0] != -2;
+    if (s.ranked) s.dims = dims, s.dim_names = g_->dim_names[k];
+    specs.push_back(std::move(s));
+  }
+  return specs;
+}
 int64_t Model::opset() const { return g_->opset; }
 
 std::map<std::string, Tensor> Model::run_named(const std::map<std::string, Tensor>& inputs) {
