@@ -27,8 +27,8 @@ struct Rng {
 // The lazy graph's state, under one mutex: pending impls in the order they last became pending,
 // so graphs are built deterministically (an intrusive list: no allocation per tensor,
 // re-registering moves an impl to the end); the generator; and the owner thread. Threading
-// (docs/architecture.md): one thread at a time holds unsynced work (pending tensors or traced
-// draws); another thread's call that would build on the graph, run it or draw then raises.
+// (docs/architecture.md): one thread at a time holds unsynced work (pending tensors or a running
+// sync); another thread's call that would build on the graph, run it or draw then raises.
 struct Registry {
   std::mutex mu;
   TensorImpl* head = nullptr;
@@ -37,7 +37,9 @@ struct Registry {
   Rng rng;
   int owner = 0;         // thread_no() of the thread that last claimed the graph (0: none)
   bool syncing = false;  // the owner is running its pending work (sync() until reset_draws())
-  bool busy() const { return count || rng.draws || syncing; }
+  // Unsynced work: pending tensors or a running sync. Draws whose tensors were dropped hold
+  // nothing back (a thread that took the graph over numbers its draws after them).
+  bool busy() const { return count || syncing; }
 };
 Registry& registry() {
   static Registry* r = new Registry();
