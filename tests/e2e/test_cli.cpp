@@ -19,6 +19,12 @@ using namespace e2e;
 const std::vector<std::string> kTiny = {"--layers", "1", "--embd", "32", "--heads", "2", "--block", "16",
                                         "--batch", "4", "--device", "cpu"};
 
+// A bad invocation and what it tries (the Errors tests).
+struct Case {
+  std::string what;
+  std::vector<std::string> args;
+};
+
 std::vector<std::string> cat(std::vector<std::string> a, const std::vector<std::string>& b) {
   a.insert(a.end(), b.begin(), b.end());
   return a;
@@ -337,10 +343,6 @@ TEST(Errors, CorruptCheckpointMetadata) {
 TEST(Errors, BadDevicesFlagsAndFiles) {
   TempDir dir;
   const std::string d = dir.path().string();
-  struct Case {
-    std::string what;
-    std::vector<std::string> args;
-  };
   const std::vector<Case> cases = {
       {"unknown device (train)", {"train", "gpt", "--device", "tpu", "--steps", "1"}},
       {"unknown device (demo)", {"demo", "--device", "tpu", "--steps", "1"}},
@@ -427,11 +429,6 @@ TEST(Errors, EveryFlagOfEveryCommandRefusesBadValues) {
 // anything heavy runs.
 TEST(Errors, TooLargeAndConflictingFlags) {
   TempDir dir;
-  const std::string d = dir.path().string();
-  struct Case {
-    std::string what;
-    std::vector<std::string> args;
-  };
   const std::vector<Case> cases = {
       {"a model over the memory", {"train", "gpt", "--layers", "1000000", "--steps", "1"}},
       {"a batch over the memory", {"train", "gpt", "--batch", "10000000", "--steps", "1"}},

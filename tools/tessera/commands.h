@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdio>
 #include <memory>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -14,17 +15,23 @@
 
 namespace tessera::cli {
 
-// Flag checks with plain messages ("must be positive, got -3").
-inline std::string check_number(const std::string& v, bool zero_ok) {
+// v as a number (strtod's reading, nothing left over), or nullopt.
+inline std::optional<double> parse_number(const std::string& v) {
   try {
     size_t used = 0;
     double d = std::stod(v, &used);
-    if (used != v.size()) return "is not a number: '" + v + "'";
-    if (zero_ok ? d >= 0 : d > 0) return "";
-    return std::string(zero_ok ? "must not be negative" : "must be positive") + ", got " + v;
+    if (used == v.size()) return d;
   } catch (const std::exception&) {
-    return "is not a number: '" + v + "'";
   }
+  return std::nullopt;
+}
+
+// Flag checks with plain messages ("must be positive, got -3").
+inline std::string check_number(const std::string& v, bool zero_ok) {
+  std::optional<double> d = parse_number(v);
+  if (!d) return "is not a number: '" + v + "'";
+  if (zero_ok ? *d >= 0 : *d > 0) return "";
+  return std::string(zero_ok ? "must not be negative" : "must be positive") + ", got " + v;
 }
 inline CLI::Validator positive() {
   return CLI::Validator([](std::string& v) { return check_number(v, false); }, "POSITIVE");
@@ -46,15 +53,9 @@ inline std::string check_value(const std::string& v, const std::string& type) {
       return "is not a whole number" + std::string(sign_ok ? "" : " of at least 0") + ": '" + v + "'";
     if (v.size() - i > 13 || std::abs(std::stod(v)) > kMaxWhole) return "is out of range (at most 2^40): " + v;
   } else if (type.rfind("FLOAT", 0) == 0) {
-    size_t used = 0;
-    double d = 0;
-    try {
-      d = std::stod(v, &used);
-    } catch (const std::exception&) {
-      used = 0;
-    }
-    if (used != v.size() || v.empty()) return "is not a number: '" + v + "'";
-    if (!std::isfinite(d)) return "must be a finite number, got " + v;
+    std::optional<double> d = parse_number(v);
+    if (!d) return "is not a number: '" + v + "'";
+    if (!std::isfinite(*d)) return "must be a finite number, got " + v;
   } else if (type.rfind("TEXT", 0) == 0 && v.empty()) {
     return "must not be empty";
   }
