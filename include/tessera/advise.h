@@ -44,6 +44,7 @@ struct DeviceSpec {
   double mem_bw = 0;         // bytes/s per replica
   double link_bw = 0;        // interconnect bytes/s per direction per replica (ring all-reduce)
   double link_latency_s = 0; // alpha of the all-reduce, per ring hop
+  std::string link;          // the interconnect the all-reduce runs over ("NVLink 3", "ICI", "PCIe 3.0 x16")
   double power_w = 0;        // per replica (board power / replicas)
   double matrix_eff = 0.75;  // achievable fraction of the matrix-unit peak on large GEMMs
   double vector_eff = 0.8;   // of the vector peak
@@ -69,7 +70,7 @@ struct DeviceSpec {
   std::string source;        // where the figures come from (table: see devices.cpp)
 };
 
-// The built-in table: t4, p100, v100-16, v100-32, a100-40, a100-80, h100, h200, tpu-v3-core,
+// The built-in table: t4, t4x2 (two T4s, data parallel), p100, v100-16, v100-32, a100-40, a100-80, h100, h200, tpu-v3-core,
 // tpu-v3-8, tpu-v4-chip, tpu-v4-8.
 std::vector<DeviceSpec> builtin_devices();
 // Devices from a JSON file: [{"name": ..., "fp32_tflops": ..., "bf16_tflops": ..., "mem_gb": ...,
@@ -100,6 +101,7 @@ struct Workload {
   int64_t batch = 0;             // per replica
   double tokens = 0;             // tokens per replica per step
   double grad_bytes = 0;         // gradient bytes on the target (all-reduced under data parallelism)
+  double state_bytes = 0;        // the optimizer's per-parameter state on the target (AdamW's moments)
   double trace_s = 0;            // host time to trace the step (added on devices with add_trace_time)
   // Held on the device beside the graph and not read by it: a micro-batch slice's optimizer
   // moments and the gradients later slices read (0 for a whole step, which reads everything).
@@ -122,6 +124,10 @@ const char* bottleneck_name(Bottleneck b);
 
 struct Options {
   int data_parallel = 1;         // devices (boards); replicas = data_parallel * device.replicas
+  // ZeRO-1: the optimizer state sharded over the replicas, each holding and updating 1/R of it.
+  // The ring all-reduce becomes a reduce-scatter of the gradients and an all-gather of the updated
+  // weights: the same bytes on the link, so the same time; the state's (R-1)/R leaves each replica.
+  bool zero1 = false;
 };
 
 // Time of one Step on one replica (seconds), and what bounds it.
@@ -141,6 +147,10 @@ struct Prediction {
   double tokens_per_s = 0;    // all replicas
   double tokens_per_joule = 0;  // 0: power unknown
   int64_t max_batch = 0;      // global batch (all replicas); 0: not searched / none fits
+  int replicas = 1;           // data_parallel * the device's replicas
+  // Weak-scaling efficiency: one replica's step at the same per-replica batch (no communication)
+  // over this step; tokens/s is replicas * efficiency times one replica's.
+  double scaling = 1;
 };
 
 // Prices one workload (compiled for d at the per-replica batch) on a device.

@@ -14,8 +14,10 @@
 //   and at the MXU peak / fp32_matmul_passes on TPUs; the host's GEMM rate falls on small
 //   problems (rate = peak f / (f + gemm_half_flops), calibrated).
 //   Other Steps run at the vector rate (the 16-bit one for bfloat16 Steps: the operand copies).
-// Data parallel over R replicas: + a ring all-reduce of the gradient bytes, not overlapped with
-// the backward pass (an upper bound; DDP overlaps most of it).
+// Data parallel over R replicas: + a ring all-reduce of the gradient bytes over the device's
+// interconnect, not overlapped with the backward pass (an upper bound; DDP overlaps most of it);
+// the scaling efficiency is the step without it over the step with it. ZeRO-1 (Options::zero1)
+// moves the same bytes (reduce-scatter + all-gather) and keeps 1/R of the optimizer state.
 // Memory per replica: the footprint of the target's plan of the training step at the
 // per-replica batch: its parameters plus what the run allocates (outputs and the arena). The
 // graph's parameters are the model's weights, AdamW's two moments, the token batch and the
@@ -109,6 +111,7 @@ Prediction predict(const DeviceSpec& d, const Workload& w, const Options& o) {
     (why == Bottleneck::Compute ? p.compute_s : why == Bottleneck::Memory ? p.memory_s : p.launch_s) += t;
   }
   const int replicas = o.data_parallel * d.replicas;
+  p.replicas = replicas;
   p.comm_s = allreduce_seconds(d, w.grad_bytes, replicas);
   p.trace_s = d.add_trace_time ? w.trace_s : 0;
   p.launch_s += p.trace_s;  // host-side overhead, like launching
@@ -118,7 +121,9 @@ Prediction predict(const DeviceSpec& d, const Workload& w, const Options& o) {
   if (p.memory_s > best) best = p.memory_s, p.bottleneck = Bottleneck::Memory;
   if (p.launch_s > best) best = p.launch_s, p.bottleneck = Bottleneck::Launch;
   if (p.comm_s > best) best = p.comm_s, p.bottleneck = Bottleneck::Communication;
+  p.scaling = p.step_s > 0 ? (p.step_s - p.comm_s) / p.step_s : 1;
   p.peak_bytes = w.footprint_bytes();
+  if (o.zero1) p.peak_bytes -= w.state_bytes * (replicas - 1) / replicas;
   p.capacity_bytes = d.capacity_bytes();
   p.fits = p.peak_bytes <= p.capacity_bytes;
   p.tokens_per_s = p.step_s > 0 ? w.tokens * replicas / p.step_s : 0;
@@ -274,10 +279,10 @@ const Workload& GptWorkloads::trace_and_compile(int64_t batch, const DeviceSpec*
   w.batch = batch;
   w.tokens = double(batch * cfg_.block);
   for (auto& p : st_->opt->params()) w.grad_bytes += double(props.buffer_bytes(p.shape(), p.dtype()));
+  for (auto& [name, t] : st_->opt->state_dict())  // per-parameter state; not the scalars (step, learning rates)
+    if (t.dim() > 0) w.state_bytes += double(props.buffer_bytes(t.shape(), t.dtype()));
   if (graph == Graph::Slice) {  // beside it: AdamW's moments and the gradients the later slices read
-    w.beside_bytes = w.grad_bytes;
-    for (auto& [name, t] : st_->opt->state_dict())  // per-parameter state; not the scalars (step, learning rates)
-      if (t.dim() > 0) w.beside_bytes += double(props.buffer_bytes(t.shape(), t.dtype()));
+    w.beside_bytes = w.grad_bytes + w.state_bytes;
     w.grad_bytes = 0;  // all-reduced once, by the update
   }
   return memo_.emplace(key, std::move(w)).first->second;

@@ -109,8 +109,19 @@ std::vector<DeviceSpec> nvidia_devices() {
     d.usable_bytes = cuda_usable(15835660288.0);  // [V] deviceQuery of a T4: 15,835,660,288 B (ECC on), gist.github.com/Terminus-IMRC/5e4b7782c27106dec287050b323cd059
     d.mem_bw = 320 * G;              // [S] 320 GB/s
     d.link_bw = 15.75 * G;           // [A] PCIe 3.0 x16 per direction (8 GT/s x 16 x 128/130); no NVLink
+    d.link = "PCIe 3.0 x16";
     d.power_w = 70;                  // [S] 70 W
     d.source = "T4 figures as NVIDIA's datasheet prints them, checked on secondary spec pages";
+    v.push_back(d);
+    // Two T4s in one machine, data parallel (Kaggle's "GPU T4 x2"). No NVLink; in a cloud VM the
+    // pair usually has no peer-to-peer path either, so NCCL stages the ring through host memory
+    // (its SHM transport): each byte crosses a PCIe link out and another in, and the copies through
+    // host memory cost besides [A: half of PCIe's achievable rate, link_eff 0.4; not measured].
+    d.name = "t4x2";
+    d.description = "2 x NVIDIA T4 16 GB in one machine (Kaggle's T4 x2), data parallel over PCIe";
+    d.replicas = 2;
+    d.link_eff = 0.4;
+    d.link = "PCIe 3.0 x16 via host";
     v.push_back(d);
   }
   {
@@ -127,6 +138,7 @@ std::vector<DeviceSpec> nvidia_devices() {
     d.usable_bytes = cuda_usable(hbm_visible(16));
     d.mem_bw = 732 * G;              // [S] 732 GB/s (16 GB PCIe)
     d.link_bw = 15.75 * G;           // [A] PCIe 3.0 x16 per direction
+    d.link = "PCIe 3.0 x16";
     d.power_w = 250;                 // [S] 250 W
     d.tile_mn = 32, d.tile_k = 1;    // [A] SIMT sgemm tiles
     d.source = "P100 PCIe figures from launch coverage of NVIDIA's announcement (secondary)";
@@ -146,6 +158,7 @@ std::vector<DeviceSpec> nvidia_devices() {
     d.usable_bytes = cuda_usable(hbm_visible(gb));
     d.mem_bw = 900 * G;              // [S] 900 GB/s
     d.link_bw = 150 * G;             // [S] NVLink 300 GB/s both directions (NVIDIA's figure), 150 per direction
+    d.link = "NVLink 2";
     d.power_w = 300;                 // [S] 300 W
     d.tile_k = 8;
     d.source = "V100 SXM2 figures as NVIDIA's datasheet prints them, checked on secondary pages";
@@ -166,6 +179,7 @@ std::vector<DeviceSpec> nvidia_devices() {
     d.usable_bytes = cuda_usable(gb == 40 ? 42405855232.0 : hbm_visible(80));
     d.mem_bw = (gb == 40 ? 1555 : 2039) * G;  // [V] 1,555 GB/s (40 GB), 2,039 GB/s (80 GB SXM)
     d.link_bw = 300 * G;             // [V] NVLink 300 GB/s per direction (600 both)
+    d.link = "NVLink 3";
     d.power_w = 400;                 // [V] 400 W (SXM)
     d.source = "NVIDIA A100 datasheet (as tabulated by glennklockwood.com)";
     v.push_back(d);
@@ -184,6 +198,7 @@ std::vector<DeviceSpec> nvidia_devices() {
     d.usable_bytes = cuda_usable(hbm_visible(80));
     d.mem_bw = 3350 * G;             // [V] 3.35 TB/s
     d.link_bw = 450 * G;             // [V] NVLink 900 GB/s both directions, 450 per direction
+    d.link = "NVLink 4";
     d.power_w = 700;                 // [V] up to 700 W
     d.matrix_eff = 0.8;              // measured on an H200 (same SMs): 790/989 at 8192^3 bf16
     d.source = "NVIDIA H100 SXM table (hpctech.co.jp), dense figures from glennklockwood.com";
@@ -203,6 +218,7 @@ std::vector<DeviceSpec> nvidia_devices() {
     d.usable_bytes = cuda_usable(hbm_visible(141));  // ~139 GiB, as the H200 lent to this project reports
     d.mem_bw = 4800 * G;             // [S] 4.8 TB/s
     d.link_bw = 450 * G;             // [V] NVLink 900 GB/s both directions
+    d.link = "NVLink 4";
     d.power_w = 700;                 // [V] 700 W TGP
     d.matrix_eff = 0.8;              // measured: ~790 TFLOP/s on 8192^3 bf16 (shared/accelerators.md)
     d.bw_eff = 0.9;                  // measured: ~4.3 TB/s device-to-device copy
@@ -235,6 +251,7 @@ std::vector<DeviceSpec> tpu_devices() {
     d.usable_bytes = 14.5 * G;       // see above
     d.mem_bw = 900 * G / 2;          // [V] 900 GBps per chip
     d.link_bw = 340e12 / 1024 / 2;   // [V] pod all-reduce bandwidth per core
+    d.link = "ICI (v3)";
     d.power_w = 220.0 / 2;           // [V] mean measured power per chip, per core
     d.source = "cloud.google.com/tpu/docs/v3";
     v.push_back(d);
@@ -256,6 +273,7 @@ std::vector<DeviceSpec> tpu_devices() {
     d.usable_bytes = 30.75 * GiB;    // [V] XLA's capacity figure
     d.mem_bw = 1200 * G;             // [V]
     d.link_bw = 1.1e15 / 4096;       // [V] pod all-reduce bandwidth per chip
+    d.link = "ICI (v4)";
     d.power_w = 170;                 // [V] mean measured power
     d.source = "cloud.google.com/tpu/docs/v4";
     v.push_back(d);
@@ -279,6 +297,7 @@ void set_from_json(DeviceSpec& d, const nlohmann::json& j) {
   };
   if (j.contains("description")) d.description = j.at("description").get<std::string>();
   if (j.contains("source")) d.source = j.at("source").get<std::string>();
+  if (j.contains("link")) d.link = j.at("link").get<std::string>();
   if (j.contains("replicas")) d.replicas = j.at("replicas").get<int>();
   num("fp32_tflops", d.fp32_flops, T);
   num("tf32_tflops", d.tf32_flops, T);

@@ -754,7 +754,29 @@ TEST(Cli, AdviseJsonHasEveryFieldAndDtypeAndDataParallelBehave) {
   for (size_t i = 0; i < 3; ++i) {
     EXPECT_TRUE(b["devices"][i]["fits"].get<bool>());
     EXPECT_GT(b["devices"][i]["communication_s"].get<double>(), 0);
+    const double scaling = b["devices"][i]["scaling_efficiency"].get<double>();
+    EXPECT_GT(scaling, 0);
+    EXPECT_LT(scaling, 1);
+    EXPECT_FALSE(b["devices"][i]["link"].get<std::string>().empty());
+    EXPECT_GT(b["devices"][i]["gradient_bytes"].get<double>(), 0);
   }
+  // ZeRO-1: the same traffic, less memory per replica.
+  json z = run_json({"--dtype", "bfloat16", "--data-parallel", "2", "--zero1"});
+  for (size_t i = 0; i < 3; ++i) {
+    EXPECT_DOUBLE_EQ(z["devices"][i]["communication_s"].get<double>(), b["devices"][i]["communication_s"].get<double>());
+    EXPECT_LT(z["devices"][i]["peak_bytes"].get<double>(), b["devices"][i]["peak_bytes"].get<double>());
+  }
+}
+
+// The table's data-parallel section: each device's replicas, link, gradient bytes, all-reduce time
+// and scaling (t4x2: Kaggle's pair); --zero1 without replicas to shard over is refused.
+TEST(Cli, AdviseDataParallelSectionAndZeroOneNeedsReplicas) {
+  TempDir dir;
+  Result r = cli(cat(kAdviseTiny, {"--devices", "t4x2,tpu-v3-8,t4", "--no-max-batch"}), dir.path());
+  ASSERT_TRUE(r.exited && r.code == 0) << r.describe();
+  for (const char* s : {"Data parallel:", "REPLICAS", "LINK", "ALL-REDUCE", "SCALING", "PCIe 3.0 x16 via host", "ICI (v3)"})
+    EXPECT_NE(r.out.find(s), std::string::npos) << s << "\n" << r.out;
+  expect_clean_error(cli(cat(kAdviseTiny, {"--devices", "t4", "--zero1"}), dir.path()), "zero1 without replicas");
 }
 
 // --memory-budget: what rematerialization and micro-batches fit. A budget below batch 8's own

@@ -132,6 +132,31 @@ TEST(CostModel, RingAllReduceIsAlphaBeta) {
   EXPECT_NEAR(p.tokens_per_joule, p.tokens_per_s / 400, 1e-9);
 }
 
+// Scaling efficiency: one replica's step (no all-reduce) over the data-parallel step; ZeRO-1 moves
+// the same bytes and takes (R-1)/R of the optimizer state off each replica's footprint.
+TEST(CostModel, ScalingEfficiencyAndZeroOneMemory) {
+  DeviceSpec d = round_device();
+  Workload w;
+  w.steps = {gemm(64, 64, 64)};
+  w.tokens = 64;
+  w.grad_bytes = 1e9;
+  w.state_bytes = 2e9;        // AdamW: two moments per weight
+  w.plan.param_bytes = 3000000000;  // weights + moments (the plan's parameters)
+  const double one = step_seconds(d, w.steps[0]);
+  Prediction single = predict(d, w, {});
+  EXPECT_EQ(single.replicas, 1);
+  EXPECT_DOUBLE_EQ(single.scaling, 1.0);
+  Prediction p = predict(d, w, {.data_parallel = 4});
+  EXPECT_EQ(p.replicas, 4);
+  EXPECT_NEAR(p.scaling, one / (one + 6e-5 + 0.15), 1e-12);
+  EXPECT_NEAR(p.tokens_per_s, 4 * p.scaling * single.tokens_per_s, 1e-6);
+  EXPECT_DOUBLE_EQ(p.peak_bytes, 3e9);
+  Prediction z = predict(d, w, {.data_parallel = 4, .zero1 = true});
+  EXPECT_DOUBLE_EQ(z.peak_bytes, 3e9 - 2e9 * 3 / 4);
+  EXPECT_DOUBLE_EQ(z.comm_s, p.comm_s);
+  EXPECT_DOUBLE_EQ(predict(d, w, {.zero1 = true}).peak_bytes, 3e9) << "one replica holds all of the state";
+}
+
 TEST(Workload, GemmStepsCarryMNKFromTheCompiledPlan) {
   Tensor a = testing::random_tensor({2, 3, 5}, DType::Float32, 1), b = testing::random_tensor({2, 5, 7}, DType::Float32, 2);
   sync();
@@ -391,13 +416,20 @@ TEST(Devices, TableHasEveryDeviceWithPositiveFigures) {
     EXPECT_GT(d.power_w, 0) << d.name;
     EXPECT_FALSE(d.source.empty()) << d.name;
   }
-  for (const char* n : {"t4", "p100", "v100-16", "v100-32", "a100-40", "a100-80", "h100", "h200", "tpu-v3-core", "tpu-v3-8",
+  for (const char* n : {"t4", "t4x2", "p100", "v100-16", "v100-32", "a100-40", "a100-80", "h100", "h200", "tpu-v3-core", "tpu-v3-8",
                         "tpu-v4-chip", "tpu-v4-8"})
     EXPECT_TRUE(names.count(n)) << n;
   DeviceSpec v3 = find_device(t, "tpu-v3-core");
   EXPECT_DOUBLE_EQ(v3.mem_bytes, 16.0 * 1073741824.0);
   EXPECT_DOUBLE_EQ(v3.usable_bytes, 14.5e9);
   EXPECT_EQ(find_device(t, "tpu-v3-8").replicas, 8);
+  // Kaggle's T4 pair: the T4's figures, two replicas over PCIe through host memory.
+  DeviceSpec t4 = find_device(t, "t4"), pair = find_device(t, "t4x2");
+  EXPECT_EQ(pair.replicas, 2);
+  EXPECT_DOUBLE_EQ(pair.bf16_flops, t4.bf16_flops);
+  EXPECT_DOUBLE_EQ(pair.usable_bytes, t4.usable_bytes);
+  EXPECT_LT(pair.link_eff, t4.link_eff);
+  for (auto& d : t) EXPECT_FALSE(d.link.empty()) << d.name << ": every table device names its interconnect";
   EXPECT_THROW(find_device(t, "abacus"), Error);
 }
 

@@ -26,6 +26,7 @@ struct AdviseOptions {
   std::string dtype = "float32";
   std::string memory_budget;  // "auto": each device's usable memory; bytes: at most that much
   int64_t data_parallel = 1;
+  bool zero1 = false;
   bool json = false, validate = false, no_max_batch = false, recalibrate = false;
 };
 
@@ -41,6 +42,7 @@ struct Row {
   advise::DeviceSpec dev;
   advise::Prediction p;
   int64_t per_replica = 0, replicas = 1;
+  double grad_bytes = 0;  // all-reduced per step
   std::optional<Rewrites> rw;
 };
 
@@ -82,6 +84,27 @@ std::optional<size_t> budget_of(const AdviseOptions& o) {
   return b.bytes;
 }
 
+// Each device with more than one replica: what the all-reduce costs and the scaling it leaves.
+void print_data_parallel(const std::vector<Row>& rows, const AdviseOptions& o) {
+  if (std::none_of(rows.begin(), rows.end(), [](const Row& r) { return r.replicas > 1; })) return;
+  std::printf("\nData parallel: the gradients ring-all-reduced once per step over each device's interconnect, not overlapped "
+              "with the backward pass (an upper bound)%s.\nSCALING: one replica's step at the same per-replica batch over this "
+              "step (tokens/s = replicas x scaling x one replica's).\n",
+              o.zero1 ? "; ZeRO-1: reduce-scatter + all-gather (the same bytes), each replica holding 1/R of AdamW's moments" : "");
+  std::printf("%-12s %8s %-40s %10s %11s %6s %8s\n", "DEVICE", "REPLICAS", "LINK (PER DIRECTION, ACHIEVABLE)", "GRADIENTS",
+              "ALL-REDUCE", "SHARE", "SCALING");
+  for (auto& r : rows) {
+    if (r.replicas < 2) continue;
+    char link[96], share[16], scaling[16];
+    std::snprintf(link, sizeof link, "%s %s/s x %.2f", r.dev.link.empty() ? "link" : r.dev.link.c_str(),
+                  human_bytes(r.dev.link_bw).c_str(), r.dev.link_eff);
+    std::snprintf(share, sizeof share, "%.0f%%", r.p.step_s > 0 ? 100 * r.p.comm_s / r.p.step_s : 0.0);
+    std::snprintf(scaling, sizeof scaling, "%.0f%%", 100 * r.p.scaling);
+    std::printf("%-12s %8lld %-40s %10s %11s %6s %8s\n", r.dev.name.c_str(), (long long)r.replicas, link,
+                human_bytes(r.grad_bytes).c_str(), human_time(r.p.comm_s).c_str(), share, scaling);
+  }
+}
+
 void print_rewrites(const std::vector<Row>& rows, size_t budget, const AdviseOptions& o) {
   std::printf("\nWith the memory budget's rewrites (budget: %s):\n"
               "REMAT MAX: the largest batch run as one graph rematerialized (slowdown against that batch unbudgeted);\n"
@@ -116,7 +139,10 @@ void run_advise(const AdviseOptions& o) {
   const std::optional<size_t> budget = budget_of(o);
 
   advise::GptWorkloads works(cfg);
-  advise::Options opts{.data_parallel = int(o.data_parallel)};
+  advise::Options opts{.data_parallel = int(o.data_parallel), .zero1 = o.zero1};
+  if (o.zero1 && std::all_of(devs.begin(), devs.end(), [&](auto& d) { return o.data_parallel * d.replicas == 1; }))
+    fail("advise", "--zero1 shards the optimizer state over data-parallel replicas: give --data-parallel N (N > 1) or a board "
+         "such as tpu-v3-8 or t4x2", "");
   std::vector<Row> rows;
   for (auto& d : devs) {
     Row r;
@@ -124,9 +150,14 @@ void run_advise(const AdviseOptions& o) {
     if (budget && *budget && *budget < d.capacity_bytes()) r.dev.usable_bytes = double(*budget);
     r.replicas = o.data_parallel * d.replicas;
     r.per_replica = (o.batch + r.replicas - 1) / r.replicas;
-    r.p = advise::predict(r.dev, works.at(r.per_replica, r.dev, dtype), opts);  // the device's own plan
-    if (!o.no_max_batch) r.p.max_batch = works.max_batch(r.dev, dtype) * r.replicas;
-    if (budget) r.rw = rewrites_on(works, r.dev, r, dtype, opts);
+    const advise::Workload& w = works.at(r.per_replica, r.dev, dtype);  // the device's own plan
+    r.p = advise::predict(r.dev, w, opts);
+    r.grad_bytes = w.grad_bytes;
+    // ZeRO-1 frees (R-1)/R of the optimizer state whatever the batch: the searches see it as room.
+    advise::DeviceSpec room = r.dev;
+    if (o.zero1) room.usable_bytes = r.dev.capacity_bytes() + w.state_bytes * double(r.replicas - 1) / double(r.replicas);
+    if (!o.no_max_batch) r.p.max_batch = works.max_batch(room, dtype) * r.replicas;
+    if (budget) r.rw = rewrites_on(works, room, r, dtype, opts);
     rows.push_back(r);
   }
 
@@ -182,6 +213,7 @@ void run_advise(const AdviseOptions& o) {
     j["batch"] = o.batch;
     j["dtype"] = o.dtype;
     j["data_parallel"] = o.data_parallel;
+    j["zero1"] = o.zero1;
     j["devices"] = nlohmann::json::array();
     for (auto& r : rows)
       j["devices"].push_back({{"device", r.dev.name}, {"description", r.dev.description}, {"replicas", r.replicas},
@@ -189,7 +221,8 @@ void run_advise(const AdviseOptions& o) {
                               {"peak_bytes", r.p.peak_bytes}, {"capacity_bytes", r.p.capacity_bytes}, {"fits", r.p.fits},
                               {"max_batch", r.p.max_batch}, {"tokens_per_joule", r.p.tokens_per_joule},
                               {"bottleneck", advise::bottleneck_name(r.p.bottleneck)}, {"compute_s", r.p.compute_s},
-                              {"memory_s", r.p.memory_s}, {"launch_s", r.p.launch_s}, {"communication_s", r.p.comm_s}});
+                              {"memory_s", r.p.memory_s}, {"launch_s", r.p.launch_s}, {"communication_s", r.p.comm_s},
+                              {"link", r.dev.link}, {"gradient_bytes", r.grad_bytes}, {"scaling_efficiency", r.p.scaling}});
     for (size_t i = 0; i < rows.size(); ++i)
       if (const auto& rw = rows[i].rw)
         j["devices"][i]["rewrites"] = {{"max_batch_remat", rw->max_remat}, {"remat_slowdown", rw->remat_slowdown},
@@ -215,6 +248,7 @@ void run_advise(const AdviseOptions& o) {
                   advise::bottleneck_name(r.p.bottleneck));
     }
     std::printf("Memory is per device (replica); TPU boards run their cores data parallel (batch split across them).\n");
+    print_data_parallel(rows, o);
     if (budget) print_rewrites(rows, *budget, o);
     std::printf("\n%s\n", rec.str().c_str());
   }
@@ -249,7 +283,7 @@ void add_advise(CLI::App& app) {
   gpt->add_option("--heads", o->heads, "attention heads")->capture_default_str()->check(positive());
   gpt->add_option("--embd", o->embd, "embedding width")->capture_default_str()->check(positive());
   gpt->add_option("--vocab", o->vocab, "vocabulary size")->capture_default_str()->check(positive());
-  gpt->add_option("--devices", o->devices, "comma-separated devices (t4, p100, v100-16, v100-32, a100-40, a100-80, h100, h200, "
+  gpt->add_option("--devices", o->devices, "comma-separated devices (t4, t4x2, p100, v100-16, v100-32, a100-40, a100-80, h100, h200, "
                                            "tpu-v3-core, tpu-v3-8, tpu-v4-chip, tpu-v4-8, host, or from --device-file)")
       ->capture_default_str();
   gpt->add_option("--device-file", o->device_file, "JSON file of more devices (see src/advise/devices.cpp for the keys)");
@@ -258,6 +292,7 @@ void add_advise(CLI::App& app) {
                   "auto (each device's usable memory) or bytes (12GB): also report what rematerialization and micro-batches "
                   "fit under it and their predicted slowdown");
   gpt->add_option("--data-parallel", o->data_parallel, "devices (boards) in data parallel")->capture_default_str()->check(positive());
+  gpt->add_flag("--zero1", o->zero1, "ZeRO-1: shard AdamW's moments over the data-parallel replicas (less memory per replica, same traffic)");
   gpt->add_flag("--json", o->json, "print JSON instead of a table");
   gpt->add_flag("--validate", o->validate, "also run the step on this host and print predicted vs measured time and peak memory");
   gpt->add_flag("--no-max-batch", o->no_max_batch, "skip the search for the largest batch that fits");
