@@ -249,6 +249,24 @@ TEST(Autocast, RoundingStepsGiveExactBits) {
       ASSERT_TRUE(std::memcmp(&got[i], &want, 4) == 0 || (std::isnan(got[i]) && std::isnan(want))) << i << ": " << got[i] << " vs " << want;
     }
   }
+  // Steps the interpreter runs, ending in the rounding (GELU's erf, a softmax's Row Step, and a
+  // where() that an erf keeps in the interpreter but that passes x through, whose ties -- 1 + 2^-8
+  // to even (1), 1 + 3 * 2^-8 up -- NaN, infinity and subnormals reach the rounding as they are):
+  // the bits of the same float32 Step's result rounded on the host.
+  for (float tie : {1.00390625f, 1.01171875f, -1.00390625f, -3.0117188f, 257.0f, 65664.0f}) xs.push_back(tie);
+  xs.resize(70 * 301, 0.5f);
+  x = from_vector(xs, {70, 301});
+  auto gelu = [](const Tensor& t) { return t * 0.5 * (erf(t * 0.7071067811865476) + 1.0); };
+  auto pass = [](const Tensor& t) { return where(t > 1e30, erf(t), t); };
+  for (auto f : std::vector<std::function<Tensor(const Tensor&)>>{gelu, pass, [](const Tensor& t) { return softmax(t * 0.01, -1); }}) {
+    std::vector<float> ref = f(x).to_vector<float>();
+    std::vector<float> got = f(x).to(BF16).to_vector<float>();
+    ASSERT_EQ(got.size(), ref.size());
+    for (size_t i = 0; i < got.size(); ++i) {
+      const float want = half::bf16_to_float(half::float_to_bf16(ref[i]));
+      ASSERT_TRUE(std::memcmp(&got[i], &want, 4) == 0 || (std::isnan(got[i]) && std::isnan(want))) << i << ": " << got[i] << " vs " << want;
+    }
+  }
 }
 
 // Results are bit-identical for 1, 2 and 3 threads; the bf16 flops counter counts exactly the
