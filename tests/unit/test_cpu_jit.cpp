@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "backends/cpu/jit_x86.h"
+#include "backends/cpu/vmath.h"
 #include "kernel_ir/step.h"
 #include "tessera/tessera.h"
 #include "test_util.h"
@@ -60,6 +61,16 @@ float ref_abs(float x) { return x < 0.0f ? -x : x; }
 // contract a product and a sum of the reference into one fused multiply-add.
 [[gnu::noinline]] float mul(float x, float y) { return x * y; }
 [[gnu::noinline]] float add(float x, float y) { return x + y; }
+float vexp(float x) {
+  float r;
+  vmath::vexp(&x, &r, 1);
+  return r;
+}
+float verf(float x) {
+  float r;
+  vmath::verf(&x, &r, 1);
+  return r;
+}
 
 Instr instr(Code c) {
   Instr I;
@@ -146,6 +157,10 @@ TEST(CpuJit, EveryOpMatchesFloat32ArithmeticExactly) {
         values([&] { return where(x == y, fs(1), fs(-1)) + where(x < -0.5, fs(2), fs(-2)) + where(x >= y, fs(4), fs(-4)); }),
         values([&] { return where(xi == is(2), fs(1), fs(-1)) + where(xi > is(3), fs(2), fs(-2)) + where(xi < is(1), fs(4), fs(-4)); }),
         values([&] { return where(x > y, x, y * 2.0) - where(xi == is(0), y, x); }),
+        // exp and erf: vmath's functions (what the interpreter runs) to the bit, over the whole
+        // range (x * 10: past exp's clamps and erf's regions), specials included
+        values([&] { return exp(x * 10.0) + erf(y); }),
+        values([&] { return erf(x * 0.7) * exp(neg(y)); }),
     };
     for (int64_t i = 0; i < n; ++i) {
       const float a = xv[size_t(i)], b = yv[size_t(i)];
@@ -159,6 +174,8 @@ TEST(CpuJit, EveryOpMatchesFloat32ArithmeticExactly) {
           float((a == b ? 1 : -1) + (a < -0.5f ? 2 : -2) + (a >= b ? 4 : -4)),
           float((iv[size_t(i)] == 2 ? 1 : -1) + (iv[size_t(i)] > 3 ? 2 : -2) + (iv[size_t(i)] < 1 ? 4 : -4)),
           (a > b ? a : mul(b, 2.0f)) - (iv[size_t(i)] == 0 ? b : a),
+          add(vexp(mul(a, 10.0f)), verf(b)),
+          mul(verf(mul(a, 0.7f)), vexp(-b)),
       };
       for (size_t c = 0; c < vals.size(); ++c)
         ASSERT_TRUE(same(vals[c][size_t(i)], want[c]))
@@ -245,7 +262,11 @@ TEST(CpuJit, BuildsWhatItCoversAndNothingElse) {
 
   std::vector<Instr> with_exp = chain;
   with_exp.push_back(op(Code::Exp, 4));
-  EXPECT_EQ(build(with_exp, {5}), nullptr);  // exp stays with the interpreter
+  with_exp.push_back(op(Code::Erf, 5));
+  EXPECT_NE(build(with_exp, {6}), nullptr);  // exp and erf: vmath's, in the loop (with FMA)
+  std::vector<Instr> with_tanh = chain;
+  with_tanh.push_back(op(Code::Tanh, 4));
+  EXPECT_EQ(build(with_tanh, {5}), nullptr);  // tanh stays with the interpreter
   std::vector<Instr> f64 = {load(0), op(Code::Neg, 0)};
   f64[0].dtype = f64[1].dtype = DType::Float64;
   EXPECT_EQ(build(f64, {1}), nullptr);

@@ -13,6 +13,7 @@
 
 #include "backends/cpu/loop_dump.h"
 #include "backends/cpu/reg_alloc.h"
+#include "backends/cpu/vmath.h"
 #include "core/fail.h"
 #define TESSERA_JIT_X86 1
 #endif
@@ -48,6 +49,11 @@ bool supported(const std::vector<Instr>& prog, const std::vector<int>& results) 
         break;
       case Code::Max: case Code::Min:
         if (I.dtype == DType::Bool && dt(I.a) == DType::Bool && dt(I.b) == DType::Bool) break;
+        [[fallthrough]];
+      case Code::Exp: case Code::Erf:
+#if !defined(__FMA__)
+        return false;  // vmath's polynomials round twice per step without FMA: the interpreter runs them
+#endif
         [[fallthrough]];
       case Code::Neg: case Code::Abs: case Code::Sqrt: case Code::Floor: case Code::Ceil: case Code::Round:
       case Code::Add: case Code::Sub: case Code::Mul: case Code::Div:
@@ -127,7 +133,7 @@ class Emitter : public Xbyak::CodeGenerator {
     const bool int_lt = I.code == Code::Lt && prog()[size_t(I.a)].dtype == DType::Int32;
     switch (I.code) {
       case Code::Load: case Code::Const: return Operands{};
-      case Code::Neg: case Code::Abs: return Operands{I.a, -1};
+      case Code::Neg: case Code::Abs: case Code::Exp: case Code::Erf: return Operands{I.a, -1};
       case Code::Sqrt: case Code::Floor: case Code::Ceil: case Code::Round: return Operands{-1, I.a};
       case Code::Where: return Operands{I.c, I.b};
       default: return swap || int_lt ? Operands{I.b, I.a} : Operands{I.a, I.b};
@@ -173,6 +179,10 @@ class Emitter : public Xbyak::CodeGenerator {
       need_zero |= I.code == Code::Abs;
       need_nan |= (I.code == Code::Max || I.code == Code::Min) && I.dtype == DType::Float32;
     }
+    const bool need_exp = std::any_of(prog().begin(), prog().end(), [](const Instr& I) { return I.code == Code::Exp; });
+    const bool need_erf = std::any_of(prog().begin(), prog().end(), [](const Instr& I) { return I.code == Code::Erf; });
+    if (need_exp || need_erf) plan_math();
+    need_sign |= need_erf;
     if (need_sign) m_sign_ = in_memory(std::bit_cast<uint32_t>(-0.0f));
     if (need_zero) m_zero_ = in_memory(std::bit_cast<uint32_t>(0.0f));
     if (need_nan) m_nan_ = in_memory(std::bit_cast<uint32_t>(__builtin_nanf("")));  // the default NaN, as quiet_NaN()
@@ -189,6 +199,7 @@ class Emitter : public Xbyak::CodeGenerator {
     const bool need_temps = need_zero || need_nan;
     t0_ = need_temps || !gathers_.empty() || os > 1 ? next_++ : -1;
     t1_ = need_temps ? next_++ : -1;
+    for (int i = 0, n = need_erf ? 5 : need_exp ? 3 : 0; i < n; ++i) math_t_.push_back(next_++);
     mask_ = next_++;
     for (size_t i = 0; i < memory_.size(); ++i) memory_at_.push_back(ptr[rip + memory_label_ + int(32 * i)]);
     return next_ < kVectorRegs;
@@ -203,6 +214,18 @@ class Emitter : public Xbyak::CodeGenerator {
     std::vector<uint8_t> own(pinned_.size());
     for (size_t k = 0; k < own.size(); ++k) own[k] = !pinned_[k];
     return cpu::assign_registers(prog(), own, std::move(last), next_, kVectorRegs - next_, reg_) >= 0;
+  }
+
+  // The constants of exp and erf in memory (vmath.h's, so that the loops compute its bits).
+  void plan_math() {
+    namespace vd = vmath::detail;
+    auto f = [&](float v) { return in_memory(std::bit_cast<uint32_t>(v)); };
+    mc_.lo = f(-104.0f), mc_.hi = f(89.0f), mc_.shift = f(vd::kShift), mc_.log2e = f(vd::kLog2e);
+    mc_.ln2_hi = f(-vd::kLn2Hi), mc_.ln2_lo = f(-vd::kLn2Lo), mc_.bias = in_memory(127u);
+    for (int i = 0; i < 5; ++i) mc_.p[i] = f(vd::kExpP[i]);
+    mc_.abs = in_memory(0x7fffffffu), mc_.one = f(1.0f), mc_.four = f(4.0f), mc_.mid = f(2.5f);
+    for (int i = 0; i < 7; ++i) mc_.q[i] = f(vd::kErfQ[i]);
+    for (int i = 0; i < 8; ++i) mc_.h[i] = f(vd::kErfH[i]);
   }
 
   static int add_to(std::vector<uint32_t>& to, uint32_t v) {
@@ -342,6 +365,8 @@ class Emitter : public Xbyak::CodeGenerator {
         vblendvps(d, x, ymm(t1_), ymm(t0_));
         break;
       case Code::Sqrt: vsqrtps(d, y); break;
+      case Code::Exp: emit_exp(d, x); break;
+      case Code::Erf: emit_erf(d, x); break;
       case Code::Eq: case Code::Ne: case Code::Lt: case Code::Le: case Code::Gt: case Code::Ge:
         if (int_lanes) {  // ==, and > (< with its operands swapped)
           I.code == Code::Eq ? vpcmpeqd(d, x, y) : vpcmpgtd(d, x, y);
@@ -360,6 +385,78 @@ class Emitter : public Xbyak::CodeGenerator {
         break;
       default: break;
     }
+  }
+
+  // ---- exp and erf: vmath.h's exp1 and erf1, operation for operation (FMA as std::fma) ----
+
+  // t = x log2e + shift; k (int lanes, into kreg) = bits(t) - bits(shift); x -= kf ln2 (hi, lo):
+  // vmath's exp_reduce on r (in place), using kf.
+  void exp_reduce(const Xbyak::Ymm& r, const Xbyak::Ymm& kreg, const Xbyak::Ymm& kf) {
+    vmovaps(kreg, rm(mc_.shift));
+    vfmadd231ps(kreg, r, rm(mc_.log2e));  // t
+    vsubps(kf, kreg, rm(mc_.shift));       // kf = t - shift
+    vpsubd(kreg, kreg, rm(mc_.shift));     // k
+    vfmadd231ps(r, kf, rm(mc_.ln2_hi));
+    vfmadd231ps(r, kf, rm(mc_.ln2_lo));
+  }
+  // y = expm1_poly(r) + ... : into y, p a temporary: p = P(r) (Horner), y = r^2 p + r.
+  void expm1_poly(const Xbyak::Ymm& y, const Xbyak::Ymm& r, const Xbyak::Ymm& p) {
+    vmovaps(p, rm(mc_.p[0]));
+    for (int i = 1; i < 5; ++i) vfmadd213ps(p, r, rm(mc_.p[i]));
+    vmulps(y, r, r);
+    vfmadd213ps(y, p, r);
+  }
+  // 2^k as a float from int lanes k, in place.
+  void pow2(const Xbyak::Ymm& k) {
+    vpaddd(k, k, rm(mc_.bias));
+    vpslld(k, k, 23);
+  }
+
+  // exp1: clamp to [-104, 89] (NaN passes: vmaxps/vminps return their second operand then),
+  // reduce, the polynomial, then 2^k as 2^k1 2^k2.
+  void emit_exp(const Xbyak::Ymm& d, const Xbyak::Ymm& x) {
+    const Xbyak::Ymm &a = ymm(math_t_[0]), &b = ymm(math_t_[1]), &c = ymm(math_t_[2]);
+    vmovaps(a, rm(mc_.lo));
+    vmaxps(a, a, x);  // x < -104 ? -104 : x
+    vmovaps(b, rm(mc_.hi));
+    vminps(a, b, a);  // x > 89 ? 89 : x
+    exp_reduce(a, b, c);   // a = r, b = k
+    expm1_poly(d, a, c);   // d = y (d may be x's register: x is read)
+    vpsrad(c, b, 1);       // k1 = k >> 1
+    vpsubd(b, b, c);       // k2 = k - k1
+    pow2(c);
+    pow2(b);
+    vfmadd213ps(d, c, c);  // y s1 + s1
+    vmulps(d, d, b);       // * s2
+  }
+
+  // erf1: x + x Q(x^2) below 1, 1 - e^(-x^2 + H(x - 2.5)) from 1 (|x| clamped at 4), x's sign.
+  // x is read to the end (its sign), d written last.
+  void emit_erf(const Xbyak::Ymm& d, const Xbyak::Ymm& x) {
+    const Xbyak::Ymm &a = ymm(math_t_[0]), &b = ymm(math_t_[1]), &c = ymm(math_t_[2]), &e = ymm(math_t_[3]),
+                     &f = ymm(math_t_[4]);
+    vandps(a, x, rm(mc_.abs));  // ax
+    vmulps(b, a, a);            // z
+    vmovaps(c, rm(mc_.q[0]));
+    for (int i = 1; i < 7; ++i) vfmadd213ps(c, b, rm(mc_.q[i]));
+    vfmadd213ps(c, a, a);       // small = ax q + ax
+    vmovaps(b, rm(mc_.four));
+    vminps(a, b, a);            // xl = ax > 4 ? 4 : ax
+    vsubps(b, a, rm(mc_.mid));  // u = xl - 2.5
+    vmovaps(e, rm(mc_.h[0]));
+    for (int i = 1; i < 8; ++i) vfmadd213ps(e, b, rm(mc_.h[i]));
+    vfnmadd231ps(e, a, a);      // -xl xl + h
+    exp_reduce(e, a, b);        // e = r, a = k  (exp_normal: no clamp, 2^k in one factor)
+    expm1_poly(f, e, b);        // f = y
+    pow2(a);
+    vfmadd213ps(f, a, a);       // e^(...) = y s + s
+    vmovaps(a, rm(mc_.one));
+    vsubps(a, a, f);            // large = 1 - e^(...)
+    vandps(b, x, rm(mc_.abs));
+    vcmpps(b, b, rm(mc_.one), 1);  // ax < 1
+    vblendvps(a, a, c, b);      // ax < 1 ? small : large
+    vandps(b, x, rm(m_sign_));
+    vorps(d, a, b);             // with x's sign
   }
 
   // Float32 and int32 lanes alike: dense (a vector, masked in the tail), gathered at a stride,
@@ -442,6 +539,11 @@ class Emitter : public Xbyak::CodeGenerator {
   std::vector<int64_t> gathers_;  // the strides gathered, each one's lane offsets in register lanes_[i]
   std::vector<int> lanes_;
   int t0_ = -1, t1_ = -1, mask_ = -1, next_ = 0;
+  std::vector<int> math_t_;  // exp's (3) and erf's (5) temporaries
+  struct MathConsts {        // memory operands of exp and erf (plan_math)
+    int lo = 0, hi = 0, shift = 0, log2e = 0, ln2_hi = 0, ln2_lo = 0, bias = 0, abs = 0, one = 0, four = 0, mid = 0;
+    int p[5] = {}, q[7] = {}, h[8] = {};
+  } mc_;
   Xbyak::Label memory_label_, lanes_label_, pool_label_, table_label_;
 };
 

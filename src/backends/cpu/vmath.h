@@ -61,12 +61,14 @@ constexpr float kLn2Hi = 0x1.62e4p-1f;     // 16 significant bits: k * kLn2Hi is
 constexpr float kLn2Lo = 0x1.7f7d1cp-20f;  // ln 2 - kLn2Hi
 
 // e^r - 1 - r ~= r^2 * P(r) on |r| <= ln2/2; relative error of 1 + r + r^2 P(r) vs e^r: 2^-28.3.
+// (The coefficients, highest degree first, are shared with the native loops' exp: jit_x86.cpp.)
+constexpr float kExpP[5] = {0x1.6a20ecp-10f, 0x1.1239eep-7f, 0x1.5558f6p-5f, 0x1.555492p-3f, 0x1.fffffcp-2f};
 TESSERA_VMATH_INLINE float expm1_poly(float r) {
-  float p = 0x1.6a20ecp-10f;
-  p = fma_(p, r, 0x1.1239eep-7f);
-  p = fma_(p, r, 0x1.5558f6p-5f);
-  p = fma_(p, r, 0x1.555492p-3f);
-  p = fma_(p, r, 0x1.fffffcp-2f);
+  float p = kExpP[0];
+  p = fma_(p, r, kExpP[1]);
+  p = fma_(p, r, kExpP[2]);
+  p = fma_(p, r, kExpP[3]);
+  p = fma_(p, r, kExpP[4]);
   return fma_(r * r, p, r);
 }
 
@@ -160,28 +162,32 @@ TESSERA_VMATH_INLINE float tanh1(float x) {
 // |x| >= 1: erf(x) = 1 - e^(-x^2 + H(x)), H fitted to log(erfc(x)) + x^2, a slowly varying
 // function, as a polynomial in x - 2.5 on [1, 4] (absolute error of erf 2^-27, weighted by erfc).
 constexpr float kErfSmall = 1.0f;
+constexpr float kErfQ[7] = {0x1.496a32p-14f, -0x1.a3f7p-11f, 0x1.5405b2p-8f, -0x1.b7f90ep-6f,
+                            0x1.ce2cf8p-4f,  -0x1.81273ep-2f, 0x1.06eba8p-3f};
+constexpr float kErfH[8] = {-0x1.06c5b8p-16f, 0x1.5ca406p-14f, -0x1.afcca8p-12f, 0x1.1b1098p-9f,
+                            -0x1.6413eap-7f,  0x1.cba22ep-5f,  -0x1.6924a2p-2f,  -0x1.8e8b72p+0f};
 TESSERA_VMATH_INLINE float erf1(float x) {
   float ax = abs_(x);
   float z = ax * ax;
-  float q = 0x1.496a32p-14f;
-  q = fma_(q, z, -0x1.a3f7p-11f);
-  q = fma_(q, z, 0x1.5405b2p-8f);
-  q = fma_(q, z, -0x1.b7f90ep-6f);
-  q = fma_(q, z, 0x1.ce2cf8p-4f);
-  q = fma_(q, z, -0x1.81273ep-2f);
-  q = fma_(q, z, 0x1.06eba8p-3f);
+  float q = kErfQ[0];
+  q = fma_(q, z, kErfQ[1]);
+  q = fma_(q, z, kErfQ[2]);
+  q = fma_(q, z, kErfQ[3]);
+  q = fma_(q, z, kErfQ[4]);
+  q = fma_(q, z, kErfQ[5]);
+  q = fma_(q, z, kErfQ[6]);
   float small = fma_(ax, q, ax);
   // erf rounds to 1 from |x| = 3.9192 on; clamp at 4 (NaN passes through).
   float xl = select(ax > 4.0f, 4.0f, ax);
   float u = xl - 2.5f;
-  float h = -0x1.06c5b8p-16f;
-  h = fma_(h, u, 0x1.5ca406p-14f);
-  h = fma_(h, u, -0x1.afcca8p-12f);
-  h = fma_(h, u, 0x1.1b1098p-9f);
-  h = fma_(h, u, -0x1.6413eap-7f);
-  h = fma_(h, u, 0x1.cba22ep-5f);
-  h = fma_(h, u, -0x1.6924a2p-2f);
-  h = fma_(h, u, -0x1.8e8b72p+0f);
+  float h = kErfH[0];
+  h = fma_(h, u, kErfH[1]);
+  h = fma_(h, u, kErfH[2]);
+  h = fma_(h, u, kErfH[3]);
+  h = fma_(h, u, kErfH[4]);
+  h = fma_(h, u, kErfH[5]);
+  h = fma_(h, u, kErfH[6]);
+  h = fma_(h, u, kErfH[7]);
   float large = 1.0f - exp_normal(fma_(-xl, xl, h));
   return with_sign_of(select(ax < kErfSmall, small, large), x);
 }
