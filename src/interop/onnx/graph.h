@@ -45,6 +45,7 @@ HostVal host_of(const Tensor& t);      // reads t (a host sync)
 Tensor to_device(const HostVal& h, const Device& device);
 
 struct Plan;  // model.cpp: what tracing needs for one input signature
+struct Ctx;
 
 struct Graph {
   ::onnx::GraphProto graph;  // nodes and value names (the initializers moved to `initializers`)
@@ -59,6 +60,8 @@ struct Graph {
   // nodes' outputs; each node's inputs and outputs as slots (-1: an empty name).
   int nslots = 0;
   std::vector<std::vector<int>> node_in, node_out;
+  std::vector<const std::function<std::vector<Tensor>(Ctx&)>*> node_fn;  // each node's op
+  std::vector<int> declared_dtype;  // each input's declared dtype as int(DType); -1: none or not one Tessera has
   std::vector<int> input_slot, output_slot;
   // Host values known at load: Constant nodes' outputs and small integer initializers (these
   // are read once at load: shape arithmetic treats them as constants).

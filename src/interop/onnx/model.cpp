@@ -1,6 +1,7 @@
 // Loading a ModelProto (checked before anything runs) and running its graph: each call traces
 // the nodes in order onto Tessera's ops; initializers are the module's parameters and buffers.
 #include <algorithm>
+#include <charconv>
 #include <filesystem>
 #include <numeric>
 #include <set>
@@ -92,6 +93,16 @@ void number_slots(detail::Graph& g) {
     }
     g.node_in.push_back(std::move(in));
     g.node_out.push_back(std::move(out));
+    auto fn = detail::op_table().find(n.op_type());
+    g.node_fn.push_back(fn == detail::op_table().end() ? nullptr : &fn->second);
+  }
+  for (const auto& [elem, dims] : g.declared) {
+    int dt = -1;
+    try {
+      if (elem != 0) dt = int(detail::to_dtype(elem, ""));
+    } catch (const Error&) {  // reported, naming the input, when the model runs
+    }
+    g.declared_dtype.push_back(dt);
   }
   for (const std::string& name : g.outputs) {
     auto it = slot.find(name);
@@ -208,20 +219,22 @@ std::vector<InputSpec> Model::input_specs() const {
 }
 int64_t Model::opset() const { return g_->opset; }
 
-std::map<std::string, Tensor> Model::run_named(const std::map<std::string, Tensor>& inputs) {
-  nn::ModuleScope scope(*this);
-  const detail::Graph& g = *g_;
+namespace {
+// Runs the graph on the runtime inputs (in the graph's order; null or undefined: not given) and
+// returns the outputs in the graph's order.
+std::vector<Tensor> run_graph(detail::Graph& g, nn::Module& self, const std::vector<const Tensor*>& given) {
+  nn::ModuleScope scope(self);
   std::vector<Tensor> val(size_t(g.nslots));
   for (size_t k = 0; k < g.initializers.size(); ++k) val[k] = g.initializers[k].second;
   // The input signature: each input's dtype and shape, and the device (the plan's key).
   std::string key;
+  key.reserve(64);
   for (size_t k = 0; k < g.inputs.size(); ++k) {
     const std::string& name = g.inputs[k];
-    auto it = inputs.find(name);
-    if (it == inputs.end() || !it->second.defined()) fail("run", "input '" + name + "' is not given");
-    const Tensor& t = it->second;
+    if (!given[k] || !given[k]->defined()) fail("run", "input '" + name + "' is not given");
+    const Tensor& t = *given[k];
     const auto& [elem, dims] = g.declared[k];
-    if (elem != 0 && detail::to_dtype(elem, "run: input '" + name + "'") != t.dtype())
+    if (elem != 0 && (g.declared_dtype[k] < 0 ? detail::to_dtype(elem, "run: input '" + name + "'") : DType(g.declared_dtype[k])) != t.dtype())
       fail("run", "input '" + name + "' is " + dtype_name(t.dtype()) + ", the model declares " + detail::onnx_type_name(elem));
     bool rank_known = dims.size() != 1 || dims[0] != -2;
     bool fits = !rank_known || int64_t(dims.size()) == t.dim();
@@ -230,21 +243,22 @@ std::map<std::string, Tensor> Model::run_named(const std::map<std::string, Tenso
       fail("run", "input '" + name + "' has shape " + shape_str(t.shape()) + ", the model declares " + shape_str(dims) + " (-1: any extent)");
     val[size_t(g.input_slot[k])] = t;
     key += dtype_name(t.dtype());
-    for (int64_t d : t.shape()) key += ',' + std::to_string(d);
+    for (int64_t d : t.shape()) {
+      char buf[24];
+      auto end = std::to_chars(buf, buf + sizeof buf, d).ptr;
+      key += ',';
+      key.append(buf, end);
+    }
     key += ';';
   }
-  if (inputs.size() != g.inputs.size())
-    for (const auto& [name, t] : inputs)
-      if (std::find(g.inputs.begin(), g.inputs.end(), name) == g.inputs.end())
-        fail("run", "'" + name + "' is not an input of the model");
   Device device = g.inputs.empty() ? (g.initializers.empty() ? Device("cpu") : g.initializers[0].second.device())
                                    : val[size_t(g.input_slot[0])].device();
   key += device.str();
 
   std::shared_ptr<detail::Plan> plan;
   {
-    std::lock_guard<std::mutex> lock(g_->plans_mu);
-    if (auto it = g_->plans.find(key); it != g_->plans.end()) plan = it->second;
+    std::lock_guard<std::mutex> lock(g.plans_mu);
+    if (auto it = g.plans.find(key); it != g.plans.end()) plan = it->second;
   }
   bool building = !plan;
   std::vector<char> fixed;  // while building: values whose shape the signature fixes
@@ -266,7 +280,6 @@ std::map<std::string, Tensor> Model::run_named(const std::map<std::string, Tenso
     return t;
   };
 
-  const auto& table = detail::op_table();
   for (int k = 0; k < g.graph.node_size(); ++k) {
     if (p.skip[size_t(k)]) continue;
     const auto& n = g.graph.node(k);
@@ -322,7 +335,7 @@ std::map<std::string, Tensor> Model::run_named(const std::map<std::string, Tenso
           continue;
         }
       }
-      out = table.at(n.op_type())(c);
+      out = (*g.node_fn[size_t(k)])(c);
     } catch (const Error& e) {
       std::string msg = e.what();
       if (msg.rfind("onnx: ", 0) == 0) throw;
@@ -342,18 +355,34 @@ std::map<std::string, Tensor> Model::run_named(const std::map<std::string, Tenso
     }
     if (building && n.op_type() == "Constant") p.skip[size_t(k)] = 1;
   }
-  std::map<std::string, Tensor> result;
+  std::vector<Tensor> result;
   for (size_t k = 0; k < g.outputs.size(); ++k) {
     int slot = g.output_slot[k];
     if (slot >= 0 && !val[size_t(slot)].defined() && p.made[size_t(slot)].defined()) val[size_t(slot)] = p.made[size_t(slot)];
     if (slot >= 0 && !val[size_t(slot)].defined() && p.host[size_t(slot)]) val[size_t(slot)] = made(slot);
     if (slot < 0 || !val[size_t(slot)].defined()) fail("run", "graph output '" + g.outputs[k] + "' is produced by no node");
-    result[g.outputs[k]] = val[size_t(slot)];
+    result.push_back(val[size_t(slot)]);
   }
   if (building) {
-    std::lock_guard<std::mutex> lock(g_->plans_mu);
-    g_->plans.emplace(key, plan);
+    std::lock_guard<std::mutex> lock(g.plans_mu);
+    g.plans.emplace(key, plan);
   }
+  return result;
+}
+}  // namespace
+
+std::map<std::string, Tensor> Model::run_named(const std::map<std::string, Tensor>& inputs) {
+  for (const auto& [name, t] : inputs)
+    if (std::find(g_->inputs.begin(), g_->inputs.end(), name) == g_->inputs.end())
+      fail("run", "'" + name + "' is not an input of the model");
+  std::vector<const Tensor*> given;
+  for (const std::string& name : g_->inputs) {
+    auto it = inputs.find(name);
+    given.push_back(it == inputs.end() ? nullptr : &it->second);
+  }
+  std::vector<Tensor> out = run_graph(*g_, *this, given);
+  std::map<std::string, Tensor> result;
+  for (size_t k = 0; k < out.size(); ++k) result[g_->outputs[k]] = out[k];
   return result;
 }
 
@@ -365,12 +394,9 @@ size_t Model::cached_signatures() const {
 std::vector<Tensor> Model::run(const std::vector<Tensor>& inputs) {
   if (inputs.size() != g_->inputs.size())
     fail("run", "the model takes " + std::to_string(g_->inputs.size()) + " inputs, got " + std::to_string(inputs.size()));
-  std::map<std::string, Tensor> named;
-  for (size_t k = 0; k < inputs.size(); ++k) named[g_->inputs[k]] = inputs[k];
-  std::map<std::string, Tensor> out = run_named(named);
-  std::vector<Tensor> v;
-  for (const std::string& name : g_->outputs) v.push_back(out.at(name));
-  return v;
+  std::vector<const Tensor*> given;
+  for (const Tensor& t : inputs) given.push_back(&t);
+  return run_graph(*g_, *this, given);
 }
 
 Tensor Model::forward(const Tensor& x) {
