@@ -369,6 +369,31 @@ TEST(OnnxImport, ShapeArithmeticIsFoldedOnTheHostOncePerSignature) {
   EXPECT_EQ(m->cached_signatures(), 2u);
 }
 
+// Outputs that are folded values or constants come from tensors the plan makes once: each call
+// returns its own copy, so changing one in place leaves later calls' results as they were.
+TEST(OnnxImport, FoldedAndConstantOutputsAreFreshEachCall) {
+  TempDir d;
+  Builder b;
+  b.input("x", {-1, 3});
+  b.node("Shape", {"x"}, {"s"});
+  int_constant(b, "c", {7, 8}, {2});
+  b.output("s");
+  b.output("c");
+  b.g->mutable_output(0)->mutable_type()->mutable_tensor_type()->set_elem_type(::onnx::TensorProto::INT64);
+  b.g->mutable_output(1)->mutable_type()->mutable_tensor_type()->set_elem_type(::onnx::TensorProto::INT64);
+  auto m = tessera::onnx::load(b.save(d.path / "consts.onnx"));
+  NoGradGuard no_grad;
+  for (int call = 0; call < 3; ++call) {
+    std::vector<Tensor> y = m->run({zeros({5, 3})});
+    ASSERT_EQ(y.size(), 2u);
+    EXPECT_EQ(y[0].to_vector<int64_t>(), (std::vector<int64_t>{5, 3})) << "call " << call;
+    EXPECT_EQ(y[1].to_vector<int64_t>(), (std::vector<int64_t>{7, 8})) << "call " << call;
+    y[0].add_(100.0);
+    y[1].add_(100.0);
+    EXPECT_EQ(y[0].to_vector<int64_t>(), (std::vector<int64_t>{105, 103}));
+  }
+}
+
 TEST(OnnxImport, InitializersAreTrainableParameters) {
   TempDir d;
   auto w1 = random_floats(15, 1), b1 = random_floats(5, 2), w2 = random_floats(10, 3), b2 = random_floats(2, 4), xv = random_floats(12, 5);

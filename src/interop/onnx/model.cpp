@@ -358,8 +358,10 @@ std::vector<Tensor> run_graph(detail::Graph& g, nn::Module& self, const std::vec
   std::vector<Tensor> result;
   for (size_t k = 0; k < g.outputs.size(); ++k) {
     int slot = g.output_slot[k];
-    if (slot >= 0 && !val[size_t(slot)].defined() && p.made[size_t(slot)].defined()) val[size_t(slot)] = p.made[size_t(slot)];
-    if (slot >= 0 && !val[size_t(slot)].defined() && p.host[size_t(slot)]) val[size_t(slot)] = made(slot);
+    // An output the plan made once (a constant, a folded value) is returned as a copy, so that
+    // in-place changes to it cannot reach later calls.
+    if (slot >= 0 && (p.made[size_t(slot)].defined() || (!val[size_t(slot)].defined() && p.host[size_t(slot)])))
+      val[size_t(slot)] = made(slot).clone();
     if (slot < 0 || !val[size_t(slot)].defined()) fail("run", "graph output '" + g.outputs[k] + "' is produced by no node");
     result.push_back(val[size_t(slot)]);
   }
