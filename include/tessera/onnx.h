@@ -54,8 +54,8 @@ class Model : public nn::Module {
   std::vector<Tensor> run(const std::vector<Tensor>& inputs);
   std::map<std::string, Tensor> run_named(const std::map<std::string, Tensor>& inputs);
   Tensor forward(const Tensor& x) override;  // models with one input and one output
-  // Input signatures (dtypes, shapes, device) seen so far: each has a plan of the shape
-  // arithmetic folded on the host, so a repeated signature only traces the tensor nodes.
+  // Input signatures (dtypes, shapes, device) kept (the latest 256): each has a plan of the
+  // shape arithmetic folded on the host, so a repeated signature only traces the tensor nodes.
   size_t cached_signatures() const;
 
  private:

@@ -392,6 +392,10 @@ TEST(OnnxImport, FoldedAndConstantOutputsAreFreshEachCall) {
     y[1].add_(100.0);
     EXPECT_EQ(y[0].to_vector<int64_t>(), (std::vector<int64_t>{105, 103}));
   }
+  // At most 256 signatures keep a plan: the oldest go first.
+  for (int64_t batch = 1; batch <= 300; ++batch) m->run({zeros({batch, 3})});
+  EXPECT_EQ(m->cached_signatures(), 256u);
+  EXPECT_EQ(m->run({zeros({2, 3})})[0].to_vector<int64_t>(), (std::vector<int64_t>{2, 3}));  // dropped, made again
 }
 
 TEST(OnnxImport, InitializersAreTrainableParameters) {

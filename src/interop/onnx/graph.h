@@ -66,9 +66,12 @@ struct Graph {
   // Host values known at load: Constant nodes' outputs and small integer initializers (these
   // are read once at load: shape arithmetic treats them as constants).
   std::map<int, std::shared_ptr<const HostVal>> constants;
-  // One plan per input signature (dtypes, shapes, device), made on its first call.
+  // One plan per input signature (dtypes, shapes, device), made on its first call; at most
+  // kMaxPlans are kept, the oldest dropped first (`plan_order`: keys in the order made).
+  static constexpr size_t kMaxPlans = 256;
   std::mutex plans_mu;
   std::map<std::string, std::shared_ptr<Plan>> plans;
+  std::vector<std::string> plan_order;
 };
 
 // How errors name a node: 'name', or #k (its index in the graph) when it has no name.

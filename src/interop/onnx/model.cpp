@@ -367,7 +367,13 @@ std::vector<Tensor> run_graph(detail::Graph& g, nn::Module& self, const std::vec
   }
   if (building) {
     std::lock_guard<std::mutex> lock(g.plans_mu);
-    g.plans.emplace(key, plan);
+    if (g.plans.emplace(key, plan).second) {
+      g.plan_order.push_back(key);
+      if (g.plan_order.size() > detail::Graph::kMaxPlans) {
+        g.plans.erase(g.plan_order.front());
+        g.plan_order.erase(g.plan_order.begin());
+      }
+    }
   }
   return result;
 }
