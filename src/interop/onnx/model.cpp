@@ -220,6 +220,29 @@ std::vector<InputSpec> Model::input_specs() const {
 int64_t Model::opset() const { return g_->opset; }
 
 namespace {
+// While a plan is made: whether node `c` folds on the host (its outputs' values into `hv`, or
+// already in the plan): Shape/Size of a value whose shape the signature fixes (`in_fixed`), a
+// Constant read at load, and shape arithmetic on host values (fold.cpp).
+bool fold_node(detail::Ctx& c, const std::vector<int>& ins, const std::vector<int>& outs, bool in_fixed, const detail::Plan& p,
+               std::vector<detail::HostVal>& hv) {
+  const std::string& op = c.node.op_type();
+  if ((op == "Shape" || op == "Size") && in_fixed && !ins.empty() && ins[0] >= 0) {
+    const Shape& s = c.hin[0] ? c.hin[0]->shape : c.in[0].shape();
+    if (op == "Size") {
+      hv.push_back({DType::Int64, {}, {std::accumulate(s.begin(), s.end(), int64_t(1), std::multiplies<>())}, {}});
+      return true;
+    }
+    int64_t r = int64_t(s.size()), b = c.i("start", 0), e = c.i("end", r);
+    b = std::clamp<int64_t>(b < 0 ? b + r : b, 0, r);
+    e = std::clamp<int64_t>(e < 0 ? e + r : e, 0, r);
+    std::vector<int64_t> v(s.begin() + b, s.begin() + std::max(b, e));
+    hv.push_back({DType::Int64, {int64_t(v.size())}, v, {}});
+    return true;
+  }
+  if (op == "Constant") return outs.size() == 1 && outs[0] >= 0 && p.host[size_t(outs[0])];  // its value was read at load
+  return detail::fold(c, hv);
+}
+
 // Runs the graph on the runtime inputs (in the graph's order; null or undefined: not given) and
 // returns the outputs in the graph's order.
 std::vector<Tensor> run_graph(detail::Graph& g, nn::Module& self, const std::vector<const Tensor*>& given) {
@@ -306,27 +329,8 @@ std::vector<Tensor> run_graph(detail::Graph& g, nn::Module& self, const std::vec
       if (building) {
         // Fold on the host: Shape/Size of a value whose shape the signature fixes, and shape
         // arithmetic on host values (fold.cpp). Its outputs are host values from now on.
-        const std::string& op = n.op_type();
         std::vector<detail::HostVal> hv;
-        bool folded = false;
-        if ((op == "Shape" || op == "Size") && in_fixed && !ins.empty() && ins[0] >= 0) {
-          const Shape& s = c.hin[0] ? c.hin[0]->shape : c.in[0].shape();
-          if (op == "Size") {
-            hv.push_back({DType::Int64, {}, {std::accumulate(s.begin(), s.end(), int64_t(1), std::multiplies<>())}, {}});
-          } else {
-            int64_t r = int64_t(s.size()), b = c.i("start", 0), e = c.i("end", r);
-            b = std::clamp<int64_t>(b < 0 ? b + r : b, 0, r);
-            e = std::clamp<int64_t>(e < 0 ? e + r : e, 0, r);
-            std::vector<int64_t> v(s.begin() + b, s.begin() + std::max(b, e));
-            hv.push_back({DType::Int64, {int64_t(v.size())}, v, {}});
-          }
-          folded = true;
-        } else if (op == "Constant" && outs.size() == 1 && outs[0] >= 0 && p.host[size_t(outs[0])]) {
-          folded = true;  // its value was read at load
-        } else if (op != "Constant") {
-          folded = detail::fold(c, hv);
-        }
-        if (folded) {
+        if (fold_node(c, ins, outs, in_fixed, p, hv)) {
           for (size_t j = 0; j < hv.size() && j < outs.size(); ++j)
             if (outs[j] >= 0) p.host[size_t(outs[j])] = std::make_shared<const detail::HostVal>(std::move(hv[j]));
           for (int slot : outs)
