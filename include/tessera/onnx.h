@@ -48,11 +48,15 @@ class Model : public nn::Module {
   const std::vector<std::string>& output_names() const;
   int64_t opset() const;  // the default domain's version the model was exported at
   // Runs the graph: inputs in input_names() order (or by name); outputs in output_names() order.
-  // Shape operands (Reshape's shape, Slice's starts, ...) computed from inputs are read on the
-  // host here, before the rest is traced.
+  // Shape operands (Reshape's shape, Slice's starts, ...) computed from the input shapes and
+  // constants are folded on the host (no graph run); ones computed from input values are read
+  // back from the device here, before the rest is traced.
   std::vector<Tensor> run(const std::vector<Tensor>& inputs);
   std::map<std::string, Tensor> run_named(const std::map<std::string, Tensor>& inputs);
   Tensor forward(const Tensor& x) override;  // models with one input and one output
+  // Input signatures (dtypes, shapes, device) kept (the latest 256): each has a plan of the
+  // shape arithmetic folded on the host, so a repeated signature only traces the tensor nodes.
+  size_t cached_signatures() const;
 
  private:
   std::shared_ptr<detail::Graph> g_;

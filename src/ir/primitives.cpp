@@ -39,7 +39,8 @@ const Shape& need_shape(In a, const char* op) {
   int64_t n = 1;
   for (int64_t d : *a.shape) {
     if (d < 0) fail(op, "negative extent in shape " + shape_str(*a.shape));
-    n = mul_extents(n, d, op, "shape " + shape_str(*a.shape));
+    // The message is built only on overflow: this runs for every node traced.
+    if (__builtin_mul_overflow(n, d, &n)) fail(op, "extent overflows 64 bits: shape " + shape_str(*a.shape));
   }
   return *a.shape;
 }

@@ -5,8 +5,12 @@ MLP from the exported weights:
   mlp          Linear-ReLU-Linear
   cnn          Conv-BatchNorm(eval, non-trivial running statistics)-ReLU-MaxPool-Flatten-Linear
   transformer  a pre-norm block: causal self-attention (4 heads) and an erf-GELU MLP
-usage: export_torch.py OUT_DIR [--dynamic-batch]   (Debian's python3-torch; exits 3 when torch is missing)
---dynamic-batch: the input's and output's first dimension is the dynamic `batch` (bench/onnx_vs_ort.sh)"""
+usage: export_torch.py OUT_DIR [--dynamic-batch] [--bench-size]   (Debian's python3-torch; exits 3 when torch is missing)
+--dynamic-batch: the input's and output's first dimension is the dynamic `batch` (bench/onnx_vs_ort.sh)
+--bench-size: also the benchmark-size models (bench/onnx_vs_ort.sh):
+  cnn_large          the project's SmallCNN on 28x28 (conv 32 -> ReLU -> pool -> conv 64 -> ReLU ->
+                     pool -> linear 128 -> ReLU -> linear 10), with a BatchNorm after each conv
+  transformer_large  the block above at GPT width: d 128, 4 heads, 64 positions"""
 import math
 import sys
 
@@ -64,6 +68,16 @@ cnn[1].weight.data.uniform_(0.5, 1.5)
 cnn[1].bias.data.uniform_(-0.5, 0.5)
 export("cnn", cnn, torch.randn(2, 1, 8, 8))
 export("transformer", Block(), torch.randn(2, 6, 16))
+if "--bench-size" in sys.argv[2:]:
+    cnn_large = torch.nn.Sequential(torch.nn.Conv2d(1, 32, 3, padding=1), torch.nn.BatchNorm2d(32), torch.nn.ReLU(),
+                                    torch.nn.MaxPool2d(2), torch.nn.Conv2d(32, 64, 3, padding=1), torch.nn.BatchNorm2d(64),
+                                    torch.nn.ReLU(), torch.nn.MaxPool2d(2), torch.nn.Flatten(), torch.nn.Linear(64 * 7 * 7, 128),
+                                    torch.nn.ReLU(), torch.nn.Linear(128, 10))
+    for bn in (cnn_large[1], cnn_large[5]):
+        bn.running_mean.uniform_(-0.5, 0.5)
+        bn.running_var.uniform_(0.5, 2.0)
+    export("cnn_large", cnn_large, torch.randn(2, 1, 28, 28))
+    export("transformer_large", Block(d=128, heads=4, seq=64), torch.randn(2, 64, 128))
 
 # Fine-tuning the exported MLP: 10 SGD steps (lr 0.1) on the mean squared error to a target.
 x, target = torch.from_numpy(np.load(f"{out}/mlp_x.npy")), torch.randn(5, 4)

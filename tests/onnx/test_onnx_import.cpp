@@ -281,6 +281,123 @@ TEST(OnnxImport, DynamicBatchHitsTheCompileCachePerExtent) {
   EXPECT_EQ(compiled_by(7), 0);
 }
 
+// An int64 Constant node.
+void int_constant(Builder& b, const std::string& out, const std::vector<int64_t>& v, const Shape& dims) {
+  auto* n = b.node("Constant", {}, {out});
+  auto* a = n->add_attribute();
+  a->set_name("value");
+  a->set_type(::onnx::AttributeProto::TENSOR);
+  auto* t = a->mutable_t();
+  t->set_data_type(::onnx::TensorProto::INT64);
+  for (int64_t d : dims) t->add_dims(d);
+  for (int64_t x : v) t->add_int64_data(x);
+}
+
+int64_t graph_runs() { return metrics().cache_hits + metrics().graphs_compiled; }
+
+// Shape arithmetic as a dynamic-batch export writes it (Shape, Gather, Unsqueeze, Concat, Mul,
+// Range, Cast) is folded on the host: once a signature has been seen, a call traces only the
+// tensor nodes, runs one graph (its result) and reads nothing back; each batch is its own
+// signature (bucket) and compiles once.
+TEST(OnnxImport, ShapeArithmeticIsFoldedOnTheHostOncePerSignature) {
+  TempDir d;
+  Builder b;
+  b.input("x", {-1, 6});
+  b.node("Shape", {"x"}, {"s"});
+  int_constant(b, "zero", {0}, {});
+  int_constant(b, "one", {1}, {});
+  int_constant(b, "two", {2}, {});
+  int_constant(b, "axes0", {0}, {1});
+  int_constant(b, "axes1", {1}, {1});
+  int_constant(b, "dims23", {2, 3}, {2});
+  int_constant(b, "dim3", {3}, {1});
+  b.node("Gather", {"s", "zero"}, {"batch"});                        // scalar
+  b.node("Unsqueeze", {"batch", "axes0"}, {"batch1"});               // [1]
+  auto int_attr = [](::onnx::NodeProto* n, const char* name, int64_t v) {
+    auto* a = n->add_attribute();
+    a->set_name(name);
+    a->set_type(::onnx::AttributeProto::INT);
+    a->set_i(v);
+  };
+  int_attr(b.node("Concat", {"batch1", "dims23"}, {"shape_y"}), "axis", 0);
+  b.node("Reshape", {"x", "shape_y"}, {"y"});                        // [batch, 2, 3]
+  b.node("Mul", {"batch1", "two"}, {"rows"});
+  int_attr(b.node("Concat", {"rows", "dim3"}, {"shape_y2"}), "axis", 0);
+  b.node("Reshape", {"x", "shape_y2"}, {"y2"});                      // [2 batch, 3]
+  b.node("Range", {"zero", "batch", "one"}, {"r"});                  // 0 .. batch-1
+  int_attr(b.node("Cast", {"r"}, {"rf"}), "to", ::onnx::TensorProto::FLOAT);
+  b.node("Unsqueeze", {"rf", "axes1"}, {"rcol"});                    // [batch, 1]
+  b.node("Add", {"x", "rcol"}, {"z"});                               // x[i, j] + i
+  b.output("y");
+  b.output("y2");
+  b.output("z");
+  auto m = tessera::onnx::load(b.save(d.path / "shapes.onnx"));
+  NoGradGuard no_grad;
+  for (int64_t batch : {3, 5}) {
+    std::vector<float> xv(size_t(batch * 6));
+    for (size_t i = 0; i < xv.size(); ++i) xv[i] = float(i) * 0.5f;
+    Tensor x = from_vector(xv, {batch, 6});
+    tessera::sync();
+    std::vector<Tensor> first = m->run({x});
+    tessera::sync();
+    for (int call = 0; call < 3; ++call) {
+      int64_t runs = graph_runs(), syncs = metrics().host_syncs, compiled = metrics().graphs_compiled;
+      std::vector<Tensor> y = m->run({x});
+      EXPECT_EQ(graph_runs(), runs) << "tracing ran a graph (batch " << batch << ")";
+      tessera::sync();
+      EXPECT_EQ(graph_runs() - runs, 1) << "batch " << batch;
+      EXPECT_EQ(metrics().host_syncs - syncs, 0) << "batch " << batch;
+      EXPECT_EQ(metrics().graphs_compiled - compiled, 0) << "batch " << batch;
+      ASSERT_EQ(y[0].shape(), (Shape{batch, 2, 3}));
+      ASSERT_EQ(y[1].shape(), (Shape{2 * batch, 3}));
+      ASSERT_EQ(y[2].shape(), (Shape{batch, 6}));
+      EXPECT_EQ(y[0].to_vector<float>(), xv);
+      EXPECT_EQ(y[1].to_vector<float>(), xv);
+      std::vector<float> want(xv);
+      for (size_t i = 0; i < want.size(); ++i) want[i] += float(int64_t(i) / 6);
+      EXPECT_EQ(y[2].to_vector<float>(), want);
+      for (size_t k = 0; k < 3; ++k) EXPECT_EQ(y[k].to_vector<float>(), first[k].to_vector<float>());
+    }
+  }
+  EXPECT_EQ(m->cached_signatures(), 2u);
+  // Batch 3 again: its plan and its compiled graph are both still there.
+  int64_t compiled = metrics().graphs_compiled, syncs = metrics().host_syncs;
+  m->run({zeros({3, 6})});
+  tessera::sync();
+  EXPECT_EQ(metrics().graphs_compiled - compiled, 0);
+  EXPECT_EQ(metrics().host_syncs - syncs, 0);
+  EXPECT_EQ(m->cached_signatures(), 2u);
+}
+
+// Outputs that are folded values or constants come from tensors the plan makes once: each call
+// returns its own copy, so changing one in place leaves later calls' results as they were.
+TEST(OnnxImport, FoldedAndConstantOutputsAreFreshEachCall) {
+  TempDir d;
+  Builder b;
+  b.input("x", {-1, 3});
+  b.node("Shape", {"x"}, {"s"});
+  int_constant(b, "c", {7, 8}, {2});
+  b.output("s");
+  b.output("c");
+  b.g->mutable_output(0)->mutable_type()->mutable_tensor_type()->set_elem_type(::onnx::TensorProto::INT64);
+  b.g->mutable_output(1)->mutable_type()->mutable_tensor_type()->set_elem_type(::onnx::TensorProto::INT64);
+  auto m = tessera::onnx::load(b.save(d.path / "consts.onnx"));
+  NoGradGuard no_grad;
+  for (int call = 0; call < 3; ++call) {
+    std::vector<Tensor> y = m->run({zeros({5, 3})});
+    ASSERT_EQ(y.size(), 2u);
+    EXPECT_EQ(y[0].to_vector<int64_t>(), (std::vector<int64_t>{5, 3})) << "call " << call;
+    EXPECT_EQ(y[1].to_vector<int64_t>(), (std::vector<int64_t>{7, 8})) << "call " << call;
+    y[0].add_(100.0);
+    y[1].add_(100.0);
+    EXPECT_EQ(y[0].to_vector<int64_t>(), (std::vector<int64_t>{105, 103}));
+  }
+  // At most 256 signatures keep a plan: the oldest go first.
+  for (int64_t batch = 1; batch <= 300; ++batch) m->run({zeros({batch, 3})});
+  EXPECT_EQ(m->cached_signatures(), 256u);
+  EXPECT_EQ(m->run({zeros({2, 3})})[0].to_vector<int64_t>(), (std::vector<int64_t>{2, 3}));  // dropped, made again
+}
+
 TEST(OnnxImport, InitializersAreTrainableParameters) {
   TempDir d;
   auto w1 = random_floats(15, 1), b1 = random_floats(5, 2), w2 = random_floats(10, 3), b2 = random_floats(2, 4), xv = random_floats(12, 5);
@@ -524,6 +641,20 @@ TEST(OnnxTorch, ExportedModelsMatchPyTorchAndFineTuneAlike) {
       Tensor got = m->forward(io::load_npy(path(std::string(name) + "_x.npy"), Device(dev)));
       ASSERT_EQ(got.shape(), want.shape()) << name << " on " << dev;
       EXPECT_LE(normalized(got, want), 1e-5) << name << " on " << dev;
+      // The export computes its reshapes' shapes with Shape/Gather/Unsqueeze/Concat nodes:
+      // folded on the host, a repeated call runs one graph and reads nothing back (before the
+      // folding: 29 graph runs and 34 host syncs per call for the transformer block).
+      NoGradGuard no_grad;
+      Tensor x = io::load_npy(path(std::string(name) + "_x.npy"), Device(dev));
+      Tensor first = m->forward(x);
+      tessera::sync();
+      int64_t runs = graph_runs(), syncs = metrics().host_syncs, compiled = metrics().graphs_compiled;
+      Tensor again = m->forward(x);
+      tessera::sync();
+      EXPECT_EQ(graph_runs() - runs, 1) << name << " on " << dev;
+      EXPECT_EQ(metrics().host_syncs - syncs, 0) << name << " on " << dev;
+      EXPECT_EQ(metrics().graphs_compiled - compiled, 0) << name << " on " << dev;
+      EXPECT_EQ(again.to(Device("cpu")).to_vector<float>(), first.to(Device("cpu")).to_vector<float>()) << name << " on " << dev;
     }
   // The CNN keeps its BatchNormalization (exported without folding): its running statistics
   // are buffers, its scale and shift parameters.

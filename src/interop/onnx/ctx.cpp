@@ -39,20 +39,34 @@ std::vector<double> Ctx::floats(const std::string& name, std::vector<double> def
   return a ? std::vector<double>(a->floats().begin(), a->floats().end()) : def;
 }
 
-const Tensor& Ctx::input(size_t k) const {
+const Tensor& Ctx::input(size_t k) {
   if (!has_input(k)) fail("input " + std::to_string(k) + " is required");
+  if (in.size() <= k) in.resize(k + 1);
+  if (!in[k].defined()) in[k] = materialize ? materialize(k) : to_device(*hin[k], device);
   return in[k];
 }
 
-std::vector<int64_t> Ctx::ints_input(size_t k) const {
+std::vector<int64_t> Ctx::ints_input(size_t k) {
+  if (k < hin.size() && hin[k]) {  // known on the host: no device read
+    const HostVal& h = *hin[k];
+    if (h.floating() || h.dtype == DType::Bool) fail("shape operand " + std::to_string(k) + " must be int32/int64, got " + dtype_name(h.dtype));
+    if (h.shape.size() > 1) fail("shape operand " + std::to_string(k) + " must be a scalar or 1-D, got " + shape_str(h.shape));
+    return h.i;
+  }
   const Tensor& t = input(k);
   if (!is_integral(t.dtype())) fail("shape operand " + std::to_string(k) + " must be int32/int64, got " + dtype_name(t.dtype()));
   if (t.dim() > 1) fail("shape operand " + std::to_string(k) + " must be a scalar or 1-D, got " + shape_str(t.shape()));
+  device_read = true;
   return t.to(DType::Int64).to_vector<int64_t>();
 }
 
-std::vector<double> Ctx::doubles_input(size_t k) const {
+std::vector<double> Ctx::doubles_input(size_t k) {
+  if (k < hin.size() && hin[k]) {
+    const HostVal& h = *hin[k];
+    return h.floating() ? h.f : std::vector<double>(h.i.begin(), h.i.end());
+  }
   const Tensor& t = input(k);
+  device_read = true;
   return t.to(DType::Float64).to_vector<double>();
 }
 

@@ -1,7 +1,9 @@
 // Loading a ModelProto (checked before anything runs) and running its graph: each call traces
 // the nodes in order onto Tessera's ops; initializers are the module's parameters and buffers.
 #include <algorithm>
+#include <charconv>
 #include <filesystem>
+#include <numeric>
 #include <set>
 
 #include "interop/onnx/graph.h"
@@ -66,7 +68,62 @@ std::string shapes(const std::vector<Tensor>& in) {
   return "[" + s + "]";
 }
 
+// Numbers every value (slots), so a run indexes vectors instead of looking names up. A node's
+// input that no earlier node, initializer or graph input produces is kNoSlot (its error is raised
+// when the node runs, as before).
+constexpr int kEmpty = -1, kNoSlot = -2;
+void number_slots(detail::Graph& g) {
+  std::map<std::string, int> slot;
+  for (const auto& [name, t] : g.initializers) slot[name] = g.nslots++;
+  for (const std::string& name : g.inputs)
+    if (!slot.count(name)) slot[name] = g.nslots++;
+  for (const auto& n : g.graph.node()) {
+    std::vector<int> in, out;
+    for (const std::string& name : n.input()) {
+      auto it = slot.find(name);
+      in.push_back(name.empty() ? kEmpty : it == slot.end() ? kNoSlot : it->second);
+    }
+    for (const std::string& name : n.output()) {
+      if (name.empty()) {
+        out.push_back(kEmpty);
+        continue;
+      }
+      auto it = slot.find(name);
+      out.push_back(it != slot.end() ? it->second : (slot[name] = g.nslots++));
+    }
+    g.node_in.push_back(std::move(in));
+    g.node_out.push_back(std::move(out));
+    auto fn = detail::op_table().find(n.op_type());
+    g.node_fn.push_back(fn == detail::op_table().end() ? nullptr : &fn->second);
+  }
+  for (const auto& [elem, dims] : g.declared) {
+    int dt = -1;
+    try {
+      if (elem != 0) dt = int(detail::to_dtype(elem, ""));
+    } catch (const Error&) {  // reported, naming the input, when the model runs
+    }
+    g.declared_dtype.push_back(dt);
+  }
+  for (const std::string& name : g.outputs) {
+    auto it = slot.find(name);
+    g.output_slot.push_back(it == slot.end() ? kNoSlot : it->second);
+  }
+  for (const std::string& name : g.inputs) g.input_slot.push_back(slot.at(name));
+}
+
 }  // namespace
+
+namespace detail {
+// What tracing needs for one input signature (dtypes, shapes, device), made by its first call:
+// the values folded on the host, the tensors made once (host values an op takes as a tensor,
+// Constant nodes' outputs), and the nodes a call skips because their outputs are all there.
+struct Plan {
+  std::vector<std::shared_ptr<const HostVal>> host;  // per slot
+  std::vector<Tensor> made;                          // per slot
+  std::vector<char> skip;                            // per node
+  std::mutex mu;                                     // guards `made` on calls after the first
+};
+}  // namespace detail
 
 std::vector<std::string> supported_ops() {
   std::vector<std::string> v;
@@ -110,6 +167,7 @@ std::shared_ptr<Model> load(const std::string& path, const LoadOptions& o) {
   for (const auto& v : m.graph().output()) g->outputs.push_back(v.name());
   m.mutable_graph()->clear_initializer();
   g->graph = std::move(*m.mutable_graph());
+  number_slots(*g);
   return std::make_shared<Model>(std::move(g));
 }
 
@@ -123,6 +181,25 @@ Model::Model(std::shared_ptr<detail::Graph> g) : nn::Module("onnx.Model"), g_(st
   for (auto& [name, t] : g_->initializers) {
     bool statistic = stats.count(name) && !other.count(name);
     t = is_floating(t.dtype()) && !statistic ? register_parameter(name, t) : register_buffer(name, t);
+  }
+  // Host values for shape arithmetic: small integer initializers (read once, here) and the
+  // Constant nodes' values (a Constant the tracer refuses is left to fail when it runs).
+  for (size_t k = 0; k < g_->initializers.size(); ++k) {
+    const Tensor& t = g_->initializers[k].second;
+    if (!is_floating(t.dtype()) && detail::host_dtype(t.dtype()) && t.numel() <= 64)
+      g_->constants[int(k)] = std::make_shared<const detail::HostVal>(detail::host_of(t));
+  }
+  const auto& table = detail::op_table();
+  for (int k = 0; k < g_->graph.node_size(); ++k) {
+    const auto& n = g_->graph.node(k);
+    if (n.op_type() != "Constant" || n.output_size() != 1 || g_->node_out[size_t(k)][0] < 0) continue;
+    try {
+      detail::Ctx c{n, k, g_->opset, Device("cpu"), {}, {}, {}};
+      Tensor t = table.at("Constant")(c).at(0);
+      if (detail::host_dtype(t.dtype()) && t.numel() <= detail::kHostMax)
+        g_->constants[g_->node_out[size_t(k)][0]] = std::make_shared<const detail::HostVal>(detail::host_of(t));
+    } catch (const Error&) {
+    }
   }
 }
 
@@ -142,75 +219,196 @@ std::vector<InputSpec> Model::input_specs() const {
 }
 int64_t Model::opset() const { return g_->opset; }
 
-std::map<std::string, Tensor> Model::run_named(const std::map<std::string, Tensor>& inputs) {
-  nn::ModuleScope scope(*this);
-  std::map<std::string, Tensor> env;
-  for (const auto& [name, t] : g_->initializers) env[name] = t;
-  for (size_t k = 0; k < g_->inputs.size(); ++k) {
-    const std::string& name = g_->inputs[k];
-    auto it = inputs.find(name);
-    if (it == inputs.end() || !it->second.defined()) fail("run", "input '" + name + "' is not given");
-    const Tensor& t = it->second;
-    const auto& [elem, dims] = g_->declared[k];
-    if (elem != 0 && detail::to_dtype(elem, "run: input '" + name + "'") != t.dtype())
+namespace {
+// While a plan is made: whether node `c` folds on the host (its outputs' values into `hv`, or
+// already in the plan): Shape/Size of a value whose shape the signature fixes (`in_fixed`), a
+// Constant read at load, and shape arithmetic on host values (fold.cpp).
+bool fold_node(detail::Ctx& c, const std::vector<int>& ins, const std::vector<int>& outs, bool in_fixed, const detail::Plan& p,
+               std::vector<detail::HostVal>& hv) {
+  const std::string& op = c.node.op_type();
+  if ((op == "Shape" || op == "Size") && in_fixed && !ins.empty() && ins[0] >= 0) {
+    const Shape& s = c.hin[0] ? c.hin[0]->shape : c.in[0].shape();
+    if (op == "Size") {
+      hv.push_back({DType::Int64, {}, {std::accumulate(s.begin(), s.end(), int64_t(1), std::multiplies<>())}, {}});
+      return true;
+    }
+    int64_t r = int64_t(s.size()), b = c.i("start", 0), e = c.i("end", r);
+    b = std::clamp<int64_t>(b < 0 ? b + r : b, 0, r);
+    e = std::clamp<int64_t>(e < 0 ? e + r : e, 0, r);
+    std::vector<int64_t> v(s.begin() + b, s.begin() + std::max(b, e));
+    hv.push_back({DType::Int64, {int64_t(v.size())}, v, {}});
+    return true;
+  }
+  if (op == "Constant") return outs.size() == 1 && outs[0] >= 0 && p.host[size_t(outs[0])];  // its value was read at load
+  return detail::fold(c, hv);
+}
+
+// Runs the graph on the runtime inputs (in the graph's order; null or undefined: not given) and
+// returns the outputs in the graph's order.
+std::vector<Tensor> run_graph(detail::Graph& g, nn::Module& self, const std::vector<const Tensor*>& given) {
+  nn::ModuleScope scope(self);
+  std::vector<Tensor> val(size_t(g.nslots));
+  for (size_t k = 0; k < g.initializers.size(); ++k) val[k] = g.initializers[k].second;
+  // The input signature: each input's dtype and shape, and the device (the plan's key).
+  std::string key;
+  key.reserve(64);
+  for (size_t k = 0; k < g.inputs.size(); ++k) {
+    const std::string& name = g.inputs[k];
+    if (!given[k] || !given[k]->defined()) fail("run", "input '" + name + "' is not given");
+    const Tensor& t = *given[k];
+    const auto& [elem, dims] = g.declared[k];
+    if (elem != 0 && (g.declared_dtype[k] < 0 ? detail::to_dtype(elem, "run: input '" + name + "'") : DType(g.declared_dtype[k])) != t.dtype())
       fail("run", "input '" + name + "' is " + dtype_name(t.dtype()) + ", the model declares " + detail::onnx_type_name(elem));
     bool rank_known = dims.size() != 1 || dims[0] != -2;
     bool fits = !rank_known || int64_t(dims.size()) == t.dim();
     for (size_t d = 0; fits && rank_known && d < dims.size(); ++d) fits = dims[d] < 0 || dims[d] == t.size(int64_t(d));
     if (!fits)
       fail("run", "input '" + name + "' has shape " + shape_str(t.shape()) + ", the model declares " + shape_str(dims) + " (-1: any extent)");
-    env[name] = t;
-  }
-  for (const auto& [name, t] : inputs)
-    if (std::find(g_->inputs.begin(), g_->inputs.end(), name) == g_->inputs.end())
-      fail("run", "'" + name + "' is not an input of the model");
-  Device device = g_->inputs.empty() ? (g_->initializers.empty() ? Device("cpu") : g_->initializers[0].second.device())
-                                     : env[g_->inputs[0]].device();
-  const auto& table = detail::op_table();
-  for (int k = 0; k < g_->graph.node_size(); ++k) {
-    const auto& n = g_->graph.node(k);
-    detail::Ctx c{n, k, g_->opset, device, {}};
-    for (const std::string& name : n.input()) {
-      if (name.empty()) {
-        c.in.emplace_back();
-        continue;
-      }
-      auto it = env.find(name);
-      if (it == env.end()) c.fail("its input '" + name + "' is produced by no earlier node, initializer or graph input");
-      c.in.push_back(it->second);
+    val[size_t(g.input_slot[k])] = t;
+    key += dtype_name(t.dtype());
+    for (int64_t d : t.shape()) {
+      char buf[24];
+      auto end = std::to_chars(buf, buf + sizeof buf, d).ptr;
+      key += ',';
+      key.append(buf, end);
     }
+    key += ';';
+  }
+  Device device = g.inputs.empty() ? (g.initializers.empty() ? Device("cpu") : g.initializers[0].second.device())
+                                   : val[size_t(g.input_slot[0])].device();
+  key += device.str();
+
+  std::shared_ptr<detail::Plan> plan;
+  {
+    std::lock_guard<std::mutex> lock(g.plans_mu);
+    if (auto it = g.plans.find(key); it != g.plans.end()) plan = it->second;
+  }
+  bool building = !plan;
+  std::vector<char> fixed;  // while building: values whose shape the signature fixes
+  if (building) {
+    plan = std::make_shared<detail::Plan>();
+    plan->host.resize(size_t(g.nslots));
+    plan->made.resize(size_t(g.nslots));
+    plan->skip.assign(size_t(g.graph.node_size()), 0);
+    for (const auto& [slot, h] : g.constants) plan->host[size_t(slot)] = h;
+    fixed.assign(size_t(g.nslots), 0);
+    for (size_t k = 0; k < g.initializers.size(); ++k) fixed[k] = 1;
+    for (int slot : g.input_slot) fixed[size_t(slot)] = 1;
+  }
+  detail::Plan& p = *plan;
+  auto made = [&](int slot) -> Tensor {  // a host value as a tensor on the device, made once per plan
+    std::lock_guard<std::mutex> lock(p.mu);
+    Tensor& t = p.made[size_t(slot)];
+    if (!t.defined()) t = detail::to_device(*p.host[size_t(slot)], device);
+    return t;
+  };
+
+  for (int k = 0; k < g.graph.node_size(); ++k) {
+    if (p.skip[size_t(k)]) continue;
+    const auto& n = g.graph.node(k);
+    const std::vector<int>& ins = g.node_in[size_t(k)];
+    const std::vector<int>& outs = g.node_out[size_t(k)];
+    detail::Ctx c{n, k, g.opset, device, {}, {}, {}};
+    c.in.resize(ins.size());
+    c.hin.resize(ins.size(), nullptr);
+    bool in_fixed = true;
+    for (size_t j = 0; j < ins.size(); ++j) {
+      int slot = ins[j];
+      if (slot == kEmpty) continue;
+      if (slot != kNoSlot) {
+        c.hin[j] = p.host[size_t(slot)].get();
+        c.in[j] = val[size_t(slot)].defined() ? val[size_t(slot)] : p.made[size_t(slot)];
+      }
+      if (slot == kNoSlot || (!c.in[j].defined() && !c.hin[j]))
+        c.fail("its input '" + n.input(int(j)) + "' is produced by no earlier node, initializer or graph input");
+      if (building) in_fixed = in_fixed && (c.hin[j] || fixed[size_t(slot)]);
+    }
+    c.materialize = [&](size_t j) { return made(ins[j]); };
     std::vector<Tensor> out;
     try {
-      out = table.at(n.op_type())(c);
+      if (building) {
+        // Fold on the host: Shape/Size of a value whose shape the signature fixes, and shape
+        // arithmetic on host values (fold.cpp). Its outputs are host values from now on.
+        std::vector<detail::HostVal> hv;
+        if (fold_node(c, ins, outs, in_fixed, p, hv)) {
+          for (size_t j = 0; j < hv.size() && j < outs.size(); ++j)
+            if (outs[j] >= 0) p.host[size_t(outs[j])] = std::make_shared<const detail::HostVal>(std::move(hv[j]));
+          for (int slot : outs)
+            if (slot >= 0) fixed[size_t(slot)] = 1, val[size_t(slot)] = Tensor();
+          p.skip[size_t(k)] = 1;
+          continue;
+        }
+      }
+      out = (*g.node_fn[size_t(k)])(c);
     } catch (const Error& e) {
       std::string msg = e.what();
       if (msg.rfind("onnx: ", 0) == 0) throw;
-      c.fail(std::string(msg) + " (inputs " + shapes(c.in) + ")");
+      std::vector<Tensor> shown = c.in;
+      for (size_t j = 0; j < shown.size(); ++j)
+        if (!shown[j].defined() && c.hin[j]) shown[j] = zeros(c.hin[j]->shape, {c.hin[j]->dtype, Device("cpu")});
+      c.fail(std::string(msg) + " (inputs " + shapes(shown) + ")");
     }
-    for (int k = 0; k < n.output_size(); ++k) {
-      if (n.output(k).empty()) continue;
-      if (size_t(k) >= out.size() || !out[k].defined()) c.fail("output " + std::to_string(k) + " ('" + n.output(k) + "') is not supported");
-      env[n.output(k)] = out[k];
+    for (size_t j = 0; j < outs.size(); ++j) {
+      if (outs[j] < 0) continue;
+      if (j >= out.size() || !out[j].defined()) c.fail("output " + std::to_string(j) + " ('" + n.output(int(j)) + "') is not supported");
+      val[size_t(outs[j])] = out[j];
+      if (building) {
+        fixed[size_t(outs[j])] = in_fixed && !c.device_read;
+        if (n.op_type() == "Constant") p.made[size_t(outs[j])] = out[j];  // made once: later calls skip the node
+      }
     }
+    if (building && n.op_type() == "Constant") p.skip[size_t(k)] = 1;
   }
-  std::map<std::string, Tensor> result;
-  for (const std::string& name : g_->outputs) {
-    auto it = env.find(name);
-    if (it == env.end()) fail("run", "graph output '" + name + "' is produced by no node");
-    result[name] = it->second;
+  std::vector<Tensor> result;
+  for (size_t k = 0; k < g.outputs.size(); ++k) {
+    int slot = g.output_slot[k];
+    // An output the plan made once (a constant, a folded value) is returned as a copy, so that
+    // in-place changes to it cannot reach later calls.
+    if (slot >= 0 && (p.made[size_t(slot)].defined() || (!val[size_t(slot)].defined() && p.host[size_t(slot)])))
+      val[size_t(slot)] = made(slot).clone();
+    if (slot < 0 || !val[size_t(slot)].defined()) fail("run", "graph output '" + g.outputs[k] + "' is produced by no node");
+    result.push_back(val[size_t(slot)]);
+  }
+  if (building) {
+    std::lock_guard<std::mutex> lock(g.plans_mu);
+    if (g.plans.emplace(key, plan).second) {
+      g.plan_order.push_back(key);
+      if (g.plan_order.size() > detail::Graph::kMaxPlans) {
+        g.plans.erase(g.plan_order.front());
+        g.plan_order.erase(g.plan_order.begin());
+      }
+    }
   }
   return result;
+}
+}  // namespace
+
+std::map<std::string, Tensor> Model::run_named(const std::map<std::string, Tensor>& inputs) {
+  for (const auto& [name, t] : inputs)
+    if (std::find(g_->inputs.begin(), g_->inputs.end(), name) == g_->inputs.end())
+      fail("run", "'" + name + "' is not an input of the model");
+  std::vector<const Tensor*> given;
+  for (const std::string& name : g_->inputs) {
+    auto it = inputs.find(name);
+    given.push_back(it == inputs.end() ? nullptr : &it->second);
+  }
+  std::vector<Tensor> out = run_graph(*g_, *this, given);
+  std::map<std::string, Tensor> result;
+  for (size_t k = 0; k < out.size(); ++k) result[g_->outputs[k]] = out[k];
+  return result;
+}
+
+size_t Model::cached_signatures() const {
+  std::lock_guard<std::mutex> lock(g_->plans_mu);
+  return g_->plans.size();
 }
 
 std::vector<Tensor> Model::run(const std::vector<Tensor>& inputs) {
   if (inputs.size() != g_->inputs.size())
     fail("run", "the model takes " + std::to_string(g_->inputs.size()) + " inputs, got " + std::to_string(inputs.size()));
-  std::map<std::string, Tensor> named;
-  for (size_t k = 0; k < inputs.size(); ++k) named[g_->inputs[k]] = inputs[k];
-  std::map<std::string, Tensor> out = run_named(named);
-  std::vector<Tensor> v;
-  for (const std::string& name : g_->outputs) v.push_back(out.at(name));
-  return v;
+  std::vector<const Tensor*> given;
+  for (const Tensor& t : inputs) given.push_back(&t);
+  return run_graph(*g_, *this, given);
 }
 
 Tensor Model::forward(const Tensor& x) {

@@ -255,7 +255,19 @@ void add_math_ops(OpTable& t) {
   t["Sub"] = binary(sub);
   t["Mul"] = binary(mul);
   t["Div"] = binary(int_div);
-  t["Pow"] = [](Ctx& c) { return Ts{cast(pow(c.input(0), c.input(1)), c.input(0).dtype())}; };
+  // A constant exponent of 1 or 2 (LayerNorm's variance in PyTorch's exports) is x or x * x,
+  // exactly what pow gives, without pow's exp/log evaluation.
+  t["Pow"] = [](Ctx& c) {
+    const Tensor& x = c.input(0);
+    if (c.hin.size() > 1 && c.hin[1] && c.hin[1]->numel() == 1 && is_floating(x.dtype())) {
+      const HostVal& e = *c.hin[1];
+      double v = e.floating() ? e.f[0] : double(e.i[0]);
+      Shape s = broadcast_shapes(x.shape(), e.shape, "Pow");
+      if (s == x.shape() && v == 2) return Ts{x * x};
+      if (s == x.shape() && v == 1) return Ts{x};
+    }
+    return Ts{cast(pow(x, c.input(1)), x.dtype())};
+  };
   t["Mod"] = [](Ctx& c) { return Ts{mod_(c)}; };
   t["Equal"] = binary(eq);
   t["Greater"] = binary(gt);
