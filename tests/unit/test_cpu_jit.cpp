@@ -22,6 +22,7 @@
 
 #include "backends/cpu/jit_x86.h"
 #include "backends/cpu/vmath.h"
+#include "core/half.h"
 #include "kernel_ir/step.h"
 #include "tessera/tessera.h"
 #include "test_util.h"
@@ -38,7 +39,8 @@ namespace {
 std::vector<float> special_values(int64_t n) {
   const float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
   std::vector<float> v = {0.0f, -0.0f, 1.0f, -1.0f, 0.5f, -0.5f, 1.5f, -1.5f, 2.5f, -2.5f, inf, -inf, nan, -nan,
-                          1e-40f, -1e-40f, 3.4e38f, -3.4e38f, 0.125f, 7.0f};
+                          1e-40f, -1e-40f, 3.4e38f, -3.4e38f, 0.125f, 7.0f,
+                          1.00390625f, 1.01171875f, -1.00390625f};  // bfloat16 ties: to even (1), up, to even
   uint32_t s = 12345;
   while (int64_t(v.size()) < n) {
     s = s * 1664525u + 1013904223u;
@@ -66,6 +68,7 @@ float vexp(float x) {
   vmath::vexp(&x, &r, 1);
   return r;
 }
+float bf16(float x) { return half::bf16_to_float(half::float_to_bf16(x)); }
 float verf(float x) {
   float r;
   vmath::verf(&x, &r, 1);
@@ -161,6 +164,8 @@ TEST(CpuJit, EveryOpMatchesFloat32ArithmeticExactly) {
         // range (x * 10: past exp's clamps and erf's regions), specials included
         values([&] { return exp(x * 10.0) + erf(y); }),
         values([&] { return erf(x * 0.7) * exp(neg(y)); }),
+        // rounded to bfloat16 and back inside a program (autocast's gradients reaching AdamW)
+        values([&] { return x.to(DType::BFloat16).to(DType::Float32) * 2.0 + (y * 3.0).to(DType::BFloat16).to(DType::Float32); }),
     };
     for (int64_t i = 0; i < n; ++i) {
       const float a = xv[size_t(i)], b = yv[size_t(i)];
@@ -176,6 +181,7 @@ TEST(CpuJit, EveryOpMatchesFloat32ArithmeticExactly) {
           (a > b ? a : mul(b, 2.0f)) - (iv[size_t(i)] == 0 ? b : a),
           add(vexp(mul(a, 10.0f)), verf(b)),
           mul(verf(mul(a, 0.7f)), vexp(-b)),
+          add(mul(bf16(a), 2.0f), bf16(mul(b, 3.0f))),
       };
       for (size_t c = 0; c < vals.size(); ++c)
         ASSERT_TRUE(same(vals[c][size_t(i)], want[c]))

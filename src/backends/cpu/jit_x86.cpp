@@ -47,6 +47,10 @@ bool supported(const std::vector<Instr>& prog, const std::vector<int>& results) 
       case Code::Where:
         if (!lanes32(I.dtype) || dt(I.a) != DType::Bool || dt(I.b) != I.dtype || dt(I.c) != I.dtype) return false;
         break;
+      case Code::Cast:  // a float32 value rounded to bfloat16 (held as float32 lanes), and back
+        if (!((I.dtype == DType::BFloat16 && dt(I.a) == DType::Float32) || (I.dtype == DType::Float32 && dt(I.a) == DType::BFloat16)))
+          return false;
+        break;
       case Code::Max: case Code::Min:
         if (I.dtype == DType::Bool && dt(I.a) == DType::Bool && dt(I.b) == DType::Bool) break;
         [[fallthrough]];
@@ -133,7 +137,7 @@ class Emitter : public Xbyak::CodeGenerator {
     const bool int_lt = I.code == Code::Lt && prog()[size_t(I.a)].dtype == DType::Int32;
     switch (I.code) {
       case Code::Load: case Code::Const: return Operands{};
-      case Code::Neg: case Code::Abs: case Code::Exp: case Code::Erf: return Operands{I.a, -1};
+      case Code::Neg: case Code::Abs: case Code::Exp: case Code::Erf: case Code::Cast: return Operands{I.a, -1};
       case Code::Sqrt: case Code::Floor: case Code::Ceil: case Code::Round: return Operands{-1, I.a};
       case Code::Where: return Operands{I.c, I.b};
       default: return swap || int_lt ? Operands{I.b, I.a} : Operands{I.a, I.b};
@@ -181,7 +185,13 @@ class Emitter : public Xbyak::CodeGenerator {
     }
     const bool need_exp = std::any_of(prog().begin(), prog().end(), [](const Instr& I) { return I.code == Code::Exp; });
     const bool need_erf = std::any_of(prog().begin(), prog().end(), [](const Instr& I) { return I.code == Code::Erf; });
+    const bool need_round = std::any_of(prog().begin(), prog().end(), [](const Instr& I) {
+      return I.code == Code::Cast && I.dtype == DType::BFloat16;
+    });
     if (need_exp || need_erf) plan_math();
+    if (need_round) {
+      mc_.lsb = in_memory(1u), mc_.half = in_memory(0x7fffu), mc_.quiet = in_memory(0x400000u), mc_.top = in_memory(0xffff0000u);
+    }
     need_sign |= need_erf;
     if (need_sign) m_sign_ = in_memory(std::bit_cast<uint32_t>(-0.0f));
     if (need_zero) m_zero_ = in_memory(std::bit_cast<uint32_t>(0.0f));
@@ -199,7 +209,7 @@ class Emitter : public Xbyak::CodeGenerator {
     const bool need_temps = need_zero || need_nan;
     t0_ = need_temps || !gathers_.empty() || os > 1 ? next_++ : -1;
     t1_ = need_temps ? next_++ : -1;
-    for (int i = 0, n = need_erf ? 5 : need_exp ? 3 : 0; i < n; ++i) math_t_.push_back(next_++);
+    for (int i = 0, n = need_erf ? 5 : need_exp ? 3 : need_round ? 2 : 0; i < n; ++i) math_t_.push_back(next_++);
     mask_ = next_++;
     for (size_t i = 0; i < memory_.size(); ++i) memory_at_.push_back(ptr[rip + memory_label_ + int(32 * i)]);
     return next_ < kVectorRegs;
@@ -366,6 +376,10 @@ class Emitter : public Xbyak::CodeGenerator {
         break;
       case Code::Sqrt: vsqrtps(d, y); break;
       case Code::Exp: emit_exp(d, x); break;
+      case Code::Cast:
+        if (I.dtype == DType::BFloat16) emit_round_bf16(d, x);
+        else if (d.getIdx() != x.getIdx()) vmovaps(d, x);  // bfloat16 lanes are float32 already
+        break;
       case Code::Erf: emit_erf(d, x); break;
       case Code::Eq: case Code::Ne: case Code::Lt: case Code::Le: case Code::Gt: case Code::Ge:
         if (int_lanes) {  // ==, and > (< with its operands swapped)
@@ -459,6 +473,21 @@ class Emitter : public Xbyak::CodeGenerator {
     vorps(d, a, b);             // with x's sign
   }
 
+  // A float32 value rounded to bfloat16, kept in float32 lanes (low 16 bits clear): half.h's
+  // float_to_bf16 then bf16_to_float, to nearest even, a NaN quieted. x is read to the end.
+  void emit_round_bf16(const Xbyak::Ymm& d, const Xbyak::Ymm& x) {
+    const Xbyak::Ymm &a = ymm(math_t_[0]), &b = ymm(math_t_[1]);
+    vcmpps(b, x, x, 3);          // NaN lanes
+    vpsrld(a, x, 16);
+    vpand(a, a, rm(mc_.lsb));
+    vpaddd(a, a, rm(mc_.half));
+    vpaddd(a, a, x);             // u + 0x7fff + the kept part's lowest bit
+    vblendvps(a, a, x, b);       // NaN: u itself,
+    vandps(b, b, rm(mc_.quiet));
+    vorps(a, a, b);              // quieted
+    vandps(d, a, rm(mc_.top));
+  }
+
   // Float32 and int32 lanes alike: dense (a vector, masked in the tail), gathered at a stride,
   // or broadcast (already in its register).
   void load(int k, bool masked) {
@@ -539,9 +568,10 @@ class Emitter : public Xbyak::CodeGenerator {
   std::vector<int64_t> gathers_;  // the strides gathered, each one's lane offsets in register lanes_[i]
   std::vector<int> lanes_;
   int t0_ = -1, t1_ = -1, mask_ = -1, next_ = 0;
-  std::vector<int> math_t_;  // exp's (3) and erf's (5) temporaries
+  std::vector<int> math_t_;  // exp's (3), erf's (5) and the bfloat16 rounding's (2) temporaries
   struct MathConsts {        // memory operands of exp and erf (plan_math)
     int lo = 0, hi = 0, shift = 0, log2e = 0, ln2_hi = 0, ln2_lo = 0, bias = 0, abs = 0, one = 0, four = 0, mid = 0;
+    int lsb = 0, half = 0, quiet = 0, top = 0;  // bfloat16 rounding
     int p[5] = {}, q[7] = {}, h[8] = {};
   } mc_;
   Xbyak::Label memory_label_, lanes_label_, pool_label_, table_label_;

@@ -67,7 +67,9 @@ bool available();
 
 // The loop for `spec`, or null when the program is outside what is built here: float32 and int32
 // loads and constants; neg, abs, sqrt, floor, ceil, round, add, sub, mul, div, max, min of
-// float32; exp and erf of float32 where the build has FMA (vmath.h's, operation for operation); comparisons (of float32, or ==, <, > of int32) read by where, by each other's max
+// float32; exp and erf of float32 where the build has FMA (vmath.h's, operation for operation);
+// casts of float32 to bfloat16 and back (the value kept rounded in float32 lanes; not loaded or
+// stored as bfloat16); comparisons (of float32, or ==, <, > of int32) read by where, by each other's max
 // (or) and min (and); where of float32 or int32; float32 and int32 results; strides below 2^24;
 // within 16 vector registers.
 std::unique_ptr<Loop> build(const Spec& spec);
