@@ -1,5 +1,7 @@
 #include "backends/cpu/row_loops.h"
 
+#include <immintrin.h>
+
 #include <atomic>
 #include <cmath>
 #include <cstdlib>
@@ -31,25 +33,89 @@ int64_t row_stride(const kir::View& v, const Shape& dom, size_t first) {
   return per < 0 ? 0 : per;
 }
 
-// The part of `prog` that computes `targets`, each reduction read as a broadcast load of its
-// value (red[k]: instruction k's reduction number, or -1), as a native loop.
+// run_max(a, n, -inf) (common.h), its bits exactly: lane j of the vector is its accumulator j
+// (x > m ? x : m is vmaxps(x, m), NaN included), then the same scalar tail and final fold.
+float row_max(const float* a, int64_t n) {
+#if defined(__AVX2__)
+  if (n >= 16) {
+    __m256 m = _mm256_set1_ps(-std::numeric_limits<float>::infinity()), nan = _mm256_setzero_ps();
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+      const __m256 x = _mm256_loadu_ps(a + i);
+      m = _mm256_max_ps(x, m);
+      nan = _mm256_or_ps(nan, _mm256_cmp_ps(x, x, _CMP_UNORD_Q));
+    }
+    alignas(32) float acc[8];
+    _mm256_store_ps(acc, m);
+    bool any_nan = _mm256_movemask_ps(nan) != 0;
+    for (int j = 0; i < n; ++i, ++j) {
+      const float x = a[i];
+      acc[j] = x > acc[j] ? x : acc[j];
+      any_nan |= x != x;
+    }
+    if (any_nan) return std::numeric_limits<float>::quiet_NaN();
+    float r = acc[0];
+    for (int j = 1; j < 8; ++j) r = acc[j] > r ? acc[j] : r;
+    return r;
+  }
+#endif
+  return run_max(a, n, -std::numeric_limits<float>::infinity());
+}
+
+constexpr int kStash = 1 << 24;  // RowPart::srcs: kStash + i is stash buffer i
+
+// Which values later parts read from a row buffer instead of computing them again (a softmax's
+// exp): per instruction, the part that computes and stores it (avail) and its buffer (stash, -1:
+// none). Float32/int32 values computed by a part (not loads or constants) and needed by a later
+// one. `targets`: per part, what it computes (empty: a reduction read in place).
+int plan_stash(const std::vector<Instr>& prog, const std::vector<int>& red, const std::vector<uint8_t>& wide,
+               const std::vector<std::vector<int>>& targets, std::vector<int>& avail, std::vector<int>& stash) {
+  const size_t n = prog.size();
+  avail.assign(n, -1), stash.assign(n, -1);
+  int nstash = 0;
+  for (size_t p = 0; p < targets.size(); ++p) {
+    std::vector<uint8_t> need(n, 0);
+    for (int t : targets[p]) need[size_t(t)] = 1;
+    for (size_t k = n; k-- > 0;) {
+      if (!need[k] || red[k] >= 0) continue;
+      if (avail[k] >= 0) {  // computed by an earlier part: read back
+        if (stash[k] < 0) stash[k] = nstash++;
+        continue;
+      }
+      for (int o : {prog[k].a, prog[k].b, prog[k].c})
+        if (o >= 0) need[size_t(o)] = 1;
+    }
+    for (size_t k = 0; k < n; ++k)
+      if (need[k] && red[k] < 0 && avail[k] < 0 && prog[k].code != Code::Load && prog[k].code != Code::Const &&
+          lanes32(prog[k].dtype) && !wide[k])
+        avail[k] = int(p);
+  }
+  return nstash;
+}
+
+// Part p of `prog`: computes `targets` and stores the values later parts read back (plan_stash),
+// each reduction read as a broadcast load of its value (red[k]: instruction k's reduction
+// number, or -1) and each value an earlier part stored as a dense load of its buffer.
 bool build_part(RowPart& part, const std::vector<Instr>& prog, const std::vector<int>& red,
-                const std::vector<int64_t>& per, const std::vector<int>& targets) {
+                const std::vector<int64_t>& per, const std::vector<int>& avail, const std::vector<int>& stash, int p,
+                const std::vector<int>& targets) {
   std::vector<uint8_t> need(prog.size(), 0);
+  auto leaf = [&](size_t k) { return red[k] >= 0 || (stash[k] >= 0 && avail[k] != p); };
   for (int t : targets) need[size_t(t)] = 1;
   for (size_t k = prog.size(); k-- > 0;)
-    if (need[k] && red[k] < 0)
+    if (need[k] && !leaf(k))
       for (int o : {prog[k].a, prog[k].b, prog[k].c})
         if (o >= 0) need[size_t(o)] = 1;
   std::vector<Instr> sub;
   std::vector<int64_t> stride;
-  std::vector<int> src, at(prog.size(), -1);
+  std::vector<int> src, at(prog.size(), -1), results;
   for (size_t k = 0; k < prog.size(); ++k) {
     if (!need[k]) continue;
     at[k] = int(sub.size());
-    if (red[k] >= 0) {
-      sub.push_back(Instr::load(-1, DType::Float32, {}));
-      stride.push_back(0), src.push_back(-1 - red[k]);
+    if (leaf(k)) {
+      const bool r = red[k] >= 0;
+      sub.push_back(Instr::load(-1, r ? DType::Float32 : prog[k].dtype, {}));
+      stride.push_back(r ? 0 : 1), src.push_back(r ? -1 - red[k] : kStash + stash[k]);
       continue;
     }
     Instr I = prog[k];
@@ -59,13 +125,15 @@ bool build_part(RowPart& part, const std::vector<Instr>& prog, const std::vector
     stride.push_back(I.code == Code::Load ? per[k] : 0);
     src.push_back(I.code == Code::Load ? int(k) : 0);
     sub.push_back(std::move(I));
+    if (stash[k] >= 0 && avail[k] == p) part.stores.push_back(stash[k]), results.push_back(at[k]);
   }
   part.prog = std::move(sub);
   jit::Spec spec;
   spec.prog = &part.prog;
   spec.stride = stride;
   for (int t : targets) spec.results.push_back(at[size_t(t)]);
-  spec.early.assign(targets.size(), 1);  // outputs never overlap inputs (run_row_loops checks)
+  spec.results.insert(spec.results.end(), results.begin(), results.end());
+  spec.early.assign(spec.results.size(), 1);  // outputs never overlap inputs (run_row_loops checks)
   part.loop = jit::build(spec);
   if (!part.loop) return false;
   for (int l : part.loop->loads()) part.srcs.push_back(src[size_t(l)]);
@@ -121,26 +189,29 @@ std::unique_ptr<RowLoops> build_row_loops(const Step& st) {
       reds.push_back(int(k));
     }
   }
-  for (int k : reds) {
-    RowPart part;
-    const Instr& I = prog[size_t(k)];
-    part.max = I.code == Code::RowMax;
-    const Instr& A = prog[size_t(I.a)];
-    if (A.code == Code::Load && A.dtype == DType::Float32 && per[size_t(I.a)] == 1) part.in_place = I.a;
-    else if (red[size_t(I.a)] >= 0 || !build_part(part, prog, red, per, {I.a})) return nullptr;
-    rl->parts.push_back(std::move(part));
-  }
+  // Per part: its targets (a reduction's operand; the results), or none (read in place).
   const std::vector<int> results = results_of(st);
-  std::vector<int> targets;
+  std::vector<std::vector<int>> targets;
+  rl->parts.resize(reds.size() + 1);
+  for (size_t i = 0; i < reds.size(); ++i) {
+    const Instr& I = prog[size_t(reds[i])];
+    const Instr& A = prog[size_t(I.a)];
+    rl->parts[i].max = I.code == Code::RowMax;
+    if (red[size_t(I.a)] >= 0) return nullptr;
+    if (A.code == Code::Load && A.dtype == DType::Float32 && per[size_t(I.a)] == 1) rl->parts[i].in_place = I.a, targets.push_back({});
+    else targets.push_back({I.a});
+  }
+  targets.emplace_back();
   for (int r : results) {
     if (!lanes32(prog[size_t(r)].dtype)) return nullptr;
     rl->result_red.push_back(red[size_t(r)]);
-    if (red[size_t(r)] < 0) targets.push_back(r);
+    if (red[size_t(r)] < 0) targets.back().push_back(r);
   }
   if (st.dtype != prog.back().dtype) return nullptr;
-  RowPart last;
-  if (!targets.empty() && !build_part(last, prog, red, per, targets)) return nullptr;
-  rl->parts.push_back(std::move(last));
+  std::vector<int> avail, stash;
+  rl->nstash = plan_stash(prog, red, rl->wide, targets, avail, stash);
+  for (size_t i = 0; i < targets.size(); ++i)
+    if (!targets[i].empty() && !build_part(rl->parts[i], prog, red, per, avail, stash, int(i), targets[i])) return nullptr;
   return rl;
 }
 
@@ -183,65 +254,87 @@ bool run_row_loops(const RowLoops& rl, const Step& st, const LaunchArgs& args) {
       if (lo < hi && outs[j] < end) return false;
   }
   const RowPart& fin = rl.parts.back();
-  const size_t nred = rl.parts.size() - 1;
-  const int64_t rows_per_tile = std::max<int64_t>(1, kTile / row), ntiles = (nrows + rows_per_tile - 1) / rows_per_tile;
+  const size_t nred = rl.parts.size() - 1, nbuf = nres + 1 + size_t(rl.nstash);
+  const int64_t rpt = std::max<int64_t>(1, kTile / row), ntiles = (nrows + rpt - 1) / rpt;
+  const size_t last = rl.outer.empty() ? 0 : rl.outer.size() - 1;
+  // Bytes each load moves from one row to the next along the last outer dim.
+  std::vector<int64_t> row_step(prog.size(), 0);
+  for (size_t k = 0; k < prog.size(); ++k)
+    if (base[k] && !rl.outer.empty()) row_step[k] = rl.outer_strides[k][last] * 4;
 #pragma omp parallel for schedule(static) if (total >= kParallelMin && ntiles > 1)
   for (int64_t t = 0; t < ntiles; ++t) {
-    thread_local std::vector<float> buf;
-    if (buf.size() < size_t(row) * (nres + 1)) buf.resize(size_t(row) * (nres + 1));
-    float red[64];
-    std::vector<float> reds(nred);
-    float* rv = nred <= 64 ? red : reds.data();
+    // Per tile: buffer 0 (a reduction's operand), the per-row results, the stored values, each
+    // rpt rows; each reduction's values (rpt per reduction).
+    thread_local std::vector<float> buf, rv;
+    if (buf.size() < size_t(rpt * row) * nbuf) buf.resize(size_t(rpt * row) * nbuf);
+    if (rv.size() < size_t(rpt) * nred) rv.resize(size_t(rpt) * nred);
+    auto buffer = [&](size_t b) { return buf.data() + b * size_t(rpt * row); };
     const void* p[kMaxLoopPtrs];
-    const char* at[256];
-    std::vector<const char*> at_big(prog.size() > 256 ? prog.size() : 0);
-    const char** a = prog.size() > 256 ? at_big.data() : at;
+    int64_t step[kMaxLoopPtrs];
     int64_t idx[32];
-    const int64_t g0 = t * rows_per_tile, g1 = std::min(nrows, g0 + rows_per_tile);
-    unravel(g0, rl.outer, idx);
-    for (int64_t g = g0; g < g1; ++g) {
-      for (size_t k = 0; k < prog.size(); ++k) {
-        if (!base[k]) continue;
+    const int64_t g1 = std::min(nrows, (t + 1) * rpt);
+    unravel(t * rpt, rl.outer, idx);
+    // Chunks of rows along the last outer dim: one loop call per part, each pointer stepping by
+    // its row step (reductions' values by one float, buffers by a row).
+    for (int64_t g = t * rpt; g < g1;) {
+      const int64_t rows = rl.outer.empty() ? 1 : std::min(g1 - g, rl.outer[last] - idx[last]);
+      auto row_ptr = [&](size_t k) {
         int64_t o = 0;
-        const std::vector<int64_t>& os = rl.outer_strides[k];
-        for (size_t d = 0; d < os.size(); ++d) o += idx[d] * os[d];
-        a[k] = base[k] + o * 4;
-      }
+        for (size_t d = 0; d < rl.outer_strides[k].size(); ++d) o += idx[d] * rl.outer_strides[k][d];
+        return base[k] + o * 4;
+      };
       auto fill = [&](const RowPart& part) {
         size_t i = 0;
-        for (int s : part.srcs) p[i++] = s >= 0 ? static_cast<const void*>(a[size_t(s)]) : &rv[size_t(-1 - s)];
+        for (int s : part.srcs) {
+          if (s >= kStash) p[i] = buffer(nres + 1 + size_t(s - kStash)), step[i] = row * 4;
+          else if (s >= 0) p[i] = row_ptr(size_t(s)), step[i] = row_step[size_t(s)];
+          else p[i] = rv.data() + size_t(-1 - s) * size_t(rpt), step[i] = 4;
+          ++i;
+        }
         return i;
+      };
+      auto stores = [&](const RowPart& part, size_t i) {
+        for (int b : part.stores) p[i] = buffer(nres + 1 + size_t(b)), step[i++] = row * 4;
       };
       for (size_t s = 0; s < nred; ++s) {
         const RowPart& part = rl.parts[s];
-        const float* v = buf.data();
+        const float* v = buffer(0);
+        int64_t vstep = row;
         if (part.in_place >= 0) {
-          v = reinterpret_cast<const float*>(a[size_t(part.in_place)]);
+          v = reinterpret_cast<const float*>(row_ptr(size_t(part.in_place)));
+          vstep = row_step[size_t(part.in_place)] / 4;
         } else {
-          p[fill(part)] = buf.data();
-          (*part.loop)(p, row);
+          const size_t i = fill(part);
+          p[i] = buffer(0), step[i] = row * 4;
+          stores(part, i + 1);
+          (*part.loop)(p, row, rows, step);
         }
-        rv[s] = part.max ? run_max(v, row, -std::numeric_limits<float>::infinity()) : float(run_sum(v, row));
+        float* r = rv.data() + s * size_t(rpt);
+        for (int64_t i = 0; i < rows; ++i)
+          r[i] = part.max ? row_max(v + i * vstep, row) : float(run_sum(v + i * vstep, row));
       }
       if (fin.loop) {
         size_t i = fill(fin);
         for (size_t j = 0; j < nres; ++j) {
           if (rl.result_red[j] >= 0) continue;
           const bool dense = j + 1 == nres && !per_row;
-          p[i++] = dense ? static_cast<void*>(outs[j] + g * row * 4) : buf.data() + (j + 1) * size_t(row);
+          p[i] = dense ? static_cast<void*>(outs[j] + g * row * 4) : buffer(j + 1);
+          step[i++] = row * 4;
         }
-        (*fin.loop)(p, row);
+        stores(fin, i);
+        (*fin.loop)(p, row, rows, step);
       }
-      for (size_t j = 0; j < nres; ++j) {
-        if (j + 1 == nres && !per_row) {  // a reduction's value as the result at every position
-          if (rl.result_red[j] >= 0)
-            for (int64_t i = 0; i < row; ++i) std::memcpy(outs[j] + (g * row + i) * 4, &rv[size_t(rl.result_red[j])], 4);
-          continue;
+      for (size_t j = 0; j < nres; ++j) {  // per-row results, and a reduction's value as a result
+        const int r = rl.result_red[j];
+        for (int64_t i = 0; i < rows; ++i) {
+          const float* v = r >= 0 ? rv.data() + size_t(r) * size_t(rpt) + i : buffer(j + 1) + i * row;
+          if (j + 1 < nres || per_row) std::memcpy(outs[j] + (g + i) * 4, v, 4);
+          else if (r >= 0)
+            for (int64_t c = 0; c < row; ++c) std::memcpy(outs[j] + ((g + i) * row + c) * 4, v, 4);
         }
-        const float* v = rl.result_red[j] >= 0 ? &rv[size_t(rl.result_red[j])] : buf.data() + (j + 1) * size_t(row);
-        std::memcpy(outs[j] + g * 4, v, 4);
       }
-      bump(idx, rl.outer);
+      g += rows;
+      if (!rl.outer.empty()) idx[last] += rows - 1, bump(idx, rl.outer);
     }
   }
   launches.fetch_add(1, std::memory_order_relaxed);

@@ -4,8 +4,8 @@
 // and reduced in C++ by the interpreter's own run_sum / run_max (same order, so the same bits);
 // a later loop reads each reduction's value as a broadcast load. The last loop computes the
 // Step's results, storing per-position ones in place and per-row ones (further outputs, a
-// per-row main result) through a row buffer. Per-position values a later part reads are
-// recomputed there (a softmax's exp twice), not stored. A Step any part of which the loops do
+// per-row main result) through a row buffer. Float32 values one part computes and a later one
+// reads (a softmax's exp) are stored in a row buffer and read back (comparisons are recomputed). A Step any part of which the loops do
 // not build (casts, log, iota, masked or stacked loads, 16-bit values, int64 values other than
 // compared ones within int32's range) stays with the interpreter.
 #pragma once
@@ -18,11 +18,13 @@ namespace tessera::backends::cpu {
 
 // One part of the program: a loop (null: the reduction reads load `in_place` of the Step's
 // program in place) whose pointers come from `srcs` in its loads() order (>= 0: the Step's load
-// instruction of that index; < 0: reduction -1 - s's value), then its results.
+// instruction of that index; < 0: reduction -1 - s's value; from 1 << 24: a stored value's row
+// buffer), then its results.
 struct RowPart {
   std::unique_ptr<jit::Loop> loop;
   std::vector<Instr> prog;  // the loop's program
   std::vector<int> srcs;
+  std::vector<int> stores;  // after its results: the row buffers it stores values into, for later parts
   int in_place = -1;
   bool max = false;  // the reduction: RowMax, else RowSum (the last part reduces nothing)
 };
@@ -37,6 +39,7 @@ struct RowLoops {
   std::vector<std::vector<int64_t>> outer_strides;
   // Per instruction: an int64 load or constant run as int32 lanes (only compared by ==, <, >).
   std::vector<uint8_t> wide;
+  int nstash = 0;  // row buffers of values computed by one part and read by a later one
 };
 
 // The Step's row loops, or null when the interpreter runs it.
