@@ -545,6 +545,32 @@ std::vector<float> row_step_results(std::vector<std::string>& names, std::vector
       add("softmax of a where" + tag, before, {y, x.grad()});
     }
     before = backends::cpu::row_loop_launches();
+    {  // a causal mask as the GPT's attention makes it: int64 positions compared, -inf above the diagonal
+      const int64_t m = n == 128 ? 4 : 2;
+      std::vector<float> sv = special_values(m * n * n), gv = special_values(m * n * n + 27);
+      gv.erase(gv.begin(), gv.begin() + 27);
+      Tensor x = from_vector<float>(sv, {m, n, n}).requires_grad_();
+      Tensor qpos = arange(0, double(n), 1, TensorOptions{DType::Int64, Device("cpu")}).reshape({n, 1});
+      Tensor kpos = arange(0, double(n), 1, TensorOptions{DType::Int64, Device("cpu")}).reshape({1, n});
+      Tensor y = softmax(masked_fill(x * 0.125, kpos > qpos, -INFINITY), -1);
+      (y * from_vector<float>(gv, {m, n, n})).sum().backward();
+      add("causal softmax and its backward" + tag, before, {y, x.grad()});
+    }
+    before = backends::cpu::row_loop_launches();
+    {  // under bfloat16 autocast: the probabilities rounded to bfloat16 as the product's operand
+       // (times the identity: the product is exactly the rounded values)
+      Tensor x = X(), eye = from_vector<float>(std::vector<float>(size_t(n * n), 0.0f), {n, n});
+      std::vector<float> ev(size_t(n * n), 0.0f);
+      for (int64_t i = 0; i < n; ++i) ev[size_t(i * n + i)] = 1.0f;
+      eye = from_vector<float>(ev, {n, n});
+      Tensor y;
+      {
+        Autocast ac{DType::BFloat16};
+        y = matmul(softmax(x, 1), eye);
+      }
+      add("bfloat16 softmax probabilities" + tag, before, {y.to(DType::Float32)});
+    }
+    before = backends::cpu::row_loop_launches();
     {
       Tensor x = X(), w = from_vector<float>(wv, {n}).requires_grad_(), b = from_vector<float>(bv, {n}).requires_grad_();
       Tensor y = layer_norm(x, {n}, w, b);

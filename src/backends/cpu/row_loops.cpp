@@ -11,6 +11,7 @@
 
 #include "backends/cpu/interpreter.h"
 #include "backends/cpu/native_loops.h"
+#include "core/half.h"
 
 namespace tessera::backends::cpu {
 namespace {
@@ -202,7 +203,16 @@ std::unique_ptr<RowLoops> build_row_loops(const Step& st) {
     else targets.push_back({I.a});
   }
   targets.emplace_back();
+  // A main result rounded to bfloat16/float16 at the end (autocast's softmax probabilities and
+  // layer norm outputs, operands of the next product): its float32 value into a row buffer,
+  // rounded from there as the interpreter stores it.
+  const Instr& L = prog.back();
+  rl->narrow = L.code == Code::Cast && (st.dtype == DType::BFloat16 || st.dtype == DType::Float16) &&
+               prog[size_t(L.a)].dtype == DType::Float32 && red[size_t(L.a)] < 0 && numel(st.shape) == numel(dom);
+  for (int r : st.more_results)
+    if (r == int(prog.size()) - 1) rl->narrow = false;
   for (int r : results) {
+    if (rl->narrow && r == int(prog.size()) - 1) r = L.a;
     if (!lanes32(prog[size_t(r)].dtype)) return nullptr;
     rl->result_red.push_back(red[size_t(r)]);
     if (red[size_t(r)] < 0) targets.back().push_back(r);
@@ -249,7 +259,7 @@ bool run_row_loops(const RowLoops& rl, const Step& st, const LaunchArgs& args) {
   for (size_t j = 0; j < nres; ++j) {
     const bool main = j + 1 == nres;
     outs[j] = static_cast<char*>(args.slots[main ? st.output : st.more_outputs[j]]);
-    const char* hi = outs[j] + (main && !per_row ? total : nrows) * 4;
+    const char* hi = outs[j] + (main && !per_row ? total * int64_t(itemsize(st.dtype)) : nrows * 4);
     for (const auto& [lo, end] : spans)
       if (lo < hi && outs[j] < end) return false;
   }
@@ -317,12 +327,20 @@ bool run_row_loops(const RowLoops& rl, const Step& st, const LaunchArgs& args) {
         size_t i = fill(fin);
         for (size_t j = 0; j < nres; ++j) {
           if (rl.result_red[j] >= 0) continue;
-          const bool dense = j + 1 == nres && !per_row;
+          const bool dense = j + 1 == nres && !per_row && !rl.narrow;
           p[i] = dense ? static_cast<void*>(outs[j] + g * row * 4) : buffer(j + 1);
           step[i++] = row * 4;
         }
         stores(fin, i);
         (*fin.loop)(p, row, rows, step);
+      }
+      if (rl.narrow) {  // the main result rounded (half.h's rounding: the interpreter's bits)
+        const float* v = buffer(nres);
+        uint16_t* o = reinterpret_cast<uint16_t*>(outs[nres - 1]) + g * row;
+        if (st.dtype == DType::BFloat16)
+          for (int64_t i = 0; i < rows * row; ++i) o[i] = half::float_to_bf16(v[i]);
+        else
+          for (int64_t i = 0; i < rows * row; ++i) o[i] = half::float_to_f16(v[i]);
       }
       for (size_t j = 0; j < nres; ++j) {  // per-row results, and a reduction's value as a result
         const int r = rl.result_red[j];

@@ -39,7 +39,8 @@ struct RowLoops {
   std::vector<std::vector<int64_t>> outer_strides;
   // Per instruction: an int64 load or constant run as int32 lanes (only compared by ==, <, >).
   std::vector<uint8_t> wide;
-  int nstash = 0;  // row buffers of values computed by one part and read by a later one
+  int nstash = 0;
+  bool narrow = false;  // the main result: the last part's float32 value rounded to the Step's 16-bit dtype  // row buffers of values computed by one part and read by a later one
 };
 
 // The Step's row loops, or null when the interpreter runs it.
