@@ -559,16 +559,23 @@ std::vector<float> row_step_results(std::vector<std::string>& names, std::vector
     before = backends::cpu::row_loop_launches();
     {  // under bfloat16 autocast: the probabilities rounded to bfloat16 as the product's operand
        // (times the identity: the product is exactly the rounded values)
-      Tensor x = X(), eye = from_vector<float>(std::vector<float>(size_t(n * n), 0.0f), {n, n});
+      Tensor x = X(), eye;
       std::vector<float> ev(size_t(n * n), 0.0f);
       for (int64_t i = 0; i < n; ++i) ev[size_t(i * n + i)] = 1.0f;
       eye = from_vector<float>(ev, {n, n});
-      Tensor y;
+      // (and a mix of neighbours for the layer norm's product, so that its gradient is no
+      // bfloat16 value and its rounding on the way back into the Row Step shows)
+      for (int64_t i = 0; i < n; ++i) ev[size_t(i * n + (i + 1) % n)] += 0.3f;
+      Tensor mix = from_vector<float>(ev, {n, n});
+      Tensor y, z;
       {
         Autocast ac{DType::BFloat16};
         y = matmul(softmax(x, 1), eye);
+        Tensor w = from_vector<float>(wv, {n}), b = from_vector<float>(bv, {n});
+        z = matmul(layer_norm(y, {n}, w, b), mix);
       }
-      add("bfloat16 softmax probabilities" + tag, before, {y.to(DType::Float32)});
+      (z * r).sum().backward();  // the gradients reach the Row Steps rounded to bfloat16 and back
+      add("bfloat16 autocast softmax, layer norm and their backwards" + tag, before, {y, z, x.grad()});
     }
     before = backends::cpu::row_loop_launches();
     {

@@ -64,13 +64,15 @@ float row_max(const float* a, int64_t n) {
 }
 
 constexpr int kStash = 1 << 24;  // RowPart::srcs: kStash + i is stash buffer i
+constexpr int kRound = 1 << 25;  // and kRound + i rounded load i's buffer
 
 // Which values later parts read from a row buffer instead of computing them again (a softmax's
 // exp): per instruction, the part that computes and stores it (avail) and its buffer (stash, -1:
 // none). Float32/int32 values computed by a part (not loads or constants) and needed by a later
 // one. `targets`: per part, what it computes (empty: a reduction read in place).
-int plan_stash(const std::vector<Instr>& prog, const std::vector<int>& red, const std::vector<uint8_t>& wide,
-               const std::vector<std::vector<int>>& targets, std::vector<int>& avail, std::vector<int>& stash) {
+int plan_stash(const std::vector<Instr>& prog, const std::vector<int>& red, const std::vector<int>& round,
+               const std::vector<uint8_t>& wide, const std::vector<std::vector<int>>& targets, std::vector<int>& avail,
+               std::vector<int>& stash) {
   const size_t n = prog.size();
   avail.assign(n, -1), stash.assign(n, -1);
   int nstash = 0;
@@ -78,7 +80,7 @@ int plan_stash(const std::vector<Instr>& prog, const std::vector<int>& red, cons
     std::vector<uint8_t> need(n, 0);
     for (int t : targets[p]) need[size_t(t)] = 1;
     for (size_t k = n; k-- > 0;) {
-      if (!need[k] || red[k] >= 0) continue;
+      if (!need[k] || red[k] >= 0 || round[k] >= 0) continue;
       if (avail[k] >= 0) {  // computed by an earlier part: read back
         if (stash[k] < 0) stash[k] = nstash++;
         continue;
@@ -87,7 +89,7 @@ int plan_stash(const std::vector<Instr>& prog, const std::vector<int>& red, cons
         if (o >= 0) need[size_t(o)] = 1;
     }
     for (size_t k = 0; k < n; ++k)
-      if (need[k] && red[k] < 0 && avail[k] < 0 && prog[k].code != Code::Load && prog[k].code != Code::Const &&
+      if (need[k] && red[k] < 0 && round[k] < 0 && avail[k] < 0 && prog[k].code != Code::Load && prog[k].code != Code::Const &&
           lanes32(prog[k].dtype) && !wide[k])
         avail[k] = int(p);
   }
@@ -98,10 +100,10 @@ int plan_stash(const std::vector<Instr>& prog, const std::vector<int>& red, cons
 // each reduction read as a broadcast load of its value (red[k]: instruction k's reduction
 // number, or -1) and each value an earlier part stored as a dense load of its buffer.
 bool build_part(RowPart& part, const std::vector<Instr>& prog, const std::vector<int>& red,
-                const std::vector<int64_t>& per, const std::vector<int>& avail, const std::vector<int>& stash, int p,
+                const std::vector<int>& round, const std::vector<int64_t>& per, const std::vector<int>& avail, const std::vector<int>& stash, int p,
                 const std::vector<int>& targets) {
   std::vector<uint8_t> need(prog.size(), 0);
-  auto leaf = [&](size_t k) { return red[k] >= 0 || (stash[k] >= 0 && avail[k] != p); };
+  auto leaf = [&](size_t k) { return red[k] >= 0 || round[k] >= 0 || (stash[k] >= 0 && avail[k] != p); };
   for (int t : targets) need[size_t(t)] = 1;
   for (size_t k = prog.size(); k-- > 0;)
     if (need[k] && !leaf(k))
@@ -113,6 +115,11 @@ bool build_part(RowPart& part, const std::vector<Instr>& prog, const std::vector
   for (size_t k = 0; k < prog.size(); ++k) {
     if (!need[k]) continue;
     at[k] = int(sub.size());
+    if (round[k] >= 0) {  // a rounded load: its values rounded per chunk into a buffer
+      sub.push_back(Instr::load(-1, DType::Float32, {}));
+      stride.push_back(1), src.push_back(kRound + round[k]);
+      continue;
+    }
     if (leaf(k)) {
       const bool r = red[k] >= 0;
       sub.push_back(Instr::load(-1, r ? DType::Float32 : prog[k].dtype, {}));
@@ -218,10 +225,24 @@ std::unique_ptr<RowLoops> build_row_loops(const Step& st) {
     if (red[size_t(r)] < 0) targets.back().push_back(r);
   }
   if (st.dtype != prog.back().dtype) return nullptr;
+  // A float32 load rounded to bfloat16/float16 and back (autocast's gradients entering a
+  // backward Row Step): rounded per chunk into a buffer the loops read.
+  std::vector<int> round(prog.size(), -1);
+  for (size_t k = 0; k < prog.size(); ++k) {
+    const Instr& I = prog[k];
+    if (I.code != Code::Cast || I.dtype != DType::Float32) continue;
+    const Instr& J = prog[size_t(I.a)];
+    if (J.code != Code::Cast || (J.dtype != DType::BFloat16 && J.dtype != DType::Float16)) continue;
+    const Instr& L = prog[size_t(J.a)];
+    if (L.code != Code::Load || L.dtype != DType::Float32) continue;
+    round[k] = int(rl->rounds.size());
+    rl->rounds.push_back({J.a, J.dtype == DType::BFloat16, per[size_t(J.a)]});
+  }
   std::vector<int> avail, stash;
-  rl->nstash = plan_stash(prog, red, rl->wide, targets, avail, stash);
+  rl->nstash = plan_stash(prog, red, round, rl->wide, targets, avail, stash);
   for (size_t i = 0; i < targets.size(); ++i)
-    if (!targets[i].empty() && !build_part(rl->parts[i], prog, red, per, avail, stash, int(i), targets[i])) return nullptr;
+    if (!targets[i].empty() && !build_part(rl->parts[i], prog, red, round, per, avail, stash, int(i), targets[i]))
+      return nullptr;
   return rl;
 }
 
@@ -264,7 +285,8 @@ bool run_row_loops(const RowLoops& rl, const Step& st, const LaunchArgs& args) {
       if (lo < hi && outs[j] < end) return false;
   }
   const RowPart& fin = rl.parts.back();
-  const size_t nred = rl.parts.size() - 1, nbuf = nres + 1 + size_t(rl.nstash);
+  const size_t nred = rl.parts.size() - 1, nbuf = nres + 1 + size_t(rl.nstash) + rl.rounds.size();
+  const size_t round0 = nres + 1 + size_t(rl.nstash);  // the rounded loads' buffers
   const int64_t rpt = std::max<int64_t>(1, kTile / row), ntiles = (nrows + rpt - 1) / rpt;
   const size_t last = rl.outer.empty() ? 0 : rl.outer.size() - 1;
   // Bytes each load moves from one row to the next along the last outer dim.
@@ -296,7 +318,8 @@ bool run_row_loops(const RowLoops& rl, const Step& st, const LaunchArgs& args) {
       auto fill = [&](const RowPart& part) {
         size_t i = 0;
         for (int s : part.srcs) {
-          if (s >= kStash) p[i] = buffer(nres + 1 + size_t(s - kStash)), step[i] = row * 4;
+          if (s >= kRound) p[i] = buffer(round0 + size_t(s - kRound)), step[i] = row * 4;
+          else if (s >= kStash) p[i] = buffer(nres + 1 + size_t(s - kStash)), step[i] = row * 4;
           else if (s >= 0) p[i] = row_ptr(size_t(s)), step[i] = row_step[size_t(s)];
           else p[i] = rv.data() + size_t(-1 - s) * size_t(rpt), step[i] = 4;
           ++i;
@@ -306,6 +329,17 @@ bool run_row_loops(const RowLoops& rl, const Step& st, const LaunchArgs& args) {
       auto stores = [&](const RowPart& part, size_t i) {
         for (int b : part.stores) p[i] = buffer(nres + 1 + size_t(b)), step[i++] = row * 4;
       };
+      for (size_t r = 0; r < rl.rounds.size(); ++r) {  // as the interpreter's two casts round
+        const RowLoops::Round& R = rl.rounds[r];
+        const char* src = row_ptr(size_t(R.load));
+        float* dst = buffer(round0 + r);
+        for (int64_t i = 0; i < rows; ++i)
+          for (int64_t c = 0; c < row; ++c) {
+            float x;
+            std::memcpy(&x, src + i * row_step[size_t(R.load)] + c * R.per * 4, 4);
+            dst[i * row + c] = R.bf16 ? half::bf16_to_float(half::float_to_bf16(x)) : half::f16_to_float(half::float_to_f16(x));
+          }
+      }
       for (size_t s = 0; s < nred; ++s) {
         const RowPart& part = rl.parts[s];
         const float* v = buffer(0);

@@ -6,7 +6,7 @@
 // Step's results, storing per-position ones in place and per-row ones (further outputs, a
 // per-row main result) through a row buffer. Float32 values one part computes and a later one
 // reads (a softmax's exp) are stored in a row buffer and read back (comparisons are recomputed). A Step any part of which the loops do
-// not build (casts, log, iota, masked or stacked loads, 16-bit values, int64 values other than
+// not build (casts other than a final rounding or a load's round trip, log, iota, masked or stacked loads, 16-bit values, int64 values other than
 // compared ones within int32's range) stays with the interpreter.
 #pragma once
 #include <memory>
@@ -40,7 +40,15 @@ struct RowLoops {
   // Per instruction: an int64 load or constant run as int32 lanes (only compared by ==, <, >).
   std::vector<uint8_t> wide;
   int nstash = 0;
-  bool narrow = false;  // the main result: the last part's float32 value rounded to the Step's 16-bit dtype  // row buffers of values computed by one part and read by a later one
+  bool narrow = false;
+  // Float32 loads rounded to bfloat16 (else float16) and back: the load instruction, its
+  // elements between a row's positions.
+  struct Round {
+    int load = -1;
+    bool bf16 = true;
+    int64_t per = 1;
+  };
+  std::vector<Round> rounds;  // the main result: the last part's float32 value rounded to the Step's 16-bit dtype  // row buffers of values computed by one part and read by a later one
 };
 
 // The Step's row loops, or null when the interpreter runs it.
