@@ -63,6 +63,24 @@ float row_max(const float* a, int64_t n) {
   return run_max(a, n, -std::numeric_limits<float>::infinity());
 }
 
+// n values (elements `per` apart) rounded to bfloat16 (else float16) and back, as the
+// interpreter's casts round them (bfloat16: its bit arithmetic on whole words, vectorized).
+void round_row(const float* src, int64_t per, float* dst, int64_t n, bool bf16) {
+  if (!bf16) {
+    for (int64_t c = 0; c < n; ++c) dst[c] = half::f16_to_float(half::float_to_f16(src[c * per]));
+    return;
+  }
+  auto one = [](uint32_t u) {
+    return ((u & 0x7fffffffu) > 0x7f800000u ? u | 0x400000u : u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
+  };
+  const uint32_t* s = reinterpret_cast<const uint32_t*>(src);
+  uint32_t* d = reinterpret_cast<uint32_t*>(dst);
+  if (per == 1)
+    for (int64_t c = 0; c < n; ++c) d[c] = one(s[c]);
+  else
+    for (int64_t c = 0; c < n; ++c) d[c] = one(s[c * per]);
+}
+
 constexpr int kStash = 1 << 24;  // RowPart::srcs: kStash + i is stash buffer i
 constexpr int kRound = 1 << 25;  // and kRound + i rounded load i's buffer
 
@@ -334,11 +352,7 @@ bool run_row_loops(const RowLoops& rl, const Step& st, const LaunchArgs& args) {
         const char* src = row_ptr(size_t(R.load));
         float* dst = buffer(round0 + r);
         for (int64_t i = 0; i < rows; ++i)
-          for (int64_t c = 0; c < row; ++c) {
-            float x;
-            std::memcpy(&x, src + i * row_step[size_t(R.load)] + c * R.per * 4, 4);
-            dst[i * row + c] = R.bf16 ? half::bf16_to_float(half::float_to_bf16(x)) : half::f16_to_float(half::float_to_f16(x));
-          }
+          round_row(reinterpret_cast<const float*>(src + i * row_step[size_t(R.load)]), R.per, dst + i * row, row, R.bf16);
       }
       for (size_t s = 0; s < nred; ++s) {
         const RowPart& part = rl.parts[s];
