@@ -557,6 +557,19 @@ std::vector<float> row_step_results(std::vector<std::string>& names, std::vector
       add("causal softmax and its backward" + tag, before, {y, x.grad()});
     }
     before = backends::cpu::row_loop_launches();
+    {  // a bool mask as a tensor of its own (an imported model's attention mask); row 1 all masked
+      const int64_t m = 2;
+      std::vector<uint8_t> mv(size_t(n * n));
+      for (int64_t i = 0; i < n * n; ++i) mv[size_t(i)] = i / n == 1 || (i * 7) % 5 == 0;
+      Tensor mask = from_vector<uint8_t>(mv, {n, n}, {DType::Bool, Device("cpu")});
+      Tensor x = from_vector<float>(special_values(m * n * n), {m, n, n}).requires_grad_();
+      Tensor y = softmax(masked_fill(x, mask, -INFINITY), -1);
+      std::vector<float> gv = special_values(m * n * n + 27);
+      gv.erase(gv.begin(), gv.begin() + 27);
+      (y * from_vector<float>(gv, {m, n, n})).sum().backward();
+      add("softmax under a bool mask tensor" + tag, before, {y, x.grad()});
+    }
+    before = backends::cpu::row_loop_launches();
     {  // under bfloat16 autocast: the probabilities rounded to bfloat16 as the product's operand
        // (times the identity: the product is exactly the rounded values)
       Tensor x = X(), eye;

@@ -144,6 +144,20 @@ bool build_part(RowPart& part, const std::vector<Instr>& prog, const std::vector
       stride.push_back(r ? 0 : 1), src.push_back(r ? -1 - red[k] : kStash + stash[k]);
       continue;
     }
+    if (prog[k].code == Code::Load && prog[k].dtype == DType::Bool) {  // a mask: its int32 copy > 0
+      sub.push_back(Instr::load(-1, DType::Int32, {}));
+      stride.push_back(per[k]), src.push_back(int(k));
+      Instr zero;
+      zero.code = Code::Const, zero.dtype = DType::Int32, zero.value = 0;
+      sub.push_back(zero);
+      stride.push_back(0), src.push_back(0);
+      Instr gt;
+      gt.code = Code::Gt, gt.dtype = DType::Bool, gt.a = int(sub.size()) - 2, gt.b = int(sub.size()) - 1;
+      at[k] = int(sub.size());
+      sub.push_back(gt);
+      stride.push_back(0), src.push_back(0);
+      continue;
+    }
     Instr I = prog[k];
     if (I.dtype == DType::Int64) I.dtype = DType::Int32;  // compared only, its values within int32 (build_row_loops)
     for (int* o : {&I.a, &I.b, &I.c})
@@ -200,6 +214,7 @@ std::unique_ptr<RowLoops> build_row_loops(const Step& st) {
       if (!compared[k] || (I.code == Code::Const && !(std::abs(I.value) < 2147483648.0 && std::trunc(I.value) == I.value))) return nullptr;
       rl->wide[k] = 1;
     }
+    if (I.code == Code::Load && I.dtype == DType::Bool) rl->wide[k] = 2;
     if (I.code == Code::Load) {
       if (I.map.views.size() != 1 || !(lanes32(I.dtype) || rl->wide[k])) return nullptr;
       const kir::View& v = I.map.views[0];
@@ -282,7 +297,12 @@ bool run_row_loops(const RowLoops& rl, const Step& st, const LaunchArgs& args) {
     int64_t last = 0;
     for (size_t d = 0; d < v.shape.size(); ++d) last += v.strides[d] * (v.shape[d] - 1);
     spans.push_back({base[k], base[k] + (last + 1) * int64_t(size)});
-    if (rl.wide[k]) {  // int64 as int32 lanes: the elements it spans, when they all fit
+    if (rl.wide[k] == 2) {  // a bool mask as int32 lanes of 0 and 1
+      const uint8_t* w = reinterpret_cast<const uint8_t*>(base[k]);
+      std::vector<int32_t>& c = narrowed.emplace_back(size_t(last + 1));
+      for (int64_t i = 0; i <= last; ++i) c[size_t(i)] = w[i] != 0;
+      base[k] = reinterpret_cast<const char*>(c.data());
+    } else if (rl.wide[k]) {  // int64 as int32 lanes: the elements it spans, when they all fit
       const int64_t* w = reinterpret_cast<const int64_t*>(base[k]);
       std::vector<int32_t>& c = narrowed.emplace_back(size_t(last + 1));
       for (int64_t i = 0; i <= last; ++i) {

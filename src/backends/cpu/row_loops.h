@@ -37,7 +37,8 @@ struct RowLoops {
   std::vector<int> result_red;
   // Per load instruction of the Step's program: its outer dims' strides (elements).
   std::vector<std::vector<int64_t>> outer_strides;
-  // Per instruction: an int64 load or constant run as int32 lanes (only compared by ==, <, >).
+  // Per instruction: an int64 load or constant run as int32 lanes (only compared by ==, <, >: 1),
+  // a bool load (a mask) read as int32 lanes of 0/1 compared > 0 (2).
   std::vector<uint8_t> wide;
   int nstash = 0;
   bool narrow = false;
