@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "backends/cpu/jit_x86.h"
+#include "backends/cpu/row_loops.h"
 #include "backends/cpu/vmath.h"
 #include "core/half.h"
 #include "kernel_ir/step.h"
@@ -510,4 +511,157 @@ TEST(CpuJit, DumpAsmWritesEachLoopsCodeListingAndPerfMapLine) {
   EXPECT_GE(loops, 1);
   EXPECT_TRUE(found || listed == 0) << "no loop listing shows the Step's vmulps, vcmpunordps, vmaxps, vsubps";
   fs::remove_all(dir);
+}
+
+namespace {
+
+// Row Steps (softmax, layer norm, their backwards, the cross-entropy) over rows of 7, 33, 100
+// and 128 positions, rows with NaN and infinities among them (special_values' first 20), a mask
+// through where: every result's values, in one list; `through_loops`: per case, whether a Row
+// Step of it ran through the native loops (backends/cpu/row_loops.h).
+std::vector<float> row_step_results(std::vector<std::string>& names, std::vector<uint8_t>& through_loops) {
+  std::vector<float> all;
+  auto add = [&](const std::string& name, uint64_t before, std::initializer_list<Tensor> ts) {
+    for (const Tensor& t : ts) {
+      std::vector<float> v = t.to_vector<float>();
+      all.insert(all.end(), v.begin(), v.end());
+    }
+    names.push_back(name);
+    through_loops.push_back(backends::cpu::row_loop_launches() > before);
+  };
+  for (int64_t n : {7, 33, 100, 128}) {
+    const int64_t rows = n == 128 ? 600 : 45;  // 600 x 128: over kParallelMin, several threads' tiles
+    const std::string tag = " rows of " + std::to_string(n);
+    std::vector<float> xv = special_values(rows * n), rv = special_values(rows * n + 7);
+    rv.erase(rv.begin(), rv.begin() + 27);  // no NaN in the upstream gradient or weights
+    rv.resize(size_t(rows * n), 0.5f);
+    std::vector<float> wv(rv.begin(), rv.begin() + n), bv(rv.begin() + n, rv.begin() + 2 * n);
+    auto X = [&] { return from_vector<float>(xv, {rows, n}).requires_grad_(); };
+    Tensor r = from_vector<float>(rv, {rows, n});
+    uint64_t before = backends::cpu::row_loop_launches();
+    {
+      Tensor x = X(), y = softmax(x, 1);
+      (y * r).sum().backward();
+      add("softmax and its backward" + tag, before, {y, x.grad()});
+    }
+    before = backends::cpu::row_loop_launches();
+    {
+      Tensor x = X(), y = softmax(where(x > 0.5, x, x * 0.25 - 3.0), 1);
+      (y * r).sum().backward();
+      add("softmax of a where" + tag, before, {y, x.grad()});
+    }
+    before = backends::cpu::row_loop_launches();
+    {  // a causal mask as the GPT's attention makes it: int64 positions compared, -inf above the diagonal
+      const int64_t m = n == 128 ? 4 : 2;
+      std::vector<float> sv = special_values(m * n * n), gv = special_values(m * n * n + 27);
+      gv.erase(gv.begin(), gv.begin() + 27);
+      Tensor x = from_vector<float>(sv, {m, n, n}).requires_grad_();
+      Tensor qpos = arange(0, double(n), 1, TensorOptions{DType::Int64, Device("cpu")}).reshape({n, 1});
+      Tensor kpos = arange(0, double(n), 1, TensorOptions{DType::Int64, Device("cpu")}).reshape({1, n});
+      Tensor y = softmax(masked_fill(x * 0.125, kpos > qpos, -INFINITY), -1);
+      (y * from_vector<float>(gv, {m, n, n})).sum().backward();
+      add("causal softmax and its backward" + tag, before, {y, x.grad()});
+    }
+    before = backends::cpu::row_loop_launches();
+    {  // a bool mask as a tensor of its own (an imported model's attention mask); row 1 all masked
+      const int64_t m = 2;
+      std::vector<uint8_t> mv(size_t(n * n));
+      for (int64_t i = 0; i < n * n; ++i) mv[size_t(i)] = i / n == 1 || (i * 7) % 5 == 0;
+      Tensor mask = from_vector<uint8_t>(mv, {n, n}, {DType::Bool, Device("cpu")});
+      Tensor x = from_vector<float>(special_values(m * n * n), {m, n, n}).requires_grad_();
+      Tensor y = softmax(masked_fill(x, mask, -INFINITY), -1);
+      std::vector<float> gv = special_values(m * n * n + 27);
+      gv.erase(gv.begin(), gv.begin() + 27);
+      (y * from_vector<float>(gv, {m, n, n})).sum().backward();
+      add("softmax under a bool mask tensor" + tag, before, {y, x.grad()});
+    }
+    before = backends::cpu::row_loop_launches();
+    {  // under bfloat16 autocast: the probabilities rounded to bfloat16 as the product's operand
+       // (times the identity: the product is exactly the rounded values)
+      Tensor x = X(), eye;
+      std::vector<float> ev(size_t(n * n), 0.0f);
+      for (int64_t i = 0; i < n; ++i) ev[size_t(i * n + i)] = 1.0f;
+      eye = from_vector<float>(ev, {n, n});
+      // (and a mix of neighbours for the layer norm's product, so that its gradient is no
+      // bfloat16 value and its rounding on the way back into the Row Step shows)
+      for (int64_t i = 0; i < n; ++i) ev[size_t(i * n + (i + 1) % n)] += 0.3f;
+      Tensor mix = from_vector<float>(ev, {n, n});
+      Tensor y, z;
+      {
+        Autocast ac{DType::BFloat16};
+        y = matmul(softmax(x, 1), eye);
+        Tensor w = from_vector<float>(wv, {n}), b = from_vector<float>(bv, {n});
+        z = matmul(layer_norm(y, {n}, w, b), mix);
+      }
+      (z * r).sum().backward();  // the gradients reach the Row Steps rounded to bfloat16 and back
+      add("bfloat16 autocast softmax, layer norm and their backwards" + tag, before, {y, z, x.grad()});
+    }
+    before = backends::cpu::row_loop_launches();
+    {
+      Tensor x = X(), w = from_vector<float>(wv, {n}).requires_grad_(), b = from_vector<float>(bv, {n}).requires_grad_();
+      Tensor y = layer_norm(x, {n}, w, b);
+      (y * r).sum().backward();
+      add("layer norm and its backward" + tag, before, {y, x.grad(), w.grad(), b.grad()});
+    }
+    before = backends::cpu::row_loop_launches();
+    {
+      Tensor x = X();
+      std::vector<int64_t> tv;
+      for (int64_t i = 0; i < rows; ++i) tv.push_back((i * 5) % n);
+      Tensor loss = cross_entropy(x, from_vector<int64_t>(tv, {rows}, {DType::Int64, Device("cpu")}));
+      loss.backward();
+      add("cross-entropy and its gradient" + tag, before, {loss, x.grad()});
+    }
+  }
+  return all;
+}
+
+}  // namespace
+
+TEST(CpuJit, RowStepsThroughTheLoopsMatchTheInterpreterBitForBit) {
+  // The child (TESSERA_CPU_JIT=0, the interpreter only) writes its results' bits to a file; the
+  // parent computes the same with the loops on and compares them bit for bit (NaN with NaN).
+  std::vector<std::string> names;
+  std::vector<uint8_t> through;
+  if (const char* out = std::getenv("TESSERA_ROW_BITS_OUT")) {  // the child
+    std::vector<float> v = row_step_results(names, through);
+    std::ofstream f(out, std::ios::binary);
+    f.write(reinterpret_cast<const char*>(v.data()), std::streamsize(v.size() * 4));
+    return;
+  }
+  REQUIRE_LOOPS();
+  const std::vector<float> mine = row_step_results(names, through);
+  for (size_t c = 0; c < names.size(); ++c)
+    if (names[c].rfind("cross-entropy", 0) != 0)  // its log-sum-exp Steps (log) stay with the interpreter
+      EXPECT_TRUE(through[c]) << names[c] << ": no Row Step ran through the native loops";
+  const std::string file = tessera::testing::scratch_dir("tessera_row_bits") + "/bits";
+  std::vector<std::string> env_s = {"TESSERA_CPU_JIT=0", "TESSERA_ROW_BITS_OUT=" + file};
+  for (char** e = environ; *e; ++e)
+    if (std::strncmp(*e, "TESSERA_CPU_JIT", 15) != 0 && std::strncmp(*e, "GTEST_", 6) != 0) env_s.push_back(*e);
+  std::vector<char*> envp;
+  for (std::string& e : env_s) envp.push_back(e.data());
+  envp.push_back(nullptr);
+  std::string exe = "/proc/self/exe", filter = "--gtest_filter=CpuJit.RowStepsThroughTheLoopsMatchTheInterpreterBitForBit";
+  char* argv[] = {exe.data(), filter.data(), nullptr};
+  posix_spawn_file_actions_t quiet;
+  posix_spawn_file_actions_init(&quiet);
+  posix_spawn_file_actions_addopen(&quiet, 1, "/dev/null", O_WRONLY, 0);
+  pid_t pid = 0;
+  ASSERT_EQ(posix_spawn(&pid, exe.c_str(), &quiet, nullptr, argv, envp.data()), 0);
+  posix_spawn_file_actions_destroy(&quiet);
+  int status = 0;
+  ASSERT_EQ(waitpid(pid, &status, 0), pid);
+  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "the child run failed (status " << status << ")";
+  std::ifstream f(file, std::ios::binary);
+  std::vector<float> theirs(mine.size());
+  f.read(reinterpret_cast<char*>(theirs.data()), std::streamsize(theirs.size() * 4));
+  ASSERT_EQ(f.gcount(), std::streamsize(mine.size() * 4)) << "the interpreter's results are not the same size";
+  size_t bad = 0;
+  for (size_t i = 0; i < mine.size(); ++i)
+    if (!same(mine[i], theirs[i]) && bad++ < 5) ADD_FAILURE() << "value " << i << ": loops " << mine[i] << ", interpreter " << theirs[i];
+  EXPECT_EQ(bad, 0u) << "of " << mine.size() << " values";
+  size_t nan = 0;
+  for (float v : mine) nan += std::isnan(v);
+  EXPECT_GT(nan, 0u) << "the NaN rows reached the results";
+  std::filesystem::remove_all(std::filesystem::path(file).parent_path());
 }

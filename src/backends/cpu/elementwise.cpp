@@ -1,6 +1,6 @@
 // Elementwise and Row Steps: a program over every position of the output, through its native
 // loop where it has one (native_loops.h), else the interpreter over tiles; Row Steps over tiles of
-// whole rows (the interpreter only).
+// whole rows (through their native loops where they build, row_loops.h).
 #include <numeric>
 #include <optional>
 
@@ -9,6 +9,7 @@
 #include "backends/cpu/kernel.h"
 #include "backends/cpu/native_loops.h"
 #include "backends/cpu/reg_alloc.h"
+#include "backends/cpu/row_loops.h"
 #include "backends/cpu/views.h"
 #include "core/half.h"
 
@@ -223,6 +224,7 @@ void ElementwiseKernel::run(const Step& st, const LaunchArgs& args) const {
 // the Step's shape has one element per row, the first lane of each row.
 struct RowKernel final : CpuKernel {
   RegPlan regs;  // with the row-constant values (plan_row_constants)
+  std::unique_ptr<RowLoops> loops;  // the native loops (row_loops.h), when they build
   void run(const Step& st, const LaunchArgs& args) const override;
 };
 
@@ -242,6 +244,7 @@ void store_rows(Scratch& sc, int r, bool compact, DType t, void* dst, int64_t st
 }
 
 void RowKernel::run(const Step& st, const LaunchArgs& args) const {
+  if (loops && run_row_loops(*loops, st, args)) return;
   int64_t total = numel(st.domain), row = st.row;
   int64_t rows_per_tile = std::max<int64_t>(1, kTile / row), lanes = rows_per_tile * row;
   int64_t ntiles = (total + lanes - 1) / lanes;
@@ -294,6 +297,7 @@ std::unique_ptr<CpuKernel> compile_row(const Step& st) {
   k->regs = plan_registers(st.program, results_of(st));
   k->regs.load = load_paths(st.program);
   plan_row_constants(k->regs, st);
+  k->loops = build_row_loops(st);
   return k;
 }
 

@@ -1,0 +1,432 @@
+#include "backends/cpu/row_loops.h"
+
+#include <immintrin.h>
+
+#include <atomic>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+#include <list>
+
+#include "backends/cpu/interpreter.h"
+#include "backends/cpu/native_loops.h"
+#include "core/half.h"
+
+namespace tessera::backends::cpu {
+namespace {
+
+std::atomic<uint64_t> launches{0};
+
+bool lanes32(DType t) { return t == DType::Float32 || t == DType::Int32; }
+
+// Elements between consecutive positions of a row for view v (dims [first, rank) of dom are the
+// row), or -1 when the row does not walk it evenly.
+int64_t row_stride(const kir::View& v, const Shape& dom, size_t first) {
+  int64_t per = -1, run = 1;
+  for (size_t d = dom.size(); d > first; --d) {
+    if (dom[d - 1] == 1) continue;
+    const int64_t s = v.strides[d - 1];
+    if (s < 0 || (per < 0 ? s % run != 0 : s != per * run)) return -1;
+    per = s / run;
+    run *= dom[d - 1];
+  }
+  return per < 0 ? 0 : per;
+}
+
+// run_max(a, n, -inf) (common.h), its bits exactly: lane j of the vector is its accumulator j
+// (x > m ? x : m is vmaxps(x, m), NaN included), then the same scalar tail and final fold.
+float row_max(const float* a, int64_t n) {
+#if defined(__AVX2__)
+  if (n >= 16) {
+    __m256 m = _mm256_set1_ps(-std::numeric_limits<float>::infinity()), nan = _mm256_setzero_ps();
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+      const __m256 x = _mm256_loadu_ps(a + i);
+      m = _mm256_max_ps(x, m);
+      nan = _mm256_or_ps(nan, _mm256_cmp_ps(x, x, _CMP_UNORD_Q));
+    }
+    alignas(32) float acc[8];
+    _mm256_store_ps(acc, m);
+    bool any_nan = _mm256_movemask_ps(nan) != 0;
+    for (int j = 0; i < n; ++i, ++j) {
+      const float x = a[i];
+      acc[j] = x > acc[j] ? x : acc[j];
+      any_nan |= x != x;
+    }
+    if (any_nan) return std::numeric_limits<float>::quiet_NaN();
+    float r = acc[0];
+    for (int j = 1; j < 8; ++j) r = acc[j] > r ? acc[j] : r;
+    return r;
+  }
+#endif
+  return run_max(a, n, -std::numeric_limits<float>::infinity());
+}
+
+// n values (elements `per` apart) rounded to bfloat16 (else float16) and back, as the
+// interpreter's casts round them (bfloat16: its bit arithmetic on whole words, vectorized).
+void round_row(const float* src, int64_t per, float* dst, int64_t n, bool bf16) {
+  if (!bf16) {
+    for (int64_t c = 0; c < n; ++c) dst[c] = half::f16_to_float(half::float_to_f16(src[c * per]));
+    return;
+  }
+  auto one = [](uint32_t u) {
+    return ((u & 0x7fffffffu) > 0x7f800000u ? u | 0x400000u : u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
+  };
+  const uint32_t* s = reinterpret_cast<const uint32_t*>(src);
+  uint32_t* d = reinterpret_cast<uint32_t*>(dst);
+  if (per == 1)
+    for (int64_t c = 0; c < n; ++c) d[c] = one(s[c]);
+  else
+    for (int64_t c = 0; c < n; ++c) d[c] = one(s[c * per]);
+}
+
+constexpr int kStash = 1 << 24;  // RowPart::srcs: kStash + i is stash buffer i
+constexpr int kRound = 1 << 25;  // and kRound + i rounded load i's buffer
+
+// Which values later parts read from a row buffer instead of computing them again (a softmax's
+// exp): per instruction, the part that computes and stores it (avail) and its buffer (stash, -1:
+// none). Float32/int32 values computed by a part (not loads or constants) and needed by a later
+// one. `targets`: per part, what it computes (empty: a reduction read in place).
+int plan_stash(const std::vector<Instr>& prog, const std::vector<int>& red, const std::vector<int>& round,
+               const std::vector<uint8_t>& wide, const std::vector<std::vector<int>>& targets, std::vector<int>& avail,
+               std::vector<int>& stash) {
+  const size_t n = prog.size();
+  avail.assign(n, -1), stash.assign(n, -1);
+  int nstash = 0;
+  for (size_t p = 0; p < targets.size(); ++p) {
+    std::vector<uint8_t> need(n, 0);
+    for (int t : targets[p]) need[size_t(t)] = 1;
+    for (size_t k = n; k-- > 0;) {
+      if (!need[k] || red[k] >= 0 || round[k] >= 0) continue;
+      if (avail[k] >= 0) {  // computed by an earlier part: read back
+        if (stash[k] < 0) stash[k] = nstash++;
+        continue;
+      }
+      for (int o : {prog[k].a, prog[k].b, prog[k].c})
+        if (o >= 0) need[size_t(o)] = 1;
+    }
+    for (size_t k = 0; k < n; ++k)
+      if (need[k] && red[k] < 0 && round[k] < 0 && avail[k] < 0 && prog[k].code != Code::Load && prog[k].code != Code::Const &&
+          lanes32(prog[k].dtype) && !wide[k])
+        avail[k] = int(p);
+  }
+  return nstash;
+}
+
+// Part p of `prog`: computes `targets` and stores the values later parts read back (plan_stash),
+// each reduction read as a broadcast load of its value (red[k]: instruction k's reduction
+// number, or -1) and each value an earlier part stored as a dense load of its buffer.
+bool build_part(RowPart& part, const std::vector<Instr>& prog, const std::vector<int>& red,
+                const std::vector<int>& round, const std::vector<int64_t>& per, const std::vector<int>& avail, const std::vector<int>& stash, int p,
+                const std::vector<int>& targets) {
+  std::vector<uint8_t> need(prog.size(), 0);
+  auto leaf = [&](size_t k) { return red[k] >= 0 || round[k] >= 0 || (stash[k] >= 0 && avail[k] != p); };
+  for (int t : targets) need[size_t(t)] = 1;
+  for (size_t k = prog.size(); k-- > 0;)
+    if (need[k] && !leaf(k))
+      for (int o : {prog[k].a, prog[k].b, prog[k].c})
+        if (o >= 0) need[size_t(o)] = 1;
+  std::vector<Instr> sub;
+  std::vector<int64_t> stride;
+  std::vector<int> src, at(prog.size(), -1), results;
+  for (size_t k = 0; k < prog.size(); ++k) {
+    if (!need[k]) continue;
+    at[k] = int(sub.size());
+    if (round[k] >= 0) {  // a rounded load: its values rounded per chunk into a buffer
+      sub.push_back(Instr::load(-1, DType::Float32, {}));
+      stride.push_back(1), src.push_back(kRound + round[k]);
+      continue;
+    }
+    if (leaf(k)) {
+      const bool r = red[k] >= 0;
+      sub.push_back(Instr::load(-1, r ? DType::Float32 : prog[k].dtype, {}));
+      stride.push_back(r ? 0 : 1), src.push_back(r ? -1 - red[k] : kStash + stash[k]);
+      continue;
+    }
+    if (prog[k].code == Code::Load && prog[k].dtype == DType::Bool) {  // a mask: its int32 copy > 0
+      sub.push_back(Instr::load(-1, DType::Int32, {}));
+      stride.push_back(per[k]), src.push_back(int(k));
+      Instr zero;
+      zero.code = Code::Const, zero.dtype = DType::Int32, zero.value = 0;
+      sub.push_back(zero);
+      stride.push_back(0), src.push_back(0);
+      Instr gt;
+      gt.code = Code::Gt, gt.dtype = DType::Bool, gt.a = int(sub.size()) - 2, gt.b = int(sub.size()) - 1;
+      at[k] = int(sub.size());
+      sub.push_back(gt);
+      stride.push_back(0), src.push_back(0);
+      continue;
+    }
+    Instr I = prog[k];
+    if (I.dtype == DType::Int64) I.dtype = DType::Int32;  // compared only, its values within int32 (build_row_loops)
+    for (int* o : {&I.a, &I.b, &I.c})
+      if (*o >= 0) *o = at[size_t(*o)];
+    stride.push_back(I.code == Code::Load ? per[k] : 0);
+    src.push_back(I.code == Code::Load ? int(k) : 0);
+    sub.push_back(std::move(I));
+    if (stash[k] >= 0 && avail[k] == p) part.stores.push_back(stash[k]), results.push_back(at[k]);
+  }
+  part.prog = std::move(sub);
+  jit::Spec spec;
+  spec.prog = &part.prog;
+  spec.stride = stride;
+  for (int t : targets) spec.results.push_back(at[size_t(t)]);
+  spec.results.insert(spec.results.end(), results.begin(), results.end());
+  spec.early.assign(spec.results.size(), 1);  // outputs never overlap inputs (run_row_loops checks)
+  part.loop = jit::build(spec);
+  if (!part.loop) return false;
+  for (int l : part.loop->loads()) part.srcs.push_back(src[size_t(l)]);
+  return true;
+}
+
+}  // namespace
+
+std::unique_ptr<RowLoops> build_row_loops(const Step& st) {
+  static const bool off = [] {  // TESSERA_CPU_ROW_LOOPS=0: Row Steps in the interpreter (measuring)
+    const char* e = std::getenv("TESSERA_CPU_ROW_LOOPS");
+    return e && std::strcmp(e, "0") == 0;
+  }();
+  if (off) return nullptr;
+  const std::vector<Instr>& prog = st.program;
+  const Shape& dom = st.domain;
+  if (!jit::available() || st.kind != StepKind::Row || prog.empty() || st.row <= 0 || numel(dom) == 0) return nullptr;
+  size_t first = dom.size();
+  int64_t p = 1;
+  while (first > 0 && p < st.row) p *= dom[--first];
+  if (p != st.row) return nullptr;
+  auto rl = std::make_unique<RowLoops>();
+  rl->row = st.row;
+  rl->outer.assign(dom.begin(), dom.begin() + std::ptrdiff_t(first));
+  rl->outer_strides.resize(prog.size());
+  std::vector<int64_t> per(prog.size(), 0);
+  std::vector<int> red(prog.size(), -1), reds;
+  // int64 values (a causal mask's positions) only compared by ==, <, >: as int32 lanes, a
+  // constant when it fits, a load when every value it spans does (checked per launch).
+  std::vector<uint8_t> compared(prog.size(), 1);
+  for (const Instr& I : prog)
+    for (int o : {I.a, I.b, I.c})
+      if (o >= 0) compared[size_t(o)] &= I.code == Code::Eq || I.code == Code::Lt || I.code == Code::Gt;
+  rl->wide.assign(prog.size(), 0);
+  for (size_t k = 0; k < prog.size(); ++k) {
+    const Instr& I = prog[k];
+    if (I.dtype == DType::Int64 && (I.code == Code::Load || I.code == Code::Const)) {
+      if (!compared[k] || (I.code == Code::Const && !(std::abs(I.value) < 2147483648.0 && std::trunc(I.value) == I.value))) return nullptr;
+      rl->wide[k] = 1;
+    }
+    if (I.code == Code::Load && I.dtype == DType::Bool) rl->wide[k] = 2;
+    if (I.code == Code::Load) {
+      if (I.map.views.size() != 1 || !(lanes32(I.dtype) || rl->wide[k])) return nullptr;
+      const kir::View& v = I.map.views[0];
+      if (v.shape != dom || v.masked() || v.offset < 0) return nullptr;
+      for (int64_t s : v.strides)
+        if (s < 0) return nullptr;
+      per[k] = row_stride(v, dom, first);
+      if (per[k] < 0 || per[k] >= (int64_t(1) << 24)) return nullptr;
+      rl->outer_strides[k].assign(v.strides.begin(), v.strides.begin() + std::ptrdiff_t(first));
+    } else if (I.code == Code::RowSum || I.code == Code::RowMax) {
+      if (I.dtype != DType::Float32 || prog[size_t(I.a)].dtype != DType::Float32) return nullptr;
+      red[k] = int(reds.size());
+      reds.push_back(int(k));
+    }
+  }
+  // Per part: its targets (a reduction's operand; the results), or none (read in place).
+  const std::vector<int> results = results_of(st);
+  std::vector<std::vector<int>> targets;
+  rl->parts.resize(reds.size() + 1);
+  for (size_t i = 0; i < reds.size(); ++i) {
+    const Instr& I = prog[size_t(reds[i])];
+    const Instr& A = prog[size_t(I.a)];
+    rl->parts[i].max = I.code == Code::RowMax;
+    if (red[size_t(I.a)] >= 0) return nullptr;
+    if (A.code == Code::Load && A.dtype == DType::Float32 && per[size_t(I.a)] == 1) rl->parts[i].in_place = I.a, targets.push_back({});
+    else targets.push_back({I.a});
+  }
+  targets.emplace_back();
+  // A main result rounded to bfloat16/float16 at the end (autocast's softmax probabilities and
+  // layer norm outputs, operands of the next product): its float32 value into a row buffer,
+  // rounded from there as the interpreter stores it.
+  const Instr& L = prog.back();
+  rl->narrow = L.code == Code::Cast && (st.dtype == DType::BFloat16 || st.dtype == DType::Float16) &&
+               prog[size_t(L.a)].dtype == DType::Float32 && red[size_t(L.a)] < 0 && numel(st.shape) == numel(dom);
+  for (int r : st.more_results)
+    if (r == int(prog.size()) - 1) rl->narrow = false;
+  for (int r : results) {
+    if (rl->narrow && r == int(prog.size()) - 1) r = L.a;
+    if (!lanes32(prog[size_t(r)].dtype)) return nullptr;
+    rl->result_red.push_back(red[size_t(r)]);
+    if (red[size_t(r)] < 0) targets.back().push_back(r);
+  }
+  if (st.dtype != prog.back().dtype) return nullptr;
+  // A float32 load rounded to bfloat16/float16 and back (autocast's gradients entering a
+  // backward Row Step): rounded per chunk into a buffer the loops read.
+  std::vector<int> round(prog.size(), -1);
+  for (size_t k = 0; k < prog.size(); ++k) {
+    const Instr& I = prog[k];
+    if (I.code != Code::Cast || I.dtype != DType::Float32) continue;
+    const Instr& J = prog[size_t(I.a)];
+    if (J.code != Code::Cast || (J.dtype != DType::BFloat16 && J.dtype != DType::Float16)) continue;
+    const Instr& L = prog[size_t(J.a)];
+    if (L.code != Code::Load || L.dtype != DType::Float32) continue;
+    round[k] = int(rl->rounds.size());
+    rl->rounds.push_back({J.a, J.dtype == DType::BFloat16, per[size_t(J.a)]});
+  }
+  std::vector<int> avail, stash;
+  rl->nstash = plan_stash(prog, red, round, rl->wide, targets, avail, stash);
+  for (size_t i = 0; i < targets.size(); ++i)
+    if (!targets[i].empty() && !build_part(rl->parts[i], prog, red, round, per, avail, stash, int(i), targets[i]))
+      return nullptr;
+  return rl;
+}
+
+bool run_row_loops(const RowLoops& rl, const Step& st, const LaunchArgs& args) {
+  const std::vector<Instr>& prog = st.program;
+  const int64_t total = numel(st.domain), row = rl.row, nrows = total / row;
+  const bool per_row = numel(st.shape) != total;
+  auto in = inputs_of(st, args);
+  // Each load's first element and the bytes it spans; outputs must not overlap them.
+  std::vector<const char*> base(prog.size(), nullptr);
+  std::vector<std::pair<const char*, const char*>> spans;
+  std::list<std::vector<int32_t>> narrowed;
+  for (size_t k = 0; k < prog.size(); ++k) {
+    const Instr& I = prog[k];
+    if (I.code != Code::Load) continue;
+    const kir::View& v = I.map.views[0];
+    const size_t size = itemsize(I.dtype);
+    base[k] = static_cast<const char*>(in[size_t(I.input)]) + v.offset * int64_t(size);
+    int64_t last = 0;
+    for (size_t d = 0; d < v.shape.size(); ++d) last += v.strides[d] * (v.shape[d] - 1);
+    spans.push_back({base[k], base[k] + (last + 1) * int64_t(size)});
+    if (rl.wide[k] == 2) {  // a bool mask as int32 lanes of 0 and 1
+      const uint8_t* w = reinterpret_cast<const uint8_t*>(base[k]);
+      std::vector<int32_t>& c = narrowed.emplace_back(size_t(last + 1));
+      for (int64_t i = 0; i <= last; ++i) c[size_t(i)] = w[i] != 0;
+      base[k] = reinterpret_cast<const char*>(c.data());
+    } else if (rl.wide[k]) {  // int64 as int32 lanes: the elements it spans, when they all fit
+      const int64_t* w = reinterpret_cast<const int64_t*>(base[k]);
+      std::vector<int32_t>& c = narrowed.emplace_back(size_t(last + 1));
+      for (int64_t i = 0; i <= last; ++i) {
+        if (w[i] < std::numeric_limits<int32_t>::min() || w[i] > std::numeric_limits<int32_t>::max()) return false;
+        c[size_t(i)] = int32_t(w[i]);
+      }
+      base[k] = reinterpret_cast<const char*>(c.data());
+    }
+  }
+  const std::vector<int> results = results_of(st);
+  const size_t nres = results.size();
+  std::vector<char*> outs(nres);
+  for (size_t j = 0; j < nres; ++j) {
+    const bool main = j + 1 == nres;
+    outs[j] = static_cast<char*>(args.slots[main ? st.output : st.more_outputs[j]]);
+    const char* hi = outs[j] + (main && !per_row ? total * int64_t(itemsize(st.dtype)) : nrows * 4);
+    for (const auto& [lo, end] : spans)
+      if (lo < hi && outs[j] < end) return false;
+  }
+  const RowPart& fin = rl.parts.back();
+  const size_t nred = rl.parts.size() - 1, nbuf = nres + 1 + size_t(rl.nstash) + rl.rounds.size();
+  const size_t round0 = nres + 1 + size_t(rl.nstash);  // the rounded loads' buffers
+  const int64_t rpt = std::max<int64_t>(1, kTile / row), ntiles = (nrows + rpt - 1) / rpt;
+  const size_t last = rl.outer.empty() ? 0 : rl.outer.size() - 1;
+  // Bytes each load moves from one row to the next along the last outer dim.
+  std::vector<int64_t> row_step(prog.size(), 0);
+  for (size_t k = 0; k < prog.size(); ++k)
+    if (base[k] && !rl.outer.empty()) row_step[k] = rl.outer_strides[k][last] * 4;
+#pragma omp parallel for schedule(static) if (total >= kParallelMin && ntiles > 1)
+  for (int64_t t = 0; t < ntiles; ++t) {
+    // Per tile: buffer 0 (a reduction's operand), the per-row results, the stored values, each
+    // rpt rows; each reduction's values (rpt per reduction).
+    thread_local std::vector<float> buf, rv;
+    if (buf.size() < size_t(rpt * row) * nbuf) buf.resize(size_t(rpt * row) * nbuf);
+    if (rv.size() < size_t(rpt) * nred) rv.resize(size_t(rpt) * nred);
+    auto buffer = [&](size_t b) { return buf.data() + b * size_t(rpt * row); };
+    const void* p[kMaxLoopPtrs];
+    int64_t step[kMaxLoopPtrs];
+    int64_t idx[32];
+    const int64_t g1 = std::min(nrows, (t + 1) * rpt);
+    unravel(t * rpt, rl.outer, idx);
+    // Chunks of rows along the last outer dim: one loop call per part, each pointer stepping by
+    // its row step (reductions' values by one float, buffers by a row).
+    for (int64_t g = t * rpt; g < g1;) {
+      const int64_t rows = rl.outer.empty() ? 1 : std::min(g1 - g, rl.outer[last] - idx[last]);
+      auto row_ptr = [&](size_t k) {
+        int64_t o = 0;
+        for (size_t d = 0; d < rl.outer_strides[k].size(); ++d) o += idx[d] * rl.outer_strides[k][d];
+        return base[k] + o * 4;
+      };
+      auto fill = [&](const RowPart& part) {
+        size_t i = 0;
+        for (int s : part.srcs) {
+          if (s >= kRound) p[i] = buffer(round0 + size_t(s - kRound)), step[i] = row * 4;
+          else if (s >= kStash) p[i] = buffer(nres + 1 + size_t(s - kStash)), step[i] = row * 4;
+          else if (s >= 0) p[i] = row_ptr(size_t(s)), step[i] = row_step[size_t(s)];
+          else p[i] = rv.data() + size_t(-1 - s) * size_t(rpt), step[i] = 4;
+          ++i;
+        }
+        return i;
+      };
+      auto stores = [&](const RowPart& part, size_t i) {
+        for (int b : part.stores) p[i] = buffer(nres + 1 + size_t(b)), step[i++] = row * 4;
+      };
+      for (size_t r = 0; r < rl.rounds.size(); ++r) {  // as the interpreter's two casts round
+        const RowLoops::Round& R = rl.rounds[r];
+        const char* src = row_ptr(size_t(R.load));
+        float* dst = buffer(round0 + r);
+        for (int64_t i = 0; i < rows; ++i)
+          round_row(reinterpret_cast<const float*>(src + i * row_step[size_t(R.load)]), R.per, dst + i * row, row, R.bf16);
+      }
+      for (size_t s = 0; s < nred; ++s) {
+        const RowPart& part = rl.parts[s];
+        const float* v = buffer(0);
+        int64_t vstep = row;
+        if (part.in_place >= 0) {
+          v = reinterpret_cast<const float*>(row_ptr(size_t(part.in_place)));
+          vstep = row_step[size_t(part.in_place)] / 4;
+        } else {
+          const size_t i = fill(part);
+          p[i] = buffer(0), step[i] = row * 4;
+          stores(part, i + 1);
+          (*part.loop)(p, row, rows, step);
+        }
+        float* r = rv.data() + s * size_t(rpt);
+        for (int64_t i = 0; i < rows; ++i)
+          r[i] = part.max ? row_max(v + i * vstep, row) : float(run_sum(v + i * vstep, row));
+      }
+      if (fin.loop) {
+        size_t i = fill(fin);
+        for (size_t j = 0; j < nres; ++j) {
+          if (rl.result_red[j] >= 0) continue;
+          const bool dense = j + 1 == nres && !per_row && !rl.narrow;
+          p[i] = dense ? static_cast<void*>(outs[j] + g * row * 4) : buffer(j + 1);
+          step[i++] = row * 4;
+        }
+        stores(fin, i);
+        (*fin.loop)(p, row, rows, step);
+      }
+      if (rl.narrow) {  // the main result rounded (half.h's rounding: the interpreter's bits)
+        const float* v = buffer(nres);
+        uint16_t* o = reinterpret_cast<uint16_t*>(outs[nres - 1]) + g * row;
+        if (st.dtype == DType::BFloat16)
+          for (int64_t i = 0; i < rows * row; ++i) o[i] = half::float_to_bf16(v[i]);
+        else
+          for (int64_t i = 0; i < rows * row; ++i) o[i] = half::float_to_f16(v[i]);
+      }
+      for (size_t j = 0; j < nres; ++j) {  // per-row results, and a reduction's value as a result
+        const int r = rl.result_red[j];
+        for (int64_t i = 0; i < rows; ++i) {
+          const float* v = r >= 0 ? rv.data() + size_t(r) * size_t(rpt) + i : buffer(j + 1) + i * row;
+          if (j + 1 < nres || per_row) std::memcpy(outs[j] + (g + i) * 4, v, 4);
+          else if (r >= 0)
+            for (int64_t c = 0; c < row; ++c) std::memcpy(outs[j] + ((g + i) * row + c) * 4, v, 4);
+        }
+      }
+      g += rows;
+      if (!rl.outer.empty()) idx[last] += rows - 1, bump(idx, rl.outer);
+    }
+  }
+  launches.fetch_add(1, std::memory_order_relaxed);
+  return true;
+}
+
+uint64_t row_loop_launches() { return launches.load(std::memory_order_relaxed); }
+
+}  // namespace tessera::backends::cpu
