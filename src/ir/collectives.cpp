@@ -115,7 +115,7 @@ TypeShape infer_collective(Op op, const InferArgs& a) {
       check_axis(name, k[2], x, "concat axis");
       check_divides(name, n, k[1], x);
       s[size_t(k[1])] /= n;
-      s[size_t(k[2])] *= n;
+      if (__builtin_mul_overflow(s[size_t(k[2])], n, &s[size_t(k[2])])) fail(name, "extent overflows 64 bits: " + desc(x));
       break;
     }
     case Op::Broadcast: case Op::Reduce: {
