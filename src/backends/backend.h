@@ -43,7 +43,10 @@ namespace tessera::backends {
 //    RNG_ARGS/RNG_INIT), so a plugin built against an older SDK is refused, not crashed.
 // 5: ExecutableSpec::param_slots, output_slots, donated and memory_report (a backend that
 //    compiles spec.graph itself: pjrt).
-constexpr int kInterfaceVersion = 5;
+// 6: StepKind::Collective (Step::collective, collective_attrs), the collectives a backend runs
+//    through the current communicator (backends/collective.h); a backend that does not refuses
+//    them in compile().
+constexpr int kInterfaceVersion = 6;
 
 // A compiled Step, opaque to the runtime; destroyed with the executable that holds it.
 struct Kernel {

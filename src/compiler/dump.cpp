@@ -109,6 +109,7 @@ std::string kind_name(kir::StepKind k) {
     case K::ScatterAdd: return "scatter_add";
     case K::DynamicUpdateSlice: return "dynamic_update_slice";
     case K::Row: return "row";
+    case K::Collective: return "collective";
     default: return "kind#" + std::to_string(int(k));
   }
 }

@@ -311,6 +311,9 @@ Val Lowerer::lower_node(int i) {
     case Op::ReduceSum:
     case Op::ReduceMax:
       return lower_reduce(i);
+    case Op::AllReduce: case Op::AllGather: case Op::ReduceScatter: case Op::AllToAll: case Op::Broadcast:
+    case Op::Reduce: case Op::CollectivePermute:
+      return lower_collective(i);
     case Op::Matmul:
     case Op::Gather:
     case Op::ScatterAdd:
@@ -572,6 +575,23 @@ Val Lowerer::lower_addressed(int i) {
     st.maps.push_back(x.map);
     st.input_dtypes.push_back(input->dtype);
   }
+  st.output = slot_for(i);
+  return push(std::move(st), n.shape);
+}
+
+// A collective reads its input densely (a communicator moves plain buffers) and writes its
+// output densely: a strided or fused input is copied into a temporary first.
+Val Lowerer::lower_collective(int i) {
+  const Node& n = *g.nodes[i];
+  Step st = begin(StepKind::Collective, i);
+  st.collective = n.op;
+  st.collective_attrs = n.attrs.ints;
+  const int x = g.index.at(n.inputs[0].get());
+  Val xv = strided(x, i);
+  if (!xv.map.is_contiguous() || xv.map.views[0].offset != 0) xv = copy_to_slot(x, i, kir::SlotKind::Temp, 0);
+  st.inputs.push_back(xv.slot);
+  st.maps.push_back(xv.map);
+  st.input_dtypes.push_back(n.inputs[0]->dtype);
   st.output = slot_for(i);
   return push(std::move(st), n.shape);
 }

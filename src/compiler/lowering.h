@@ -90,6 +90,7 @@ class Lowerer {
   Val lower_reduce(int i);
   Val lower_concat(int i);
   Val lower_addressed(int i);  // matmul and the indexing ops: Steps reading plain strided views
+  Val lower_collective(int i);
   // Outputs whose value is a view, a constant or a parameter get a Copy Step into their slot.
   void copy_out(int node, int out);
 

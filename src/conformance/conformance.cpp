@@ -22,6 +22,7 @@
 #include <unordered_map>
 
 #include "backends/backend.h"
+#include "backends/communicator.h"
 #include "conformance/random_graph.h"
 #include "conformance/suite.h"
 #include "core/half.h"
@@ -222,8 +223,145 @@ struct Target {
   bool executes;  // false: compile only (the null device, or run_cell's compile pass)
 };
 
+// An SPMD case (Case::ranks > 0): each rank's inputs (and output cotangents) drawn from its own
+// generator, the case traced once on rank 0's, run on in-process ranks (runtime::realize_spmd),
+// every rank's outputs and gradients compared with reference::evaluate_ranks.
+CaseResult run_spmd_case(const Case& c, const std::string& row, const Target& tg, bool passes_on) {
+  CaseResult r{row, c.variant, tg.device.kind, passes_on ? "on" : "off", Status::Pass, ""};
+  auto fail_with = [&](std::string why) {
+    r.status = Status::Fail;
+    r.detail = std::move(why);
+    return r;
+  };
+  if (std::string why = collective_skip_reason(tg.device.kind); !why.empty()) {
+    r.status = Status::Skip;
+    r.detail = why;
+    return r;
+  }
+  runtime::set_disabled_passes(passes_on ? "" : "all");
+  const size_t N = size_t(c.ranks);
+  // Per rank 0 buffer: every rank's values (rank 0's first) and every rank's buffer.
+  std::unordered_map<const Buffer*, std::vector<std::vector<double>>> known;
+  std::unordered_map<const Buffer*, std::vector<std::shared_ptr<Buffer>>> bufs;
+  auto upload = [&](const std::vector<double>& v, const Shape& s, DType t) {
+    std::vector<char> bytes = encode(v, t);
+    return tg.executes ? runtime::upload(tg.device, bytes.data(), bytes.size())
+                       : std::make_shared<Buffer>(tg.device, nullptr, bytes.size(), nullptr);
+  };
+  try {
+    std::vector<Rng> rngs;
+    for (size_t k = 0; k < N; ++k) rngs.emplace_back(seed_of(row, c.variant) + uint32_t(k) * 7919u);
+    // Rank 0's inputs are the traced ones; rank k's values come from its own generator.
+    size_t made = 0;
+    std::vector<Tensor> leaves;
+    auto rank_values = [&](const Input& in, size_t k) {
+      std::vector<double> v(size_t(numel(in.shape)));
+      for (double& x : v) x = in.fixed.empty() ? in.gen(rngs[k]) : 0;
+      if (!in.fixed.empty()) v = in.fixed;
+      std::vector<char> bytes = encode(v, in.dtype);
+      return reference::read_host(bytes.data(), in.dtype, numel(in.shape));  // as the dtype holds them
+    };
+    auto add_leaf = [&](std::vector<std::vector<double>> per_rank, const Shape& s, DType t) {
+      std::shared_ptr<Buffer> b0 = upload(per_rank[0], s, t);
+      for (size_t k = 0; k < N; ++k) bufs[b0.get()].push_back(k == 0 ? b0 : upload(per_rank[k], s, t));
+      known[b0.get()] = std::move(per_rank);
+      made++;
+      return detail::from_buffer(b0, s, t);
+    };
+    std::vector<Tensor> viewed;
+    for (const Input& in : c.inputs) {
+      std::vector<std::vector<double>> v;
+      for (size_t k = 0; k < N; ++k) v.push_back(rank_values(in, k));
+      Tensor t = add_leaf(std::move(v), in.shape, in.dtype);
+      if (in.grad) t.requires_grad_();
+      leaves.push_back(t);
+      viewed.push_back(in.view ? in.view(t) : t);
+    }
+    Context ctx{tg.device, [&](const std::vector<double>& v, const Shape& s, DType t) {
+                  return add_leaf(std::vector<std::vector<double>>(N, v), s, t);
+                }};
+    std::vector<Tensor> results = c.fn(viewed, ctx);
+    viewed.clear();
+    std::vector<std::string> labels;
+    for (size_t k = 0; k < results.size(); ++k) labels.push_back("output " + std::to_string(k));
+    const size_t n_out = results.size();
+    bool any_grad = false;
+    for (const Input& in : c.inputs) any_grad |= in.grad;
+    if (any_grad) {
+      for (const Tensor& o : results)
+        if (o.requires_grad()) {
+          std::vector<std::vector<double>> w(N, std::vector<double>(size_t(o.numel())));
+          for (size_t k = 0; k < N; ++k)
+            for (double& x : w[k]) x = std::uniform_real_distribution<double>(-1, 1)(rngs[k]);
+          o.backward(add_leaf(std::move(w), o.shape(), o.dtype()));
+        }
+      for (size_t k = 0; k < c.inputs.size(); ++k) {
+        if (!c.inputs[k].grad) continue;
+        Tensor g = leaves[k].grad();
+        if (!g.defined()) return fail_with("no gradient reached input " + std::to_string(k));
+        results.push_back(g);
+        labels.push_back("gradient of input " + std::to_string(k));
+      }
+    }
+    std::vector<ir::NodePtr> nodes;
+    for (const Tensor& t : results) nodes.push_back(detail::node_of(t));
+    ir::Graph g = ir::build_graph(nodes);
+    bool found = false;
+    for (auto& n : g.nodes) found |= c.primitive && n->op == *c.primitive;
+    if (c.primitive && !found) return fail_with(std::string("the traced graph has no ") + ir::op_name(*c.primitive) + " node");
+    for (auto& n : g.nodes)
+      if (std::string why = skip_reason(tg.device.kind, n->dtype); !why.empty()) {
+        r.status = Status::Skip;
+        r.detail = why;
+        return r;
+      }
+    std::vector<runtime::Request> req;
+    for (auto& n : nodes) req.push_back({n, {}});
+    if (!tg.executes) {
+      runtime::compile_only(req);
+      detail::reset_draws();
+      r.status = Status::Compiled;
+      return r;
+    }
+    std::vector<std::vector<reference::Value>> params(N);
+    std::vector<runtime::RankInputs> inputs(N);
+    for (int p : g.params) {
+      const ir::Node& n = *g.nodes[size_t(p)];
+      auto it = known.find(n.buffer.get());
+      if (it == known.end()) return fail_with("a leaf the case did not make (" + std::string(dtype_name(n.dtype)) + shape_str(n.shape) + ")");
+      for (size_t k = 0; k < N; ++k) {
+        params[k].push_back({n.shape, n.dtype, it->second[k]});
+        inputs[k].push_back({n.buffer.get(), bufs[n.buffer.get()][k]});
+      }
+    }
+    std::vector<const ir::Graph*> graphs(N, &g);
+    RngState rs = detail::rng_state();
+    std::vector<std::vector<reference::Value>> ref = reference::evaluate_ranks(graphs, rs.seed, rs.offset, params);
+    Snapshot before = Snapshot::now();
+    auto got = runtime::realize_spmd(req, {rs.seed, rs.offset}, inputs, backends::make_inprocess_group(int(N)));
+    detail::reset_draws();
+    if (std::string why = check_launches(before, Snapshot::now(), tg.device.kind); !why.empty()) return fail_with(why);
+    for (size_t k = 0; k < N; ++k)
+      for (size_t o = 0; o < results.size(); ++o) {
+        const reference::Value& want = ref[k][o];
+        std::vector<char> bytes(size_t(numel(want.shape)) * itemsize(want.dtype));
+        runtime::download(*got[k][o], bytes.data(), bytes.size());
+        double tol = !is_floating(want.dtype) ? 0
+                     : o >= n_out             ? (c.grad_tol >= 0 ? c.grad_tol : default_tolerance(want.dtype, true))
+                                              : (c.tol >= 0 ? c.tol : default_tolerance(want.dtype, false));
+        if (std::string why = compare(reference::read_host(bytes.data(), want.dtype, numel(want.shape)), want.data, tol); !why.empty())
+          return fail_with("rank " + std::to_string(k) + " " + labels[o] + " (" + dtype_name(want.dtype) + shape_str(want.shape) + "): " + why);
+      }
+  } catch (const std::exception& e) {
+    detail::reset_draws();
+    return fail_with(e.what());
+  }
+  return r;
+}
+
 // Runs one case once (passes off or on). Every tensor it makes dies before it returns.
 CaseResult run_once(const Case& c, const std::string& row, const Target& tg, bool passes_on) {
+  if (c.ranks > 0) return run_spmd_case(c, row, tg, passes_on);
   CaseResult r{row, c.variant, tg.device.kind, passes_on ? "on" : "off", Status::Pass, ""};
   runtime::set_disabled_passes(passes_on ? "" : "all");
   std::unordered_map<const Buffer*, std::vector<double>> known;  // what the reference reads for each leaf
@@ -439,6 +577,13 @@ std::string skip_reason(const std::string& backend, DType t) {
   for (auto& b : backends::all_backends())
     if (b->name() == backend && b->device_count() > 0 && !b->properties(0).computes(t))
       return std::string(dtype_name(t)) + ": " + backend + " does not compute it (its Target's compute_dtypes)";
+  return "";
+}
+
+std::string collective_skip_reason(const std::string& backend) {
+  for (auto& b : backends::all_backends())
+    if (b->name() == backend && b->device_count() > 0 && b->can_execute() && !b->properties(0).collectives)
+      return "collectives: " + backend + " does not run them (its Target's collectives; docs/architecture.md \"Parallelism\")";
   return "";
 }
 

@@ -613,6 +613,10 @@ std::vector<Case> primitive_cases(Op op) {
     case Op::DynamicUpdateSlice: c = dus_cases(); break;
     case Op::Reverse: c = reverse_cases(r); break;
     case Op::Conv: c = conv_cases(); break;
+    case Op::AllReduce: case Op::AllGather: case Op::ReduceScatter: case Op::AllToAll: case Op::Broadcast:
+    case Op::Reduce: case Op::CollectivePermute:
+      c = collective_cases(op);
+      break;
     case Op::Count_: break;
   }
   for (Case& k : c) k.primitive = op;

@@ -58,6 +58,10 @@ struct Case {
   // always exact.
   double tol = -1, grad_tol = -1;
   std::optional<ir::Op> primitive{};  // primitive rows: the traced graph must contain it
+  // Collectives (SPMD cases): > 0 runs the case on that many in-process ranks, each with its own
+  // inputs (and cotangents), traced once on rank 0's; every rank's outputs and gradients are
+  // checked against reference::evaluate_ranks. Backends whose Target has no collectives skip.
+  int ranks = 0;
 };
 
 // A case's leaves, filled from its inputs' generators (or fixed values) in order, and what the
@@ -66,6 +70,11 @@ struct Inputs {
   std::vector<Tensor> leaves, viewed;
 };
 Inputs make_inputs(const Case& c, const Context& ctx, Rng& rng);
+
+// The cases of a collective primitive (collective_cases.cpp).
+std::vector<Case> collective_cases(ir::Op op);
+// Why `backend` skips collective cases ("" when it runs them).
+std::string collective_skip_reason(const std::string& backend);
 
 // Default normalized tolerances against the float64 reference (see conformance.cpp).
 double default_tolerance(DType t, bool gradient);

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <array>
 
+#include "ir/collectives.h"
 #include "ir/conv.h"
 #include "ir/node.h"
 #include "ir/vjp.h"
@@ -317,6 +318,9 @@ Cost cost_dus(const Node& n) { return {0, 2 * bytes_of(n) + bytes_of(*n.inputs[1
 using C = Category;
 #define UN(O, nm, d) {nm, 1, C::Elementwise, d, infer_unary<Op::O>, cost_elementwise, d ? vjp_rule(Op::O) : nullptr}
 #define BIN(O, nm, d) {nm, 2, C::Elementwise, d, infer_binary<Op::O>, cost_elementwise, d ? vjp_rule(Op::O) : nullptr}
+template <Op O>
+TypeShape infer_coll(In a) { return infer_collective(O, a); }
+#define COLL(O, nm) {nm, 1, C::Collective, true, infer_coll<Op::O>, cost_collective, collective_vjp_rule(Op::O)}
 std::array<PrimitiveInfo, kNumOps> kTable = {{
     {"leaf", 0, C::Source, false, infer_leaf, cost_none, nullptr},
     {"full", 0, C::Source, false, infer_full, cost_none, nullptr},
@@ -346,9 +350,13 @@ std::array<PrimitiveInfo, kNumOps> kTable = {{
     {"dynamic_update_slice", 3, C::Indexing, true, infer_dus, cost_dus, vjp_rule(Op::DynamicUpdateSlice)},
     {"reverse", 1, C::Movement, true, infer_reverse, cost_movement, vjp_rule(Op::Reverse)},
     {"conv", 2, C::Contraction, true, infer_conv, cost_conv, vjp_rule(Op::Conv)},
+    COLL(AllReduce, "all_reduce"), COLL(AllGather, "all_gather"), COLL(ReduceScatter, "reduce_scatter"),
+    COLL(AllToAll, "all_to_all"), COLL(Broadcast, "broadcast"), COLL(Reduce, "reduce"),
+    COLL(CollectivePermute, "collective_permute"),
 }};
 #undef UN
 #undef BIN
+#undef COLL
 
 }  // namespace
 
@@ -359,5 +367,13 @@ VjpRule replace_vjp_for_testing(Op op, VjpRule rule) {
   return old;
 }
 bool is_compare(Op op) { return op >= Op::Eq && op <= Op::Ge; }
+const char* reduce_kind_name(ReduceKind k) {
+  switch (k) {
+    case ReduceKind::Sum: return "sum";
+    case ReduceKind::Mean: return "mean";
+    case ReduceKind::Max: return "max";
+  }
+  return "?";
+}
 
 }  // namespace tessera::ir

@@ -47,6 +47,18 @@ enum class Op : uint8_t {
             // rhs_dilation}. lhs is dilated (lhs_dilation - 1 zeros between elements), then
             // padded (negative padding crops); out[b, o, p] = sum over f, k of
             // lhs'[b, g*F/groups + f, p*stride + k*rhs_dilation] * rhs[o, f, k], g = o / (O/groups)
+  // Collectives (docs/architecture.md "Parallelism"): a graph is one rank's program (SPMD), run
+  // by `ranks` ranks together; ints[0] = ranks (>= 1), so every shape rule is static. x_s is the
+  // input on rank s, y_r the output on rank r.
+  AllReduce,      // ints = {ranks, kind: 0 sum, 1 mean, 2 max}; y_r = reduce over s of x_s
+  AllGather,      // ints = {ranks, axis}; y_r = concat over s of x_s along axis
+  ReduceScatter,  // ints = {ranks, axis}; y_r = block r (along axis) of sum over s of x_s
+  AllToAll,       // ints = {ranks, split axis, concat axis}; y_r = concat over s (along the concat
+                  // axis) of block r of x_s (split along the split axis)
+  Broadcast,      // ints = {ranks, root}; y_r = x_root
+  Reduce,         // ints = {ranks, root}; y_root = sum over s of x_s, y_r = 0 elsewhere
+  CollectivePermute,  // ints = {ranks, src0, dst0, src1, dst1, ...}: y_dst = x_src per pair;
+                      // a rank no pair sends to gets zeros (each rank sends and receives at most once)
   Count_
 };
 constexpr int kNumOps = static_cast<int>(Op::Count_);
@@ -58,6 +70,9 @@ struct TypeShape {
 struct Cost {
   double flops = 0;
   double bytes = 0;  // bytes read from inputs plus bytes written
+  // Collectives: bytes this rank sends over the interconnect (ring algorithms: an all-reduce
+  // sends 2 (N-1)/N of its buffer, an all-gather (N-1)/N of its output, ...).
+  double comm_bytes = 0;
 };
 
 struct InferArgs {
@@ -67,7 +82,7 @@ struct InferArgs {
   std::optional<DType> dtype;   // the requested dtype, for ops that take one
 };
 
-enum class Category : uint8_t { Source, Elementwise, Reduce, Movement, Contraction, Indexing };
+enum class Category : uint8_t { Source, Elementwise, Reduce, Movement, Contraction, Indexing, Collective };
 
 // Cotangents of a node's inputs given the cotangent `g` of its output, as new IR (nullptr where
 // no gradient flows). `self` is the node itself, so rules can reuse its value.
@@ -89,6 +104,10 @@ const PrimitiveInfo& info(Op op);
 VjpRule replace_vjp_for_testing(Op op, VjpRule rule);
 inline const char* op_name(Op op) { return info(op).name; }
 bool is_compare(Op op);
+inline bool is_collective(Op op) { return op >= Op::AllReduce && op <= Op::CollectivePermute; }
+// all_reduce's kinds (ints[1]).
+enum class ReduceKind : int64_t { Sum = 0, Mean = 1, Max = 2 };
+const char* reduce_kind_name(ReduceKind k);
 
 }  // namespace tessera::ir
 #pragma GCC visibility pop

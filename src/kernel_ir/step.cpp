@@ -7,13 +7,15 @@ namespace tessera::kir {
 
 const char* step_kind_name(StepKind k) {
   static const char* names[] = {"elementwise", "copy", "reduce", "gemm", "gather", "scatter_add",
-                                "dynamic_update_slice", "row"};
+                                "dynamic_update_slice", "row", "collective"};
   return names[static_cast<int>(k)];
 }
 
 std::string Step::str() const {
   std::ostringstream os;
-  os << step_kind_name(kind) << " " << dtype_short(dtype) << shape_str(shape) << " -> slot " << output;
+  os << step_kind_name(kind);
+  if (kind == StepKind::Collective) os << " " << ir::op_name(collective);
+  os << " " << dtype_short(dtype) << shape_str(shape) << " -> slot " << output;
   for (int o : more_outputs) os << ", slot " << o;
   os << " <- (";
   for (size_t i = 0; i < inputs.size(); ++i) os << (i ? ", " : "") << "slot " << inputs[i];

@@ -60,6 +60,8 @@ enum class StepKind : uint8_t {
   Row,          // program over `domain` whose RowSum/RowMax reduce each run of `row` consecutive
                 // positions; out = the program (shape == domain) or one value per row (the
                 // program is constant along rows; numel(shape) == numel(domain) / row)
+  Collective,   // a collective (Step::collective) over the ranks of the current communicator:
+                // inputs[0] dense row-major, the output dense (backends/collective.h runs it)
 };
 const char* step_kind_name(StepKind k);
 
@@ -104,6 +106,10 @@ struct Step {
     Shape lhs, rhs;  // the input [B, F, X...] as inputs[1] holds it, the kernel [O, F/groups, K...]
   };
   std::optional<Conv> conv;
+  // Collective: the op (ir::Op::AllReduce ..) and its node's attributes (Attrs::ints), e.g.
+  // {ranks, kind} of an all_reduce; input_dtypes[0] the input's dtype.
+  ir::Op collective = ir::Op::Count_;
+  std::vector<int64_t> collective_attrs;
 
   // Every slot written: output, then more_outputs.
   std::vector<int> outputs() const {

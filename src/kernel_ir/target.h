@@ -29,6 +29,11 @@ struct Target {
   // float32 values are stored, moved and matrix-multiplied as this dtype (the advisor's
   // --dtype bfloat16: pure bfloat16 training). Unset: as traced.
   std::optional<DType> float32_as;
+  // The device runs StepKind::Collective Steps (through the current communicator,
+  // backends/collective.h) and takes launches from several in-process rank threads at once
+  // (runtime::realize_spmd); a plan with a collective for a device that does not is refused,
+  // naming the collective.
+  bool collectives = false;
 
   bool computes(DType t) const {
     if (compute_dtypes.empty()) return true;

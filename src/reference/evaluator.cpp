@@ -427,6 +427,9 @@ Value eval_node(const Node& n, const std::vector<const Value*>& in, uint64_t see
     case Op::Matmul: case Op::Conv:
       eval_product(n, in, out);
       break;
+    case Op::AllReduce: case Op::AllGather: case Op::ReduceScatter: case Op::AllToAll: case Op::Broadcast: case Op::Reduce:
+    case Op::CollectivePermute:
+      fail("reference", "collectives are evaluated by evaluate_ranks()");
     case Op::Count_:
       fail("reference", "unknown op");
   }
@@ -457,39 +460,111 @@ std::vector<double> read_host(const void* data, DType dtype, int64_t n) {
   return v;
 }
 
-std::vector<Value> evaluate(const ir::Graph& g, uint64_t seed, uint64_t offset, const std::vector<Value>& params) {
-  if (!params.empty() && params.size() != g.params.size())
-    fail("reference", "expected " + std::to_string(g.params.size()) + " parameters, got " + std::to_string(params.size()));
-  std::vector<Value> vals(g.nodes.size());
-  size_t next_param = 0;
+namespace {
+
+// One rank's walk through its graph (evaluate_ranks).
+struct RankRun {
+  const ir::Graph* g;
+  const std::vector<Value>* params;
+  std::vector<Value> vals;
+  size_t at = 0, next_param = 0;
+};
+
+std::string collective_desc(const Node& n) {
+  const Node& x = *n.inputs[0];
+  std::string a;
+  for (int64_t v : n.attrs.ints) a += (a.empty() ? "" : ",") + std::to_string(v);
+  return std::string(ir::op_name(n.op)) + "{" + a + "} of " + desc(x.shape, x.dtype);
+}
+
+// Evaluates rank `r`'s nodes up to (not including) its next collective or the end.
+void advance(RankRun& rr, uint64_t seed, uint64_t offset) {
+  const ir::Graph& g = *rr.g;
   std::vector<const Value*> in;
-  for (size_t i = 0; i < g.nodes.size(); ++i) {
-    const Node& n = *g.nodes[i];
+  for (; rr.at < g.nodes.size(); ++rr.at) {
+    const Node& n = *g.nodes[rr.at];
+    if (ir::is_collective(n.op)) return;
     if (n.op == Op::Leaf) {
-      size_t p = next_param++;
-      if (!params.empty()) {
-        const Value& v = params[p];
+      size_t p = rr.next_param++;
+      if (!rr.params->empty()) {
+        const Value& v = (*rr.params)[p];
         if (v.shape != n.shape || int64_t(v.data.size()) != n.numel())
           fail("reference", "parameter " + std::to_string(p) + " is " + desc(v.shape, v.dtype) + ", graph expects " +
                                 desc(n.shape, n.dtype), *n.scope);
-        vals[i] = Value{n.shape, n.dtype, v.data};
+        rr.vals[rr.at] = Value{n.shape, n.dtype, v.data};
         continue;
       }
       if (!n.buffer || (n.numel() > 0 && !n.buffer->data))
         fail("reference", "leaf " + desc(n.shape, n.dtype) + " on device " + n.device.str() + " has no host memory", *n.scope);
       if (n.buffer->nbytes < size_t(n.numel()) * itemsize(n.dtype))
         fail("reference", "leaf buffer too small for " + desc(n.shape, n.dtype), *n.scope);
-      vals[i] = Value{n.shape, n.dtype, read_host(n.buffer->data, n.dtype, n.numel())};
+      rr.vals[rr.at] = Value{n.shape, n.dtype, read_host(n.buffer->data, n.dtype, n.numel())};
       continue;
     }
     in.clear();
-    for (const ir::NodePtr& x : n.inputs) in.push_back(&vals[size_t(g.index.at(x.get()))]);
-    vals[i] = eval_node(n, in, seed, offset);
+    for (const ir::NodePtr& x : n.inputs) in.push_back(&rr.vals[size_t(g.index.at(x.get()))]);
+    rr.vals[rr.at] = eval_node(n, in, seed, offset);
   }
-  std::vector<Value> outs;
-  outs.reserve(g.outputs.size());
-  for (int o : g.outputs) outs.push_back(vals[size_t(o)]);
-  return outs;
+}
+
+}  // namespace
+
+std::vector<std::vector<Value>> evaluate_ranks(const std::vector<const ir::Graph*>& graphs, uint64_t seed, uint64_t offset,
+                                               const std::vector<std::vector<Value>>& params) {
+  const size_t N = graphs.size();
+  if (N == 0) fail("reference", "no ranks to evaluate");
+  if (!params.empty() && params.size() != N)
+    fail("reference", "parameters for " + std::to_string(params.size()) + " ranks, evaluating " + std::to_string(N));
+  static const std::vector<Value> none;
+  std::vector<RankRun> runs(N);
+  for (size_t r = 0; r < N; ++r) {
+    const ir::Graph& g = *graphs[r];
+    const std::vector<Value>& p = params.empty() ? none : params[r];
+    if (!p.empty() && p.size() != g.params.size())
+      fail("reference", "rank " + std::to_string(r) + ": expected " + std::to_string(g.params.size()) + " parameters, got " +
+                            std::to_string(p.size()));
+    runs[r] = RankRun{&g, &p, std::vector<Value>(g.nodes.size())};
+  }
+  std::vector<const Value*> x(N);
+  for (;;) {
+    for (RankRun& rr : runs) advance(rr, seed, offset);
+    // Every rank is at its end or at a collective: all at their ends, or all at the same one.
+    size_t done = 0;
+    for (RankRun& rr : runs) done += rr.at == rr.g->nodes.size();
+    if (done == N) break;
+    const Node* first = nullptr;
+    bool same = done == 0;
+    std::string sides;
+    for (size_t r = 0; r < N; ++r) {
+      const RankRun& rr = runs[r];
+      const Node* n = rr.at < rr.g->nodes.size() ? rr.g->nodes[rr.at].get() : nullptr;
+      sides += "; rank " + std::to_string(r) + ": " + (n ? collective_desc(*n) : std::string("no further collective"));
+      if (!n) continue;
+      if (!first) first = n;
+      same = same && n->op == first->op && n->attrs.ints == first->attrs.ints && n->inputs[0]->shape == first->inputs[0]->shape &&
+             n->inputs[0]->dtype == first->inputs[0]->dtype;
+    }
+    if (!same)
+      fail(ir::op_name(first->op), "the ranks disagree about this collective (every rank fails)" + sides, *first->scope);
+    for (size_t r = 0; r < N; ++r) {
+      const RankRun& rr = runs[r];
+      x[r] = &rr.vals[size_t(rr.g->index.at(rr.g->nodes[rr.at]->inputs[0].get()))];
+    }
+    std::vector<Value> outs = evaluate_collective(*runs[0].g->nodes[runs[0].at], x);
+    for (size_t r = 0; r < N; ++r) runs[r].vals[runs[r].at++] = std::move(outs[r]);
+  }
+  std::vector<std::vector<Value>> result(N);
+  for (size_t r = 0; r < N; ++r)
+    for (int o : runs[r].g->outputs) result[r].push_back(runs[r].vals[size_t(o)]);
+  return result;
+}
+
+std::vector<Value> evaluate(const ir::Graph& g, uint64_t seed, uint64_t offset, const std::vector<Value>& params) {
+  if (!params.empty() && params.size() != g.params.size())
+    fail("reference", "expected " + std::to_string(g.params.size()) + " parameters, got " + std::to_string(params.size()));
+  std::vector<std::vector<Value>> p;
+  if (!params.empty()) p.push_back(params);
+  return evaluate_ranks({&g}, seed, offset, p).front();
 }
 
 }  // namespace tessera::reference

@@ -20,6 +20,17 @@ struct Value {
 std::vector<Value> evaluate(const ir::Graph& g, uint64_t seed, uint64_t offset,
                             const std::vector<Value>& params = {});
 
+// SPMD: N ranks evaluated in lockstep, rank r running graphs[r] (usually one graph for all) on
+// its own parameters params[r] (empty: the leaves' buffers). Each rank runs until its next
+// collective; there every rank must be at a collective of the same kind, attributes, shape and
+// dtype (ir/collectives.h gives their semantics), else tessera::Error names the collective and
+// every rank's side of it -- the error every rank gets. Returns per rank its outputs.
+// evaluate() above is this on one rank (collectives for ranks = 1).
+std::vector<std::vector<Value>> evaluate_ranks(const std::vector<const ir::Graph*>& graphs, uint64_t seed, uint64_t offset,
+                                               const std::vector<std::vector<Value>>& params = {});
+// One collective node on every rank at once: x[r] is rank r's input.
+std::vector<Value> evaluate_collective(const ir::Node& n, const std::vector<const Value*>& x);
+
 // Reads a host buffer of `dtype` into doubles.
 std::vector<double> read_host(const void* data, DType dtype, int64_t n);
 

@@ -6,9 +6,11 @@
 #include <cstdio>
 #include <cstdlib>
 #include <mutex>
+#include <thread>
 #include <unordered_map>
 
 #include "backends/backend.h"
+#include "backends/communicator.h"
 #include "compiler/lower.h"
 #include "compiler/pipeline.h"
 #include "runtime/allocator.h"
@@ -158,6 +160,14 @@ std::shared_ptr<Executable> compile(const ir::Graph& g, const Device& dev, const
     counters().budget_graphs++;
     counters().recomputed_steps += exe->plan.memory.recomputed_steps;
   }
+  // Collectives run only where the device declares them (Target::collectives); a device that
+  // only compiles (null) plans them like any Step.
+  if (be.can_execute() && !opts.target.collectives)
+    for (const kir::Step& st : exe->plan.steps)
+      if (st.kind == kir::StepKind::Collective)
+        fail(ir::op_name(st.collective), "device '" + dev.str() + "' does not run collectives (its Target's collectives; " +
+                                             "the cpu backend does: docs/architecture.md \"Parallelism\")",
+             st.sources.empty() ? "" : st.sources[0].scope);
   std::vector<bool> library = claim_library_calls(exe->plan, be, dev.index);
   for (size_t s = 0; s < exe->plan.steps.size(); ++s)
     exe->kernels.push_back(library[s] ? be.compile_library(exe->plan.steps[s]) : be.compile(exe->plan.steps[s]));
@@ -546,6 +556,67 @@ std::vector<std::shared_ptr<Buffer>> realize(const std::vector<Request>& req, Rn
     prof::end_run(prof_run);
     prof::mark(prof::Region::Copy);  // the caller rebinding the results
   }
+  return results;
+}
+
+std::vector<std::vector<std::shared_ptr<Buffer>>> realize_spmd(const std::vector<Request>& requests, RngArgs rng,
+                                                               const std::vector<RankInputs>& rank_inputs,
+                                                               const std::vector<std::shared_ptr<backends::Communicator>>& ranks) {
+  const size_t N = ranks.size();
+  if (N == 0 || rank_inputs.size() != N)
+    fail("spmd", "inputs for " + std::to_string(rank_inputs.size()) + " ranks, " + std::to_string(N) + " communicators", "");
+  std::vector<Request> req;
+  for (const Request& r : requests) req.push_back({r.node, {}});  // no donation: every rank reads the leaves
+  Prepared prep = prepare(req);
+  const ir::Graph& g = prep.g;
+  const Device& dev = prep.dev;
+  std::shared_ptr<Executable> exe = prep.exe;
+  backends::Backend& be = backends::backend_for(dev);
+  if (!be.can_execute()) fail("spmd", "device '" + dev.str() + "' compiles graphs but cannot run them", "");
+  const compiler::Plan& plan = exe->plan;
+  // Every rank's buffers are allocated here, on the calling thread; the rank threads only launch.
+  std::vector<std::unique_ptr<Run>> runs;
+  std::vector<std::vector<std::shared_ptr<Buffer>>> results(N);
+  for (size_t r = 0; r < N; ++r) {
+    std::shared_ptr<Buffer> arena = plan.arena_bytes ? allocate(dev, plan.arena_bytes) : nullptr;
+    runs.push_back(std::make_unique<Run>(Run{plan, be, dev, {}, std::move(arena), 0, {}, {}}));
+    bind_slots(*runs.back(), g, req.size(), results[r]);
+    for (size_t s = 0; s < plan.slots.size(); ++s) {
+      const kir::Slot& sl = plan.slots[s];
+      if (sl.kind != kir::SlotKind::Param) continue;
+      const Buffer* leaf = g.nodes[g.params[sl.index]]->buffer.get();
+      for (const auto& [from, to] : rank_inputs[r])
+        if (from == leaf) {
+          if (!to || to->nbytes < sl.nbytes)
+            fail("spmd", "rank " + std::to_string(r) + "'s input for parameter " + std::to_string(sl.index) + " (" +
+                             dtype_name(sl.dtype) + shape_str(sl.shape) + ") is missing or too small", "");
+          runs.back()->slots[s] = to->data;
+        }
+    }
+  }
+  std::mutex mu;
+  std::string first_error;
+  std::vector<std::thread> threads;
+  for (size_t r = 0; r < N; ++r)
+    threads.emplace_back([&, r] {
+      backends::CommunicatorScope scope(ranks[r].get());
+      try {
+        const backends::LaunchArgs args{runs[r]->slots.data(), rng.seed, rng.offset, dev.index};
+        for (size_t s = 0; s < plan.steps.size(); ++s) be.launch(*exe->kernels[s], plan.steps[s], args);
+        be.synchronize();
+      } catch (const std::exception& e) {
+        const std::string why = "rank " + std::to_string(r) + " of " + std::to_string(N) + " failed: " + e.what();
+        {
+          std::lock_guard<std::mutex> lock(mu);
+          if (first_error.empty()) first_error = why;
+        }
+        backends::abort_inprocess_group(*ranks[r], why);
+      }
+    });
+  for (std::thread& t : threads) t.join();
+  if (!first_error.empty()) fail("spmd", first_error, "");
+  counters().steps_launched += int64_t(plan.steps.size() * N);
+  device_counters(dev.kind).steps_launched += int64_t(plan.steps.size() * N);
   return results;
 }
 

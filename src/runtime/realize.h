@@ -64,3 +64,22 @@ using StepHook = std::function<void(int step, void* const* slots)>;
 void set_after_step_hook(StepHook hook);
 
 }  // namespace tessera::runtime
+
+namespace tessera::backends {
+class Communicator;
+}
+namespace tessera::runtime {
+
+// SPMD on in-process ranks (docs/architecture.md "Parallelism"): the graph of `requests` is
+// built and compiled ONCE by the calling thread (the lazy graph's owner), on rank 0's tensors;
+// then ranks.size() threads run that same executable, rank r with ranks[r] as its current
+// communicator, its own arena and outputs, and its own parameters: rank_inputs[r] maps a leaf
+// buffer of the graph (rank 0's) to rank r's buffer of the same size (a leaf it does not name
+// is shared, read only). Returns per rank its outputs (in the requests' order). A rank that
+// fails breaks the group, so no rank waits for it; the first failure is thrown, naming its rank.
+using RankInputs = std::vector<std::pair<const Buffer*, std::shared_ptr<Buffer>>>;
+std::vector<std::vector<std::shared_ptr<Buffer>>> realize_spmd(const std::vector<Request>& requests, RngArgs rng,
+                                                               const std::vector<RankInputs>& rank_inputs,
+                                                               const std::vector<std::shared_ptr<backends::Communicator>>& ranks);
+
+}  // namespace tessera::runtime

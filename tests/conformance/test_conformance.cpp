@@ -65,7 +65,11 @@ TEST_P(Cell, MatchesTheReference) {
   const cf::Cell& c = r.at(p.op, p.backend);
   for (const cf::CaseResult& f : c.failures) ADD_FAILURE() << "[" << f.variant << ", passes " << f.passes << "] " << f.detail;
   EXPECT_TRUE(c.ok()) << c.text();
-  EXPECT_GT(c.passed + c.compiled, 0) << "every case was skipped: " << c.text();
+  // A backend that does not run collectives skips their rows whole (the one per-row skip rule).
+  const bool no_collectives = c.skip_reasons.size() == 1 && c.skip_reasons[0].rfind("collectives:", 0) == 0;
+  if (!no_collectives) {
+    EXPECT_GT(c.passed + c.compiled, 0) << "every case was skipped: " << c.text();
+  }
   for (auto& s : c.skip_reasons) std::printf("skipped on %s: %s\n", p.backend.c_str(), s.c_str());
 }
 
@@ -131,6 +135,7 @@ struct Renders : backends::Backend {
   void copy_in(void*, const void*, size_t) override {}
   void copy_out(void*, const void*, size_t) override {}
   std::unique_ptr<backends::Kernel> compile(const kir::Step& st) override {
+    if (st.kind == kir::StepKind::Collective) return std::make_unique<backends::Kernel>();  // no kernel: a communicator call
     for (const render::KernelCode& k : render::render(st)) kernels.insert(k.name);
     return std::make_unique<backends::Kernel>();
   }

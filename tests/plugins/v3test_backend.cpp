@@ -177,7 +177,13 @@ class V3TestBackend : public Backend {
                 " device copies, " + std::to_string(events_) + " events",
             true, false};
   }
-  kir::Target properties(int) const override { return cpu_.properties(0); }
+  kir::Target properties(int) const override {
+    kir::Target t = cpu_.properties(0);
+    // One stream (worker thread) for every caller: in-process ranks launching on it at once
+    // would queue one rank's collective behind another's that waits for it.
+    t.collectives = false;
+    return t;
+  }
 
   void* allocate(int, size_t nbytes) override { return cpu_.allocate(0, nbytes); }
   void free(int, void* ptr, size_t nbytes) override {

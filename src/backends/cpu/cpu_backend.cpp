@@ -10,6 +10,7 @@
 #include <cstring>
 
 #include "backends/backend.h"
+#include "backends/collective.h"
 #include "backends/cpu/kernel.h"
 #include "core/fail.h"
 
@@ -18,6 +19,11 @@ namespace {
 
 using kir::Step;
 using kir::StepKind;
+
+// A collective Step: run through the calling thread's communicator (backends/collective.h).
+struct CollectiveKernel : cpu::CpuKernel {
+  void run(const Step& st, const LaunchArgs& args) const override { run_collective_on_host(st, args.slots); }
+};
 
 class CpuBackend : public Backend {
  public:
@@ -35,6 +41,11 @@ class CpuBackend : public Backend {
     std::snprintf(buf, sizeof buf, "host CPU, %d threads (OpenMP), %.1f GiB memory, BLAS: %s (one thread per call)",
                   omp_get_max_threads(), gib, openblas_get_config());
     return {Device("cpu", index), buf, true};
+  }
+  kir::Target properties(int) const override {
+    kir::Target t;
+    t.collectives = true;  // through the current communicator
+    return t;
   }
   void* allocate(int, size_t nbytes) override {
     size_t n = (std::max<size_t>(nbytes, 1) + 63) / 64 * 64;
@@ -57,6 +68,7 @@ class CpuBackend : public Backend {
       case StepKind::Gather: return cpu::compile_gather(st);
       case StepKind::ScatterAdd: return cpu::compile_scatter_add(st);
       case StepKind::DynamicUpdateSlice: return cpu::compile_dynamic_update_slice(st);
+      case StepKind::Collective: return std::make_unique<CollectiveKernel>();
     }
     fail("cpu", "internal: a Step of unknown kind (step " + st.str() + ")", "");
   }

@@ -845,6 +845,9 @@ std::vector<KernelCode> render(const Step& st, const Dialect& d) {
     case StepKind::ScatterAdd: return {render_copy(st.inputs[0], st.output, st.dtype, st.maps[0]), render_scatter(st)};
     case StepKind::DynamicUpdateSlice:
       return {render_copy(st.inputs[0], st.output, st.dtype, st.maps[0]), render_dus(st)};
+    case StepKind::Collective:
+      fail(ir::op_name(st.collective), "this backend does not run collectives (only the cpu backend does; "
+           "docs/architecture.md \"Parallelism\")", st.sources.empty() ? "" : st.sources[0].scope);
   }
   fail("render", "unknown step kind", "");
 }

@@ -20,6 +20,9 @@ V lower_node(Lowering& L, const ir::Node& n, const std::vector<V>& in) {
     case ir::Category::Elementwise: case ir::Category::Reduce: return lower_elementwise(L, n, in);
     case ir::Category::Movement: case ir::Category::Contraction: return lower_structure(L, n, in);
     case ir::Category::Indexing: return lower_indexing(L, n, in);
+    case ir::Category::Collective:
+      fail(ir::op_name(n.op), "collectives are not emitted as StableHLO yet (docs/architecture.md \"Parallelism\"); "
+                              "run graphs with collectives on the cpu backend", *n.scope);
   }
   fail("stablehlo", std::string("no lowering for ") + ir::op_name(n.op));
 }

@@ -1,0 +1,207 @@
+// The in-process communicator: N ranks as threads of one process. At each collective every rank
+// posts its call (signature, buffers) in the group's table and waits on a condition variable;
+// the last to arrive checks the signatures, moves every rank's data (all other ranks are parked,
+// so their buffers are stable), and wakes them. A rank that waits past the timeout, or a rank
+// that failed (abort_inprocess_group), breaks the group: every waiting and later call throws.
+#include <algorithm>
+#include <condition_variable>
+#include <cstring>
+#include <mutex>
+
+#include "backends/comm/reduce.h"
+#include "core/fail.h"
+
+namespace tessera::backends {
+namespace {
+
+using comm::Signature;
+
+struct Call {
+  Signature sig;
+  const void* send = nullptr;
+  void* recv = nullptr;
+  int send_to = -1, recv_from = -1, root = 0;
+  ir::ReduceKind kind = ir::ReduceKind::Sum;
+};
+
+struct Group {
+  explicit Group(int n) : n(n), calls(size_t(n)), posted(size_t(n), false) {}
+  const int n;
+  std::mutex mu;
+  std::condition_variable cv;
+  uint64_t generation = 0;
+  int arrived = 0;
+  std::vector<Call> calls;
+  std::vector<bool> posted;
+  std::string broken;  // why the group is broken ("" while it works)
+  std::string failed;  // this generation's error, thrown by every rank
+};
+
+class InProcess final : public Communicator {
+ public:
+  InProcess(std::shared_ptr<Group> g, int rank) : g_(std::move(g)), rank_(rank) {}
+  std::string name() const override { return "inprocess"; }
+  int rank() const override { return rank_; }
+  int size() const override { return g_->n; }
+  Group& group() { return *g_; }
+
+  void all_reduce(const void* s, void* r, size_t n, DType t, ir::ReduceKind k) override {
+    Call c{{int64_t(ir::Op::AllReduce), int64_t(n), int64_t(t), int64_t(k)}, s, r};
+    c.kind = k;
+    meet(c);
+  }
+  void all_gather(const void* s, void* r, size_t n, DType t) override { meet({{int64_t(ir::Op::AllGather), int64_t(n), int64_t(t), 0}, s, r}); }
+  void reduce_scatter(const void* s, void* r, size_t n, DType t) override {
+    meet({{int64_t(ir::Op::ReduceScatter), int64_t(n), int64_t(t), 0}, s, r});
+  }
+  void all_to_all(const void* s, void* r, size_t n, DType t) override { meet({{int64_t(ir::Op::AllToAll), int64_t(n), int64_t(t), 0}, s, r}); }
+  void broadcast(const void* s, void* r, size_t n, DType t, int root) override {
+    Call c{{int64_t(ir::Op::Broadcast), int64_t(n), int64_t(t), root}, s, r};
+    c.root = root;
+    meet(c);
+  }
+  void reduce(const void* s, void* r, size_t n, DType t, int root) override {
+    Call c{{int64_t(ir::Op::Reduce), int64_t(n), int64_t(t), root}, s, r};
+    c.root = root;
+    meet(c);
+  }
+  void permute(const void* s, void* r, size_t n, DType t, int to, int from) override {
+    Call c{{int64_t(ir::Op::CollectivePermute), int64_t(n), int64_t(t), int64_t(to + 1) * 65536 + (from + 1)}, s, r};
+    c.send_to = to, c.recv_from = from;
+    meet(c);
+  }
+
+ private:
+  std::shared_ptr<Group> g_;
+  int rank_;
+
+  std::string who() const { return " (in-process communicator, rank " + std::to_string(rank_) + " of " + std::to_string(g_->n) + ")"; }
+
+  void meet(const Call& c) {
+    Group& g = *g_;
+    const std::string op = ir::op_name(ir::Op(c.sig.op));
+    std::unique_lock<std::mutex> lock(g.mu);
+    if (!g.broken.empty()) fail(op, "the group is broken: " + g.broken + who(), "");
+    const uint64_t gen = g.generation;
+    g.calls[size_t(rank_)] = c;
+    g.posted[size_t(rank_)] = true;
+    if (++g.arrived == g.n) {
+      g.failed = check();
+      if (g.failed.empty()) {
+        try {
+          move_data();
+        } catch (const std::exception& e) {
+          g.failed = e.what();
+        }
+      }
+      g.arrived = 0;
+      std::fill(g.posted.begin(), g.posted.end(), false);
+      g.generation++;
+      g.cv.notify_all();
+    } else {
+      auto deadline = std::chrono::steady_clock::now() + timeout();
+      bool woke = g.cv.wait_until(lock, deadline, [&] { return g.generation != gen || !g.broken.empty(); });
+      if (!woke) {
+        std::string missing;
+        for (int r = 0; r < g.n; ++r)
+          if (!g.posted[size_t(r)]) missing += (missing.empty() ? "" : ", ") + std::to_string(r);
+        g.broken = op + " on rank " + std::to_string(rank_) + " timed out after " +
+                   std::to_string(double(timeout().count()) / 1000) + " s waiting for rank(s) " + missing;
+        g.cv.notify_all();
+        fail(op, "timed out after " + std::to_string(double(timeout().count()) / 1000) + " s waiting for rank(s) " + missing +
+                     " (lost or stuck; TESSERA_COLLECTIVE_TIMEOUT_S sets the limit)" + who(), "");
+      }
+      if (g.generation == gen) fail(op, "the group is broken: " + g.broken + who(), "");
+    }
+    if (!g.failed.empty()) fail(op, g.failed + who(), "");
+  }
+
+  // Under the lock, all ranks posted: the mismatch every rank reports, or "".
+  std::string check() const {
+    const Group& g = *g_;
+    bool same = true;
+    for (const Call& c : g.calls) same = same && comm::same_call(c.sig, g.calls[0].sig);
+    if (same && g.calls[0].sig.op == int64_t(ir::Op::CollectivePermute))
+      for (int r = 0; r < g.n; ++r) {
+        const Call& c = g.calls[size_t(r)];
+        if (c.send_to >= g.n || c.recv_from >= g.n || (c.send_to >= 0 && g.calls[size_t(c.send_to)].recv_from != r) ||
+            (c.recv_from >= 0 && g.calls[size_t(c.recv_from)].send_to != r))
+          same = false;
+      }
+    if (same) return "";
+    std::string sides;
+    for (int r = 0; r < g.n; ++r) sides += "; rank " + std::to_string(r) + ": " + g.calls[size_t(r)].sig.str();
+    return "the ranks disagree about this collective (every rank fails)" + sides;
+  }
+
+  void move_data() const {
+    const Group& g = *g_;
+    const Call& c0 = g.calls[0];
+    const DType t = DType(c0.sig.dtype);
+    const size_t n = size_t(c0.sig.count), item = itemsize(t), bytes = n * item;
+    const auto in = [&](int r) { return static_cast<const char*>(g.calls[size_t(r)].send); };
+    const auto out = [&](int r) { return static_cast<char*>(g.calls[size_t(r)].recv); };
+    std::vector<std::vector<char>> results(size_t(g.n));  // written after every read (in place)
+    switch (ir::Op(c0.sig.op)) {
+      case ir::Op::AllReduce: case ir::Op::Reduce: {
+        std::vector<char> acc(in(0), in(0) + bytes);
+        const ir::ReduceKind k = ir::Op(c0.sig.op) == ir::Op::Reduce ? ir::ReduceKind::Sum : c0.kind;
+        for (int r = 1; r < g.n; ++r) comm::accumulate(acc.data(), in(r), n, t, k);
+        if (k == ir::ReduceKind::Mean) comm::divide(acc.data(), n, t, g.n);
+        for (int r = 0; r < g.n; ++r)
+          if (ir::Op(c0.sig.op) == ir::Op::AllReduce || r == c0.root) results[size_t(r)] = acc;
+        break;
+      }
+      case ir::Op::AllGather: {
+        std::vector<char> all(bytes * size_t(g.n));
+        for (int r = 0; r < g.n; ++r) std::memcpy(all.data() + size_t(r) * bytes, in(r), bytes);
+        for (auto& v : results) v = all;
+        break;
+      }
+      case ir::Op::ReduceScatter:
+        for (int r = 0; r < g.n; ++r) {
+          std::vector<char> acc(in(0) + size_t(r) * bytes, in(0) + size_t(r + 1) * bytes);
+          for (int s = 1; s < g.n; ++s) comm::accumulate(acc.data(), in(s) + size_t(r) * bytes, n, t, ir::ReduceKind::Sum);
+          results[size_t(r)] = std::move(acc);
+        }
+        break;
+      case ir::Op::AllToAll:
+        for (int r = 0; r < g.n; ++r) {
+          results[size_t(r)].resize(bytes * size_t(g.n));
+          for (int s = 0; s < g.n; ++s) std::memcpy(results[size_t(r)].data() + size_t(s) * bytes, in(s) + size_t(r) * bytes, bytes);
+        }
+        break;
+      case ir::Op::Broadcast:
+        for (auto& v : results) v.assign(in(c0.root), in(c0.root) + bytes);
+        break;
+      case ir::Op::CollectivePermute:
+        for (int r = 0; r < g.n; ++r)
+          if (int s = g.calls[size_t(r)].recv_from; s >= 0) results[size_t(r)].assign(in(s), in(s) + bytes);
+        break;
+      default: fail("inprocess", "unknown collective");
+    }
+    for (int r = 0; r < g.n; ++r)
+      if (!results[size_t(r)].empty()) std::memcpy(out(r), results[size_t(r)].data(), results[size_t(r)].size());
+  }
+};
+
+}  // namespace
+
+std::vector<std::shared_ptr<Communicator>> make_inprocess_group(int n) {
+  if (n < 1) fail("inprocess", "a group needs at least one rank, got " + std::to_string(n), "");
+  auto g = std::make_shared<Group>(n);
+  std::vector<std::shared_ptr<Communicator>> v;
+  for (int r = 0; r < n; ++r) v.push_back(std::make_shared<InProcess>(g, r));
+  return v;
+}
+
+void abort_inprocess_group(Communicator& member, const std::string& why) {
+  auto* ip = dynamic_cast<InProcess*>(&member);
+  if (!ip) return;
+  Group& g = ip->group();
+  std::lock_guard<std::mutex> lock(g.mu);
+  if (g.broken.empty()) g.broken = why;
+  g.cv.notify_all();
+}
+
+}  // namespace tessera::backends

@@ -1,0 +1,255 @@
+// The MPI communicator (OpenMPI, one process per rank under mpirun): MPI_COMM_WORLD duplicated.
+// Every collective is a nonblocking MPI call polled with MPI_Test until done or past the timeout
+// (an MPI call cannot be cancelled: the timeout's error ends the job, mpirun then stops the other
+// ranks). Before each collective the ranks exchange their call's signature (one small
+// MPI_Iallgather), so a rank that disagrees makes every rank throw instead of hanging or
+// mixing buffers. 16-bit floats are reduced through float32 on the host.
+#include "backends/communicator.h"
+#include "core/fail.h"
+
+#ifndef TESSERA_HAVE_MPI
+namespace tessera::backends {
+bool mpi_built() { return false; }
+std::shared_ptr<Communicator> make_mpi_communicator() {
+  fail("mpi", "this libtessera was built without MPI (install libopenmpi-dev and reconfigure: CMake's FindMPI)", "");
+}
+}  // namespace tessera::backends
+#else
+#include <mpi.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+#include <thread>
+
+#include "backends/comm/reduce.h"
+#include "core/half.h"
+
+namespace tessera::backends {
+namespace {
+
+using comm::Signature;
+
+class Mpi final : public Communicator {
+ public:
+  Mpi() {
+    int init = 0;
+    MPI_Initialized(&init);
+    if (!init) {
+      int provided = 0;
+      if (MPI_Init_thread(nullptr, nullptr, MPI_THREAD_SERIALIZED, &provided) != MPI_SUCCESS)
+        fail("mpi", "MPI_Init_thread failed", "");
+      std::atexit([] {
+        int fin = 0;
+        MPI_Finalized(&fin);
+        if (!fin) MPI_Finalize();
+      });
+    }
+    MPI_Comm_dup(MPI_COMM_WORLD, &comm_);
+    MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
+    MPI_Comm_rank(comm_, &rank_);
+    MPI_Comm_size(comm_, &size_);
+  }
+  std::string name() const override { return "mpi"; }
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+
+  void all_reduce(const void* s, void* r, size_t n, DType t, ir::ReduceKind k) override {
+    agree({int64_t(ir::Op::AllReduce), int64_t(n), int64_t(t), int64_t(k)});
+    reduce_impl(s, r, n, t, k, -1);
+  }
+  void all_gather(const void* s, void* r, size_t n, DType t) override {
+    agree({int64_t(ir::Op::AllGather), int64_t(n), int64_t(t), 0});
+    const int b = bytes(n, t);
+    MPI_Request q;
+    check(MPI_Iallgather(s, b, MPI_BYTE, r, b, MPI_BYTE, comm_, &q), "all_gather");
+    wait(q, "all_gather");
+  }
+  void reduce_scatter(const void* s, void* r, size_t n, DType t) override {
+    agree({int64_t(ir::Op::ReduceScatter), int64_t(n), int64_t(t), 0});
+    if (is_half(t)) {  // through float32: widen, reduce, narrow
+      std::vector<float> w = widen(s, n * size_t(size_), t), out(n);
+      MPI_Request q;
+      check(MPI_Ireduce_scatter_block(w.data(), out.data(), int(n), MPI_FLOAT, MPI_SUM, comm_, &q), "reduce_scatter");
+      wait(q, "reduce_scatter");
+      narrow(out, r, t);
+      return;
+    }
+    MPI_Request q;
+    check(MPI_Ireduce_scatter_block(s, r, int(n), type(t), op(t, ir::ReduceKind::Sum), comm_, &q), "reduce_scatter");
+    wait(q, "reduce_scatter");
+  }
+  void all_to_all(const void* s, void* r, size_t n, DType t) override {
+    agree({int64_t(ir::Op::AllToAll), int64_t(n), int64_t(t), 0});
+    const int b = bytes(n, t);
+    MPI_Request q;
+    check(MPI_Ialltoall(s, b, MPI_BYTE, r, b, MPI_BYTE, comm_, &q), "all_to_all");
+    wait(q, "all_to_all");
+  }
+  void broadcast(const void* s, void* r, size_t n, DType t, int root) override {
+    agree({int64_t(ir::Op::Broadcast), int64_t(n), int64_t(t), root});
+    if (rank_ == root && s != r) std::memcpy(r, s, n * itemsize(t));
+    MPI_Request q;
+    check(MPI_Ibcast(r, bytes(n, t), MPI_BYTE, root, comm_, &q), "broadcast");
+    wait(q, "broadcast");
+  }
+  void reduce(const void* s, void* r, size_t n, DType t, int root) override {
+    agree({int64_t(ir::Op::Reduce), int64_t(n), int64_t(t), root});
+    reduce_impl(s, r, n, t, ir::ReduceKind::Sum, root);
+  }
+  void permute(const void* s, void* r, size_t n, DType t, int to, int from) override {
+    agree({int64_t(ir::Op::CollectivePermute), int64_t(n), int64_t(t), int64_t(to + 1) * 65536 + (from + 1)});
+    const int b = bytes(n, t);
+    std::vector<char> staged;
+    if (s == r && to >= 0 && from >= 0) {  // in place: send a copy
+      staged.assign(static_cast<const char*>(s), static_cast<const char*>(s) + b);
+      s = staged.data();
+    }
+    MPI_Request q[2];
+    int k = 0;
+    if (from >= 0) check(MPI_Irecv(r, b, MPI_BYTE, from, 7, comm_, &q[k++]), "collective_permute");
+    if (to >= 0) check(MPI_Isend(s, b, MPI_BYTE, to, 7, comm_, &q[k++]), "collective_permute");
+    for (int i = 0; i < k; ++i) wait(q[i], "collective_permute");
+  }
+
+ private:
+  MPI_Comm comm_;
+  int rank_ = 0, size_ = 1;
+
+  static bool is_half(DType t) { return t == DType::Float16 || t == DType::BFloat16; }
+  static int bytes(size_t n, DType t) {
+    size_t b = n * itemsize(t);
+    if (b > size_t(1) << 31) fail("mpi", "a collective of more than 2 GiB (" + std::to_string(b) + " bytes)", "");
+    return int(b);
+  }
+  static MPI_Datatype type(DType t) {
+    switch (t) {
+      case DType::Bool: return MPI_UNSIGNED_CHAR;
+      case DType::Int32: return MPI_INT32_T;
+      case DType::Int64: return MPI_INT64_T;
+      case DType::Float32: return MPI_FLOAT;
+      case DType::Float64: return MPI_DOUBLE;
+      default: return MPI_FLOAT;  // 16-bit floats go through float32
+    }
+  }
+  static MPI_Op op(DType t, ir::ReduceKind k) {
+    if (t == DType::Bool) return k == ir::ReduceKind::Max ? MPI_LOR : MPI_LOR;
+    return k == ir::ReduceKind::Max ? MPI_MAX : MPI_SUM;
+  }
+  static std::vector<float> widen(const void* p, size_t n, DType t) {
+    std::vector<float> w(n);
+    const uint16_t* h = static_cast<const uint16_t*>(p);
+    for (size_t i = 0; i < n; ++i) w[i] = t == DType::Float16 ? half::f16_to_float(h[i]) : half::bf16_to_float(h[i]);
+    return w;
+  }
+  static void narrow(const std::vector<float>& w, void* p, DType t) {
+    uint16_t* h = static_cast<uint16_t*>(p);
+    for (size_t i = 0; i < w.size(); ++i) h[i] = t == DType::Float16 ? half::float_to_f16(w[i]) : half::float_to_bf16(w[i]);
+  }
+
+  // root < 0: all-reduce. MPI_MAX does not propagate NaN: a max is a sum of NaN flags too.
+  void reduce_impl(const void* s, void* r, size_t n, DType t, ir::ReduceKind k, int root) {
+    const char* what = root < 0 ? "all_reduce" : "reduce";
+    const bool half = is_half(t);
+    std::vector<uint8_t> nan_local;  // read before an in-place reduction overwrites s
+    if (k == ir::ReduceKind::Max && is_floating(t)) nan_local = nan_mask(s, n, t);
+    std::vector<float> w, wout;
+    const void* send = s;
+    void* recv = r;
+    if (half) {
+      w = widen(s, n, t);
+      wout.resize(n);
+      send = w.data(), recv = wout.data();
+    } else if (s == r) {
+      send = MPI_IN_PLACE;
+      if (root >= 0 && rank_ != root) send = s;  // MPI_IN_PLACE is for the root only
+    }
+    const MPI_Datatype dt = type(t);
+    const MPI_Op o = op(t, k);
+    MPI_Request q;
+    if (root < 0) check(MPI_Iallreduce(send, recv, int(n), dt, o, comm_, &q), what);
+    else check(MPI_Ireduce(send, recv, int(n), dt, o, root, comm_, &q), what);
+    wait(q, what);
+    if (!nan_local.empty() || (k == ir::ReduceKind::Max && is_floating(t) && n == 0))
+      nan_flags(nan_local, r, n, t, half ? wout.data() : nullptr, root);
+    if (half && (root < 0 || rank_ == root)) narrow(wout, r, t);
+    if (k == ir::ReduceKind::Mean) comm::divide(r, n, t, size_);
+  }
+  // Where any rank's value is NaN the max is NaN (as the reference and the in-process one say).
+  static std::vector<uint8_t> nan_mask(const void* s, size_t n, DType t) {
+    std::vector<uint8_t> f(n);
+    for (size_t i = 0; i < n; ++i) {
+      double v = t == DType::Float32 ? double(static_cast<const float*>(s)[i])
+                 : t == DType::Float64 ? static_cast<const double*>(s)[i]
+                 : t == DType::Float16 ? double(half::f16_to_float(static_cast<const uint16_t*>(s)[i]))
+                                       : double(half::bf16_to_float(static_cast<const uint16_t*>(s)[i]));
+      f[i] = v != v;
+    }
+    return f;
+  }
+  void nan_flags(std::vector<uint8_t>& f, void* r, size_t n, DType t, float* wide, int root) {
+    std::vector<uint8_t> all(n);
+    MPI_Request q;
+    check(MPI_Iallreduce(f.data(), all.data(), int(n), MPI_UNSIGNED_CHAR, MPI_LOR, comm_, &q), "all_reduce");
+    wait(q, "all_reduce");
+    if (root >= 0 && rank_ != root) return;
+    for (size_t i = 0; i < n; ++i) {
+      if (!all[i]) continue;
+      if (wide) wide[i] = std::numeric_limits<float>::quiet_NaN();
+      else if (t == DType::Float32) static_cast<float*>(r)[i] = std::numeric_limits<float>::quiet_NaN();
+      else static_cast<double*>(r)[i] = std::numeric_limits<double>::quiet_NaN();
+    }
+  }
+
+  void check(int rc, const char* what) {
+    if (rc == MPI_SUCCESS) return;
+    char msg[MPI_MAX_ERROR_STRING];
+    int len = 0;
+    MPI_Error_string(rc, msg, &len);
+    fail(what, "MPI error: " + std::string(msg, size_t(len)) + who(), "");
+  }
+  std::string who() const { return " (mpi communicator, rank " + std::to_string(rank_) + " of " + std::to_string(size_) + ")"; }
+
+  void wait(MPI_Request& q, const char* what) {
+    auto deadline = std::chrono::steady_clock::now() + timeout();
+    for (int spins = 0;; ++spins) {
+      int done = 0;
+      check(MPI_Test(&q, &done, MPI_STATUS_IGNORE), what);
+      if (done) return;
+      if (std::chrono::steady_clock::now() > deadline)
+        fail(what, "timed out after " + std::to_string(double(timeout().count()) / 1000) +
+                       " s waiting for the other ranks (one is lost or stuck; TESSERA_COLLECTIVE_TIMEOUT_S sets the limit)" + who(),
+             "");
+      if (spins > 1000) std::this_thread::sleep_for(std::chrono::microseconds(spins > 100000 ? 1000 : 50));
+    }
+  }
+
+  // Every rank's signature: a mismatch fails on every rank with every rank's side.
+  void agree(const Signature& mine) {
+    std::vector<Signature> all(static_cast<size_t>(size_));
+    MPI_Request q;
+    check(MPI_Iallgather(&mine, int(sizeof mine), MPI_BYTE, all.data(), int(sizeof mine), MPI_BYTE, comm_, &q), "mpi");
+    wait(q, ir::op_name(ir::Op(mine.op)));
+    bool same = true;
+    for (const Signature& s : all) same = same && comm::same_call(s, all[0]);
+    if (same && mine.op == int64_t(ir::Op::CollectivePermute))
+      for (int r = 0; r < size_; ++r) {
+        int to = int(all[size_t(r)].extra / 65536) - 1, from = int(all[size_t(r)].extra % 65536) - 1;
+        if (to >= size_ || from >= size_ || (to >= 0 && int(all[size_t(to)].extra % 65536) - 1 != r) ||
+            (from >= 0 && int(all[size_t(from)].extra / 65536) - 1 != r))
+          same = false;
+      }
+    if (same) return;
+    std::string sides;
+    for (int r = 0; r < size_; ++r) sides += "; rank " + std::to_string(r) + ": " + all[size_t(r)].str();
+    fail(ir::op_name(ir::Op(mine.op)), "the ranks disagree about this collective (every rank fails)" + sides + who(), "");
+  }
+};
+
+}  // namespace
+
+bool mpi_built() { return true; }
+std::shared_ptr<Communicator> make_mpi_communicator() { return std::make_shared<Mpi>(); }
+
+}  // namespace tessera::backends
+#endif

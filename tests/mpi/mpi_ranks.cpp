@@ -1,0 +1,127 @@
+// Run by mpirun on 2 ranks (tests/mpi/CMakeLists.txt). Each rank is a process that traces and
+// runs its own graph normally, with the MPI communicator as the process's; the cpu backend runs
+// the collective Steps through it.
+//   graph     a graph of every collective (fused producers, strided inputs, consumers) on each
+//             rank's own inputs, checked against reference::evaluate_ranks over both ranks'
+//             inputs (each rank can draw the other's: fixed seeds)
+//   mismatch  rank 0 all-reduces 4 elements, rank 1 3: both must fail naming the collective
+//   die       rank 1 is killed before the all-reduce rank 0 waits in (lost_rank.sh checks the job)
+#include <cmath>
+#include <csignal>
+#include <cstdio>
+#include <cstring>
+#include <random>
+#include <string>
+#include <unistd.h>
+
+#include "backends/communicator.h"
+#include "ir/build.h"
+#include "ir/collectives.h"
+#include "ir/graph.h"
+#include "reference/evaluator.h"
+#include "runtime/allocator.h"
+#include "runtime/realize.h"
+#include "tessera/error.h"
+
+using namespace tessera;
+namespace b = ir::build;
+using ir::ReduceKind;
+
+namespace {
+
+std::vector<double> values(size_t n, uint32_t seed) {
+  std::mt19937 r(seed);
+  std::uniform_real_distribution<double> u(-2, 2);
+  std::vector<double> v(n);
+  for (double& x : v) x = double(float(u(r)));  // float32 inputs: what the leaf holds
+  return v;
+}
+
+ir::NodePtr leaf(const std::vector<double>& v, const Shape& s) {
+  std::vector<float> f(v.begin(), v.end());
+  return ir::leaf(runtime::upload(Device("cpu"), f.data(), f.size() * 4), s, DType::Float32);
+}
+
+int graph(int rank, int N) {
+  const Shape s{4, 6};
+  std::vector<std::vector<double>> xs, ws;
+  for (int r = 0; r < N; ++r) xs.push_back(values(24, 10 + r)), ws.push_back(values(24, 20 + r));
+  ir::NodePtr x = leaf(xs[size_t(rank)], s), w = leaf(ws[size_t(rank)], s);
+  ir::NodePtr h = b::mul(x, w);
+  std::vector<ir::NodePtr> outs = {
+      b::add(b::all_reduce(h, N, ReduceKind::Sum), x), b::all_reduce(h, N, ReduceKind::Mean), b::all_reduce(x, N, ReduceKind::Max),
+      b::all_gather(b::permute(x, {1, 0}), N, 1),     b::reduce_scatter(h, N, 1),            b::all_to_all(x, N, 0, 1),
+      b::broadcast(b::unary(ir::Op::Exp, x), N, 1),   b::reduce_to_root(x, N, 1),
+      b::collective_permute(x, N, {{1, 0}}),
+  };
+  std::vector<runtime::Request> req;
+  for (auto& o : outs) req.push_back({o, {}});
+  std::vector<std::shared_ptr<Buffer>> got = runtime::realize(req, {});
+  ir::Graph g = ir::build_graph(outs);
+  std::vector<std::vector<reference::Value>> params(static_cast<size_t>(N));
+  for (int r = 0; r < N; ++r)
+    for (int q : g.params)
+      params[size_t(r)].push_back({s, DType::Float32, g.nodes[size_t(q)] == x ? xs[size_t(r)] : ws[size_t(r)]});
+  std::vector<const ir::Graph*> gs(static_cast<size_t>(N), &g);
+  auto ref = reference::evaluate_ranks(gs, 0, 0, params);
+  int bad = 0;
+  for (size_t k = 0; k < outs.size(); ++k) {
+    std::vector<float> f(size_t(outs[k]->numel()));
+    runtime::download(*got[k], f.data(), f.size() * 4);
+    const std::vector<double>& want = ref[size_t(rank)][k].data;
+    double err = 0, scale = 0;
+    for (size_t i = 0; i < f.size(); ++i) err = std::max(err, std::fabs(f[i] - want[i])), scale = std::max(scale, std::fabs(want[i]));
+    if (err > 1e-6 * std::max(scale, 1.0)) {
+      std::fprintf(stderr, "rank %d: output %zu (%s) off the reference by %g\n", rank, k, ir::op_name(outs[k]->op), err);
+      bad++;
+    }
+  }
+  std::printf("rank %d of %d: %zu outputs of collectives %s the reference\n", rank, N, outs.size(), bad ? "DIFFER from" : "match");
+  return bad ? 1 : 0;
+}
+
+int mismatch(int rank) {
+  ir::NodePtr x = leaf(values(size_t(4 - rank), 1), {4 - rank});
+  try {
+    runtime::realize({{b::all_reduce(x, 2, ReduceKind::Sum), {}}}, {});
+  } catch (const Error& e) {
+    const std::string m = e.what();
+    bool ok = m.find("[all_reduce] the ranks disagree") != std::string::npos &&
+              m.find("rank 0: all_reduce sum of 4 float32; rank 1: all_reduce sum of 3 float32") != std::string::npos;
+    std::printf("rank %d: %s: %s\n", rank, ok ? "refused as expected" : "WRONG MESSAGE", m.c_str());
+    return ok ? 0 : 1;
+  }
+  std::printf("rank %d: the mismatch was not refused\n", rank);
+  return 1;
+}
+
+int die(int rank) {
+  if (rank == 1) {
+    std::printf("rank 1: killing myself before the all_reduce\n");
+    std::fflush(stdout);
+    raise(SIGKILL);
+  }
+  ir::NodePtr x = leaf(values(4, 1), {4});
+  runtime::realize({{b::all_reduce(x, 2, ReduceKind::Sum), {}}}, {});
+  std::printf("rank 0: the all_reduce returned without rank 1\n");
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const std::string mode = argc > 1 ? argv[1] : "graph";
+  try {
+    auto comm = backends::make_mpi_communicator();
+    backends::set_process_communicator(comm);
+    const int rank = comm->rank(), N = comm->size();
+    if (mode == "graph") return graph(rank, N);
+    if (mode == "mismatch") return mismatch(rank);
+    if (mode == "die") return die(rank);
+    std::fprintf(stderr, "unknown mode %s\n", mode.c_str());
+    return 2;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return 1;
+  }
+}
