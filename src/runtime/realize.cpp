@@ -157,6 +157,7 @@ std::shared_ptr<Executable> compile(const ir::Graph& g, const Device& dev, const
   if (exe->plan.memory.budget_bytes) {
     counters().budget_graphs++;
     counters().recomputed_steps += exe->plan.memory.recomputed_steps;
+    counters().unstacked_graphs += exe->plan.memory.unstacked_slices > 0;
   }
   std::vector<bool> library = claim_library_calls(exe->plan, be, dev.index);
   for (size_t s = 0; s < exe->plan.steps.size(); ++s)
