@@ -158,7 +158,13 @@ struct Region {
   int members = 0, sinks = 0;
 };
 
-Region grow(const ir::Graph& g, const std::vector<std::vector<int>>& consumers, int seed, int axis, int k) {
+size_t bytes_of(const Node& n) { return size_t(n.numel()) * itemsize(n.dtype); }
+
+// Grows from the seed; `big`: the bytes from which a value is worth slicing. A producer joins
+// when it is big; a consumer when it or the member it reads is big (a big value is not left to
+// be concatenated whole), or when it sums over the slices; small values around the region stay
+// whole (a Step per slice costs a launch, which a small value does not pay back).
+Region grow(const ir::Graph& g, const std::vector<std::vector<int>>& consumers, int seed, int axis, int k, size_t big) {
   const size_t n = g.nodes.size();
   Region R{std::vector<char>(n, 0), std::vector<Member>(n), 0, 0};
   auto idx = [&](const NodePtr& p) { return g.index.at(p.get()); };
@@ -185,36 +191,62 @@ Region grow(const ir::Graph& g, const std::vector<std::vector<int>>& consumers, 
     ++R.members;
     queue.push_back(i);
   };
+  // Consumer c of member i joins (force: whatever its size).
+  auto join = [&](int c, int i, bool force) {
+    const Node& nd = *g.nodes[size_t(i)];
+    const Member& mi = R.m[size_t(i)];
+    const Node& cn = *g.nodes[size_t(c)];
+    size_t j = 0;
+    while (cn.inputs[j].get() != &nd) ++j;
+    std::optional<Member> mc;
+    if (std::optional<int> ao = output_axis(cn, j, mi.axis)) {
+      std::optional<Axes> ins = inputs_for(cn, *ao, k);
+      if (ins && (*ins)[j] == mi.axis) mc = Member{*ao, *ins, false};
+    }
+    if (mc && !force && bytes_of(cn) < big && bytes_of(nd) < big) mc.reset();
+    if (!mc)
+      if (std::optional<Axes> s = sink_inputs(cn, j, mi.axis, k)) mc = Member{kWhole, *s, true};
+    if (mc && compatible(c, *mc)) add(c, std::move(*mc));
+  };
   std::optional<Axes> first = inputs_for(*g.nodes[size_t(seed)], axis, k);
   if (!first) return R;
   add(seed, Member{axis, *first, false});
-  for (size_t q = 0; q < queue.size(); ++q) {
-    const int i = queue[q];
-    const Member mi = R.m[size_t(i)];
-    const Node& nd = *g.nodes[size_t(i)];
-    for (size_t j = 0; j < nd.inputs.size(); ++j) {  // producers read sliced
-      const int p = idx(nd.inputs[j]);
-      if (mi.in[j] == kWhole || R.in[size_t(p)] || source(g.nodes[size_t(p)]->op)) continue;
-      std::optional<Axes> ins = inputs_for(*g.nodes[size_t(p)], mi.in[j], k);
-      if (!ins) continue;
-      Member mp{mi.in[j], *ins, false};
-      if (compatible(p, mp)) add(p, std::move(mp));
-    }
-    if (mi.sink) continue;
-    for (int c : consumers[size_t(i)]) {  // consumers of a sliced value
-      if (R.in[size_t(c)]) continue;
-      const Node& cn = *g.nodes[size_t(c)];
-      size_t j = 0;
-      while (cn.inputs[j].get() != &nd) ++j;
-      std::optional<Member> mc;
-      if (std::optional<int> ao = output_axis(cn, j, mi.axis)) {
-        std::optional<Axes> ins = inputs_for(cn, *ao, k);
-        if (ins && (*ins)[j] == mi.axis) mc = Member{*ao, *ins, false};
+  for (int round = 0; round < 64; ++round) {
+    for (size_t q = 0; q < queue.size(); ++q) {
+      const int i = queue[q];
+      const Member mi = R.m[size_t(i)];
+      const Node& nd = *g.nodes[size_t(i)];
+      for (size_t j = 0; j < nd.inputs.size(); ++j) {  // producers read sliced
+        const int p = idx(nd.inputs[j]);
+        if (mi.in[j] == kWhole || R.in[size_t(p)] || source(g.nodes[size_t(p)]->op) || bytes_of(*g.nodes[size_t(p)]) < big) continue;
+        std::optional<Axes> ins = inputs_for(*g.nodes[size_t(p)], mi.in[j], k);
+        if (!ins) continue;
+        Member mp{mi.in[j], *ins, false};
+        if (compatible(p, mp)) add(p, std::move(mp));
       }
-      if (!mc)
-        if (std::optional<Axes> s = sink_inputs(cn, j, mi.axis, k)) mc = Member{kWhole, *s, true};
-      if (mc && compatible(c, *mc)) add(c, std::move(*mc));
+      if (mi.sink) continue;
+      for (int c : consumers[size_t(i)])  // consumers of a sliced value
+        if (!R.in[size_t(c)]) join(c, i, false);
     }
+    queue.clear();
+    // Values that leave the region and come back into it (a row statistic whose small result
+    // the backward reads again) would make every slice wait for all of them: they join too.
+    std::vector<char> below(n, 0), above(n, 0);
+    for (size_t i = 0; i < n; ++i)
+      for (const NodePtr& p : g.nodes[i]->inputs) {
+        const size_t x = size_t(idx(p));
+        below[i] |= R.in[x] || below[x];
+      }
+    for (size_t i = n; i-- > 0;)
+      for (int c : consumers[i]) above[i] |= R.in[size_t(c)] || above[size_t(c)];
+    for (size_t c = 0; c < n; ++c) {
+      if (R.in[c] || !below[c] || !above[c]) continue;
+      for (const NodePtr& p : g.nodes[c]->inputs) {
+        const int x = idx(p);
+        if (R.in[size_t(x)] && !R.m[size_t(x)].sink && !R.in[c]) join(int(c), x, true);
+      }
+    }
+    if (queue.empty()) break;
   }
   return R;
 }
@@ -374,22 +406,26 @@ std::optional<Unstacked> unstack(const ir::Graph& g, size_t budget, size_t curre
   }
   if (seed < 0) return std::nullopt;
   const Node& sn = *g.nodes[size_t(seed)];
+  // Regions: first only the values of at least 1/16 of the seed's bytes, then every value the
+  // slicing reaches (the whole step, like micro-batches in one graph) when that falls short.
   std::optional<Unstacked> best;
-  for (int k = 2; k <= 64; k *= 2) {
-    for (int a = 0; a < int(sn.shape.size()); ++a) {
-      if (!divides(sn.shape, a, k)) continue;
-      Region R = grow(g, consumers, seed, a, k);
-      if (!R.members) continue;
-      Rewritten rw = apply(g, consumers, R, k);
-      Plan p = build(rw.graph, rw.store);
-      if (p.memory.step_bytes >= (best ? best->plan.memory.step_bytes : current)) continue;
-      std::string what = std::string(ir::op_name(sn.op)) + " " + dtype_short(sn.dtype) + shape_str(sn.shape);
-      if (!sn.scope->empty()) what += " in " + *sn.scope;
-      what += " along axis " + std::to_string(a) + " into " + std::to_string(k) + " slices (" + std::to_string(R.members) +
-              " nodes, " + std::to_string(R.sinks) + " sums over the slices, " + std::to_string(rw.exits) + " values leaving)";
-      best = Unstacked{std::move(p), std::move(rw.graph), k, R.members, std::move(what)};
+  for (size_t big : {seed_bytes / 16, size_t(0)}) {
+    for (int k = 2; k <= 64; k *= 2) {
+      for (int a = 0; a < int(sn.shape.size()); ++a) {
+        if (!divides(sn.shape, a, k)) continue;
+        Region R = grow(g, consumers, seed, a, k, big);
+        if (!R.members) continue;
+        Rewritten rw = apply(g, consumers, R, k);
+        Plan p = build(rw.graph, rw.store);
+        if (p.memory.step_bytes >= (best ? best->plan.memory.step_bytes : current)) continue;
+        std::string what = std::string(ir::op_name(sn.op)) + " " + dtype_short(sn.dtype) + shape_str(sn.shape);
+        if (!sn.scope->empty()) what += " in " + *sn.scope;
+        what += " along axis " + std::to_string(a) + " into " + std::to_string(k) + " slices (" + std::to_string(R.members) +
+                " nodes, " + std::to_string(R.sinks) + " sums over the slices, " + std::to_string(rw.exits) + " values leaving)";
+        best = Unstacked{std::move(p), std::move(rw.graph), k, R.members, std::move(what)};
+      }
+      if (best && best->plan.memory.step_bytes <= budget) return best;
     }
-    if (best && best->plan.memory.step_bytes <= budget) break;
   }
   return best;
 }
