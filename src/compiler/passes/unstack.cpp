@@ -7,7 +7,10 @@
 // weight, a broadcast scalar). Consumers whose op sums over the sliced dimension join as sinks
 // (a reduce_sum or reduce_max over it, a matmul contracting it: the head weight's gradient
 // x^T dlogits); they are computed per slice and their partial results added (or maxed) across
-// slices. Anything else coupled along the sliced dimension ends the region.
+// slices (in the value's own dtype). Anything else coupled along the sliced dimension ends the
+// region. The region first takes only values of at least 1/16 of the seed's bytes (a small
+// value's Step per slice costs launches that it does not pay back), plus whatever leaves it and
+// comes back into it; when no slice count meets the budget so, everything the slicing reaches.
 //
 // The graph is then rewritten into k copies of the region, one per slice: inputs from outside
 // are sliced (a `slice`, free as a view; constants and iotas are rebuilt at the slice's size; a
@@ -18,7 +21,6 @@
 // the lowering order runs the slices one after another and slice i's temporaries die before
 // slice i + 1's are made; the scheduler keeps an order only when its peak is lower.
 #include <algorithm>
-#include <unordered_map>
 
 #include "compiler/passes/passes.h"
 #include "compiler/passes/rewrite.h"
