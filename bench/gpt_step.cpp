@@ -34,6 +34,7 @@
 #include <cstring>
 #include <string>
 #include <vector>
+#include <memory>
 
 #include <optional>
 
@@ -43,6 +44,7 @@
 #include "tessera/metrics.h"
 #include "tessera/nn.h"
 #include "tessera/optim.h"
+#include "tessera/profiler.h"
 #include "tessera/tensor.h"
 
 using namespace tessera;
@@ -125,8 +127,10 @@ int main(int argc, char** argv) {
   double first_ms = 0;               // the first step: tracing, compiling (device code too) and running
   DeviceMetrics dev_after_warmup;    // the device kind's counters when the timed steps start
   double execute_ms_after_warmup = 0;
+  std::unique_ptr<Profiler> prof;  // BENCH_PROFILE=1: the timed steps' profile table (slower: each Step waited for)
   for (int64_t step = 0; step < warmup + steps; ++step) {
     if (step == warmup) {
+      if (std::getenv("BENCH_PROFILE")) prof = std::make_unique<Profiler>();
       reset_peak_bytes();
       graphs_after_warmup = metrics().graphs_compiled;
       dev_after_warmup = metrics().devices[Device(device).kind];
@@ -179,7 +183,12 @@ int main(int argc, char** argv) {
     if (step >= warmup) ms.push_back(dt);
   }
 
+  if (prof) {
+    prof->stop();
+    std::printf("%s", prof->table_text().c_str());
+  }
   Metrics m = metrics();
+  const int unstacked = micro == 1 ? last_memory_plan().unstacked_slices : 0;  // batch unstacking inside the step
   rusage ru{};
   getrusage(RUSAGE_SELF, &ru);
   double maxrss_mb = double(ru.ru_maxrss) / 1024.0;  // Linux reports kilobytes
@@ -209,13 +218,14 @@ int main(int argc, char** argv) {
               double(d.executables_run - d0.executables_run) / double(steps), first_ms, m.compile_ms, (long long)d.kernels_compiled,
               (long long)d.library_calls_compiled);
   if (!budget.none())
-    std::printf("  memory budget %s: %lld micro-batches, %lld Steps recomputed\n", budget.str().c_str(), (long long)micro_used,
-                (long long)m.recomputed_steps);
+    std::printf("  memory budget %s: %lld micro-batches, %lld Steps recomputed, %d slices in the step%s%s\n", budget.str().c_str(),
+                (long long)micro_used, (long long)m.recomputed_steps, unstacked, unstacked ? ": " : "",
+                unstacked ? last_memory_plan().unstacked.c_str() : "");
   std::printf("RESULT tessera device=%s threads=%s median_ms=%.3f p10=%.3f p90=%.3f peak_mb=%.1f maxrss_mb=%.1f graphs=%lld "
               "exec_ms=%.3f last_loss=%.4f tokens_per_s=%.0f first_step_ms=%.0f compile_ms=%.1f dtype=%s bf16_gflop=%.3f "
-              "micro_batches=%lld recomputed=%lld\n",
+              "micro_batches=%lld recomputed=%lld unstacked=%d\n",
               device.c_str(), threads.c_str(), med, p10, p90, peak_mb, maxrss_mb, (long long)m.graphs_compiled, exec_per_step, last_loss,
               double(batch * cfg.block) / (med / 1000.0), first_ms, m.compile_ms, dtype.c_str(), bf16_gflop, (long long)micro_used,
-              (long long)m.recomputed_steps);
+              (long long)m.recomputed_steps, unstacked);
   return 0;
 }

@@ -53,6 +53,11 @@ struct MemoryPlan {
   // the flops they add.
   int recomputed_steps = 0;
   double recompute_flops = 0;
+  // Batch unstacking inside the step: the slices the region was run in (0: none), its IR nodes,
+  // and what it was ("<op> <shape> in <scope> along axis A into K slices (...)").
+  int unstacked_slices = 0;
+  int unstacked_nodes = 0;
+  std::string unstacked;
   // A backend that compiles the whole program itself (pjrt: XLA) and so owns its temporaries:
   // its own figures ("XLA: peak ..."); empty for the others.
   std::string device_report;

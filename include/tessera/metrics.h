@@ -37,6 +37,7 @@ struct Metrics {
   // rematerialization added to them (recomputing activations).
   int64_t budget_graphs = 0;
   int64_t recomputed_steps = 0;
+  int64_t unstacked_graphs = 0;  // graphs the budget ran partly in slices (batch unstacking)
   double compile_ms = 0;         // total time spent compiling
   double execute_ms = 0;         // total time spent running compiled graphs
   std::map<std::string, DeviceMetrics> devices;  // per device kind ("cpu", "opencl"), once used

@@ -219,7 +219,9 @@ std::string plan_text(const ir::Graph& g, const Plan& plan) {
   os << "\nstep bytes: " << plan.memory.step_bytes << " B (parameters + outputs + arena)";
   if (plan.memory.budget_bytes)
     os << "; budget " << plan.memory.budget_bytes << " B, " << plan.memory.natural_step_bytes << " B before the budget passes; remat: "
-       << plan.memory.recomputed_steps << " Steps recomputed (" << plan.memory.recompute_flops << " flops)";
+       << plan.memory.recomputed_steps << " Steps recomputed (" << plan.memory.recompute_flops << " flops); unstack: "
+       << (plan.memory.unstacked_slices ? plan.memory.unstacked : "none") << "; cost " << plan.memory.extra_cost
+       << " flops + bytes over the natural plan's";
   os << "\n";
   return os.str();
 }

@@ -604,6 +604,12 @@ Plan lower(const ir::Graph& g, const std::vector<ir::NodePtr>& params, const Opt
   return lowering::Lowerer(g, params, opts).run();
 }
 
+Plan lower(const ir::Graph& g, const std::vector<ir::NodePtr>& params, const Options& opts, const std::vector<int>& store) {
+  lowering::Lowerer l(g, params, opts);
+  for (int i : store) l.store(i);
+  return l.run();
+}
+
 std::string Plan::str() const {
   std::ostringstream os;
   static const char* kinds[] = {"param", "output", "temp"};

@@ -26,9 +26,13 @@ struct MemoryInfo {
   // before the budget passes rewrote anything.
   size_t budget_bytes = 0;
   size_t natural_step_bytes = 0;
-  // What the budget passes did: Steps recomputed ("remat") and their flops.
+  // What the budget passes did: Steps recomputed ("remat") and their flops; the region unstacked
+  // ("unstack": nodes, slices, what; 0 and "": none).
   int recomputed_steps = 0;
   double recompute_flops = 0;
+  int unstacked_slices = 0, unstacked_nodes = 0;
+  double extra_cost = 0;  // the chosen plan's Steps' flops + bytes over the natural plan's
+  std::string unstacked;
 };
 
 struct Plan {
@@ -49,6 +53,9 @@ struct Plan {
 // pass), so parameter numbers stay those of the original graph. Fusion is decided here, so the
 // "fuse" switch is read here: with it disabled in opts every compute node gets its own Step.
 Plan lower(const ir::Graph& g, const std::vector<ir::NodePtr>& params, const Options& opts = {});
+// The same, storing the values of the nodes in `store` (indices into g) as soon as they are
+// lowered, never fused into a later consumer (the unstack pass's slice exits).
+Plan lower(const ir::Graph& g, const std::vector<ir::NodePtr>& params, const Options& opts, const std::vector<int>& store);
 
 // donate[k] names a parameter that output k may overwrite (-1: none); it is honoured only when
 // no Step reads the parameter's old value after the output is written. Run after scheduling.

@@ -34,6 +34,8 @@ class Lowerer {
   Lowerer(const ir::Graph& graph, const std::vector<ir::NodePtr>& params, const Options& opts);
   // Lowers every node in order, then gives each graph output its slot.
   Plan run();
+  // Stores node i's value as soon as it is lowered (never fused into a later consumer).
+  void store(int i) { store_early[size_t(i)] = 1; }
 
  private:
   const ir::Graph& g;

@@ -14,20 +14,29 @@ Plan compile_graph(const ir::Graph& g, const std::vector<int>& donate_to, const 
   if (opts.enabled("cse")) h = cse(h);
   if (opts.enabled("dce")) h = dce(h);
   dump_graph(opts.dump, "ir-opt", h);
-  Plan plan = lower(h, params, opts);  // fusion ("fuse") is decided while lowering
-  apply_target(plan, opts.target);
-  // Scheduling sees single-output Steps; the merges after it keep its order valid.
-  if (opts.enabled("schedule")) schedule(plan);
-  if (opts.enabled("epilogue")) fuse_epilogues(plan);
-  if (opts.enabled("merge")) merge_elementwise(plan), merge_rows(plan);
-  donate(plan, opts.enabled("donate") ? donate_to : std::vector<int>{});  // off: nothing written in place
-  if (opts.enabled("inplace_last")) inplace_last(plan);
-  plan_memory(plan, opts);  // "memplan" off: every temporary gets its own bytes
+  auto build = [&](const ir::Graph& x, const std::vector<int>& store) {
+    Plan p = lower(x, params, opts, store);  // fusion ("fuse") is decided while lowering
+    apply_target(p, opts.target);
+    // Scheduling sees single-output Steps; the merges after it keep its order valid.
+    if (opts.enabled("schedule")) schedule(p);
+    if (opts.enabled("epilogue")) fuse_epilogues(p);
+    if (opts.enabled("merge")) merge_elementwise(p), merge_rows(p);
+    donate(p, opts.enabled("donate") ? donate_to : std::vector<int>{});  // off: nothing written in place
+    if (opts.enabled("inplace_last")) inplace_last(p);
+    plan_memory(p, opts);  // "memplan" off: every temporary gets its own bytes
+    return p;
+  };
+  Plan plan = build(h, {});
+  std::optional<ir::Graph> unstacked;
   try {
-    meet_budget(plan, opts);  // the memory budget, when there is one: met or an error
+    meet_budget(plan, h, opts, build, &unstacked);  // the memory budget, when there is one: met or an error
   } catch (...) {
     dump_plan(opts.dump, h, plan);  // the smallest plan reached, to read beside the error
     throw;
+  }
+  if (unstacked) {
+    h = std::move(*unstacked);
+    dump_graph(opts.dump, "ir-unstack", h);
   }
   dump_plan(opts.dump, h, plan);
   if (optimized) *optimized = std::move(h);

@@ -88,6 +88,9 @@ MemoryPlan runtime::memory_plan_of(const compiler::Plan& plan) {
   m.natural_step_bytes = plan.memory.natural_step_bytes;
   m.recomputed_steps = plan.memory.recomputed_steps;
   m.recompute_flops = plan.memory.recompute_flops;
+  m.unstacked_slices = plan.memory.unstacked_slices;
+  m.unstacked_nodes = plan.memory.unstacked_nodes;
+  m.unstacked = plan.memory.unstacked;
   m.device_report = plan.device_memory;
   return m;
 }
@@ -113,6 +116,7 @@ std::string MemoryPlan::report(size_t max_buffers) const {
     os << "budget " << human(budget_bytes) << ": the step needs " << human(step_bytes) << " (" << human(natural_step_bytes)
        << " before the budget passes); " << recomputed_steps << " Steps recomputed (" << recompute_flops / 1e6
        << " Mflop more)\n";
+  if (unstacked_slices) os << "unstacked: " << unstacked << "\n";
   if (!device_report.empty()) os << "on the device: " << device_report << "\n";
   return os.str();
 }

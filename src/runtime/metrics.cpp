@@ -74,6 +74,7 @@ Metrics metrics() {
   m.bf16_flops = backends::bf16_flops_reported();
   m.budget_graphs = c.budget_graphs;
   m.recomputed_steps = c.recomputed_steps;
+  m.unstacked_graphs = c.unstacked_graphs;
   {
     std::lock_guard<std::mutex> lock(runtime::g_devices_mu);
     for (auto& [kind, d] : runtime::device_table())
@@ -125,7 +126,7 @@ std::string Metrics::report() const {
      << "  bf16 flops:        " << bf16_flops << " (run in bfloat16 dot-product instructions)\n";
   if (budget_graphs)
     os << "  memory budget:     " << budget_graphs << " graphs compiled under one; rematerialization recomputed " << recomputed_steps
-       << " Steps\n";
+       << " Steps; batch unstacking ran " << unstacked_graphs << " in slices\n";
   for (auto& [kind, d] : devices)
     os << "  on " << kind << ": " << d.steps_launched << " steps launched, " << d.kernels_compiled
        << " kernels compiled, " << bytes_text(d.bytes_to_device) << " in, " << bytes_text(d.bytes_to_host) << " out, "

@@ -159,6 +159,7 @@ std::shared_ptr<Executable> compile(const ir::Graph& g, const Device& dev, const
   if (exe->plan.memory.budget_bytes) {
     counters().budget_graphs++;
     counters().recomputed_steps += exe->plan.memory.recomputed_steps;
+    counters().unstacked_graphs += exe->plan.memory.unstacked_slices > 0;
   }
   // Collectives run only where the device declares them (Target::collectives); a device that
   // only compiles (null) plans them like any Step.

@@ -16,6 +16,7 @@
 #include "conformance/random_graph.h"
 #include "ir/graph.h"
 #include "runtime/allocator.h"
+#include "runtime/compile_options.h"
 #include "runtime/realize.h"
 #include "tensor/tensor_impl.h"
 #include "tessera/memory.h"
@@ -30,6 +31,21 @@ namespace tessera {
 namespace {
 
 using testing::error_message;
+
+// Switches passes off for its lifetime (the settings in force before come back after).
+struct PassesOff {
+  compiler::Options saved = runtime::compile_options();
+  explicit PassesOff(const std::string& list) {
+    compiler::Options o = saved;
+    for (size_t b = 0, e; b < list.size(); b = e + 1) {
+      e = list.find(',', b);
+      if (e == std::string::npos) e = list.size();
+      o.disabled.insert(list.substr(b, e - b));
+    }
+    runtime::set_compile_options(o);
+  }
+  ~PassesOff() { runtime::set_compile_options(saved); }
+};
 
 TEST(MemoryBudget, ParsesBytesAndFractions) {
   EXPECT_EQ(MemoryBudget::parse("200MB").bytes, size_t(200'000'000));
@@ -78,8 +94,9 @@ TEST(MemoryBudget, AMetBudgetRunsUnderItAndAnUnreachableOneFailsBeforeRunning) {
   EXPECT_EQ(natural.step_bytes, natural.param_bytes + natural.output_bytes + natural.arena_bytes);
   EXPECT_EQ(natural.budget_bytes, size_t(0));
   {
-    // Too small: the error comes at compile time, before any Step runs.
-    MemoryBudgetScope budget({natural.step_bytes / 2, 0});
+    // Too small (under the parameters and outputs, which stay whatever the rewrites): the error
+    // comes at compile time, before any Step runs.
+    MemoryBudgetScope budget({(natural.param_bytes + natural.output_bytes) / 2, 0});
     int64_t launched = metrics().steps_launched;
     std::string e = error_message([] { sync(); });
     EXPECT_NE(e.find("[memory] the budget of"), std::string::npos) << e;
@@ -264,7 +281,8 @@ TEST(MicroBatches, AutoUnderHalfAndAQuarterOfThePeakGivesTheSameLossesAndGradien
   GptRun base = train_gpt(steps_or_few(20), 0.0, {}, 1);
   auto first = [](std::vector<double> v, size_t n) { return std::vector<double>(v.begin(), v.begin() + std::ptrdiff_t(n)); };
   {
-    // Rematerialization alone (one graph) meets 3/4 of the peak, not 1/2.
+    // Rematerialization alone (one graph, unstacking off) meets 3/4 of the peak, not 1/2.
+    PassesOff no_unstack("unstack");
     const int n = steps_or_few(10);
     GptRun r = train_gpt(n, 0.0, {0, 0.75}, 1);
     EXPECT_GT(r.recomputed, 0);
@@ -275,6 +293,17 @@ TEST(MicroBatches, AutoUnderHalfAndAQuarterOfThePeakGivesTheSameLossesAndGradien
     std::string e = testing::error_message([] { train_gpt(1, 0.0, {0, 0.5}, 1); });
     EXPECT_NE(e.find("cannot be met: the smallest step this compiler reaches needs"), std::string::npos) << e;
     EXPECT_NE(e.find("after recomputing"), std::string::npos) << e;
+  }
+  {
+    // With unstacking the one graph meets 1/2: the step runs in slices of the batch.
+    const int n = steps_or_few(3);
+    GptRun r = train_gpt(n, 0.0, {0, 0.5}, 1);
+    EXPECT_GT(r.natural.unstacked_slices, 1) << r.natural.report();
+    EXPECT_LE(testing::normalized_error(r.losses, first(base.losses, size_t(n))), 1e-5);
+    EXPECT_LE(worst_grad_error(r, base), 1e-5);
+    ASSERT_EQ(r.peaks.size(), size_t(n));
+    for (auto& [measured, budget] : r.peaks) EXPECT_LE(measured, int64_t(budget)) << "unstack";
+    std::printf("[benchmark GPT, one graph under 1/2] %s\n", r.natural.unstacked.c_str());
   }
   for (double fraction : {0.5, 0.25}) {
     const int steps = steps_or_few(fraction == 0.5 ? 20 : 10);  // the quarter's first 10 (CI time)
@@ -351,6 +380,80 @@ TEST(MicroBatches, AVocabularySizedPeakMeetsAnEighthOfItByUnstacking) {
   for (auto& [measured, budget] : r.peaks) EXPECT_LE(measured, int64_t(eighth)) << r.micro << " micro-batches";
   std::printf("[vocabulary peak] natural %zu B, budget %zu B, %lld micro-batches, high-water %lld B\n", base.natural.step_bytes,
               r.peaks[0].second, (long long)r.micro, (long long)r.peaks[0].first);
+}
+
+// Batch unstacking inside one step (the "unstack" pass), rematerialization and micro-batches off.
+// A logits tower (the seed's case, small): loss = cross_entropy(dropout(x W), y) over [64, 500]
+// logits, its gradients dx and dW (a sum over the rows). Values of the loss and both gradients,
+// and the plan, under `budget` (or none), with dropout p.
+struct Tower {
+  std::vector<std::vector<double>> values;
+  MemoryPlan plan;
+  int64_t high_water = 0;
+};
+Tower logits_tower(double p, MemoryBudget budget) {
+  manual_seed(11);
+  Tensor x = testing::random_tensor({64, 16}, DType::Float32, 1).requires_grad_();
+  Tensor w = testing::random_tensor({16, 500}, DType::Float32, 2).requires_grad_();
+  Tensor y = testing::random_int({64}, 0, 499, DType::Int64, 3);
+  nn::Dropout drop(p);
+  drop.train();
+  sync();
+  const int64_t live_before = metrics().live_bytes;
+  reset_peak_bytes();
+  MemoryBudgetScope in_force(budget);
+  Tensor loss = cross_entropy(p > 0 ? drop(matmul(x, w)) : matmul(x, w), y);
+  loss.backward();
+  Tower t;
+  Tensor gx = x.grad(), gw = w.grad();
+  sync();
+  t.plan = last_memory_plan();
+  t.high_water = metrics().peak_bytes - (live_before - int64_t(t.plan.param_bytes));
+  t.values = {loss.to_vector<double>(), gx.to_vector<double>(), gw.to_vector<double>()};
+  return t;
+}
+
+TEST(Unstack, ALogitsTowerRunsInSlicesWithTheUnbudgetedValues) {
+  PassesOff off("remat");
+  for (double p : {0.0, 0.1}) {  // dropout draws the unsliced masks in each slice
+    Tower base = logits_tower(p, {});
+    EXPECT_EQ(base.plan.unstacked_slices, 0);
+    Tower t = logits_tower(p, {0, 0.4});
+    EXPECT_GT(t.plan.unstacked_slices, 1) << t.plan.report();
+    EXPECT_NE(t.plan.report().find("unstacked: "), std::string::npos) << t.plan.report();
+    EXPECT_LE(t.plan.step_bytes, t.plan.budget_bytes);
+    EXPECT_LE(t.high_water, int64_t(t.plan.budget_bytes)) << "the allocator's high-water mark";
+    for (size_t k = 0; k < base.values.size(); ++k)
+      EXPECT_LE(testing::normalized_error(t.values[k], base.values[k]), 1e-5) << "p " << p << " value " << k;
+    std::printf("[unstack tower] p %.1f: natural %zu B, budget %zu B, step %zu B, high-water %lld B; %s\n", p, base.plan.step_bytes,
+                t.plan.budget_bytes, t.plan.step_bytes, (long long)t.high_water, t.plan.unstacked.c_str());
+  }
+  // Switched off, with nothing else to meet the budget: the [memory] error before running.
+  PassesOff none("remat,unstack");
+  std::string e = error_message([] { logits_tower(0.0, {0, 0.4}); });
+  EXPECT_NE(e.find("cannot be met"), std::string::npos) << e;
+}
+
+// The seed's case in one graph: the vocabulary-peak model meets 1/8 of its one-graph step bytes
+// by unstacking alone (no micro-batches, nothing recomputed), with the unbudgeted losses and
+// gradients and the allocator's high-water mark under the budget every step.
+TEST(Unstack, AVocabularySizedPeakMeetsAnEighthOfItInOneStep) {
+  PassesOff off("remat");
+  const nn::GPTConfig head{.vocab = 1576, .block = 32, .embd = 8, .heads = 2, .layers = 1};
+  const int steps = testing::steps_or_few(4);
+  GptRun base = train_gpt(steps, 0.0, {}, 1, head, 32);
+  const size_t eighth = base.natural.step_bytes / 8;
+  const int64_t unstacked_before = metrics().unstacked_graphs;
+  GptRun r = train_gpt(steps, 0.0, {eighth, 0}, 1, head, 32);
+  EXPECT_EQ(r.recomputed, 0);
+  EXPECT_GT(r.natural.unstacked_slices, 1);
+  EXPECT_GT(metrics().unstacked_graphs, unstacked_before);
+  EXPECT_LE(testing::normalized_error(r.losses, base.losses), 1e-5);
+  EXPECT_LE(worst_grad_error(r, base), 1e-5);
+  ASSERT_EQ(r.peaks.size(), size_t(steps));
+  for (auto& [measured, budget] : r.peaks) EXPECT_LE(measured, int64_t(eighth)) << r.natural.report();
+  std::printf("[vocabulary peak, one step] natural %zu B, budget %zu B, step %zu B, high-water %lld B; %s\n", base.natural.step_bytes,
+              eighth, r.natural.step_bytes, (long long)r.peaks[0].first, r.natural.unstacked.c_str());
 }
 
 TEST(MicroBatches, BatchNormAndAnUnreachableBudgetAreRefusedBeforeRunning) {

@@ -1,9 +1,12 @@
 // The memory budget (Options::memory_budget, memory_budget_fraction): after the memory plan, the
 // plan's step bytes (parameters + outputs + arena) must fit the budget. The budget passes that
-// lower them run here, cheapest first, each re-planning memory, until the budget is met
-// (rematerialization, remat.cpp: elementwise and normalization outputs, then GEMMs); when
-// none is left the compile fails before anything runs, naming the smallest figure reached, the
-// Step at the peak and the largest buffers live there with their module paths.
+// lower them run here, each re-planning memory: rematerialization (remat.cpp: elementwise and
+// normalization outputs, then GEMMs) on the plan, and batch unstacking (unstack.cpp: the graph
+// rewritten into k sequential slices and built again), followed by rematerialization when the
+// slices alone fall short. Of the plans that meet the budget the cheapest by the cost rules (the
+// Steps' flops + bytes) wins; when none does, the compile fails before anything runs, naming the
+// smallest figure reached, the Step at the peak and the largest buffers live there with their
+// module paths.
 #include <algorithm>
 #include <cstdio>
 
@@ -64,21 +67,70 @@ size_t resolve_budget(const Options& opts, size_t natural) {
   return 0;
 }
 
-void meet_budget(Plan& plan, const Options& opts) {
+// What a plan costs to run by the cost rules: every Step's flops plus the bytes it moves.
+double plan_cost(const Plan& plan) {
+  double c = 0;
+  for (const kir::Step& st : plan.steps) c += st.cost.flops + st.cost.bytes;
+  return c;
+}
+
+void meet_budget(Plan& plan, const ir::Graph& g, const Options& opts, const PlanBuilder& build, std::optional<ir::Graph>* rewritten) {
   const size_t natural = plan.memory.step_bytes;
   const size_t budget = resolve_budget(opts, natural);
   if (!budget) return;
   plan.memory.natural_step_bytes = natural;
   plan.memory.budget_bytes = budget;
   if (plan.memory.step_bytes <= budget) return;
-  std::string tried = "no budget pass applies";
+  const double base_cost = plan_cost(plan);
+  // Candidates, each a plan and (for unstacking) its graph: rematerialization on the plan;
+  // unstacking, then rematerialization on its plan when the slices alone fall short. Of those
+  // meeting the budget the one whose Steps cost least (flops + bytes by the cost rules) wins;
+  // none meeting it: the smallest step bytes, for the error.
+  struct Candidate {
+    Plan plan;
+    std::optional<ir::Graph> graph;
+    Unstacked* un = nullptr;
+  };
+  auto remat = [&](Plan& p) {
+    rematerialize(p, opts, budget, false);  // elementwise and normalization outputs first
+    if (p.memory.step_bytes > budget) rematerialize(p, opts, budget, true);  // then GEMMs too
+  };
+  std::vector<Candidate> cands;
+  std::optional<Unstacked> un;
   if (opts.enabled("remat")) {
-    rematerialize(plan, opts, budget, false);  // elementwise and normalization outputs first
-    if (plan.memory.step_bytes > budget) rematerialize(plan, opts, budget, true);  // then GEMMs too
-    plan.memory.natural_step_bytes = natural;
-    plan.memory.budget_bytes = budget;
-    tried = "after recomputing " + std::to_string(plan.memory.recomputed_steps) + " Steps";
+    cands.push_back({plan, std::nullopt, nullptr});
+    remat(cands.back().plan);
   }
+  if (opts.enabled("unstack")) un = unstack(g, budget, natural, build);
+  if (un) {
+    Plan p = un->plan;
+    if (p.memory.step_bytes > budget && opts.enabled("remat")) remat(p);
+    cands.push_back({std::move(p), un->graph, &*un});
+  }
+  std::string tried = "no budget pass applies";
+  if (cands.empty()) unreachable(plan, budget, tried);
+  const Candidate* best = nullptr;
+  for (const Candidate& c : cands) {
+    const bool fits = c.plan.memory.step_bytes <= budget;
+    if (!best) best = &c;
+    else if (fits && (best->plan.memory.step_bytes > budget || plan_cost(c.plan) < plan_cost(best->plan))) best = &c;
+    else if (!fits && best->plan.memory.step_bytes > budget && c.plan.memory.step_bytes < best->plan.memory.step_bytes) best = &c;
+  }
+  plan = best->plan;
+  plan.memory.natural_step_bytes = natural;
+  plan.memory.budget_bytes = budget;
+  plan.memory.extra_cost = plan_cost(plan) - base_cost;
+  if (best->un) {
+    plan.memory.unstacked_slices = best->un->slices;
+    plan.memory.unstacked_nodes = best->un->nodes;
+    plan.memory.unstacked = best->un->what;
+    *rewritten = best->graph;
+  }
+  tried.clear();
+  if (un) tried = "after unstacking " + un->what;
+  if (opts.enabled("remat"))
+    tried += (tried.empty() ? "" : " and ") + std::string("after recomputing ") + std::to_string(plan.memory.recomputed_steps) + " Steps";
+  if (tried.empty()) tried = "no budget pass applies";
   if (plan.memory.step_bytes <= budget) return;
   unreachable(plan, budget, tried);
 }

@@ -12,9 +12,14 @@
 //                        reads the other's result element for element, become one multi-output Step;
 //                        a Row Step's per-row result joins the later Row Step that recomputes it
 //   memplan   Steps      temporaries share one arena by lifetime (off: each gets its own bytes)
+//   unstack   IR -> IR   under a memory budget: a region of the graph independent along a batch-like
+//                        dimension run in k sequential slices in the one step, row outputs
+//                        concatenated, sums over that dimension accumulated (unstack.cpp)
 //   remat     Steps      under a memory budget: activations live across the peak recomputed where
-//                        they are read again (budget.cpp runs it, remat.cpp)
+//                        they are read again (budget.cpp runs both, cheapest plan first; remat.cpp)
 #pragma once
+#include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -48,7 +53,23 @@ void plan_memory(Plan& plan, const Options& opts = {});
 // none), and, after plan_memory, the budget passes until plan.memory.step_bytes fits it; throws
 // tessera::Error ("[memory] ...") naming the smallest figure reached and the buffers at its peak.
 size_t resolve_budget(const Options& opts, size_t natural);
-void meet_budget(Plan& plan, const Options& opts);
+// Lowers a graph and runs the Step passes and the memory plan on it (the pipeline's; `store`: nodes
+// whose values are stored as soon as they are computed).
+using PlanBuilder = std::function<Plan(const ir::Graph& g, const std::vector<int>& store)>;
+// g: the graph plan was built from. When unstacking wins, *rewritten is the sliced graph (else
+// untouched) and plan is built from it.
+void meet_budget(Plan& plan, const ir::Graph& g, const Options& opts, const PlanBuilder& build, std::optional<ir::Graph>* rewritten);
+// Batch unstacking (unstack.cpp): the graph with the region around its largest computed value
+// that is independent along one of its axes run in k = 2, 4, ..., 64 sequential slices, with the
+// smallest k whose plan fits `budget` (else the smallest step bytes seen); nothing when no
+// rewrite plans fewer step bytes than `current`.
+struct Unstacked {
+  Plan plan;
+  ir::Graph graph;
+  int slices = 0, nodes = 0;
+  std::string what;  // "<op> <shape> in <scope> along axis A into K slices (...)"
+};
+std::optional<Unstacked> unstack(const ir::Graph& g, size_t budget, size_t current, const PlanBuilder& build);
 // Recomputes temporaries live across the peak Step, cheapest per byte first (remat.cpp), until
 // plan.memory.step_bytes fits `budget` or no candidate is left; GEMMs only with allow_gemm.
 // Leaves the plan with the smallest step bytes it saw, memory planned.
