@@ -158,8 +158,8 @@ Prediction predict(const DeviceSpec& d, const Workload& w, const Options& o);
 
 // How the runtime fits one per-replica batch into a device's usable memory with the memory
 // budget's rewrites (`tessera train gpt --memory-budget <capacity>`): the step as one graph if it
-// fits; else one graph rematerialized by the compiler (compiler/passes/remat.cpp) if that meets
-// the budget; else gradient accumulation over the fewest micro-batches dividing the batch whose
+// fits; else one graph rewritten by the compiler's budget passes (batch unstacking and
+// rematerialization: compiler/passes/unstack.cpp, remat.cpp) if that meets the budget; else gradient accumulation over the fewest micro-batches dividing the batch whose
 // slice graph fits beside the weights, moments and gradients (`--micro-batches auto`,
 // optim/accumulate.cpp, whose slice graphs are not rematerialized).
 struct Fit {
@@ -167,6 +167,7 @@ struct Fit {
   bool fits = false;            // false: not even slices of one row fit
   int64_t micro_batches = 1;    // 1: one graph
   int recomputed_steps = 0;     // one graph: the Steps remat recomputes
+  int unstacked_slices = 0;     // one graph: the slices batch unstacking runs its largest values in (0: none)
   double peak_bytes = 0;        // the footprint with the rewrites
   double step_s = 0;            // predicted with the rewrites: k slices' forward and backward, one update
   double plain_step_s = 0;      // the same batch as one graph without them (as if memory were unbounded)

@@ -366,6 +366,7 @@ Fit GptWorkloads::fit(int64_t batch, const DeviceSpec& target, DType dtype, cons
   if (const Workload& r = rematerialized(batch, target, dtype); !r.over_budget && r.footprint_bytes() <= capacity) {
     f.fits = true;
     f.recomputed_steps = r.plan.recomputed_steps;
+    f.unstacked_slices = r.plan.unstacked_slices;
     f.peak_bytes = r.footprint_bytes();
     f.step_s = predict(target, r, o).step_s;
     return f;

@@ -60,8 +60,10 @@ std::string at_least(int64_t global, int64_t replicas) {
 std::string how_it_fits(const advise::Fit& f) {
   if (!f.fits) return "does not fit";
   if (f.micro_batches > 1) return std::to_string(f.micro_batches) + " micro-batches, " + ratio(f.slowdown());
-  if (f.recomputed_steps > 0) return "remat (" + std::to_string(f.recomputed_steps) + " Steps), " + ratio(f.slowdown());
-  return "one graph";
+  std::string how;
+  if (f.unstacked_slices > 0) how = "unstacked in " + std::to_string(f.unstacked_slices) + " slices";
+  if (f.recomputed_steps > 0) how += (how.empty() ? "" : " + ") + std::string("remat (") + std::to_string(f.recomputed_steps) + " Steps)";
+  return how.empty() ? "one graph" : how + ", " + ratio(f.slowdown());
 }
 
 Rewrites rewrites_on(advise::GptWorkloads& works, const advise::DeviceSpec& d, const Row& r, DType dtype,
@@ -107,7 +109,7 @@ void print_data_parallel(const std::vector<Row>& rows, const AdviseOptions& o) {
 
 void print_rewrites(const std::vector<Row>& rows, size_t budget, const AdviseOptions& o) {
   std::printf("\nWith the memory budget's rewrites (budget: %s):\n"
-              "REMAT MAX: the largest batch run as one graph rematerialized (slowdown against that batch unbudgeted);\n"
+              "REMAT MAX: the largest batch run as one graph under the budget (batch unstacking, rematerialization; slowdown against that batch unbudgeted);\n"
               "SLICE ROWS: the most rows per micro-batch (--micro-batches auto runs any batch in slices of up to that many);\n"
               "AT BATCH %lld: how it fits (slowdown against it as one graph unbudgeted).\n",
               budget ? human_bytes(double(budget)).c_str() : "each device's usable memory", (long long)o.batch);
@@ -228,7 +230,7 @@ void run_advise(const AdviseOptions& o) {
         j["devices"][i]["rewrites"] = {{"max_batch_remat", rw->max_remat}, {"remat_slowdown", rw->remat_slowdown},
                                        {"max_slice_rows", rw->max_slice},
                                        {"at_batch", {{"fits", rw->at.fits}, {"micro_batches", rw->at.micro_batches},
-                                                     {"recomputed_steps", rw->at.recomputed_steps}, {"peak_bytes", rw->at.peak_bytes},
+                                                     {"recomputed_steps", rw->at.recomputed_steps}, {"unstacked_slices", rw->at.unstacked_slices}, {"peak_bytes", rw->at.peak_bytes},
                                                      {"step_s", rw->at.step_s}, {"slowdown", rw->at.slowdown()}}}};
     j["recommendation"] = rec.str();
     std::printf("%s\n", j.dump(2).c_str());
