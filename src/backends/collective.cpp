@@ -45,7 +45,11 @@ void run_collective_on_host(const kir::Step& st, void* const* slots) {
   const char* in = static_cast<const char*>(slots[st.inputs[0]]) + st.maps[0].views[0].offset * int64_t(item);
   char* out = static_cast<char*>(slots[st.output]);
   Communicator* comm = current_communicator();
-  if (c.ranks == 1 && (!comm || comm->size() == 1)) {  // one rank: every collective is a copy
+  if (c.ranks == 1 && (!comm || comm->size() == 1)) {  // one rank: every collective is a copy,
+    if (st.collective == ir::Op::CollectivePermute && c.source_of(0) < 0) {  // but a permute from nobody: zeros
+      if (n_out) std::memset(out, 0, n_out * item);
+      return;
+    }
     if (n_out && in != out) std::memmove(out, in, n_out * item);
     return;
   }

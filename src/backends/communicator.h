@@ -10,8 +10,9 @@
 //   disagrees makes the call throw on EVERY rank, naming the collective and each rank's side.
 // - Errors: tessera::Error whose message starts with the collective ("[all_reduce] ...").
 //   Never a hang: a call that waits longer than timeout() for the other ranks throws, naming the
-//   collective, the ranks it waited for and the communicator; the group is then broken and every
-//   later call on any of its ranks throws at once.
+//   collective and the communicator; the group is then broken and every later call on any of its
+//   ranks throws at once. (MPI: a pending call cannot be cancelled, so past the timeout the rank
+//   prints that error and aborts the job, MPI_Abort; mpirun ends the others.)
 // - Buffers: `count` elements of `dtype`, contiguous, in the memory the communicator serves
 //   (host memory: inprocess, mpi; the CUDA device's: nccl). send and recv may be the same
 //   buffer where their sizes are equal (all_reduce, broadcast, reduce, permute).

@@ -15,6 +15,11 @@ inline uint16_t float_to_bf16(float f) {
   return uint16_t(u >> 16);
 }
 inline float bf16_to_float(uint16_t h) { return from_bits(uint32_t(h) << 16); }
+// The bits of bf16_to_float(float_to_bf16(f)) from f's bits, branch-free: loops of it vectorize
+// (the cpu backend rounds autocast's operands and gradients so).
+inline uint32_t bf16_round_bits(uint32_t u) {
+  return ((u & 0x7fffffffu) > 0x7f800000u ? u | 0x400000u : u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
+}
 
 inline uint16_t float_to_f16(float f) {
   uint32_t u = bits(f);

@@ -574,6 +574,13 @@ std::vector<std::vector<std::shared_ptr<Buffer>>> realize_spmd(const std::vector
   std::shared_ptr<Executable> exe = prep.exe;
   backends::Backend& be = backends::backend_for(dev);
   if (!be.can_execute()) fail("spmd", "device '" + dev.str() + "' compiles graphs but cannot run them", "");
+  // Several rank threads launch at once: only a backend declaring collectives promises that.
+  if (N > 1 && !be.properties(dev.index).collectives)
+    fail("spmd", "device '" + dev.str() + "' does not run launches from several ranks at once (no collectives)", "");
+  for (size_t r = 0; r < N; ++r)
+    if (ranks[r]->rank() != int(r) || ranks[r]->size() != int(N))
+      fail("spmd", "communicator " + std::to_string(r) + " is rank " + std::to_string(ranks[r]->rank()) + " of " +
+                       std::to_string(ranks[r]->size()) + ", not rank " + std::to_string(r) + " of " + std::to_string(N), "");
   const compiler::Plan& plan = exe->plan;
   // Every rank's buffers are allocated here, on the calling thread; the rank threads only launch.
   std::vector<std::unique_ptr<Run>> runs;

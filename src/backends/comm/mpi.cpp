@@ -1,7 +1,7 @@
 // The MPI communicator (OpenMPI, one process per rank under mpirun): MPI_COMM_WORLD duplicated.
 // Every collective is a nonblocking MPI call polled with MPI_Test until done or past the timeout
-// (an MPI call cannot be cancelled: the timeout's error ends the job, mpirun then stops the other
-// ranks). Before each collective the ranks exchange their call's signature (one small
+// (an MPI call cannot be cancelled: past the timeout the rank prints the error and calls MPI_Abort,
+// and mpirun stops the other ranks). Before each collective the ranks exchange their call's signature (one small
 // MPI_Iallgather), so a rank that disagrees makes every rank throw instead of hanging or
 // mixing buffers. 16-bit floats are reduced through float32 on the host.
 #include "backends/communicator.h"
@@ -17,6 +17,7 @@ std::shared_ptr<Communicator> make_mpi_communicator() {
 #else
 #include <mpi.h>
 
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <limits>
@@ -119,7 +120,7 @@ class Mpi final : public Communicator {
   static bool is_half(DType t) { return t == DType::Float16 || t == DType::BFloat16; }
   static int bytes(size_t n, DType t) {
     size_t b = n * itemsize(t);
-    if (b > size_t(1) << 31) fail("mpi", "a collective of more than 2 GiB (" + std::to_string(b) + " bytes)", "");
+    if (b >= size_t(1) << 31) fail("mpi", "a collective of more than 2 GiB (" + std::to_string(b) + " bytes)", "");
     return int(b);
   }
   static MPI_Datatype type(DType t) {
@@ -133,7 +134,7 @@ class Mpi final : public Communicator {
     }
   }
   static MPI_Op op(DType t, ir::ReduceKind k) {
-    if (t == DType::Bool) return k == ir::ReduceKind::Max ? MPI_LOR : MPI_LOR;
+    if (t == DType::Bool) return MPI_LOR;  // a bool's sum and max are both "any"
     return k == ir::ReduceKind::Max ? MPI_MAX : MPI_SUM;
   }
   static std::vector<float> widen(const void* p, size_t n, DType t) {
@@ -216,10 +217,17 @@ class Mpi final : public Communicator {
       int done = 0;
       check(MPI_Test(&q, &done, MPI_STATUS_IGNORE), what);
       if (done) return;
-      if (std::chrono::steady_clock::now() > deadline)
-        fail(what, "timed out after " + std::to_string(double(timeout().count()) / 1000) +
-                       " s waiting for the other ranks (one is lost or stuck; TESSERA_COLLECTIVE_TIMEOUT_S sets the limit)" + who(),
-             "");
+      if (std::chrono::steady_clock::now() > deadline) {
+        // The pending call cannot be cancelled and still writes into the caller's buffers, so no
+        // error may return to the caller: the message, then the whole job ends (mpirun stops the
+        // other ranks).
+        std::fprintf(stderr, "[%s] timed out after %g s waiting for the other ranks (one is lost or stuck; "
+                     "TESSERA_COLLECTIVE_TIMEOUT_S sets the limit)%s: aborting the job\n",
+                     what, double(timeout().count()) / 1000, who().c_str());
+        std::fflush(stderr);
+        MPI_Abort(comm_, 1);
+        std::_Exit(1);  // MPI_Abort does not return
+      }
       if (spins > 1000) std::this_thread::sleep_for(std::chrono::microseconds(spins > 100000 ? 1000 : 50));
     }
   }

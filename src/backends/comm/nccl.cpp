@@ -103,14 +103,20 @@ class Nccl final : public Communicator {
   int size() const override { return size_; }
 
   void all_reduce(const void* s, void* r, size_t n, DType t, ir::ReduceKind k) override {
+    live("all_reduce");
     ncclRedOp_t op = k == ir::ReduceKind::Max ? ncclMax : k == ir::ReduceKind::Mean ? ncclAvg : ncclSum;
     run("all_reduce", api().AllReduce(s, r, n, type(t), op, c_, nullptr));
   }
-  void all_gather(const void* s, void* r, size_t n, DType t) override { run("all_gather", api().AllGather(s, r, n, type(t), c_, nullptr)); }
+  void all_gather(const void* s, void* r, size_t n, DType t) override {
+    live("all_gather");
+    run("all_gather", api().AllGather(s, r, n, type(t), c_, nullptr));
+  }
   void reduce_scatter(const void* s, void* r, size_t n, DType t) override {
+    live("reduce_scatter");
     run("reduce_scatter", api().ReduceScatter(s, r, n, type(t), ncclSum, c_, nullptr));
   }
   void all_to_all(const void* s, void* r, size_t n, DType t) override {
+    live("all_to_all");
     const size_t b = n * itemsize(t);
     ncclResult_t rc = api().GroupStart();
     for (int p = 0; p < size_ && rc == ncclSuccess; ++p) {
@@ -121,12 +127,15 @@ class Nccl final : public Communicator {
     run("all_to_all", rc != ncclSuccess ? rc : end);
   }
   void broadcast(const void* s, void* r, size_t n, DType t, int root) override {
+    live("broadcast");
     run("broadcast", api().Broadcast(s, r, n, type(t), root, c_, nullptr));
   }
   void reduce(const void* s, void* r, size_t n, DType t, int root) override {
+    live("reduce");
     run("reduce", api().Reduce(s, r, n, type(t), ncclSum, root, c_, nullptr));
   }
   void permute(const void* s, void* r, size_t n, DType t, int to, int from) override {
+    live("permute");
     ncclResult_t rc = api().GroupStart();
     if (rc == ncclSuccess && to >= 0) rc = api().Send(s, n, type(t), to, c_, nullptr);
     if (rc == ncclSuccess && from >= 0) rc = api().Recv(r, n, type(t), from, c_, nullptr);
@@ -139,6 +148,10 @@ class Nccl final : public Communicator {
   int rank_, size_;
   bool aborted_ = false;
 
+  // After a timeout aborted the communicator, every call fails at once (its state is gone).
+  void live(const char* what) const {
+    if (aborted_) fail(what, "the communicator was aborted after an earlier collective timed out" + who(), "");
+  }
   std::string who() const { return " (nccl communicator, rank " + std::to_string(rank_) + " of " + std::to_string(size_) + ")"; }
   void run(const char* what, ncclResult_t rc) {
     if (rc != ncclSuccess) fail(what, std::string("NCCL error: ") + api().GetErrorString(rc) + who(), "");

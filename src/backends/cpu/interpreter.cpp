@@ -238,15 +238,14 @@ double rounded_to(DType t, double v) {
 }
 
 // m float32 values rounded to float16/bfloat16 in place (their compute type stays float32). The
-// bfloat16 rounding is half::float_to_bf16's bit arithmetic on whole words, which the compiler
-// vectorizes: autocast rounds every product operand so, and a call per element through
+// bfloat16 rounding is half::bf16_round_bits on whole words, which the compiler vectorizes: autocast rounds every product operand so, and a call per element through
 // rounded_to took a sixth of a bfloat16 training step.
 void round_floats(DType t, float* v, int64_t m) {
   if (t == DType::BFloat16) {
     for (int64_t i = 0; i < m; ++i) {
       uint32_t u;
       std::memcpy(&u, v + i, 4);
-      u = ((u & 0x7fffffffu) > 0x7f800000u ? u | 0x400000u : u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;  // NaN: quiet
+      u = half::bf16_round_bits(u);
       std::memcpy(v + i, &u, 4);
     }
   } else if (t == DType::Float16) {

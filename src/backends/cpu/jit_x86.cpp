@@ -51,13 +51,15 @@ bool supported(const std::vector<Instr>& prog, const std::vector<int>& results) 
         if (!((I.dtype == DType::BFloat16 && dt(I.a) == DType::Float32) || (I.dtype == DType::Float32 && dt(I.a) == DType::BFloat16)))
           return false;
         break;
-      case Code::Max: case Code::Min:
-        if (I.dtype == DType::Bool && dt(I.a) == DType::Bool && dt(I.b) == DType::Bool) break;
-        [[fallthrough]];
       case Code::Exp: case Code::Erf:
-#if !defined(__FMA__)
+#if defined(__FMA__)
+        if (I.dtype != DType::Float32 || dt(I.a) != DType::Float32) return false;
+        break;
+#else
         return false;  // vmath's polynomials round twice per step without FMA: the interpreter runs them
 #endif
+      case Code::Max: case Code::Min:
+        if (I.dtype == DType::Bool && dt(I.a) == DType::Bool && dt(I.b) == DType::Bool) break;
         [[fallthrough]];
       case Code::Neg: case Code::Abs: case Code::Sqrt: case Code::Floor: case Code::Ceil: case Code::Round:
       case Code::Add: case Code::Sub: case Code::Mul: case Code::Div:

@@ -70,9 +70,7 @@ void round_row(const float* src, int64_t per, float* dst, int64_t n, bool bf16) 
     for (int64_t c = 0; c < n; ++c) dst[c] = half::f16_to_float(half::float_to_f16(src[c * per]));
     return;
   }
-  auto one = [](uint32_t u) {
-    return ((u & 0x7fffffffu) > 0x7f800000u ? u | 0x400000u : u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
-  };
+  auto one = [](uint32_t u) { return half::bf16_round_bits(u); };
   const uint32_t* s = reinterpret_cast<const uint32_t*>(src);
   uint32_t* d = reinterpret_cast<uint32_t*>(dst);
   if (per == 1)

@@ -40,8 +40,8 @@ struct RowLoops {
   // Per instruction: an int64 load or constant run as int32 lanes (only compared by ==, <, >: 1),
   // a bool load (a mask) read as int32 lanes of 0/1 compared > 0 (2).
   std::vector<uint8_t> wide;
-  int nstash = 0;
-  bool narrow = false;
+  int nstash = 0;       // row buffers of values computed by one part and read by a later one
+  bool narrow = false;  // the main result: the last part's float32 value rounded to the Step's 16-bit dtype
   // Float32 loads rounded to bfloat16 (else float16) and back: the load instruction, its
   // elements between a row's positions.
   struct Round {
@@ -49,7 +49,7 @@ struct RowLoops {
     bool bf16 = true;
     int64_t per = 1;
   };
-  std::vector<Round> rounds;  // the main result: the last part's float32 value rounded to the Step's 16-bit dtype  // row buffers of values computed by one part and read by a later one
+  std::vector<Round> rounds;
 };
 
 // The Step's row loops, or null when the interpreter runs it.

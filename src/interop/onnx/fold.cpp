@@ -152,9 +152,9 @@ struct Folder {
     };
     if (op == "Identity") return put(x);
     if (op == "Neg") return x.floating() ? put(make(x.dtype, x.shape, [&](size_t k) { return -x.f[k]; }))
-                                         : put(make(x.dtype, x.shape, [&](size_t k) { return -x.i[k]; }));
+                                         : put(make(x.dtype, x.shape, [&](size_t k) { return int64_t(0 - uint64_t(x.i[k])); }));
     if (op == "Abs") return x.floating() ? put(make(x.dtype, x.shape, [&](size_t k) { return std::abs(x.f[k]); }))
-                                         : put(make(x.dtype, x.shape, [&](size_t k) { return std::abs(x.i[k]); }));
+                                         : put(make(x.dtype, x.shape, [&](size_t k) { return x.i[k] < 0 ? int64_t(0 - uint64_t(x.i[k])) : x.i[k]; }));
     if (op == "Not") return x.dtype == DType::Bool && put(make(x.dtype, x.shape, [&](size_t k) { return int64_t(!x.i[k]); }));
     if (op == "Sqrt") return unary_f([](D v) { return std::sqrt(v); });
     if (op == "Floor") return x.floating() ? unary_f([](D v) { return std::floor(v); }) : put(x);
@@ -178,6 +178,8 @@ struct Folder {
     if (is_arith || is_compare || op == "Where") {
       size_t arity = op == "Where" ? 3 : 2;
       if (nin != arity) return false;  // variadic Max/Min beyond two: traced
+      for (size_t k = 0; k < arity; ++k)
+        if (!known(k)) return false;    // an empty (optional) name: the traced op's error
       Shape s = hin[0]->shape;
       for (size_t k = 1; k < arity; ++k) s = broadcast_shapes(s, hin[k]->shape, op.c_str());
       if (numel_of(s) > kHostMax) return false;
@@ -327,6 +329,7 @@ struct Folder {
       int64_t rank = int64_t(x.shape.size());
       if (rank == 0) return false;
       int64_t axis = axis_of(c, c.i("axis", 0), rank), len = x.shape[size_t(axis)];
+      if (!known(1)) return false;  // no indices: the traced op's error
       const HostVal& idx = *hin[1];
       if (idx.floating()) return false;
       std::vector<int64_t> picks;
@@ -361,8 +364,10 @@ struct Folder {
       std::vector<std::vector<int64_t>> all(static_cast<size_t>(rank));
       for (int64_t d = 0; d < rank; ++d)
         for (int64_t j = 0; j < x.shape[size_t(d)]; ++j) all[size_t(d)].push_back(j);
+      std::vector<uint8_t> seen(static_cast<size_t>(rank), 0);
       for (size_t k = 0; k < starts.size(); ++k) {
         int64_t d = axis_of(c, axes[k], rank), len = x.shape[size_t(d)], st = steps[k];
+        if (seen[size_t(d)]++) return false;  // an axis named twice: the traced op gives the error
         if (st == 0) return false;
         auto clampi = [](int64_t v, int64_t lo, int64_t hi) { return std::min(std::max(v, lo), hi); };
         int64_t s = starts[k], e = ends[k];
@@ -392,8 +397,9 @@ struct Folder {
       if (v0.size() != 1 || v1.size() != 1 || v2.size() != 1) return false;
       double start = v0[0], limit = v1[0], delta = v2[0];
       if (delta == 0 || !std::isfinite(start) || !std::isfinite(limit) || !std::isfinite(delta)) return false;
-      int64_t n = std::max<int64_t>(0, int64_t(std::ceil((limit - start) / delta)));
-      if (n > kHostMax) return false;
+      const double count = std::ceil((limit - start) / delta);  // may be far beyond int64: compared as a double
+      if (!(count <= double(kHostMax))) return false;
+      int64_t n = std::max<int64_t>(0, int64_t(count));
       return put(make(x.dtype, Shape{n}, [&](size_t k) { return start + double(k) * delta; }));
     }
     if (op == "ConstantOfShape") {
