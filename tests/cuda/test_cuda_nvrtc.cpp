@@ -42,6 +42,7 @@ struct Collected {
   std::set<kir::StepKind> kinds;
 
   void step(const kir::Step& st) {
+    if (st.kind == kir::StepKind::Collective) return;  // a communicator's call (NCCL on a GPU), not a rendered kernel
     add(st);
     if (st.kind == kir::StepKind::Gemm && !st.program.empty()) {
       auto [product, epilogue] = kir::split_epilogue(st);
@@ -134,6 +135,7 @@ Collected& collected() {
     auto* p = new Collected;
     kir::Target t;
     t.alignment = 256;  // cudaMalloc's
+    t.collectives = true;  // the SPMD rows' other Steps are rendered too; their Collective Steps are not kernels
     backends::register_backend(
         std::make_shared<testing::StepCollector>("cudarender", t, [p](const kir::Step& st) { p->step(st); }));
     return p;
