@@ -25,6 +25,7 @@ Around around(const Shape& s, int64_t axis) {
 // src [outer, N * m, inner] -> dst [N][outer, m, inner] (to_blocks), or back.
 void blocks(const char* src, char* dst, const Around& a, size_t N, size_t item, bool to_blocks) {
   const size_t m = a.extent / N, row = m * a.inner * item, block = a.outer * row;
+  if (row == 0) return;  // a zero-size shard
   for (size_t r = 0; r < N; ++r)
     for (size_t o = 0; o < a.outer; ++o) {
       const size_t interleaved = (o * a.extent + r * m) * a.inner * item, blocked = r * block + o * row;

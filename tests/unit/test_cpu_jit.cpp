@@ -635,9 +635,13 @@ TEST(CpuJit, RowStepsThroughTheLoopsMatchTheInterpreterBitForBit) {
   }
   REQUIRE_LOOPS();
   const std::vector<float> mine = row_step_results(names, through);
-  for (size_t c = 0; c < names.size(); ++c)
-    if (names[c].rfind("cross-entropy", 0) != 0)  // its log-sum-exp Steps (log) stay with the interpreter
-      EXPECT_TRUE(through[c]) << names[c] << ": no Row Step ran through the native loops";
+  for (size_t c = 0; c < names.size(); ++c) {
+    if (names[c].rfind("cross-entropy", 0) == 0) continue;  // its log-sum-exp Steps (log) stay with the interpreter
+#if !defined(__FMA__)
+    if (names[c].find("softmax") != std::string::npos) continue;  // exp: with FMA only (a sanitized build has none)
+#endif
+    EXPECT_TRUE(through[c]) << names[c] << ": no Row Step ran through the native loops";
+  }
   const std::string file = tessera::testing::scratch_dir("tessera_row_bits") + "/bits";
   std::vector<std::string> env_s = {"TESSERA_CPU_JIT=0", "TESSERA_ROW_BITS_OUT=" + file};
   for (char** e = environ; *e; ++e)

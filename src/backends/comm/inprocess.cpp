@@ -154,7 +154,8 @@ class InProcess final : public Communicator {
       }
       case ir::Op::AllGather: {
         std::vector<char> all(bytes * size_t(g.n));
-        for (int r = 0; r < g.n; ++r) std::memcpy(all.data() + size_t(r) * bytes, in(r), bytes);
+        if (bytes)  // a zero-size shard: nothing to copy (and no buffer to copy into)
+          for (int r = 0; r < g.n; ++r) std::memcpy(all.data() + size_t(r) * bytes, in(r), bytes);
         for (auto& v : results) v = all;
         break;
       }
@@ -168,7 +169,7 @@ class InProcess final : public Communicator {
       case ir::Op::AllToAll:
         for (int r = 0; r < g.n; ++r) {
           results[size_t(r)].resize(bytes * size_t(g.n));
-          for (int s = 0; s < g.n; ++s) std::memcpy(results[size_t(r)].data() + size_t(s) * bytes, in(s) + size_t(r) * bytes, bytes);
+          for (int s = 0; s < g.n && bytes; ++s) std::memcpy(results[size_t(r)].data() + size_t(s) * bytes, in(s) + size_t(r) * bytes, bytes);
         }
         break;
       case ir::Op::Broadcast:

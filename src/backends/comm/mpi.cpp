@@ -89,7 +89,7 @@ class Mpi final : public Communicator {
   }
   void broadcast(const void* s, void* r, size_t n, DType t, int root) override {
     agree({int64_t(ir::Op::Broadcast), int64_t(n), int64_t(t), root});
-    if (rank_ == root && s != r) std::memcpy(r, s, n * itemsize(t));
+    if (rank_ == root && s != r && n) std::memcpy(r, s, n * itemsize(t));
     MPI_Request q;
     check(MPI_Ibcast(r, bytes(n, t), MPI_BYTE, root, comm_, &q), "broadcast");
     wait(q, "broadcast");
