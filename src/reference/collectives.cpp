@@ -9,25 +9,8 @@
 #include "reference/evaluator.h"
 
 namespace tessera::reference {
-namespace {
 
 using ir::Op;
-using Index = std::vector<int64_t>;
-
-void unravel(int64_t lin, const Shape& s, Index& idx) {
-  idx.resize(s.size());
-  for (size_t d = s.size(); d-- > 0;) {
-    idx[d] = s[d] == 0 ? 0 : lin % s[d];
-    lin = s[d] == 0 ? 0 : lin / s[d];
-  }
-}
-int64_t ravel(const Index& idx, const Shape& s) {
-  int64_t lin = 0;
-  for (size_t d = 0; d < s.size(); ++d) lin = lin * s[d] + idx[d];
-  return lin;
-}
-
-}  // namespace
 
 std::vector<Value> evaluate_collective(const ir::Node& n, const std::vector<const Value*>& x) {
   const ir::CollectiveAttrs c = ir::CollectiveAttrs::from(n.op, n.attrs);

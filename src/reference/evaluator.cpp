@@ -17,24 +17,8 @@ namespace {
 
 using ir::Node;
 using ir::Op;
-using Index = std::vector<int64_t>;
 
 std::string desc(const Shape& s, DType t) { return std::string(dtype_name(t)) + shape_str(s); }
-
-// Multi-index of a row-major linear position.
-void unravel(int64_t lin, const Shape& s, Index& idx) {
-  idx.resize(s.size());
-  for (size_t d = s.size(); d-- > 0;) {
-    idx[d] = s[d] == 0 ? 0 : lin % s[d];
-    lin = s[d] == 0 ? 0 : lin / s[d];
-  }
-}
-
-int64_t ravel(const Index& idx, const Shape& s) {
-  int64_t lin = 0;
-  for (size_t d = 0; d < s.size(); ++d) lin = lin * s[d] + idx[d];
-  return lin;
-}
 
 int64_t to_int64(double x) {
   if (std::isnan(x)) return 0;

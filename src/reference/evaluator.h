@@ -34,4 +34,20 @@ std::vector<Value> evaluate_collective(const ir::Node& n, const std::vector<cons
 // Reads a host buffer of `dtype` into doubles.
 std::vector<double> read_host(const void* data, DType dtype, int64_t n);
 
+// Row-major position arithmetic of the evaluators (evaluator.cpp, collectives.cpp).
+using Index = std::vector<int64_t>;
+// The multi-index of linear position `lin` in shape s (a zero extent gives index 0 there).
+inline void unravel(int64_t lin, const Shape& s, Index& idx) {
+  idx.resize(s.size());
+  for (size_t d = s.size(); d-- > 0;) {
+    idx[d] = s[d] == 0 ? 0 : lin % s[d];
+    lin = s[d] == 0 ? 0 : lin / s[d];
+  }
+}
+inline int64_t ravel(const Index& idx, const Shape& s) {
+  int64_t lin = 0;
+  for (size_t d = 0; d < s.size(); ++d) lin = lin * s[d] + idx[d];
+  return lin;
+}
+
 }  // namespace tessera::reference

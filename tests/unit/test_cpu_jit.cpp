@@ -120,6 +120,27 @@ const char* loops_off() {
   return "";  // a CPU with AVX2 whose loops are off: a failure
 }
 
+// Runs this binary's test `test` in a child process with `set` in its environment (and this one's,
+// less variables starting with `drop` or GTEST_), its gtest report kept out of this one's; pid:
+// the child's. Fails unless the child exits 0.
+void run_child(const std::string& test, std::vector<std::string> set, const char* drop, pid_t& pid) {
+  for (char** e = environ; *e; ++e)
+    if (std::strncmp(*e, drop, std::strlen(drop)) != 0 && std::strncmp(*e, "GTEST_", 6) != 0) set.push_back(*e);
+  std::vector<char*> envp;
+  for (std::string& e : set) envp.push_back(e.data());
+  envp.push_back(nullptr);
+  std::string exe = "/proc/self/exe", filter = "--gtest_filter=" + test;
+  char* argv[] = {exe.data(), filter.data(), nullptr};
+  posix_spawn_file_actions_t quiet;
+  posix_spawn_file_actions_init(&quiet);
+  posix_spawn_file_actions_addopen(&quiet, 1, "/dev/null", O_WRONLY, 0);
+  ASSERT_EQ(posix_spawn(&pid, exe.c_str(), &quiet, nullptr, argv, envp.data()), 0);
+  posix_spawn_file_actions_destroy(&quiet);
+  int status = 0;
+  ASSERT_EQ(waitpid(pid, &status, 0), pid);
+  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "the child run failed (status " << status << ")";
+}
+
 }  // namespace
 
 // Skips a test that needs the native loops where they are off for a reason, fails it otherwise.
@@ -464,23 +485,9 @@ TEST(CpuJit, DumpAsmWritesEachLoopsCodeListingAndPerfMapLine) {
   }
   namespace fs = std::filesystem;
   const std::string dir = tessera::testing::scratch_dir("tessera_asm_dump");
-  std::vector<std::string> env_s = {"TESSERA_DUMP=asm", "TESSERA_DUMP_DIR=" + dir};
-  for (char** e = environ; *e; ++e)
-    if (std::strncmp(*e, "TESSERA_DUMP", 12) != 0 && std::strncmp(*e, "GTEST_", 6) != 0) env_s.push_back(*e);
-  std::vector<char*> envp;
-  for (std::string& e : env_s) envp.push_back(e.data());
-  envp.push_back(nullptr);
-  std::string exe = "/proc/self/exe", filter = "--gtest_filter=CpuJit.DumpAsmWritesEachLoopsCodeListingAndPerfMapLine";
-  char* argv[] = {exe.data(), filter.data(), nullptr};
-  posix_spawn_file_actions_t quiet;  // the child's gtest report stays out of this one's
-  posix_spawn_file_actions_init(&quiet);
-  posix_spawn_file_actions_addopen(&quiet, 1, "/dev/null", O_WRONLY, 0);
   pid_t pid = 0;
-  ASSERT_EQ(posix_spawn(&pid, exe.c_str(), &quiet, nullptr, argv, envp.data()), 0);
-  posix_spawn_file_actions_destroy(&quiet);
-  int status = 0;
-  ASSERT_EQ(waitpid(pid, &status, 0), pid);
-  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "the child run failed (status " << status << ")";
+  ASSERT_NO_FATAL_FAILURE(run_child("CpuJit.DumpAsmWritesEachLoopsCodeListingAndPerfMapLine",
+                                    {"TESSERA_DUMP=asm", "TESSERA_DUMP_DIR=" + dir}, "TESSERA_DUMP", pid));
 
   auto read = [](const fs::path& p) {
     std::ifstream f(p, std::ios::binary);
@@ -643,23 +650,9 @@ TEST(CpuJit, RowStepsThroughTheLoopsMatchTheInterpreterBitForBit) {
     EXPECT_TRUE(through[c]) << names[c] << ": no Row Step ran through the native loops";
   }
   const std::string file = tessera::testing::scratch_dir("tessera_row_bits") + "/bits";
-  std::vector<std::string> env_s = {"TESSERA_CPU_JIT=0", "TESSERA_ROW_BITS_OUT=" + file};
-  for (char** e = environ; *e; ++e)
-    if (std::strncmp(*e, "TESSERA_CPU_JIT", 15) != 0 && std::strncmp(*e, "GTEST_", 6) != 0) env_s.push_back(*e);
-  std::vector<char*> envp;
-  for (std::string& e : env_s) envp.push_back(e.data());
-  envp.push_back(nullptr);
-  std::string exe = "/proc/self/exe", filter = "--gtest_filter=CpuJit.RowStepsThroughTheLoopsMatchTheInterpreterBitForBit";
-  char* argv[] = {exe.data(), filter.data(), nullptr};
-  posix_spawn_file_actions_t quiet;
-  posix_spawn_file_actions_init(&quiet);
-  posix_spawn_file_actions_addopen(&quiet, 1, "/dev/null", O_WRONLY, 0);
   pid_t pid = 0;
-  ASSERT_EQ(posix_spawn(&pid, exe.c_str(), &quiet, nullptr, argv, envp.data()), 0);
-  posix_spawn_file_actions_destroy(&quiet);
-  int status = 0;
-  ASSERT_EQ(waitpid(pid, &status, 0), pid);
-  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "the child run failed (status " << status << ")";
+  ASSERT_NO_FATAL_FAILURE(run_child("CpuJit.RowStepsThroughTheLoopsMatchTheInterpreterBitForBit",
+                                    {"TESSERA_CPU_JIT=0", "TESSERA_ROW_BITS_OUT=" + file}, "TESSERA_CPU_JIT", pid));
   std::ifstream f(file, std::ios::binary);
   std::vector<float> theirs(mine.size());
   f.read(reinterpret_cast<char*>(theirs.data()), std::streamsize(theirs.size() * 4));
