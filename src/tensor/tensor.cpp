@@ -136,16 +136,17 @@ void convert_from(const void* src, DType t, int64_t n, T* dst) {
   }
 }
 
-// The buffer holding t's value after sync(); a value is read without syncing while another thread
-// owns the graph (reading never touches that thread's work). A failure t did not depend on does
-// not stop reading t.
+// The buffer holding t's value after sync(); a realized value is read without syncing on any
+// thread but the graph's owner (reading never touches the owner's work, and never claims the
+// graph: a monitor reading the last loss between two steps must not take the graph from the
+// training thread). A failure t did not depend on does not stop reading t.
 std::shared_ptr<Buffer> value_buffer(const Tensor& t) {
   const auto& impl = detail::impl_of(t);
   Registry& r = registry();
   {
     std::lock_guard<std::mutex> lock(r.mu);
     if (impl->error) throw Error(*impl->error);
-    if (impl->buffer && r.owner != thread_no() && r.busy()) return impl->buffer;
+    if (impl->buffer && r.owner != thread_no()) return impl->buffer;
   }
   std::exception_ptr failure;
   try {

@@ -191,6 +191,28 @@ TEST(Threads, OneOptimizerStepsOnOneThreadAtATime) {
   EXPECT_EQ(after, "(no error)") << "after the first thread's step, another thread may step";
 }
 
+// A reader of a realized value never claims the graph, even between two of the owner's syncs:
+// the owner's next op must not find the graph held by the reader (it did: a reader's item() ran
+// sync(), which made it the owner for the length of an empty sync).
+TEST(Threads, ReadingARealizedValueNeverTakesTheGraph) {
+  Tensor seen = from_vector(std::vector<float>{2.0f}, {1}) * 3.0f;
+  EXPECT_EQ(seen.item<float>(), 6.0f);
+  std::atomic<bool> done{false};
+  std::atomic<int> reads{0};
+  std::thread reader([&] {
+    while (!done) reads += seen.item<float>() == 6.0f;
+  });
+  while (reads == 0) std::this_thread::yield();
+  std::string e = "(no error)";
+  float sum = 0;
+  for (int i = 0; i < 2000 && e == "(no error)"; ++i)
+    e = error_message([&] { sum += (from_vector(std::vector<float>{float(i)}, {1}) + 1.0f).item<float>(); });
+  done = true;
+  reader.join();
+  EXPECT_EQ(e, "(no error)");
+  EXPECT_GT(reads.load(), 0);
+}
+
 // Beside a training thread: a loader thread uploading batches, a monitor reading metrics and the
 // last loss (a value), and handles dropped on other threads; the losses are those of one thread.
 TEST(Threads, LoadersAndMonitorsRunBesideTraining) {
