@@ -43,8 +43,9 @@ struct MemoryPlan {
   size_t param_bytes = 0;                   // graph inputs (already allocated before the run)
   size_t output_bytes = 0;                  // outputs the run allocates (not those written into a donated input)
   int num_steps = 0;
-  // Parameters + outputs + arena: what the allocator's high-water mark rises by over the bytes
-  // not read by the graph; the memory budget bounds it. With a budget in force (MemoryBudgetScope):
+  // Parameters + outputs + arena, each as allocated (rounded up to the allocator's 256 bytes):
+  // what the allocator's high-water mark rises by over the bytes not read by the graph; the
+  // memory budget bounds it. With a budget in force (MemoryBudgetScope):
   // the budget in bytes and this figure before the budget passes (both 0 without one).
   size_t step_bytes = 0;
   size_t budget_bytes = 0;

@@ -42,6 +42,10 @@ struct Options {
   // smallest figure it reached and the buffers live there. 0 and 0.0: no budget.
   size_t memory_budget = 0;
   double memory_budget_fraction = 0;
+  // The allocator's granularity (the runtime's; 1 here): the step bytes count each parameter,
+  // output and the arena as allocated, rounded up to it, so that a budget bounds what the
+  // allocator's high-water mark measures.
+  size_t allocation_round = 1;
   // Dumps change nothing compiled, so they are not part of key().
   DumpOptions dump;
 

@@ -1,6 +1,7 @@
 #include "conformance/random_graph.h"
 
 #include <algorithm>
+#include <cmath>
 #include <functional>
 #include <random>
 
@@ -290,6 +291,59 @@ std::vector<ir::NodePtr> random_graph(int i, const Device& device, const LeafMak
   std::vector<ir::NodePtr> outputs{detail::node_of(b.pool.back())};
   int extra = int(uni(r, 0, 2));
   for (int k = 0; k < extra; ++k) outputs.push_back(detail::node_of(pick(r, b.pool)));
+  return outputs;
+}
+
+std::vector<ir::NodePtr> random_training_graph(int i, const Device& device) {
+  Rng r(kRandomTrainingGraphSeed + uint32_t(i));
+  const TensorOptions f32{DType::Float32, device};
+  auto values = [&](const Shape& s, double scale) {
+    std::vector<float> v(size_t(numel(s)));
+    std::uniform_real_distribution<double> u(-scale, scale);
+    for (auto& x : v) x = float(u(r));
+    return from_vector(v, s, f32);
+  };
+  const int64_t batch = pick(r, std::vector<int64_t>{32, 64, 128, 256});
+  int64_t width = uni(r, 2, 16);
+  const bool seq = uni(r, 0, 2) == 0;
+  const int64_t rows = seq ? batch * uni(r, 2, 8) : batch;
+  Tensor h = values(seq ? Shape{batch, rows / batch, width} : Shape{batch, width}, 1.0);
+  std::vector<Tensor> params;
+  auto param = [&](const Shape& s, double scale) {
+    params.push_back(values(s, scale).requires_grad_());
+    return params.back();
+  };
+  const int layers = int(uni(r, 1, 3));
+  for (int l = 0; l < layers; ++l) {
+    const int64_t out = uni(r, 4, 48);
+    Tensor y = h.matmul(param({width, out}, 1.0 / std::sqrt(double(width))));
+    if (uni(r, 0, 1)) y = y + param({out}, 0.1);
+    switch (uni(r, 0, 5)) {
+      case 0: y = relu(y); break;
+      case 1: y = tanh(y); break;
+      case 2: y = gelu(y); break;
+      case 3: y = sigmoid(y); break;
+      case 4: y = silu(y); break;
+      default: y = square(y) * 0.5; break;
+    }
+    if (uni(r, 0, 3) == 0) y = layer_norm(y, {out});
+    if (uni(r, 0, 3) == 0) y = where(rand_like(y) >= 0.1, y / 0.9, zeros_like(y));
+    if (out == width && uni(r, 0, 1)) y = y + h;
+    h = y, width = out;
+  }
+  const int64_t classes = uni(r, 2, 64);
+  Tensor logits = h.matmul(param({width, classes}, 1.0 / std::sqrt(double(width)))).reshape({rows, classes});
+  Tensor loss;
+  if (uni(r, 0, 1)) {
+    std::vector<int64_t> target(static_cast<size_t>(rows));
+    for (auto& c : target) c = uni(r, 0, classes - 1);
+    loss = cross_entropy(logits, from_vector(target, {rows}, TensorOptions{DType::Int64, device}));
+  } else {
+    loss = mse_loss(logits, values({rows, classes}, 1.0));
+  }
+  loss.backward();
+  std::vector<ir::NodePtr> outputs{detail::node_of(loss)};
+  for (const Tensor& p : params) outputs.push_back(detail::node_of(p.grad()));
   return outputs;
 }
 

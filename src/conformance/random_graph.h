@@ -44,4 +44,15 @@ using LeafMaker = std::function<Tensor(const std::vector<double>& values, const 
 // The output nodes of random graph i, traced on `device`; its inputs are made by `leaf`.
 std::vector<ir::NodePtr> random_graph(int i, const Device& device, const LeafMaker& leaf = nullptr);
 
+// Random training graphs, for the memory budget's property test: a small MLP traced with its
+// backward pass, where activations (not parameters) make the natural figure. Graph i is drawn from
+// std::mt19937(kRandomTrainingGraphSeed + i): a float32 input of [B, d] or [B, T, d] (B in 32-256,
+// T in 2-8, d in 2-16), 1-3 layers each a matmul by a [d, out] weight (out in 4-48), maybe a bias,
+// one of relu tanh gelu sigmoid silu square, maybe layer_norm, maybe dropout(0.1) by rand_like,
+// maybe a residual where the widths agree; a head of 2-64 classes; the loss cross_entropy over
+// integer targets or mse_loss against float ones; then backward().
+// Outputs: the loss, then every parameter's gradient.
+constexpr uint32_t kRandomTrainingGraphSeed = 20261206;
+std::vector<ir::NodePtr> random_training_graph(int i, const Device& device);
+
 }  // namespace tessera::conformance

@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "core/fail.h"
+#include "runtime/allocator.h"
 
 namespace tessera::runtime {
 namespace {
@@ -66,6 +67,7 @@ std::atomic<int> g_next_graph{1};
 const compiler::Options& environment() {
   if (!g_env) {
     compiler::Options o;
+    o.allocation_round = kAllocRound;
     o.disabled = parse_passes(env_or_empty("TESSERA_DISABLE_PASSES"));
     if (const char* g = std::getenv("TESSERA_ARENA_GUARD")) o.arena_guard = padded_guard(std::strtoull(g, nullptr, 10));
     o.dump = parse_dump(env_or_empty("TESSERA_DUMP"), env_or_empty("TESSERA_DUMP_DIR"));

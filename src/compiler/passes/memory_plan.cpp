@@ -127,6 +127,7 @@ size_t place_online(std::vector<Block>& blocks, size_t nsteps, bool reuse) {
 
 void plan_memory(Plan& plan, const Options& opts) {
   const size_t alignment = opts.target.alignment;
+  const size_t round = std::max<size_t>(opts.allocation_round, 1);
   if (alignment == 0 || (alignment & (alignment - 1)) || alignment % 64)
     fail("memplan", "target alignment " + std::to_string(alignment) + " is not a power of two multiple of 64", "");
   plan.alignment = alignment;
@@ -164,13 +165,16 @@ void plan_memory(Plan& plan, const Options& opts) {
   // Peak of live bytes over the program, by a sweep over first writes and last uses. Outputs
   // count from the start: the runtime allocates them before the first Step (an output slot
   // that no Step writes any more, its value going into a donated parameter, counts nothing).
+  // The step bytes (what a budget bounds) count parameters, outputs and the arena as the
+  // allocator rounds them; the peak counts the bytes the values hold.
   MemoryInfo& m = plan.memory;
   m = {};
-  size_t fixed = 0;
+  size_t fixed = 0, fixed_allocated = 0;
   std::vector<std::vector<int>> starts(nsteps), ends(nsteps);
   for (size_t k = 0; k < ns; ++k) {
     const kir::Slot& sl = plan.slots[k];
-    if (sl.kind == kir::SlotKind::Param || (sl.kind == kir::SlotKind::Output && first[k] >= 0)) fixed += sl.nbytes;
+    if (sl.kind == kir::SlotKind::Param || (sl.kind == kir::SlotKind::Output && first[k] >= 0))
+      fixed += sl.nbytes, fixed_allocated += padded(sl.nbytes, round);
     else if (sl.kind == kir::SlotKind::Temp && first[k] >= 0) {
       starts[first[k]].push_back(int(k));
       ends[last[k]].push_back(int(k));
@@ -186,7 +190,7 @@ void plan_memory(Plan& plan, const Options& opts) {
     for (int k : ends[s]) temps -= plan.slots[k].nbytes;
   }
   m.peak_bytes = fixed + m.max_live_temp_bytes;
-  m.step_bytes = fixed + plan.arena_bytes;
+  m.step_bytes = fixed_allocated + padded(plan.arena_bytes, round);
   if (m.peak_step >= 0)
     for (size_t k = 0; k < ns; ++k) {
       const kir::Slot& sl = plan.slots[k];

@@ -412,15 +412,20 @@ std::optional<Unstacked> unstack(const ir::Graph& g, size_t budget, size_t curre
   // slicing reaches (the whole step, like micro-batches in one graph) when that falls short.
   std::optional<Unstacked> best;
   for (size_t big : {seed_bytes / 16, size_t(0)}) {
-    std::vector<size_t> last(sn.shape.size(), current);  // per axis: the step bytes at the last k (more slices stop when they gain nothing)
+    // Per axis: the fewest step bytes so far and how many slice counts in a row gained nothing (two
+    // stop the axis; one does not: 2 slices can lose where 4 gain, a slice's own temporaries and
+    // the concatenations outweighing half the activations).
+    std::vector<size_t> fewest(sn.shape.size(), current);
+    std::vector<int> misses(sn.shape.size(), 0);
     for (int k = 2; k <= 64; k *= 2) {
       for (int a = 0; a < int(sn.shape.size()); ++a) {
-        if (!divides(sn.shape, a, k) || last[size_t(a)] == 0) continue;
+        if (!divides(sn.shape, a, k) || misses[size_t(a)] == 2) continue;
         Region R = grow(g, consumers, seed, a, k, big);
         if (!R.members) continue;
         Rewritten rw = apply(g, consumers, R, k);
         Plan p = build(rw.graph, rw.store);
-        last[size_t(a)] = p.memory.step_bytes < last[size_t(a)] ? p.memory.step_bytes : 0;
+        if (p.memory.step_bytes < fewest[size_t(a)]) fewest[size_t(a)] = p.memory.step_bytes, misses[size_t(a)] = 0;
+        else ++misses[size_t(a)];
         if (p.memory.step_bytes >= (best ? best->plan.memory.step_bytes : current)) continue;
         std::string what = std::string(ir::op_name(sn.op)) + " " + dtype_short(sn.dtype) + shape_str(sn.shape);
         if (!sn.scope->empty()) what += " in " + *sn.scope;
