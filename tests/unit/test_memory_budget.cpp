@@ -24,6 +24,7 @@
 #include "tessera/metrics.h"
 #include "tessera/nn.h"
 #include "tessera/optim.h"
+#include "tessera/profiler.h"
 #include "tessera/tessera.h"
 #include "test_util.h"
 #include "../../bench/bench_common.h"
@@ -434,6 +435,9 @@ TEST(Unstack, ALogitsTowerRunsInSlicesWithTheUnbudgetedValues) {
     Tower t = logits_tower(p, {0, 0.4});
     EXPECT_GT(t.plan.unstacked_slices, 1) << t.plan.report();
     EXPECT_NE(t.plan.report().find("unstacked: "), std::string::npos) << t.plan.report();
+    const std::string page = memory_viewer_html(t.plan);  // the viewer: before and after, what was sliced
+    EXPECT_NE(page.find("before the budget passes"), std::string::npos);
+    EXPECT_NE(page.find("unstacked: matmul f32[64, 500] along axis 0 into "), std::string::npos);
     EXPECT_LE(t.plan.step_bytes, t.plan.budget_bytes);
     EXPECT_LE(t.high_water, int64_t(t.plan.budget_bytes)) << "the allocator's high-water mark";
     for (size_t k = 0; k < base.values.size(); ++k)
