@@ -231,5 +231,46 @@ AccumulateResult accumulate_gradients(const std::vector<Tensor>& params, const s
                                       const std::function<Tensor(const std::vector<Tensor>&)>& loss_fn,
                                       int64_t micro_batches = 0);
 
+// ---- data parallelism (docs/architecture.md "Parallelism") ----
+// Every rank holds the whole model and optimizer state (replicated) and takes an equal share of
+// each global batch: rank r the rows [r * B/N, (r + 1) * B/N). step() traces loss_fn on the
+// rank's rows (under BatchSliceScope, so dropout draws the global batch's numbers), its backward,
+// then the gradients' mean over the ranks: all_reduce(mean) per bucket (the parameters taken from
+// the last to the first, the order the backward finishes them, several per all_reduce up to
+// bucket_bytes, one dtype per bucket), written back as the parameters' grad(); then update()
+// (clip, optimizer step, zero_grad: it sees the global batch's mean gradients, the same on every
+// rank), all as one graph per rank. So N ranks give one device's training on the global batch up
+// to summation order. Two kinds of ranks:
+//   in_process(N): N rank threads of this process (backends' in-process communicator); this
+//     thread traces and compiles the step once (rank 0's), the ranks run it (dist::sync_ranks);
+//     the model's tensors get rank 0's values, which every rank computes alike.
+//   process_group(): this process is one rank (dist::init_mpi() first, under mpirun; one rank
+//     without it); every rank runs step() with the same global batch.
+struct DataParallelOptions {
+  int64_t bucket_bytes = int64_t(4) << 20;  // gradient bytes per all_reduce (at least one parameter each)
+};
+class DataParallel {
+ public:
+  static DataParallel in_process(int ranks, DataParallelOptions o = {});
+  static DataParallel process_group(DataParallelOptions o = {});
+  int ranks() const { return ranks_; }
+  int rank() const { return rank_; }  // this process's rank (0 in process)
+  bool is_in_process() const { return in_process_; }
+  // One training step; returns the global batch's mean loss (loss_fn returns its rows' mean).
+  // The global batch's leading extent must divide evenly into the ranks.
+  double step(const std::vector<Tensor>& params, const std::vector<Tensor>& global_batch,
+              const std::function<Tensor(const std::vector<Tensor>&)>& loss_fn, const std::function<void()>& update);
+  // The last step's buckets: indices into params, one list per all_reduce.
+  const std::vector<std::vector<size_t>>& buckets() const { return buckets_; }
+
+ private:
+  DataParallel(int ranks, int rank, bool in_process, DataParallelOptions o)
+      : ranks_(ranks), rank_(rank), in_process_(in_process), o_(o) {}
+  int ranks_, rank_;
+  bool in_process_;
+  DataParallelOptions o_;
+  std::vector<std::vector<size_t>> buckets_;
+};
+
 }  // namespace tessera::optim
 #pragma GCC visibility pop
