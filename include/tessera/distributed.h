@@ -36,7 +36,10 @@ int world_size();
 // batch split evenly over the ranks), a random draw whose leading extent is batch_rows draws on
 // rank r rows [r * batch_rows, (r + 1) * batch_rows) of the whole batch's numbers (as under
 // BatchSliceScope), so dropout masks are those of one device on the whole batch.
-void sync_ranks(int ranks, const std::vector<std::vector<std::pair<Tensor, Tensor>>>& inputs, int64_t batch_rows = 0);
+// outputs: pending tensors whose every rank's value the caller keeps (per-rank state), returned
+// as [r - 1][k]: rank r's value of outputs[k].
+std::vector<std::vector<Tensor>> sync_ranks(int ranks, const std::vector<std::vector<std::pair<Tensor, Tensor>>>& inputs,
+                                            int64_t batch_rows = 0, const std::vector<Tensor>& outputs = {});
 
 }  // namespace tessera::dist
 #pragma GCC visibility pop

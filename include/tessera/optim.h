@@ -264,12 +264,52 @@ class DataParallel {
   const std::vector<std::vector<size_t>>& buckets() const { return buckets_; }
 
  private:
+  friend class ZeroAdamW;
   DataParallel(int ranks, int rank, bool in_process, DataParallelOptions o)
       : ranks_(ranks), rank_(rank), in_process_(in_process), o_(o) {}
+  // Traces loss_fn and its backward on this rank's rows (in process: rank 0's, the other ranks'
+  // rows going to `others`); returns the loss.
+  Tensor trace_rows(const std::vector<Tensor>& global_batch, const std::function<Tensor(const std::vector<Tensor>&)>& loss_fn,
+                    std::vector<std::vector<std::pair<Tensor, Tensor>>>& others, int64_t& rows);
+  void make_buckets(const std::vector<Tensor>& params, bool by_params = false);  // by the parameters' sizes, not their gradients'
+
   int ranks_, rank_;
   bool in_process_;
   DataParallelOptions o_;
   std::vector<std::vector<size_t>> buckets_;
+};
+
+// ZeRO-1 over a DataParallel's ranks: AdamW (decoupled weight decay) whose moments are sharded --
+// each rank keeps 1/N of every bucket's moments. A step: the rank's rows forward and backward as
+// in DataParallel::step; per bucket (DataParallel's buckets, zero-padded to a multiple of N), the
+// flattened gradients reduce_scatter'ed and divided by N (the rank's shard of the mean gradient);
+// optionally clipped to max_norm by the global norm (an all_reduce of the shards' squared sums);
+// the Adam update of the rank's shard from its moments; the shards' updates all_gather'ed and
+// applied to every rank's full parameters with the weight decay. So it trains as DataParallel::step
+// with clip_grad_norm and AdamW does, with 1/N of the moments' memory per rank. Not checkpointed
+// (state_dict) yet.
+class ZeroAdamW {
+ public:
+  ZeroAdamW(DataParallel& dp, std::vector<Tensor> params, AdamOptions o = {.lr = 1e-3, .weight_decay = 1e-2}, double max_norm = 0);
+  // One training step on the global batch; returns its mean loss.
+  double step(const std::vector<Tensor>& global_batch, const std::function<Tensor(const std::vector<Tensor>&)>& loss_fn);
+  void set_lr(double lr) { o_.lr = lr; }
+  double lr() const { return o_.lr; }
+  int64_t steps() const { return steps_; }
+  // This rank's moment elements (both moments, every bucket): about 2 * parameters / N.
+  int64_t state_numel() const;
+
+ private:
+  DataParallel& dp_;
+  std::vector<Tensor> params_;
+  AdamOptions o_;
+  double max_norm_;
+  int64_t steps_ = 0;
+  // Per bucket: its padded length; this rank's moment shards (in process: rank 0's, then the
+  // other ranks' in others_m_/others_v_[r - 1]).
+  std::vector<int64_t> padded_;
+  std::vector<Tensor> m_, v_;
+  std::vector<std::vector<Tensor>> others_m_, others_v_;
 };
 
 }  // namespace tessera::optim

@@ -45,8 +45,9 @@ std::pair<int, int> init_mpi() { return runtime::init_mpi_group(); }
 int rank() { return runtime::process_group().first; }
 int world_size() { return runtime::process_group().second; }
 
-void sync_ranks(int ranks, const std::vector<std::vector<std::pair<Tensor, Tensor>>>& inputs, int64_t batch_rows) {
-  detail::sync_spmd(ranks, inputs, batch_rows);
+std::vector<std::vector<Tensor>> sync_ranks(int ranks, const std::vector<std::vector<std::pair<Tensor, Tensor>>>& inputs,
+                                            int64_t batch_rows, const std::vector<Tensor>& outputs) {
+  return detail::sync_spmd(ranks, inputs, batch_rows, outputs);
 }
 
 }  // namespace tessera::dist

@@ -1,8 +1,10 @@
 // Data parallelism (optim.h: DataParallel): a rank's rows of the batch, its gradients averaged
 // over the ranks in buckets by all_reduce(mean), the update, one graph per rank and step.
+#include <cmath>
 #include <cstring>
 
 #include "tessera/distributed.h"
+#include "tessera/ops.h"
 #include "tessera/optim.h"
 #include "tessera/tensor.h"
 
@@ -48,8 +50,8 @@ DataParallel DataParallel::process_group(DataParallelOptions o) {
   return DataParallel(dist::world_size(), dist::rank(), false, o);
 }
 
-double DataParallel::step(const std::vector<Tensor>& params, const std::vector<Tensor>& global_batch,
-                          const std::function<Tensor(const std::vector<Tensor>&)>& loss_fn, const std::function<void()>& update) {
+Tensor DataParallel::trace_rows(const std::vector<Tensor>& global_batch, const std::function<Tensor(const std::vector<Tensor>&)>& loss_fn,
+                                std::vector<std::vector<std::pair<Tensor, Tensor>>>& others, int64_t& rows) {
   if (global_batch.empty()) fail_dp("needs a batch (one or more tensors sharing their leading extent)");
   const int64_t N = ranks_;
   for (const Tensor& t : global_batch)
@@ -59,12 +61,11 @@ double DataParallel::step(const std::vector<Tensor>& params, const std::vector<T
   const int64_t B = global_batch[0].shape()[0];
   if (B % N != 0)
     fail_dp("a batch of " + std::to_string(B) + " rows (" + dtype_name(global_batch[0].dtype()) + shape_str(global_batch[0].shape()) +
-            ") does not divide into " +
-            std::to_string(N) + " ranks");
-  const int64_t rows = B / N;
+            ") does not divide into " + std::to_string(N) + " ranks");
+  rows = B / N;
   // This rank's rows (in process: rank 0's; each other rank's are its inputs to the graph).
   std::vector<Tensor> mine;
-  std::vector<std::vector<std::pair<Tensor, Tensor>>> others;
+  others.clear();
   if (N == 1) {
     mine = global_batch;
   } else if (in_process_) {
@@ -76,30 +77,40 @@ double DataParallel::step(const std::vector<Tensor>& params, const std::vector<T
   } else {
     for (const Tensor& t : global_batch) mine.push_back(rows_of(t, rank_ * rows, rows));
   }
-  Tensor loss;
-  {
-    BatchSliceScope slice(in_process_ ? 0 : rank_ * rows, rows);
-    loss = loss_fn(mine);
-    if (!loss.defined() || loss.numel() != 1)
-      fail_dp("the loss function must return a scalar, got " + (loss.defined() ? shape_str(loss.shape()) : std::string("an undefined tensor")));
-    loss.backward();
+  BatchSliceScope slice(in_process_ ? 0 : rank_ * rows, rows);
+  Tensor loss = loss_fn(mine);
+  if (!loss.defined() || loss.numel() != 1)
+    fail_dp("the loss function must return a scalar, got " + (loss.defined() ? shape_str(loss.shape()) : std::string("an undefined tensor")));
+  loss.backward();
+  return loss;
+}
+
+// Buckets, from the last parameter to the first (one dtype each, up to bucket_bytes).
+void DataParallel::make_buckets(const std::vector<Tensor>& params, bool by_params) {
+  buckets_.clear();
+  int64_t bytes = 0;
+  for (size_t i = params.size(); i-- > 0;) {
+    const Tensor g = by_params ? params[i] : params[i].grad();
+    if (!g.defined()) continue;
+    const int64_t b = g.numel() * int64_t(itemsize(g.dtype()));
+    const bool fits = !buckets_.empty() && bytes + b <= o_.bucket_bytes && params[buckets_.back()[0]].dtype() == g.dtype();
+    if (!fits) buckets_.emplace_back(), bytes = 0;
+    buckets_.back().push_back(i);
+    bytes += b;
   }
+}
+
+double DataParallel::step(const std::vector<Tensor>& params, const std::vector<Tensor>& global_batch,
+                          const std::function<Tensor(const std::vector<Tensor>&)>& loss_fn, const std::function<void()>& update) {
+  const int64_t N = ranks_;
+  std::vector<std::vector<std::pair<Tensor, Tensor>>> others;
+  int64_t rows = 0;
+  Tensor loss = trace_rows(global_batch, loss_fn, others, rows);
   Tensor mean_loss;
   {
     NoGradGuard ng;
     mean_loss = N == 1 ? loss.detach() : dist::all_reduce(loss.detach(), N, dist::Reduce::Mean);
-    // Buckets, from the last parameter to the first.
-    buckets_.clear();
-    int64_t bytes = 0;
-    for (size_t i = params.size(); i-- > 0;) {
-      const Tensor g = params[i].grad();
-      if (!g.defined()) continue;
-      const int64_t b = g.numel() * int64_t(itemsize(g.dtype()));
-      const bool fits = !buckets_.empty() && bytes + b <= o_.bucket_bytes && params[buckets_.back()[0]].grad().dtype() == g.dtype();
-      if (!fits) buckets_.emplace_back(), bytes = 0;
-      buckets_.back().push_back(i);
-      bytes += b;
-    }
+    make_buckets(params);
     if (N > 1)
       for (const std::vector<size_t>& bucket : buckets_) {
         std::vector<Tensor> flat;
@@ -117,6 +128,119 @@ double DataParallel::step(const std::vector<Tensor>& params, const std::vector<T
   update();
   if (N > 1 && in_process_) dist::sync_ranks(int(N), others, rows);
   else sync();
+  return mean_loss.item();
+}
+
+// ---- ZeRO-1 ----
+ZeroAdamW::ZeroAdamW(DataParallel& dp, std::vector<Tensor> params, AdamOptions o, double max_norm)
+    : dp_(dp), params_(std::move(params)), o_(o), max_norm_(max_norm) {
+  if (params_.empty()) fail_dp("ZeroAdamW needs parameters");
+  for (const Tensor& p : params_)
+    if (!p.defined() || !p.requires_grad() || p.dtype() != DType::Float32)
+      fail_dp("ZeroAdamW's parameters must be float32 tensors requiring gradients");
+  if (!(o.lr >= 0) || !(o.beta1 >= 0 && o.beta1 < 1) || !(o.beta2 >= 0 && o.beta2 < 1) || !(o.eps >= 0) || !(max_norm >= 0))
+    fail_dp("ZeroAdamW: invalid options (lr, betas in [0, 1), eps and max_norm must be non-negative)");
+}
+
+int64_t ZeroAdamW::state_numel() const {
+  int64_t n = 0;
+  for (const Tensor& m : m_) n += 2 * m.numel();
+  return n;
+}
+
+double ZeroAdamW::step(const std::vector<Tensor>& global_batch, const std::function<Tensor(const std::vector<Tensor>&)>& loss_fn) {
+  const int64_t N = dp_.ranks_;
+  const Device dev = params_[0].device();
+  auto scalar = [&](double v) { return from_vector<double>({v}, {}, {DType::Float32, dev}); };
+  // The layout, at the first step: DataParallel's buckets over every parameter; zero moments,
+  // this rank's shard of each bucket (in process, every rank's).
+  dp_.make_buckets(params_, true);
+  const auto& buckets = dp_.buckets_;
+  if (m_.empty()) {
+    for (const auto& bucket : buckets) {
+      int64_t len = 0;
+      for (size_t i : bucket) len += params_[i].numel();
+      padded_.push_back((len + N - 1) / N * N);
+      m_.push_back(zeros({padded_.back() / N}, {DType::Float32, dev}));
+      v_.push_back(zeros({padded_.back() / N}, {DType::Float32, dev}));
+    }
+    if (dp_.in_process_ && N > 1) {
+      others_m_.assign(size_t(N - 1), {});
+      others_v_.assign(size_t(N - 1), {});
+      for (size_t r = 0; r + 1 < size_t(N); ++r)
+        for (size_t b = 0; b < m_.size(); ++b) {
+          others_m_[r].push_back(zeros(m_[b].shape(), {DType::Float32, dev}));
+          others_v_[r].push_back(zeros(v_[b].shape(), {DType::Float32, dev}));
+        }
+    }
+    sync();  // realized: the other ranks' moments are inputs of their own
+  }
+  std::vector<std::vector<std::pair<Tensor, Tensor>>> others;
+  int64_t rows = 0;
+  Tensor loss = dp_.trace_rows(global_batch, loss_fn, others, rows);
+  ++steps_;
+  NoGradGuard ng;
+  Tensor mean_loss = N == 1 ? loss.detach() : dist::all_reduce(loss.detach(), N, dist::Reduce::Mean);
+  for (const Tensor& p : params_)
+    if (!p.grad().defined()) fail_dp("ZeroAdamW: a parameter " + std::string(dtype_name(p.dtype())) + shape_str(p.shape()) + " got no gradient");
+  // The shards of the mean gradient.
+  std::vector<Tensor> shard;
+  for (size_t b = 0; b < buckets.size(); ++b) {
+    std::vector<Tensor> flat;
+    int64_t len = 0;
+    for (size_t i : buckets[b]) flat.push_back(params_[i].grad().reshape({-1})), len += params_[i].numel();
+    if (padded_[b] > len) flat.push_back(zeros({padded_[b] - len}, {DType::Float32, dev}));
+    Tensor all = flat.size() == 1 ? flat[0] : cat(flat, 0);
+    shard.push_back(N == 1 ? all : dist::reduce_scatter(all, N, 0) * (1.0 / double(N)));
+  }
+  if (max_norm_ > 0) {  // clip_grad_norm's rule on the global gradient
+    Tensor total;
+    for (const Tensor& g : shard) {
+      Tensor s2 = (g * g).sum();
+      total = total.defined() ? total + s2 : s2;
+    }
+    if (N > 1) total = dist::all_reduce(total, N, dist::Reduce::Sum);
+    Tensor coef = clamp(max_norm_ / (tessera::sqrt(total) + 1e-6), std::nullopt, 1.0);
+    for (Tensor& g : shard) g = g * coef;
+  }
+  const double bc1 = 1 - std::pow(o_.beta1, double(steps_)), bc2 = 1 - std::pow(o_.beta2, double(steps_));
+  Tensor step_size = scalar(o_.lr / bc1), inv_sqrt_bc2 = scalar(1 / std::sqrt(bc2)), decay = scalar(1 - o_.lr * o_.weight_decay);
+  std::vector<Tensor> new_m, new_v;
+  for (size_t b = 0; b < buckets.size(); ++b) {
+    const Tensor& g = shard[b];
+    Tensor m = m_[b] * o_.beta1 + g * (1 - o_.beta1);
+    Tensor v = v_[b] * o_.beta2 + g * g * (1 - o_.beta2);
+    Tensor update = m / (tessera::sqrt(v) * inv_sqrt_bc2 + o_.eps) * step_size;  // AdamW's, on this rank's shard
+    Tensor full = N == 1 ? update : dist::all_gather(update, N, 0);
+    int64_t at = 0;
+    for (size_t i : buckets[b]) {
+      Tensor p = params_[i];
+      if (o_.weight_decay != 0) p.mul_(decay);
+      p.sub_(full.narrow(0, at, p.numel()).reshape(p.shape()));
+      p.set_grad(Tensor());
+      at += p.numel();
+    }
+    new_m.push_back(m), new_v.push_back(v);
+  }
+  if (N > 1 && dp_.in_process_) {
+    // Rank r's moment shards are its inputs, and its new ones come back.
+    for (size_t r = 0; r + 1 < size_t(N); ++r)
+      for (size_t b = 0; b < m_.size(); ++b) {
+        others[r].push_back({m_[b], others_m_[r][b]});
+        others[r].push_back({v_[b], others_v_[r][b]});
+      }
+    std::vector<Tensor> wanted = new_m;
+    wanted.insert(wanted.end(), new_v.begin(), new_v.end());
+    std::vector<std::vector<Tensor>> got = dist::sync_ranks(int(N), others, rows, wanted);
+    for (size_t r = 0; r + 1 < size_t(N); ++r)
+      for (size_t b = 0; b < m_.size(); ++b) {
+        others_m_[r][b] = got[r][b];
+        others_v_[r][b] = got[r][m_.size() + b];
+      }
+  } else {
+    sync();
+  }
+  m_ = new_m, v_ = new_v;
   return mean_loss.item();
 }
 

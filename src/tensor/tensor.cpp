@@ -454,7 +454,8 @@ struct RankRewrite {
 }  // namespace
 
 namespace detail {
-void sync_spmd(int ranks, const std::vector<std::vector<std::pair<Tensor, Tensor>>>& rank_inputs, int64_t rows) {
+std::vector<std::vector<Tensor>> sync_spmd(int ranks, const std::vector<std::vector<std::pair<Tensor, Tensor>>>& rank_inputs,
+                                           int64_t rows, const std::vector<Tensor>& rank_outputs) {
   if (ranks < 1 || rank_inputs.size() != size_t(ranks - 1))
     fail("spmd", "inputs for " + std::to_string(rank_inputs.size() + 1) + " ranks, expected " + std::to_string(ranks), "");
   // The inputs: realized values, checked before anything is claimed.
@@ -484,7 +485,16 @@ void sync_spmd(int ranks, const std::vector<std::vector<std::pair<Tensor, Tensor
       fail("spmd", "pending tensors on two devices (" + group[0]->device.str() + ", " + impl->device.str() + "): one graph runs on the ranks", "");
     group.push_back(impl);
   }
-  if (group.empty()) return;
+  // Where each wanted per-rank output is among the requests.
+  std::vector<size_t> wanted;
+  for (const Tensor& t : rank_outputs) {
+    const TensorImpl* impl = need(t, "spmd").get();
+    auto it = std::find_if(group.begin(), group.end(), [&](const auto& g) { return g.get() == impl; });
+    if (it == group.end()) fail("spmd", std::string("a per-rank output ") + dtype_name(t.dtype()) + shape_str(t.shape()) + " is not pending", "");
+    wanted.push_back(size_t(it - group.begin()));
+  }
+  std::vector<std::vector<Tensor>> per_rank(size_t(ranks - 1));
+  if (group.empty()) return per_rank;
   std::vector<runtime::Request> req;
   for (auto& impl : group) req.push_back({impl->node, {}});
   const RngState st = detail::rng_state();
@@ -510,7 +520,10 @@ void sync_spmd(int ranks, const std::vector<std::vector<std::pair<Tensor, Tensor
     throw;
   }
   req.clear();
+  for (size_t r = 1; r < size_t(ranks); ++r)
+    for (size_t k : wanted) per_rank[r - 1].push_back(detail::from_buffer(bufs[r][k], group[k]->shape, group[k]->dtype));
   for (size_t k = 0; k < group.size(); ++k) group[k]->realize_to(std::move(bufs[0][k]));
+  return per_rank;
 }
 }  // namespace detail
 

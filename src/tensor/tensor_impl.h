@@ -105,7 +105,10 @@ void reset_draws();
 // traced as rank 0's rows [0, rows) of a batch split evenly over the ranks), a random draw whose
 // leading extent is `rows` draws, on rank r, the numbers of rows [r * rows, (r + 1) * rows) of
 // the whole batch's draw (BatchSliceScope's rule): rank r runs its own copy of the graph.
-void sync_spmd(int ranks, const std::vector<std::vector<std::pair<Tensor, Tensor>>>& rank_inputs, int64_t rows = 0);
+// rank_outputs: pending tensors whose every rank's value is wanted (per-rank state: ZeRO's
+// moment shards); returned as [rank - 1][k], realized tensors of their own.
+std::vector<std::vector<Tensor>> sync_spmd(int ranks, const std::vector<std::vector<std::pair<Tensor, Tensor>>>& rank_inputs,
+                                           int64_t rows = 0, const std::vector<Tensor>& rank_outputs = {});
 }  // namespace detail
 
 }  // namespace tessera

@@ -4,6 +4,7 @@
 // losses and the final parameters (flattened). Same seed, same batches, same initial model.
 #pragma once
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "tessera/tessera.h"
@@ -13,19 +14,23 @@ namespace tessera::testing {
 struct DpRun {
   std::vector<double> losses;
   std::vector<float> params;
+  int64_t state_numel = 0;  // ZeroAdamW: this rank's moment elements
 };
 
 inline nn::GPTConfig dp_gpt_config(double dropout) {
   return nn::GPTConfig{.vocab = 24, .block = 8, .embd = 16, .heads = 2, .layers = 2, .dropout = dropout, .bias = true, .tied_head = false};
 }
 
-// dp == nullptr: one device on the whole batch.
-inline DpRun dp_gpt_train(optim::DataParallel* dp, double dropout, int steps = 20, int64_t batch = 4) {
+// dp == nullptr: one device on the whole batch. zero: optim::ZeroAdamW over dp's ranks (moments
+// sharded) in place of AdamW and clip_grad_norm.
+inline DpRun dp_gpt_train(optim::DataParallel* dp, double dropout, int steps = 20, int64_t batch = 4, bool zero = false) {
   const nn::GPTConfig cfg = dp_gpt_config(dropout);
   manual_seed(1234);
   nn::GPT model(cfg);
   std::vector<Tensor> params = model.parameters();
   optim::AdamW opt(params, {.lr = 3e-3, .weight_decay = 0.1});
+  std::unique_ptr<optim::ZeroAdamW> zopt;
+  if (zero) zopt = std::make_unique<optim::ZeroAdamW>(*dp, params, optim::AdamOptions{.lr = 3e-3, .weight_decay = 0.1}, 1.0);
   DpRun out;
   for (int s = 0; s < steps; ++s) {
     // The batch: tokens from a fixed little generator (the same on every rank).
@@ -44,7 +49,10 @@ inline DpRun dp_gpt_train(optim::DataParallel* dp, double dropout, int steps = 2
       opt.step();
       opt.zero_grad();
     };
-    if (dp) {
+    if (zopt) {
+      out.losses.push_back(zopt->step({X, Y}, loss_fn));
+      out.state_numel = zopt->state_numel();
+    } else if (dp) {
       out.losses.push_back(dp->step(params, {X, Y}, loss_fn, update));
     } else {
       Tensor loss = loss_fn({X, Y});

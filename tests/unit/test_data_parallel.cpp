@@ -50,6 +50,25 @@ TEST(DataParallel, DropoutMasksAreTheWholeBatchsOnEveryRank) {
   EXPECT_GT(std::fabs(plain.losses[1] - one.losses[1]), 1e-3);
 }
 
+TEST(DataParallel, ZeroOneMatchesPlainDataParallelWithHalfTheMomentsPerRank) {
+  optim::DataParallel dp = optim::DataParallel::in_process(2, {.bucket_bytes = 4096});
+  testing::DpRun plain = testing::dp_gpt_train(&dp, 0.1);
+  optim::DataParallel dp2 = optim::DataParallel::in_process(2, {.bucket_bytes = 4096});
+  testing::DpRun zero = testing::dp_gpt_train(&dp2, 0.1, 20, 4, true);
+  expect_same_training(plain, zero);
+  // Each rank keeps half of every bucket's two moments (buckets padded to an even length).
+  int64_t n = 0;
+  for (const Tensor& p : nn::GPT(testing::dp_gpt_config(0)).parameters()) n += p.numel();
+  EXPECT_GE(zero.state_numel, n);
+  EXPECT_LE(zero.state_numel, n + 2 * int64_t(dp2.buckets().size()));
+  // One rank: ZeroAdamW is AdamW with clipping.
+  optim::DataParallel one = optim::DataParallel::process_group();
+  testing::DpRun z1 = testing::dp_gpt_train(&one, 0.0, 5, 4, true);
+  testing::DpRun ref = testing::dp_gpt_train(nullptr, 0.0, 5);
+  for (size_t s = 0; s < 5; ++s) EXPECT_NEAR(z1.losses[s], ref.losses[s], 1e-5 * std::fabs(ref.losses[s])) << "step " << s + 1;
+  EXPECT_EQ(z1.state_numel, 2 * n);
+}
+
 TEST(DataParallel, OneRankIsPlainTraining) {
   testing::DpRun one = testing::dp_gpt_train(nullptr, 0.0, 5);
   optim::DataParallel dp = optim::DataParallel::process_group();  // no MPI: one rank
