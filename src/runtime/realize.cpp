@@ -626,6 +626,7 @@ std::vector<std::vector<std::shared_ptr<Buffer>>> realize_spmd(const std::vector
   for (size_t r = 0; r < N; ++r)
     threads.emplace_back([&, r] {
       backends::CommunicatorScope scope(ranks[r].get());
+      backends::share_host_threads(int(N));  // the ranks split the host's threads: T / N each
       try {
         const backends::LaunchArgs args{runs[r]->slots.data(), rng.seed, rng.offset, dev.index};
         const Executable& exe = *exes[r];
@@ -663,6 +664,9 @@ std::vector<std::vector<std::shared_ptr<Buffer>>> realize_spmd_inprocess(const s
 std::pair<int, int> init_mpi_group() {
   std::shared_ptr<backends::Communicator> c = backends::make_mpi_communicator();
   backends::set_process_communicator(c);
+  // Ranks on one host split its threads, unless OMP_NUM_THREADS says how many each takes.
+  const char* local = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
+  if (local && !std::getenv("OMP_NUM_THREADS")) backends::share_host_threads(std::atoi(local));
   return {c->rank(), c->size()};
 }
 

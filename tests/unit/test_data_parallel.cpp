@@ -5,6 +5,9 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <thread>
+
+#include "backends/communicator.h"
 
 #include "dp_gpt.h"
 #include "tessera/distributed.h"
@@ -83,6 +86,21 @@ TEST(DataParallel, ABatchThatDoesNotSplitEvenlyIsAClearError) {
   EXPECT_NE(e.find("[DataParallel] a batch of 3 rows (int64[3, 8]) does not divide into 2 ranks"), std::string::npos) << e;
   e = testing::error_message([] { optim::DataParallel::in_process(0); });
   EXPECT_NE(e.find("[DataParallel] needs at least one rank"), std::string::npos) << e;
+}
+
+TEST(DataParallel, RanksOnOneHostSplitItsThreads) {
+  // On a fresh thread (a rank thread's situation): T threads become max(1, T / n).
+  int before = 0, half = 0, third_of_half = 0;
+  std::thread([&] {
+    before = backends::host_threads();
+    backends::share_host_threads(2);
+    half = backends::host_threads();
+    backends::share_host_threads(3);
+    third_of_half = backends::host_threads();
+  }).join();
+  EXPECT_GE(before, 1);
+  EXPECT_EQ(half, std::max(1, before / 2));
+  EXPECT_EQ(third_of_half, std::max(1, half / 3));
 }
 
 TEST(DataParallel, TensorCollectivesAndSyncRanks) {
