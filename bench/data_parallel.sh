@@ -8,7 +8,8 @@
 # A run's figure is BATCH * 64 tokens over the median step_ms of its --log-json (the first 3 steps,
 # compiles, dropped; rank 0's log under mpirun: its step includes waiting for the other rank).
 # A cell is the median over ROUNDS rounds; the configurations alternate within a round. The load
-# (/proc/loadavg) is printed before and after: the machine is shared.
+# (/proc/loadavg) is printed before and after: the machine is shared. Last, one 2-rank run under
+# --profile gives the share of rank 0's time in collective Steps (communication not hidden).
 #
 #   bench/data_parallel.sh [BUILD_DIR]     (default build/; builds nothing)
 #   env: ROUNDS (3), STEPS (15), BATCH (16)
@@ -61,5 +62,10 @@ for name, vs in runs.items():
     m = statistics.median(vs)
     print(f"{name:12s} {m:8.0f} tokens/s  ({m / base:.2f}x 1r_x_1t)   runs: {', '.join('%.0f' % v for v in vs)}")
 PY
+# Communication not hidden: one profiled 2-rank run (--profile: rank 0's op table); a collective
+# Step blocks its rank, so its time (the transfer and any wait for the other rank) is all exposed.
+mpirun --oversubscribe -np 2 -x OMP_NUM_THREADS=1 "$tessera" "${args[@]}" --distributed --profile "$dir/prof" > "$dir/prof.out" 2>&1 ||
+  { cat "$dir/prof.out"; echo "data_parallel: the profiled run failed" >&2; exit 1; }
+awk '/^  collective / { printf "2r_x_1t: collective Steps %s ms of the profiled run, %s%% of its wall time (rank 0; exposed: the Steps block)\n", $2, $3 }' "$dir/prof/ops.txt"
 echo "load after: $(cut -d' ' -f1-3 /proc/loadavg)"
 uptime

@@ -22,7 +22,8 @@ Tensor all_gather(const Tensor& x, int64_t ranks, int64_t dim = 0);      // conc
 Tensor reduce_scatter(const Tensor& x, int64_t ranks, int64_t dim = 0);  // the sum, cut along dim: rank r keeps block r
 
 // This process as one rank of MPI_COMM_WORLD (under mpirun): its communicator becomes the
-// process's; returns {rank, size}. Throws "[mpi] ..." where libtessera was built without MPI.
+// process's; returns {rank, size} (again on later calls). Throws "[mpi] ..." where libtessera was
+// built without MPI.
 std::pair<int, int> init_mpi();
 // {rank, size} of the process's communicator ({0, 1} before init_mpi()).
 int rank();

@@ -662,7 +662,9 @@ std::vector<std::vector<std::shared_ptr<Buffer>>> realize_spmd_inprocess(const s
 }
 
 std::pair<int, int> init_mpi_group() {
-  std::shared_ptr<backends::Communicator> c = backends::make_mpi_communicator();
+  static std::shared_ptr<backends::Communicator> c;  // once per process: later calls return it
+  if (c) return {c->rank(), c->size()};
+  c = backends::make_mpi_communicator();
   backends::set_process_communicator(c);
   // Ranks on one host split its threads, unless OMP_NUM_THREADS says how many each takes.
   const char* local = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE");

@@ -98,7 +98,8 @@ std::vector<std::vector<std::shared_ptr<Buffer>>> realize_spmd_inprocess(const s
 
 // The process group (one process per rank, under mpirun): init_mpi_group() makes MPI_COMM_WORLD's
 // communicator the process's (backends::set_process_communicator) and returns {rank, size};
-// process_group() is {rank, size} of the process's communicator ({0, 1} without one).
+// process_group() is {rank, size} of the process's communicator ({0, 1} without one). A second
+// init_mpi_group() returns the first's group.
 // init_mpi_group throws "[mpi] ..." where libtessera was built without MPI.
 std::pair<int, int> init_mpi_group();
 std::pair<int, int> process_group();
