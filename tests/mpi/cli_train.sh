@@ -1,8 +1,9 @@
 #!/bin/sh
 # `tessera train gpt` data parallel, against one rank: the same little training (dropout 0.1) run
-# on one device, with --data-parallel 2 (in-process ranks) and under mpirun -np 2 --distributed.
-# The per-step losses of the --log-json files must agree to 1e-5 relative; under mpirun rank 0
-# writes FILE and the checkpoint, rank 1 FILE.rank1 and no checkpoint. Then resuming: 2 MPI ranks
+# on one device, with --data-parallel 2 (in-process ranks; also with --zero1, AdamW's moments
+# sharded) and under mpirun -np 2 --distributed. The per-step losses of the --log-json files must
+# agree to 1e-5 relative; under mpirun rank 0 writes FILE and the checkpoint, rank 1 FILE.rank1
+# and no checkpoint. Then resuming: 2 MPI ranks
 # continue rank 0's checkpoint of step 3 to step 5 as one rank continues its own.
 # usage: cli_train.sh MPIRUN TESSERA
 mpirun=$1
@@ -12,6 +13,7 @@ trap 'rm -rf "$dir"' EXIT
 args="train gpt --device cpu --batch 4 --block 16 --layers 1 --embd 32 --heads 2 --warmup 2 --eval-every 100 --dropout 0.1 --seed 3"
 "$tessera" $args --steps 5 --log-json "$dir/one.jsonl" > "$dir/one.out" 2>&1 || { cat "$dir/one.out"; echo "FAIL: one rank"; exit 1; }
 "$tessera" $args --steps 5 --data-parallel 2 --log-json "$dir/two.jsonl" > "$dir/two.out" 2>&1 || { cat "$dir/two.out"; echo "FAIL: --data-parallel 2"; exit 1; }
+"$tessera" $args --steps 5 --data-parallel 2 --zero1 --log-json "$dir/zero.jsonl" > "$dir/zero.out" 2>&1 || { cat "$dir/zero.out"; echo "FAIL: --data-parallel 2 --zero1"; exit 1; }
 timeout 120 "$mpirun" --allow-run-as-root --oversubscribe -np 2 "$tessera" $args --steps 5 --distributed --log-json "$dir/mpi.jsonl" --out "$dir/ck" \
   > "$dir/mpi.out" 2>&1 || { cat "$dir/mpi.out"; echo "FAIL: mpirun -np 2 --distributed"; exit 1; }
 [ -f "$dir/ck/ckpt.safetensors" ] || { echo "FAIL: rank 0 wrote no checkpoint"; exit 1; }
@@ -30,7 +32,7 @@ def losses(f):
 one = losses("one.jsonl")
 assert len(one) == 5, one
 bad = 0
-for name in ("two.jsonl", "mpi.jsonl", "mpi.jsonl.rank1"):
+for name in ("two.jsonl", "zero.jsonl", "mpi.jsonl", "mpi.jsonl.rank1"):
     got = losses(name)
     for s, (a, b) in enumerate(zip(one, got)):
         if len(got) != len(one) or abs(a - b) > 1e-5 * abs(a):

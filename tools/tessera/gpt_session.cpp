@@ -100,11 +100,14 @@ TrainResult train_gpt(const TrainOptions& o) {
     if (o.micro_batches != 1 || !o.memory_budget.none())
       fail("train", "data parallelism does not combine with --micro-batches or a memory budget yet", "");
     if (o.dtype == "float16") fail("train", "data parallelism does not combine with --dtype float16 (loss scaling) yet", "");
+    if (o.zero1 && (!o.out.empty() || o.resume || o.ckpt_every > 0))
+      fail("train", "--zero1 does not checkpoint yet: drop --out, --resume and --ckpt-every", "");
     if (o.distributed) dist::init_mpi();
     dp = o.distributed ? optim::DataParallel::process_group() : optim::DataParallel::in_process(int(o.data_parallel));
     if (o.batch % dp->ranks() != 0)
       fail("train", "--batch " + std::to_string(o.batch) + " (the global batch) does not divide into " + std::to_string(dp->ranks()) + " ranks", "");
   }
+  if (o.zero1 && !dp) fail("train", "--zero1 needs --data-parallel N or --distributed", "");
   const int rank = dp ? dp->rank() : 0;
   const bool quiet = o.quiet || rank != 0;
   Device dev = pick_device(o.device);
@@ -123,6 +126,8 @@ TrainResult train_gpt(const TrainOptions& o) {
   nn::GPT& model = *r.model;
   model.to(dev);
   optim::AdamW opt(model.parameters(), {.lr = o.lr, .weight_decay = o.weight_decay});
+  std::optional<optim::ZeroAdamW> zero;  // --zero1: in place of opt and clip_grad_norm
+  if (o.zero1) zero.emplace(*dp, model.parameters(), optim::AdamOptions{.lr = o.lr, .weight_decay = o.weight_decay}, o.clip);
   optim::WarmupCosine schedule{o.lr, o.min_lr, o.warmup, o.steps};
   data::DataLoader loader(ds, o.batch, o.seed);
 
@@ -158,6 +163,7 @@ TrainResult train_gpt(const TrainOptions& o) {
     auto t0 = clk::now();
     double lr = schedule(step);
     opt.set_lr(lr);
+    if (zero) zero->set_lr(lr);
     auto [x, y] = loader.next(dev);
     auto loss_fn = [&](const std::vector<Tensor>& b) {
       std::optional<Autocast> ac;
@@ -177,8 +183,9 @@ TrainResult train_gpt(const TrainOptions& o) {
                             }
                             opt.zero_grad();  // gradients are consumed inside the step's graph, never stored
     };
-    double l = (dp ? dp->step(model.parameters(), {x, y}, loss_fn, update)
-                   : train_step(model.parameters(), {x, y}, loss_fn, update, o.memory_budget, o.micro_batches)) /
+    double l = (zero ? zero->step({x, y}, loss_fn)
+                : dp ? dp->step(model.parameters(), {x, y}, loss_fn, update)
+                     : train_step(model.parameters(), {x, y}, loss_fn, update, o.memory_budget, o.micro_batches)) /
                scale;
     if (!std::isfinite(l)) fail("train", "the loss became " + std::to_string(l) + " at step " + std::to_string(step) + "; try a smaller --lr", "");
     double ms = std::chrono::duration<double, std::milli>(clk::now() - t0).count();

@@ -45,6 +45,8 @@ void add_train(CLI::App& app) {
   gpt->add_option("--data-parallel", o->data_parallel, "data parallel on N in-process ranks (threads); --batch is the global batch")
       ->capture_default_str()
       ->check(positive());
+  gpt->add_flag("--zero1", o->zero1, "with --data-parallel or --distributed: AdamW's moments sharded over the ranks (ZeRO-1; "
+                                      "no checkpoints yet)");
   gpt->add_flag("--distributed", o->distributed, "this process is one rank of an MPI job (mpirun -np N tessera train gpt --distributed): "
                                                   "data parallel over the ranks; rank 0 writes the checkpoints, --log-json FILE and --profile DIR, "
                                                   "rank k FILE.rank<k> and DIR.rank<k>");
