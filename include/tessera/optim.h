@@ -287,7 +287,7 @@ class DataParallel {
 // the Adam update of the rank's shard from its moments; the shards' updates all_gather'ed and
 // applied to every rank's full parameters with the weight decay. So it trains as DataParallel::step
 // with clip_grad_norm and AdamW does, with 1/N of the moments' memory per rank. Not checkpointed
-// (state_dict) yet.
+// (state_dict) yet. `dp` must outlive it.
 class ZeroAdamW {
  public:
   ZeroAdamW(DataParallel& dp, std::vector<Tensor> params, AdamOptions o = {.lr = 1e-3, .weight_decay = 1e-2}, double max_norm = 0);
