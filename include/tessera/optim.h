@@ -248,6 +248,9 @@ AccumulateResult accumulate_gradients(const std::vector<Tensor>& params, const s
 //     without it); every rank runs step() with the same global batch.
 struct DataParallelOptions {
   int64_t bucket_bytes = int64_t(4) << 20;  // gradient bytes per all_reduce (at least one parameter each)
+  // Parameters per bucket at most: a bucket is a concat of its gradients, whose Copy Step reads
+  // every input at every element (compiler/lower.cpp lower_concat), so its cost grows with them.
+  int64_t bucket_params = 8;
 };
 class DataParallel {
  public:

@@ -38,15 +38,20 @@ Tensor rows_of(const Tensor& t, int64_t start, int64_t rows) {
   }
 }
 
+void check(const DataParallelOptions& o) {
+  if (o.bucket_bytes < 1 || o.bucket_params < 1)
+    fail_dp("bucket_bytes and bucket_params must be positive, got " + std::to_string(o.bucket_bytes) + " and " + std::to_string(o.bucket_params));
+}
+
 }  // namespace
 
 DataParallel DataParallel::in_process(int ranks, DataParallelOptions o) {
   if (ranks < 1) fail_dp("needs at least one rank, got " + std::to_string(ranks));
-  if (o.bucket_bytes < 1) fail_dp("bucket_bytes must be positive, got " + std::to_string(o.bucket_bytes));
+  check(o);
   return DataParallel(ranks, 0, true, o);
 }
 DataParallel DataParallel::process_group(DataParallelOptions o) {
-  if (o.bucket_bytes < 1) fail_dp("bucket_bytes must be positive, got " + std::to_string(o.bucket_bytes));
+  check(o);
   return DataParallel(dist::world_size(), dist::rank(), false, o);
 }
 
@@ -93,7 +98,8 @@ void DataParallel::make_buckets(const std::vector<Tensor>& params, bool by_param
     const Tensor g = by_params ? params[i] : params[i].grad();
     if (!g.defined()) continue;
     const int64_t b = g.numel() * int64_t(itemsize(g.dtype()));
-    const bool fits = !buckets_.empty() && bytes + b <= o_.bucket_bytes && params[buckets_.back()[0]].dtype() == g.dtype();
+    const bool fits = !buckets_.empty() && bytes + b <= o_.bucket_bytes && int64_t(buckets_.back().size()) < o_.bucket_params &&
+                      params[buckets_.back()[0]].dtype() == g.dtype();
     if (!fits) buckets_.emplace_back(), bytes = 0;
     buckets_.back().push_back(i);
     bytes += b;

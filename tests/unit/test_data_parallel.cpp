@@ -38,7 +38,10 @@ TEST(DataParallel, TwoInProcessRanksTrainTheGptLikeOneDeviceOnTheWholeBatch) {
   testing::DpRun two = testing::dp_gpt_train(&dp, 0.0, kSteps);
   expect_same_training(one, two);
   size_t params = 0, multi = 0;
-  for (const auto& b : dp.buckets()) params += b.size(), multi += b.size() > 1;
+  for (const auto& b : dp.buckets()) {
+    params += b.size(), multi += b.size() > 1;
+    EXPECT_LE(b.size(), size_t(8));  // DataParallelOptions::bucket_params
+  }
   EXPECT_GT(dp.buckets().size(), size_t(2));
   EXPECT_GT(multi, size_t(1));
   EXPECT_EQ(params, nn::GPT(testing::dp_gpt_config(0)).parameters().size());
