@@ -94,6 +94,35 @@ TEST(DataParallel, ABatchThatDoesNotSplitEvenlyIsAClearError) {
   EXPECT_NE(e.find("[DataParallel] needs at least one rank"), std::string::npos) << e;
 }
 
+TEST(DataParallel, ARankThatFailsEndsTheStepNamingItAndTheModelIsKept) {
+  // Rank 1's rows hold a token outside the vocabulary: the embedding's gather fails there only.
+  const nn::GPTConfig cfg = testing::dp_gpt_config(0);
+  manual_seed(5);
+  nn::GPT model(cfg);
+  std::vector<Tensor> params = model.parameters();
+  optim::AdamW opt(params, {.lr = 1e-2});
+  optim::DataParallel dp = optim::DataParallel::in_process(2);
+  std::vector<int64_t> tok(size_t(4 * cfg.block), 1);
+  tok.back() = 99;
+  Tensor X = from_vector(tok, {4, cfg.block}, {DType::Int64, Device("cpu")});
+  auto loss_fn = [&](const std::vector<Tensor>& b) { return model.loss(b[0], b[0]); };
+  auto update = [&] {
+    opt.step();
+    opt.zero_grad();
+  };
+  const std::vector<float> before = params[0].to_vector<float>();
+  std::string e = testing::error_message([&] { dp.step(params, {X}, loss_fn, update); });
+  EXPECT_NE(e.find("rank 1 of 2 failed"), std::string::npos) << e;
+  EXPECT_NE(e.find("99"), std::string::npos) << e;
+  EXPECT_EQ(params[0].to_vector<float>(), before);  // the update was taken back
+  // The next step, on good rows, trains.
+  tok.back() = 2;
+  Tensor good = from_vector(tok, {4, cfg.block}, {DType::Int64, Device("cpu")});
+  double l = dp.step(params, {good}, loss_fn, update);
+  EXPECT_TRUE(std::isfinite(l));
+  EXPECT_NE(params[0].to_vector<float>(), before);
+}
+
 TEST(DataParallel, RanksOnOneHostSplitItsThreads) {
   // On a fresh thread (a rank thread's situation): T threads become max(1, T / n).
   int before = 0, half = 0, third_of_half = 0;
