@@ -231,5 +231,89 @@ AccumulateResult accumulate_gradients(const std::vector<Tensor>& params, const s
                                       const std::function<Tensor(const std::vector<Tensor>&)>& loss_fn,
                                       int64_t micro_batches = 0);
 
+// ---- data parallelism (docs/architecture.md "Parallelism") ----
+// Every rank holds the whole model and optimizer state (replicated) and takes an equal share of
+// each global batch: rank r the rows [r * B/N, (r + 1) * B/N). step() traces loss_fn on the
+// rank's rows (under BatchSliceScope, so dropout draws the global batch's numbers), its backward,
+// then the gradients' mean over the ranks: all_reduce(mean) per bucket (the parameters taken from
+// the last to the first, the order the backward finishes them, several per all_reduce up to
+// bucket_bytes, one dtype per bucket), written back as the parameters' grad(); then update()
+// (clip, optimizer step, zero_grad: it sees the global batch's mean gradients, the same on every
+// rank), all as one graph per rank. So N ranks give one device's training on the global batch up
+// to summation order. Two kinds of ranks:
+//   in_process(N): N rank threads of this process (backends' in-process communicator); this
+//     thread traces and compiles the step once (rank 0's), the ranks run it (dist::sync_ranks);
+//     the model's tensors get rank 0's values, which every rank computes alike.
+//   process_group(): this process is one rank (dist::init_mpi() first, under mpirun; one rank
+//     without it); every rank runs step() with the same global batch.
+struct DataParallelOptions {
+  int64_t bucket_bytes = int64_t(4) << 20;  // gradient bytes per all_reduce (at least one parameter each)
+  // Parameters per bucket at most: a bucket is a concat of its gradients, whose Copy Step reads
+  // every input at every element (compiler/lower.cpp lower_concat), so its cost grows with them.
+  int64_t bucket_params = 8;
+};
+class DataParallel {
+ public:
+  static DataParallel in_process(int ranks, DataParallelOptions o = {});
+  static DataParallel process_group(DataParallelOptions o = {});
+  int ranks() const { return ranks_; }
+  int rank() const { return rank_; }  // this process's rank (0 in process)
+  bool is_in_process() const { return in_process_; }
+  // One training step; returns the global batch's mean loss (loss_fn returns its rows' mean).
+  // The global batch's leading extent must divide evenly into the ranks.
+  double step(const std::vector<Tensor>& params, const std::vector<Tensor>& global_batch,
+              const std::function<Tensor(const std::vector<Tensor>&)>& loss_fn, const std::function<void()>& update);
+  // The last step's buckets: indices into params, one list per all_reduce.
+  const std::vector<std::vector<size_t>>& buckets() const { return buckets_; }
+
+ private:
+  friend class ZeroAdamW;
+  DataParallel(int ranks, int rank, bool in_process, DataParallelOptions o)
+      : ranks_(ranks), rank_(rank), in_process_(in_process), o_(o) {}
+  // Traces loss_fn and its backward on this rank's rows (in process: rank 0's, the other ranks'
+  // rows going to `others`); returns the loss.
+  Tensor trace_rows(const std::vector<Tensor>& global_batch, const std::function<Tensor(const std::vector<Tensor>&)>& loss_fn,
+                    std::vector<std::vector<std::pair<Tensor, Tensor>>>& others, int64_t& rows);
+  void make_buckets(const std::vector<Tensor>& params, bool by_params = false);  // by the parameters' sizes, not their gradients'
+
+  int ranks_, rank_;
+  bool in_process_;
+  DataParallelOptions o_;
+  std::vector<std::vector<size_t>> buckets_;
+};
+
+// ZeRO-1 over a DataParallel's ranks: AdamW (decoupled weight decay) whose moments are sharded --
+// each rank keeps 1/N of every bucket's moments. A step: the rank's rows forward and backward as
+// in DataParallel::step; per bucket (DataParallel's buckets, zero-padded to a multiple of N), the
+// flattened gradients reduce_scatter'ed and divided by N (the rank's shard of the mean gradient);
+// optionally clipped to max_norm by the global norm (an all_reduce of the shards' squared sums);
+// the Adam update of the rank's shard from its moments; the shards' updates all_gather'ed and
+// applied to every rank's full parameters with the weight decay. So it trains as DataParallel::step
+// with clip_grad_norm and AdamW does, with 1/N of the moments' memory per rank. Not checkpointed
+// (state_dict) yet. `dp` must outlive it.
+class ZeroAdamW {
+ public:
+  ZeroAdamW(DataParallel& dp, std::vector<Tensor> params, AdamOptions o = {.lr = 1e-3, .weight_decay = 1e-2}, double max_norm = 0);
+  // One training step on the global batch; returns its mean loss.
+  double step(const std::vector<Tensor>& global_batch, const std::function<Tensor(const std::vector<Tensor>&)>& loss_fn);
+  void set_lr(double lr) { o_.lr = lr; }
+  double lr() const { return o_.lr; }
+  int64_t steps() const { return steps_; }
+  // This rank's moment elements (both moments, every bucket): about 2 * parameters / N.
+  int64_t state_numel() const;
+
+ private:
+  DataParallel& dp_;
+  std::vector<Tensor> params_;
+  AdamOptions o_;
+  double max_norm_;
+  int64_t steps_ = 0;
+  // Per bucket: its padded length; this rank's moment shards (in process: rank 0's, then the
+  // other ranks' in others_m_/others_v_[r - 1]).
+  std::vector<int64_t> padded_;
+  std::vector<Tensor> m_, v_;
+  std::vector<std::vector<Tensor>> others_m_, others_v_;
+};
+
 }  // namespace tessera::optim
 #pragma GCC visibility pop

@@ -8,6 +8,7 @@
 #include "tessera/bucket.h"
 #include "tessera/data.h"
 #include "tessera/device.h"
+#include "tessera/distributed.h"
 #include "tessera/dtype.h"
 #include "tessera/error.h"
 #include "tessera/export.h"

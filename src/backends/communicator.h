@@ -90,6 +90,13 @@ class CommunicatorScope {
 std::vector<std::shared_ptr<Communicator>> make_inprocess_group(int n);
 void abort_inprocess_group(Communicator& member, const std::string& why);
 
+// Host threads (the cpu backend's OpenMP pool) shared by ranks on one host, so that nobody
+// oversubscribes: share_host_threads(n) sets the calling thread's team to max(1, T / n), T its
+// team before the call (a thread's own setting: for an in-process rank thread, for its life;
+// for the main thread of an MPI rank, the process's). host_threads() is the calling thread's.
+void share_host_threads(int ranks_on_host);
+int host_threads();
+
 // MPI (OpenMPI: one process per rank, started by mpirun): MPI_COMM_WORLD, MPI initialized on
 // first use and finalized at exit. Throws "[mpi] ..." where libtessera was built without MPI.
 bool mpi_built();

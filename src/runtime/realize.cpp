@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <mutex>
+#include <optional>
 #include <thread>
 #include <unordered_map>
 
@@ -562,16 +563,28 @@ std::vector<std::shared_ptr<Buffer>> realize(const std::vector<Request>& req, Rn
 
 std::vector<std::vector<std::shared_ptr<Buffer>>> realize_spmd(const std::vector<Request>& requests, RngArgs rng,
                                                                const std::vector<RankInputs>& rank_inputs,
-                                                               const std::vector<std::shared_ptr<backends::Communicator>>& ranks) {
+                                                               const std::vector<std::shared_ptr<backends::Communicator>>& ranks,
+                                                               const std::vector<std::vector<Request>>& rank_requests) {
   const size_t N = ranks.size();
   if (N == 0 || rank_inputs.size() != N)
     fail("spmd", "inputs for " + std::to_string(rank_inputs.size()) + " ranks, " + std::to_string(N) + " communicators", "");
+  if (!rank_requests.empty() && rank_requests.size() != N)
+    fail("spmd", "requests for " + std::to_string(rank_requests.size()) + " ranks, " + std::to_string(N) + " communicators", "");
   std::vector<Request> req;
   for (const Request& r : requests) req.push_back({r.node, {}});  // no donation: every rank reads the leaves
   Prepared prep = prepare(req);
-  const ir::Graph& g = prep.g;
+  // Ranks with graphs of their own (random draws at their rows of the batch): compiled here too.
+  std::vector<std::optional<Prepared>> own(N);
+  for (size_t r = 0; r < rank_requests.size(); ++r) {
+    if (rank_requests[r].empty()) continue;
+    if (rank_requests[r].size() != requests.size())
+      fail("spmd", "rank " + std::to_string(r) + " requests " + std::to_string(rank_requests[r].size()) + " values, rank 0 " +
+                       std::to_string(requests.size()), "");
+    std::vector<Request> mine;
+    for (const Request& q : rank_requests[r]) mine.push_back({q.node, {}});
+    own[r] = prepare(mine);
+  }
   const Device& dev = prep.dev;
-  std::shared_ptr<Executable> exe = prep.exe;
   backends::Backend& be = backends::backend_for(dev);
   if (!be.can_execute()) fail("spmd", "device '" + dev.str() + "' compiles graphs but cannot run them", "");
   // Several rank threads launch at once: only a backend declaring collectives promises that.
@@ -581,11 +594,16 @@ std::vector<std::vector<std::shared_ptr<Buffer>>> realize_spmd(const std::vector
     if (ranks[r]->rank() != int(r) || ranks[r]->size() != int(N))
       fail("spmd", "communicator " + std::to_string(r) + " is rank " + std::to_string(ranks[r]->rank()) + " of " +
                        std::to_string(ranks[r]->size()) + ", not rank " + std::to_string(r) + " of " + std::to_string(N), "");
-  const compiler::Plan& plan = exe->plan;
   // Every rank's buffers are allocated here, on the calling thread; the rank threads only launch.
   std::vector<std::unique_ptr<Run>> runs;
+  std::vector<std::shared_ptr<Executable>> exes;
   std::vector<std::vector<std::shared_ptr<Buffer>>> results(N);
   for (size_t r = 0; r < N; ++r) {
+    const Prepared& p = own[r] ? *own[r] : prep;
+    if (!(p.dev == dev)) fail("spmd", "rank " + std::to_string(r) + "'s graph is on " + p.dev.str() + ", rank 0's on " + dev.str(), "");
+    const ir::Graph& g = p.g;
+    exes.push_back(p.exe);
+    const compiler::Plan& plan = p.exe->plan;
     std::shared_ptr<Buffer> arena = plan.arena_bytes ? allocate(dev, plan.arena_bytes) : nullptr;
     runs.push_back(std::make_unique<Run>(Run{plan, be, dev, {}, std::move(arena), 0, {}, {}}));
     bind_slots(*runs.back(), g, req.size(), results[r]);
@@ -608,9 +626,11 @@ std::vector<std::vector<std::shared_ptr<Buffer>>> realize_spmd(const std::vector
   for (size_t r = 0; r < N; ++r)
     threads.emplace_back([&, r] {
       backends::CommunicatorScope scope(ranks[r].get());
+      backends::share_host_threads(int(N));  // the ranks split the host's threads: T / N each
       try {
         const backends::LaunchArgs args{runs[r]->slots.data(), rng.seed, rng.offset, dev.index};
-        for (size_t s = 0; s < plan.steps.size(); ++s) be.launch(*exe->kernels[s], plan.steps[s], args);
+        const Executable& exe = *exes[r];
+        for (size_t s = 0; s < exe.plan.steps.size(); ++s) be.launch(*exe.kernels[s], exe.plan.steps[s], args);
         be.synchronize();
       } catch (const std::exception& e) {
         const std::string why = "rank " + std::to_string(r) + " of " + std::to_string(N) + " failed: " + e.what();
@@ -623,9 +643,38 @@ std::vector<std::vector<std::shared_ptr<Buffer>>> realize_spmd(const std::vector
     });
   for (std::thread& t : threads) t.join();
   if (!first_error.empty()) fail("spmd", first_error, "");
-  counters().steps_launched += int64_t(plan.steps.size() * N);
-  device_counters(dev.kind).steps_launched += int64_t(plan.steps.size() * N);
+  int64_t steps = 0;
+  for (const auto& e : exes) steps += int64_t(e->plan.steps.size());
+  counters().steps_launched += steps;
+  device_counters(dev.kind).steps_launched += steps;
   return results;
+}
+
+}  // namespace tessera::runtime
+
+namespace tessera::runtime {
+
+std::vector<std::vector<std::shared_ptr<Buffer>>> realize_spmd_inprocess(const std::vector<Request>& requests, RngArgs rng,
+                                                                         const std::vector<RankInputs>& rank_inputs, int ranks,
+                                                                         const std::vector<std::vector<Request>>& rank_requests) {
+  if (ranks < 1) fail("spmd", "needs at least one rank, got " + std::to_string(ranks), "");
+  return realize_spmd(requests, rng, rank_inputs, backends::make_inprocess_group(ranks), rank_requests);
+}
+
+std::pair<int, int> init_mpi_group() {
+  static std::shared_ptr<backends::Communicator> c;  // once per process: later calls return it
+  if (c) return {c->rank(), c->size()};
+  c = backends::make_mpi_communicator();
+  backends::set_process_communicator(c);
+  // Ranks on one host split its threads, unless OMP_NUM_THREADS says how many each takes.
+  const char* local = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
+  if (local && !std::getenv("OMP_NUM_THREADS")) backends::share_host_threads(std::atoi(local));
+  return {c->rank(), c->size()};
+}
+
+std::pair<int, int> process_group() {
+  backends::Communicator* c = backends::current_communicator();
+  return c ? std::pair<int, int>{c->rank(), c->size()} : std::pair<int, int>{0, 1};
 }
 
 }  // namespace tessera::runtime

@@ -2,6 +2,7 @@
 #pragma once
 #include <functional>
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "core/buffer.h"
@@ -77,9 +78,30 @@ namespace tessera::runtime {
 // buffer of the graph (rank 0's) to rank r's buffer of the same size (a leaf it does not name
 // is shared, read only). Returns per rank its outputs (in the requests' order). A rank that
 // fails breaks the group, so no rank waits for it; the first failure is thrown, naming its rank.
+// rank_requests (optional; empty entries: rank 0's): a rank's own graph in place of rank 0's, for
+// graphs that differ between ranks only in constants (random draws at the rank's rows of the
+// batch); same leaves, same number of outputs; compiled here, each run by its rank.
 using RankInputs = std::vector<std::pair<const Buffer*, std::shared_ptr<Buffer>>>;
 std::vector<std::vector<std::shared_ptr<Buffer>>> realize_spmd(const std::vector<Request>& requests, RngArgs rng,
                                                                const std::vector<RankInputs>& rank_inputs,
-                                                               const std::vector<std::shared_ptr<backends::Communicator>>& ranks);
+                                                               const std::vector<std::shared_ptr<backends::Communicator>>& ranks,
+                                                               const std::vector<std::vector<Request>>& rank_requests = {});
+
+}  // namespace tessera::runtime
+
+namespace tessera::runtime {
+
+// realize_spmd on a fresh in-process group of `ranks` rank threads (backends::make_inprocess_group).
+std::vector<std::vector<std::shared_ptr<Buffer>>> realize_spmd_inprocess(const std::vector<Request>& requests, RngArgs rng,
+                                                                         const std::vector<RankInputs>& rank_inputs, int ranks,
+                                                                         const std::vector<std::vector<Request>>& rank_requests = {});
+
+// The process group (one process per rank, under mpirun): init_mpi_group() makes MPI_COMM_WORLD's
+// communicator the process's (backends::set_process_communicator) and returns {rank, size};
+// process_group() is {rank, size} of the process's communicator ({0, 1} without one). A second
+// init_mpi_group() returns the first's group.
+// init_mpi_group throws "[mpi] ..." where libtessera was built without MPI.
+std::pair<int, int> init_mpi_group();
+std::pair<int, int> process_group();
 
 }  // namespace tessera::runtime

@@ -5,6 +5,7 @@
 #include <mutex>
 #include <sstream>
 #include <type_traits>
+#include <unordered_map>
 
 #include "core/half.h"
 #include "tensor/tensor_impl.h"
@@ -417,6 +418,114 @@ void sync() {
   }
   if (!failed.empty()) throw Error(failed);
 }
+
+namespace {
+// The graph of `outs` with every random draw of leading extent `rows` moved `shift` rows of the
+// batch on (its first element index + shift * its row size); the rest rebuilt on the new inputs.
+struct RankRewrite {
+  int64_t rows, shift;
+  std::unordered_map<const ir::Node*, ir::NodePtr> done;
+  bool any = false;
+  ir::NodePtr operator()(const ir::NodePtr& n) {
+    if (n->op == ir::Op::Leaf) return n;
+    auto it = done.find(n.get());
+    if (it != done.end()) return it->second;
+    ir::NodePtr out;
+    if (n->op == ir::Op::Rng && !n->shape.empty() && n->shape[0] == rows) {
+      ir::Attrs at = n->attrs;
+      const int64_t first = (at.ints.size() > 2 ? at.ints[2] : 0) + shift * (n->numel() / rows);
+      at.ints.resize(2);
+      if (first) at.ints.push_back(first);
+      out = ir::make(ir::Op::Rng, {}, std::move(at), &n->shape, n->dtype, n->device);
+      any = true;
+    } else {
+      std::vector<ir::NodePtr> ins;
+      bool same = true;
+      for (const ir::NodePtr& i : n->inputs) {
+        ins.push_back((*this)(i));
+        same &= ins.back() == i;
+      }
+      out = same ? n : ir::make(n->op, std::move(ins), n->attrs, &n->shape, n->dtype, n->device);
+    }
+    done.emplace(n.get(), out);
+    return out;
+  }
+};
+}  // namespace
+
+namespace detail {
+std::vector<std::vector<Tensor>> sync_spmd(int ranks, const std::vector<std::vector<std::pair<Tensor, Tensor>>>& rank_inputs,
+                                           int64_t rows, const std::vector<Tensor>& rank_outputs) {
+  if (ranks < 1 || rank_inputs.size() != size_t(ranks - 1))
+    fail("spmd", "inputs for " + std::to_string(rank_inputs.size() + 1) + " ranks, expected " + std::to_string(ranks), "");
+  // The inputs: realized values, checked before anything is claimed.
+  std::vector<runtime::RankInputs> inputs(static_cast<size_t>(ranks));
+  for (size_t r = 1; r < size_t(ranks); ++r)
+    for (const auto& [mine, theirs] : rank_inputs[r - 1]) {
+      const auto& a = need(mine, "spmd");
+      const auto& b = need(theirs, "spmd");
+      if (a->shape != b->shape || a->dtype != b->dtype)
+        fail("spmd", "rank " + std::to_string(r) + "'s input " + dtype_name(b->dtype) + shape_str(b->shape) +
+                         " does not match rank 0's " + dtype_name(a->dtype) + shape_str(a->shape), "");
+      std::lock_guard<std::mutex> lock(registry().mu);
+      if (!a->buffer || !b->buffer) fail("spmd", "rank inputs must be realized values (sync them first)", "");
+      inputs[r].push_back({a->buffer.get(), b->buffer});
+    }
+  auto impls = detail::pending_impls(true);
+  struct Reset {
+    ~Reset() { detail::reset_draws(); }
+  } reset;
+  std::vector<std::shared_ptr<TensorImpl>> group;
+  for (auto& impl : impls) {
+    if (impl->node->op == ir::Op::Leaf) {
+      impl->realize_to(impl->node->buffer);
+      continue;
+    }
+    if (!group.empty() && !(impl->device == group[0]->device))
+      fail("spmd", "pending tensors on two devices (" + group[0]->device.str() + ", " + impl->device.str() + "): one graph runs on the ranks", "");
+    group.push_back(impl);
+  }
+  // Where each wanted per-rank output is among the requests.
+  std::vector<size_t> wanted;
+  for (const Tensor& t : rank_outputs) {
+    const TensorImpl* impl = need(t, "spmd").get();
+    auto it = std::find_if(group.begin(), group.end(), [&](const auto& g) { return g.get() == impl; });
+    if (it == group.end()) fail("spmd", std::string("a per-rank output ") + dtype_name(t.dtype()) + shape_str(t.shape()) + " is not pending", "");
+    wanted.push_back(size_t(it - group.begin()));
+  }
+  std::vector<std::vector<Tensor>> per_rank(size_t(ranks - 1));
+  if (group.empty()) return per_rank;
+  std::vector<runtime::Request> req;
+  for (auto& impl : group) req.push_back({impl->node, {}});
+  const RngState st = detail::rng_state();
+  std::vector<std::vector<std::shared_ptr<Buffer>>> bufs;
+  try {
+    std::vector<std::vector<runtime::Request>> own;  // ranks whose draws differ from rank 0's
+    if (rows > 0 && st.draws > 0)
+      for (int r = 1; r < ranks; ++r) {
+        RankRewrite rw{rows, int64_t(r) * rows, {}, false};
+        std::vector<runtime::Request> mine;
+        for (const runtime::Request& q : req) mine.push_back({rw(q.node), {}});
+        if (!rw.any) break;  // no draw of the batch's rows: every rank runs rank 0's graph
+        own.resize(size_t(ranks));
+        own[size_t(r)] = std::move(mine);
+      }
+    bufs = runtime::realize_spmd_inprocess(req, {st.seed, st.offset}, inputs, ranks, own);
+  } catch (const std::exception& e) {
+    req.clear();
+    for (auto& impl : group) {
+      if (!impl->donor.expired()) impl->revert_to_donor();  // no donation here: the old buffer is intact
+      else impl->set_error(e.what());
+    }
+    throw;
+  }
+  req.clear();
+  for (size_t r = 1; r < size_t(ranks); ++r)
+    for (size_t k : wanted) per_rank[r - 1].push_back(detail::from_buffer(bufs[r][k], group[k]->shape, group[k]->dtype));
+  for (size_t k = 0; k < group.size(); ++k) group[k]->realize_to(std::move(bufs[0][k]));
+  return per_rank;
+}
+}  // namespace detail
 
 // ---- Tensor ----
 const Shape& Tensor::shape() const { return need(*this, "shape")->shape; }

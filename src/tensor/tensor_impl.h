@@ -96,6 +96,19 @@ struct BatchSlice {
 BatchSlice batch_slice();
 // After each sync: advances the offset past the draws traced and restarts their numbering.
 void reset_draws();
+// sync() as one SPMD graph on `ranks` in-process rank threads (runtime::realize_spmd): every
+// pending tensor (all on one device) is computed by every rank; the tensors get rank 0's values.
+// rank_inputs[r - 1] maps tensors of the graph (realized: rank 0's values) to rank r's tensors of
+// the same shape and dtype (realized); what is not named is shared read only. No donation (every
+// rank reads the leaves). When the graph fails, in-place updates go back to their values before
+// it, other pending tensors become errored, and the error is thrown. With rows > 0 (the graph was
+// traced as rank 0's rows [0, rows) of a batch split evenly over the ranks), a random draw whose
+// leading extent is `rows` draws, on rank r, the numbers of rows [r * rows, (r + 1) * rows) of
+// the whole batch's draw (BatchSliceScope's rule): rank r runs its own copy of the graph.
+// rank_outputs: pending tensors whose every rank's value is wanted (per-rank state: ZeRO's
+// moment shards); returned as [rank - 1][k], realized tensors of their own.
+std::vector<std::vector<Tensor>> sync_spmd(int ranks, const std::vector<std::vector<std::pair<Tensor, Tensor>>>& rank_inputs,
+                                           int64_t rows = 0, const std::vector<Tensor>& rank_outputs = {});
 }  // namespace detail
 
 }  // namespace tessera

@@ -93,6 +93,23 @@ TrainResult train_gpt(const TrainOptions& o) {
   if (o.resume && o.out.empty()) fail("train", "--resume needs --out DIR (the checkpoint directory)", "");
   if (o.ckpt_every > 0 && o.out.empty()) fail("train", "--ckpt-every needs --out DIR (where the checkpoints go)", "");
   check_micro_batches(o.micro_batches, o.memory_budget);
+  // Data parallelism: in-process ranks or this process as an MPI rank.
+  std::optional<optim::DataParallel> dp;
+  if (o.distributed && o.data_parallel > 1) fail("train", "--data-parallel (in-process ranks) and --distributed (MPI ranks) do not combine", "");
+  if (o.distributed || o.data_parallel > 1) {
+    if (o.micro_batches != 1 || !o.memory_budget.none())
+      fail("train", "data parallelism does not combine with --micro-batches or a memory budget yet", "");
+    if (o.dtype == "float16") fail("train", "data parallelism does not combine with --dtype float16 (loss scaling) yet", "");
+    if (o.zero1 && (!o.out.empty() || o.resume || o.ckpt_every > 0))
+      fail("train", "--zero1 does not checkpoint yet: drop --out, --resume and --ckpt-every", "");
+    if (o.distributed) dist::init_mpi();
+    dp = o.distributed ? optim::DataParallel::process_group() : optim::DataParallel::in_process(int(o.data_parallel));
+    if (o.batch % dp->ranks() != 0)
+      fail("train", "--batch " + std::to_string(o.batch) + " (the global batch) does not divide into " + std::to_string(dp->ranks()) + " ranks", "");
+  }
+  if (o.zero1 && !dp) fail("train", "--zero1 needs --data-parallel N or --distributed", "");
+  const int rank = dp ? dp->rank() : 0;
+  const bool quiet = o.quiet || rank != 0;
   Device dev = pick_device(o.device);
   std::string text = o.data.empty() ? data::read_default_corpus() : data::read_text_file(o.data);
   data::TextDataset ds(text, o.block, 0.1);
@@ -109,6 +126,8 @@ TrainResult train_gpt(const TrainOptions& o) {
   nn::GPT& model = *r.model;
   model.to(dev);
   optim::AdamW opt(model.parameters(), {.lr = o.lr, .weight_decay = o.weight_decay});
+  std::optional<optim::ZeroAdamW> zero;  // --zero1: in place of opt and clip_grad_norm
+  if (o.zero1) zero.emplace(*dp, model.parameters(), optim::AdamOptions{.lr = o.lr, .weight_decay = o.weight_decay}, o.clip);
   optim::WarmupCosine schedule{o.lr, o.min_lr, o.warmup, o.steps};
   data::DataLoader loader(ds, o.batch, o.seed);
 
@@ -118,20 +137,20 @@ TrainResult train_gpt(const TrainOptions& o) {
     Metadata m{ckpt, load_training(ckpt, dev, config_json(cfg), model, opt), "GPT"};
     loader.load_state(m.ints("loader"));
     start = m.integer("step");
-    if (!o.quiet) std::printf("resumed from %s at step %lld\n", ckpt.c_str(), (long long)start);
-  } else if (o.resume && !o.quiet) {
+    if (!quiet) std::printf("resumed from %s at step %lld\n", ckpt.c_str(), (long long)start);
+  } else if (o.resume && !quiet) {
     std::printf("no checkpoint at %s: starting fresh\n", ckpt.c_str());
   }
 
   auto save = [&](int64_t step) {
-    if (ckpt.empty()) return;
+    if (ckpt.empty() || rank != 0) return;  // rank 0's model: every rank holds the same
     fs::create_directories(o.out);
     save_training(ckpt, model, opt, step, loader.state(),
                   {{"format", "tessera-gpt-1"}, {"config", config_json(cfg).dump()}, {"vocab_hex", hex(ds.tokenizer().vocab())}});
     r.checkpoint = ckpt;
   };
 
-  std::FILE* log = open_log(o.log_json, start > 0);
+  std::FILE* log = open_log(o.log_json.empty() || rank == 0 ? o.log_json : o.log_json + ".rank" + std::to_string(rank), start > 0);
   bool tty = isatty(STDOUT_FILENO);
   int64_t every = std::max<int64_t>(1, (o.steps - start) / 20);
   auto t_begin = clk::now();
@@ -144,6 +163,7 @@ TrainResult train_gpt(const TrainOptions& o) {
     auto t0 = clk::now();
     double lr = schedule(step);
     opt.set_lr(lr);
+    if (zero) zero->set_lr(lr);
     auto [x, y] = loader.next(dev);
     auto loss_fn = [&](const std::vector<Tensor>& b) {
       std::optional<Autocast> ac;
@@ -152,8 +172,7 @@ TrainResult train_gpt(const TrainOptions& o) {
       return scaler ? scaler->scale(loss) : loss;  // float16: scaled so that small gradients survive
     };
     const double scale = scaler ? scaler->get_scale() : 1.0;
-    double l = train_step(model.parameters(), {x, y}, loss_fn,
-                          [&] {
+    auto update = [&] {
                             if (scaler) scaler->unscale(opt);  // before clipping: the norm of the true gradients
                             if (o.clip > 0) optim::clip_grad_norm(model.parameters(), o.clip);
                             if (scaler) {
@@ -163,8 +182,10 @@ TrainResult train_gpt(const TrainOptions& o) {
                               opt.step();
                             }
                             opt.zero_grad();  // gradients are consumed inside the step's graph, never stored
-                          },
-                          o.memory_budget, o.micro_batches) /
+    };
+    double l = (zero ? zero->step({x, y}, loss_fn)
+                : dp ? dp->step(model.parameters(), {x, y}, loss_fn, update)
+                     : train_step(model.parameters(), {x, y}, loss_fn, update, o.memory_budget, o.micro_batches)) /
                scale;
     if (!std::isfinite(l)) fail("train", "the loss became " + std::to_string(l) + " at step " + std::to_string(step) + "; try a smaller --lr", "");
     double ms = std::chrono::duration<double, std::milli>(clk::now() - t0).count();
@@ -186,7 +207,7 @@ TrainResult train_gpt(const TrainOptions& o) {
       std::fprintf(log, "%s\n", j.dump().c_str());
       std::fflush(log);
     }
-    if (!o.quiet) {
+    if (!quiet) {
       double done = double(step + 1 - start) / double(o.steps - start);
       double eta = elapsed / done * (1 - done);
       if (tty && (elapsed - last_print > 0.1 || step + 1 == o.steps || val)) {
@@ -205,7 +226,7 @@ TrainResult train_gpt(const TrainOptions& o) {
     }
   }
   if (log) std::fclose(log);
-  if (tty && !o.quiet) std::printf("\n");
+  if (tty && !quiet) std::printf("\n");
   r.last_step = o.steps;
   r.seconds = std::chrono::duration<double>(clk::now() - t_begin).count();
   r.tokens_per_s = r.seconds > 0 ? tokens / r.seconds : 0;

@@ -29,6 +29,12 @@ struct TrainOptions {
   bool quiet = false;
   MemoryBudget memory_budget;  // for each training step's graphs (none: no limit)
   int64_t micro_batches = 1;   // gradient accumulation slices; 0: the fewest that fit memory_budget
+  // Data parallelism (optim::DataParallel): --data-parallel N, N in-process ranks; --distributed,
+  // this process is one rank of the job mpirun started (rank 0 writes the checkpoints and
+  // --log-json FILE, rank k > 0 FILE.rank<k>). --batch is the global batch, split over the ranks.
+  int64_t data_parallel = 1;
+  bool distributed = false;
+  bool zero1 = false;  // --zero1: AdamW's moments sharded over the ranks (optim::ZeroAdamW; no checkpoints)
   // Called after each training step's loss.item() (before any evaluation or checkpoint); `step`
   // counts from 1. The profiler starts and stops around steps with it.
   std::function<void(int64_t step)> on_step;

@@ -42,13 +42,24 @@ void add_train(CLI::App& app) {
   gpt->add_option("--out", o->out, "directory for the checkpoint (ckpt.safetensors)");
   gpt->add_flag("--resume", o->resume, "continue from the checkpoint in --out");
   gpt->add_option("--ckpt-every", o->ckpt_every, "also checkpoint every N steps")->check(non_negative());
+  gpt->add_option("--data-parallel", o->data_parallel, "data parallel on N in-process ranks (threads); --batch is the global batch")
+      ->capture_default_str()
+      ->check(positive());
+  gpt->add_flag("--zero1", o->zero1, "with --data-parallel or --distributed: AdamW's moments sharded over the ranks (ZeRO-1; "
+                                      "no checkpoints yet)");
+  gpt->add_flag("--distributed", o->distributed, "this process is one rank of an MPI job (mpirun -np N tessera train gpt --distributed): "
+                                                  "data parallel over the ranks; rank 0 writes the checkpoints, --log-json FILE and --profile DIR, "
+                                                  "rank k FILE.rank<k> and DIR.rank<k>");
   auto profile_dir = std::make_shared<std::string>();
   gpt->add_option("--profile", *profile_dir, "profile the whole run into DIR: trace.json (Chrome trace), ops.csv and "
                                              "ops.txt (op table), memory.html (the training step's memory plan)");
   auto show_metrics = add_metrics_flag(*gpt);
   add_train_cnn(*train);
   gpt->callback([o, show_metrics, profile_dir] {
-    TrainResult r = profile_dir->empty() ? train_gpt(*o) : train_gpt_profiled(*o, *profile_dir);
+    std::string prof = *profile_dir;
+    if (o->distributed && dist::init_mpi().first > 0 && !prof.empty()) prof += ".rank" + std::to_string(dist::rank());  // rank k: DIR.rank<k>
+    TrainResult r = prof.empty() ? train_gpt(*o) : train_gpt_profiled(*o, prof);
+    if (dist::rank() != 0) return;  // --distributed: rank 0 reports
     if (!r.val_loss.empty())
       std::printf("held-out loss %.4f nats/char after %lld steps (bigram baseline %.4f); %.0f tokens/s\n",
                   r.val_loss.back().second, (long long)r.last_step, r.bigram_entropy, r.tokens_per_s);

@@ -6,11 +6,13 @@
 #include <omp.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 
 #include "backends/backend.h"
 #include "backends/collective.h"
+#include "backends/communicator.h"
 #include "backends/cpu/kernel.h"
 #include "core/fail.h"
 
@@ -81,5 +83,10 @@ class CpuBackend : public Backend {
 }  // namespace
 
 std::shared_ptr<Backend> make_cpu_backend() { return std::make_shared<CpuBackend>(); }
+
+void share_host_threads(int ranks_on_host) {
+  if (ranks_on_host > 1) omp_set_num_threads(std::max(1, omp_get_max_threads() / ranks_on_host));
+}
+int host_threads() { return omp_get_max_threads(); }
 
 }  // namespace tessera::backends

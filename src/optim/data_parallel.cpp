@@ -1,0 +1,253 @@
+// Data parallelism (optim.h: DataParallel): a rank's rows of the batch, its gradients averaged
+// over the ranks in buckets by all_reduce(mean), the update, one graph per rank and step.
+#include <cmath>
+#include <cstring>
+
+#include "tessera/distributed.h"
+#include "tessera/ops.h"
+#include "tessera/optim.h"
+#include "tessera/tensor.h"
+
+namespace tessera::optim {
+namespace {
+
+[[noreturn]] void fail_dp(const std::string& msg) { throw Error("[DataParallel] " + msg); }
+
+// Rows [start, start + rows) of a realized tensor as a tensor of its own (a buffer of its own:
+// another rank's input to the graph).
+template <class T>
+Tensor rows_of_t(const Tensor& t, int64_t start, int64_t rows) {
+  std::vector<T> all = t.to_vector<T>();
+  const int64_t row = t.numel() / t.shape()[0];
+  std::vector<T> part(all.begin() + start * row, all.begin() + (start + rows) * row);
+  Shape s = t.shape();
+  s[0] = rows;
+  return from_vector<T>(part, s, {t.dtype(), t.device()});
+}
+Tensor rows_of(const Tensor& t, int64_t start, int64_t rows) {
+  switch (t.dtype()) {
+    case DType::Float32: return rows_of_t<float>(t, start, rows);
+    case DType::Float64: return rows_of_t<double>(t, start, rows);
+    case DType::Int32: return rows_of_t<int32_t>(t, start, rows);
+    case DType::Int64: return rows_of_t<int64_t>(t, start, rows);
+    default: {  // bool and 16-bit floats: through a graph of their own
+      Tensor part = t.narrow(0, start, rows).clone();
+      sync();
+      return part;
+    }
+  }
+}
+
+void check(const DataParallelOptions& o) {
+  if (o.bucket_bytes < 1 || o.bucket_params < 1)
+    fail_dp("bucket_bytes and bucket_params must be positive, got " + std::to_string(o.bucket_bytes) + " and " + std::to_string(o.bucket_params));
+}
+
+}  // namespace
+
+DataParallel DataParallel::in_process(int ranks, DataParallelOptions o) {
+  if (ranks < 1) fail_dp("needs at least one rank, got " + std::to_string(ranks));
+  check(o);
+  return DataParallel(ranks, 0, true, o);
+}
+DataParallel DataParallel::process_group(DataParallelOptions o) {
+  check(o);
+  return DataParallel(dist::world_size(), dist::rank(), false, o);
+}
+
+Tensor DataParallel::trace_rows(const std::vector<Tensor>& global_batch, const std::function<Tensor(const std::vector<Tensor>&)>& loss_fn,
+                                std::vector<std::vector<std::pair<Tensor, Tensor>>>& others, int64_t& rows) {
+  if (global_batch.empty()) fail_dp("needs a batch (one or more tensors sharing their leading extent)");
+  const int64_t N = ranks_;
+  for (const Tensor& t : global_batch)
+    if (!t.defined() || t.dim() == 0 || t.shape()[0] != global_batch[0].shape()[0])
+      fail_dp("the batch's tensors must share their leading extent, got " +
+              (t.defined() ? shape_str(t.shape()) : std::string("an undefined tensor")) + " beside " + shape_str(global_batch[0].shape()));
+  const int64_t B = global_batch[0].shape()[0];
+  if (B % N != 0)
+    fail_dp("a batch of " + std::to_string(B) + " rows (" + dtype_name(global_batch[0].dtype()) + shape_str(global_batch[0].shape()) +
+            ") does not divide into " + std::to_string(N) + " ranks");
+  rows = B / N;
+  // This rank's rows (in process: rank 0's; each other rank's are its inputs to the graph).
+  std::vector<Tensor> mine;
+  others.clear();
+  if (N == 1) {
+    mine = global_batch;
+  } else if (in_process_) {
+    for (const Tensor& t : global_batch) mine.push_back(rows_of(t, 0, rows));
+    for (int64_t r = 1; r < N; ++r) {
+      others.emplace_back();
+      for (size_t k = 0; k < global_batch.size(); ++k) others.back().push_back({mine[k], rows_of(global_batch[k], r * rows, rows)});
+    }
+  } else {
+    for (const Tensor& t : global_batch) mine.push_back(rows_of(t, rank_ * rows, rows));
+  }
+  BatchSliceScope slice(in_process_ ? 0 : rank_ * rows, rows);
+  Tensor loss = loss_fn(mine);
+  if (!loss.defined() || loss.numel() != 1)
+    fail_dp("the loss function must return a scalar, got " + (loss.defined() ? shape_str(loss.shape()) : std::string("an undefined tensor")));
+  loss.backward();
+  return loss;
+}
+
+// Buckets, from the last parameter to the first (one dtype each, up to bucket_bytes).
+void DataParallel::make_buckets(const std::vector<Tensor>& params, bool by_params) {
+  buckets_.clear();
+  int64_t bytes = 0;
+  for (size_t i = params.size(); i-- > 0;) {
+    const Tensor g = by_params ? params[i] : params[i].grad();
+    if (!g.defined()) continue;
+    const int64_t b = g.numel() * int64_t(itemsize(g.dtype()));
+    const bool fits = !buckets_.empty() && bytes + b <= o_.bucket_bytes && int64_t(buckets_.back().size()) < o_.bucket_params &&
+                      params[buckets_.back()[0]].dtype() == g.dtype();
+    if (!fits) buckets_.emplace_back(), bytes = 0;
+    buckets_.back().push_back(i);
+    bytes += b;
+  }
+}
+
+double DataParallel::step(const std::vector<Tensor>& params, const std::vector<Tensor>& global_batch,
+                          const std::function<Tensor(const std::vector<Tensor>&)>& loss_fn, const std::function<void()>& update) {
+  const int64_t N = ranks_;
+  std::vector<std::vector<std::pair<Tensor, Tensor>>> others;
+  int64_t rows = 0;
+  Tensor loss = trace_rows(global_batch, loss_fn, others, rows);
+  Tensor mean_loss;
+  {
+    NoGradGuard ng;
+    mean_loss = N == 1 ? loss.detach() : dist::all_reduce(loss.detach(), N, dist::Reduce::Mean);
+    make_buckets(params);
+    if (N > 1)
+      for (const std::vector<size_t>& bucket : buckets_) {
+        std::vector<Tensor> flat;
+        for (size_t i : bucket) flat.push_back(params[i].grad().reshape({-1}));
+        Tensor sum = dist::all_reduce(flat.size() == 1 ? flat[0] : cat(flat, 0), N, dist::Reduce::Mean);
+        int64_t at = 0;
+        for (size_t i : bucket) {
+          Tensor p = params[i];  // a handle: sets the parameter's gradient
+          const Tensor g = p.grad();
+          p.set_grad(sum.narrow(0, at, g.numel()).reshape(g.shape()));
+          at += g.numel();
+        }
+      }
+  }
+  update();
+  if (N > 1 && in_process_) dist::sync_ranks(int(N), others, rows);
+  else sync();
+  return mean_loss.item();
+}
+
+// ---- ZeRO-1 ----
+ZeroAdamW::ZeroAdamW(DataParallel& dp, std::vector<Tensor> params, AdamOptions o, double max_norm)
+    : dp_(dp), params_(std::move(params)), o_(o), max_norm_(max_norm) {
+  if (params_.empty()) fail_dp("ZeroAdamW needs parameters");
+  for (const Tensor& p : params_)
+    if (!p.defined() || !p.requires_grad() || p.dtype() != DType::Float32)
+      fail_dp("ZeroAdamW's parameters must be float32 tensors requiring gradients");
+  if (!(o.lr >= 0) || !(o.beta1 >= 0 && o.beta1 < 1) || !(o.beta2 >= 0 && o.beta2 < 1) || !(o.eps >= 0) || !(max_norm >= 0))
+    fail_dp("ZeroAdamW: invalid options (lr, betas in [0, 1), eps and max_norm must be non-negative)");
+}
+
+int64_t ZeroAdamW::state_numel() const {
+  int64_t n = 0;
+  for (const Tensor& m : m_) n += 2 * m.numel();
+  return n;
+}
+
+double ZeroAdamW::step(const std::vector<Tensor>& global_batch, const std::function<Tensor(const std::vector<Tensor>&)>& loss_fn) {
+  const int64_t N = dp_.ranks_;
+  const Device dev = params_[0].device();
+  auto scalar = [&](double v) { return from_vector<double>({v}, {}, {DType::Float32, dev}); };
+  // The layout, at the first step: DataParallel's buckets over every parameter; zero moments,
+  // this rank's shard of each bucket (in process, every rank's).
+  dp_.make_buckets(params_, true);
+  const auto& buckets = dp_.buckets_;
+  if (m_.empty()) {
+    for (const auto& bucket : buckets) {
+      int64_t len = 0;
+      for (size_t i : bucket) len += params_[i].numel();
+      padded_.push_back((len + N - 1) / N * N);
+      m_.push_back(zeros({padded_.back() / N}, {DType::Float32, dev}));
+      v_.push_back(zeros({padded_.back() / N}, {DType::Float32, dev}));
+    }
+    if (dp_.in_process_ && N > 1) {
+      others_m_.assign(size_t(N - 1), {});
+      others_v_.assign(size_t(N - 1), {});
+      for (size_t r = 0; r + 1 < size_t(N); ++r)
+        for (size_t b = 0; b < m_.size(); ++b) {
+          others_m_[r].push_back(zeros(m_[b].shape(), {DType::Float32, dev}));
+          others_v_[r].push_back(zeros(v_[b].shape(), {DType::Float32, dev}));
+        }
+    }
+    sync();  // realized: the other ranks' moments are inputs of their own
+  }
+  std::vector<std::vector<std::pair<Tensor, Tensor>>> others;
+  int64_t rows = 0;
+  Tensor loss = dp_.trace_rows(global_batch, loss_fn, others, rows);
+  ++steps_;
+  NoGradGuard ng;
+  Tensor mean_loss = N == 1 ? loss.detach() : dist::all_reduce(loss.detach(), N, dist::Reduce::Mean);
+  for (const Tensor& p : params_)
+    if (!p.grad().defined()) fail_dp("ZeroAdamW: a parameter " + std::string(dtype_name(p.dtype())) + shape_str(p.shape()) + " got no gradient");
+  // The shards of the mean gradient.
+  std::vector<Tensor> shard;
+  for (size_t b = 0; b < buckets.size(); ++b) {
+    std::vector<Tensor> flat;
+    int64_t len = 0;
+    for (size_t i : buckets[b]) flat.push_back(params_[i].grad().reshape({-1})), len += params_[i].numel();
+    if (padded_[b] > len) flat.push_back(zeros({padded_[b] - len}, {DType::Float32, dev}));
+    Tensor all = flat.size() == 1 ? flat[0] : cat(flat, 0);
+    shard.push_back(N == 1 ? all : dist::reduce_scatter(all, N, 0) * (1.0 / double(N)));
+  }
+  if (max_norm_ > 0) {  // clip_grad_norm's rule on the global gradient
+    Tensor total;
+    for (const Tensor& g : shard) {
+      Tensor s2 = (g * g).sum();
+      total = total.defined() ? total + s2 : s2;
+    }
+    if (N > 1) total = dist::all_reduce(total, N, dist::Reduce::Sum);
+    Tensor coef = clamp(max_norm_ / (tessera::sqrt(total) + 1e-6), std::nullopt, 1.0);
+    for (Tensor& g : shard) g = g * coef;
+  }
+  const double bc1 = 1 - std::pow(o_.beta1, double(steps_)), bc2 = 1 - std::pow(o_.beta2, double(steps_));
+  Tensor step_size = scalar(o_.lr / bc1), inv_sqrt_bc2 = scalar(1 / std::sqrt(bc2)), decay = scalar(1 - o_.lr * o_.weight_decay);
+  std::vector<Tensor> new_m, new_v;
+  for (size_t b = 0; b < buckets.size(); ++b) {
+    const Tensor& g = shard[b];
+    Tensor m = m_[b] * o_.beta1 + g * (1 - o_.beta1);
+    Tensor v = v_[b] * o_.beta2 + g * g * (1 - o_.beta2);
+    Tensor update = m / (tessera::sqrt(v) * inv_sqrt_bc2 + o_.eps) * step_size;  // AdamW's, on this rank's shard
+    Tensor full = N == 1 ? update : dist::all_gather(update, N, 0);
+    int64_t at = 0;
+    for (size_t i : buckets[b]) {
+      Tensor p = params_[i];
+      if (o_.weight_decay != 0) p.mul_(decay);
+      p.sub_(full.narrow(0, at, p.numel()).reshape(p.shape()));
+      p.set_grad(Tensor());
+      at += p.numel();
+    }
+    new_m.push_back(m), new_v.push_back(v);
+  }
+  if (N > 1 && dp_.in_process_) {
+    // Rank r's moment shards are its inputs, and its new ones come back.
+    for (size_t r = 0; r + 1 < size_t(N); ++r)
+      for (size_t b = 0; b < m_.size(); ++b) {
+        others[r].push_back({m_[b], others_m_[r][b]});
+        others[r].push_back({v_[b], others_v_[r][b]});
+      }
+    std::vector<Tensor> wanted = new_m;
+    wanted.insert(wanted.end(), new_v.begin(), new_v.end());
+    std::vector<std::vector<Tensor>> got = dist::sync_ranks(int(N), others, rows, wanted);
+    for (size_t r = 0; r + 1 < size_t(N); ++r)
+      for (size_t b = 0; b < m_.size(); ++b) {
+        others_m_[r][b] = got[r][b];
+        others_v_[r][b] = got[r][m_.size() + b];
+      }
+  } else {
+    sync();
+  }
+  m_ = new_m, v_ = new_v;
+  return mean_loss.item();
+}
+
+}  // namespace tessera::optim

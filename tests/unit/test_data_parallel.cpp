@@ -1,0 +1,154 @@
+// Data parallelism (optim::DataParallel) on in-process ranks: the benchmark-style GPT trained on 2
+// rank threads, each on half of every batch with its gradients averaged in buckets, gives one
+// device's losses on the whole batch to 1e-5 relative over 20 steps -- with dropout 0.1 too,
+// whose masks each rank draws at its rows of the batch. tests/mpi runs the same over MPI ranks.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <thread>
+
+#include "backends/communicator.h"
+
+#include "dp_gpt.h"
+#include "tessera/distributed.h"
+#include "test_util.h"
+
+namespace tessera {
+namespace {
+
+// 20 steps (6 under the sanitizers, where each step is many times slower).
+constexpr int kSteps = testing::steps_or_few(20, 6);
+
+void expect_same_training(const testing::DpRun& one, const testing::DpRun& dp) {
+  ASSERT_EQ(one.losses.size(), dp.losses.size());
+  for (size_t s = 0; s < one.losses.size(); ++s)
+    EXPECT_NEAR(dp.losses[s], one.losses[s], 1e-5 * std::fabs(one.losses[s])) << "step " << s + 1;
+  ASSERT_EQ(one.params.size(), dp.params.size());
+  double worst = 0;
+  for (size_t i = 0; i < one.params.size(); ++i) worst = std::max(worst, double(std::fabs(one.params[i] - dp.params[i])));
+  EXPECT_LT(worst, 1e-3) << "largest parameter difference after training (AdamW normalizes tiny gradients: rounding moves them)";
+  // The training did something: the loss fell.
+  EXPECT_LT(one.losses.back(), one.losses.front() - (kSteps >= 20 ? 0.1 : 0.01));
+}
+
+TEST(DataParallel, TwoInProcessRanksTrainTheGptLikeOneDeviceOnTheWholeBatch) {
+  testing::DpRun one = testing::dp_gpt_train(nullptr, 0.0, kSteps);
+  // A small bucket: several all_reduces, most holding several parameters.
+  optim::DataParallel dp = optim::DataParallel::in_process(2, {.bucket_bytes = 4096});
+  testing::DpRun two = testing::dp_gpt_train(&dp, 0.0, kSteps);
+  expect_same_training(one, two);
+  size_t params = 0, multi = 0;
+  for (const auto& b : dp.buckets()) {
+    params += b.size(), multi += b.size() > 1;
+    EXPECT_LE(b.size(), size_t(8));  // DataParallelOptions::bucket_params
+  }
+  EXPECT_GT(dp.buckets().size(), size_t(2));
+  EXPECT_GT(multi, size_t(1));
+  EXPECT_EQ(params, nn::GPT(testing::dp_gpt_config(0)).parameters().size());
+  // The last parameter is reduced first (the backward finishes it first).
+  EXPECT_EQ(dp.buckets()[0][0], params - 1);
+}
+
+TEST(DataParallel, DropoutMasksAreTheWholeBatchsOnEveryRank) {
+  testing::DpRun one = testing::dp_gpt_train(nullptr, 0.1, kSteps);
+  optim::DataParallel dp = optim::DataParallel::in_process(2);
+  testing::DpRun two = testing::dp_gpt_train(&dp, 0.1, kSteps);
+  expect_same_training(one, two);
+  // And the dropout run is not the run without dropout (the masks are in play).
+  testing::DpRun plain = testing::dp_gpt_train(nullptr, 0.0, 3);
+  EXPECT_GT(std::fabs(plain.losses[1] - one.losses[1]), 1e-3);
+}
+
+TEST(DataParallel, ZeroOneMatchesPlainDataParallelWithHalfTheMomentsPerRank) {
+  optim::DataParallel dp = optim::DataParallel::in_process(2, {.bucket_bytes = 4096});
+  testing::DpRun plain = testing::dp_gpt_train(&dp, 0.1, kSteps);
+  optim::DataParallel dp2 = optim::DataParallel::in_process(2, {.bucket_bytes = 4096});
+  testing::DpRun zero = testing::dp_gpt_train(&dp2, 0.1, kSteps, 4, true);
+  expect_same_training(plain, zero);
+  // Each rank keeps half of every bucket's two moments (buckets padded to an even length).
+  int64_t n = 0;
+  for (const Tensor& p : nn::GPT(testing::dp_gpt_config(0)).parameters()) n += p.numel();
+  EXPECT_GE(zero.state_numel, n);
+  EXPECT_LE(zero.state_numel, n + 2 * int64_t(dp2.buckets().size()));
+  // One rank: ZeroAdamW is AdamW with clipping.
+  optim::DataParallel one = optim::DataParallel::process_group();
+  testing::DpRun z1 = testing::dp_gpt_train(&one, 0.0, 5, 4, true);
+  testing::DpRun ref = testing::dp_gpt_train(nullptr, 0.0, 5);
+  for (size_t s = 0; s < 5; ++s) EXPECT_NEAR(z1.losses[s], ref.losses[s], 1e-5 * std::fabs(ref.losses[s])) << "step " << s + 1;
+  EXPECT_EQ(z1.state_numel, 2 * n);
+}
+
+TEST(DataParallel, OneRankIsPlainTraining) {
+  testing::DpRun one = testing::dp_gpt_train(nullptr, 0.0, 5);
+  optim::DataParallel dp = optim::DataParallel::process_group();  // no MPI: one rank
+  EXPECT_EQ(dp.ranks(), 1);
+  testing::DpRun same = testing::dp_gpt_train(&dp, 0.0, 5);
+  for (size_t s = 0; s < 5; ++s) EXPECT_DOUBLE_EQ(same.losses[s], one.losses[s]);
+}
+
+TEST(DataParallel, ABatchThatDoesNotSplitEvenlyIsAClearError) {
+  optim::DataParallel dp = optim::DataParallel::in_process(2);
+  std::string e = testing::error_message([&] { testing::dp_gpt_train(&dp, 0.0, 1, 3); });
+  EXPECT_NE(e.find("[DataParallel] a batch of 3 rows (int64[3, 8]) does not divide into 2 ranks"), std::string::npos) << e;
+  e = testing::error_message([] { optim::DataParallel::in_process(0); });
+  EXPECT_NE(e.find("[DataParallel] needs at least one rank"), std::string::npos) << e;
+}
+
+TEST(DataParallel, ARankThatFailsEndsTheStepNamingItAndTheModelIsKept) {
+  // Rank 1's rows hold a token outside the vocabulary: the embedding's gather fails there only.
+  const nn::GPTConfig cfg = testing::dp_gpt_config(0);
+  manual_seed(5);
+  nn::GPT model(cfg);
+  std::vector<Tensor> params = model.parameters();
+  optim::AdamW opt(params, {.lr = 1e-2});
+  optim::DataParallel dp = optim::DataParallel::in_process(2);
+  std::vector<int64_t> tok(size_t(4 * cfg.block), 1);
+  tok.back() = 99;
+  Tensor X = from_vector(tok, {4, cfg.block}, {DType::Int64, Device("cpu")});
+  auto loss_fn = [&](const std::vector<Tensor>& b) { return model.loss(b[0], b[0]); };
+  auto update = [&] {
+    opt.step();
+    opt.zero_grad();
+  };
+  const std::vector<float> before = params[0].to_vector<float>();
+  std::string e = testing::error_message([&] { dp.step(params, {X}, loss_fn, update); });
+  EXPECT_NE(e.find("rank 1 of 2 failed"), std::string::npos) << e;
+  EXPECT_NE(e.find("99"), std::string::npos) << e;
+  EXPECT_EQ(params[0].to_vector<float>(), before);  // the update was taken back
+  // The next step, on good rows, trains.
+  tok.back() = 2;
+  Tensor good = from_vector(tok, {4, cfg.block}, {DType::Int64, Device("cpu")});
+  double l = dp.step(params, {good}, loss_fn, update);
+  EXPECT_TRUE(std::isfinite(l));
+  EXPECT_NE(params[0].to_vector<float>(), before);
+}
+
+TEST(DataParallel, RanksOnOneHostSplitItsThreads) {
+  // On a fresh thread (a rank thread's situation): T threads become max(1, T / n).
+  int before = 0, half = 0, third_of_half = 0;
+  std::thread([&] {
+    before = backends::host_threads();
+    backends::share_host_threads(2);
+    half = backends::host_threads();
+    backends::share_host_threads(3);
+    third_of_half = backends::host_threads();
+  }).join();
+  EXPECT_GE(before, 1);
+  EXPECT_EQ(half, std::max(1, before / 2));
+  EXPECT_EQ(third_of_half, std::max(1, half / 3));
+}
+
+TEST(DataParallel, TensorCollectivesAndSyncRanks) {
+  // dist::all_reduce traced on tensors, run on 3 in-process ranks each with its own input.
+  Tensor x = from_vector<float>({1, 2}, {2});
+  Tensor y = dist::all_reduce(x * 2.0, 3, dist::Reduce::Sum);
+  Tensor g = dist::all_gather(x, 3, 0);
+  dist::sync_ranks(3, {{{x, from_vector<float>({10, 20}, {2})}}, {{x, from_vector<float>({100, 200}, {2})}}});
+  EXPECT_EQ(y.to_vector<float>(), (std::vector<float>{222, 444}));
+  EXPECT_EQ(g.to_vector<float>(), (std::vector<float>{1, 2, 10, 20, 100, 200}));
+  std::string e = testing::error_message([] { dist::all_gather(from_vector<float>({1}, {1}), 2, 3); });
+  EXPECT_NE(e.find("[all_gather] dimension 3 out of range for [1]"), std::string::npos) << e;
+}
+
+}  // namespace
+}  // namespace tessera
