@@ -141,6 +141,11 @@ class Emitter : public Xbyak::CodeGenerator {
     int32_t lane[8];
     bool operator==(const Gather& o) const { return adv == o.adv && std::equal(lane, lane + 8, o.lane); }
   };
+  static bool halves_at_stride_2(const Gather& g) {
+    for (int i = 0; i < 4; ++i)
+      if (g.lane[i] != 2 * i || g.lane[4 + i] != g.lane[4] + 2 * i) return false;
+    return g.lane[4] >= 0;
+  }
   Gather gather_of(int k) const {
     Gather g{};
     const int64_t s = stride(k);
@@ -538,6 +543,19 @@ class Emitter : public Xbyak::CodeGenerator {
       const Gather g = gather_of(k);
       const int lanes = lanes_[size_t(std::find(gathers_.begin(), gathers_.end(), g) - gathers_.begin())];
       at_advance(p, g.adv);
+      if (!masked && halves_at_stride_2(g)) {
+        // Lanes {0, 2, 4, 6, h, h + 2, h + 4, h + 6} (a 2x2 pooling tap: stride 2 along a row,
+        // the upper half 8 elements on or the next row's): two loads of 7 elements (the 8th
+        // is never needed and may lie past the buffer: masked off, read from the tail's mask
+        // table), their even elements picked by vshufps and put in order by vpermpd. Fewer
+        // micro-ops than a gather; the tail keeps the gather.
+        vmovups(ymm(t0_), ptr[rip + table_label_ + 4]);
+        vmaskmovps(d, ymm(t0_), ptr[r11]);
+        vmaskmovps(ymm(t0_), ymm(t0_), ptr[r11 + int(4 * g.lane[4])]);
+        vshufps(d, d, ymm(t0_), 0x88);  // x0 x2 h0 h2 | x4 x6 h4 h6
+        vpermpd(d, d, 0xD8);            // x0 x2 x4 x6 h0 h2 h4 h6
+        return;
+      }
       if (masked) vmovaps(ymm(t0_), ymm(mask_));
       else vpcmpeqd(ymm(t0_), ymm(t0_), ymm(t0_));  // every lane
       vxorps(d, d, d);  // the gather merges into d: no wait for d's last writer
