@@ -11,6 +11,7 @@
 #include <fstream>
 #include <random>
 #include <sstream>
+#include <thread>
 
 #include <nlohmann/json.hpp>
 #include <onnx/onnx_pb.h>
@@ -367,6 +368,76 @@ TEST(OnnxImport, ShapeArithmeticIsFoldedOnTheHostOncePerSignature) {
   EXPECT_EQ(metrics().graphs_compiled - compiled, 0);
   EXPECT_EQ(metrics().host_syncs - syncs, 0);
   EXPECT_EQ(m->cached_signatures(), 2u);
+}
+
+// Calls on several threads with the same input shapes share one plan: its tensors made once (a
+// folded Range cast to float and added as a tensor, a Constant node's output) are read by every
+// call without a lock, which is safe because a published plan is never written again (it was:
+// a later call could store into it under a lock while another thread read it without one). The
+// lazy graph has one owner at a time (docs/architecture.md, Threading): a call made while
+// another thread holds unsynced work raises, changing nothing, and is retried here; every call
+// that runs must give the single-threaded result bit for bit.
+TEST(OnnxImport, ConcurrentCallsShareOnePlan) {
+  TempDir d;
+  Builder b;
+  b.input("x", {-1, 4});
+  b.node("Shape", {"x"}, {"s"});
+  int_constant(b, "zero", {0}, {});
+  int_constant(b, "one", {1}, {});
+  int_constant(b, "axes1", {1}, {1});
+  b.node("Gather", {"s", "zero"}, {"batch"});
+  b.node("Range", {"zero", "batch", "one"}, {"r"});
+  auto* cast = b.node("Cast", {"r"}, {"rf"});
+  auto* a = cast->add_attribute();
+  a->set_name("to");
+  a->set_type(::onnx::AttributeProto::INT);
+  a->set_i(::onnx::TensorProto::FLOAT);
+  b.node("Unsqueeze", {"rf", "axes1"}, {"rcol"});
+  b.node("Add", {"x", "rcol"}, {"z0"});
+  auto* k = b.node("Constant", {}, {"k"});
+  auto* ka = k->add_attribute();
+  ka->set_name("value");
+  ka->set_type(::onnx::AttributeProto::TENSOR);
+  ka->mutable_t()->set_data_type(::onnx::TensorProto::FLOAT);
+  ka->mutable_t()->add_float_data(0.25f);
+  b.node("Mul", {"z0", "k"}, {"z"});
+  b.output("z");
+  auto m = tessera::onnx::load(b.save(d.path / "threads.onnx"));
+  std::vector<float> xv = random_floats(12, 5), want(12);
+  for (size_t i = 0; i < want.size(); ++i) want[i] = (xv[i] + float(int64_t(i) / 4)) * 0.25f;
+  Tensor x = from_vector(xv, {3, 4});
+  {
+    NoGradGuard no_grad;
+    ASSERT_EQ(m->forward(x).to_vector<float>(), want);  // builds the plan
+  }
+  constexpr int kThreads = 4, kCalls = 20;
+  std::vector<int> ran(kThreads, 0), wrong(kThreads, 0);
+  std::vector<std::string> other(kThreads);
+  std::vector<std::thread> ts;
+  for (int t = 0; t < kThreads; ++t)
+    ts.emplace_back([&, t] {
+      NoGradGuard no_grad;
+      for (int call = 0; call < kCalls;) {
+        try {
+          std::vector<float> y = m->forward(x).to_vector<float>();
+          wrong[size_t(t)] += y != want;
+          ++ran[size_t(t)], ++call;
+        } catch (const Error& e) {
+          if (std::string(e.what()).find("cannot use the lazy graph") == std::string::npos) {
+            other[size_t(t)] = e.what();
+            return;
+          }
+          std::this_thread::yield();
+        }
+      }
+    });
+  for (auto& th : ts) th.join();
+  for (int t = 0; t < kThreads; ++t) {
+    EXPECT_EQ(other[size_t(t)], "") << "thread " << t;
+    EXPECT_EQ(ran[size_t(t)], kCalls) << "thread " << t;
+    EXPECT_EQ(wrong[size_t(t)], 0) << "thread " << t;
+  }
+  EXPECT_EQ(m->cached_signatures(), 1u);
 }
 
 // Outputs that are folded values or constants come from tensors the plan makes once: each call

@@ -78,10 +78,11 @@ TEST(Conv, LargeColumnsMatchReference) {
   }
 }
 
-// Products deep enough for the CPU backend's window kernel (backends/cpu/window_gemm; K >= 32)
-// in each of its forms: outputs in several passes of 64 with a partial last one, groups, strides
-// and dilation; one image whose positions are split over tasks; a kernel longer than the output
-// (the kernel-gradient form: the batch folded into the columns, K in summed chunks). ctest also
+// Products for the CPU backend's window kernel (backends/cpu/window_gemm) in each of its forms:
+// outputs in several passes of 64 with a partial last one, groups, strides and dilation; one
+// image whose positions are split over tasks; a kernel longer than the output (the
+// kernel-gradient form: the batch folded into the columns, K in summed chunks); shallow products
+// (K < 32) with the positions as vector lanes. ctest also
 // runs this binary with TESSERA_CPU_GEMM=blas, so the same references hold for the BLAS path.
 TEST(Conv, WindowProductsMatchReference) {
   uint32_t seed = 70;
@@ -91,6 +92,13 @@ TEST(Conv, WindowProductsMatchReference) {
       {"33 outputs, 1-d", {5, 16, 30}, {33, 16, 5}, O({1}, {2}, {2})},
       {"kernel longer than the output", {3, 8, 20, 20}, {5, 8, 17, 17}, O()},
       {"kernel gradient shape", {2, 64, 16, 16}, {32, 64, 14, 14}, O()},
+      // The shallow form (K < 32, positions as lanes): two 8-wide output rows per vector (the
+      // small CNN's conv1); rows of 9 split over pieces, 20 outputs in tiles of 16 and 4; groups
+      // (a distinct A each); 1-d rows of 30.
+      {"shallow, one channel, 8x8", {5, 1, 8, 8}, {4, 1, 3, 3}, O({1}, {1}, {1})},
+      {"shallow, rows of 9, 20 outputs", {3, 2, 11, 11}, {20, 2, 3, 3}, O()},
+      {"shallow, groups", {2, 4, 12, 12}, {6, 2, 3, 3}, O({1}, {1}, {1}, {1}, {1}, 2)},
+      {"shallow, 1-d", {3, 3, 32}, {5, 3, 3}, O()},
   };
   for (const ConvCase& c : cases) {
     SCOPED_TRACE(c.name);
@@ -108,6 +116,7 @@ TEST(Conv, ResultsDoNotDependOnTheThreadCount) {
       {"one image, positions in chunks", {1, 8, 40, 40}, {20, 8, 3, 3}, O({1}, {1}, {1})},
       {"kernel gradient shape", {2, 64, 16, 16}, {32, 64, 14, 14}, O()},
       {"kernel gradient shape, 4 groups", {2, 64, 16, 16}, {32, 16, 14, 14}, O({1}, {0}, {0}, {1}, {1}, 4)},
+      {"shallow, one channel", {9, 1, 28, 28}, {32, 1, 3, 3}, O({1}, {1}, {1})},
   };
   uint32_t seed = 90;
   for (const ConvCase& c : cases) {

@@ -435,6 +435,63 @@ TEST(CpuJit, GatheredLoadsIntLanesAndLaneMaskLogicMatchScalarArithmetic) {
   }
 }
 
+TEST(CpuJit, TwoDimRunsReadEachLoadAtItsPattern) {
+  // A run over two dims (jit::Spec::inner): a pooling output's rows of 2 or 4 positions, 8 / inner
+  // rows per vector. x is gathered at its two-dim pattern (stride 2 along a row, rows xr apart),
+  // y is one value per row (stride 0, rows 1 apart: gathered too), z walks evenly (dense, rows
+  // `inner` apart) and w is broadcast; run lengths with and without a tail, and two calls' rows.
+  REQUIRE_LOOPS();
+  std::vector<Instr> prog = {load(0), load(1), load(2), load(3), load(0),  // x tap 0, y, z, w, x tap 1
+                             op(Code::Add, 0, 1), op(Code::Mul, 5, 2), op(Code::Add, 6, 3),  // 5, 6, 7
+                             op(Code::Add, 4, 1), op(Code::Mul, 8, 2), op(Code::Add, 9, 3),  // 8, 9, 10
+                             op(Code::Max, 7, 10)};                                          // 11
+  for (int64_t inner : {2, 4})
+    for (int64_t nrows : {1, 2, 3, 4, 5, 9}) {
+      SCOPED_TRACE("inner " + std::to_string(inner) + ", rows " + std::to_string(nrows));
+      const int64_t xr = 2 * inner + 3, n = inner * nrows, rows = 2;
+      backends::jit::Spec spec;
+      spec.prog = &prog;
+      spec.inner = inner;
+      spec.stride.assign(prog.size(), 1);
+      spec.stride2.assign(prog.size(), 0);
+      spec.stride[0] = spec.stride[4] = 2, spec.stride2[0] = spec.stride2[4] = xr;
+      spec.stride[1] = 0, spec.stride2[1] = 1;
+      spec.stride[2] = 1, spec.stride2[2] = inner;
+      spec.stride[3] = 0, spec.stride2[3] = 0;
+      spec.results = {11};
+      spec.early = {1};
+      auto loop = backends::jit::build(spec);
+      ASSERT_NE(loop, nullptr);
+      // Per call row r: x from r * cx (x tap 1 one element on), y from r * nrows, z from r * n.
+      const int64_t cx = nrows * xr + 1;
+      std::vector<float> x = special_values(rows * cx + 2), y(size_t(rows * nrows)), z(size_t(rows * n)), w = {0.25f};
+      for (size_t i = 0; i < y.size(); ++i) y[i] = float(i) * 0.5f - 1.0f;
+      for (size_t i = 0; i < z.size(); ++i) z[i] = float(i % 7) - 2.5f;
+      const int64_t outr = n + 3;
+      std::vector<float> out(size_t(rows * outr), -7.0f);
+      const void* data[] = {x.data(), y.data(), z.data(), w.data(), x.data() + 1};
+      const int64_t step_of[] = {cx * 4, nrows * 4, n * 4, 0, cx * 4};
+      std::vector<const void*> ptrs;
+      std::vector<int64_t> steps;
+      for (int l : loop->loads()) ptrs.push_back(data[l]), steps.push_back(step_of[l]);
+      ptrs.push_back(out.data()), steps.push_back(outr * 4);
+      (*loop)(ptrs.data(), n, rows, steps.data());
+      for (int64_t r = 0; r < rows; ++r)
+        for (int64_t e = 0; e < outr; ++e) {
+          const float got = out[size_t(r * outr + e)];
+          if (e >= n) {
+            ASSERT_EQ(got, -7.0f) << "row " << r << ", element " << e << " is past the run";
+            continue;
+          }
+          const int64_t q = e / inner, j = e % inner, xo = r * cx + q * xr + 2 * j;
+          const float yv = y[size_t(r * nrows + q)], zv = z[size_t(r * n + e)];
+          const float t0 = add(mul(add(x[size_t(xo)], yv), zv), 0.25f), t1 = add(mul(add(x[size_t(xo + 1)], yv), zv), 0.25f);
+          const float want = ref_max(t0, t1);
+          ASSERT_TRUE(same(got, want)) << "row " << r << ", position " << e << ": " << got << " vs " << want;
+        }
+    }
+}
+
 TEST(CpuJit, StridedResultsAreStoredLaneByLaneAndOnlyInTheRun) {
   // A pooling gradient's interleave walks its taps block by block, so each result goes to every
   // other element: stored lane by lane, under the tail's mask only the run's own lanes.

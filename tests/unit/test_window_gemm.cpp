@@ -80,6 +80,41 @@ TEST(WindowGemm, ProductsMatchAFloat64Sum) {
         }
 }
 
+// The shallow form: positions as lanes, pieces of one run or of two runs (two output rows of a
+// conv in one vector), every row count from one to several tiles of 16, against the float64 sum.
+TEST(WindowGemm, LanesProductsMatchAFloat64Sum) {
+  REQUIRE_AVX512();
+  // x: a padded 1-channel 9x12 image, 3x3 taps (K = 9), positions of output rows 10 wide.
+  const int64_t W = 12;
+  const std::vector<float> x = values(size_t(9 * W + 16), 3);
+  std::vector<int64_t> xk;
+  for (int64_t ky = 0; ky < 3; ++ky)
+    for (int64_t kx = 0; kx < 3; ++kx) xk.push_back(ky * W + kx);
+  const int64_t K = int64_t(xk.size());
+  struct Piece { int64_t split, len; };  // lanes from output row 0 (at x), the rest from row 1
+  for (Piece pc : {Piece{10, 10}, Piece{1, 1}, Piece{7, 7}, Piece{10, 16}, Piece{4, 9}})
+    for (int64_t rows : {1, 4, 15, 16, 21, 37}) {
+      SCOPED_TRACE("split " + std::to_string(pc.split) + " len " + std::to_string(pc.len) + " rows " + std::to_string(rows));
+      const int64_t ldat = rows + 3, ldc = 19;
+      const std::vector<float> at = values(size_t(K * ldat), uint32_t(rows * 7 + pc.len));
+      std::vector<float> c = values(size_t(rows * ldc), 11), before = c;
+      const int64_t off1 = W - pc.split;  // row 1's first position lies W past row 0's
+      wg::lanes_product(x.data(), pc.split, off1, xk.data(), K, at.data(), ldat, rows, pc.len, c.data(), ldc);
+      int bad = 0;
+      for (int64_t i = 0; i < rows; ++i)
+        for (int64_t j = 0; j < pc.len; ++j) {
+          const int64_t pos = j < pc.split ? j : W + (j - pc.split);
+          double want = 0;
+          for (int64_t k = 0; k < K; ++k) want += double(at[size_t(k * ldat + i)]) * x[size_t(pos + xk[size_t(k)])];
+          const size_t idx = size_t(i * ldc + j);
+          if (std::fabs(c[idx] - want) > 1e-5 * (1 + std::fabs(want)) && bad++ < 3)
+            ADD_FAILURE() << "(" << i << ", " << j << "): " << c[idx] << " want " << want;
+          c[idx] = before[idx];
+        }
+      EXPECT_EQ(c, before) << "an element outside the product was written";
+    }
+}
+
 TEST(WindowGemm, PackTransposedZeroesThePadding) {
   REQUIRE_AVX512();
   for (int64_t m : {1, 16, 21, 64})

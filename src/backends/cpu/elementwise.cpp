@@ -117,7 +117,7 @@ void build_loops(ElementwiseKernel& k, const Step& st, const kir::View& walk_out
       e &= !(st.program[i].code == Code::Load && st.inputs[size_t(st.program[i].input)] == slot);
     early.push_back(e);
   }
-  if (!k.out) return build_loop(k.loop, st.program, st.shape, results, early, true);
+  if (!k.out) return build_loop(k.loop, st.program, st.shape, results, early, true, nullptr, true);
   build_loop(k.loop, k.walk_program, walk_out.shape, results, early, false, &walk_out);
   if (!k.loop.loop) k.walk_program.clear();
 }

@@ -21,10 +21,17 @@ namespace {
 // A float32 Gemm Step whose B (a conv's im2col window) window_gemm reads in place: per batch
 // element, B's offset and which of A's distinct matrices it multiplies (at a_off, rows a_rs
 // apart, columns a_cs); B's element (k, n) of a batch lies k_off[k] + n_off[n] further.
+// `lanes`: a shallow product (K < 32) computed with the positions as vector lanes
+// (window_gemm::lanes_product), over pieces of at most 16 consecutive positions made of at most
+// two runs that each lie densely in B (a piece's first position, length, the first run's length,
+// and where the second run lies: window_gemm's off1).
 struct Window {
   std::vector<int64_t> b_off, a_off, k_off, n_off;
   std::vector<int> a_of;
   int64_t a_rs = 0, a_cs = 0;
+  bool lanes = false;
+  struct Piece { int64_t at, len, split, off1; };
+  std::vector<Piece> pieces;
 };
 
 struct GemmKernel final : CpuKernel {
@@ -164,8 +171,10 @@ bool split_offsets(const kir::IndexMap& m, std::vector<int64_t>& batch, std::vec
 }
 
 // The Window plan of a float32 Gemm Step whose B is a window read in place (window_gemm), or
-// none: B already dense (the BLAS reads it as it is), A not a single view, or a product too
-// shallow for the tile to pay (K < 32: a one-channel conv, left to the BLAS).
+// none: B already dense (the BLAS reads it as it is), or A not a single view. A product shallower
+// than the tile pays for (K < 32: a conv over one or a few channels) takes the lanes form where
+// its positions lie in runs of at least 8 on average (a stride-1 conv's output rows); else the
+// BLAS.
 std::optional<Window> window_plan(const Step& st) {
   if (!window_gemm::available() || st.dtype != DType::Float32 || st.maps[1].single()) return std::nullopt;
   for (DType t : st.input_dtypes)
@@ -173,9 +182,24 @@ std::optional<Window> window_plan(const Step& st) {
   const size_t r = st.shape.size();
   const kir::IndexMap& am = st.maps[0];
   const int64_t K = am.shape()[r - 1];
-  if (K < 32 || !am.single()) return std::nullopt;
+  if (!am.single()) return std::nullopt;
   Window w;
   if (!split_offsets(st.maps[1], w.b_off, w.k_off, w.n_off)) return std::nullopt;
+  if (K < 32) {
+    const int64_t n = int64_t(w.n_off.size());
+    auto run = [&](int64_t j, int64_t most) {  // positions from j on that lie densely, at most `most`
+      int64_t len = 1;
+      while (j + len < n && len < most && w.n_off[size_t(j + len)] == w.n_off[size_t(j)] + len) ++len;
+      return len;
+    };
+    for (int64_t j = 0; j < n;) {
+      const int64_t a = run(j, 16), b = j + a < n && a < 16 ? run(j + a, 16 - a) : 0;
+      w.pieces.push_back({j, a + b, a, b ? w.n_off[size_t(j + a)] - w.n_off[size_t(j)] - a : 0});
+      j += a + b;
+    }
+    if (int64_t(w.pieces.size()) * 8 > n) return std::nullopt;  // pieces of 8 positions or more, on average
+    w.lanes = true;
+  }
   std::vector<int64_t> rows, cols;
   split_offsets(am, w.a_off, rows, cols);
   const kir::View& av = am.views[0];
@@ -237,6 +261,7 @@ class GemmLaunch {
   // Each batch element's product is computed transposed (its positions as rows, M as vector
   // columns, A^T packed as [K, M rounded up to 16] with zeros past M) and stored into [M, N].
   void window_product() {
+    if (k_.window->lanes) return lanes_product();
     mp_ = (M_ + 15) / 16 * 16;
     // Deep products over fewer than 8 batch elements (a conv's kernel gradient: K = batch x
     // positions): K in chunks of equal depth whose partial products are summed in chunk order,
@@ -247,6 +272,32 @@ class GemmLaunch {
     const int64_t deep = (K_ + kDepth - 1) / kDepth, nk = deep > 1 ? (deep + 3) / 4 * 4 : 1;
     if (nb_ < 8 && nk > 1 && nk * nb_ * M_ * N_ <= kMaxPartial) return window_split_k(nk);
     window_batches();
+  }
+
+  // The shallow form: each distinct A packed transposed ([K, M]), then per batch element its
+  // runs of positions, and the epilogue over the element while it is in cache.
+  void lanes_product() const {
+    const Window& w = *k_.window;
+    const int64_t na = int64_t(w.a_off.size());
+    std::vector<float> ad(size_t(na * M_ * K_));
+    const float* as = static_cast<const float*>(args_.slots[st_.inputs[0]]);
+    for (int64_t d = 0; d < na; ++d)
+      for (int64_t q = 0; q < K_; ++q)
+        for (int64_t i = 0; i < M_; ++i) ad[size_t((d * K_ + q) * M_ + i)] = as[w.a_off[size_t(d)] + i * w.a_rs + q * w.a_cs];
+    const float* bm = static_cast<const float*>(args_.slots[st_.inputs[1]]);
+    float* c = reinterpret_cast<float*>(out_);
+    const int64_t np = int64_t(w.pieces.size());
+#pragma omp parallel for schedule(static) if (nb_ * M_ * N_ * K_ >= kParallelMin)
+    for (int64_t b = 0; b < nb_; ++b) {
+      const float* a = ad.data() + w.a_of[size_t(b)] * M_ * K_;
+      const float* x = bm + w.b_off[size_t(b)];
+      for (int64_t q = 0; q < np; ++q) {
+        const Window::Piece& pc = w.pieces[size_t(q)];
+        window_gemm::lanes_product(x + w.n_off[size_t(pc.at)], pc.split, pc.off1, w.k_off.data(), K_, a, M_, M_, pc.len,
+                                   c + b * M_ * N_ + pc.at, N_);
+      }
+      epilogue(b, 0, M_, 0, N_);
+    }
   }
 
   // A^T rows [k0, k1) of distinct A d into at.

@@ -127,7 +127,38 @@ class Emitter : public Xbyak::CodeGenerator {
   // ---- The plan ----
 
   int64_t stride(int k) const { return prog()[size_t(k)].code == Code::Load ? spec_->stride[size_t(k)] : int64_t(1); }
-  bool broadcast(int k) const { return stride(k) == 0; }
+  // Whether load k walks the run evenly (always, over one dim); then it is broadcast (stride 0),
+  // dense (1) or gathered at a stride; else gathered at a two-dim pattern (Spec::inner).
+  bool even(int k) const {
+    return spec_->inner == 0 || prog()[size_t(k)].code != Code::Load || spec_->stride2[size_t(k)] == spec_->inner * stride(k);
+  }
+  bool broadcast(int k) const { return even(k) && stride(k) == 0; }
+  bool gathered(int k) const { return prog()[size_t(k)].code == Code::Load && !(even(k) && stride(k) <= 1); }
+  // A gathered load's lane offsets (elements, from the current 8 positions' first) and how far
+  // the 8 positions' first element moves per 8 positions.
+  struct Gather {
+    int64_t adv;
+    int32_t lane[8];
+    bool operator==(const Gather& o) const { return adv == o.adv && std::equal(lane, lane + 8, o.lane); }
+  };
+  static bool halves_at_stride_2(const Gather& g) {
+    for (int i = 0; i < 4; ++i)
+      if (g.lane[i] != 2 * i || g.lane[4 + i] != g.lane[4] + 2 * i) return false;
+    return g.lane[4] >= 0;
+  }
+  Gather gather_of(int k) const {
+    Gather g{};
+    const int64_t s = stride(k);
+    if (even(k)) {
+      g.adv = 8 * s;
+      for (int i = 0; i < 8; ++i) g.lane[i] = int32_t(i * s);
+      return g;
+    }
+    const int64_t in = spec_->inner, s2 = spec_->stride2[size_t(k)];
+    g.adv = 8 / in * s2;
+    for (int i = 0; i < 8; ++i) g.lane[i] = int32_t(i % in * s + i / in * s2);
+    return g;
+  }
   bool is_const(int o) const { return o >= 0 && prog()[size_t(o)].code == Code::Const; }
 
   // Add, mul, == and != put a constant operand in ModRM.rm; int32 < is vpcmpgtd with its operands
@@ -201,11 +232,14 @@ class Emitter : public Xbyak::CodeGenerator {
     next_ = int(pool_.size());
     for (int k = 0; k < n_; ++k)
       if (broadcast(k)) reg_[size_t(k)] = next_++, pinned_[size_t(k)] = 1;
-    for (int k = 0; k < n_; ++k)
-      if (const int64_t s = stride(k); s > 1 && std::find(gathers_.begin(), gathers_.end(), s) == gathers_.end()) {
-        if (s >= (int64_t(1) << 24)) return false;
-        gathers_.push_back(s), lanes_.push_back(next_++);
-      }
+    if (spec_->inner && (8 % spec_->inner != 0 || spec_->out_stride != 1)) return false;
+    for (int k = 0; k < n_; ++k) {
+      if (!gathered(k)) continue;
+      const int64_t s = stride(k), s2 = spec_->inner ? spec_->stride2[size_t(k)] : 0;
+      if (s < 0 || s >= (int64_t(1) << 24) || s2 < 0 || s2 >= (int64_t(1) << 24)) return false;
+      const Gather g = gather_of(k);
+      if (std::find(gathers_.begin(), gathers_.end(), g) == gathers_.end()) gathers_.push_back(g), lanes_.push_back(next_++);
+    }
     const int64_t os = spec_->out_stride;
     if (os < 1 || os >= (int64_t(1) << 24) || (os > 1 && spec_->stream)) return false;
     const bool need_temps = need_zero || need_nan;
@@ -265,6 +299,15 @@ class Emitter : public Xbyak::CodeGenerator {
   // r11 = pointer entry p + st * rax: the address of a strided run's current 8 positions.
   void at_stride(int p, int64_t st) {
     imul(r11, rax, int(st));
+    if (has_reg_[size_t(p)]) add(r11, ptr_reg_[size_t(p)]);
+    else add(r11, ptr[rdi + 8 * p]);
+  }
+  // r11 = pointer entry p + the bytes of adv elements per 8 positions so far (rax / 32 of them):
+  // rax * adv / 8, exact since rax is a multiple of 32.
+  void at_advance(int p, int64_t adv) {
+    if (adv % 8 == 0) return at_stride(p, adv / 8);
+    imul(r11, rax, int(adv));
+    sar(r11, 3);
     if (has_reg_[size_t(p)]) add(r11, ptr_reg_[size_t(p)]);
     else add(r11, ptr[rdi + 8 * p]);
   }
@@ -496,9 +539,23 @@ class Emitter : public Xbyak::CodeGenerator {
     if (broadcast(k)) return;
     const Xbyak::Ymm& d = ymm(reg_[size_t(k)]);
     const int p = ptr_of_[size_t(k)];
-    if (const int64_t st = stride(k); st > 1) {
-      const int lanes = lanes_[size_t(std::find(gathers_.begin(), gathers_.end(), st) - gathers_.begin())];
-      at_stride(p, st);
+    if (gathered(k)) {
+      const Gather g = gather_of(k);
+      const int lanes = lanes_[size_t(std::find(gathers_.begin(), gathers_.end(), g) - gathers_.begin())];
+      at_advance(p, g.adv);
+      if (!masked && halves_at_stride_2(g)) {
+        // Lanes {0, 2, 4, 6, h, h + 2, h + 4, h + 6} (a 2x2 pooling tap: stride 2 along a row,
+        // the upper half 8 elements on or the next row's): two loads of 7 elements (the 8th
+        // is never needed and may lie past the buffer: masked off, read from the tail's mask
+        // table), their even elements picked by vshufps and put in order by vpermpd. Fewer
+        // micro-ops than a gather; the tail keeps the gather.
+        vmovups(ymm(t0_), ptr[rip + table_label_ + 4]);
+        vmaskmovps(d, ymm(t0_), ptr[r11]);
+        vmaskmovps(ymm(t0_), ymm(t0_), ptr[r11 + int(4 * g.lane[4])]);
+        vshufps(d, d, ymm(t0_), 0x88);  // x0 x2 h0 h2 | x4 x6 h4 h6
+        vpermpd(d, d, 0xD8);            // x0 x2 x4 x6 h0 h2 h4 h6
+        return;
+      }
       if (masked) vmovaps(ymm(t0_), ymm(mask_));
       else vpcmpeqd(ymm(t0_), ymm(t0_), ymm(t0_));  // every lane
       vxorps(d, d, d);  // the gather merges into d: no wait for d's last writer
@@ -545,8 +602,8 @@ class Emitter : public Xbyak::CodeGenerator {
     for (uint32_t v : memory_)
       for (int i = 0; i < 8; ++i) dd(v);
     L(lanes_label_);
-    for (int64_t g : gathers_)
-      for (int i = 0; i < 8; ++i) dd(uint32_t(i * g));
+    for (const Gather& g : gathers_)
+      for (int i = 0; i < 8; ++i) dd(uint32_t(g.lane[i]));
     L(pool_label_);
     for (uint32_t v : pool_) dd(v);
     L(table_label_);
@@ -567,7 +624,7 @@ class Emitter : public Xbyak::CodeGenerator {
   std::vector<uint32_t> pool_, memory_;  // pool_[r]: the lane bits pinned in register r
   std::vector<Xbyak::Address> memory_at_;
   int m_sign_ = 0, m_zero_ = 0, m_nan_ = 0;  // the ops' masks in memory
-  std::vector<int64_t> gathers_;  // the strides gathered, each one's lane offsets in register lanes_[i]
+  std::vector<Gather> gathers_;  // the patterns gathered, each one's lane offsets in register lanes_[i]
   std::vector<int> lanes_;
   int t0_ = -1, t1_ = -1, mask_ = -1, next_ = 0;
   std::vector<int> math_t_;  // exp's (3), erf's (5) and the bfloat16 rounding's (2) temporaries

@@ -27,6 +27,13 @@ struct Spec {
   std::vector<uint8_t> early;
   bool stream = false;  // non-temporal stores (outputs far larger than the caches; 32-byte aligned)
   int64_t out_stride = 1;  // elements between the results of consecutive positions (more: lane by lane)
+  // A run over two dims (a pooling output's rows shorter than a vector): `inner` (2 or 4) positions
+  // along the last, then the next row; per instruction, a load's elements from one row to the next
+  // (stride2). Position p of the run reads (p % inner) * stride + (p / inner) * stride2; a load
+  // with stride2 == inner * stride walks evenly as above, any other is gathered at those offsets.
+  // Results are stored densely. 0: a run over one dim.
+  int64_t inner = 0;
+  std::vector<int64_t> stride2;
 };
 
 class Emitter;  // jit_x86.cpp

@@ -59,7 +59,7 @@ NativeLoop::Load describe_load(NativeLoop& nl, const Instr& I, int64_t stride, c
 // (walked evenly too), loads may be masked along the other dims (a pooling gradient's taps, each
 // a block of the interleaved domain), run_loop reading their pad for a masked run.
 void build_loop(NativeLoop& nl, const std::vector<Instr>& prog, const Shape& dom, const std::vector<int>& results,
-                const std::vector<uint8_t>& early, bool may_stream, const kir::View* out) {
+                const std::vector<uint8_t>& early, bool may_stream, const kir::View* out, bool two_dims) {
   if (!jit::available() || numel(dom) == 0) return;
   std::vector<const kir::View*> views;  // the loads', then the output's
   for (const Instr& I : prog) {
@@ -71,9 +71,21 @@ void build_loop(NativeLoop& nl, const std::vector<Instr>& prog, const Shape& dom
   for (const kir::View* v : views)
     for (int64_t stride : v->strides)
       if (stride < 0) return;
-  std::vector<int64_t> per;
+  std::vector<int64_t> per, per2;
   size_t first = 0;
-  const int64_t run = even_run(views, dom, first, per);
+  int64_t run = even_run(views, dom, first, per), inner = 0;
+  // A run of 2 or 4 positions (a pooling output's short rows, each load gathered at its stride)
+  // takes the next dim in: 8 positions are then 8 / run rows, each load read at its two-dim
+  // pattern (dense stores); the calls' rows step along the dim before (when there is one).
+  if (two_dims && !out && run < kMinRun && 8 % run == 0 && run > 1 && first > 1) {
+    const size_t d = first - 1;
+    bool ok = true;
+    for (const kir::View* v : views) ok &= !v->masked();
+    if (ok) {
+      for (const kir::View* v : views) per2.push_back(v->strides[d]);
+      inner = run, run *= dom[d], first = d;
+    }
+  }
   const int64_t per_call = run * (first > 0 ? dom[first - 1] : 1);
   if ((run < kMinRun && (run < 4 || per_call < kMinCall)) || int(views.size() + results.size()) > kMaxLoopPtrs) return;
   if (out && (per.back() == 0 || results.size() != 1)) return;
@@ -81,8 +93,13 @@ void build_loop(NativeLoop& nl, const std::vector<Instr>& prog, const Shape& dom
   jit::Spec spec;
   spec.prog = &prog;
   spec.stride.assign(prog.size(), 0);
+  spec.inner = inner;
+  if (inner) spec.stride2.assign(prog.size(), 0);
   for (size_t i = 0, l = 0; i < prog.size(); ++i)
-    if (prog[i].code == Code::Load) spec.stride[i] = per[l++];
+    if (prog[i].code == Code::Load) {
+      if (inner) spec.stride2[i] = per2[l];
+      spec.stride[i] = per[l++];
+    }
   spec.results = results;
   spec.early = early;
   if (out) spec.out_stride = per.back();
@@ -90,6 +107,7 @@ void build_loop(NativeLoop& nl, const std::vector<Instr>& prog, const Shape& dom
   if (!nl.loop) return;
   if (may_stream && !out && run == numel(dom) && run * 4 >= kStreamMin) spec.stream = true, nl.stream = jit::build(spec);
   nl.run = run;
+  nl.inner = inner;
   nl.outer.assign(dom.begin(), dom.begin() + std::ptrdiff_t(first));
   if (out) {
     nl.out_outer_strides.assign(out->strides.begin(), out->strides.begin() + std::ptrdiff_t(first));
@@ -153,7 +171,7 @@ const jit::Loop* loop_for(const NativeLoop& nl, const std::vector<Instr>& prog, 
 // call's runs).
 void run_loop(const NativeLoop& nl, const jit::Loop& loop, const std::vector<char*>& base, int64_t total) {
   const size_t nloads = loop.loads().size(), nptr = base.size();
-  const bool one_run = nl.run == total;
+  const bool one_run = nl.run == total && !nl.inner;  // (a two-dim run's positions are not at multiples of a stride)
   const int64_t per = one_run ? kTile : std::max<int64_t>(1, kTile / nl.run);  // positions or runs per task
   const int64_t units = one_run ? total : total / nl.run, ntasks = (units + per - 1) / per;
   const size_t last = nl.outer.empty() ? 0 : nl.outer.size() - 1;

@@ -24,6 +24,7 @@ struct NativeLoop {
   std::vector<int64_t> out_outer_strides;
   int64_t out_offset = 0, out_stride = 1;
   bool masked_last = false;  // a load masked along the last outer dim (each run a call)
+  int64_t inner = 0;         // a run over two dims (jit::Spec::inner): run_loop only
   struct Load {
     std::vector<int64_t> outer_strides;
     int64_t first = 0;   // elements from the view's offset to the first one read
@@ -50,10 +51,11 @@ struct NativeLoop {
 // The native loop of `prog` over domain `dom`, storing `results` (see jit::Spec for `early`),
 // when the program is within jit::build's reach and every load is one view that walks the
 // domain's last dims evenly; `out`: where the positions' outputs lie (null: densely, in order).
-// may_stream: a single run far larger than the caches also gets non-temporal stores. Leaves
-// nl.loop null otherwise.
+// may_stream: a single run far larger than the caches also gets non-temporal stores. two_dims:
+// a run shorter than a vector (2 or 4 positions) may take the next dim in too (jit::Spec::inner),
+// for a loop that only run_loop runs (not loop_range). Leaves nl.loop null otherwise.
 void build_loop(NativeLoop& nl, const std::vector<Instr>& prog, const Shape& dom, const std::vector<int>& results,
-                const std::vector<uint8_t>& early, bool may_stream, const kir::View* out = nullptr);
+                const std::vector<uint8_t>& early, bool may_stream, const kir::View* out = nullptr, bool two_dims = false);
 
 // A program's loop over positions [start, start + n) of its domain, run piece by run piece, its
 // result into out (position start first): a Reduce's values, a GEMM epilogue's block.

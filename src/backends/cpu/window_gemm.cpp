@@ -119,7 +119,56 @@ __attribute__((target("avx512f"))) inline void transpose16(__m512* r) {
   }
 }
 
+// Rows [0, MR) of a piece of up to 16 positions: one accumulator per row, each x vector (the
+// piece at tap k: lanes m0 from x, lanes m1 from x + off1) multiplied by the rows' A elements,
+// broadcast from row k of A^T.
+template <int MR>
+__attribute__((target("avx512f"))) void lanes_tile(const float* x, int64_t off1, const int64_t* xk, int64_t K, const float* at,
+                                                   int64_t ldat, __mmask16 m0, __mmask16 m1, float* c, int64_t ldc) {
+  __m512 acc[MR];
+#pragma GCC unroll 16
+  for (int i = 0; i < MR; ++i) acc[i] = _mm512_setzero_ps();
+  const float* x1 = x + off1;
+  for (int64_t k = 0; k < K; ++k, at += ldat) {
+    __m512 v = _mm512_maskz_loadu_ps(m0, x + xk[k]);
+    if (m1) v = _mm512_mask_loadu_ps(v, m1, x1 + xk[k]);
+#pragma GCC unroll 16
+    for (int i = 0; i < MR; ++i) acc[i] = _mm512_fmadd_ps(_mm512_set1_ps(at[i]), v, acc[i]);
+  }
+  const __mmask16 m = m0 | m1;
+#pragma GCC unroll 16
+  for (int i = 0; i < MR; ++i) _mm512_mask_storeu_ps(c + i * ldc, m, acc[i]);
+}
+
 }  // namespace
+
+void lanes_product(const float* x, int64_t split, int64_t off1, const int64_t* xk, int64_t K, const float* at, int64_t ldat,
+                   int64_t rows, int64_t len, float* c, int64_t ldc) {
+  const __mmask16 all = len >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << len) - 1);
+  const __mmask16 m0 = split >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << split) - 1), m1 = all & __mmask16(~m0);
+  int64_t i = 0;
+  for (; i + 16 <= rows; i += 16) lanes_tile<16>(x, off1, xk, K, at + i, ldat, m0, m1, c + i * ldc, ldc);
+  const float* ai = at + i;
+  float* ci = c + i * ldc;
+  switch (rows - i) {  // the last rows, at most 15, in one tile
+    case 0: break;
+    case 1: lanes_tile<1>(x, off1, xk, K, ai, ldat, m0, m1, ci, ldc); break;
+    case 2: lanes_tile<2>(x, off1, xk, K, ai, ldat, m0, m1, ci, ldc); break;
+    case 3: lanes_tile<3>(x, off1, xk, K, ai, ldat, m0, m1, ci, ldc); break;
+    case 4: lanes_tile<4>(x, off1, xk, K, ai, ldat, m0, m1, ci, ldc); break;
+    case 5: lanes_tile<5>(x, off1, xk, K, ai, ldat, m0, m1, ci, ldc); break;
+    case 6: lanes_tile<6>(x, off1, xk, K, ai, ldat, m0, m1, ci, ldc); break;
+    case 7: lanes_tile<7>(x, off1, xk, K, ai, ldat, m0, m1, ci, ldc); break;
+    case 8: lanes_tile<8>(x, off1, xk, K, ai, ldat, m0, m1, ci, ldc); break;
+    case 9: lanes_tile<9>(x, off1, xk, K, ai, ldat, m0, m1, ci, ldc); break;
+    case 10: lanes_tile<10>(x, off1, xk, K, ai, ldat, m0, m1, ci, ldc); break;
+    case 11: lanes_tile<11>(x, off1, xk, K, ai, ldat, m0, m1, ci, ldc); break;
+    case 12: lanes_tile<12>(x, off1, xk, K, ai, ldat, m0, m1, ci, ldc); break;
+    case 13: lanes_tile<13>(x, off1, xk, K, ai, ldat, m0, m1, ci, ldc); break;
+    case 14: lanes_tile<14>(x, off1, xk, K, ai, ldat, m0, m1, ci, ldc); break;
+    default: lanes_tile<15>(x, off1, xk, K, ai, ldat, m0, m1, ci, ldc); break;
+  }
+}
 
 __attribute__((target("avx512f"))) void pack_transposed(const float* a, int64_t rs, int64_t m, int64_t k, float* at,
                                                         int64_t ldt) {
@@ -155,6 +204,8 @@ void product(const float* x, const int64_t* xi, int64_t rows, const int64_t* xk,
 void product(const float*, const int64_t*, int64_t, const int64_t*, int64_t, const float*, int64_t, int64_t, float*, int64_t,
              bool, bool) {}
 void pack_transposed(const float*, int64_t, int64_t, int64_t, float*, int64_t) {}
+void lanes_product(const float*, int64_t, int64_t, const int64_t*, int64_t, const float*, int64_t, int64_t, int64_t, float*,
+                   int64_t) {}
 #endif
 
 }  // namespace tessera::backends::window_gemm

@@ -117,11 +117,12 @@ namespace detail {
 // What tracing needs for one input signature (dtypes, shapes, device), made by its first call:
 // the values folded on the host, the tensors made once (host values an op takes as a tensor,
 // Constant nodes' outputs), and the nodes a call skips because their outputs are all there.
+// Only the call that builds a plan writes it, before publishing it under Graph::plans_mu; a
+// published plan is read-only, so calls on other threads read it without a lock.
 struct Plan {
   std::vector<std::shared_ptr<const HostVal>> host;  // per slot
   std::vector<Tensor> made;                          // per slot
   std::vector<char> skip;                            // per node
-  std::mutex mu;                                     // guards `made` on calls after the first
 };
 }  // namespace detail
 
@@ -296,9 +297,16 @@ std::vector<Tensor> run_graph(detail::Graph& g, nn::Module& self, const std::vec
     for (int slot : g.input_slot) fixed[size_t(slot)] = 1;
   }
   detail::Plan& p = *plan;
-  auto made = [&](int slot) -> Tensor {  // a host value as a tensor on the device, made once per plan
-    std::lock_guard<std::mutex> lock(p.mu);
-    Tensor& t = p.made[size_t(slot)];
+  // A host value as a tensor on the device: made once per plan by the call that builds it. A
+  // later call never writes the published plan (another thread may be reading it): a tensor the
+  // first call did not make (an op whose path depends on values read from the device) is made
+  // for this call only.
+  std::vector<Tensor> own;
+  auto made = [&](int slot) -> Tensor {
+    if (p.made[size_t(slot)].defined()) return p.made[size_t(slot)];
+    std::vector<Tensor>& to = building ? p.made : own;
+    to.resize(size_t(g.nslots));
+    Tensor& t = to[size_t(slot)];
     if (!t.defined()) t = detail::to_device(*p.host[size_t(slot)], device);
     return t;
   };
