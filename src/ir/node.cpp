@@ -178,6 +178,14 @@ NodePtr make(Op op, std::vector<NodePtr> inputs, Attrs attrs, const Shape* shape
   return intern(std::move(n));
 }
 
+NodePtr rng_from(const Node& rng, int64_t elements, const Shape& shape) {
+  Attrs at = rng.attrs;
+  const int64_t first = (at.ints.size() > 2 ? at.ints[2] : 0) + elements;
+  at.ints.resize(2);
+  if (first) at.ints.push_back(first);
+  return make(Op::Rng, {}, std::move(at), &shape, rng.dtype, rng.device);
+}
+
 NodePtr leaf(std::shared_ptr<Buffer> buf, const Shape& shape, DType dtype) {
   auto n = std::make_shared<Node>();
   n->op = Op::Leaf;

@@ -47,6 +47,10 @@ NodePtr make(Op op, std::vector<NodePtr> inputs, Attrs attrs = {}, const Shape* 
              std::optional<DType> dtype = std::nullopt, std::optional<Device> device = std::nullopt);
 // The node standing for a realized buffer (one per buffer while alive).
 NodePtr leaf(std::shared_ptr<Buffer> buf, const Shape& shape, DType dtype);
+// The same random draw as the Rng node `rng`, of `shape`, its elements starting `elements`
+// further into the draw (ints[2], the first element index: a batch slice's rows of the whole
+// batch's draw, BatchSliceScope's rule), on the device of `rng`, in the current scope.
+NodePtr rng_from(const Node& rng, int64_t elements, const Shape& shape);
 
 const std::string* intern_scope(const std::string& s);
 // The home slot of hash h in an open-addressing table of 2^(64 - shift) slots (Fibonacci

@@ -432,11 +432,7 @@ struct RankRewrite {
     if (it != done.end()) return it->second;
     ir::NodePtr out;
     if (n->op == ir::Op::Rng && !n->shape.empty() && n->shape[0] == rows) {
-      ir::Attrs at = n->attrs;
-      const int64_t first = (at.ints.size() > 2 ? at.ints[2] : 0) + shift * (n->numel() / rows);
-      at.ints.resize(2);
-      if (first) at.ints.push_back(first);
-      out = ir::make(ir::Op::Rng, {}, std::move(at), &n->shape, n->dtype, n->device);
+      out = ir::rng_from(*n, shift * (n->numel() / rows), n->shape);
       any = true;
     } else {
       std::vector<ir::NodePtr> ins;

@@ -286,11 +286,8 @@ Rewritten apply(const ir::Graph& g, const std::vector<std::vector<int>>& consume
       return make(xn, Op::Add, {part, make(xn, Op::Full, {}, ir::Attrs{{}, double(start)}, sh, xn.dtype)}, {}, sh, xn.dtype);
     }
     if (xn.op == Op::Rng && prefix(xn.shape, a) == 1) {  // the unsliced draw's elements from start * row size
-      ir::Attrs at = xn.attrs;
-      const int64_t first = (at.ints.size() > 2 ? at.ints[2] : 0) + start * (numel(xn.shape) / xn.shape[size_t(a)]);
-      at.ints.resize(2);
-      if (first) at.ints.push_back(first);
-      return make(xn, Op::Rng, {}, std::move(at), sh, xn.dtype);
+      scope.enter(xn.scope);
+      return ir::rng_from(xn, start * (numel(xn.shape) / xn.shape[size_t(a)]), sh);
     }
     std::vector<int64_t> r;
     for (size_t d = 0; d < xn.shape.size(); ++d) {
