@@ -277,8 +277,9 @@ Tensor batch_norm(const Tensor& input, Tensor running_mean, Tensor running_var, 
   Tensor mean, var;
   if (training) {
     if (detail::batch_slice().rows)
-      fail(op, "training mode normalizes with statistics over the whole batch, which micro-batches cannot accumulate: "
-               "train this model without micro-batches (a memory budget is then met by rematerialization alone)");
+      fail(op, "training mode normalizes with statistics over the whole batch, which a slice of it (a micro-batch or a "
+               "data-parallel rank's rows) does not see: train this model without micro-batches (a memory budget is then "
+               "met by rematerialization alone) and on one rank");
     if (n < 2) fail(op, "training needs more than one value per channel, got " + desc(x));
     mean = tessera::mean(x, dims, true);
     Tensor dev = x - mean;

@@ -184,7 +184,7 @@ double ZeroAdamW::step(const std::vector<Tensor>& global_batch, const std::funct
   std::vector<std::vector<std::pair<Tensor, Tensor>>> others;
   int64_t rows = 0;
   Tensor loss = dp_.trace_rows(global_batch, loss_fn, others, rows);
-  ++steps_;
+  const int64_t step = steps_ + 1;  // counted once the step has run (a failed one is undone)
   NoGradGuard ng;
   Tensor mean_loss = N == 1 ? loss.detach() : dist::all_reduce(loss.detach(), N, dist::Reduce::Mean);
   for (const Tensor& p : params_)
@@ -209,7 +209,7 @@ double ZeroAdamW::step(const std::vector<Tensor>& global_batch, const std::funct
     Tensor coef = clamp(max_norm_ / (tessera::sqrt(total) + 1e-6), std::nullopt, 1.0);
     for (Tensor& g : shard) g = g * coef;
   }
-  const double bc1 = 1 - std::pow(o_.beta1, double(steps_)), bc2 = 1 - std::pow(o_.beta2, double(steps_));
+  const double bc1 = 1 - std::pow(o_.beta1, double(step)), bc2 = 1 - std::pow(o_.beta2, double(step));
   Tensor step_size = scalar(o_.lr / bc1), inv_sqrt_bc2 = scalar(1 / std::sqrt(bc2)), decay = scalar(1 - o_.lr * o_.weight_decay);
   std::vector<Tensor> new_m, new_v;
   for (size_t b = 0; b < buckets.size(); ++b) {
@@ -247,6 +247,7 @@ double ZeroAdamW::step(const std::vector<Tensor>& global_batch, const std::funct
     sync();
   }
   m_ = new_m, v_ = new_v;
+  steps_ = step;
   return mean_loss.item();
 }
 

@@ -5,9 +5,10 @@
 #include <mutex>
 #include <sstream>
 #include <type_traits>
-#include <unordered_map>
 
 #include "core/half.h"
+#include "core/scope_impl.h"
+#include "ir/graph.h"
 #include "tensor/tensor_impl.h"
 #include "runtime/allocator.h"
 #include "runtime/metrics_impl.h"
@@ -421,32 +422,35 @@ void sync() {
 
 namespace {
 // The graph of `outs` with every random draw of leading extent `rows` moved `shift` rows of the
-// batch on (its first element index + shift * its row size); the rest rebuilt on the new inputs.
-struct RankRewrite {
-  int64_t rows, shift;
-  std::unordered_map<const ir::Node*, ir::NodePtr> done;
+// batch on (its first element index + shift * its row size); the rest rebuilt on the new inputs,
+// each node in its own module scope. Empty when no draw moved (the graph stays rank 0's).
+std::vector<ir::NodePtr> shift_draws(const std::vector<ir::NodePtr>& outs, int64_t rows, int64_t shift) {
+  const ir::Graph g = ir::build_graph(outs);  // inputs before their users
+  std::vector<ir::NodePtr> out(g.nodes.size());
   bool any = false;
-  ir::NodePtr operator()(const ir::NodePtr& n) {
-    if (n->op == ir::Op::Leaf) return n;
-    auto it = done.find(n.get());
-    if (it != done.end()) return it->second;
-    ir::NodePtr out;
-    if (n->op == ir::Op::Rng && !n->shape.empty() && n->shape[0] == rows) {
-      out = ir::rng_from(*n, shift * (n->numel() / rows), n->shape);
-      any = true;
-    } else {
-      std::vector<ir::NodePtr> ins;
-      bool same = true;
-      for (const ir::NodePtr& i : n->inputs) {
-        ins.push_back((*this)(i));
-        same &= ins.back() == i;
-      }
-      out = same ? n : ir::make(n->op, std::move(ins), n->attrs, &n->shape, n->dtype, n->device);
+  for (size_t i = 0; i < g.nodes.size(); ++i) {
+    const ir::NodePtr& n = g.nodes[i];
+    std::vector<ir::NodePtr> ins;
+    bool same = true;
+    for (const ir::NodePtr& x : n->inputs) {
+      ins.push_back(out[size_t(g.index.at(x.get()))]);
+      same &= ins.back() == x;
     }
-    done.emplace(n.get(), out);
-    return out;
+    const bool draw = n->op == ir::Op::Rng && !n->shape.empty() && n->shape[0] == rows;
+    if (!draw && same) {
+      out[i] = n;
+      continue;
+    }
+    ScopeAs in(*n->scope);
+    out[i] = draw ? ir::rng_from(*n, shift * (n->numel() / rows), n->shape)
+                  : ir::make(n->op, std::move(ins), n->attrs, &n->shape, n->dtype, n->device);
+    any |= draw;
   }
-};
+  std::vector<ir::NodePtr> moved;
+  if (any)
+    for (const ir::NodePtr& o : outs) moved.push_back(out[size_t(g.index.at(o.get()))]);
+  return moved;
+}
 }  // namespace
 
 namespace detail {
@@ -499,10 +503,12 @@ std::vector<std::vector<Tensor>> sync_spmd(int ranks, const std::vector<std::vec
     std::vector<std::vector<runtime::Request>> own;  // ranks whose draws differ from rank 0's
     if (rows > 0 && st.draws > 0)
       for (int r = 1; r < ranks; ++r) {
-        RankRewrite rw{rows, int64_t(r) * rows, {}, false};
+        std::vector<ir::NodePtr> nodes;
+        for (const runtime::Request& q : req) nodes.push_back(q.node);
+        nodes = shift_draws(nodes, rows, int64_t(r) * rows);
+        if (nodes.empty()) break;  // no draw of the batch's rows: every rank runs rank 0's graph
         std::vector<runtime::Request> mine;
-        for (const runtime::Request& q : req) mine.push_back({rw(q.node), {}});
-        if (!rw.any) break;  // no draw of the batch's rows: every rank runs rank 0's graph
+        for (ir::NodePtr& n : nodes) mine.push_back({std::move(n), {}});
         own.resize(size_t(ranks));
         own[size_t(r)] = std::move(mine);
       }
