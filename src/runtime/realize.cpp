@@ -662,6 +662,8 @@ std::vector<std::vector<std::shared_ptr<Buffer>>> realize_spmd_inprocess(const s
 }
 
 std::pair<int, int> init_mpi_group() {
+  static std::mutex mu;  // two threads initialising at once make one communicator
+  std::lock_guard<std::mutex> lock(mu);
   static std::shared_ptr<backends::Communicator> c;  // once per process: later calls return it
   if (c) return {c->rank(), c->size()};
   c = backends::make_mpi_communicator();
