@@ -13,6 +13,15 @@ namespace {
 
 [[noreturn]] void fail_dp(const std::string& msg) { throw Error("[DataParallel] " + msg); }
 
+// A bucket's gradients flattened into one vector, zero-padded to `length` elements (0: none).
+Tensor flat_grads(const std::vector<Tensor>& params, const std::vector<size_t>& bucket, int64_t length = 0) {
+  std::vector<Tensor> flat;
+  int64_t len = 0;
+  for (size_t i : bucket) flat.push_back(params[i].grad().reshape({-1})), len += params[i].numel();
+  if (length > len) flat.push_back(zeros({length - len}, {DType::Float32, params[bucket[0]].device()}));
+  return flat.size() == 1 ? flat[0] : cat(flat, 0);
+}
+
 // Rows [start, start + rows) of a realized tensor as a tensor of its own (a buffer of its own:
 // another rank's input to the graph).
 template <class T>
@@ -119,9 +128,7 @@ double DataParallel::step(const std::vector<Tensor>& params, const std::vector<T
     make_buckets(params);
     if (N > 1)
       for (const std::vector<size_t>& bucket : buckets_) {
-        std::vector<Tensor> flat;
-        for (size_t i : bucket) flat.push_back(params[i].grad().reshape({-1}));
-        Tensor sum = dist::all_reduce(flat.size() == 1 ? flat[0] : cat(flat, 0), N, dist::Reduce::Mean);
+        Tensor sum = dist::all_reduce(flat_grads(params, bucket), N, dist::Reduce::Mean);
         int64_t at = 0;
         for (size_t i : bucket) {
           Tensor p = params[i];  // a handle: sets the parameter's gradient
@@ -192,11 +199,7 @@ double ZeroAdamW::step(const std::vector<Tensor>& global_batch, const std::funct
   // The shards of the mean gradient.
   std::vector<Tensor> shard;
   for (size_t b = 0; b < buckets.size(); ++b) {
-    std::vector<Tensor> flat;
-    int64_t len = 0;
-    for (size_t i : buckets[b]) flat.push_back(params_[i].grad().reshape({-1})), len += params_[i].numel();
-    if (padded_[b] > len) flat.push_back(zeros({padded_[b] - len}, {DType::Float32, dev}));
-    Tensor all = flat.size() == 1 ? flat[0] : cat(flat, 0);
+    Tensor all = flat_grads(params_, buckets[b], padded_[b]);
     shard.push_back(N == 1 ? all : dist::reduce_scatter(all, N, 0) * (1.0 / double(N)));
   }
   if (max_norm_ > 0) {  // clip_grad_norm's rule on the global gradient
