@@ -59,6 +59,9 @@ struct MemoryPlan {
   int unstacked_slices = 0;
   int unstacked_nodes = 0;
   std::string unstacked;
+  // In-place accumulation: Steps that add into their running sum's own buffer (a weight
+  // gradient summed over the slices, in its output buffer) instead of a fresh one.
+  int accumulated_in_place = 0;
   // A backend that compiles the whole program itself (pjrt: XLA) and so owns its temporaries:
   // its own figures ("XLA: peak ..."); empty for the others.
   std::string device_report;

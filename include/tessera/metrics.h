@@ -38,6 +38,7 @@ struct Metrics {
   int64_t budget_graphs = 0;
   int64_t recomputed_steps = 0;
   int64_t unstacked_graphs = 0;  // graphs the budget ran partly in slices (batch unstacking)
+  int64_t accumulated_in_place = 0;  // Steps the budget made add into their dying addend's buffer
   double compile_ms = 0;         // total time spent compiling
   double execute_ms = 0;         // total time spent running compiled graphs
   std::map<std::string, DeviceMetrics> devices;  // per device kind ("cpu", "opencl"), once used

@@ -46,7 +46,9 @@ namespace tessera::backends {
 // 6: StepKind::Collective (Step::collective, collective_attrs), the collectives a backend runs
 //    through the current communicator (backends/collective.h); a backend that does not refuses
 //    them in compile().
-constexpr int kInterfaceVersion = 6;
+// 7: Step::accumulate (a Gemm Step adding its product into its output slot's contents) and
+//    Target::gemm_accumulate, which a backend sets to be given such Steps (the cpu does).
+constexpr int kInterfaceVersion = 7;
 
 // A compiled Step, opaque to the runtime; destroyed with the executable that holds it.
 struct Kernel {

@@ -176,6 +176,7 @@ std::string step_text(const kir::Step& st) {
        << (numel(st.shape) != numel(st.domain) ? ", one value per row" : "") << "\n";
   if (st.kind == kir::StepKind::Gemm && !st.input_dtypes.empty() && compute_dtype(st.input_dtypes[0]) != st.input_dtypes[0])
     os << "  product: " << dtype_name(st.input_dtypes[0]) << " operands, float32 accumulation (autocast)\n";
+  if (st.accumulate) os << "  accumulates: the product is added to what its output slot holds (in-place accumulation)\n";
   if (st.kind == kir::StepKind::Gemm && !st.program.empty()) os << "  epilogue: the program below, per row block\n";
   if (st.kind == kir::StepKind::Gather || st.kind == kir::StepKind::ScatterAdd) os << "  axis " << st.axis << "\n";
   for (size_t i = 0; i < st.maps.size(); ++i) os << "  map " << i << ": " << st.maps[i].str() << "\n";
@@ -220,7 +221,8 @@ std::string plan_text(const ir::Graph& g, const Plan& plan) {
   if (plan.memory.budget_bytes)
     os << "; budget " << plan.memory.budget_bytes << " B, " << plan.memory.natural_step_bytes << " B before the budget passes; remat: "
        << plan.memory.recomputed_steps << " Steps recomputed (" << plan.memory.recompute_flops << " flops); unstack: "
-       << (plan.memory.unstacked_slices ? plan.memory.unstacked : "none") << "; cost " << plan.memory.extra_cost
+       << (plan.memory.unstacked_slices ? plan.memory.unstacked : "none") << "; accumulated in place: "
+       << plan.memory.accumulated_in_place << " Steps; cost " << plan.memory.extra_cost
        << " flops + bytes over the natural plan's";
   os << "\n";
   return os.str();

@@ -31,6 +31,7 @@ struct MemoryInfo {
   int recomputed_steps = 0;
   double recompute_flops = 0;
   int unstacked_slices = 0, unstacked_nodes = 0;
+  int accumulated_in_place = 0;  // Steps writing a running sum over its dying addend ("accumulate")
   double extra_cost = 0;  // the chosen plan's Steps' flops + bytes over the natural plan's
   std::string unstacked;
 };

@@ -17,6 +17,7 @@ std::string Step::str() const {
   if (kind == StepKind::Collective) os << " " << ir::op_name(collective);
   os << " " << dtype_short(dtype) << shape_str(shape) << " -> slot " << output;
   for (int o : more_outputs) os << ", slot " << o;
+  if (accumulate) os << " (+=)";
   os << " <- (";
   for (size_t i = 0; i < inputs.size(); ++i) os << (i ? ", " : "") << "slot " << inputs[i];
   os << ")";

@@ -81,6 +81,10 @@ struct Step {
   // Elementwise/Copy (domain = shape), Reduce and Row (domain = `domain`); Gemm: an epilogue
   // over the product's positions, whose loads of the output slot read the product (empty: none).
   std::vector<Instr> program;
+  // Gemm: the product is added to what the output slot holds (C += A @ B, BLAS's beta = 1)
+  // before the epilogue, whose loads of the output slot then read that sum. Only for a device
+  // that declares Target::gemm_accumulate (compiler/passes/accumulate.cpp makes such Steps).
+  bool accumulate = false;
   // Reduce: domain, sorted reduced axes, Op::ReduceSum or Op::ReduceMax.
   Shape domain;
   int64_t row = 0;  // Row

@@ -34,6 +34,9 @@ struct Target {
   // (runtime::realize_spmd); a plan with a collective for a device that does not is refused,
   // naming the collective.
   bool collectives = false;
+  // The device runs Gemm Steps with Step::accumulate (the product added into the output slot's
+  // contents). The memory budget's in-place accumulation uses it (compiler/passes/accumulate.cpp).
+  bool gemm_accumulate = false;
 
   bool computes(DType t) const {
     if (compute_dtypes.empty()) return true;

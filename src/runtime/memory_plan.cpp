@@ -91,6 +91,7 @@ MemoryPlan runtime::memory_plan_of(const compiler::Plan& plan) {
   m.unstacked_slices = plan.memory.unstacked_slices;
   m.unstacked_nodes = plan.memory.unstacked_nodes;
   m.unstacked = plan.memory.unstacked;
+  m.accumulated_in_place = plan.memory.accumulated_in_place;
   m.device_report = plan.device_memory;
   return m;
 }
@@ -117,6 +118,7 @@ std::string MemoryPlan::report(size_t max_buffers) const {
        << " before the budget passes); " << recomputed_steps << " Steps recomputed (" << recompute_flops / 1e6
        << " Mflop more)\n";
   if (unstacked_slices) os << "unstacked: " << unstacked << "\n";
+  if (accumulated_in_place) os << "accumulated in place: " << accumulated_in_place << " Steps add into their running sum's buffer\n";
   if (!device_report.empty()) os << "on the device: " << device_report << "\n";
   return os.str();
 }

@@ -75,6 +75,7 @@ Metrics metrics() {
   m.budget_graphs = c.budget_graphs;
   m.recomputed_steps = c.recomputed_steps;
   m.unstacked_graphs = c.unstacked_graphs;
+  m.accumulated_in_place = c.accumulated_in_place;
   {
     std::lock_guard<std::mutex> lock(runtime::g_devices_mu);
     for (auto& [kind, d] : runtime::device_table())
@@ -126,7 +127,8 @@ std::string Metrics::report() const {
      << "  bf16 flops:        " << bf16_flops << " (run in bfloat16 dot-product instructions)\n";
   if (budget_graphs)
     os << "  memory budget:     " << budget_graphs << " graphs compiled under one; rematerialization recomputed " << recomputed_steps
-       << " Steps; batch unstacking ran " << unstacked_graphs << " in slices\n";
+       << " Steps; batch unstacking ran " << unstacked_graphs << " in slices; " << accumulated_in_place
+       << " Steps accumulated in place\n";
   for (auto& [kind, d] : devices)
     os << "  on " << kind << ": " << d.steps_launched << " steps launched, " << d.kernels_compiled
        << " kernels compiled, " << bytes_text(d.bytes_to_device) << " in, " << bytes_text(d.bytes_to_host) << " out, "

@@ -11,7 +11,7 @@ struct Counters {
   std::atomic<int64_t> live_bytes{0}, peak_bytes{0};
   std::atomic<int64_t> compile_ns{0}, execute_ns{0};
   std::atomic<int64_t> bytes_to_device{0}, bytes_to_host{0};  // counted by runtime::upload/download
-  std::atomic<int64_t> budget_graphs{0}, recomputed_steps{0}, unstacked_graphs{0};  // the memory budget's rewrites (realize.cpp)
+  std::atomic<int64_t> budget_graphs{0}, recomputed_steps{0}, unstacked_graphs{0}, accumulated_in_place{0};  // the memory budget's rewrites (realize.cpp)
 };
 Counters& counters();
 // Per device kind ("cpu", "opencl"); see tessera::DeviceMetrics.

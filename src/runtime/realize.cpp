@@ -161,6 +161,7 @@ std::shared_ptr<Executable> compile(const ir::Graph& g, const Device& dev, const
     counters().budget_graphs++;
     counters().recomputed_steps += exe->plan.memory.recomputed_steps;
     counters().unstacked_graphs += exe->plan.memory.unstacked_slices > 0;
+    counters().accumulated_in_place += exe->plan.memory.accumulated_in_place;
   }
   // Collectives run only where the device declares them (Target::collectives); a device that
   // only compiles (null) plans them like any Step.

@@ -20,6 +20,7 @@
 #include "runtime/compile_options.h"
 #include "runtime/realize.h"
 #include "tensor/tensor_impl.h"
+#include "tessera/autocast.h"
 #include "tessera/memory.h"
 #include "tessera/metrics.h"
 #include "tessera/nn.h"
@@ -139,6 +140,145 @@ TEST(MemoryBudget, AMetBudgetRunsUnderItAndAnUnreachableOneFailsBeforeRunning) {
   int64_t outside = live_before - int64_t(params);
   EXPECT_LE(metrics().peak_bytes - outside, int64_t(natural.step_bytes));
   EXPECT_TRUE(memory_budget().bytes == natural.step_bytes);
+}
+
+// In-place accumulation (compiler/passes/accumulate.cpp) on each of the cpu's product paths:
+// y = P + Q for two products, where one product's epilogue adds the other (a temporary dying
+// there). Under a budget one byte short of the natural figure the cheapest plan that meets it
+// writes the first product into the output buffer and accumulates the second into it
+// (Step::accumulate: nothing in the arena for it, nothing recomputed or sliced); the values
+// match a float64 reference computed here, as the unbudgeted run's do. The cases reach every path
+// of cpu/gemm.cpp: the BLAS in float32 and float64, split-K (K > 2048 over few tasks), batched
+// products, integers, K = 0, bfloat16 (vdpbf16ps) and float16 under Autocast, a convolution's
+// window products (one input channel: the lanes form; 16: the window tile) and a kernel gradient
+// (the window kernel's split-K); and an elementwise add writing over its dying operand.
+TEST(MemoryBudget, AProductAccumulatesIntoItsOutputOnEveryCpuPath) {
+  struct Case {
+    const char* what;
+    Shape a, b;
+    DType t = DType::Float32;
+    std::optional<DType> autocast;
+    bool conv = false;
+  };
+  const std::vector<Case> cases = {
+      {"float32", {48, 40}, {40, 24}},
+      {"float64", {48, 40}, {40, 24}, DType::Float64},
+      {"split-K", {8, 4200}, {4200, 6}},
+      {"batched", {3, 20, 16}, {3, 16, 12}},
+      {"int64", {12, 9}, {9, 7}, DType::Int64},
+      {"K = 0", {6, 0}, {0, 5}},
+      {"bfloat16", {40, 64}, {64, 36}, DType::Float32, DType::BFloat16},
+      {"float16", {40, 64}, {64, 36}, DType::Float32, DType::Float16},
+      {"conv, lanes", {2, 1, 12, 12}, {8, 1, 3, 3}, DType::Float32, std::nullopt, true},
+      {"conv, window", {2, 16, 10, 10}, {24, 16, 3, 3}, DType::Float32, std::nullopt, true},
+  };
+  for (const Case& c : cases) {
+    const bool integer = c.t == DType::Int64;
+    auto input = [&](const Shape& s, uint32_t seed) {
+      return integer ? testing::random_int(s, -3, 3, c.t, seed) : testing::random_tensor(s, c.t, seed);
+    };
+    Tensor a = input(c.a, 1), b = input(c.b, 2), d = input(c.a, 3), e = input(c.b, 4);
+    auto trace = [&] {
+      std::optional<Autocast> ac;
+      if (c.autocast) ac.emplace(*c.autocast);
+      return c.conv ? conv2d(a, b) + conv2d(d, e) : matmul(a, b) + matmul(d, e);
+    };
+    // The reference: the four operands as the products see them (rounded to 16 bits under
+    // autocast), multiplied in float64.
+    auto seen = [&](const Tensor& t) { return (c.autocast ? t.to(*c.autocast) : t).to_vector<double>(); };
+    const std::vector<double> va = seen(a), vb = seen(b), vd = seen(d), ve = seen(e);
+    std::vector<double> want;
+    if (c.conv) {  // valid 3x3 convolution, stride 1
+      const int64_t B = c.a[0], F = c.a[1], H = c.a[2], W = c.a[3], O = c.b[0], oh = H - 2, ow = W - 2;
+      want.assign(size_t(B * O * oh * ow), 0.0);
+      for (int64_t n = 0; n < B; ++n)
+        for (int64_t o = 0; o < O; ++o)
+          for (int64_t i = 0; i < oh; ++i)
+            for (int64_t j = 0; j < ow; ++j) {
+              double sum = 0;
+              for (int64_t f = 0; f < F; ++f)
+                for (int64_t u = 0; u < 3; ++u)
+                  for (int64_t v = 0; v < 3; ++v) {
+                    const size_t x = size_t(((n * F + f) * H + i + u) * W + j + v), w = size_t(((o * F + f) * 3 + u) * 3 + v);
+                    sum += va[x] * vb[w] + vd[x] * ve[w];
+                  }
+              want[size_t(((n * O + o) * oh + i) * ow + j)] = sum;
+            }
+    } else {
+      const size_t r = c.a.size();
+      const int64_t nb = r == 3 ? c.a[0] : 1, M = c.a[r - 2], K = c.a[r - 1], N = c.b[r - 1];
+      want.assign(size_t(nb * M * N), 0.0);
+      for (int64_t q = 0; q < nb; ++q)
+        for (int64_t i = 0; i < M; ++i)
+          for (int64_t j = 0; j < N; ++j) {
+            double sum = 0;
+            for (int64_t k = 0; k < K; ++k) {
+              const size_t x = size_t((q * M + i) * K + k), w = size_t((q * K + k) * N + j);
+              sum += va[x] * vb[w] + vd[x] * ve[w];
+            }
+            want[size_t((q * M + i) * N + j)] = sum;
+          }
+    }
+    Tensor plain = trace();
+    const MemoryPlan natural = pending_memory_plan();
+    EXPECT_EQ(natural.accumulated_in_place, 0) << c.what;
+    EXPECT_TRUE(testing::all_close(plain.to_vector<double>(), want, 1e-6)) << c.what;
+    Tensor y = trace();
+    MemoryBudgetScope budget({natural.step_bytes - 1, 0});
+    const MemoryPlan p = pending_memory_plan();
+    EXPECT_EQ(p.accumulated_in_place, 1) << c.what << "\n" << p.report();
+    EXPECT_EQ(p.unstacked_slices, 0) << c.what;
+    EXPECT_EQ(p.recomputed_steps, 0) << c.what;
+    EXPECT_LT(p.arena_bytes, natural.arena_bytes) << c.what;
+    EXPECT_NE(p.report().find("accumulated in place: 1 Steps"), std::string::npos) << p.report();
+    const std::vector<double> got = y.to_vector<double>();
+    if (integer) EXPECT_EQ(got, want) << c.what;
+    else EXPECT_TRUE(testing::all_close(got, want, 1e-6)) << c.what;
+  }
+  // An elementwise add of two column sums (Reduce Steps' temporaries) writes over one of them.
+  {
+    Tensor r1 = testing::random_tensor({96, 40}, DType::Float32, 9), r2 = testing::random_tensor({96, 40}, DType::Float32, 10);
+    const std::vector<double> v1 = r1.to_vector<double>(), v2 = r2.to_vector<double>();
+    std::vector<double> want(40, 0.0);
+    for (size_t i = 0; i < v1.size(); ++i) want[i % 40] += v1[i] + v2[i];
+    Tensor plain = r1.sum({0}) + r2.sum({0});
+    const MemoryPlan natural = pending_memory_plan();
+    EXPECT_TRUE(testing::all_close(plain.to_vector<double>(), want, 1e-6));
+    Tensor y = r1.sum({0}) + r2.sum({0});
+    MemoryBudgetScope budget({natural.step_bytes - 1, 0});
+    const MemoryPlan p = pending_memory_plan();
+    EXPECT_EQ(p.accumulated_in_place, 1) << p.report();
+    EXPECT_TRUE(testing::all_close(y.to_vector<double>(), want, 1e-6)) << "elementwise";
+  }
+  // A kernel gradient (deep: K = batch x positions, in split-K chunks of the window kernel): the
+  // gradient of a kernel used by two convolutions is the sum of two window products.
+  Tensor x1 = testing::random_tensor({4, 8, 20, 20}, DType::Float32, 5), x2 = testing::random_tensor({4, 8, 20, 20}, DType::Float32, 6);
+  Tensor g = testing::random_tensor({4, 16, 18, 18}, DType::Float32, 7);
+  const std::vector<double> v1 = x1.to_vector<double>(), v2 = x2.to_vector<double>(), vg = g.to_vector<double>();
+  std::vector<double> want(16 * 8 * 9, 0.0);
+  for (int64_t o = 0; o < 16; ++o)
+    for (int64_t f = 0; f < 8; ++f)
+      for (int64_t u = 0; u < 3; ++u)
+        for (int64_t v = 0; v < 3; ++v) {
+          double sum = 0;
+          for (int64_t n = 0; n < 4; ++n)
+            for (int64_t i = 0; i < 18; ++i)
+              for (int64_t j = 0; j < 18; ++j) {
+                const size_t x = size_t(((n * 8 + f) * 20 + i + u) * 20 + j + v);
+                sum += vg[size_t(((n * 16 + o) * 18 + i) * 18 + j)] * (v1[x] + v2[x]);
+              }
+          want[size_t(((o * 8 + f) * 3 + u) * 3 + v)] = sum;
+        }
+  for (bool budgeted : {false, true}) {
+    Tensor w = testing::random_tensor({16, 8, 3, 3}, DType::Float32, 8).requires_grad_();
+    ((conv2d(x1, w) + conv2d(x2, w)) * g).sum().backward();
+    const MemoryPlan natural = pending_memory_plan();
+    std::optional<MemoryBudgetScope> budget;
+    if (budgeted) budget.emplace(MemoryBudget{natural.step_bytes - 1, 0});
+    const MemoryPlan p = pending_memory_plan();
+    EXPECT_EQ(p.accumulated_in_place, budgeted ? 1 : 0) << p.report();
+    EXPECT_TRUE(testing::all_close(w.grad().to_vector<double>(), want, 1e-6)) << "kernel gradient, budgeted " << budgeted;
+  }
 }
 
 // The memory limit (issue 27: out of memory is an error): a step whose new buffers would cross it
@@ -645,10 +785,9 @@ TEST(MemoryBudgetProperty, RandomTrainingGraphsMeetABudgetWithTheSameValuesOrFai
   std::printf("random training graphs: %d of %d met a random budget; at half the natural figure %d of %d whose lower bound is under "
               "it met it (%d plans unstacked)\n", met_random, kGraphs, met_half, eligible, unstacked);
   EXPECT_GE(eligible, kGraphs * 9 / 10) << "the generator makes graphs whose activations dominate";
-  // The issue asks 80%. Short of it: the smallest graphs, where the weight gradients' running sums
-  // across slices (in the arena, beside the outputs) do not fit in half the natural figure
-  // (docs/architecture.md, "Memory budget"). The floor is what is met today.
-  EXPECT_GE(met_half * 10, eligible * 7) << met_half << " of " << eligible;
+  // The issue asks 80% (33 of 36 today; 28 before the weight gradients accumulated in their
+  // output buffers: docs/architecture.md, "Memory budget").
+  EXPECT_GE(met_half * 10, eligible * 8) << met_half << " of " << eligible;
 }
 
 }  // namespace

@@ -47,6 +47,7 @@ class CpuBackend : public Backend {
   kir::Target properties(int) const override {
     kir::Target t;
     t.collectives = true;  // through the current communicator
+    t.gemm_accumulate = true;  // every product path adds into its output (gemm.cpp)
     return t;
   }
   void* allocate(int, size_t nbytes) override {

@@ -41,14 +41,42 @@ struct GemmKernel final : CpuKernel {
   void run(const Step& st, const LaunchArgs& args) const override;
 };
 
-// C[m, n] = op(A)[m, k] @ op(B)[k, n] through the BLAS, row-major, R float or double.
+// C[m, n] = op(A)[m, k] @ op(B)[k, n] (+ C[m, n] when `add`) through the BLAS, row-major, R float
+// or double.
 template <class R>
 void blas_gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const R* a, int64_t lda, const R* b, int64_t ldb, R* c,
-               int64_t ldc) {
+               int64_t ldc, bool add = false) {
   auto oa = ta ? CblasTrans : CblasNoTrans, ob = tb ? CblasTrans : CblasNoTrans;
-  if constexpr (std::is_same_v<R, float>) cblas_sgemm(CblasRowMajor, oa, ob, m, n, k, 1.0f, a, lda, b, ldb, 0.0f, c, ldc);
-  else cblas_dgemm(CblasRowMajor, oa, ob, m, n, k, 1.0, a, lda, b, ldb, 0.0, c, ldc);
+  if constexpr (std::is_same_v<R, float>) cblas_sgemm(CblasRowMajor, oa, ob, m, n, k, 1.0f, a, lda, b, ldb, add ? 1.0f : 0.0f, c, ldc);
+  else cblas_dgemm(CblasRowMajor, oa, ob, m, n, k, 1.0, a, lda, b, ldb, add ? 1.0 : 0.0, c, ldc);
 }
+
+// An accumulating Step (Step::accumulate) through a kernel that stores its product rather than
+// adding it (the lanes form, vdpbf16ps): the rows x cols block at c (rows ldc apart) is saved in
+// this thread's buffer before the product overwrites it, and added back after. The buffer holds
+// one block (at most 128 rows, or M x 16), never the whole output.
+class PriorBlock {
+ public:
+  PriorBlock(bool on, float* c, int64_t rows, int64_t cols, int64_t ldc) : c_(on ? c : nullptr), rows_(rows), cols_(cols), ldc_(ldc) {
+    if (!c_) return;
+    buf().resize(std::max(buf().size(), size_t(rows * cols)));
+    for (int64_t i = 0; i < rows; ++i) std::copy(c + i * ldc, c + i * ldc + cols, buf().data() + i * cols);
+  }
+  void add() const {
+    if (!c_) return;
+    const float* p = buf().data();
+    for (int64_t i = 0; i < rows_; ++i)
+      for (int64_t j = 0; j < cols_; ++j) c_[i * ldc_ + j] += p[i * cols_ + j];
+  }
+
+ private:
+  static std::vector<float, LineAligned<float>>& buf() {
+    thread_local std::vector<float, LineAligned<float>> b;
+    return b;
+  }
+  float* c_;
+  int64_t rows_, cols_, ldc_;
+};
 
 // One operand of a matmul as BLAS sees it. One that is not BLAS-addressable (an im2col window,
 // a stacked map) is packed densely: per_block (a floating product over several batches), block
@@ -111,16 +139,20 @@ const void* pack_rows(const GemmOperand& g, int which, int64_t b, int64_t r0, in
   return buf.data();
 }
 
-// c[e] = part[e] + part[n + e] + ... + part[(chunks - 1) * n + e], added in that order, for e < n:
-// split-K partial products summed. Blocks of e take every chunk in turn, so each chunk is read
-// in runs (the chunks lie a multiple of 4 KiB apart, whose same elements share an L1 set).
+// c[e] = part[e] + part[n + e] + ... + part[(chunks - 1) * n + e], added in that order, for e < n
+// (with `add`: c[e] + part[e] + ...): split-K partial products summed. Blocks of e take every
+// chunk in turn, so each chunk is read in runs (the chunks lie a multiple of 4 KiB apart, whose
+// same elements share an L1 set).
 template <class R>
-void sum_partials(const R* part, int64_t chunks, int64_t n, R* c) {
+void sum_partials(const R* part, int64_t chunks, int64_t n, R* c, bool add) {
   constexpr int64_t kRun = 1024;
 #pragma omp parallel for schedule(static) if (n * chunks >= kParallelMin)
   for (int64_t e0 = 0; e0 < n; e0 += kRun) {
     const int64_t e1 = std::min(n, e0 + kRun);
-    std::copy(part + e0, part + e1, c + e0);
+    if (add)
+      for (int64_t e = e0; e < e1; ++e) c[e] += part[e];
+    else
+      std::copy(part + e0, part + e1, c + e0);
     for (int64_t q = 1; q < chunks; ++q)
       for (int64_t e = e0; e < e1; ++e) c[e] += part[q * n + e];
   }
@@ -229,7 +261,7 @@ class GemmLaunch {
     epi_in_ = inputs_of(st_, args_);
     loop_ = loop_for(k_.epilogue, st_.program, st_, epi_in_, args_, base_);
     if (K_ == 0) {
-      std::memset(out_, 0, size_t(nb_ * M_ * N_) * elem_);
+      if (!st_.accumulate) std::memset(out_, 0, size_t(nb_ * M_ * N_) * elem_);
       for (int64_t b = 0; b < nb_; ++b) epilogue(b, 0, M_, 0, N_);
       return;
     }
@@ -293,8 +325,10 @@ class GemmLaunch {
       const float* x = bm + w.b_off[size_t(b)];
       for (int64_t q = 0; q < np; ++q) {
         const Window::Piece& pc = w.pieces[size_t(q)];
+        PriorBlock prior(st_.accumulate, c + b * M_ * N_ + pc.at, M_, pc.len, N_);
         window_gemm::lanes_product(x + w.n_off[size_t(pc.at)], pc.split, pc.off1, w.k_off.data(), K_, a, M_, M_, pc.len,
                                    c + b * M_ * N_ + pc.at, N_);
+        prior.add();
       }
       epilogue(b, 0, M_, 0, N_);
     }
@@ -312,12 +346,12 @@ class GemmLaunch {
     }
   }
 
-  // Columns [n0, n1) of batch b's product over depths [k0, k1), into dst ([M, N]).
-  void window_tile(const float* at, int64_t b, int64_t n0, int64_t n1, int64_t k0, int64_t k1, float* dst) const {
+  // Columns [n0, n1) of batch b's product over depths [k0, k1), into dst ([M, N]; added to it with `add`).
+  void window_tile(const float* at, int64_t b, int64_t n0, int64_t n1, int64_t k0, int64_t k1, float* dst, bool add) const {
     const Window& w = *k_.window;
     const float* bm = static_cast<const float*>(args_.slots[st_.inputs[1]]);
     window_gemm::product(bm + w.b_off[size_t(b)], w.n_off.data() + n0, n1 - n0, w.k_off.data() + k0, k1 - k0, at, mp_, M_,
-                         dst + n0, N_, true, false);
+                         dst + n0, N_, true, add);
   }
 
   void window_split_k(int64_t nk) const {
@@ -330,9 +364,9 @@ class GemmLaunch {
       thread_local std::vector<float, LineAligned<float>> at;
       at.resize(size_t(depth * mp_));
       pack_at(at.data(), w.a_of[size_t(b)], k0, k1);
-      window_tile(at.data(), b, 0, N_, k0, k1, part.data() + (q * nb_ + b) * M_ * N_);
+      window_tile(at.data(), b, 0, N_, k0, k1, part.data() + (q * nb_ + b) * M_ * N_, false);
     }
-    sum_partials(part.data(), chunks, nb_ * M_ * N_, reinterpret_cast<float*>(out_));
+    sum_partials(part.data(), chunks, nb_ * M_ * N_, reinterpret_cast<float*>(out_), st_.accumulate);
     for (int64_t b = 0; b < nb_; ++b) epilogue(b, 0, M_, 0, N_);
   }
 
@@ -349,7 +383,7 @@ class GemmLaunch {
 #pragma omp parallel for schedule(static)
     for (int64_t t = 0; t < nb_ * nch; ++t) {
       const int64_t b = t / nch, n0 = t % nch * len, n1 = std::min(N_, n0 + len);
-      window_tile(at.data() + w.a_of[size_t(b)] * K_ * mp_, b, n0, n1, 0, K_, c + b * M_ * N_);
+      window_tile(at.data() + w.a_of[size_t(b)] * K_ * mp_, b, n0, n1, 0, K_, c + b * M_ * N_, st_.accumulate);
       epilogue(b, 0, M_, n0, n1);
     }
   }
@@ -402,13 +436,15 @@ class GemmLaunch {
           bf16_gemm::pack_a(a, rs, cs, rows, K_, ap.data());
           a = ap.data();
         }
+        PriorBlock prior(st_.accumulate, c + n0, rows, n1 - n0, N_);
         bf16_gemm::product(a, lda, (K_ + 1) / 2 * 2, bh.data() + b * bsize + n0 * ((K_ + 1) / 2 * 2), rows, n1 - n0, c + n0, N_);
+        prior.add();
       } else {
         thread_local std::vector<float, LineAligned<float>> af;
         af.resize(std::max(af.size(), size_t(rows * K_)));
         for (int64_t i = 0; i < rows; ++i)
           for (int64_t q = 0; q < K_; ++q) af[size_t(i * K_ + q)] = to_float(t, a[i * rs + q * cs]);
-        blas_gemm(false, false, rows, n1 - n0, K_, af.data(), K_, bf.data() + b * bsize + n0, N_, c + n0, N_);
+        blas_gemm(false, false, rows, n1 - n0, K_, af.data(), K_, bf.data() + b * bsize + n0, N_, c + n0, N_, st_.accumulate);
       }
       epilogue(b, m0, m1, n0, n1);
     }
@@ -481,10 +517,10 @@ class GemmLaunch {
     if (b_.pack) bp = static_cast<const char*>(pack_rows(b_, 1, b, 0, K_, elem_)), ldb = N_;  // whole rows: n0 = 0
     if (st_.dtype == DType::Float32)
       blas_gemm(a_.trans, b_.trans, m1 - m0, n1 - n0, K_, reinterpret_cast<const float*>(ap), lda,
-                reinterpret_cast<const float*>(bp), ldb, reinterpret_cast<float*>(c), N_);
+                reinterpret_cast<const float*>(bp), ldb, reinterpret_cast<float*>(c), N_, st_.accumulate);
     else
       blas_gemm(a_.trans, b_.trans, m1 - m0, n1 - n0, K_, reinterpret_cast<const double*>(ap), lda,
-                reinterpret_cast<const double*>(bp), ldb, reinterpret_cast<double*>(c), N_);
+                reinterpret_cast<const double*>(bp), ldb, reinterpret_cast<double*>(c), N_, st_.accumulate);
     epilogue(b, m0, m1, n0, n1);
   }
 
@@ -495,7 +531,7 @@ class GemmLaunch {
     };
     for (int64_t i = m0; i < m1; ++i)
       for (int64_t j = n0; j < n1; ++j) {
-        int64_t sum = 0;
+        int64_t sum = st_.accumulate ? read_index(c, st_.dtype, i * N_ + j) : 0;
         for (int64_t q = 0; q < K_; ++q) sum += at(a_, ao, i, q) * at(b_, bo, q, j);
         if (st_.dtype == DType::Int32) reinterpret_cast<int32_t*>(c)[i * N_ + j] = int32_t(sum);
         else reinterpret_cast<int64_t*>(c)[i * N_ + j] = sum;
@@ -521,7 +557,7 @@ class GemmLaunch {
       blas_gemm(a_.trans, b_.trans, m1 - m0, n1 - n0, k1 - k0, a + ao, a_.ld, bm + bo, b_.ld,
                 part.data() + q * M_ * N_ + m0 * N_ + n0, N_);
     }
-    sum_partials(part.data(), nch, M_ * N_, reinterpret_cast<R*>(out_));
+    sum_partials(part.data(), nch, M_ * N_, reinterpret_cast<R*>(out_), st_.accumulate);
   }
 
   const GemmKernel& k_;

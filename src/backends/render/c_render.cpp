@@ -821,6 +821,8 @@ std::vector<KernelCode> render(const Step& st, const Dialect& d) {
     case StepKind::Row: return {render_row(st, d.row_block)};
     case StepKind::Reduce: return {render_reduce(st)};
     case StepKind::Gemm: {
+      if (st.accumulate)  // only for targets declaring Target::gemm_accumulate; these do not
+        fail("render", "an accumulating product (C += A @ B) is not rendered (step " + st.str() + ")", "");
       // A B whose columns are not contiguous (a Linear layer's transposed weight), or that is
       // read through a stacked map (a conv's im2col window), is packed densely into the scratch
       // slot first, so the GEMM's inner loop reads contiguous columns. An epilogue that loads B's

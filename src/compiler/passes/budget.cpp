@@ -82,26 +82,44 @@ void meet_budget(Plan& plan, const ir::Graph& g, const Options& opts, const Plan
   plan.memory.budget_bytes = budget;
   if (plan.memory.step_bytes <= budget) return;
   const double base_cost = plan_cost(plan);
-  // Candidates, each a plan and (for unstacking) its graph: rematerialization on the plan;
-  // unstacking, then rematerialization on its plan when the slices alone fall short. Of those
-  // meeting the budget the one whose Steps cost least (flops + bytes by the cost rules) wins;
-  // none meeting it: the smallest step bytes, for the error.
+  // In-place accumulation costs nothing (the same Steps), so every candidate starts from it.
+  auto in_place = [&](Plan& p) {
+    if (!opts.enabled("accumulate")) return;
+    if (const int n = accumulate_in_place(p, opts.target)) {
+      plan_memory(p, opts);
+      p.memory.accumulated_in_place = n;
+    }
+  };
+  const PlanBuilder build_in_place = [&](const ir::Graph& x, const std::vector<int>& store) {
+    Plan p = build(x, store);
+    in_place(p);
+    return p;
+  };
+  // Candidates, each a plan and (for unstacking) its graph: in-place accumulation alone;
+  // rematerialization on the plan; unstacking, then rematerialization on its plan when the
+  // slices alone fall short. Of those meeting the budget the one whose Steps cost least (flops +
+  // bytes by the cost rules) wins; none meeting it: the smallest step bytes, for the error.
   struct Candidate {
     Plan plan;
     std::optional<ir::Graph> graph;
     Unstacked* un = nullptr;
   };
   auto remat = [&](Plan& p) {
+    const int accumulated = p.memory.accumulated_in_place;  // re-planning resets the memory info
     rematerialize(p, opts, budget, false);  // elementwise and normalization outputs first
     if (p.memory.step_bytes > budget) rematerialize(p, opts, budget, true);  // then GEMMs too
+    p.memory.accumulated_in_place = accumulated;
   };
   std::vector<Candidate> cands;
   std::optional<Unstacked> un;
+  Plan accumulated = plan;
+  in_place(accumulated);
+  if (accumulated.memory.accumulated_in_place) cands.push_back({accumulated, std::nullopt, nullptr});
   if (opts.enabled("remat")) {
-    cands.push_back({plan, std::nullopt, nullptr});
+    cands.push_back({accumulated, std::nullopt, nullptr});
     remat(cands.back().plan);
   }
-  if (opts.enabled("unstack")) un = unstack(g, budget, natural, build);
+  if (opts.enabled("unstack")) un = unstack(g, budget, natural, build_in_place);
   if (un) {
     Plan p = un->plan;
     if (p.memory.step_bytes > budget && opts.enabled("remat")) remat(p);

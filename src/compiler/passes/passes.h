@@ -70,6 +70,12 @@ struct Unstacked {
   std::string what;  // "<op> <shape> in <scope> along axis A into K slices (...)"
 };
 std::optional<Unstacked> unstack(const ir::Graph& g, size_t budget, size_t current, const PlanBuilder& build);
+// In-place accumulation (accumulate.cpp): a Gemm Step adding a temporary that dies there to its
+// product accumulates into its output instead (Step::accumulate, where target.gemm_accumulate),
+// and an Elementwise Step reading such a temporary only at the element it writes writes over it;
+// the temporary's slot becomes the output's. Returns how many Steps it rewrote (memory not
+// re-planned).
+int accumulate_in_place(Plan& plan, const kir::Target& target);
 // Recomputes temporaries live across the peak Step, cheapest per byte first (remat.cpp), until
 // plan.memory.step_bytes fits `budget` or no candidate is left; GEMMs only with allow_gemm.
 // Leaves the plan with the smallest step bytes it saw, memory planned.
