@@ -289,8 +289,9 @@ class DataParallel {
 // optionally clipped to max_norm by the global norm (an all_reduce of the shards' squared sums);
 // the Adam update of the rank's shard from its moments; the shards' updates all_gather'ed and
 // applied to every rank's full parameters with the weight decay. So it trains as DataParallel::step
-// with clip_grad_norm and AdamW does, with 1/N of the moments' memory per rank. Not checkpointed
-// (state_dict) yet. `dp` must outlive it.
+// with clip_grad_norm and AdamW does, with 1/N of the moments' memory per rank. `dp` must outlive it.
+// Checkpoints: state_dict() holds the moment shards this process keeps -- under MPI this rank's,
+// in process every rank's -- so each MPI rank saves its own; resuming needs the same N.
 class ZeroAdamW {
  public:
   ZeroAdamW(DataParallel& dp, std::vector<Tensor> params, AdamOptions o = {.lr = 1e-3, .weight_decay = 1e-2}, double max_norm = 0);
@@ -301,6 +302,13 @@ class ZeroAdamW {
   int64_t steps() const { return steps_; }
   // This rank's moment elements (both moments, every bucket): about 2 * parameters / N.
   int64_t state_numel() const;
+  // State for checkpoints: "step", "ranks" (N) and "lr" (scalars), and per bucket b and rank r
+  // whose shards this process holds (in process: every rank; under MPI: its own), "rank<r>.m.<b>"
+  // and "rank<r>.v.<b>" (float32 [padded length / N]). load_state_dict takes what state_dict gave
+  // on a run with the same N, rank (MPI) and parameters; another N, a missing or misshapen shard
+  // is an error naming it, and nothing changes.
+  std::map<std::string, Tensor> state_dict() const;
+  void load_state_dict(const std::map<std::string, Tensor>& sd);
 
  private:
   DataParallel& dp_;
@@ -313,6 +321,7 @@ class ZeroAdamW {
   std::vector<int64_t> padded_;
   std::vector<Tensor> m_, v_;
   std::vector<std::vector<Tensor>> others_m_, others_v_;
+  void make_layout();  // the buckets and zero moments (at the first step or a load)
 };
 
 }  // namespace tessera::optim

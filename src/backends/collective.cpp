@@ -1,5 +1,6 @@
 #include "backends/collective.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include "core/fail.h"
@@ -99,6 +100,168 @@ void run_collective_on_host(const kir::Step& st, void* const* slots) {
     }
     default: fail(op, "not a collective", scope);
   }
+}
+
+// ---- the collective-sequence check ----
+namespace {
+
+std::string describe(const kir::Step& st, const ir::CollectiveAttrs& c) {
+  std::string s = ir::op_name(st.collective);
+  switch (st.collective) {
+    case ir::Op::AllReduce: s += std::string(" ") + ir::reduce_kind_name(c.kind); break;
+    case ir::Op::AllGather:
+    case ir::Op::ReduceScatter: s += "(axis " + std::to_string(c.axis) + ")"; break;
+    case ir::Op::AllToAll: s += "(split axis " + std::to_string(c.axis) + ", concat axis " + std::to_string(c.concat_axis) + ")"; break;
+    case ir::Op::Broadcast:
+    case ir::Op::Reduce: s += "(root " + std::to_string(c.root) + ")"; break;
+    case ir::Op::CollectivePermute: {
+      s += "(";
+      for (size_t k = 0; k < c.pairs.size(); ++k)
+        s += (k ? ", " : "") + std::to_string(c.pairs[k].first) + "->" + std::to_string(c.pairs[k].second);
+      s += ")";
+      break;
+    }
+    default: break;
+  }
+  const DType t = st.input_dtypes.empty() ? st.dtype : st.input_dtypes[0];
+  return s + " " + dtype_name(t) + shape_str(st.maps.at(0).shape()) + " for " + std::to_string(c.ranks) + " ranks";
+}
+
+// One line per collective in the exchanged text: "item\tscope\n" (tabs and newlines in either
+// would break the lines: spaces instead).
+std::string clean(std::string s) {
+  for (char& ch : s)
+    if (ch == '\t' || ch == '\n') ch = ' ';
+  return s;
+}
+std::string to_text(const CollectiveSequence& q) {
+  std::string t;
+  for (size_t i = 0; i < q.items.size(); ++i) t += clean(q.items[i]) + "\t" + clean(q.scopes[i]) + "\n";
+  return t;
+}
+CollectiveSequence from_text(const char* p, size_t n) {
+  CollectiveSequence q;
+  const std::string t(p, size_t(std::find(p, p + n, '\0') - p));
+  size_t at = 0;
+  while (at < t.size()) {
+    size_t tab = t.find('\t', at), end = t.find('\n', at);
+    if (end == std::string::npos) end = t.size();
+    if (tab == std::string::npos || tab > end) tab = end;
+    q.items.push_back(t.substr(at, tab - at));
+    q.scopes.push_back(tab < end ? t.substr(tab + 1, end - tab - 1) : "");
+    at = end + 1;
+  }
+  return q;
+}
+
+uint64_t fnv1a(uint64_t h, const std::string& s) {
+  for (unsigned char ch : s) h = (h ^ ch) * 1099511628211ull;
+  return (h ^ 0xffu) * 1099511628211ull;  // an item's end: "ab","c" and "a","bc" differ
+}
+
+}  // namespace
+
+CollectiveSequence collective_sequence(const std::vector<kir::Step>& steps) {
+  CollectiveSequence q;
+  uint64_t h = 14695981039346656037ull;
+  for (const kir::Step& st : steps) {
+    if (st.kind != kir::StepKind::Collective) continue;
+    const ir::CollectiveAttrs c = ir::CollectiveAttrs::from(st.collective, ir::Attrs{st.collective_attrs, 0});
+    q.items.push_back(describe(st, c));
+    q.scopes.push_back(st.sources.empty() ? "" : st.sources[0].scope);
+    q.group.push_back(c.ranks);
+    h = fnv1a(h, q.items.back());
+  }
+  q.hash = q.items.empty() ? 0 : h;
+  return q;
+}
+
+std::string compare_collective_sequences(const std::vector<const CollectiveSequence*>& ranks) {
+  size_t longest = 0;
+  for (const CollectiveSequence* q : ranks) longest = std::max(longest, q->items.size());
+  for (size_t i = 0; i < longest; ++i) {
+    const CollectiveSequence& first = *ranks[0];
+    bool same = true;
+    for (const CollectiveSequence* q : ranks)
+      same &= (i < q->items.size()) == (i < first.items.size()) && (i >= first.items.size() || q->items[i] == first.items[i]);
+    if (same) continue;
+    std::string m = "the ranks compiled different collective sequences (every rank fails): collective " + std::to_string(i) + ": ";
+    for (size_t r = 0; r < ranks.size(); ++r) {
+      const CollectiveSequence& q = *ranks[r];
+      m += (r ? "; rank " : "rank ") + std::to_string(r) + " ";
+      if (i < q.items.size()) m += q.items[i] + (q.scopes[i].empty() ? "" : " (in scope '" + q.scopes[i] + "')");
+      else m += "none (it compiled " + std::to_string(q.items.size()) + (q.items.size() == 1 ? " collective)" : " collectives)");
+    }
+    return m;
+  }
+  return "";
+}
+
+void check_collective_sequence(const CollectiveSequence& mine, Communicator& comm, Backend& be, int device) {
+  const size_t N = size_t(comm.size());
+  if (N < 2) return;
+  // Buffers in the backend's memory (the communicator's), freed however this ends.
+  struct Scratch {
+    Backend& be;
+    int device;
+    size_t n;
+    void* p;
+    Scratch(Backend& b, int d, size_t bytes) : be(b), device(d), n(std::max<size_t>(bytes, 1)), p(b.allocate(d, n)) {}
+    ~Scratch() { be.free(device, p, n); }
+  };
+  const std::string text = to_text(mine);
+  // {marker, hash, count, text bytes}: the marker tells a header from the data of a rank that is
+  // not at this check (one that launched a collective without it, having agreed on its sequence
+  // before): the per-call check usually catches that first, unless its call is this one's shape.
+  constexpr int64_t kMarker = 0x5453515345514348;  // "TSQSEQCH"
+  const int64_t head[4] = {kMarker, int64_t(mine.hash), int64_t(mine.items.size()), int64_t(text.size())};
+  std::vector<int64_t> heads(4 * N);
+  {
+    Scratch send(be, device, sizeof head), recv(be, device, heads.size() * 8);
+    be.copy_in(send.p, head, sizeof head);
+    comm.all_gather(send.p, recv.p, 4, DType::Int64);
+    be.synchronize();
+    be.copy_out(heads.data(), recv.p, heads.size() * 8);
+  }
+  for (size_t r = 0; r < N; ++r)
+    if (heads[4 * r] != kMarker)
+      fail("spmd", "rank " + std::to_string(r) + " is not at the collective-sequence check where this rank (" + std::to_string(comm.rank()) +
+                       ") is: it launched a collective of a sequence it had agreed on before, this rank one it had not; the ranks "
+                       "run different programs",
+           "");
+  bool same = true;
+  size_t longest = 0;
+  for (size_t r = 0; r < N; ++r) {
+    same &= heads[4 * r + 1] == head[1] && heads[4 * r + 2] == head[2];
+    longest = std::max(longest, size_t(std::max<int64_t>(heads[4 * r + 3], 0)));
+  }
+  std::string why;
+  if (!same) {
+    // Every rank saw the same heads, so every rank takes this branch: the texts, padded to the longest.
+    std::vector<char> padded(longest, 0), all(N * longest, 0);
+    std::memcpy(padded.data(), text.data(), text.size());
+    if (longest) {
+      Scratch send(be, device, longest), recv(be, device, all.size());
+      be.copy_in(send.p, padded.data(), longest);
+      comm.all_gather(send.p, recv.p, longest, DType::Bool);
+      be.synchronize();
+      be.copy_out(all.data(), recv.p, all.size());
+    }
+    std::vector<CollectiveSequence> seqs;
+    for (size_t r = 0; r < N; ++r) seqs.push_back(from_text(all.data() + r * longest, longest));
+    std::vector<const CollectiveSequence*> ptrs;
+    for (const CollectiveSequence& q : seqs) ptrs.push_back(&q);
+    why = compare_collective_sequences(ptrs);
+    if (why.empty())  // equal texts under different hashes: not expected, but never a silent pass
+      why = "the ranks compiled different collective sequences (every rank fails): their fingerprints differ";
+  } else {
+    // The same sequence on every rank: each collective must be for this communicator's group.
+    for (size_t i = 0; i < mine.items.size() && why.empty(); ++i)
+      if (mine.group[i] != int64_t(N))
+        why = "collective " + std::to_string(i) + " (" + mine.items[i] + ") is not for the communicator's group (" + comm.name() +
+              ", " + std::to_string(N) + " ranks; every rank fails)";
+  }
+  if (!why.empty()) fail("spmd", why, "");
 }
 
 }  // namespace tessera::backends

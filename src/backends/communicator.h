@@ -24,6 +24,7 @@
 #pragma once
 #include <chrono>
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
@@ -60,12 +61,16 @@ class Communicator {
   // How long a call waits for the other ranks (default 30 s; TESSERA_COLLECTIVE_TIMEOUT_S).
   std::chrono::milliseconds timeout() const { return timeout_; }
   void set_timeout(std::chrono::milliseconds t) { timeout_ = t; }
+  // A number no other communicator of this process has or will have (never reused, unlike an
+  // address): what a cache of checks made on a communicator keys by (runtime's sequence check).
+  uint64_t serial() const { return serial_; }
 
  protected:
   Communicator();
 
  private:
   std::chrono::milliseconds timeout_;
+  uint64_t serial_;
 };
 
 // The calling thread's communicator: the innermost CommunicatorScope's, else the process's

@@ -161,12 +161,11 @@ int64_t ZeroAdamW::state_numel() const {
   return n;
 }
 
-double ZeroAdamW::step(const std::vector<Tensor>& global_batch, const std::function<Tensor(const std::vector<Tensor>&)>& loss_fn) {
+// The layout: DataParallel's buckets over every parameter; zero moments, this rank's shard of each
+// bucket (in process, every rank's).
+void ZeroAdamW::make_layout() {
   const int64_t N = dp_.ranks_;
   const Device dev = params_[0].device();
-  auto scalar = [&](double v) { return from_vector<double>({v}, {}, {DType::Float32, dev}); };
-  // The layout, at the first step: DataParallel's buckets over every parameter; zero moments,
-  // this rank's shard of each bucket (in process, every rank's).
   dp_.make_buckets(params_, true);
   const auto& buckets = dp_.buckets_;
   if (m_.empty()) {
@@ -188,6 +187,14 @@ double ZeroAdamW::step(const std::vector<Tensor>& global_batch, const std::funct
     }
     sync();  // realized: the other ranks' moments are inputs of their own
   }
+}
+
+double ZeroAdamW::step(const std::vector<Tensor>& global_batch, const std::function<Tensor(const std::vector<Tensor>&)>& loss_fn) {
+  const int64_t N = dp_.ranks_;
+  const Device dev = params_[0].device();
+  auto scalar = [&](double v) { return from_vector<double>({v}, {}, {DType::Float32, dev}); };
+  make_layout();  // at the first step; the buckets again at every step (DataParallel's, by the parameters)
+  const auto& buckets = dp_.buckets_;
   std::vector<std::vector<std::pair<Tensor, Tensor>>> others;
   int64_t rows = 0;
   Tensor loss = dp_.trace_rows(global_batch, loss_fn, others, rows);
@@ -252,6 +259,88 @@ double ZeroAdamW::step(const std::vector<Tensor>& global_batch, const std::funct
   m_ = new_m, v_ = new_v;
   steps_ = step;
   return mean_loss.item();
+}
+
+namespace {
+std::string shard_key(int64_t rank, const char* moment, size_t bucket) {
+  return "rank" + std::to_string(rank) + "." + moment + "." + std::to_string(bucket);
+}
+}  // namespace
+
+std::map<std::string, Tensor> ZeroAdamW::state_dict() const {
+  const Device cpu("cpu");
+  std::map<std::string, Tensor> sd;
+  sd["step"] = from_vector<int64_t>({steps_}, {}, {DType::Int64, cpu});
+  sd["ranks"] = from_vector<int64_t>({int64_t(dp_.ranks_)}, {}, {DType::Int64, cpu});
+  sd["lr"] = from_vector<double>({o_.lr}, {}, {DType::Float64, cpu});
+  const int64_t mine = dp_.in_process_ ? 0 : dp_.rank_;
+  for (size_t b = 0; b < m_.size(); ++b) {
+    sd[shard_key(mine, "m", b)] = m_[b];
+    sd[shard_key(mine, "v", b)] = v_[b];
+    for (size_t r = 0; r < others_m_.size(); ++r) {
+      sd[shard_key(int64_t(r + 1), "m", b)] = others_m_[r][b];
+      sd[shard_key(int64_t(r + 1), "v", b)] = others_v_[r][b];
+    }
+  }
+  return sd;
+}
+
+void ZeroAdamW::load_state_dict(const std::map<std::string, Tensor>& sd) {
+  const int64_t N = dp_.ranks_;
+  auto scalar = [&](const char* key) {
+    auto it = sd.find(key);
+    if (it == sd.end() || !it->second.defined() || it->second.numel() != 1)
+      fail_dp(std::string("ZeroAdamW: the state has no scalar '") + key + "' (not a ZeroAdamW state_dict?)");
+    return it->second;
+  };
+  const int64_t steps = scalar("step").item<int64_t>(), ranks = scalar("ranks").item<int64_t>();
+  if (ranks != N)
+    fail_dp("ZeroAdamW: the state's moments are sharded over " + std::to_string(ranks) + " ranks, this run has " + std::to_string(N) +
+            " (ZeRO-1 resumes with the same number of ranks)");
+  if (sd.size() == 2 + sd.count("lr")) {  // saved before the first step: no moments yet
+    if (steps != 0) fail_dp("ZeroAdamW: the state of step " + std::to_string(steps) + " holds no moments");
+    padded_.clear(), m_.clear(), v_.clear(), others_m_.clear(), others_v_.clear();
+    steps_ = 0;
+    if (auto l = sd.find("lr"); l != sd.end()) o_.lr = l->second.item();
+    return;
+  }
+  // The layout this run makes; every shard this process holds must be there with its shape.
+  ZeroAdamW fresh(dp_, params_, o_, max_norm_);
+  fresh.make_layout();
+  const int64_t first = dp_.in_process_ ? 0 : dp_.rank_, last = dp_.in_process_ ? N - 1 : dp_.rank_;
+  size_t held = 2;  // step and ranks
+  held += sd.count("lr");
+  for (int64_t r = first; r <= last; ++r)
+    for (size_t b = 0; b < fresh.m_.size(); ++b)
+      for (const char* moment : {"m", "v"}) {
+        const std::string key = shard_key(r, moment, b);
+        auto it = sd.find(key);
+        const Tensor& want = fresh.m_[b];
+        if (it == sd.end() || !it->second.defined())
+          fail_dp("ZeroAdamW: the state has no '" + key + "' (rank " + std::to_string(r) + "'s shard of bucket " + std::to_string(b) +
+                  " of " + std::to_string(fresh.m_.size()) + "; a state saved by another rank or for other parameters?)");
+        if (it->second.shape() != want.shape() || it->second.dtype() != DType::Float32)
+          fail_dp("ZeroAdamW: state entry '" + key + "' is " + dtype_name(it->second.dtype()) + shape_str(it->second.shape()) +
+                  ", this run's shard float32" + shape_str(want.shape()) + " (other parameters or buckets?)");
+        Tensor t = it->second.device() == want.device() ? it->second.clone() : it->second.to(want.device());
+        const bool is_m = moment[0] == 'm';
+        if (r == first) (is_m ? fresh.m_ : fresh.v_)[b] = t;
+        else (is_m ? fresh.others_m_ : fresh.others_v_)[size_t(r - 1)][b] = t;
+        ++held;
+      }
+  if (held != sd.size()) {
+    std::string extra;
+    for (const auto& [key, t] : sd)
+      if (key != "step" && key != "ranks" && key != "lr" && key.rfind("rank", 0) != 0) extra = key;
+    fail_dp("ZeroAdamW: the state holds " + std::to_string(sd.size()) + " entries, this run's layout " + std::to_string(held) +
+            (extra.empty() ? std::string(" (other buckets or ranks?)") : " ('" + extra + "' is not ZeroAdamW's)"));
+  }
+  sync();  // realized: the other ranks' moments are inputs of their own
+  padded_ = std::move(fresh.padded_);
+  m_ = std::move(fresh.m_), v_ = std::move(fresh.v_);
+  others_m_ = std::move(fresh.others_m_), others_v_ = std::move(fresh.others_v_);
+  steps_ = steps;
+  if (auto l = sd.find("lr"); l != sd.end()) o_.lr = l->second.item();
 }
 
 }  // namespace tessera::optim

@@ -9,8 +9,10 @@
 #include <optional>
 #include <thread>
 #include <unordered_map>
+#include <unordered_set>
 
 #include "backends/backend.h"
+#include "backends/collective.h"
 #include "backends/communicator.h"
 #include "compiler/lower.h"
 #include "compiler/pipeline.h"
@@ -31,6 +33,9 @@ struct Executable {
   std::unique_ptr<backends::Executable> whole;
   std::shared_ptr<Buffer> scalars;
   std::vector<int> scalar_params;  // slots of parameters staged into the scalars buffer
+  // Its collectives in launch order (empty: none), which the ranks compare before its first run
+  // on a communicator (check_collectives).
+  backends::CollectiveSequence collectives;
 };
 
 std::mutex g_mu;
@@ -172,6 +177,7 @@ std::shared_ptr<Executable> compile(const ir::Graph& g, const Device& dev, const
                                              "the cpu backend does: docs/architecture.md \"Parallelism\")",
              st.sources.empty() ? "" : st.sources[0].scope);
   std::vector<bool> library = claim_library_calls(exe->plan, be, dev.index);
+  exe->collectives = backends::collective_sequence(exe->plan.steps);
   for (size_t s = 0; s < exe->plan.steps.size(); ++s)
     exe->kernels.push_back(library[s] ? be.compile_library(exe->plan.steps[s]) : be.compile(exe->plan.steps[s]));
   compile_whole(*exe, g, optimized, be, dev);
@@ -207,6 +213,37 @@ struct Prepared {
 std::shared_ptr<Executable> g_last;  // the executable realize() ran last (under g_mu)
 StepHook g_hook;
 std::atomic<int64_t> g_guard_checked{0};
+
+// The collective-sequence check (docs/architecture.md "Parallelism"). Per communicator (its
+// serial), the sequences (hashes) its ranks have agreed on: a later launch of any executable
+// with one of them on that communicator checks nothing. Keyed by sequence rather than by
+// executable, so that a rank that compiled the same graph twice (a cleared cache, other
+// donations) does not exchange where the others do not.
+std::mutex g_agreed_mu;
+std::unordered_map<uint64_t, std::unordered_set<uint64_t>>& agreed() {
+  static auto* m = new std::unordered_map<uint64_t, std::unordered_set<uint64_t>>();
+  return *m;
+}
+std::atomic<int64_t> g_sequence_checks{0};
+
+// Before `exe`'s first Step on the calling thread's communicator: every rank compares its
+// collectives with the others' (backends::check_collective_sequence), throwing on every rank
+// when they differ. Nothing to do without collectives or with one rank.
+void check_collectives(const Executable& exe, backends::Backend& be, const Device& dev) {
+  if (exe.collectives.empty()) return;
+  backends::Communicator* comm = backends::current_communicator();
+  if (!comm || comm->size() < 2) return;
+  const uint64_t serial = comm->serial(), hash = exe.collectives.hash;
+  {
+    std::lock_guard<std::mutex> lock(g_agreed_mu);
+    auto it = agreed().find(serial);
+    if (it != agreed().end() && it->second.count(hash)) return;
+  }
+  g_sequence_checks++;
+  backends::check_collective_sequence(exe.collectives, *comm, be, dev.index);
+  std::lock_guard<std::mutex> lock(g_agreed_mu);
+  agreed()[serial].insert(hash);
+}
 
 // Builds the graph, decides donations and finds or compiles its executable (for `target`
 // instead of the nodes' device when given).
@@ -290,6 +327,7 @@ void clear_compile_cache() {
 }
 
 int64_t guard_bytes_checked() { return g_guard_checked; }
+int64_t collective_sequence_checks() { return g_sequence_checks; }
 void set_after_step_hook(StepHook hook) {
   std::lock_guard<std::mutex> lock(g_mu);
   g_hook = std::move(hook);
@@ -525,6 +563,8 @@ std::vector<std::shared_ptr<Buffer>> realize(const std::vector<Request>& req, Rn
     fail("sync", "device '" + dev.str() + "' compiles graphs but cannot run them (graph of " +
                      std::to_string(g.nodes.size()) + " nodes compiled to " + std::to_string(exe->plan.steps.size()) +
                      " steps)", "");
+  // Before anything is allocated or run: the ranks agree on the collectives they will call.
+  check_collectives(*exe, be, dev);
 
   auto t0 = std::chrono::steady_clock::now();
   const compiler::Plan& plan = exe->plan;
@@ -595,6 +635,28 @@ std::vector<std::vector<std::shared_ptr<Buffer>>> realize_spmd(const std::vector
     if (ranks[r]->rank() != int(r) || ranks[r]->size() != int(N))
       fail("spmd", "communicator " + std::to_string(r) + " is rank " + std::to_string(ranks[r]->rank()) + " of " +
                        std::to_string(ranks[r]->size()) + ", not rank " + std::to_string(r) + " of " + std::to_string(N), "");
+  // The collective-sequence check: ranks running one executable agree by construction; ranks with
+  // graphs of their own are compared here, before anything is allocated or any rank starts (each
+  // executable's sequence was made when it was compiled: no communication). Then every collective
+  // must be for this group.
+  {
+    std::vector<const backends::CollectiveSequence*> seqs;
+    bool differ = false;
+    for (size_t r = 0; r < N; ++r) {
+      const Prepared& p = own[r] ? *own[r] : prep;
+      seqs.push_back(&p.exe->collectives);
+      // Their hashes first (the per-rank dropout copies of a data-parallel step meet here every step).
+      differ |= p.exe != prep.exe && (p.exe->collectives.hash != prep.exe->collectives.hash ||
+                                      p.exe->collectives.items.size() != prep.exe->collectives.items.size());
+    }
+    const std::string why = differ ? backends::compare_collective_sequences(seqs) : "";
+    if (!why.empty()) fail("spmd", why, "");
+    const backends::CollectiveSequence& q = prep.exe->collectives;
+    for (size_t i = 0; i < q.items.size(); ++i)
+      if (q.group[i] != int64_t(N))
+        fail("spmd", "collective " + std::to_string(i) + " (" + q.items[i] + ") is not for the " + std::to_string(N) +
+                         " ranks it runs on (every rank fails)", q.scopes[i]);
+  }
   // Every rank's buffers are allocated here, on the calling thread; the rank threads only launch.
   std::vector<std::unique_ptr<Run>> runs;
   std::vector<std::shared_ptr<Executable>> exes;

@@ -60,6 +60,9 @@ void clear_compile_cache();
 // guard_bytes_checked() counts the bytes verified so far.
 constexpr unsigned char kGuardByte = 0xA5;
 int64_t guard_bytes_checked();
+// The collective-sequence checks realize() has made through a communicator (docs/architecture.md
+// "Parallelism"): one per sequence of collectives and communicator, before the first run there.
+int64_t collective_sequence_checks();
 // Testing: called after every launched Step with its number and the slot pointers (null: none).
 using StepHook = std::function<void(int step, void* const* slots)>;
 void set_after_step_hook(StepHook hook);

@@ -4,7 +4,9 @@
 # sharded) and under mpirun -np 2 --distributed. The per-step losses of the --log-json files must
 # agree to 1e-5 relative; under mpirun rank 0 writes FILE and the checkpoint, rank 1 FILE.rank1
 # and no checkpoint. Then resuming: 2 MPI ranks
-# continue rank 0's checkpoint of step 3 to step 5 as one rank continues its own.
+# continue rank 0's checkpoint of step 3 to step 5 as one rank continues its own; and ZeRO-1
+# (--zero1: sharded moments, MPI rank 1 writing its own to ckpt.safetensors.rank1) resumed from
+# step 3, in process and on 2 MPI ranks, gives the uninterrupted --zero1 run's steps 4 and 5.
 # usage: cli_train.sh MPIRUN TESSERA
 mpirun=$1
 tessera=$2
@@ -24,6 +26,14 @@ timeout 120 "$mpirun" --allow-run-as-root --oversubscribe -np 2 "$tessera" $args
   timeout 120 "$mpirun" --allow-run-as-root --oversubscribe -np 2 "$tessera" $args --steps 5 --distributed --out "$dir/ck2" --resume --log-json "$dir/r2.jsonl" \
     >> "$dir/r2.out" 2>&1 || { cat "$dir/r2.out"; echo "FAIL: mpirun -np 2 --distributed, resumed"; exit 1; }
 grep -q "resumed from" "$dir/r2.out" || { cat "$dir/r2.out"; echo "FAIL: the MPI job did not resume"; exit 1; }
+"$tessera" $args --steps 3 --data-parallel 2 --zero1 --out "$dir/ck3" > "$dir/r3.out" 2>&1 &&
+  "$tessera" $args --steps 5 --data-parallel 2 --zero1 --out "$dir/ck3" --resume --log-json "$dir/r3.jsonl" >> "$dir/r3.out" 2>&1 ||
+  { cat "$dir/r3.out"; echo "FAIL: --data-parallel 2 --zero1, resumed"; exit 1; }
+timeout 120 "$mpirun" --allow-run-as-root --oversubscribe -np 2 "$tessera" $args --steps 3 --distributed --zero1 --out "$dir/ck4" > "$dir/r4.out" 2>&1 &&
+  [ -f "$dir/ck4/ckpt.safetensors.rank1" ] &&
+  timeout 120 "$mpirun" --allow-run-as-root --oversubscribe -np 2 "$tessera" $args --steps 5 --distributed --zero1 --out "$dir/ck4" --resume \
+    --log-json "$dir/r4.jsonl" >> "$dir/r4.out" 2>&1 || { cat "$dir/r4.out"; ls "$dir/ck4"; echo "FAIL: mpirun -np 2 --distributed --zero1, resumed"; exit 1; }
+grep -q "resumed from" "$dir/r3.out" && grep -q "resumed from" "$dir/r4.out" || { echo "FAIL: a --zero1 run did not resume"; exit 1; }
 python3 - "$dir" <<'PY'
 import json, sys
 d = sys.argv[1]
@@ -48,5 +58,12 @@ print("resumed: one rank", ["%.6f" % x for x in r1], "2 MPI ranks", ["%.6f" % x 
 if len(r1) != 2 or len(r2) != 2 or any(abs(a - b) > 1e-5 * abs(a) for a, b in zip(r1, r2)):
     print("FAIL: resumed losses differ")
     bad += 1
+zero = losses("zero.jsonl")[3:]
+for name in ("r3.jsonl", "r4.jsonl", "r4.jsonl.rank1"):
+    got = losses(name)
+    print(f"--zero1 resumed ({name})", ["%.6f" % x for x in got], "uninterrupted", ["%.6f" % x for x in zero])
+    if len(got) != 2 or any(abs(a - b) > 1e-5 * abs(a) for a, b in zip(zero, got)):
+        print(f"FAIL: --zero1 resumed losses ({name}) differ from the uninterrupted run's")
+        bad += 1
 sys.exit(1 if bad else 0)
 PY

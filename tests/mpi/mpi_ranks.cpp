@@ -4,13 +4,16 @@
 //   graph     a graph of every collective (fused producers, strided inputs, consumers) on each
 //             rank's own inputs, checked against reference::evaluate_ranks over both ranks'
 //             inputs (each rank can draw the other's: fixed seeds)
-//   mismatch  rank 0 all-reduces 4 elements, rank 1 3: both must fail naming the collective
+//   mismatch  rank 0 all-reduces 4 elements, rank 1 3 (communicator calls): both must fail naming the collective
+//   sequence  the ranks' graphs differ in their second collective: both fail before any Step runs
+//             (the collective-sequence check), naming it; agreeing graphs run, checked once
 //   die       rank 1 is killed before the all-reduce rank 0 waits in (lost_rank.sh checks the job)
 //   gpt       data parallelism (optim::DataParallel::process_group): the small GPT trained on the 2
 //             ranks, each on half of every batch, against one device on the whole batch (each
 //             rank trains that itself first): the same losses to 1e-5 relative over 20 steps, with
 //             dropout 0.1 (each rank draws the masks of its rows of the batch); and ZeRO-1
 //             (optim::ZeroAdamW, moments sharded) the same losses as plain data parallel
+#include <atomic>
 #include <cmath>
 #include <csignal>
 #include <cstdio>
@@ -86,10 +89,11 @@ int graph(int rank, int N) {
   return bad ? 1 : 0;
 }
 
+// Each call's own check, on the communicator directly (a graph would meet the sequence check first).
 int mismatch(int rank) {
-  ir::NodePtr x = leaf(values(size_t(4 - rank), 1), {4 - rank});
+  std::vector<float> x(4, 1.0f), y(4);
   try {
-    runtime::realize({{b::all_reduce(x, 2, ReduceKind::Sum), {}}}, {});
+    backends::current_communicator()->all_reduce(x.data(), y.data(), size_t(4 - rank), DType::Float32, ReduceKind::Sum);
   } catch (const Error& e) {
     const std::string m = e.what();
     bool ok = m.find("[all_reduce] the ranks disagree") != std::string::npos &&
@@ -99,6 +103,62 @@ int mismatch(int rank) {
   }
   std::printf("rank %d: the mismatch was not refused\n", rank);
   return 1;
+}
+
+// The collective-sequence check: each rank's graph writes 2x into x's buffer (donated), all-reduces
+// it, then rank 0 all-reduces the result and rank 1 all-gathers it. Both ranks must fail before
+// any Step runs (x intact, no Step launched), naming collective 1 and each rank's side; then a
+// graph both ranks agree on runs, checked on its first launch only.
+int sequence(int rank) {
+  std::atomic<int> steps{0};
+  runtime::set_after_step_hook([&](int, void* const*) { steps++; });
+  const std::vector<double> v = values(32, 30 + uint32_t(rank));
+  auto graph = [&](bool gather) {
+    ir::NodePtr x = leaf(v, {4, 8});
+    ir::NodePtr y = b::mul(x, b::full(2.0, {4, 8}, DType::Float32, Device("cpu")));
+    ir::NodePtr c1 = b::all_reduce(y, 2, ReduceKind::Sum);
+    return std::pair{x, std::vector<runtime::Request>{{y, x->buffer}, {gather ? b::all_gather(c1, 2, 0) : b::all_reduce(c1, 2, ReduceKind::Sum), {}}}};
+  };
+  int bad = 0;
+  auto [x, req] = graph(rank == 1);
+  const int64_t checks = runtime::collective_sequence_checks();
+  try {
+    runtime::realize(req, {});
+    std::printf("rank %d: the different sequences were not refused\n", rank);
+    ++bad;
+  } catch (const Error& e) {
+    const std::string m = e.what();
+    const bool ok = m.find("[spmd] the ranks compiled different collective sequences (every rank fails): collective 1: rank 0 "
+                           "all_reduce sum float32[4, 8] for 2 ranks; rank 1 all_gather(axis 0) float32[4, 8] for 2 ranks") !=
+                    std::string::npos;
+    std::printf("rank %d: %s: %s\n", rank, ok ? "refused up front as expected" : "WRONG MESSAGE", m.c_str());
+    bad += !ok;
+  }
+  std::vector<float> now(32);
+  runtime::download(*x->buffer, now.data(), now.size() * 4);
+  for (size_t i = 0; i < 32; ++i) bad += now[i] != float(v[i]);
+  if (steps != 0 || runtime::collective_sequence_checks() - checks != 1) {
+    std::printf("rank %d: %d Steps ran, %lld checks made (0 and 1 expected)\n", rank, steps.load(),
+                (long long)(runtime::collective_sequence_checks() - checks));
+    ++bad;
+  }
+  // Agreeing ranks run; the second launch of the same sequence checks nothing.
+  for (int round = 0; round < 2; ++round) {
+    auto [x2, req2] = graph(false);
+    const int64_t before = runtime::collective_sequence_checks();
+    std::vector<std::shared_ptr<Buffer>> got = runtime::realize(req2, {});
+    std::vector<float> c2(32);
+    runtime::download(*got[1], c2.data(), c2.size() * 4);
+    const std::vector<double> v0 = values(32, 30), v1 = values(32, 31);
+    for (size_t i = 0; i < 32; ++i) bad += std::fabs(c2[i] - 4 * (v0[i] + v1[i])) > 1e-5;
+    if (runtime::collective_sequence_checks() - before != (round == 0 ? 1 : 0)) {
+      std::printf("rank %d: round %d made %lld checks\n", rank, round, (long long)(runtime::collective_sequence_checks() - before));
+      ++bad;
+    }
+  }
+  runtime::set_after_step_hook(nullptr);
+  std::printf("rank %d: sequence check %s\n", rank, bad ? "FAILED" : "ok");
+  return bad ? 1 : 0;
 }
 
 int die(int rank) {
@@ -158,6 +218,7 @@ int main(int argc, char** argv) {
     const int rank = comm->rank(), N = comm->size();
     if (mode == "graph") return graph(rank, N);
     if (mode == "mismatch") return mismatch(rank);
+    if (mode == "sequence") return sequence(rank);
     if (mode == "die") return die(rank);
     if (mode == "gpt") return gpt(rank);
     std::fprintf(stderr, "unknown mode %s\n", mode.c_str());

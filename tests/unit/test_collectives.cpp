@@ -6,6 +6,7 @@
 // collectives compiled once and run on in-process ranks by the cpu backend, against the reference.
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstring>
 #include <functional>
@@ -437,6 +438,149 @@ TEST(Collectives, AGraphForTwoRanksWithoutACommunicatorIsRefused) {
   NodePtr x = leaf({1, 2, 3}, {3}, DType::Float32);
   std::string e = testing::error_message([&] { detail::from_node(b::all_reduce(x, 2, ReduceKind::Sum)).to_vector<float>(); });
   EXPECT_NE(e.find("[all_reduce] no communicator for a graph of 2 ranks"), std::string::npos) << e;
+}
+
+// ---- the collective-sequence check (before an executable's first run on a communicator) ----
+// Ranks the way an MPI job runs them, in one process: each thread realizes its own rank's graph
+// through runtime::realize() with its in-process communicator current. The graphs are built and
+// compiled on this thread first, so the rank threads only find them in the compile cache and run.
+struct RankResult {
+  std::vector<std::shared_ptr<Buffer>> out;
+  std::string error;
+};
+std::vector<RankResult> realize_on_rank_threads(const std::vector<std::shared_ptr<backends::Communicator>>& group,
+                                                const std::vector<std::vector<runtime::Request>>& reqs) {
+  for (const auto& q : reqs) runtime::compile_only(q);
+  std::vector<RankResult> res(reqs.size());
+  std::vector<std::thread> t;
+  for (size_t r = 0; r < reqs.size(); ++r)
+    t.emplace_back([&, r] {
+      backends::CommunicatorScope scope(group[r].get());
+      try {
+        res[r].out = runtime::realize(reqs[r], {});
+      } catch (const std::exception& e) {
+        res[r].error = e.what();
+      }
+    });
+  for (auto& th : t) th.join();
+  return res;
+}
+
+enum class Second { AllReduce, AllGather, Reshaped, None };
+// A rank's graph: y = 2x written into x's buffer (donated: a Step with an effect the caller can
+// see), c1 = all_reduce(y), then `second` of c1 (None: 3 c1, no second collective).
+std::vector<runtime::Request> rank_graph(const NodePtr& x, Second second) {
+  const Device cpu("cpu");
+  NodePtr y = b::mul(x, b::full(2.0, x->shape, DType::Float32, cpu));
+  NodePtr c1 = b::all_reduce(y, 2, ReduceKind::Sum);
+  NodePtr c2 = second == Second::AllReduce   ? b::all_reduce(c1, 2, ReduceKind::Sum)
+               : second == Second::AllGather ? b::all_gather(c1, 2, 0)
+               : second == Second::Reshaped  ? b::all_reduce(b::reshape(c1, {8, 4}), 2, ReduceKind::Sum)
+                                             : b::mul(c1, b::full(3.0, c1->shape, DType::Float32, cpu));
+  return {{y, x->buffer}, {c2, {}}};
+}
+
+std::vector<float> floats(const Buffer& buf, size_t n) {
+  std::vector<float> v(n);
+  std::memcpy(v.data(), buf.data, n * 4);
+  return v;
+}
+
+TEST(Collectives, RanksThatCompiledDifferentCollectivesAllFailBeforeAnyStep) {
+  std::atomic<int> steps{0};
+  runtime::set_after_step_hook([&](int, void* const*) { steps++; });
+  const std::string head = "[spmd] the ranks compiled different collective sequences (every rank fails): collective 1: ";
+  struct Case {
+    Second rank1;
+    std::string want;
+  };
+  // The reshape keeps the element count: each call's own check (op, count, dtype) would let it
+  // through and the ranks would sum [4, 8] with [8, 4]; the sequences' shapes differ.
+  const std::vector<Case> cases = {
+      {Second::AllGather, "rank 0 all_reduce sum float32[4, 8] for 2 ranks; rank 1 all_gather(axis 0) float32[4, 8] for 2 ranks"},
+      {Second::Reshaped, "rank 0 all_reduce sum float32[4, 8] for 2 ranks; rank 1 all_reduce sum float32[8, 4] for 2 ranks"},
+      {Second::None, "rank 0 all_reduce sum float32[4, 8] for 2 ranks; rank 1 none (it compiled 1 collective)"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.want);
+    const V x0 = random_values(32, 1), x1 = random_values(32, 2);
+    NodePtr a = leaf(x0, {4, 8}, DType::Float32), bb = leaf(x1, {4, 8}, DType::Float32);
+    const int64_t checks = runtime::collective_sequence_checks();
+    steps = 0;
+    auto group = backends::make_inprocess_group(2);
+    for (auto& g : group) g->set_timeout(std::chrono::milliseconds(10000));
+    auto res = realize_on_rank_threads(group, {rank_graph(a, Second::AllReduce), rank_graph(bb, c.rank1)});
+    for (int r = 0; r < 2; ++r) {
+      EXPECT_TRUE(res[size_t(r)].out.empty()) << "rank " << r;
+      EXPECT_NE(res[size_t(r)].error.find(head + c.want), std::string::npos) << "rank " << r << ": " << res[size_t(r)].error;
+    }
+    EXPECT_EQ(steps.load(), 0);  // no Step ran on either rank
+    EXPECT_EQ(runtime::collective_sequence_checks() - checks, 2);
+    // The donated inputs still hold their values (y = 2x would have been written into them).
+    EXPECT_EQ(floats(*a->buffer, 32), std::vector<float>(x0.begin(), x0.end()));
+    EXPECT_EQ(floats(*bb->buffer, 32), std::vector<float>(x1.begin(), x1.end()));
+  }
+  runtime::set_after_step_hook(nullptr);
+}
+
+TEST(Collectives, RanksThatAgreeRunAndAreCheckedOncePerSequenceAndCommunicator) {
+  auto group = backends::make_inprocess_group(2);
+  for (auto& g : group) g->set_timeout(std::chrono::milliseconds(10000));
+  for (int round = 0; round < 3; ++round) {
+    SCOPED_TRACE("round " + std::to_string(round));
+    const V x0 = random_values(32, 10 + round), x1 = random_values(32, 20 + round);
+    NodePtr a = leaf(x0, {4, 8}, DType::Float32), bb = leaf(x1, {4, 8}, DType::Float32);
+    const int64_t checks = runtime::collective_sequence_checks();
+    auto res = realize_on_rank_threads(group, {rank_graph(a, Second::AllReduce), rank_graph(bb, Second::AllReduce)});
+    // Only the first launch on this communicator checks (once per rank); later rounds find the
+    // sequence agreed and pay nothing.
+    EXPECT_EQ(runtime::collective_sequence_checks() - checks, round == 0 ? 2 : 0);
+    for (int r = 0; r < 2; ++r) {
+      ASSERT_EQ(res[size_t(r)].error, "") << "rank " << r;
+      const std::vector<float> y = floats(*res[size_t(r)].out[0], 32), c2 = floats(*res[size_t(r)].out[1], 32);
+      const V& x = r == 0 ? x0 : x1;
+      for (size_t i = 0; i < 32; ++i) {
+        EXPECT_EQ(y[i], float(2 * float(x[i])));
+        // c2 = all_reduce(all_reduce(2x)) = 2 (2 x0 + 2 x1)
+        EXPECT_NEAR(c2[i], 4 * (float(x0[i]) + float(x1[i])), 1e-5);
+      }
+    }
+    // y was written into each rank's x: the donation took place.
+    EXPECT_EQ(res[0].out[0].get(), a->buffer.get());
+  }
+  // A new communicator checks again: the agreement was its group's.
+  auto other = backends::make_inprocess_group(2);
+  NodePtr a = leaf(random_values(32, 5), {4, 8}, DType::Float32), bb = leaf(random_values(32, 6), {4, 8}, DType::Float32);
+  const int64_t checks = runtime::collective_sequence_checks();
+  auto res = realize_on_rank_threads(other, {rank_graph(a, Second::AllReduce), rank_graph(bb, Second::AllReduce)});
+  EXPECT_EQ(res[0].error + res[1].error, "");
+  EXPECT_EQ(runtime::collective_sequence_checks() - checks, 2);
+}
+
+TEST(Collectives, InProcessRanksWithGraphsOfTheirOwnAreComparedBeforeTheyStart) {
+  // realize_spmd holds every rank's executable: it compares their sequences itself (no exchange).
+  NodePtr x = leaf(random_values(32, 3), {4, 8}, DType::Float32);
+  auto strip = [](std::vector<runtime::Request> q) {
+    for (auto& r : q) r.donor.reset();
+    return q;
+  };
+  std::vector<runtime::RankInputs> in(2);
+  in[1].push_back({x->buffer.get(), leaf(random_values(32, 4), {4, 8}, DType::Float32)->buffer});
+  const int64_t checks = runtime::collective_sequence_checks();
+  std::string e = testing::error_message([&] {
+    runtime::realize_spmd(strip(rank_graph(x, Second::AllReduce)), {}, in, backends::make_inprocess_group(2),
+                          {{}, strip(rank_graph(x, Second::AllGather))});
+  });
+  EXPECT_NE(e.find("[spmd] the ranks compiled different collective sequences (every rank fails): collective 1: rank 0 all_reduce "
+                   "sum float32[4, 8] for 2 ranks; rank 1 all_gather(axis 0) float32[4, 8] for 2 ranks"),
+            std::string::npos)
+      << e;
+  EXPECT_EQ(runtime::collective_sequence_checks(), checks);
+  // A graph for 3 ranks on 2 in-process ranks: refused before they start.
+  e = testing::error_message([&] {
+    runtime::realize_spmd({{b::all_reduce(x, 3, ReduceKind::Sum), {}}}, {}, in, backends::make_inprocess_group(2));
+  });
+  EXPECT_NE(e.find("collective 0 (all_reduce sum float32[4, 8] for 3 ranks) is not for the 2 ranks it runs on"), std::string::npos) << e;
 }
 
 }  // namespace

@@ -70,6 +70,30 @@ double held_out_loss(nn::GPT& model, const data::TextDataset& ds, int64_t batche
   return sum / double(batches);
 }
 
+// --zero1 checkpoints: the moments are sharded. Rank 0's checkpoint holds its shards (in process:
+// every rank's) as optim.*; MPI rank k > 0 keeps its own in `shard` (ckpt.safetensors.rank<k>;
+// "" for rank 0 and in process). Loads the model, the generator and this rank's shards.
+io::Metadata load_zero1(const std::string& ckpt, const std::string& shard, const Device& dev, const json& config, nn::Module& model,
+                        optim::ZeroAdamW& zero) {
+  io::Metadata meta = load_training(ckpt, dev, config, model, [&](const std::map<std::string, Tensor>& os) {
+    if (shard.empty()) zero.load_state_dict(os);  // else rank 0's shards: not this rank's
+  });
+  if (shard.empty()) return meta;
+  if (!fs::exists(shard)) fail("train", "--resume --zero1: " + shard + " is missing (this rank keeps its moment shards there)", "");
+  io::Metadata sm;
+  io::TensorMap t = io::load_safetensors(shard, &sm, dev);
+  const int64_t step = Metadata{ckpt, meta, "GPT"}.integer("step");
+  if (Metadata{shard, sm, "ZeRO-1 shard"}.integer("step") != step)
+    fail("train", "--resume --zero1: " + shard + " is of step " + sm["step"] + ", " + ckpt + " of step " + std::to_string(step) +
+                      " (a run that stopped between the two writes: resume from an earlier pair)", "");
+  zero.load_state_dict(t);
+  return meta;
+}
+void save_zero1_shard(const std::string& shard, const std::string& dir, const optim::ZeroAdamW& zero, int64_t step) {
+  fs::create_directories(dir);
+  io::save_safetensors(shard, zero.state_dict(), {{"format", "tessera-zero1-shard-1"}, {"step", std::to_string(step)}});
+}
+
 }  // namespace
 
 double bigram_entropy(const std::string& text) {
@@ -100,8 +124,6 @@ TrainResult train_gpt(const TrainOptions& o) {
     if (o.micro_batches != 1 || !o.memory_budget.none())
       fail("train", "data parallelism does not combine with --micro-batches or a memory budget yet", "");
     if (o.dtype == "float16") fail("train", "data parallelism does not combine with --dtype float16 (loss scaling) yet", "");
-    if (o.zero1 && (!o.out.empty() || o.resume || o.ckpt_every > 0))
-      fail("train", "--zero1 does not checkpoint yet: drop --out, --resume and --ckpt-every", "");
     if (o.distributed) dist::init_mpi();
     dp = o.distributed ? optim::DataParallel::process_group() : optim::DataParallel::in_process(int(o.data_parallel));
     if (o.batch % dp->ranks() != 0)
@@ -132,9 +154,12 @@ TrainResult train_gpt(const TrainOptions& o) {
   data::DataLoader loader(ds, o.batch, o.seed);
 
   std::string ckpt = o.out.empty() ? "" : (fs::path(o.out) / "ckpt.safetensors").string();
+  // --zero1: MPI rank k > 0's moment shards go to ckpt.safetensors.rank<k> (load_zero1).
+  const std::string shard = zero && !ckpt.empty() && !dp->is_in_process() && rank > 0 ? ckpt + ".rank" + std::to_string(rank) : "";
   int64_t start = 0;
   if (o.resume && fs::exists(ckpt)) {
-    Metadata m{ckpt, load_training(ckpt, dev, config_json(cfg), model, opt), "GPT"};
+    Metadata m{ckpt, zero ? load_zero1(ckpt, shard, dev, config_json(cfg), model, *zero) : load_training(ckpt, dev, config_json(cfg), model, opt),
+               "GPT"};
     loader.load_state(m.ints("loader"));
     start = m.integer("step");
     if (!quiet) std::printf("resumed from %s at step %lld\n", ckpt.c_str(), (long long)start);
@@ -143,10 +168,12 @@ TrainResult train_gpt(const TrainOptions& o) {
   }
 
   auto save = [&](int64_t step) {
+    if (!shard.empty()) return save_zero1_shard(shard, o.out, *zero, step);  // ZeRO-1, MPI rank k > 0: its moment shards
     if (ckpt.empty() || rank != 0) return;  // rank 0's model: every rank holds the same
     fs::create_directories(o.out);
-    save_training(ckpt, model, opt, step, loader.state(),
-                  {{"format", "tessera-gpt-1"}, {"config", config_json(cfg).dump()}, {"vocab_hex", hex(ds.tokenizer().vocab())}});
+    io::Metadata meta{{"format", "tessera-gpt-1"}, {"config", config_json(cfg).dump()}, {"vocab_hex", hex(ds.tokenizer().vocab())}};
+    if (zero) save_training(ckpt, model, zero->state_dict(), step, loader.state(), meta);
+    else save_training(ckpt, model, opt, step, loader.state(), meta);
     r.checkpoint = ckpt;
   };
 

@@ -34,7 +34,7 @@ struct TrainOptions {
   // --log-json FILE, rank k > 0 FILE.rank<k>). --batch is the global batch, split over the ranks.
   int64_t data_parallel = 1;
   bool distributed = false;
-  bool zero1 = false;  // --zero1: AdamW's moments sharded over the ranks (optim::ZeroAdamW; no checkpoints)
+  bool zero1 = false;  // --zero1: AdamW's moments sharded over the ranks (optim::ZeroAdamW; MPI rank k > 0 checkpoints its shards to ckpt.safetensors.rank<k>)
   // Called after each training step's loss.item() (before any evaluation or checkpoint); `step`
   // counts from 1. The profiler starts and stops around steps with it.
   std::function<void(int64_t step)> on_step;

@@ -57,9 +57,14 @@ json Metadata::json_of(const char* key) const { return parse(key, [](const std::
 
 void save_training(const std::string& path, const nn::Module& model, const optim::Optimizer& opt, int64_t step,
                    const std::vector<int64_t>& loader, io::Metadata meta) {
+  save_training(path, model, opt.state_dict(), step, loader, std::move(meta));
+}
+
+void save_training(const std::string& path, const nn::Module& model, const std::map<std::string, Tensor>& optim_state, int64_t step,
+                   const std::vector<int64_t>& loader, io::Metadata meta) {
   io::TensorMap t;
   for (auto& [k, v] : model.state_dict()) t["model." + k] = v;
-  for (auto& [k, v] : opt.state_dict()) t["optim." + k] = v;
+  for (auto& [k, v] : optim_state) t["optim." + k] = v;
   RngState rs = rng_state();
   meta["step"] = std::to_string(step);
   meta["rng_seed"] = std::to_string(rs.seed);
@@ -77,6 +82,11 @@ std::map<std::string, Tensor> model_tensors(const io::TensorMap& t) {
 
 io::Metadata load_training(const std::string& path, const Device& dev, const json& config, nn::Module& model,
                            optim::Optimizer& opt) {
+  return load_training(path, dev, config, model, [&](const std::map<std::string, Tensor>& os) { opt.load_state_dict(os); });
+}
+
+io::Metadata load_training(const std::string& path, const Device& dev, const json& config, nn::Module& model,
+                           const std::function<void(const std::map<std::string, Tensor>&)>& load_optim) {
   io::Metadata meta;
   io::TensorMap t = io::load_safetensors(path, &meta, dev);
   Metadata m{path, meta, "training"};
@@ -85,7 +95,7 @@ io::Metadata load_training(const std::string& path, const Device& dev, const jso
   for (auto& [k, v] : t)
     if (k.rfind("optim.", 0) == 0) os[k.substr(6)] = v;
   model.load_state_dict(model_tensors(t));
-  opt.load_state_dict(os);
+  load_optim(os);
   set_rng_state({uint64_t(m.integer("rng_seed")), uint64_t(m.integer("rng_offset"))});
   return meta;
 }

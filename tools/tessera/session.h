@@ -56,6 +56,12 @@ void save_training(const std::string& path, const nn::Module& model, const optim
 // "loader" and its position from "step").
 io::Metadata load_training(const std::string& path, const Device& dev, const nlohmann::json& config, nn::Module& model,
                            optim::Optimizer& opt);
+// The same with the optimizer's state given as tensors (optim::ZeroAdamW, not an Optimizer): saved
+// as "optim.*"; on loading, load_optim gets them (without the prefix) after the model is loaded.
+void save_training(const std::string& path, const nn::Module& model, const std::map<std::string, Tensor>& optim_state, int64_t step,
+                   const std::vector<int64_t>& loader, io::Metadata meta);
+io::Metadata load_training(const std::string& path, const Device& dev, const nlohmann::json& config, nn::Module& model,
+                           const std::function<void(const std::map<std::string, Tensor>&)>& load_optim);
 // The "model.*" tensors of a checkpoint, without the prefix.
 std::map<std::string, Tensor> model_tensors(const io::TensorMap& t);
 

@@ -46,7 +46,7 @@ void add_train(CLI::App& app) {
       ->capture_default_str()
       ->check(positive());
   gpt->add_flag("--zero1", o->zero1, "with --data-parallel or --distributed: AdamW's moments sharded over the ranks (ZeRO-1; "
-                                      "no checkpoints yet)");
+                                      "each MPI rank k > 0 checkpoints its shards to ckpt.safetensors.rank<k>; resume with the same N)");
   gpt->add_flag("--distributed", o->distributed, "this process is one rank of an MPI job (mpirun -np N tessera train gpt --distributed): "
                                                   "data parallel over the ranks; rank 0 writes the checkpoints, --log-json FILE and --profile DIR, "
                                                   "rank k FILE.rank<k> and DIR.rank<k>");

@@ -1,4 +1,5 @@
 // Shared by the communicators: the current communicator, reductions on raw buffers, signatures.
+#include <atomic>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -15,7 +16,10 @@ std::shared_ptr<Communicator> g_process;
 thread_local Communicator* t_current = nullptr;
 }  // namespace
 
-Communicator::Communicator() : timeout_(comm::default_timeout()) {}
+Communicator::Communicator() : timeout_(comm::default_timeout()) {
+  static std::atomic<uint64_t> next{1};
+  serial_ = next++;
+}
 
 Communicator* current_communicator() { return t_current ? t_current : g_process.get(); }
 void set_process_communicator(std::shared_ptr<Communicator> c) { g_process = std::move(c); }
