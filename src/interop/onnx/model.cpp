@@ -7,6 +7,7 @@
 #include <set>
 
 #include "interop/onnx/graph.h"
+#include "tessera/autocast.h"
 
 namespace tessera::onnx {
 namespace {
@@ -279,6 +280,39 @@ std::vector<Tensor> run_graph(detail::Graph& g, nn::Module& self, const std::vec
                                    : val[size_t(g.input_slot[0])].device();
   key += device.str();
 
+  // A recorded trace of this signature is replayed on the current parameters and inputs (no
+  // gradients recorded, the same module scope and autocast dtype); the trace is run otherwise.
+  std::vector<Tensor> args;
+  auto replay_args = [&]() -> const std::vector<Tensor>& {
+    if (args.empty()) {
+      args.reserve(g.initializers.size() + g.inputs.size());
+      for (const auto& [name, t] : g.initializers) args.push_back(t);
+      for (int slot : g.input_slot) args.push_back(val[size_t(slot)]);
+    }
+    return args;
+  };
+  bool replayable = !grad_enabled();
+  if (!replayable) {
+    replayable = true;
+    for (const Tensor& t : replay_args()) replayable = replayable && !t.requires_grad();
+  }
+  std::string rkey;
+  if (replayable) {
+    std::optional<DType> ac = autocast_dtype();
+    rkey = key + '|' + current_scope() + '|' + (ac ? dtype_name(*ac) : "-");
+    std::shared_ptr<const Replay> rec;
+    {
+      std::lock_guard<std::mutex> lock(g.plans_mu);
+      if (auto it = g.replays.find(rkey); it != g.replays.end()) rec = it->second;
+    }
+    if (rec) {
+      std::vector<Tensor> out = rec->run(replay_args());
+      if (!out.empty()) return out;
+    }
+  }
+  const uint64_t epoch = Replay::epoch();
+  bool read_back = false;  // a node read a value back from the device: its trace is not kept
+
   std::shared_ptr<detail::Plan> plan;
   {
     std::lock_guard<std::mutex> lock(g.plans_mu);
@@ -348,6 +382,7 @@ std::vector<Tensor> run_graph(detail::Graph& g, nn::Module& self, const std::vec
         }
       }
       out = (*g.node_fn[size_t(k)])(c);
+      read_back = read_back || c.device_read;
     } catch (const Error& e) {
       std::string msg = e.what();
       if (msg.rfind("onnx: ", 0) == 0) throw;
@@ -376,6 +411,19 @@ std::vector<Tensor> run_graph(detail::Graph& g, nn::Module& self, const std::vec
       val[size_t(slot)] = made(slot).clone();
     if (slot < 0 || !val[size_t(slot)].defined()) fail("run", "graph output '" + g.outputs[k] + "' is produced by no node");
     result.push_back(val[size_t(slot)]);
+  }
+  if (replayable && !read_back && own.empty()) {
+    if (auto rec = Replay::record(replay_args(), result, epoch)) {
+      std::lock_guard<std::mutex> lock(g.plans_mu);
+      auto [it, fresh] = g.replays.insert_or_assign(rkey, std::move(rec));
+      if (fresh) {
+        g.replay_order.push_back(rkey);
+        if (g.replay_order.size() > detail::Graph::kMaxPlans) {
+          g.replays.erase(g.replay_order.front());
+          g.replay_order.erase(g.replay_order.begin());
+        }
+      }
+    }
   }
   if (building) {
     std::lock_guard<std::mutex> lock(g.plans_mu);
@@ -409,6 +457,11 @@ std::map<std::string, Tensor> Model::run_named(const std::map<std::string, Tenso
 size_t Model::cached_signatures() const {
   std::lock_guard<std::mutex> lock(g_->plans_mu);
   return g_->plans.size();
+}
+
+size_t Model::cached_traces() const {
+  std::lock_guard<std::mutex> lock(g_->plans_mu);
+  return g_->replays.size();
 }
 
 std::vector<Tensor> Model::run(const std::vector<Tensor>& inputs) {
