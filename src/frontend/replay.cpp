@@ -1,4 +1,5 @@
-// Recording a trace and replaying it on new arguments (include/tessera/replay.h).
+// Recording a trace and replaying it on new arguments (include/tessera/replay.h). In the frontend
+// layer: whether gradients would be recorded (grad mode, requires_grad) is the frontend's.
 #include "tessera/replay.h"
 
 #include <algorithm>
