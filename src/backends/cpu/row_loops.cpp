@@ -16,7 +16,7 @@
 namespace tessera::backends::cpu {
 namespace {
 
-std::atomic<uint64_t> launches{0};
+std::atomic<uint64_t> launches{0}, calls{0};
 
 bool lanes32(DType t) { return t == DType::Float32 || t == DType::Int32; }
 
@@ -329,11 +329,37 @@ bool run_row_loops(const RowLoops& rl, const Step& st, const LaunchArgs& args) {
   std::vector<int64_t> row_step(prog.size(), 0);
   for (size_t k = 0; k < prog.size(); ++k)
     if (base[k] && !rl.outer.empty()) row_step[k] = rl.outer_strides[k][last] * 4;
+  // Short runs along the last outer dim (a softmax over [64, 4, 6, 6]: runs of 6 rows, three loop
+  // calls each) become one run per tile: a load whose rows step uniformly across the outer dims
+  // is read in place, any other (a mask broadcast over batch and heads) has its tile's rows
+  // copied, each its `span` elements, into a per-thread buffer the loops step through by a span.
+  // Same values per row, so the same bits.
+  std::vector<int64_t> span(prog.size(), 0);
+  std::vector<int> copied;
+  static const bool flat_off = [] {  // TESSERA_CPU_ROW_FLAT=0: runs along the last outer dim only (measuring)
+    const char* e = std::getenv("TESSERA_CPU_ROW_FLAT");
+    return e && std::strcmp(e, "0") == 0;
+  }();
+  bool flat = !flat_off && rl.outer.size() > 1 && rl.outer[last] < rpt;
+  for (size_t k = 0; k < prog.size() && flat; ++k) {
+    if (!base[k]) continue;
+    bool uniform = true;  // row r at r times the last outer dim's stride (dims of extent 1 never move)
+    for (size_t d = last, n = 1; d-- > 0;) {
+      n *= size_t(rl.outer[d + 1]);
+      uniform = uniform && (rl.outer[d] == 1 || rl.outer_strides[k][d] == int64_t(n) * rl.outer_strides[k][last]);
+    }
+    if (uniform) continue;
+    span[k] = (row - 1) * row_stride(prog[k].map.views[0], st.domain, rl.outer.size()) + 1;
+    flat = span[k] <= 4 * row;
+    copied.push_back(int(k));
+  }
+  for (const RowLoops::Round& R : rl.rounds) flat = flat && span[size_t(R.load)] == 0;
+  if (!flat) span.assign(prog.size(), 0), copied.clear();  // runs along the last outer dim, as before
 #pragma omp parallel for schedule(static) if (total >= kParallelMin && ntiles > 1)
   for (int64_t t = 0; t < ntiles; ++t) {
     // Per tile: buffer 0 (a reduction's operand), the per-row results, the stored values, each
     // rpt rows; each reduction's values (rpt per reduction).
-    thread_local std::vector<float> buf, rv;
+    thread_local std::vector<float> buf, rv, copy;
     if (buf.size() < size_t(rpt * row) * nbuf) buf.resize(size_t(rpt * row) * nbuf);
     if (rv.size() < size_t(rpt) * nred) rv.resize(size_t(rpt) * nred);
     auto buffer = [&](size_t b) { return buf.data() + b * size_t(rpt * row); };
@@ -342,11 +368,29 @@ bool run_row_loops(const RowLoops& rl, const Step& st, const LaunchArgs& args) {
     int64_t idx[32];
     const int64_t g1 = std::min(nrows, (t + 1) * rpt);
     unravel(t * rpt, rl.outer, idx);
+    std::vector<const char*> copy_at(flat ? prog.size() : 0, nullptr);  // flat: copied loads' rows
+    if (flat && !copied.empty()) {
+      size_t need = 0;
+      for (int k : copied) need += size_t(rpt * span[size_t(k)]);
+      if (copy.size() < need) copy.resize(need);
+      float* to = copy.data();
+      for (int k : copied) {
+        int64_t j[32];
+        std::copy(idx, idx + rl.outer.size(), j);
+        copy_at[size_t(k)] = reinterpret_cast<const char*>(to);
+        for (int64_t g = t * rpt; g < g1; ++g, to += span[size_t(k)], bump(j, rl.outer)) {
+          int64_t o = 0;
+          for (size_t d = 0; d < rl.outer.size(); ++d) o += j[d] * rl.outer_strides[size_t(k)][d];
+          std::memcpy(to, base[size_t(k)] + o * 4, size_t(span[size_t(k)]) * 4);
+        }
+      }
+    }
     // Chunks of rows along the last outer dim: one loop call per part, each pointer stepping by
     // its row step (reductions' values by one float, buffers by a row).
     for (int64_t g = t * rpt; g < g1;) {
-      const int64_t rows = rl.outer.empty() ? 1 : std::min(g1 - g, rl.outer[last] - idx[last]);
+      const int64_t rows = rl.outer.empty() ? 1 : flat ? g1 - g : std::min(g1 - g, rl.outer[last] - idx[last]);
       auto row_ptr = [&](size_t k) {
+        if (flat && copy_at[k]) return copy_at[k];
         int64_t o = 0;
         for (size_t d = 0; d < rl.outer_strides[k].size(); ++d) o += idx[d] * rl.outer_strides[k][d];
         return base[k] + o * 4;
@@ -356,7 +400,7 @@ bool run_row_loops(const RowLoops& rl, const Step& st, const LaunchArgs& args) {
         for (int s : part.srcs) {
           if (s >= kRound) p[i] = buffer(round0 + size_t(s - kRound)), step[i] = row * 4;
           else if (s >= kStash) p[i] = buffer(nres + 1 + size_t(s - kStash)), step[i] = row * 4;
-          else if (s >= 0) p[i] = row_ptr(size_t(s)), step[i] = row_step[size_t(s)];
+          else if (s >= 0) p[i] = row_ptr(size_t(s)), step[i] = span[size_t(s)] ? span[size_t(s)] * 4 : row_step[size_t(s)];
           else p[i] = rv.data() + size_t(-1 - s) * size_t(rpt), step[i] = 4;
           ++i;
         }
@@ -378,12 +422,13 @@ bool run_row_loops(const RowLoops& rl, const Step& st, const LaunchArgs& args) {
         int64_t vstep = row;
         if (part.in_place >= 0) {
           v = reinterpret_cast<const float*>(row_ptr(size_t(part.in_place)));
-          vstep = row_step[size_t(part.in_place)] / 4;
+          vstep = span[size_t(part.in_place)] ? span[size_t(part.in_place)] : row_step[size_t(part.in_place)] / 4;
         } else {
           const size_t i = fill(part);
           p[i] = buffer(0), step[i] = row * 4;
           stores(part, i + 1);
           (*part.loop)(p, row, rows, step);
+          calls.fetch_add(1, std::memory_order_relaxed);
         }
         float* r = rv.data() + s * size_t(rpt);
         for (int64_t i = 0; i < rows; ++i)
@@ -399,6 +444,7 @@ bool run_row_loops(const RowLoops& rl, const Step& st, const LaunchArgs& args) {
         }
         stores(fin, i);
         (*fin.loop)(p, row, rows, step);
+        calls.fetch_add(1, std::memory_order_relaxed);
       }
       if (rl.narrow) {  // the main result rounded (half.h's rounding: the interpreter's bits)
         const float* v = buffer(nres);
@@ -426,5 +472,6 @@ bool run_row_loops(const RowLoops& rl, const Step& st, const LaunchArgs& args) {
 }
 
 uint64_t row_loop_launches() { return launches.load(std::memory_order_relaxed); }
+uint64_t row_loop_calls() { return calls.load(std::memory_order_relaxed); }
 
 }  // namespace tessera::backends::cpu

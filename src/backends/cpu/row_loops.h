@@ -61,5 +61,7 @@ bool run_row_loops(const RowLoops& rl, const Step& st, const LaunchArgs& args);
 
 // Row Step launches the loops have run in this process (tests: that a Step took them).
 uint64_t row_loop_launches();
+// Calls of the parts' native loops (each over a run of rows) in this process.
+uint64_t row_loop_calls();
 
 }  // namespace tessera::backends::cpu

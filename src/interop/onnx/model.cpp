@@ -2,6 +2,7 @@
 // the nodes in order onto Tessera's ops; initializers are the module's parameters and buffers.
 #include <algorithm>
 #include <charconv>
+#include <cstdlib>
 #include <filesystem>
 #include <numeric>
 #include <set>
@@ -257,6 +258,11 @@ std::vector<Tensor> replay_args(const detail::Graph& g, const std::vector<Tensor
 // parameter or input requires grad), under the same module scope and autocast dtype (both steer
 // tracing): its key, or "" where it is not replayed.
 std::string replay_key(const std::string& key, const std::vector<Tensor>& args) {
+  static const bool off = [] {  // TESSERA_ONNX_REPLAY=0: every call traces (measuring)
+    const char* e = std::getenv("TESSERA_ONNX_REPLAY");
+    return e && std::string(e) == "0";
+  }();
+  if (off) return "";
   if (grad_enabled())
     for (const Tensor& t : args)
       if (t.requires_grad()) return "";
