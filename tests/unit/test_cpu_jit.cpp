@@ -701,8 +701,9 @@ std::vector<float> row_step_results(std::vector<std::string>& names, std::vector
 
 // Short rows whose runs along the last outer dim are short (a softmax over [64, 4, 6, 6] under a
 // causal mask broadcast over batch and heads: runs of 6 rows) run as one run of rows per tile:
-// three loop calls per tile (the max's operand, the sum's, the results), not per 6 rows. Values
-// against the host's softmax; bits against the interpreter in the test below.
+// three loop calls per tile (the max's operand, the sum's, the results), not per 6 rows, and the
+// rows' reductions 8 rows at a time. Values against the host's softmax; bits against the
+// interpreter in the test below (rows of 6 and 7 with NaN and infinities).
 TEST(CpuJit, ShortRowsUnderABroadcastMaskRunOneLoopCallPerPartPerTile) {
   REQUIRE_LOOPS();
   NoGradGuard no_grad;
@@ -712,11 +713,17 @@ TEST(CpuJit, ShortRowsUnderABroadcastMaskRunOneLoopCallPerPartPerTile) {
   Tensor qpos = arange(0, double(n), 1, TensorOptions{DType::Int64, Device("cpu")}).reshape({n, 1});
   Tensor kpos = arange(0, double(n), 1, TensorOptions{DType::Int64, Device("cpu")}).reshape({1, n});
   Tensor y = softmax(masked_fill(from_vector<float>(sv, {b, h, n, n}), kpos > qpos, -INFINITY), -1);
-  const uint64_t launches = backends::cpu::row_loop_launches(), calls = backends::cpu::row_loop_calls();
+  const uint64_t launches = backends::cpu::row_loop_launches(), calls = backends::cpu::row_loop_calls(),
+                 lanes = backends::cpu::row_loop_lane_rows();
   std::vector<float> got = y.to_vector<float>();
   ASSERT_EQ(backends::cpu::row_loop_launches() - launches, 1u) << "the softmax's Row Step did not run through the loops";
   const int64_t tiles = (rows + (1024 / n) - 1) / (1024 / n);  // kTile = 1024 elements
   EXPECT_LE(backends::cpu::row_loop_calls() - calls, uint64_t(3 * tiles)) << "runs of 6 rows would take " << 3 * rows / n;
+#if defined(__AVX2__)
+  // Both reductions (max, sum) of every row, 8 rows at a time (a tile's rows are not all a
+  // multiple of 8: at most 7 rows per tile and reduction are left to the scalar loop).
+  EXPECT_GE(backends::cpu::row_loop_lane_rows() - lanes, uint64_t(2 * (rows - 7 * tiles)));
+#endif
   for (int64_t r = 0; r < rows; ++r) {
     const int64_t q = r % n;
     double m = -INFINITY, s = 0;

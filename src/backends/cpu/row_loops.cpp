@@ -16,7 +16,7 @@
 namespace tessera::backends::cpu {
 namespace {
 
-std::atomic<uint64_t> launches{0}, calls{0};
+std::atomic<uint64_t> launches{0}, calls{0}, lane_rows{0};
 
 bool lanes32(DType t) { return t == DType::Float32 || t == DType::Int32; }
 
@@ -61,6 +61,52 @@ float row_max(const float* a, int64_t n) {
   }
 #endif
   return run_max(a, n, -std::numeric_limits<float>::infinity());
+}
+
+// Rows shorter than 8 reduced 8 rows at a time, a row per lane (rows `vstep` elements apart):
+// row_max's and run_sum's results exactly, since each lane does their scalar operations in their
+// order (run_max's accumulator j holds position j; run_sum's double tree over 8 accumulators,
+// the missing ones zero). Returns the rows done (a multiple of 8); the caller reduces the rest.
+int64_t short_rows(bool max, const float* v, int64_t vstep, int64_t n, int64_t rows, float* r) {
+#if defined(__AVX2__)
+  if (n >= 8 || rows < 8 || vstep * 7 + n > std::numeric_limits<int32_t>::max()) return 0;
+  const __m256i at = _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), _mm256_set1_epi32(int32_t(vstep)));
+  int64_t i = 0;
+  for (; i + 8 <= rows; i += 8) {
+    const float* b = v + i * vstep;
+    if (max) {
+      const __m256 lowest = _mm256_set1_ps(-std::numeric_limits<float>::infinity());
+      __m256 m = lowest, nan = _mm256_setzero_ps();
+      for (int64_t j = 0; j < n; ++j) {
+        const __m256 x = _mm256_i32gather_ps(b + j, at, 4);
+        const __m256 acc = _mm256_max_ps(x, lowest);       // m[j] = x > -inf ? x : -inf
+        m = j == 0 ? acc : _mm256_max_ps(acc, m);            // r = m[j] > r ? m[j] : r
+        nan = _mm256_or_ps(nan, _mm256_cmp_ps(x, x, _CMP_UNORD_Q));
+      }
+      _mm256_storeu_ps(r + i, _mm256_blendv_ps(m, _mm256_set1_ps(std::numeric_limits<float>::quiet_NaN()), nan));
+    } else {
+      __m256d acc[2][8];
+      for (int64_t j = 0; j < 8; ++j) {
+        acc[0][j] = acc[1][j] = _mm256_setzero_pd();
+        if (j >= n) continue;
+        const __m256 x = _mm256_i32gather_ps(b + j, at, 4);
+        acc[0][j] = _mm256_add_pd(acc[0][j], _mm256_cvtps_pd(_mm256_castps256_ps128(x)));
+        acc[1][j] = _mm256_add_pd(acc[1][j], _mm256_cvtps_pd(_mm256_extractf128_ps(x, 1)));
+      }
+      for (int h = 0; h < 2; ++h) {
+        const __m256d* a = acc[h];
+        const __m256d t = _mm256_add_pd(_mm256_add_pd(_mm256_add_pd(a[0], a[1]), _mm256_add_pd(a[2], a[3])),
+                                        _mm256_add_pd(_mm256_add_pd(a[4], a[5]), _mm256_add_pd(a[6], a[7])));
+        _mm_storeu_ps(r + i + 4 * h, _mm256_cvtpd_ps(t));
+      }
+    }
+  }
+  lane_rows.fetch_add(uint64_t(i), std::memory_order_relaxed);
+  return i;
+#else
+  (void)max, (void)v, (void)vstep, (void)n, (void)rows, (void)r;
+  return 0;
+#endif
 }
 
 // n values (elements `per` apart) rounded to bfloat16 (else float16) and back, as the
@@ -457,7 +503,7 @@ bool run_row_loops(const RowLoops& rl, const Step& st, const LaunchArgs& args) {
           call(*part.loop, p, row, rows, step);
         }
         float* r = rv.data() + s * size_t(rpt);
-        for (int64_t i = 0; i < rows; ++i)
+        for (int64_t i = short_rows(part.max, v, vstep, row, rows, r); i < rows; ++i)
           r[i] = part.max ? row_max(v + i * vstep, row) : float(run_sum(v + i * vstep, row));
       }
       if (fin.loop) {
@@ -498,5 +544,6 @@ bool run_row_loops(const RowLoops& rl, const Step& st, const LaunchArgs& args) {
 
 uint64_t row_loop_launches() { return launches.load(std::memory_order_relaxed); }
 uint64_t row_loop_calls() { return calls.load(std::memory_order_relaxed); }
+uint64_t row_loop_lane_rows() { return lane_rows.load(std::memory_order_relaxed); }
 
 }  // namespace tessera::backends::cpu
