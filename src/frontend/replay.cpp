@@ -42,6 +42,9 @@ struct Replay::Impl {
   std::vector<Arg> args;
   std::vector<ir::NodePtr> consts;
   std::vector<Rec> recs;
+  // Per recorded node: the node itself where it depends on constants only (scalars broadcast, a
+  // mask from iotas): kept alive, so every replay gets this same node, as interning gives tracing.
+  std::vector<ir::NodePtr> fixed;
   std::vector<Out> outs;
   std::vector<int> order;  // outputs' impls are made in the order tracing made them pending
 };
@@ -128,10 +131,13 @@ std::shared_ptr<const Replay> Replay::record(const std::vector<Tensor>& args, co
   for (const ir::Node* c : consts) impl->consts.push_back(c->shared_from_this());
   for (const ir::Node* n : recs) {
     Impl::Rec r{n->op, n->attrs, n->shape, n->dtype, n->device, n->scope, {}};
+    bool fixed = true;
     for (const auto& in : n->inputs) {
       auto [kind, i] = ref_of(in.get());
       r.in.push_back(kind == 0 ? i : kind == 1 ? nargs + i : nargs + nconst + i);
+      fixed = fixed && (kind == 1 || (kind == 2 && impl->fixed[size_t(i)]));
     }
+    impl->fixed.push_back(fixed ? n->shared_from_this() : nullptr);
     impl->recs.push_back(std::move(r));
   }
   for (auto& o : impl->outs)
@@ -166,11 +172,16 @@ std::vector<Tensor> Replay::run(const std::vector<Tensor>& args) const {
   val.reserve(m.args.size() + m.consts.size() + m.recs.size());
   for (const Tensor& a : args) val.push_back(detail::node_of(a));
   for (const auto& c : m.consts) val.push_back(c);
-  std::vector<ir::NodePtr> in;
-  for (const auto& r : m.recs) {
-    in.clear();
+  for (size_t k = 0; k < m.recs.size(); ++k) {
+    if (m.fixed[k]) {
+      val.push_back(m.fixed[k]);
+      continue;
+    }
+    const Impl::Rec& r = m.recs[k];
+    std::vector<ir::NodePtr> in;
+    in.reserve(r.in.size());
     for (int i : r.in) in.push_back(val[size_t(i)]);
-    val.push_back(ir::remake(r.op, in, r.attrs, r.shape, r.dtype, r.device, r.scope));
+    val.push_back(ir::remake(r.op, std::move(in), r.attrs, r.shape, r.dtype, r.device, r.scope));
   }
   std::vector<Tensor> out(m.outs.size());
   for (int k : m.order) {
