@@ -7,6 +7,7 @@
 #include <unordered_map>
 
 #include "ir/remake.h"
+#include "tessera/error.h"
 #include "tensor/tensor_impl.h"
 
 namespace tessera {
@@ -61,11 +62,18 @@ std::shared_ptr<const Replay> Replay::record(const std::vector<Tensor>& args, co
   auto impl = std::make_shared<Impl>();
   std::unordered_map<const ir::Node*, int> index;  // node -> value number
   std::vector<ir::NodePtr> arg_nodes;
-  for (const Tensor& a : args) {
-    impl->args.push_back({a.shape(), a.dtype(), a.device()});
-    arg_nodes.push_back(detail::node_of(a));
+  try {
+    for (const Tensor& a : args) {
+      impl->args.push_back({a.shape(), a.dtype(), a.device()});
+      arg_nodes.push_back(detail::node_of(a));
+    }
+  } catch (const Error&) {  // an argument the trace did not read has failed: trace every call
+    return nullptr;
   }
-  for (size_t k = 0; k < arg_nodes.size(); ++k) index.emplace(arg_nodes[k].get(), int(k));
+  // Two arguments with one value (one tensor passed twice): the trace cannot tell which one each
+  // use read, so a replay on different tensors could take the wrong one.
+  for (size_t k = 0; k < arg_nodes.size(); ++k)
+    if (!index.emplace(arg_nodes[k].get(), int(k)).second) return nullptr;
   // Constants and recorded nodes get their final numbers once the constants are all known.
   std::vector<const ir::Node*> consts, recs;
   std::unordered_map<const ir::Node*, int> local;  // node -> -(const + 1) or rec index
@@ -170,7 +178,11 @@ std::vector<Tensor> Replay::run(const std::vector<Tensor>& args) const {
   }
   std::vector<ir::NodePtr> val;
   val.reserve(m.args.size() + m.consts.size() + m.recs.size());
-  for (const Tensor& a : args) val.push_back(detail::node_of(a));
+  try {
+    for (const Tensor& a : args) val.push_back(detail::node_of(a));
+  } catch (const Error&) {  // a failed argument: tracing raises its error if it reads it
+    return {};
+  }
   for (const auto& c : m.consts) val.push_back(c);
   for (size_t k = 0; k < m.recs.size(); ++k) {
     if (m.fixed[k]) {

@@ -1,6 +1,7 @@
 // tessera::Replay (include/tessera/replay.h): a recorded trace rebuilt on new arguments gives what
 // tracing would (values against the host; the same compiled graph), and traces it cannot replay
-// exactly are refused: random draws, a value computed mid-trace, gradients being recorded.
+// exactly are refused: random draws, a value computed mid-trace, gradients being recorded, one
+// tensor passed as two arguments.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -59,6 +60,12 @@ TEST(Replay, RefusesDrawsValuesComputedMidTraceAndRecordedGradients) {
     double s = (a * 2.0).sum().item();  // realized mid-trace: the trace may depend on it
     Tensor z = a * s;
     EXPECT_FALSE(Replay::record({a}, {z}, e));
+  }
+  {
+    NoGradGuard no_grad;
+    uint64_t e = Replay::epoch();
+    // One tensor as two arguments: a replay on two different ones could not tell the uses apart.
+    EXPECT_FALSE(Replay::record({a, a}, {a * 2.0 + a}, e));
   }
   Tensor p = from_vector<float>({3.0f, 4.0f}, {2});
   p.requires_grad_();
