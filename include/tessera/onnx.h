@@ -57,6 +57,12 @@ class Model : public nn::Module {
   // Input signatures (dtypes, shapes, device) kept (the latest 256): each has a plan of the
   // shape arithmetic folded on the host, so a repeated signature only traces the tensor nodes.
   size_t cached_signatures() const;
+  // Signatures whose trace is kept for replay (tessera/replay.h): a call with grad off (or no
+  // input or parameter requiring grad), outside autocast or under the same autocast dtype, in
+  // the same module scope, rebuilds the recorded graph on the current parameters and inputs
+  // instead of tracing the nodes again. Not kept: traces that read values back from the device
+  // (shape operands computed from input values) or draw random numbers.
+  size_t cached_traces() const;
 
  private:
   std::shared_ptr<detail::Graph> g_;

@@ -9,6 +9,7 @@
 
 #include "core/fail.h"
 #include "tessera/scope.h"
+#include "ir/remake.h"
 
 namespace tessera::ir {
 namespace {
@@ -175,6 +176,20 @@ NodePtr make(Op op, std::vector<NodePtr> inputs, Attrs attrs, const Shape* shape
   n->attrs = std::move(attrs);
   n->scope = scope;
   n->hash = hash;
+  return intern(std::move(n));
+}
+
+NodePtr remake(Op op, std::vector<NodePtr> inputs, const Attrs& attrs, const Shape& shape, DType dtype, const Device& device,
+               const std::string* scope) {
+  auto n = std::make_shared<Node>();
+  n->op = op;
+  n->dtype = dtype;
+  n->shape = shape;
+  n->device = device;
+  n->inputs = std::move(inputs);
+  n->attrs = attrs;
+  n->scope = scope;
+  n->hash = hash_parts(op, n->inputs, n->attrs, device, scope, nullptr);
   return intern(std::move(n));
 }
 

@@ -210,7 +210,14 @@ void TensorImpl::rebind(ir::NodePtr n) {
   node = std::move(n);
   set_pending(r, this, true);
 }
+namespace detail {
+std::atomic<uint64_t>& realize_epoch() {
+  static std::atomic<uint64_t> n{0};
+  return n;
+}
+}  // namespace detail
 void TensorImpl::realize_to(std::shared_ptr<Buffer> b) {
+  detail::realize_epoch().fetch_add(1, std::memory_order_relaxed);
   Registry& r = registry();
   std::lock_guard<std::mutex> lock(r.mu);
   realized_from = node;

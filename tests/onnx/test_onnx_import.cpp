@@ -20,6 +20,7 @@
 #include "tessera/io.h"
 #include "tessera/metrics.h"
 #include "tessera/optim.h"
+#include "tessera/scope.h"
 #include "test_util.h"
 
 namespace fs = std::filesystem;
@@ -280,6 +281,74 @@ TEST(OnnxImport, DynamicBatchHitsTheCompileCachePerExtent) {
   EXPECT_GT(compiled_by(7), 0);
   EXPECT_EQ(compiled_by(4), 0);
   EXPECT_EQ(compiled_by(7), 0);
+}
+
+// A repeated inference call replays the recorded trace (tessera/replay.h) instead of tracing the
+// nodes again: it must give what a trace would, on the parameters as they are now (changed in
+// place and still pending, or replaced by set_data), hit the same compiled graph, and step aside
+// when gradients are recorded or the module scope differs. Values against the host's double
+// precision forward pass.
+TEST(OnnxImport, RepeatedCallsReplayTheTraceOnTheCurrentParameters) {
+  TempDir d;
+  auto w1 = random_floats(15, 1), b1 = random_floats(5, 2), w2 = random_floats(10, 3), b2 = random_floats(2, 4);
+  auto m = tessera::onnx::load(mlp(w1, b1, w2, b2).save(d.path / "mlp.onnx"));
+  auto host = [&](const std::vector<float>& x) {
+    std::vector<double> y(8);
+    for (int n = 0; n < 4; ++n)
+      for (int o = 0; o < 2; ++o) {
+        double s = b2[size_t(o)];
+        for (int j = 0; j < 5; ++j) {
+          double h = b1[size_t(j)];
+          for (int k = 0; k < 3; ++k) h += double(x[size_t(n * 3 + k)]) * w1[size_t(k * 5 + j)];
+          s += std::max(0.0, h) * w2[size_t(o * 5 + j)];
+        }
+        y[size_t(n * 2 + o)] = s;
+      }
+    return y;
+  };
+  auto expect_near = [](const std::vector<double>& got, const std::vector<double>& want, const std::string& what) {
+    ASSERT_EQ(got.size(), want.size()) << what;
+    for (size_t i = 0; i < got.size(); ++i) EXPECT_NEAR(got[i], want[i], 1e-5) << what << " [" << i << "]";
+  };
+  auto params = m->named_parameters();
+  ASSERT_EQ(params.size(), 4u);
+  {
+    NoGradGuard no_grad;
+    auto x1 = random_floats(12, 5), x2 = random_floats(12, 6);
+    EXPECT_EQ(m->cached_traces(), 0u);
+    expect_near(m->forward(from_vector(x1, {4, 3})).to_vector<double>(), host(x1), "first call");
+    EXPECT_EQ(m->cached_traces(), 1u);
+    int64_t compiled = metrics().graphs_compiled;
+    expect_near(m->forward(from_vector(x2, {4, 3})).to_vector<double>(), host(x2), "replayed, new input");
+    EXPECT_EQ(metrics().graphs_compiled, compiled) << "the replayed graph is the traced one: a compile-cache hit";
+    // A parameter changed in place, still pending when the model runs.
+    params[0].second.mul_(2.0);
+    for (auto& v : w1) v *= 2;
+    expect_near(m->forward(from_vector(x1, {4, 3})).to_vector<double>(), host(x1), "after an in-place change");
+    // A parameter given new values by set_data, and one by copy_.
+    b2 = random_floats(2, 7);
+    params[3].second.set_data(from_vector(b2, {2}));
+    w2 = random_floats(10, 8);
+    params[2].second.copy_(from_vector(w2, {2, 5}));
+    expect_near(m->forward(from_vector(x2, {4, 3})).to_vector<double>(), host(x2), "after set_data and copy_");
+    EXPECT_EQ(m->cached_traces(), 1u);
+    // Another module scope traces (the nodes carry the scope) and keeps its own record.
+    {
+      Scope outer("outer");
+      expect_near(m->forward(from_vector(x1, {4, 3})).to_vector<double>(), host(x1), "in another scope");
+    }
+    EXPECT_EQ(m->cached_traces(), 2u);
+  }
+  // With gradients recorded, calls trace (and record nothing): backward reaches the parameters.
+  auto x3 = random_floats(12, 9);
+  Tensor y = m->forward(from_vector(x3, {4, 3}));
+  std::vector<double> want = host(x3);
+  expect_near(y.to_vector<double>(), want, "with grad");
+  (y * y).sum().backward();
+  ASSERT_TRUE(params[3].second.grad().defined());
+  auto g = params[3].second.grad().to_vector<double>();
+  for (int o = 0; o < 2; ++o) EXPECT_NEAR(g[size_t(o)], 2 * (want[size_t(o)] + want[size_t(2 + o)] + want[size_t(4 + o)] + want[size_t(6 + o)]), 1e-4);
+  EXPECT_EQ(m->cached_traces(), 2u);
 }
 
 // An int64 Constant node.

@@ -681,10 +681,60 @@ std::vector<float> row_step_results(std::vector<std::string>& names, std::vector
       add("cross-entropy and its gradient" + tag, before, {loss, x.grad()});
     }
   }
+  {  // rows of 6 over [3, 4, 6, 6] under a causal mask broadcast over batch and heads (the
+     // imported transformer block's attention): one run of rows per tile, the mask's rows copied
+    const int64_t n = 6;
+    uint64_t before = backends::cpu::row_loop_launches();
+    std::vector<float> sv = special_values(3 * 4 * n * n), gv = special_values(3 * 4 * n * n + 27);
+    gv.erase(gv.begin(), gv.begin() + 27);
+    Tensor x = from_vector<float>(sv, {3, 4, n, n}).requires_grad_();
+    Tensor qpos = arange(0, double(n), 1, TensorOptions{DType::Int64, Device("cpu")}).reshape({n, 1});
+    Tensor kpos = arange(0, double(n), 1, TensorOptions{DType::Int64, Device("cpu")}).reshape({1, n});
+    Tensor y = softmax(masked_fill(x * 0.25, kpos > qpos, -INFINITY), -1);
+    (y * from_vector<float>(gv, {3, 4, n, n})).sum().backward();
+    add("causal softmax over [3, 4, 6, 6] and its backward", before, {y, x.grad()});
+  }
   return all;
 }
 
 }  // namespace
+
+// Short rows whose runs along the last outer dim are short (a softmax over [64, 4, 6, 6] under a
+// causal mask broadcast over batch and heads: runs of 6 rows) run as one run of rows per tile:
+// three loop calls per tile (the max's operand, the sum's, the results), not per 6 rows, and the
+// rows' reductions 8 rows at a time. Values against the host's softmax; bits against the
+// interpreter in the test below (rows of 6 and 7 with NaN and infinities).
+TEST(CpuJit, ShortRowsUnderABroadcastMaskRunOneLoopCallPerPartPerTile) {
+  REQUIRE_LOOPS();
+  NoGradGuard no_grad;
+  const int64_t b = 64, h = 4, n = 6, rows = b * h * n;
+  std::vector<float> sv(size_t(rows * n));
+  for (size_t i = 0; i < sv.size(); ++i) sv[i] = float(std::sin(double(i) * 0.37) * 3.0);
+  Tensor qpos = arange(0, double(n), 1, TensorOptions{DType::Int64, Device("cpu")}).reshape({n, 1});
+  Tensor kpos = arange(0, double(n), 1, TensorOptions{DType::Int64, Device("cpu")}).reshape({1, n});
+  Tensor y = softmax(masked_fill(from_vector<float>(sv, {b, h, n, n}), kpos > qpos, -INFINITY), -1);
+  const uint64_t launches = backends::cpu::row_loop_launches(), calls = backends::cpu::row_loop_calls(),
+                 lanes = backends::cpu::row_loop_lane_rows();
+  std::vector<float> got = y.to_vector<float>();
+  ASSERT_EQ(backends::cpu::row_loop_launches() - launches, 1u) << "the softmax's Row Step did not run through the loops";
+  const int64_t tiles = (rows + (1024 / n) - 1) / (1024 / n);  // kTile = 1024 elements
+  EXPECT_LE(backends::cpu::row_loop_calls() - calls, uint64_t(3 * tiles)) << "runs of 6 rows would take " << 3 * rows / n;
+#if defined(__AVX2__)
+  // Both reductions (max, sum) of every row, 8 rows at a time (a tile's rows are not all a
+  // multiple of 8: at most 7 rows per tile and reduction are left to the scalar loop).
+  EXPECT_GE(backends::cpu::row_loop_lane_rows() - lanes, uint64_t(2 * (rows - 7 * tiles)));
+#endif
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t q = r % n;
+    double m = -INFINITY, s = 0;
+    for (int64_t k = 0; k <= q; ++k) m = std::max(m, double(sv[size_t(r * n + k)]));
+    for (int64_t k = 0; k <= q; ++k) s += std::exp(double(sv[size_t(r * n + k)]) - m);
+    for (int64_t k = 0; k < n; ++k) {
+      const double want = k <= q ? std::exp(double(sv[size_t(r * n + k)]) - m) / s : 0.0;
+      ASSERT_NEAR(got[size_t(r * n + k)], want, 1e-6) << "row " << r << ", position " << k;
+    }
+  }
+}
 
 TEST(CpuJit, RowStepsThroughTheLoopsMatchTheInterpreterBitForBit) {
   // The child (TESSERA_CPU_JIT=0, the interpreter only) writes its results' bits to a file; the

@@ -16,7 +16,7 @@
 namespace tessera::backends::cpu {
 namespace {
 
-std::atomic<uint64_t> launches{0};
+std::atomic<uint64_t> launches{0}, calls{0}, lane_rows{0};
 
 bool lanes32(DType t) { return t == DType::Float32 || t == DType::Int32; }
 
@@ -61,6 +61,52 @@ float row_max(const float* a, int64_t n) {
   }
 #endif
   return run_max(a, n, -std::numeric_limits<float>::infinity());
+}
+
+// Rows shorter than 8 reduced 8 rows at a time, a row per lane (rows `vstep` elements apart):
+// row_max's and run_sum's results exactly, since each lane does their scalar operations in their
+// order (run_max's accumulator j holds position j; run_sum's double tree over 8 accumulators,
+// the missing ones zero). Returns the rows done (a multiple of 8); the caller reduces the rest.
+int64_t short_rows(bool max, const float* v, int64_t vstep, int64_t n, int64_t rows, float* r) {
+#if defined(__AVX2__)
+  if (n >= 8 || rows < 8 || vstep * 7 + n > std::numeric_limits<int32_t>::max()) return 0;
+  const __m256i at = _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), _mm256_set1_epi32(int32_t(vstep)));
+  int64_t i = 0;
+  for (; i + 8 <= rows; i += 8) {
+    const float* b = v + i * vstep;
+    if (max) {
+      const __m256 lowest = _mm256_set1_ps(-std::numeric_limits<float>::infinity());
+      __m256 m = lowest, nan = _mm256_setzero_ps();
+      for (int64_t j = 0; j < n; ++j) {
+        const __m256 x = _mm256_i32gather_ps(b + j, at, 4);
+        const __m256 acc = _mm256_max_ps(x, lowest);       // m[j] = x > -inf ? x : -inf
+        m = j == 0 ? acc : _mm256_max_ps(acc, m);            // r = m[j] > r ? m[j] : r
+        nan = _mm256_or_ps(nan, _mm256_cmp_ps(x, x, _CMP_UNORD_Q));
+      }
+      _mm256_storeu_ps(r + i, _mm256_blendv_ps(m, _mm256_set1_ps(std::numeric_limits<float>::quiet_NaN()), nan));
+    } else {
+      __m256d acc[2][8];
+      for (int64_t j = 0; j < 8; ++j) {
+        acc[0][j] = acc[1][j] = _mm256_setzero_pd();
+        if (j >= n) continue;
+        const __m256 x = _mm256_i32gather_ps(b + j, at, 4);
+        acc[0][j] = _mm256_add_pd(acc[0][j], _mm256_cvtps_pd(_mm256_castps256_ps128(x)));
+        acc[1][j] = _mm256_add_pd(acc[1][j], _mm256_cvtps_pd(_mm256_extractf128_ps(x, 1)));
+      }
+      for (int h = 0; h < 2; ++h) {
+        const __m256d* a = acc[h];
+        const __m256d t = _mm256_add_pd(_mm256_add_pd(_mm256_add_pd(a[0], a[1]), _mm256_add_pd(a[2], a[3])),
+                                        _mm256_add_pd(_mm256_add_pd(a[4], a[5]), _mm256_add_pd(a[6], a[7])));
+        _mm_storeu_ps(r + i + 4 * h, _mm256_cvtpd_ps(t));
+      }
+    }
+  }
+  lane_rows.fetch_add(uint64_t(i), std::memory_order_relaxed);
+  return i;
+#else
+  (void)max, (void)v, (void)vstep, (void)n, (void)rows, (void)r;
+  return 0;
+#endif
 }
 
 // n values (elements `per` apart) rounded to bfloat16 (else float16) and back, as the
@@ -277,6 +323,74 @@ std::unique_ptr<RowLoops> build_row_loops(const Step& st) {
   return rl;
 }
 
+namespace {
+// Short runs along the last outer dim (a softmax over [64, 4, 6, 6]: runs of 6 rows, three loop
+// calls each) become one run per tile: a load whose rows step uniformly across the outer dims
+// is read in place, any other (a mask broadcast over batch and heads) has its tile's rows
+// copied, each its `span` elements, into a per-thread buffer the loops step through by a span.
+// Same values per row, so the same bits.
+struct FlatRows {
+  bool on = false;
+  std::vector<int64_t> span;  // per instruction: a copied load's elements per row (0: read in place)
+  std::vector<int> copied;
+};
+FlatRows flat_rows(const RowLoops& rl, const Step& st, const std::vector<const char*>& base, int64_t rpt) {
+  static const bool off = [] {  // TESSERA_CPU_ROW_FLAT=0: runs along the last outer dim only (measuring)
+    const char* e = std::getenv("TESSERA_CPU_ROW_FLAT");
+    return e && std::strcmp(e, "0") == 0;
+  }();
+  const std::vector<Instr>& prog = st.program;
+  FlatRows f;
+  f.span.assign(prog.size(), 0);
+  const size_t last = rl.outer.empty() ? 0 : rl.outer.size() - 1;
+  f.on = !off && rl.outer.size() > 1 && rl.outer[last] < rpt;
+  for (size_t k = 0; k < prog.size() && f.on; ++k) {
+    if (!base[k]) continue;
+    bool uniform = true;  // row r at r times the last outer dim's stride (dims of extent 1 never move)
+    for (size_t d = last, n = 1; d-- > 0;) {
+      n *= size_t(rl.outer[d + 1]);
+      uniform = uniform && (rl.outer[d] == 1 || rl.outer_strides[k][d] == int64_t(n) * rl.outer_strides[k][last]);
+    }
+    if (uniform) continue;
+    f.span[k] = (rl.row - 1) * row_stride(prog[k].map.views[0], st.domain, rl.outer.size()) + 1;
+    f.on = f.span[k] <= 4 * rl.row;
+    f.copied.push_back(int(k));
+  }
+  for (const RowLoops::Round& R : rl.rounds) f.on = f.on && f.span[size_t(R.load)] == 0;
+  if (!f.on) f.span.assign(prog.size(), 0), f.copied.clear();  // runs along the last outer dim, as before
+  return f;
+}
+// The copied loads' `rows` rows from outer index `idx` on, into `copy`; per instruction, a copied
+// load's first row there (none when the runs are not flat).
+std::vector<const char*> copy_rows(const RowLoops& rl, const FlatRows& f, const std::vector<const char*>& base, const int64_t* idx,
+                                   int64_t rows, int64_t rpt, std::vector<float>& copy) {
+  std::vector<const char*> at(f.on ? f.span.size() : 0, nullptr);
+  if (!f.on) return at;
+  size_t need = 0;
+  for (int k : f.copied) need += size_t(rpt * f.span[size_t(k)]);
+  if (copy.size() < need) copy.resize(need);
+  float* to = copy.data();
+  for (int k : f.copied) {
+    const int64_t n = f.span[size_t(k)];
+    int64_t j[32];
+    std::copy(idx, idx + rl.outer.size(), j);
+    at[size_t(k)] = reinterpret_cast<const char*>(to);
+    for (int64_t r = 0; r < rows; ++r, to += n, bump(j, rl.outer)) {
+      int64_t o = 0;
+      for (size_t d = 0; d < rl.outer.size(); ++d) o += j[d] * rl.outer_strides[size_t(k)][d];
+      std::memcpy(to, base[size_t(k)] + o * 4, size_t(n) * 4);
+    }
+    to += (rpt - rows) * n;
+  }
+  return at;
+}
+// One call of a part's loop over `rows` rows, counted (row_loop_calls).
+void call(const jit::Loop& loop, const void* const* p, int64_t row, int64_t rows, const int64_t* step) {
+  loop(p, row, rows, step);
+  calls.fetch_add(1, std::memory_order_relaxed);
+}
+}  // namespace
+
 bool run_row_loops(const RowLoops& rl, const Step& st, const LaunchArgs& args) {
   const std::vector<Instr>& prog = st.program;
   const int64_t total = numel(st.domain), row = rl.row, nrows = total / row;
@@ -329,11 +443,12 @@ bool run_row_loops(const RowLoops& rl, const Step& st, const LaunchArgs& args) {
   std::vector<int64_t> row_step(prog.size(), 0);
   for (size_t k = 0; k < prog.size(); ++k)
     if (base[k] && !rl.outer.empty()) row_step[k] = rl.outer_strides[k][last] * 4;
+  const FlatRows flat = flat_rows(rl, st, base, rpt);
 #pragma omp parallel for schedule(static) if (total >= kParallelMin && ntiles > 1)
   for (int64_t t = 0; t < ntiles; ++t) {
     // Per tile: buffer 0 (a reduction's operand), the per-row results, the stored values, each
     // rpt rows; each reduction's values (rpt per reduction).
-    thread_local std::vector<float> buf, rv;
+    thread_local std::vector<float> buf, rv, copy;
     if (buf.size() < size_t(rpt * row) * nbuf) buf.resize(size_t(rpt * row) * nbuf);
     if (rv.size() < size_t(rpt) * nred) rv.resize(size_t(rpt) * nred);
     auto buffer = [&](size_t b) { return buf.data() + b * size_t(rpt * row); };
@@ -342,11 +457,13 @@ bool run_row_loops(const RowLoops& rl, const Step& st, const LaunchArgs& args) {
     int64_t idx[32];
     const int64_t g1 = std::min(nrows, (t + 1) * rpt);
     unravel(t * rpt, rl.outer, idx);
+    const std::vector<const char*> copy_at = copy_rows(rl, flat, base, idx, g1 - t * rpt, rpt, copy);
     // Chunks of rows along the last outer dim: one loop call per part, each pointer stepping by
     // its row step (reductions' values by one float, buffers by a row).
     for (int64_t g = t * rpt; g < g1;) {
-      const int64_t rows = rl.outer.empty() ? 1 : std::min(g1 - g, rl.outer[last] - idx[last]);
+      const int64_t rows = rl.outer.empty() ? 1 : flat.on ? g1 - g : std::min(g1 - g, rl.outer[last] - idx[last]);
       auto row_ptr = [&](size_t k) {
+        if (flat.on && copy_at[k]) return copy_at[k];
         int64_t o = 0;
         for (size_t d = 0; d < rl.outer_strides[k].size(); ++d) o += idx[d] * rl.outer_strides[k][d];
         return base[k] + o * 4;
@@ -356,7 +473,7 @@ bool run_row_loops(const RowLoops& rl, const Step& st, const LaunchArgs& args) {
         for (int s : part.srcs) {
           if (s >= kRound) p[i] = buffer(round0 + size_t(s - kRound)), step[i] = row * 4;
           else if (s >= kStash) p[i] = buffer(nres + 1 + size_t(s - kStash)), step[i] = row * 4;
-          else if (s >= 0) p[i] = row_ptr(size_t(s)), step[i] = row_step[size_t(s)];
+          else if (s >= 0) p[i] = row_ptr(size_t(s)), step[i] = flat.span[size_t(s)] ? flat.span[size_t(s)] * 4 : row_step[size_t(s)];
           else p[i] = rv.data() + size_t(-1 - s) * size_t(rpt), step[i] = 4;
           ++i;
         }
@@ -378,15 +495,15 @@ bool run_row_loops(const RowLoops& rl, const Step& st, const LaunchArgs& args) {
         int64_t vstep = row;
         if (part.in_place >= 0) {
           v = reinterpret_cast<const float*>(row_ptr(size_t(part.in_place)));
-          vstep = row_step[size_t(part.in_place)] / 4;
+          vstep = flat.span[size_t(part.in_place)] ? flat.span[size_t(part.in_place)] : row_step[size_t(part.in_place)] / 4;
         } else {
           const size_t i = fill(part);
           p[i] = buffer(0), step[i] = row * 4;
           stores(part, i + 1);
-          (*part.loop)(p, row, rows, step);
+          call(*part.loop, p, row, rows, step);
         }
         float* r = rv.data() + s * size_t(rpt);
-        for (int64_t i = 0; i < rows; ++i)
+        for (int64_t i = short_rows(part.max, v, vstep, row, rows, r); i < rows; ++i)
           r[i] = part.max ? row_max(v + i * vstep, row) : float(run_sum(v + i * vstep, row));
       }
       if (fin.loop) {
@@ -398,7 +515,7 @@ bool run_row_loops(const RowLoops& rl, const Step& st, const LaunchArgs& args) {
           step[i++] = row * 4;
         }
         stores(fin, i);
-        (*fin.loop)(p, row, rows, step);
+        call(*fin.loop, p, row, rows, step);
       }
       if (rl.narrow) {  // the main result rounded (half.h's rounding: the interpreter's bits)
         const float* v = buffer(nres);
@@ -426,5 +543,7 @@ bool run_row_loops(const RowLoops& rl, const Step& st, const LaunchArgs& args) {
 }
 
 uint64_t row_loop_launches() { return launches.load(std::memory_order_relaxed); }
+uint64_t row_loop_calls() { return calls.load(std::memory_order_relaxed); }
+uint64_t row_loop_lane_rows() { return lane_rows.load(std::memory_order_relaxed); }
 
 }  // namespace tessera::backends::cpu

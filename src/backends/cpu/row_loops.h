@@ -61,5 +61,9 @@ bool run_row_loops(const RowLoops& rl, const Step& st, const LaunchArgs& args);
 
 // Row Step launches the loops have run in this process (tests: that a Step took them).
 uint64_t row_loop_launches();
+// Calls of the parts' native loops (each over a run of rows) in this process.
+uint64_t row_loop_calls();
+// Rows shorter than 8 whose reductions ran 8 rows at a time, a row per lane (per reduction).
+uint64_t row_loop_lane_rows();
 
 }  // namespace tessera::backends::cpu

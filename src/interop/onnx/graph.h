@@ -11,6 +11,7 @@
 #include <onnx/onnx_pb.h>
 
 #include "tessera/onnx.h"
+#include "tessera/replay.h"
 #include "tessera/tensor.h"
 
 namespace tessera::onnx::detail {
@@ -72,6 +73,10 @@ struct Graph {
   std::mutex plans_mu;
   std::map<std::string, std::shared_ptr<Plan>> plans;
   std::vector<std::string> plan_order;
+  // Recorded traces for replay (tessera/replay.h), per signature, module scope and autocast
+  // dtype; at most kMaxPlans, the oldest dropped first.
+  std::map<std::string, std::shared_ptr<const Replay>> replays;
+  std::vector<std::string> replay_order;
 };
 
 // How errors name a node: 'name', or #k (its index in the graph) when it has no name.

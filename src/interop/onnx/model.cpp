@@ -2,11 +2,13 @@
 // the nodes in order onto Tessera's ops; initializers are the module's parameters and buffers.
 #include <algorithm>
 #include <charconv>
+#include <cstdlib>
 #include <filesystem>
 #include <numeric>
 #include <set>
 
 #include "interop/onnx/graph.h"
+#include "tessera/autocast.h"
 
 namespace tessera::onnx {
 namespace {
@@ -244,6 +246,59 @@ bool fold_node(detail::Ctx& c, const std::vector<int>& ins, const std::vector<in
   return detail::fold(c, hv);
 }
 
+// What a replay (tessera/replay.h) substitutes: the initializers, then the runtime inputs.
+std::vector<Tensor> replay_args(const detail::Graph& g, const std::vector<Tensor>& val) {
+  std::vector<Tensor> args;
+  args.reserve(g.initializers.size() + g.inputs.size());
+  for (const auto& [name, t] : g.initializers) args.push_back(t);
+  for (int slot : g.input_slot) args.push_back(val[size_t(slot)]);
+  return args;
+}
+// A recorded trace is replayed only where no gradient would be recorded (grad mode off, or no
+// parameter or input requires grad), under the same module scope and autocast dtype (both steer
+// tracing): its key, or "" where it is not replayed.
+std::string replay_key(const std::string& key, const std::vector<Tensor>& args) {
+  static const bool off = [] {  // TESSERA_ONNX_REPLAY=0: every call traces (measuring)
+    const char* e = std::getenv("TESSERA_ONNX_REPLAY");
+    return e && std::string(e) == "0";
+  }();
+  if (off) return "";
+  if (grad_enabled())
+    for (const Tensor& t : args)
+      if (t.requires_grad()) return "";
+  std::optional<DType> ac = autocast_dtype();
+  return key + '|' + current_scope() + '|' + (ac ? dtype_name(*ac) : "-");
+}
+// The outputs of the recorded trace replayed on `args`; empty where there is none to replay (or
+// the replay refused: trace instead).
+std::vector<Tensor> replayed(detail::Graph& g, const std::string& rkey, const std::vector<Tensor>& args) {
+  if (rkey.empty()) return {};
+  std::shared_ptr<const Replay> rec;
+  {
+    std::lock_guard<std::mutex> lock(g.plans_mu);
+    auto it = g.replays.find(rkey);
+    if (it == g.replays.end()) return {};
+    rec = it->second;
+  }
+  return rec->run(args);
+}
+std::shared_ptr<detail::Plan> find_plan(detail::Graph& g, const std::string& key) {
+  std::lock_guard<std::mutex> lock(g.plans_mu);
+  auto it = g.plans.find(key);
+  return it == g.plans.end() ? nullptr : it->second;
+}
+// Keeps a record (replacing one a replay refused), at most kMaxPlans, the oldest dropped first.
+void keep_replay(detail::Graph& g, const std::string& rkey, std::shared_ptr<const Replay> rec) {
+  if (!rec) return;
+  std::lock_guard<std::mutex> lock(g.plans_mu);
+  if (!g.replays.insert_or_assign(rkey, std::move(rec)).second) return;
+  g.replay_order.push_back(rkey);
+  if (g.replay_order.size() > detail::Graph::kMaxPlans) {
+    g.replays.erase(g.replay_order.front());
+    g.replay_order.erase(g.replay_order.begin());
+  }
+}
+
 // Runs the graph on the runtime inputs (in the graph's order; null or undefined: not given) and
 // returns the outputs in the graph's order.
 std::vector<Tensor> run_graph(detail::Graph& g, nn::Module& self, const std::vector<const Tensor*>& given) {
@@ -279,11 +334,13 @@ std::vector<Tensor> run_graph(detail::Graph& g, nn::Module& self, const std::vec
                                    : val[size_t(g.input_slot[0])].device();
   key += device.str();
 
-  std::shared_ptr<detail::Plan> plan;
-  {
-    std::lock_guard<std::mutex> lock(g.plans_mu);
-    if (auto it = g.plans.find(key); it != g.plans.end()) plan = it->second;
-  }
+  // A recorded trace of this signature is replayed on the current parameters and inputs.
+  std::vector<Tensor> args = replay_args(g, val);
+  std::string rkey = replay_key(key, args);
+  if (std::vector<Tensor> out = replayed(g, rkey, args); !out.empty()) return out;
+  const uint64_t epoch = Replay::epoch();
+  bool read_back = false;  // a node read a value back from the device: its trace is not kept
+  std::shared_ptr<detail::Plan> plan = find_plan(g, key);
   bool building = !plan;
   std::vector<char> fixed;  // while building: values whose shape the signature fixes
   if (building) {
@@ -348,6 +405,7 @@ std::vector<Tensor> run_graph(detail::Graph& g, nn::Module& self, const std::vec
         }
       }
       out = (*g.node_fn[size_t(k)])(c);
+      read_back = read_back || c.device_read;
     } catch (const Error& e) {
       std::string msg = e.what();
       if (msg.rfind("onnx: ", 0) == 0) throw;
@@ -377,6 +435,7 @@ std::vector<Tensor> run_graph(detail::Graph& g, nn::Module& self, const std::vec
     if (slot < 0 || !val[size_t(slot)].defined()) fail("run", "graph output '" + g.outputs[k] + "' is produced by no node");
     result.push_back(val[size_t(slot)]);
   }
+  if (!rkey.empty() && !read_back && own.empty()) keep_replay(g, rkey, Replay::record(args, result, epoch));
   if (building) {
     std::lock_guard<std::mutex> lock(g.plans_mu);
     if (g.plans.emplace(key, plan).second) {
@@ -409,6 +468,11 @@ std::map<std::string, Tensor> Model::run_named(const std::map<std::string, Tenso
 size_t Model::cached_signatures() const {
   std::lock_guard<std::mutex> lock(g_->plans_mu);
   return g_->plans.size();
+}
+
+size_t Model::cached_traces() const {
+  std::lock_guard<std::mutex> lock(g_->plans_mu);
+  return g_->replays.size();
 }
 
 std::vector<Tensor> Model::run(const std::vector<Tensor>& inputs) {
