@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "backends/cpu/jit_x86.h"
+#include "backends/cpu/native_loops.h"
 #include "backends/cpu/row_loops.h"
 #include "backends/cpu/vmath.h"
 #include "core/half.h"
@@ -527,6 +528,49 @@ TEST(CpuJit, StridedResultsAreStoredLaneByLaneAndOnlyInTheRun) {
         ASSERT_TRUE(same(got, want)) << "n " << n << ", row " << r << ", i " << i << ": " << got << " vs " << want;
       }
   }
+}
+
+TEST(CpuJit, HeadsPermutedOutOfABiasAddRunThroughTheLoops) {
+  // The transformer block's q, k and v (an imported model's attention): x [b, 6, 48] plus a bias,
+  // split into 4 heads of 4 and permuted. q and v ([b, 4, 6, 4], one Step with two outputs) have
+  // runs of 4 positions (each head's 4 values), walked in interleave_order by default, where two
+  // outputs build no loop: their loop runs in the Step's own order, 4 positions taking the next
+  // dim in. k ([b, 4, 4, 6]) has runs of 6 strided positions, 4 rows per call by itself, 16 with
+  // the heads' dim merged into the rows'. Both Steps through their native loops, each value the
+  // float32 sum to the bit (NaN and infinities included).
+  REQUIRE_LOOPS();
+  NoGradGuard no_grad;
+  const int64_t b = 8, n = 6, h = 4, hd = 4, w = 3 * h * hd;
+  // x a product's output (as the block's: each head's Step reads the product, the sum not kept)
+  std::vector<float> av(size_t(b * n * 16)), wv(size_t(16 * w)), bv = special_values(w);
+  for (size_t i = 0; i < av.size(); ++i) av[i] = float(std::sin(double(i) * 0.37));
+  for (size_t i = 0; i < wv.size(); ++i) wv[i] = float(std::cos(double(i) * 0.11));
+  Tensor x = matmul(from_vector<float>(av, {b * n, 16}), from_vector<float>(wv, {16, w}));
+  Tensor q, k, v;
+  {  // (the sum not kept alive: sync would realize it too)
+    Tensor parts = (x.reshape({b, n, w}) + from_vector<float>(bv, {w})).reshape({b, n, 3, h, hd});
+    auto head = [&](int64_t p) { return parts.slice(2, p, p + 1).reshape({b, n, h, hd}); };
+    q = head(0).permute({0, 2, 1, 3}), k = head(1).permute({0, 2, 3, 1}), v = head(2).permute({0, 2, 1, 3});
+  }
+  const uint64_t before = backends::cpu::elementwise_loop_launches();
+  tessera::sync();
+  EXPECT_EQ(backends::cpu::elementwise_loop_launches() - before, 2u) << "q and v's Step and k's: through their loops";
+  const std::vector<float> xv = x.to_vector<float>(), qv = q.to_vector<float>(), kv = k.to_vector<float>(),
+                           vv = v.to_vector<float>();
+  for (int64_t i = 0; i < b; ++i)
+    for (int64_t j = 0; j < h; ++j)
+      for (int64_t s = 0; s < n; ++s)
+        for (int64_t e = 0; e < hd; ++e) {
+          auto sum = [&](int64_t p) {
+            const int64_t c = p * h * hd + j * hd + e;
+            return add(xv[size_t((i * n + s) * w + c)], bv[size_t(c)]);
+          };
+          const float gq = qv[size_t(((i * h + j) * n + s) * hd + e)], gv = vv[size_t(((i * h + j) * n + s) * hd + e)];
+          const float gk = kv[size_t(((i * h + j) * hd + e) * n + s)];
+          ASSERT_TRUE(same(gq, sum(0))) << "q at " << i << ", " << j << ", " << s << ", " << e << ": " << gq << " vs " << sum(0);
+          ASSERT_TRUE(same(gk, sum(1))) << "k at " << i << ", " << j << ", " << e << ", " << s << ": " << gk << " vs " << sum(1);
+          ASSERT_TRUE(same(gv, sum(2))) << "v at " << i << ", " << j << ", " << s << ", " << e << ": " << gv << " vs " << sum(2);
+        }
 }
 
 TEST(CpuJit, DumpAsmWritesEachLoopsCodeListingAndPerfMapLine) {

@@ -1,6 +1,7 @@
 // Elementwise and Row Steps: a program over every position of the output, through its native
 // loop where it has one (native_loops.h), else the interpreter over tiles; Row Steps over tiles of
 // whole rows (through their native loops where they build, row_loops.h).
+#include <atomic>
 #include <numeric>
 #include <optional>
 
@@ -16,6 +17,8 @@
 namespace tessera::backends::cpu {
 namespace {
 
+std::atomic<uint64_t> elementwise_launches{0};
+
 // An Elementwise Step (or a Copy that is not a plain view copy): its program and domain as run
 // (loads' views coalesced, permuted along with the domain).
 struct ElementwiseKernel final : CpuKernel {
@@ -28,7 +31,8 @@ struct ElementwiseKernel final : CpuKernel {
   std::vector<int> last_read;  // per instruction of `program`: its last reader (results: past the end)
   // The native loop (Elementwise only). A Step with `out` runs its permuted program before
   // coalescing (walk_program, kept only when the loop is built) and stores through the
-  // uncoalesced permuted output view.
+  // uncoalesced permuted output view. A loop built over the Step's domain with dims merged
+  // (merge_dims) runs that program (walk_program too, its stores dense in order).
   NativeLoop loop;
   std::vector<Instr> walk_program;
   // A float32 program whose one result is rounded to bfloat16/float16 (autocast's operands: a
@@ -102,9 +106,44 @@ void prepare(ElementwiseKernel& k, const Step& st, kir::View& walk_out) {
     if (I.code == Code::Load && I.map.views.size() == 1) I.map.views[0] = coalesced(I.map.views[0]);
 }
 
+// `prog` over `dom` with adjacent dims merged where every load walks them as one (the output,
+// dense in order, always does): a permuted copy's [64, 4, 4, 6] whose loads walk the middle two
+// dims as one is [64, 16, 6]. `prog` itself (and dom unchanged) when a load is not one unmasked
+// view over dom, or an instruction names an axis (iota) or a position (rng).
+std::vector<Instr> merge_dims(const std::vector<Instr>& prog, Shape& dom) {
+  std::vector<Instr> r = prog;
+  for (const Instr& I : r)
+    if (I.code == Code::Iota || I.code == Code::Rng ||
+        (I.code == Code::Load && (I.map.views.size() != 1 || I.map.views[0].shape != dom || I.map.views[0].masked())))
+      return r;
+  for (size_t d = dom.size(); d-- > 1;) {  // dims d - 1 and d
+    bool ok = true;
+    for (const Instr& I : r)
+      if (I.code == Code::Load) {
+        const kir::View& v = I.map.views[0];
+        ok &= dom[d - 1] == 1 || dom[d] == 1 || v.strides[d - 1] == v.strides[d] * dom[d];
+      }
+    if (!ok) continue;
+    for (Instr& I : r)
+      if (I.code == Code::Load) {
+        kir::View& v = I.map.views[0];
+        if (dom[d] == 1) v.strides[d] = v.strides[d - 1];
+        v.strides.erase(v.strides.begin() + std::ptrdiff_t(d - 1));
+        v.shape.erase(v.shape.begin() + std::ptrdiff_t(d - 1));
+        v.shape[d - 1] = dom[d - 1] * dom[d];
+      }
+    dom[d] *= dom[d - 1];
+    dom.erase(dom.begin() + std::ptrdiff_t(d - 1));
+  }
+  return r;
+}
+
 // An Elementwise Step's loop: its results stored early unless a later load reads their output. A
 // Step walked in interleave_order runs its permuted program over the permuted domain, storing
-// through the permuted output view.
+// through the permuted output view. When that builds no loop, the Step's own order with its dims
+// merged (merge_dims) may: a permuted copy's runs of 6 along 16 merged rows per call, or of 4
+// taking the next dim in (two_dims; the transformer block's q and v are walked in
+// interleave_order, their two outputs more than a loop through an output view stores).
 void build_loops(ElementwiseKernel& k, const Step& st, const kir::View& walk_out) {
   if (st.kind != StepKind::Elementwise) return k.walk_program.clear();
   std::vector<int> results{int(st.program.size()) - 1};
@@ -117,9 +156,18 @@ void build_loops(ElementwiseKernel& k, const Step& st, const kir::View& walk_out
       e &= !(st.program[i].code == Code::Load && st.inputs[size_t(st.program[i].input)] == slot);
     early.push_back(e);
   }
-  if (!k.out) return build_loop(k.loop, st.program, st.shape, results, early, true, nullptr, true);
-  build_loop(k.loop, k.walk_program, walk_out.shape, results, early, false, &walk_out);
-  if (!k.loop.loop) k.walk_program.clear();
+  if (!k.out) {
+    build_loop(k.loop, st.program, st.shape, results, early, true, nullptr, true);
+  } else {
+    build_loop(k.loop, k.walk_program, walk_out.shape, results, early, false, &walk_out);
+    if (!k.loop.loop) k.walk_program.clear();
+  }
+  if (k.loop.loop) return;
+  Shape dom = st.shape;
+  std::vector<Instr> prog = merge_dims(st.program, dom);
+  if (dom == st.shape && !k.out) return;  // (nothing new to try)
+  build_loop(k.loop, prog, dom, results, early, true, nullptr, true);
+  if (k.loop.loop) k.walk_program = std::move(prog);
 }
 
 // Which results write their output themselves (per instruction: the output's base, else null):
@@ -198,8 +246,10 @@ void ElementwiseKernel::run(const Step& st, const LaunchArgs& args) const {
   const int64_t total = numel(st.shape);
   auto in = inputs_of(st, args);
   std::vector<char*> base;
-  if (const jit::Loop* l = loop_for(loop, out ? walk_program : st.program, st, in, args, base))
+  if (const jit::Loop* l = loop_for(loop, walk_program.empty() ? st.program : walk_program, st, in, args, base)) {
+    elementwise_launches.fetch_add(1, std::memory_order_relaxed);
     return run_loop(loop, *l, base, total);
+  }
   if (run_narrowing(st, in, args)) return;
   const int64_t ntiles = (total + kTile - 1) / kTile;
   // An output far larger than the caches and the Step's only one is streamed out of its register.
@@ -277,6 +327,8 @@ void RowKernel::run(const Step& st, const LaunchArgs& args) const {
 }
 
 }  // namespace
+
+uint64_t elementwise_loop_launches() { return elementwise_launches.load(std::memory_order_relaxed); }
 
 std::unique_ptr<CpuKernel> compile_elementwise(const Step& st) {
   auto k = std::make_unique<ElementwiseKernel>();

@@ -75,4 +75,8 @@ const jit::Loop* loop_for(const NativeLoop& nl, const std::vector<Instr>& prog, 
 // An Elementwise Step of `total` positions through its native loop (from loop_for).
 void run_loop(const NativeLoop& nl, const jit::Loop& loop, const std::vector<char*>& base, int64_t total);
 
+// Elementwise Step launches that ran through their native loop in this process (tests: that a
+// Step took it).
+uint64_t elementwise_loop_launches();
+
 }  // namespace tessera::backends::cpu
