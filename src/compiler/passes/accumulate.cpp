@@ -26,10 +26,6 @@ using kir::StepKind;
 bool flat(const Instr& in, const Shape& shape) {
   return in.map.is_contiguous() && in.map.views[0].offset == 0 && in.map.shape() == shape;
 }
-bool touches(const Step& st, int slot) {
-  const std::vector<int> outs = st.outputs();
-  return std::count(st.inputs.begin(), st.inputs.end(), slot) || std::count(outs.begin(), outs.end(), slot);
-}
 
 // The temporary a Gemm Step's epilogue adds to the product (out = A @ B + x), or -1.
 int gemm_addend(const Step& st) {
@@ -69,9 +65,16 @@ std::vector<int> elementwise_addends(const Plan& plan, const Step& st) {
 
 int accumulate_in_place(Plan& plan, const kir::Target& target) {
   const size_t n = plan.steps.size();
-  std::vector<int> last_read(plan.slots.size(), -1);
-  for (size_t s = 0; s < n; ++s)
-    for (int x : plan.steps[s].inputs) last_read[size_t(x)] = int(s);
+  // Per slot: the last Step reading it, and the first reading or writing it (a renamed slot's
+  // first touch becomes its replacement's).
+  std::vector<int> last_read(plan.slots.size(), -1), first_touch(plan.slots.size(), int(n));
+  for (size_t s = n; s-- > 0;) {
+    for (int x : plan.steps[s].inputs) {
+      if (last_read[size_t(x)] < 0) last_read[size_t(x)] = int(s);
+      first_touch[size_t(x)] = int(s);
+    }
+    for (int o : plan.steps[s].outputs()) first_touch[size_t(o)] = int(s);
+  }
   int rewritten = 0;
   for (size_t s = 0; s < n; ++s) {
     Step& st = plan.steps[s];
@@ -89,16 +92,14 @@ int accumulate_in_place(Plan& plan, const kir::Target& target) {
         break;
       }
     }
-    if (x < 0 || os.kind == kir::SlotKind::Param) continue;
-    bool clear = true;
-    for (size_t t = 0; t < s && clear; ++t) clear = !touches(plan.steps[t], st.output);
-    if (!clear) continue;
-    for (size_t t = 0; t < s; ++t) {
+    if (x < 0 || os.kind == kir::SlotKind::Param || first_touch[size_t(st.output)] < int(s)) continue;
+    for (size_t t = size_t(first_touch[size_t(x)]); t < s; ++t) {
       Step& u = plan.steps[t];
       for (int& i : u.inputs) i = i == x ? st.output : i;
       if (u.output == x) u.output = st.output;
       for (int& o : u.more_outputs) o = o == x ? st.output : o;
     }
+    first_touch[size_t(st.output)] = first_touch[size_t(x)];
     if (st.kind == StepKind::Gemm) {
       st.inputs.resize(2);
       st.program.clear();
