@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "core/fail.h"
+#include "core/hash.h"
 #include "ir/collectives.h"
 
 namespace tessera::backends {
@@ -154,23 +155,21 @@ CollectiveSequence from_text(const char* p, size_t n) {
   return q;
 }
 
-uint64_t fnv1a(uint64_t h, const std::string& s) {
-  for (unsigned char ch : s) h = (h ^ ch) * 1099511628211ull;
-  return (h ^ 0xffu) * 1099511628211ull;  // an item's end: "ab","c" and "a","bc" differ
-}
+// The sequence's hash: each item's text, then a byte no text holds, so "ab","c" and "a","bc" differ.
+uint64_t append_item(uint64_t h, const std::string& s) { return fnv1a("\xff", fnv1a(s, h)); }
 
 }  // namespace
 
 CollectiveSequence collective_sequence(const std::vector<kir::Step>& steps) {
   CollectiveSequence q;
-  uint64_t h = 14695981039346656037ull;
+  uint64_t h = kFnv1aOffset;
   for (const kir::Step& st : steps) {
     if (st.kind != kir::StepKind::Collective) continue;
     const ir::CollectiveAttrs c = ir::CollectiveAttrs::from(st.collective, ir::Attrs{st.collective_attrs, 0});
     q.items.push_back(describe(st, c));
     q.scopes.push_back(st.sources.empty() ? "" : st.sources[0].scope);
     q.group.push_back(c.ranks);
-    h = fnv1a(h, q.items.back());
+    h = append_item(h, q.items.back());
   }
   q.hash = q.items.empty() ? 0 : h;
   return q;

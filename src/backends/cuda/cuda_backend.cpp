@@ -29,6 +29,7 @@
 #include "backends/backend.h"
 #include "backends/plugin.h"
 #include "backends/render/c_render.h"
+#include "core/hash.h"
 #include "core/fail.h"
 #include "cuda_host.h"
 
@@ -680,7 +681,7 @@ class CudaBackend : public Backend {
     std::vector<std::thread> threads;
     for (Program& p : ps) {
       p.src = render::program_source(render::cuda_c(), p.kernels);
-      p.key = hex(render::fnv1a(p.src + salt));
+      p.key = hex(fnv1a(p.src + salt));
       p.from_disk = read_cached(dir, p.key, &p.bin);
       if (!p.from_disk)
         threads.emplace_back([&p, &sm] {

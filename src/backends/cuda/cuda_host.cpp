@@ -12,6 +12,7 @@
 
 #include "backends/render/c_render.h"
 #include "core/fail.h"
+#include "core/hash.h"
 
 namespace tessera::backends::cuda {
 
@@ -213,7 +214,7 @@ std::string cache_dir() {
 namespace {
 std::string header(const std::string& payload) {
   char h[80];
-  std::snprintf(h, sizeof h, "tessera-cubin 1 %zu %016" PRIx64 "\n", payload.size(), render::fnv1a(payload));
+  std::snprintf(h, sizeof h, "tessera-cubin 1 %zu %016" PRIx64 "\n", payload.size(), fnv1a(payload));
   return h;
 }
 std::string path_of(const std::string& dir, const std::string& key) { return dir + "/" + key + ".cubin"; }

@@ -7,6 +7,7 @@
 
 #include "core/half.h"
 #include "core/fail.h"
+#include "core/hash.h"
 
 namespace tessera::render {
 namespace {
@@ -715,12 +716,6 @@ KernelCode render_dus(const Step& st) {
 }
 
 }  // namespace
-
-uint64_t fnv1a(const std::string& s) {
-  uint64_t h = 1469598103934665603ull;
-  for (unsigned char c : s) h = (h ^ c) * 1099511628211ull;
-  return h;
-}
 
 const Dialect& opencl_c() {
   static const Dialect d{"opencl", R"(#ifdef cl_khr_fp64

@@ -63,8 +63,5 @@ std::vector<KernelCode> render(const kir::Step& step);
 // A whole program: the dialect's preamble, the shared helpers, then the kernels.
 std::string program_source(const Dialect& d, const std::vector<const KernelCode*>& kernels);
 
-// 64-bit FNV-1a, stable across runs (kernel names and program cache keys).
-uint64_t fnv1a(const std::string& s);
-
 }  // namespace tessera::render
 #pragma GCC visibility pop
