@@ -5,6 +5,7 @@
 #include <mutex>
 #include <sstream>
 #include <type_traits>
+#include <unordered_map>
 
 #include "core/half.h"
 #include "core/scope_impl.h"
@@ -660,5 +661,161 @@ template Tensor from_vector<double>(const std::vector<double>&, const Shape&, Te
 template Tensor from_vector<int32_t>(const std::vector<int32_t>&, const Shape&, TensorOptions);
 template Tensor from_vector<int64_t>(const std::vector<int64_t>&, const Shape&, TensorOptions);
 template Tensor from_vector<uint8_t>(const std::vector<uint8_t>&, const Shape&, TensorOptions);
+
+
+namespace {
+// Copies rank r's block (of n ranks) of a tensor of `shape` laid out as `s` (at most one split
+// dimension) between the whole tensor's bytes and the block's: to the block, or back (gather).
+void copy_block(char* whole, char* block, const Shape& shape, size_t esize, const ir::Sharding& s, int64_t n, int64_t r, bool back) {
+  size_t d = 0;
+  while (d < s.size() && !s[d].sharded()) ++d;
+  if (d == s.size()) {  // replicated
+    const size_t bytes = size_t(numel(shape)) * esize;
+    if (back) std::memcpy(whole, block, bytes);
+    else std::memcpy(block, whole, bytes);
+    return;
+  }
+  int64_t outer = 1, inner = int64_t(esize);
+  for (size_t k = 0; k < d; ++k) outer *= shape[k];
+  for (size_t k = d + 1; k < shape.size(); ++k) inner *= shape[k];
+  const int64_t E = shape[d], g = s[d].groups, L = E / n, sz = E / (g * n);
+  for (int64_t o = 0; o < outer; ++o)
+    for (int64_t j = 0; j < g; ++j) {
+      char* w = whole + (o * E + j * (E / g) + r * sz) * inner;
+      char* b = block + (o * L + j * sz) * inner;
+      if (back) std::memcpy(w, b, size_t(sz * inner));
+      else std::memcpy(b, w, size_t(sz * inner));
+    }
+}
+std::vector<char> download_all(const Buffer& b, int64_t count, DType t) {
+  std::vector<char> host(size_t(count) * itemsize(t));
+  if (!host.empty()) runtime::download(b, host.data(), host.size());
+  return host;
+}
+}  // namespace
+
+namespace detail {
+PartitionReport sync_partitioned(const ir::MeshAxes& mesh, const std::vector<std::pair<Tensor, ir::Sharding>>& annotated) {
+  int64_t n = 1;
+  for (int64_t z : mesh.sizes) n *= z;
+  // The annotated tensors' buffers (a tensor rebound in place: the buffer it was rebound from).
+  std::unordered_map<const Buffer*, ir::Sharding> by_buffer;
+  for (const auto& [t, sh] : annotated) {
+    const auto& impl = need(t, "partition");
+    std::lock_guard<std::mutex> lock(registry().mu);
+    std::shared_ptr<Buffer> b = impl->buffer ? impl->buffer : impl->donor.lock();
+    if (b) by_buffer[b.get()] = sh;
+  }
+  auto impls = detail::pending_impls(true);
+  struct Reset {
+    ~Reset() { detail::reset_draws(); }
+  } reset;
+  std::vector<std::shared_ptr<TensorImpl>> group;
+  for (auto& impl : impls) {
+    if (impl->node->op == ir::Op::Leaf) {
+      impl->realize_to(impl->node->buffer);
+      continue;
+    }
+    if (!group.empty() && !(impl->device == group[0]->device))
+      fail("partition", "pending tensors on two devices (" + group[0]->device.str() + ", " + impl->device.str() + "): one graph runs on the ranks", "");
+    group.push_back(impl);
+  }
+  PartitionReport rep;
+  rep.ranks = n;
+  if (group.empty()) return rep;
+  std::vector<runtime::RankInputs> inputs(static_cast<size_t>(n));
+  std::map<std::pair<const Buffer*, std::string>, ir::NodePtr> shards;
+  std::map<std::pair<int64_t, int64_t>, ir::NodePtr> indices;
+  ir::PartitionHooks hooks;
+  hooks.shard_leaf = [&](const ir::Node& leaf, const ir::Sharding& sh) {
+    auto key = std::make_pair(leaf.buffer.get(), ir::sharding_str(sh, mesh));
+    if (auto it = shards.find(key); it != shards.end()) return it->second;
+    const size_t es = itemsize(leaf.dtype);
+    std::vector<char> whole = download_all(*leaf.buffer, leaf.numel(), leaf.dtype);
+    Shape local = leaf.shape;
+    for (size_t d = 0; d < sh.size(); ++d)
+      if (sh[d].sharded()) {
+        if (local[d] % (n * sh[d].groups) != 0)
+          fail("partition", std::string("a leaf ") + dtype_name(leaf.dtype) + shape_str(leaf.shape) + " laid out as " + ir::sharding_str(sh, mesh) +
+                                ": dimension " + std::to_string(d) + " (extent " + std::to_string(local[d]) + ") does not divide into " +
+                                std::to_string(n * sh[d].groups) + " blocks", "");
+        local[d] /= n;
+      }
+    std::vector<char> block(size_t(numel(local)) * es);
+    std::shared_ptr<Buffer> first;
+    for (int64_t r = 0; r < n; ++r) {
+      copy_block(whole.data(), block.data(), leaf.shape, es, sh, n, r, false);
+      auto b = runtime::upload(leaf.device, block.data(), block.size());
+      if (r == 0) first = b;
+      else inputs[size_t(r)].push_back({first.get(), b});
+    }
+    return shards[key] = ir::leaf(first, local, leaf.dtype);
+  };
+  hooks.block_index = [&](int64_t extent, const ir::DimSharding& d) {
+    auto key = std::make_pair(extent, d.groups);
+    if (auto it = indices.find(key); it != indices.end()) return it->second;
+    const int64_t g = d.groups, sz = extent / (g * n);
+    std::shared_ptr<Buffer> first;
+    for (int64_t r = 0; r < n; ++r) {
+      std::vector<int64_t> idx;
+      for (int64_t j = 0; j < g; ++j)
+        for (int64_t i = 0; i < sz; ++i) idx.push_back(j * (extent / g) + r * sz + i);
+      auto b = runtime::upload(group[0]->device, idx.data(), idx.size() * sizeof(int64_t));
+      if (r == 0) first = b;
+      else inputs[size_t(r)].push_back({first.get(), b});
+    }
+    return indices[key] = ir::leaf(first, Shape{extent / n}, DType::Int64);
+  };
+  auto leaf_sharding = [&](const ir::Node& leaf) -> const ir::Sharding* {
+    auto it = by_buffer.find(leaf.buffer.get());
+    return it == by_buffer.end() ? nullptr : &it->second;
+  };
+  std::vector<runtime::Request> req;
+  std::vector<std::vector<std::shared_ptr<Buffer>>> bufs;
+  ir::Partitioned part;
+  try {
+    std::vector<ir::NodePtr> outs;
+    for (auto& impl : group) outs.push_back(impl->node);
+    part = ir::partition(outs, leaf_sharding, mesh, hooks);
+    for (const ir::NodePtr& x : ir::build_graph(outs).nodes)
+      if (x->op == ir::Op::Leaf) rep.leaf_bytes += x->numel() * int64_t(itemsize(x->dtype));
+    for (const ir::NodePtr& x : ir::build_graph(part.outputs).nodes)
+      if (x->op == ir::Op::Leaf) rep.rank_leaf_bytes += x->numel() * int64_t(itemsize(x->dtype));
+    rep.collectives = ir::count_collectives(part.outputs);
+    for (const ir::NodePtr& o : part.outputs) req.push_back({o, {}});
+    const RngState st = detail::rng_state();
+    bufs = runtime::realize_spmd_inprocess(req, {st.seed, st.offset}, inputs, int(n));
+  } catch (const std::exception& e) {
+    req.clear();
+    for (auto& impl : group) {
+      if (!impl->donor.expired()) impl->revert_to_donor();  // no donation: the old buffer is intact
+      else impl->set_error(e.what());
+    }
+    throw;
+  }
+  req.clear();
+  rep.output_shardings = part.shardings;
+  for (size_t k = 0; k < group.size(); ++k) {
+    const ir::Sharding& sh = part.shardings[k];
+    bool split = false;
+    for (const ir::DimSharding& d : sh) split |= d.sharded();
+    if (!split) {
+      group[k]->realize_to(std::move(bufs[0][k]));
+      continue;
+    }
+    const Shape& full = group[k]->shape;
+    const size_t es = itemsize(group[k]->dtype);
+    std::vector<char> whole(size_t(numel(full)) * es);
+    for (int64_t r = 0; r < n; ++r) {
+      const Buffer& b = *bufs[size_t(r)][k];
+      std::vector<char> block(whole.size() / size_t(n));
+      if (!block.empty()) runtime::download(b, block.data(), block.size());
+      copy_block(whole.data(), block.data(), full, es, sh, n, r, true);
+    }
+    group[k]->realize_to(runtime::upload(group[k]->device, whole.data(), whole.size()));
+  }
+  return rep;
+}
+}  // namespace detail
 
 }  // namespace tessera
