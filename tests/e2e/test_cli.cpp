@@ -479,6 +479,29 @@ TEST(TrainLog, EveryLineParsesWithTheDocumentedFields) {
   EXPECT_NE(r.out.find("step 12/12"), std::string::npos) << "the last step is always reported: " << r.out;
 }
 
+// --tensor-parallel 2: the GPT's attention and MLP weights split over 2 in-process ranks (one
+// per-rank graph, dist::sync_partitioned) trains with one device's losses, dropout included (every
+// rank draws the whole mask and keeps its block); combined with data parallelism it is refused.
+TEST(TrainLog, TensorParallelTrainsWithOneDevicesLosses) {
+  TempDir dir;
+  std::vector<std::vector<json>> logs;
+  for (const char* tp : {"1", "2"}) {
+    fs::path log = dir / (std::string("tp") + tp + ".jsonl");
+    Result r = cli(cat({"train", "gpt", "--steps", "4", "--dropout", "0.1", "--tensor-parallel", tp, "--log-json", log.string()}, kTiny),
+                   dir.path());
+    ASSERT_TRUE(r.exited && r.code == 0) << r.describe();
+    logs.push_back(read_log(log));
+  }
+  ASSERT_EQ(logs[0].size(), 4u);
+  ASSERT_EQ(logs[1].size(), 4u);
+  for (size_t s = 0; s < 4; ++s) {
+    const double a = logs[0][s]["loss"].get<double>(), b = logs[1][s]["loss"].get<double>();
+    EXPECT_NEAR(b, a, 1e-5 * std::fabs(a)) << "step " << s + 1;
+  }
+  Result bad = cli(cat({"train", "gpt", "--steps", "1", "--tensor-parallel", "2", "--data-parallel", "2"}, kTiny), dir.path());
+  expect_clean_error(bad, "--tensor-parallel does not combine with --data-parallel");
+}
+
 // On a terminal the same run draws a progress bar redrawn in place.
 TEST(TrainLog, TerminalGetsAProgressBar) {
   Result r = run_in_terminal(TESSERA_CLI, cat({"train", "gpt", "--steps", "12"}, kTiny));
