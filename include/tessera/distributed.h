@@ -97,8 +97,9 @@ struct PartitionStats {
 // realized tensor that meets a split value is cut the same way) and runs the per-rank graph.
 // Every result gets its full value: a replicated one rank 0's, a split one gathered from the
 // ranks' blocks on the host. Refused with a clear "[partition] <op> in '<scope>': ..." error
-// naming the op, its operands' shapes and layouts where the layouts meet unsupported; and for a
-// mesh of two axes of more than one rank (sub-group collectives: not built).
+// naming the op, its operands' shapes and layouts where the layouts meet unsupported. On a mesh
+// of several axes (data x model) a collective over one axis is an all-gather over every rank
+// with the rank's group picked out (the collectives have no sub-groups yet).
 PartitionStats sync_partitioned(const Mesh& mesh);
 
 }  // namespace tessera::dist

@@ -64,7 +64,9 @@ const char* kSupported =
 
 class Partitioner {
  public:
-  Partitioner(const MeshAxes& mesh, const PartitionHooks& hooks, int axis, int64_t n) : mesh_(mesh), hooks_(hooks), axis_(axis), n_(n) {}
+  Partitioner(const MeshAxes& mesh, const PartitionHooks& hooks) : mesh_(mesh), hooks_(hooks) {
+    for (int64_t z : mesh.sizes) ranks_ *= z;
+  }
 
   Val run(const Node& f, const Sharding* leaf_s) {
     ScopeAs in(*f.scope);
@@ -92,18 +94,48 @@ class Partitioner {
  private:
   const MeshAxes& mesh_;
   const PartitionHooks& hooks_;
-  int axis_;
-  int64_t n_;
+  int64_t ranks_ = 1;  // every rank of the mesh: the collectives' group
   std::map<std::pair<const Node*, std::string>, NodePtr> localized_;
 
   NodePtr self(const Node& f) { return f.shared_from_this(); }
   const Val& val(const NodePtr& n) { return vals.at(n.get()); }
-  DimSharding split(int64_t groups = 1) const { return DimSharding{axis_, groups}; }
+  int64_t size(int axis) const { return mesh_.sizes[size_t(axis)]; }
+  int64_t size(const DimSharding& d) const { return size(d.axis); }
+
+  // ---- collectives over one mesh axis ----
+  // Where the axis holds every rank they are the primitives; on a mesh of several axes (a
+  // data x model grid) the group is the ranks that differ only along the axis, and the
+  // primitives have no sub-groups: every rank's value is gathered and the rank's group picked
+  // out by a per-rank index leaf (size(axis) / ranks of the traffic is useful).
+  NodePtr members(const NodePtr& x, int axis) {  // [size(axis), x...]: the group's values in coordinate order
+    Shape one{1};
+    one.insert(one.end(), x->shape.begin(), x->shape.end());
+    NodePtr all = build::all_gather(build::reshape(x, one), ranks_, 0);
+    Shape unit(one.size(), 1), want = one;
+    unit[0] = want[0] = size(axis);
+    return build::gather(all, 0, build::expand(build::reshape(hooks_.members(axis), unit), want));
+  }
+  NodePtr reduce_over(const NodePtr& x, int axis, ReduceKind k) {
+    if (size(axis) == ranks_) return build::all_reduce(x, ranks_, k);
+    NodePtr m = members(x, axis);
+    return build::reshape(k == ReduceKind::Max ? build::reduce_max(m, {0}) : build::reduce_sum(m, {0}), x->shape);
+  }
+  NodePtr gather_over(const NodePtr& x, int axis, size_t d) {
+    if (size(axis) == ranks_) return build::all_gather(x, ranks_, int64_t(d));
+    NodePtr m = members(x, axis);  // [A, x...] -> A moved before d and merged with it
+    std::vector<int64_t> perm;
+    for (size_t i = 1; i <= d; ++i) perm.push_back(int64_t(i));
+    perm.push_back(0);
+    for (size_t i = d + 1; i < m->shape.size(); ++i) perm.push_back(int64_t(i));
+    Shape full = x->shape;
+    full[d] *= size(axis);
+    return build::reshape(build::permute(m, perm), full);
+  }
 
   Shape local_shape(const Shape& full, const Sharding& s) const {
     Shape o = full;
     for (size_t d = 0; d < s.size(); ++d)
-      if (s[d].sharded()) o[d] /= n_;
+      if (s[d].sharded()) o[d] /= size(s[d]);
     return o;
   }
 
@@ -132,12 +164,12 @@ class Partitioner {
   // ---- changing a value's layout ----
   // x (local, laid out as `from`) all-gathered along dimension d.
   NodePtr gather_dim(NodePtr x, size_t d, const DimSharding& from) {
-    x = build::all_gather(x, n_, int64_t(d));
+    x = gather_over(x, from.axis, d);
     if (from.groups > 1) {  // rank-major [N, g, s] -> group-major [g, N, s]
       const Shape full = x->shape;
-      const int64_t g = from.groups, s = full[d] / (n_ * g);
+      const int64_t n = size(from), g = from.groups, s = full[d] / (n * g);
       Shape split(full.begin(), full.begin() + int64_t(d));
-      split.insert(split.end(), {n_, g, s});
+      split.insert(split.end(), {n, g, s});
       split.insert(split.end(), full.begin() + int64_t(d) + 1, full.end());
       std::vector<int64_t> perm;
       for (size_t i = 0; i < split.size(); ++i) perm.push_back(int64_t(i));
@@ -171,7 +203,7 @@ class Partitioner {
       const int64_t extent = x->shape[d];
       NodePtr idx = hooks_.block_index(extent, want[d]);
       Shape unit(x->shape.size(), 1), local = x->shape;
-      unit[d] = local[d] = extent / n_;
+      unit[d] = local[d] = extent / size(want[d]);
       x = build::gather(x, int64_t(d), build::expand(build::reshape(idx, unit), local));
     }
     return x;
@@ -209,13 +241,23 @@ class Partitioner {
   }
 
   // ---- rules ----
-  Val elementwise(const Node& f) {
-    Sharding out(f.shape.size());
-    for (const NodePtr& i : f.inputs)
-      if (any_sharded(val(i).s)) {
-        out = val(i).s;
-        break;
+  // The layout of operands of one shape: per dim, the first operand's split there (an axis
+  // taken by an earlier dim is skipped: an axis splits one dim).
+  Sharding merge(const std::vector<NodePtr>& ins) {
+    Sharding out(ins[0]->shape.size());
+    for (const NodePtr& i : ins)
+      for (size_t d = 0; d < out.size(); ++d) {
+        const DimSharding& x = val(i).s[d];
+        if (!x.sharded() || out[d].sharded()) continue;
+        bool used = false;
+        for (const DimSharding& o : out) used |= o.axis == x.axis;
+        if (!used) out[d] = x;
       }
+    return out;
+  }
+
+  Val elementwise(const Node& f) {
+    Sharding out = merge(f.inputs);
     std::vector<NodePtr> ins;
     for (const NodePtr& i : f.inputs) ins.push_back(as(i, out));
     return {rebuild(f, std::move(ins), local_shape(f.shape, out)), out};
@@ -224,13 +266,13 @@ class Partitioner {
   Val reduce(const Node& f) {
     const Sharding& s = val(f.inputs[0]).s;
     Sharding out = s;
-    bool partial = false;
+    std::vector<int> partial;  // the axes of the split dims reduced
     for (int64_t ax : f.attrs.ints) {
-      partial |= s[size_t(ax)].sharded();
+      if (s[size_t(ax)].sharded()) partial.push_back(s[size_t(ax)].axis);
       out[size_t(ax)] = DimSharding{};
     }
     NodePtr r = rebuild(f, {val(f.inputs[0]).local}, local_shape(f.shape, out));
-    if (partial) r = build::all_reduce(r, n_, f.op == Op::ReduceMax ? ReduceKind::Max : ReduceKind::Sum);
+    for (int a : partial) r = reduce_over(r, a, f.op == Op::ReduceMax ? ReduceKind::Max : ReduceKind::Sum);
     return {r, out};
   }
 
@@ -295,29 +337,32 @@ class Partitioner {
         if (v.s[d].sharded()) split_dims.push_back(d);
       if (split_dims.empty()) continue;
       const size_t d = split_dims[0];
+      const int64_t n = size(v.s[d]);
       std::vector<size_t> in_nonunit, out_nonunit;
       for (size_t k = i0; k < i; ++k)
         if (is[k] != 1) in_nonunit.push_back(k);
       for (size_t k = o0; k < o; ++k)
         if (os[k] != 1) out_nonunit.push_back(k);
       bool ok = false;
-      if (in_nonunit.size() == 1 && !out_nonunit.empty()) {  // one dim split into several
+      if (split_dims.size() > 1) {
+        // two axes in one run: gathered below
+      } else if (in_nonunit.size() == 1 && !out_nonunit.empty()) {  // one dim split into several
         const size_t od = out_nonunit[0];
         const int64_t g = v.s[d].groups;
         if (out_nonunit.size() == 1) {
           out[od] = v.s[d];
           ok = true;
-        } else if (os[od] % (g * n_) == 0) {
+        } else if (os[od] % (g * n) == 0) {
           out[od] = v.s[d];
           ok = true;
-        } else if (os[od] == g && out_nonunit.size() >= 2 && os[out_nonunit[1]] % n_ == 0) {
-          out[out_nonunit[1]] = split();  // [g groups, ...] -> the groups become their own dim
+        } else if (os[od] == g && out_nonunit.size() >= 2 && os[out_nonunit[1]] % n == 0) {
+          out[out_nonunit[1]] = DimSharding{v.s[d].axis, 1};  // [g groups, ...] -> the groups become their own dim
           ok = true;
         }
       } else if (out_nonunit.size() == 1 && !in_nonunit.empty()) {  // several merged into one
         int64_t outer = 1;
         for (size_t k = i0; k < d; ++k) outer *= is[k];
-        out[out_nonunit[0]] = split(outer * v.s[d].groups);
+        out[out_nonunit[0]] = DimSharding{v.s[d].axis, outer * v.s[d].groups};
         ok = true;
       }
       if (!ok)
@@ -334,22 +379,16 @@ class Partitioner {
     const Shape& is = f.inputs[0]->shape;
     for (size_t d = 0; d < s.size(); ++d) {
       if (!s[d].sharded()) continue;
-      const int64_t g = s[d].groups, size = is[d] / g;  // one group's extent
+      const int64_t g = s[d].groups, gs = is[d] / g;  // one group's extent
       int64_t &a = at.ints[3 * d], &b = at.ints[3 * d + 1], c = at.ints[3 * d + 2];
-      bool whole = slice ? c == 1 && a % size == 0 && b % size == 0 : c == 0 && a % size == 0 && b % size == 0;
+      bool whole = (slice ? c == 1 : c == 0) && a % gs == 0 && b % gs == 0;
       if (!whole) {
         need[d] = out[d] = DimSharding{};
         continue;
       }
-      if (slice) {
-        out[d] = split((b - a) / size);
-        a /= n_;
-        b /= n_;
-      } else {
-        out[d] = split(g + a / size + b / size);
-        a /= n_;
-        b /= n_;
-      }
+      out[d] = DimSharding{s[d].axis, slice ? (b - a) / gs : g + a / gs + b / gs};
+      a /= size(s[d]);
+      b /= size(s[d]);
     }
     if (need != s) {  // some split dims gathered: slice or pad them as they are
       for (size_t d = 0; d < s.size(); ++d)
@@ -363,21 +402,21 @@ class Partitioner {
     const size_t ax = size_t(f.attrs.ints[0]);
     Sharding out(f.shape.size());
     bool along = false;
-    int64_t size = 0, groups = 0;
+    int64_t gs = 0, groups = 0;
     for (const NodePtr& i : f.inputs)
       if (any_sharded(val(i).s)) {
         out = val(i).s;
-        size = i->shape[ax] / out[ax].groups;
+        gs = i->shape[ax] / out[ax].groups;
         break;
       }
     if (out[ax].sharded()) {  // every input split along the axis with groups of one size
       along = true;
       for (const NodePtr& i : f.inputs) {
         const DimSharding& d = val(i).s[ax];
-        along &= d.sharded() && i->shape[ax] / d.groups == size;
+        along &= d.sharded() && d.axis == out[ax].axis && i->shape[ax] / d.groups == gs;
         groups += d.sharded() ? d.groups : 0;
       }
-      out[ax] = along ? split(groups) : DimSharding{};
+      out[ax] = along ? DimSharding{out[ax].axis, groups} : DimSharding{};
     }
     std::vector<NodePtr> ins;
     for (const NodePtr& i : f.inputs) {
@@ -393,15 +432,15 @@ class Partitioner {
     const Sharding &sa = val(a).s, &sb = val(b).s;
     const size_t r = sa.size();
     Sharding out(r), na = sa, nb = sb;
-    int roles = 0, batch = 0;
-    for (size_t d = 0; d + 2 < r; ++d) {
-      out[d] = sa[d].sharded() ? sa[d] : sb[d];
-      batch += int(out[d].sharded());
-    }
+    for (size_t d = 0; d + 2 < r; ++d) out[d] = sa[d].sharded() ? sa[d] : sb[d];
     const DimSharding m = sa[r - 2], n = sb[r - 1], k = sa[r - 1].sharded() ? sa[r - 1] : sb[r - 2];
-    roles = batch + int(m.sharded()) + int(n.sharded()) + int(k.sharded());
-    if (roles > 1)
-      refuse(f, "the operands split more than one of batch, rows, columns and the contraction over one mesh axis");
+    std::vector<int> roles(mesh_.sizes.size(), 0);  // per axis: how many of batch dims, rows, columns, contraction it splits
+    for (size_t d = 0; d + 2 < r; ++d)
+      if (out[d].sharded()) roles[size_t(out[d].axis)]++;
+    for (const DimSharding* x : {&m, &n, &k})
+      if (x->sharded()) roles[size_t(x->axis)]++;
+    for (int c : roles)
+      if (c > 1) refuse(f, "the operands split more than one of batch, rows, columns and the contraction over one mesh axis");
     if (sa[r - 1].sharded() && sb[r - 2].sharded() && sa[r - 1] != sb[r - 2])
       refuse(f, "the contraction dimension is split in two different layouts");
     out[r - 2] = m;
@@ -409,7 +448,7 @@ class Partitioner {
     for (size_t d = 0; d + 2 < r; ++d) na[d] = nb[d] = out[d];
     na[r - 1] = nb[r - 2] = k;
     NodePtr y = rebuild(f, {as(a, na), as(b, nb)}, local_shape(f.shape, out));
-    if (k.sharded()) y = build::all_reduce(y, n_, ReduceKind::Sum);  // partial sums over the split contraction
+    if (k.sharded()) y = reduce_over(y, k.axis, ReduceKind::Sum);  // partial sums over the split contraction
     return {y, out};
   }
 
@@ -437,7 +476,7 @@ class Partitioner {
   Val scatter_add(const Node& f) {
     const NodePtr &base = f.inputs[0], &idx = f.inputs[1], &src = f.inputs[2];
     const size_t ax = size_t(f.attrs.ints[0]);
-    Sharding s = any_sharded(val(idx).s) ? val(idx).s : val(src).s;
+    Sharding s = merge({idx, src});
     Sharding out(f.shape.size());
     for (size_t d = 0; d < s.size(); ++d) {
       if (!s[d].sharded() || d == ax) continue;
@@ -449,7 +488,7 @@ class Partitioner {
     const Shape local = local_shape(f.shape, out);
     if (!partial) return {rebuild(f, {as(base, out), i, x}, local), out};
     NodePtr zero = build::full(0, local, f.dtype, f.device);
-    NodePtr y = build::all_reduce(rebuild(f, {zero, i, x}, local), n_, ReduceKind::Sum);
+    NodePtr y = reduce_over(rebuild(f, {zero, i, x}, local), s[ax].axis, ReduceKind::Sum);
     const bool zero_base = base->op == Op::Full && base->attrs.f == 0;
     if (!zero_base) y = build::add(as(base, out), y);
     return {y, out};
@@ -460,19 +499,9 @@ class Partitioner {
 
 Partitioned partition(const std::vector<NodePtr>& outputs, const std::function<const Sharding*(const Node& leaf)>& leaf_sharding,
                       const MeshAxes& mesh, const PartitionHooks& hooks) {
-  int axis = -1, wide = 0;
   int64_t n = 1;
-  for (size_t a = 0; a < mesh.sizes.size(); ++a)
-    if (mesh.sizes[a] > 1) {
-      ++wide;
-      axis = int(a);
-      n = mesh.sizes[a];
-    }
-  if (wide > 1)
-    fail("partition", "a mesh with " + std::to_string(wide) +
-                          " axes of more than one rank is not built yet (collectives over one axis of a 2-D mesh need "
-                          "sub-groups); use one axis, or mark the others with size 1", "");
-  Partitioner p(mesh, hooks, axis, n);
+  for (int64_t z : mesh.sizes) n *= z;
+  Partitioner p(mesh, hooks);
   const Graph g = build_graph(outputs);
   for (const NodePtr& node : g.nodes) {
     const Sharding* s = node->op == Op::Leaf ? leaf_sharding(*node) : nullptr;
@@ -482,7 +511,7 @@ Partitioned partition(const std::vector<NodePtr>& outputs, const std::function<c
     if (s) {  // axes of one rank are replicated
       norm = *s;
       for (DimSharding& d : norm)
-        if (d.sharded() && d.axis != axis) d = DimSharding{};
+        if (d.sharded() && mesh.sizes.at(size_t(d.axis)) == 1) d = DimSharding{};
     }
     p.vals[node.get()] = n > 1 ? p.run(*node, s ? &norm : nullptr) : Val{node, Sharding(node->shape.size())};
   }

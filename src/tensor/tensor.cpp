@@ -664,21 +664,13 @@ template Tensor from_vector<uint8_t>(const std::vector<uint8_t>&, const Shape&, 
 
 
 namespace {
-// Copies rank r's block (of n ranks) of a tensor of `shape` laid out as `s` (at most one split
-// dimension) between the whole tensor's bytes and the block's: to the block, or back (gather).
-void copy_block(char* whole, char* block, const Shape& shape, size_t esize, const ir::Sharding& s, int64_t n, int64_t r, bool back) {
-  size_t d = 0;
-  while (d < s.size() && !s[d].sharded()) ++d;
-  if (d == s.size()) {  // replicated
-    const size_t bytes = size_t(numel(shape)) * esize;
-    if (back) std::memcpy(whole, block, bytes);
-    else std::memcpy(block, whole, bytes);
-    return;
-  }
+// Copies block r (of n) of dimension d of a tensor of `shape`, d split with `groups`, between the
+// whole tensor's bytes and the block's: to the block, or back (gather).
+void copy_block_dim(char* whole, char* block, const Shape& shape, size_t esize, size_t d, int64_t groups, int64_t n, int64_t r, bool back) {
   int64_t outer = 1, inner = int64_t(esize);
   for (size_t k = 0; k < d; ++k) outer *= shape[k];
   for (size_t k = d + 1; k < shape.size(); ++k) inner *= shape[k];
-  const int64_t E = shape[d], g = s[d].groups, L = E / n, sz = E / (g * n);
+  const int64_t E = shape[d], g = groups, L = E / n, sz = E / (g * n);
   for (int64_t o = 0; o < outer; ++o)
     for (int64_t j = 0; j < g; ++j) {
       char* w = whole + (o * E + j * (E / g) + r * sz) * inner;
@@ -686,6 +678,58 @@ void copy_block(char* whole, char* block, const Shape& shape, size_t esize, cons
       if (back) std::memcpy(w, b, size_t(sz * inner));
       else std::memcpy(b, w, size_t(sz * inner));
     }
+}
+// The rank's coordinates on a mesh (row-major over the axes).
+std::vector<int64_t> mesh_coords(const ir::MeshAxes& mesh, int64_t rank) {
+  std::vector<int64_t> c(mesh.sizes.size());
+  for (size_t i = c.size(); i-- > 0;) {
+    c[i] = rank % mesh.sizes[i];
+    rank /= mesh.sizes[i];
+  }
+  return c;
+}
+// Rank r's block of a tensor laid out as s over the mesh, cut from the whole tensor's bytes (one
+// split dim after another), or written back into them (back).
+void copy_block(const ir::MeshAxes& mesh, std::vector<char>& whole, std::vector<char>& block, const Shape& shape, size_t esize,
+                const ir::Sharding& s, int64_t r, bool back) {
+  const std::vector<int64_t> c = mesh_coords(mesh, r);
+  std::vector<std::pair<Shape, std::vector<char>>> steps{{shape, {}}};  // the shapes between cuts
+  std::vector<size_t> dims;
+  for (size_t d = 0; d < s.size(); ++d)
+    if (s[d].sharded()) {
+      Shape next = steps.back().first;
+      next[d] /= mesh.sizes[size_t(s[d].axis)];
+      steps.push_back({next, std::vector<char>(size_t(numel(next)) * esize)});
+      dims.push_back(d);
+    }
+  if (dims.empty()) {
+    if (back) whole = block;
+    else block = whole;
+    return;
+  }
+  steps.front().second = back ? std::vector<char>(whole.size()) : whole;
+  if (back) steps.back().second = block;
+  auto cut = [&](size_t k, bool up) {  // between steps k and k + 1
+    const size_t d = dims[k];
+    const ir::DimSharding& x = s[d];
+    copy_block_dim(steps[k].second.data(), steps[k + 1].second.data(), steps[k].first, esize, d, x.groups,
+                   mesh.sizes[size_t(x.axis)], c[size_t(x.axis)], up);
+  };
+  if (!back) {
+    for (size_t k = 0; k < dims.size(); ++k) cut(k, false);
+    block = std::move(steps.back().second);
+  } else {
+    if (dims.size() > 1) {  // the other ranks' parts of the intermediate shapes: start from what is there
+      for (size_t k = 0; k + 1 < dims.size(); ++k) {
+        steps[k].second = k == 0 ? whole : steps[k].second;
+        cut(k, false);
+      }
+    } else {
+      steps.front().second = whole;
+    }
+    for (size_t k = dims.size(); k-- > 0;) cut(k, true);
+    whole = std::move(steps.front().second);
+  }
 }
 std::vector<char> download_all(const Buffer& b, int64_t count, DType t) {
   std::vector<char> host(size_t(count) * itemsize(t));
@@ -735,16 +779,17 @@ PartitionReport sync_partitioned(const ir::MeshAxes& mesh, const std::vector<std
     Shape local = leaf.shape;
     for (size_t d = 0; d < sh.size(); ++d)
       if (sh[d].sharded()) {
-        if (local[d] % (n * sh[d].groups) != 0)
+        const int64_t a = mesh.sizes[size_t(sh[d].axis)];
+        if (local[d] % (a * sh[d].groups) != 0)
           fail("partition", std::string("a leaf ") + dtype_name(leaf.dtype) + shape_str(leaf.shape) + " laid out as " + ir::sharding_str(sh, mesh) +
                                 ": dimension " + std::to_string(d) + " (extent " + std::to_string(local[d]) + ") does not divide into " +
-                                std::to_string(n * sh[d].groups) + " blocks", "");
-        local[d] /= n;
+                                std::to_string(a * sh[d].groups) + " blocks", "");
+        local[d] /= a;
       }
-    std::vector<char> block(size_t(numel(local)) * es);
+    std::vector<char> block;
     std::shared_ptr<Buffer> first;
     for (int64_t r = 0; r < n; ++r) {
-      copy_block(whole.data(), block.data(), leaf.shape, es, sh, n, r, false);
+      copy_block(mesh, whole, block, leaf.shape, es, sh, r, false);
       auto b = runtime::upload(leaf.device, block.data(), block.size());
       if (r == 0) first = b;
       else inputs[size_t(r)].push_back({first.get(), b});
@@ -754,17 +799,37 @@ PartitionReport sync_partitioned(const ir::MeshAxes& mesh, const std::vector<std
   hooks.block_index = [&](int64_t extent, const ir::DimSharding& d) {
     auto key = std::make_pair(extent, d.groups);
     if (auto it = indices.find(key); it != indices.end()) return it->second;
-    const int64_t g = d.groups, sz = extent / (g * n);
+    const int64_t g = d.groups, a = mesh.sizes[size_t(d.axis)], sz = extent / (g * a);
     std::shared_ptr<Buffer> first;
     for (int64_t r = 0; r < n; ++r) {
+      const int64_t c = mesh_coords(mesh, r)[size_t(d.axis)];
       std::vector<int64_t> idx;
       for (int64_t j = 0; j < g; ++j)
-        for (int64_t i = 0; i < sz; ++i) idx.push_back(j * (extent / g) + r * sz + i);
+        for (int64_t i = 0; i < sz; ++i) idx.push_back(j * (extent / g) + c * sz + i);
       auto b = runtime::upload(group[0]->device, idx.data(), idx.size() * sizeof(int64_t));
       if (r == 0) first = b;
       else inputs[size_t(r)].push_back({first.get(), b});
     }
-    return indices[key] = ir::leaf(first, Shape{extent / n}, DType::Int64);
+    return indices[key] = ir::leaf(first, Shape{extent / a}, DType::Int64);
+  };
+  std::map<int, ir::NodePtr> groups;
+  hooks.members = [&](int axis) {
+    if (auto it = groups.find(axis); it != groups.end()) return it->second;
+    const int64_t a = mesh.sizes[size_t(axis)];
+    std::shared_ptr<Buffer> first;
+    for (int64_t r = 0; r < n; ++r) {
+      std::vector<int64_t> c = mesh_coords(mesh, r), ranks;
+      for (int64_t j = 0; j < a; ++j) {
+        c[size_t(axis)] = j;
+        int64_t q = 0;
+        for (size_t i = 0; i < c.size(); ++i) q = q * mesh.sizes[i] + c[i];
+        ranks.push_back(q);
+      }
+      auto b = runtime::upload(group[0]->device, ranks.data(), ranks.size() * sizeof(int64_t));
+      if (r == 0) first = b;
+      else inputs[size_t(r)].push_back({first.get(), b});
+    }
+    return groups[axis] = ir::leaf(first, Shape{a}, DType::Int64);
   };
   auto leaf_sharding = [&](const ir::Node& leaf) -> const ir::Sharding* {
     auto it = by_buffer.find(leaf.buffer.get());
@@ -808,9 +873,9 @@ PartitionReport sync_partitioned(const ir::MeshAxes& mesh, const std::vector<std
     std::vector<char> whole(size_t(numel(full)) * es);
     for (int64_t r = 0; r < n; ++r) {
       const Buffer& b = *bufs[size_t(r)][k];
-      std::vector<char> block(whole.size() / size_t(n));
+      std::vector<char> block(size_t(numel(part.outputs[k]->shape)) * es);
       if (!block.empty()) runtime::download(b, block.data(), block.size());
-      copy_block(whole.data(), block.data(), full, es, sh, n, r, true);
+      copy_block(mesh, whole, block, full, es, sh, r, true);
     }
     group[k]->realize_to(runtime::upload(group[k]->device, whole.data(), whole.size()));
   }

@@ -172,6 +172,37 @@ TEST(Partition, BatchShardingIsDataParallelism) {
   dist::clear_shardings();
 }
 
+// A 2 x 2 mesh: the batch split over "data", the GPT's weights over "model" (collectives over one
+// axis pick their group out of an all-gather over the 4 ranks).
+TEST(Partition, DataTimesModelMeshMatchesOneDevice) {
+  dist::clear_shardings();
+  dist::Mesh grid({{"data", 2}, {"model", 2}});
+  EXPECT_EQ(grid.ranks(), 4);
+  EXPECT_EQ(grid.coords(3), (std::vector<int64_t>{1, 1}));
+  EXPECT_EQ(grid.coords(1), (std::vector<int64_t>{0, 1}));
+  auto [x, y] = tokens(4);
+  manual_seed(5);
+  nn::GPT ref(small_gpt());
+  manual_seed(5);
+  nn::GPT tp(small_gpt());
+  Tensor l = ref.loss(x, y);
+  l.backward();
+  sync();
+  tp.shard_tensor_parallel(grid, "model");
+  dist::shard(x, grid, {"data", none});
+  dist::shard(y, grid, {"data", none});
+  Tensor lp = tp.loss(x, y);
+  lp.backward();
+  dist::PartitionStats st = dist::sync_partitioned(grid);
+  EXPECT_EQ(st.ranks, 4);
+  expect_close(lp, l.to_vector<float>(), "loss");
+  auto rp = ref.named_parameters(), pp = tp.named_parameters();
+  for (size_t i = 0; i < rp.size(); ++i) expect_close(pp[i].second.grad(), rp[i].second.grad().to_vector<float>(), rp[i].first);
+  EXPECT_GT(st.collectives["all_gather"], 0);  // the sub-group collectives
+  EXPECT_LT(st.rank_input_bytes, st.input_bytes);
+  dist::clear_shardings();
+}
+
 TEST(Partition, UnsupportedLayoutsAreClearErrors) {
   dist::clear_shardings();
   dist::Mesh mesh({{"model", 2}});
@@ -203,18 +234,6 @@ TEST(Partition, UnsupportedLayoutsAreClearErrors) {
     FAIL();
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("one entry per dimension"), std::string::npos) << e.what();
-  }
-  // A 2-D mesh of two real axes is refused (sub-group collectives are not built).
-  dist::clear_shardings();
-  dist::Mesh grid({{"data", 2}, {"model", 2}});
-  EXPECT_EQ(grid.coords(3), (std::vector<int64_t>{1, 1}));
-  EXPECT_EQ(grid.coords(1), (std::vector<int64_t>{0, 1}));
-  Tensor z = matmul(param({4, 4}, 1), param({4, 4}, 2));
-  try {
-    dist::sync_partitioned(grid);
-    FAIL();
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("2 axes of more than one rank is not built yet"), std::string::npos) << e.what();
   }
   sync();
   dist::clear_shardings();

@@ -113,6 +113,16 @@ double bigram_entropy(const std::string& text) {
 // Data parallelism (in-process ranks, or this process as an MPI rank) or tensor parallelism
 // (--tensor-parallel M: the GPT's weights split over M in-process ranks), as the options ask.
 static void parallel_setup(const TrainOptions& o, std::optional<optim::DataParallel>& dp, std::optional<dist::Mesh>& tp) {
+  if (o.tensor_parallel > 1) {  // a mesh of data x model in-process ranks, each step run partitioned
+    if (o.distributed) fail("train", "--tensor-parallel runs in-process ranks: it does not combine with --distributed (MPI) yet", "");
+    if (o.zero1) fail("train", "--zero1 does not combine with --tensor-parallel yet", "");
+    if (o.micro_batches != 1 || !o.memory_budget.none() || o.dtype == "float16")
+      fail("train", "--tensor-parallel does not combine with --micro-batches, a memory budget or --dtype float16 yet", "");
+    if (o.batch % o.data_parallel != 0)
+      fail("train", "--batch " + std::to_string(o.batch) + " (the global batch) does not divide into " + std::to_string(o.data_parallel) + " ranks", "");
+    tp.emplace(std::vector<std::pair<std::string, int64_t>>{{"data", o.data_parallel}, {"model", o.tensor_parallel}});
+    return;
+  }
   // Data parallelism: in-process ranks or this process as an MPI rank.
   if (o.distributed && o.data_parallel > 1) fail("train", "--data-parallel (in-process ranks) and --distributed (MPI ranks) do not combine", "");
   if (o.distributed || o.data_parallel > 1) {
@@ -123,12 +133,6 @@ static void parallel_setup(const TrainOptions& o, std::optional<optim::DataParal
     dp = o.distributed ? optim::DataParallel::process_group() : optim::DataParallel::in_process(int(o.data_parallel));
     if (o.batch % dp->ranks() != 0)
       fail("train", "--batch " + std::to_string(o.batch) + " (the global batch) does not divide into " + std::to_string(dp->ranks()) + " ranks", "");
-  }
-  if (o.tensor_parallel > 1) {
-    if (dp) fail("train", "--tensor-parallel does not combine with --data-parallel or --distributed yet (a 2-D mesh needs sub-group collectives)", "");
-    if (o.micro_batches != 1 || !o.memory_budget.none() || o.dtype == "float16")
-      fail("train", "--tensor-parallel does not combine with --micro-batches, a memory budget or --dtype float16 yet", "");
-    tp.emplace(std::vector<std::pair<std::string, int64_t>>{{"model", o.tensor_parallel}});
   }
 }
 
@@ -225,6 +229,8 @@ TrainResult train_gpt(const TrainOptions& o) {
                             opt.zero_grad();  // gradients are consumed inside the step's graph, never stored
     };
     auto tp_step = [&] {  // the whole step traced on full shapes, then run partitioned
+      if (tp->size("data") > 1)
+        for (const Tensor& t : {x, y}) dist::shard(t, *tp, {"data", dist::none});  // the batch's rows over "data"
       Tensor loss = loss_fn({x, y});
       loss.backward();
       update();
