@@ -136,6 +136,19 @@ static void parallel_setup(const TrainOptions& o, std::optional<optim::DataParal
   }
 }
 
+// One training step traced on full shapes, then run partitioned over the mesh (--tensor-parallel):
+// the batch's rows split over "data" where that axis has several ranks.
+static double partitioned_step(const dist::Mesh& mesh, const std::vector<Tensor>& batch,
+                               const std::function<Tensor(const std::vector<Tensor>&)>& loss_fn, const std::function<void()>& update) {
+  if (mesh.size("data") > 1)
+    for (const Tensor& t : batch) dist::shard(t, mesh, {"data", dist::none});
+  Tensor loss = loss_fn(batch);
+  loss.backward();
+  update();
+  dist::sync_partitioned(mesh);
+  return loss.item();
+}
+
 TrainResult train_gpt(const TrainOptions& o) {
   if (o.steps < 1 || o.batch < 1 || o.block < 2 || o.eval_every < 1 || o.eval_batches < 1)
     fail("train", "steps, batch, eval-every and eval-batches must be positive and block at least 2", "");
@@ -228,18 +241,9 @@ TrainResult train_gpt(const TrainOptions& o) {
                             }
                             opt.zero_grad();  // gradients are consumed inside the step's graph, never stored
     };
-    auto tp_step = [&] {  // the whole step traced on full shapes, then run partitioned
-      if (tp->size("data") > 1)
-        for (const Tensor& t : {x, y}) dist::shard(t, *tp, {"data", dist::none});  // the batch's rows over "data"
-      Tensor loss = loss_fn({x, y});
-      loss.backward();
-      update();
-      dist::sync_partitioned(*tp);
-      return loss.item();
-    };
     double l = (zero ? zero->step({x, y}, loss_fn)
                 : dp ? dp->step(model.parameters(), {x, y}, loss_fn, update)
-                : tp ? tp_step()
+                : tp ? partitioned_step(*tp, {x, y}, loss_fn, update)
                      : train_step(model.parameters(), {x, y}, loss_fn, update, o.memory_budget, o.micro_batches)) /
                scale;
     if (!std::isfinite(l)) fail("train", "the loss became " + std::to_string(l) + " at step " + std::to_string(step) + "; try a smaller --lr", "");
