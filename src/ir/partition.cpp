@@ -90,6 +90,10 @@ class Partitioner {
   }
 
   std::unordered_map<const Node*, Val> vals;
+  NodePtr replicated(const NodePtr& f) {
+    ScopeAs in(*f->scope);
+    return as(f, Sharding(f->shape.size()));
+  }
 
  private:
   const MeshAxes& mesh_;
@@ -498,7 +502,7 @@ class Partitioner {
 }  // namespace
 
 Partitioned partition(const std::vector<NodePtr>& outputs, const std::function<const Sharding*(const Node& leaf)>& leaf_sharding,
-                      const MeshAxes& mesh, const PartitionHooks& hooks) {
+                      const MeshAxes& mesh, const PartitionHooks& hooks, bool gather_outputs) {
   int64_t n = 1;
   for (int64_t z : mesh.sizes) n *= z;
   Partitioner p(mesh, hooks);
@@ -518,8 +522,9 @@ Partitioned partition(const std::vector<NodePtr>& outputs, const std::function<c
   Partitioned r;
   r.ranks = n;
   for (const NodePtr& o : outputs) {
-    r.outputs.push_back(p.vals.at(o.get()).local);
-    r.shardings.push_back(p.vals.at(o.get()).s);
+    const bool keep = n == 1 || !gather_outputs;
+    r.outputs.push_back(keep ? p.vals.at(o.get()).local : p.replicated(o));
+    r.shardings.push_back(keep ? p.vals.at(o.get()).s : Sharding(o->shape.size()));
   }
   return r;
 }

@@ -58,8 +58,10 @@ struct Partitioned {
 
 // Throws tessera::Error "[partition] <op> in '<scope>': <operands and shardings> ..." where a
 // combination is not supported. The collectives' group is every rank of the mesh.
+// gather_outputs: every output all-gathered in the graph (replicated), for ranks that cannot
+// gather on one host (MPI processes).
 Partitioned partition(const std::vector<NodePtr>& outputs, const std::function<const Sharding*(const Node& leaf)>& leaf_sharding,
-                      const MeshAxes& mesh, const PartitionHooks& hooks);
+                      const MeshAxes& mesh, const PartitionHooks& hooks, bool gather_outputs = false);
 
 // The collectives of a graph by kind ("all_reduce" -> 3, ...).
 std::map<std::string, int> count_collectives(const std::vector<NodePtr>& outputs);

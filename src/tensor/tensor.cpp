@@ -742,6 +742,13 @@ namespace detail {
 PartitionReport sync_partitioned(const ir::MeshAxes& mesh, const std::vector<std::pair<Tensor, ir::Sharding>>& annotated) {
   int64_t n = 1;
   for (int64_t z : mesh.sizes) n *= z;
+  // MPI ranks (a process group of several): each process cuts its own blocks and runs the graph
+  // with every output gathered in it; in-process ranks: every rank's blocks, gathered on the host.
+  const auto [me, procs] = runtime::process_group();
+  const bool mpi = procs > 1;
+  if (mpi && procs != n)
+    fail("partition", "the mesh has " + std::to_string(n) + " ranks, the process group " + std::to_string(procs), "");
+  const int64_t lo = mpi ? me : 0, hi = mpi ? me + 1 : n;
   // The annotated tensors' buffers (a tensor rebound in place: the buffer it was rebound from).
   std::unordered_map<const Buffer*, ir::Sharding> by_buffer;
   for (const auto& [t, sh] : annotated) {
@@ -788,10 +795,10 @@ PartitionReport sync_partitioned(const ir::MeshAxes& mesh, const std::vector<std
       }
     std::vector<char> block;
     std::shared_ptr<Buffer> first;
-    for (int64_t r = 0; r < n; ++r) {
+    for (int64_t r = lo; r < hi; ++r) {
       copy_block(mesh, whole, block, leaf.shape, es, sh, r, false);
       auto b = runtime::upload(leaf.device, block.data(), block.size());
-      if (r == 0) first = b;
+      if (r == lo) first = b;
       else inputs[size_t(r)].push_back({first.get(), b});
     }
     return shards[key] = ir::leaf(first, local, leaf.dtype);
@@ -801,13 +808,13 @@ PartitionReport sync_partitioned(const ir::MeshAxes& mesh, const std::vector<std
     if (auto it = indices.find(key); it != indices.end()) return it->second;
     const int64_t g = d.groups, a = mesh.sizes[size_t(d.axis)], sz = extent / (g * a);
     std::shared_ptr<Buffer> first;
-    for (int64_t r = 0; r < n; ++r) {
+    for (int64_t r = lo; r < hi; ++r) {
       const int64_t c = mesh_coords(mesh, r)[size_t(d.axis)];
       std::vector<int64_t> idx;
       for (int64_t j = 0; j < g; ++j)
         for (int64_t i = 0; i < sz; ++i) idx.push_back(j * (extent / g) + c * sz + i);
       auto b = runtime::upload(group[0]->device, idx.data(), idx.size() * sizeof(int64_t));
-      if (r == 0) first = b;
+      if (r == lo) first = b;
       else inputs[size_t(r)].push_back({first.get(), b});
     }
     return indices[key] = ir::leaf(first, Shape{extent / a}, DType::Int64);
@@ -817,7 +824,7 @@ PartitionReport sync_partitioned(const ir::MeshAxes& mesh, const std::vector<std
     if (auto it = groups.find(axis); it != groups.end()) return it->second;
     const int64_t a = mesh.sizes[size_t(axis)];
     std::shared_ptr<Buffer> first;
-    for (int64_t r = 0; r < n; ++r) {
+    for (int64_t r = lo; r < hi; ++r) {
       std::vector<int64_t> c = mesh_coords(mesh, r), ranks;
       for (int64_t j = 0; j < a; ++j) {
         c[size_t(axis)] = j;
@@ -826,7 +833,7 @@ PartitionReport sync_partitioned(const ir::MeshAxes& mesh, const std::vector<std
         ranks.push_back(q);
       }
       auto b = runtime::upload(group[0]->device, ranks.data(), ranks.size() * sizeof(int64_t));
-      if (r == 0) first = b;
+      if (r == lo) first = b;
       else inputs[size_t(r)].push_back({first.get(), b});
     }
     return groups[axis] = ir::leaf(first, Shape{a}, DType::Int64);
@@ -841,7 +848,7 @@ PartitionReport sync_partitioned(const ir::MeshAxes& mesh, const std::vector<std
   try {
     std::vector<ir::NodePtr> outs;
     for (auto& impl : group) outs.push_back(impl->node);
-    part = ir::partition(outs, leaf_sharding, mesh, hooks);
+    part = ir::partition(outs, leaf_sharding, mesh, hooks, mpi);
     for (const ir::NodePtr& x : ir::build_graph(outs).nodes)
       if (x->op == ir::Op::Leaf) rep.leaf_bytes += x->numel() * int64_t(itemsize(x->dtype));
     for (const ir::NodePtr& x : ir::build_graph(part.outputs).nodes)
@@ -849,7 +856,8 @@ PartitionReport sync_partitioned(const ir::MeshAxes& mesh, const std::vector<std
     rep.collectives = ir::count_collectives(part.outputs);
     for (const ir::NodePtr& o : part.outputs) req.push_back({o, {}});
     const RngState st = detail::rng_state();
-    bufs = runtime::realize_spmd_inprocess(req, {st.seed, st.offset}, inputs, int(n));
+    if (mpi) bufs = {runtime::realize(req, {st.seed, st.offset})};
+    else bufs = runtime::realize_spmd_inprocess(req, {st.seed, st.offset}, inputs, int(n));
   } catch (const std::exception& e) {
     req.clear();
     for (auto& impl : group) {
