@@ -86,11 +86,13 @@ void shard(const Tensor& t, const Mesh& mesh, const Spec& spec);
 void clear_shardings();
 
 // What sync_partitioned() ran: the ranks, the per-rank graph's collectives by kind
-// ("all_reduce" -> 4), the bytes of the whole graph's inputs and of one rank's.
+// ("all_reduce" -> 4), the bytes of the whole graph's inputs and of one rank's, and one rank's
+// planned peak (MemoryPlan::peak_bytes of its graph: inputs, outputs and temporaries).
 struct PartitionStats {
   int64_t ranks = 1;
   std::map<std::string, int> collectives;
   int64_t input_bytes = 0, rank_input_bytes = 0;
+  int64_t rank_peak_bytes = 0;
 };
 // Realizes every pending tensor (one device) partitioned over `mesh`: each rank (an in-process
 // rank thread) takes its block of the annotated tensors (cut on the host; an unannotated

@@ -164,6 +164,7 @@ PartitionStats sync_partitioned(const Mesh& mesh) {
   st.collectives = r.collectives;
   st.input_bytes = r.leaf_bytes;
   st.rank_input_bytes = r.rank_leaf_bytes;
+  st.rank_peak_bytes = r.rank_peak_bytes;
   return st;
 }
 

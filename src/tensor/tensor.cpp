@@ -12,6 +12,7 @@
 #include "ir/graph.h"
 #include "tensor/tensor_impl.h"
 #include "runtime/allocator.h"
+#include "runtime/memory_plan.h"
 #include "runtime/metrics_impl.h"
 #include "runtime/profiler_impl.h"
 #include "runtime/realize.h"
@@ -855,6 +856,7 @@ PartitionReport sync_partitioned(const ir::MeshAxes& mesh, const std::vector<std
       if (x->op == ir::Op::Leaf) rep.rank_leaf_bytes += x->numel() * int64_t(itemsize(x->dtype));
     rep.collectives = ir::count_collectives(part.outputs);
     for (const ir::NodePtr& o : part.outputs) req.push_back({o, {}});
+    rep.rank_peak_bytes = int64_t(runtime::memory_plan_of(*runtime::compile_only(req)).peak_bytes);  // compiled once: the run below hits the cache
     const RngState st = detail::rng_state();
     if (mpi) bufs = {runtime::realize(req, {st.seed, st.offset})};
     else bufs = runtime::realize_spmd_inprocess(req, {st.seed, st.offset}, inputs, int(n));

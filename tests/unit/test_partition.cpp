@@ -5,9 +5,11 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdio>
 #include <string>
 
 #include "tessera/distributed.h"
+#include "tessera/memory.h"
 #include "tessera/nn.h"
 #include "tessera/optim.h"
 #include "tessera/scope.h"
@@ -58,6 +60,7 @@ TEST(Partition, MegatronMlpOnTwoRanksGivesOneDevicesLossAndGradients) {
     std::vector<Tensor> rg = ref.grads();
     if (x_grad) rg.push_back(ref.x.grad());
     sync();
+    const int64_t full_peak = int64_t(last_memory_plan().peak_bytes);
     // Two ranks: W1 split by columns (with its bias), W2 by rows.
     dist::clear_shardings();
     dist::Mesh mesh({{"model", 2}});
@@ -80,6 +83,12 @@ TEST(Partition, MegatronMlpOnTwoRanksGivesOneDevicesLossAndGradients) {
     // Each rank holds half of W1, b1 and W2 (float32).
     const int64_t split = (16 * 32 + 32 + 32 * 16) * 4;
     EXPECT_EQ(st.rank_input_bytes, st.input_bytes - split / 2);
+    // And its planned peak (inputs, outputs, temporaries: the hidden layer's values and gradients
+    // are halves).
+    EXPECT_GT(st.rank_peak_bytes, 0);
+    EXPECT_LT(st.rank_peak_bytes, full_peak) << "per-rank peak " << st.rank_peak_bytes << ", one device's " << full_peak;
+    std::printf("x_grad %d: inputs %lld -> %lld bytes per rank, planned peak %lld -> %lld\n", int(x_grad), (long long)st.input_bytes,
+                (long long)st.rank_input_bytes, (long long)full_peak, (long long)st.rank_peak_bytes);
   }
   dist::clear_shardings();
 }
