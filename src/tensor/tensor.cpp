@@ -732,6 +732,31 @@ void copy_block(const ir::MeshAxes& mesh, std::vector<char>& whole, std::vector<
     whole = std::move(steps.front().second);
   }
 }
+// Each pending tensor of `group` realized from the ranks' results: a replicated one rank 0's, a
+// split one gathered from every rank's block on the host.
+void realize_gathered(const ir::MeshAxes& mesh, const std::vector<std::shared_ptr<TensorImpl>>& group,
+                      std::vector<std::vector<std::shared_ptr<Buffer>>>& bufs, const ir::Partitioned& part, int64_t n) {
+  for (size_t k = 0; k < group.size(); ++k) {
+    const ir::Sharding& sh = part.shardings[k];
+    bool split = false;
+    for (const ir::DimSharding& d : sh) split |= d.sharded();
+    if (!split) {
+      group[k]->realize_to(std::move(bufs[0][k]));
+      continue;
+    }
+    const Shape& full = group[k]->shape;
+    const size_t es = itemsize(group[k]->dtype);
+    std::vector<char> whole(size_t(numel(full)) * es);
+    for (int64_t r = 0; r < n; ++r) {
+      const Buffer& b = *bufs[size_t(r)][k];
+      std::vector<char> block(size_t(numel(part.outputs[k]->shape)) * es);
+      if (!block.empty()) runtime::download(b, block.data(), block.size());
+      copy_block(mesh, whole, block, full, es, sh, r, true);
+    }
+    group[k]->realize_to(runtime::upload(group[k]->device, whole.data(), whole.size()));
+  }
+}
+
 std::vector<char> download_all(const Buffer& b, int64_t count, DType t) {
   std::vector<char> host(size_t(count) * itemsize(t));
   if (!host.empty()) runtime::download(b, host.data(), host.size());
@@ -870,25 +895,7 @@ PartitionReport sync_partitioned(const ir::MeshAxes& mesh, const std::vector<std
   }
   req.clear();
   rep.output_shardings = part.shardings;
-  for (size_t k = 0; k < group.size(); ++k) {
-    const ir::Sharding& sh = part.shardings[k];
-    bool split = false;
-    for (const ir::DimSharding& d : sh) split |= d.sharded();
-    if (!split) {
-      group[k]->realize_to(std::move(bufs[0][k]));
-      continue;
-    }
-    const Shape& full = group[k]->shape;
-    const size_t es = itemsize(group[k]->dtype);
-    std::vector<char> whole(size_t(numel(full)) * es);
-    for (int64_t r = 0; r < n; ++r) {
-      const Buffer& b = *bufs[size_t(r)][k];
-      std::vector<char> block(size_t(numel(part.outputs[k]->shape)) * es);
-      if (!block.empty()) runtime::download(b, block.data(), block.size());
-      copy_block(mesh, whole, block, full, es, sh, r, true);
-    }
-    group[k]->realize_to(runtime::upload(group[k]->device, whole.data(), whole.size()));
-  }
+  realize_gathered(mesh, group, bufs, part, n);
   return rep;
 }
 }  // namespace detail
