@@ -672,6 +672,7 @@ void copy_block_dim(char* whole, char* block, const Shape& shape, size_t esize, 
   for (size_t k = 0; k < d; ++k) outer *= shape[k];
   for (size_t k = d + 1; k < shape.size(); ++k) inner *= shape[k];
   const int64_t E = shape[d], g = groups, L = E / n, sz = E / (g * n);
+  if (sz * inner == 0 || outer == 0) return;  // nothing to copy (and no null pointers for memcpy)
   for (int64_t o = 0; o < outer; ++o)
     for (int64_t j = 0; j < g; ++j) {
       char* w = whole + (o * E + j * (E / g) + r * sz) * inner;
