@@ -113,14 +113,21 @@ double bigram_entropy(const std::string& text) {
 // Data parallelism (in-process ranks, or this process as an MPI rank) or tensor parallelism
 // (--tensor-parallel M: the GPT's weights split over M in-process ranks), as the options ask.
 static void parallel_setup(const TrainOptions& o, std::optional<optim::DataParallel>& dp, std::optional<dist::Mesh>& tp) {
-  if (o.tensor_parallel > 1) {  // a mesh of data x model in-process ranks, each step run partitioned
-    if (o.distributed) fail("train", "--tensor-parallel runs in-process ranks: it does not combine with --distributed (MPI) yet", "");
+  if (o.tensor_parallel > 1) {  // a data x model mesh of in-process or MPI ranks, each step run partitioned
     if (o.zero1) fail("train", "--zero1 does not combine with --tensor-parallel yet", "");
     if (o.micro_batches != 1 || !o.memory_budget.none() || o.dtype == "float16")
       fail("train", "--tensor-parallel does not combine with --micro-batches, a memory budget or --dtype float16 yet", "");
-    if (o.batch % o.data_parallel != 0)
-      fail("train", "--batch " + std::to_string(o.batch) + " (the global batch) does not divide into " + std::to_string(o.data_parallel) + " ranks", "");
-    tp.emplace(std::vector<std::pair<std::string, int64_t>>{{"data", o.data_parallel}, {"model", o.tensor_parallel}});
+    int64_t data = o.data_parallel;
+    if (o.distributed) {  // the job's ranks: --tensor-parallel M of them per model, the rest data parallel
+      if (o.data_parallel > 1) fail("train", "--data-parallel (in-process ranks) and --distributed (MPI ranks) do not combine", "");
+      const int64_t size = dist::init_mpi().second;
+      if (size % o.tensor_parallel != 0)
+        fail("train", "the job's " + std::to_string(size) + " ranks do not divide by --tensor-parallel " + std::to_string(o.tensor_parallel), "");
+      data = size / o.tensor_parallel;
+    }
+    if (o.batch % data != 0)
+      fail("train", "--batch " + std::to_string(o.batch) + " (the global batch) does not divide into " + std::to_string(data) + " ranks", "");
+    tp.emplace(std::vector<std::pair<std::string, int64_t>>{{"data", data}, {"model", o.tensor_parallel}});
     return;
   }
   // Data parallelism: in-process ranks or this process as an MPI rank.
@@ -160,7 +167,7 @@ TrainResult train_gpt(const TrainOptions& o) {
   std::optional<dist::Mesh> tp;
   parallel_setup(o, dp, tp);
   if (o.zero1 && !dp) fail("train", "--zero1 needs --data-parallel N or --distributed", "");
-  const int rank = dp ? dp->rank() : 0;
+  const int rank = dp ? dp->rank() : o.distributed ? dist::rank() : 0;
   const bool quiet = o.quiet || rank != 0;
   Device dev = pick_device(o.device);
   std::string text = o.data.empty() ? data::read_default_corpus() : data::read_text_file(o.data);
