@@ -212,6 +212,45 @@ TEST(Partition, DataTimesModelMeshMatchesOneDevice) {
   dist::clear_shardings();
 }
 
+// The rules off the Megatron path, on a weight split in 3 groups over 2 ranks (blocks of one
+// row): a random draw cut to the rank's rows (a gather of its block indices), a reduction over
+// the split dim (all-reduce, sum and max), a reshape that mixes splitting and merging (the split
+// gathered back in group order first), and a concat along the split dim.
+TEST(Partition, GroupsCutsGathersAndReductionsMatchOneDevice) {
+  dist::PartitionStats st;
+  auto run = [&st](const dist::Mesh* mesh) {
+    dist::clear_shardings();
+    Tensor w = param({6, 4}, 11), v = param({6, 4}, 12);
+    if (mesh) {
+      dist::shard(w, *mesh, {dist::Split("model", 3), none});
+      dist::shard(v, *mesh, {dist::Split("model", 3), none});
+    }
+    manual_seed(9);
+    Tensor r = rand({6, 4}) * w;                          // a replicated draw meets a split value
+    Tensor s = r.sum({0}) + std::get<0>(w.max(0));        // reductions over the split dim
+    Tensor m = (w + v).reshape({2, 12}).sum({1});         // [6, 4] -> [2, 12]: gathered first
+    Tensor c = cat({w, v}, 0).sum({1});                   // concat of group-split inputs along the split dim
+    std::vector<Tensor> out{r, s, m, c};
+    if (mesh) st = dist::sync_partitioned(*mesh);
+    else sync();
+    std::vector<std::vector<float>> vals;
+    for (const Tensor& t : out) vals.push_back(t.to_vector<float>());
+    return vals;
+  };
+  auto ref = run(nullptr);
+  dist::Mesh mesh({{"model", 2}});
+  auto got = run(&mesh);
+  // sum and max over the split rows (and the concat's row sums stay split); one gather for the reshape.
+  EXPECT_GE(st.collectives["all_reduce"], 2);
+  EXPECT_EQ(st.collectives["all_gather"], 1);
+  const char* names[] = {"draw * w", "reductions", "mixed reshape", "concat"};
+  for (size_t i = 0; i < ref.size(); ++i) {
+    ASSERT_EQ(got[i].size(), ref[i].size()) << names[i];
+    for (size_t k = 0; k < ref[i].size(); ++k) EXPECT_NEAR(got[i][k], ref[i][k], 1e-5) << names[i] << "[" << k << "]";
+  }
+  dist::clear_shardings();
+}
+
 TEST(Partition, UnsupportedLayoutsAreClearErrors) {
   dist::clear_shardings();
   dist::Mesh mesh({{"model", 2}});
