@@ -4,6 +4,8 @@
 // this process (sync_ranks(): the graph traced once by this thread, run on N rank threads).
 // optim::DataParallel (optim.h) is data parallelism built from these.
 #pragma once
+#include <map>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -41,6 +43,66 @@ int world_size();
 // as [r - 1][k]: rank r's value of outputs[k].
 std::vector<std::vector<Tensor>> sync_ranks(int ranks, const std::vector<std::vector<std::pair<Tensor, Tensor>>>& inputs,
                                             int64_t batch_rows = 0, const std::vector<Tensor>& outputs = {});
+
+// ---- A device mesh, sharding annotations and the partitioner (bounded GSPMD) ----
+// The program is traced on FULL shapes, as for one device (forward, backward and the update);
+// some realized tensors (parameters, batches) are annotated with how they are laid out over a
+// mesh of ranks; sync_partitioned() then propagates the layouts through the graph and runs ONE
+// per-rank graph with local shapes on the mesh's ranks, with collectives where layouts meet.
+
+// Named axes with their sizes; rank = row-major over the axes (the last axis varies fastest).
+class Mesh {
+ public:
+  Mesh(std::vector<std::pair<std::string, int64_t>> axes);
+  int64_t ranks() const;                      // the product of the sizes
+  int64_t size(const std::string& axis) const;  // throws naming the mesh's axes for another name
+  int index(const std::string& axis) const;     // the axis' position; throws likewise
+  std::vector<int64_t> coords(int64_t rank) const;
+  const std::vector<std::pair<std::string, int64_t>>& axes() const { return axes_; }
+  std::string str() const;  // "{data: 2, model: 2}"
+
+ private:
+  std::vector<std::pair<std::string, int64_t>> axes_;
+};
+
+// One dimension's layout: replicated (no axis: `none`), or split into blocks over a mesh axis.
+// groups > 1: the dimension is that many equal groups, each split over the axis (rank r holds
+// block r of every group): a fused [q; k; v] projection split Megatron style.
+struct Split {
+  std::string axis;  // empty: replicated
+  int64_t groups = 1;
+  Split() = default;
+  Split(const char* a) : axis(a ? a : "") {}
+  Split(std::string a, int64_t g = 1) : axis(std::move(a)), groups(g) {}
+};
+inline const Split none{};
+using Spec = std::vector<Split>;  // one per dimension
+
+// Annotates a realized tensor (a parameter, a batch; in-place updates keep the annotation) with
+// its layout over `mesh`: each dimension split over an axis or none. Checked here: one entry per
+// dimension, axes of the mesh, an axis at most once, extents that divide into size x groups.
+void shard(const Tensor& t, const Mesh& mesh, const Spec& spec);
+// Forgets every annotation (of every tensor).
+void clear_shardings();
+
+// What sync_partitioned() ran: the ranks, the per-rank graph's collectives by kind
+// ("all_reduce" -> 4), the bytes of the whole graph's inputs and of one rank's, and one rank's
+// planned peak (MemoryPlan::peak_bytes of its graph: inputs, outputs and temporaries).
+struct PartitionStats {
+  int64_t ranks = 1;
+  std::map<std::string, int> collectives;
+  int64_t input_bytes = 0, rank_input_bytes = 0;
+  int64_t rank_peak_bytes = 0;
+};
+// Realizes every pending tensor (one device) partitioned over `mesh`: each rank (an in-process
+// rank thread) takes its block of the annotated tensors (cut on the host; an unannotated
+// realized tensor that meets a split value is cut the same way) and runs the per-rank graph.
+// Every result gets its full value: a replicated one rank 0's, a split one gathered from the
+// ranks' blocks on the host. Refused with a clear "[partition] <op> in '<scope>': ..." error
+// naming the op, its operands' shapes and layouts where the layouts meet unsupported. On a mesh
+// of several axes (data x model) a collective over one axis is an all-gather over every rank
+// with the rank's group picked out (the collectives have no sub-groups yet).
+PartitionStats sync_partitioned(const Mesh& mesh);
 
 }  // namespace tessera::dist
 #pragma GCC visibility pop

@@ -9,6 +9,7 @@
 #include <utility>
 #include <vector>
 
+#include "tessera/distributed.h"
 #include "tessera/ops.h"
 #include "tessera/scope.h"
 #include "tessera/tensor.h"
@@ -213,6 +214,13 @@ class GPT : public Module {
   KVCache make_cache(int64_t batch) const;
   Tensor forward_cached(const Tensor& idx, KVCache& cache, const Tensor& pos);
   const GPTConfig& config() const { return cfg_; }
+  // Tensor parallelism, Megatron style, over `axis` of `mesh` (dist::shard on the weights; run
+  // a step with dist::sync_partitioned): per block the fused qkv projection and the MLP's first
+  // layer split by output features (column split; qkv as three groups, so each rank holds whole
+  // heads of q, k and v), the attention's and the MLP's output projections by input features
+  // (row split: one all-reduce each), their biases accordingly; embeddings, norms and the head
+  // replicated. The heads must divide among the axis' ranks.
+  void shard_tensor_parallel(const dist::Mesh& mesh, const std::string& axis = "model");
 
   std::shared_ptr<Embedding> wte, wpe;
   std::shared_ptr<Dropout> drop;

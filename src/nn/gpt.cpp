@@ -133,6 +133,24 @@ Tensor GPT::loss(const Tensor& idx, const Tensor& targets) {
   return tessera::cross_entropy(logits.reshape({-1, V}), targets.reshape({-1}));
 }
 
+void GPT::shard_tensor_parallel(const dist::Mesh& mesh, const std::string& axis) {
+  const int64_t n = mesh.size(axis);
+  if (cfg_.heads % n != 0 || (4 * cfg_.embd) % n != 0)
+    fail("GPT", std::to_string(cfg_.heads) + " heads (and " + std::to_string(4 * cfg_.embd) + " MLP features) do not divide among the " +
+                    std::to_string(n) + " ranks of mesh axis '" + axis + "'");
+  using dist::none;
+  const dist::Split cols(axis), qkv_cols(axis, 3);
+  for (size_t i = 0; i < blocks->size(); ++i) {
+    auto& b = static_cast<Block&>(*(*blocks)[i]);
+    dist::shard(b.attn->qkv->weight, mesh, {qkv_cols, none});  // weight [3C, C]: q, k and v each split
+    if (b.attn->qkv->bias.defined()) dist::shard(b.attn->qkv->bias, mesh, {qkv_cols});
+    dist::shard(b.attn->proj->weight, mesh, {none, cols});  // [C, C] split by input features
+    dist::shard(b.mlp->fc->weight, mesh, {cols, none});
+    if (b.mlp->fc->bias.defined()) dist::shard(b.mlp->fc->bias, mesh, {cols});
+    dist::shard(b.mlp->proj->weight, mesh, {none, cols});
+  }
+}
+
 KVCache GPT::make_cache(int64_t batch) const {
   KVCache c;
   int64_t D = cfg_.embd / cfg_.heads;

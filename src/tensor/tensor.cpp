@@ -5,12 +5,14 @@
 #include <mutex>
 #include <sstream>
 #include <type_traits>
+#include <unordered_map>
 
 #include "core/half.h"
 #include "core/scope_impl.h"
 #include "ir/graph.h"
 #include "tensor/tensor_impl.h"
 #include "runtime/allocator.h"
+#include "runtime/memory_plan.h"
 #include "runtime/metrics_impl.h"
 #include "runtime/profiler_impl.h"
 #include "runtime/realize.h"
@@ -660,5 +662,243 @@ template Tensor from_vector<double>(const std::vector<double>&, const Shape&, Te
 template Tensor from_vector<int32_t>(const std::vector<int32_t>&, const Shape&, TensorOptions);
 template Tensor from_vector<int64_t>(const std::vector<int64_t>&, const Shape&, TensorOptions);
 template Tensor from_vector<uint8_t>(const std::vector<uint8_t>&, const Shape&, TensorOptions);
+
+
+namespace {
+// Copies block r (of n) of dimension d of a tensor of `shape`, d split with `groups`, between the
+// whole tensor's bytes and the block's: to the block, or back (gather).
+void copy_block_dim(char* whole, char* block, const Shape& shape, size_t esize, size_t d, int64_t groups, int64_t n, int64_t r, bool back) {
+  int64_t outer = 1, inner = int64_t(esize);
+  for (size_t k = 0; k < d; ++k) outer *= shape[k];
+  for (size_t k = d + 1; k < shape.size(); ++k) inner *= shape[k];
+  const int64_t E = shape[d], g = groups, L = E / n, sz = E / (g * n);
+  if (sz * inner == 0 || outer == 0) return;  // nothing to copy (and no null pointers for memcpy)
+  for (int64_t o = 0; o < outer; ++o)
+    for (int64_t j = 0; j < g; ++j) {
+      char* w = whole + (o * E + j * (E / g) + r * sz) * inner;
+      char* b = block + (o * L + j * sz) * inner;
+      if (back) std::memcpy(w, b, size_t(sz * inner));
+      else std::memcpy(b, w, size_t(sz * inner));
+    }
+}
+// The rank's coordinates on a mesh (row-major over the axes).
+std::vector<int64_t> mesh_coords(const ir::MeshAxes& mesh, int64_t rank) {
+  std::vector<int64_t> c(mesh.sizes.size());
+  for (size_t i = c.size(); i-- > 0;) {
+    c[i] = rank % mesh.sizes[i];
+    rank /= mesh.sizes[i];
+  }
+  return c;
+}
+// Rank r's block of a tensor laid out as s over the mesh, cut from the whole tensor's bytes (one
+// split dim after another), or written back into them (back).
+void copy_block(const ir::MeshAxes& mesh, std::vector<char>& whole, std::vector<char>& block, const Shape& shape, size_t esize,
+                const ir::Sharding& s, int64_t r, bool back) {
+  const std::vector<int64_t> c = mesh_coords(mesh, r);
+  std::vector<std::pair<Shape, std::vector<char>>> steps{{shape, {}}};  // the shapes between cuts
+  std::vector<size_t> dims;
+  for (size_t d = 0; d < s.size(); ++d)
+    if (s[d].sharded()) {
+      Shape next = steps.back().first;
+      next[d] /= mesh.sizes[size_t(s[d].axis)];
+      steps.push_back({next, std::vector<char>(size_t(numel(next)) * esize)});
+      dims.push_back(d);
+    }
+  if (dims.empty()) {
+    if (back) whole = block;
+    else block = whole;
+    return;
+  }
+  steps.front().second = back ? std::vector<char>(whole.size()) : whole;
+  if (back) steps.back().second = block;
+  auto cut = [&](size_t k, bool up) {  // between steps k and k + 1
+    const size_t d = dims[k];
+    const ir::DimSharding& x = s[d];
+    copy_block_dim(steps[k].second.data(), steps[k + 1].second.data(), steps[k].first, esize, d, x.groups,
+                   mesh.sizes[size_t(x.axis)], c[size_t(x.axis)], up);
+  };
+  if (!back) {
+    for (size_t k = 0; k < dims.size(); ++k) cut(k, false);
+    block = std::move(steps.back().second);
+  } else {
+    if (dims.size() > 1) {  // the other ranks' parts of the intermediate shapes: start from what is there
+      for (size_t k = 0; k + 1 < dims.size(); ++k) {
+        steps[k].second = k == 0 ? whole : steps[k].second;
+        cut(k, false);
+      }
+    } else {
+      steps.front().second = whole;
+    }
+    for (size_t k = dims.size(); k-- > 0;) cut(k, true);
+    whole = std::move(steps.front().second);
+  }
+}
+// Each pending tensor of `group` realized from the ranks' results: a replicated one rank 0's, a
+// split one gathered from every rank's block on the host.
+void realize_gathered(const ir::MeshAxes& mesh, const std::vector<std::shared_ptr<TensorImpl>>& group,
+                      std::vector<std::vector<std::shared_ptr<Buffer>>>& bufs, const ir::Partitioned& part, int64_t n) {
+  for (size_t k = 0; k < group.size(); ++k) {
+    const ir::Sharding& sh = part.shardings[k];
+    bool split = false;
+    for (const ir::DimSharding& d : sh) split |= d.sharded();
+    if (!split) {
+      group[k]->realize_to(std::move(bufs[0][k]));
+      continue;
+    }
+    const Shape& full = group[k]->shape;
+    const size_t es = itemsize(group[k]->dtype);
+    std::vector<char> whole(size_t(numel(full)) * es);
+    for (int64_t r = 0; r < n; ++r) {
+      const Buffer& b = *bufs[size_t(r)][k];
+      std::vector<char> block(size_t(numel(part.outputs[k]->shape)) * es);
+      if (!block.empty()) runtime::download(b, block.data(), block.size());
+      copy_block(mesh, whole, block, full, es, sh, r, true);
+    }
+    group[k]->realize_to(runtime::upload(group[k]->device, whole.data(), whole.size()));
+  }
+}
+
+std::vector<char> download_all(const Buffer& b, int64_t count, DType t) {
+  std::vector<char> host(size_t(count) * itemsize(t));
+  if (!host.empty()) runtime::download(b, host.data(), host.size());
+  return host;
+}
+}  // namespace
+
+namespace detail {
+PartitionReport sync_partitioned(const ir::MeshAxes& mesh, const std::vector<std::pair<Tensor, ir::Sharding>>& annotated) {
+  int64_t n = 1;
+  for (int64_t z : mesh.sizes) n *= z;
+  // MPI ranks (a process group of several): each process cuts its own blocks and runs the graph
+  // with every output gathered in it; in-process ranks: every rank's blocks, gathered on the host.
+  const auto [me, procs] = runtime::process_group();
+  const bool mpi = procs > 1;
+  if (mpi && procs != n)
+    fail("partition", "the mesh has " + std::to_string(n) + " ranks, the process group " + std::to_string(procs), "");
+  const int64_t lo = mpi ? me : 0, hi = mpi ? me + 1 : n;
+  // The annotated tensors' buffers (a tensor rebound in place: the buffer it was rebound from).
+  std::unordered_map<const Buffer*, ir::Sharding> by_buffer;
+  for (const auto& [t, sh] : annotated) {
+    const auto& impl = need(t, "partition");
+    std::lock_guard<std::mutex> lock(registry().mu);
+    std::shared_ptr<Buffer> b = impl->buffer ? impl->buffer : impl->donor.lock();
+    if (b) by_buffer[b.get()] = sh;
+  }
+  auto impls = detail::pending_impls(true);
+  struct Reset {
+    ~Reset() { detail::reset_draws(); }
+  } reset;
+  std::vector<std::shared_ptr<TensorImpl>> group;
+  for (auto& impl : impls) {
+    if (impl->node->op == ir::Op::Leaf) {
+      impl->realize_to(impl->node->buffer);
+      continue;
+    }
+    if (!group.empty() && !(impl->device == group[0]->device))
+      fail("partition", "pending tensors on two devices (" + group[0]->device.str() + ", " + impl->device.str() + "): one graph runs on the ranks", "");
+    group.push_back(impl);
+  }
+  PartitionReport rep;
+  rep.ranks = n;
+  if (group.empty()) return rep;
+  std::vector<runtime::RankInputs> inputs(static_cast<size_t>(n));
+  std::map<std::pair<const Buffer*, std::string>, ir::NodePtr> shards;
+  std::map<std::pair<int64_t, int64_t>, ir::NodePtr> indices;
+  ir::PartitionHooks hooks;
+  hooks.shard_leaf = [&](const ir::Node& leaf, const ir::Sharding& sh) {
+    auto key = std::make_pair(leaf.buffer.get(), ir::sharding_str(sh, mesh));
+    if (auto it = shards.find(key); it != shards.end()) return it->second;
+    const size_t es = itemsize(leaf.dtype);
+    std::vector<char> whole = download_all(*leaf.buffer, leaf.numel(), leaf.dtype);
+    Shape local = leaf.shape;
+    for (size_t d = 0; d < sh.size(); ++d)
+      if (sh[d].sharded()) {
+        const int64_t a = mesh.sizes[size_t(sh[d].axis)];
+        if (local[d] % (a * sh[d].groups) != 0)
+          fail("partition", std::string("a leaf ") + dtype_name(leaf.dtype) + shape_str(leaf.shape) + " laid out as " + ir::sharding_str(sh, mesh) +
+                                ": dimension " + std::to_string(d) + " (extent " + std::to_string(local[d]) + ") does not divide into " +
+                                std::to_string(a * sh[d].groups) + " blocks", "");
+        local[d] /= a;
+      }
+    std::vector<char> block;
+    std::shared_ptr<Buffer> first;
+    for (int64_t r = lo; r < hi; ++r) {
+      copy_block(mesh, whole, block, leaf.shape, es, sh, r, false);
+      auto b = runtime::upload(leaf.device, block.data(), block.size());
+      if (r == lo) first = b;
+      else inputs[size_t(r)].push_back({first.get(), b});
+    }
+    return shards[key] = ir::leaf(first, local, leaf.dtype);
+  };
+  hooks.block_index = [&](int64_t extent, const ir::DimSharding& d) {
+    auto key = std::make_pair(extent, d.groups);
+    if (auto it = indices.find(key); it != indices.end()) return it->second;
+    const int64_t g = d.groups, a = mesh.sizes[size_t(d.axis)], sz = extent / (g * a);
+    std::shared_ptr<Buffer> first;
+    for (int64_t r = lo; r < hi; ++r) {
+      const int64_t c = mesh_coords(mesh, r)[size_t(d.axis)];
+      std::vector<int64_t> idx;
+      for (int64_t j = 0; j < g; ++j)
+        for (int64_t i = 0; i < sz; ++i) idx.push_back(j * (extent / g) + c * sz + i);
+      auto b = runtime::upload(group[0]->device, idx.data(), idx.size() * sizeof(int64_t));
+      if (r == lo) first = b;
+      else inputs[size_t(r)].push_back({first.get(), b});
+    }
+    return indices[key] = ir::leaf(first, Shape{extent / a}, DType::Int64);
+  };
+  std::map<int, ir::NodePtr> groups;
+  hooks.members = [&](int axis) {
+    if (auto it = groups.find(axis); it != groups.end()) return it->second;
+    const int64_t a = mesh.sizes[size_t(axis)];
+    std::shared_ptr<Buffer> first;
+    for (int64_t r = lo; r < hi; ++r) {
+      std::vector<int64_t> c = mesh_coords(mesh, r), ranks;
+      for (int64_t j = 0; j < a; ++j) {
+        c[size_t(axis)] = j;
+        int64_t q = 0;
+        for (size_t i = 0; i < c.size(); ++i) q = q * mesh.sizes[i] + c[i];
+        ranks.push_back(q);
+      }
+      auto b = runtime::upload(group[0]->device, ranks.data(), ranks.size() * sizeof(int64_t));
+      if (r == lo) first = b;
+      else inputs[size_t(r)].push_back({first.get(), b});
+    }
+    return groups[axis] = ir::leaf(first, Shape{a}, DType::Int64);
+  };
+  auto leaf_sharding = [&](const ir::Node& leaf) -> const ir::Sharding* {
+    auto it = by_buffer.find(leaf.buffer.get());
+    return it == by_buffer.end() ? nullptr : &it->second;
+  };
+  std::vector<runtime::Request> req;
+  std::vector<std::vector<std::shared_ptr<Buffer>>> bufs;
+  ir::Partitioned part;
+  try {
+    std::vector<ir::NodePtr> outs;
+    for (auto& impl : group) outs.push_back(impl->node);
+    part = ir::partition(outs, leaf_sharding, mesh, hooks, mpi);
+    for (const ir::NodePtr& x : ir::build_graph(outs).nodes)
+      if (x->op == ir::Op::Leaf) rep.leaf_bytes += x->numel() * int64_t(itemsize(x->dtype));
+    for (const ir::NodePtr& x : ir::build_graph(part.outputs).nodes)
+      if (x->op == ir::Op::Leaf) rep.rank_leaf_bytes += x->numel() * int64_t(itemsize(x->dtype));
+    rep.collectives = ir::count_collectives(part.outputs);
+    for (const ir::NodePtr& o : part.outputs) req.push_back({o, {}});
+    rep.rank_peak_bytes = int64_t(runtime::memory_plan_of(*runtime::compile_only(req)).peak_bytes);  // compiled once: the run below hits the cache
+    const RngState st = detail::rng_state();
+    if (mpi) bufs = {runtime::realize(req, {st.seed, st.offset})};
+    else bufs = runtime::realize_spmd_inprocess(req, {st.seed, st.offset}, inputs, int(n));
+  } catch (const std::exception& e) {
+    req.clear();
+    for (auto& impl : group) {
+      if (!impl->donor.expired()) impl->revert_to_donor();  // no donation: the old buffer is intact
+      else impl->set_error(e.what());
+    }
+    throw;
+  }
+  req.clear();
+  rep.output_shardings = part.shardings;
+  realize_gathered(mesh, group, bufs, part, n);
+  return rep;
+}
+}  // namespace detail
 
 }  // namespace tessera

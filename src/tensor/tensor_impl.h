@@ -8,6 +8,7 @@
 
 #include "core/buffer.h"
 #include "ir/node.h"
+#include "ir/partition.h"
 #include "runtime/realize.h"
 #include "tessera/tensor.h"
 
@@ -109,6 +110,21 @@ void reset_draws();
 // moment shards); returned as [rank - 1][k], realized tensors of their own.
 std::vector<std::vector<Tensor>> sync_spmd(int ranks, const std::vector<std::vector<std::pair<Tensor, Tensor>>>& rank_inputs,
                                            int64_t rows = 0, const std::vector<Tensor>& rank_outputs = {});
+// sync() partitioned over a mesh (ir::partition, docs/architecture.md "Sharding and the
+// partitioner"): every pending tensor (one device) is computed by ONE per-rank graph on the mesh's
+// ranks (in-process rank threads). `annotated` gives some realized tensors' layouts (a tensor
+// updated in place and pending is found through the buffer it was rebound from); every rank gets
+// its block of them, cut on the host; a replicated leaf that meets a split value is cut the same
+// way. Results: replicated ones take rank 0's value, split ones are gathered back into the full
+// tensor on the host. What the per-rank graph held is returned.
+struct PartitionReport {
+  int64_t ranks = 1;
+  std::map<std::string, int> collectives;  // of the per-rank graph, by kind
+  int64_t leaf_bytes = 0, rank_leaf_bytes = 0;  // the inputs of the whole graph, of one rank's
+  int64_t rank_peak_bytes = 0;                  // the per-rank graph's planned peak (MemoryPlan::peak_bytes)
+  std::vector<ir::Sharding> output_shardings;  // of the pending tensors, in the order they were synced
+};
+PartitionReport sync_partitioned(const ir::MeshAxes& mesh, const std::vector<std::pair<Tensor, ir::Sharding>>& annotated);
 }  // namespace detail
 
 }  // namespace tessera

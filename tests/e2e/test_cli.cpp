@@ -479,6 +479,31 @@ TEST(TrainLog, EveryLineParsesWithTheDocumentedFields) {
   EXPECT_NE(r.out.find("step 12/12"), std::string::npos) << "the last step is always reported: " << r.out;
 }
 
+// --tensor-parallel 2: the GPT's attention and MLP weights split over 2 in-process ranks (one
+// per-rank graph, dist::sync_partitioned) trains with one device's losses, dropout included (every
+// rank draws the whole mask and keeps its block); with --data-parallel 2 on a 2 x 2 mesh too.
+TEST(TrainLog, TensorParallelTrainsWithOneDevicesLosses) {
+  TempDir dir;
+  std::vector<std::vector<json>> logs;
+  for (auto [tp, dp] : {std::pair{"1", "1"}, std::pair{"2", "1"}, std::pair{"2", "2"}}) {
+    fs::path log = dir / (std::string("tp") + tp + dp + ".jsonl");
+    Result r = cli(cat({"train", "gpt", "--steps", "4", "--dropout", "0.1", "--tensor-parallel", tp, "--data-parallel", dp, "--log-json",
+                        log.string()},
+                       kTiny),
+                   dir.path());
+    ASSERT_TRUE(r.exited && r.code == 0) << r.describe();
+    logs.push_back(read_log(log));
+    ASSERT_EQ(logs.back().size(), 4u);
+  }
+  for (size_t k = 1; k < logs.size(); ++k)
+    for (size_t s = 0; s < 4; ++s) {
+      const double a = logs[0][s]["loss"].get<double>(), b = logs[k][s]["loss"].get<double>();
+      EXPECT_NEAR(b, a, 1e-5 * std::fabs(a)) << "run " << k << ", step " << s + 1;
+    }
+  Result bad = cli(cat({"train", "gpt", "--steps", "1", "--tensor-parallel", "2", "--zero1"}, kTiny), dir.path());
+  expect_clean_error(bad, "--zero1 does not combine with --tensor-parallel");
+}
+
 // On a terminal the same run draws a progress bar redrawn in place.
 TEST(TrainLog, TerminalGetsAProgressBar) {
   Result r = run_in_terminal(TESSERA_CLI, cat({"train", "gpt", "--steps", "12"}, kTiny));

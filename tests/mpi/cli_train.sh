@@ -3,7 +3,8 @@
 # on one device, with --data-parallel 2 (in-process ranks; also with --zero1, AdamW's moments
 # sharded) and under mpirun -np 2 --distributed. The per-step losses of the --log-json files must
 # agree to 1e-5 relative; under mpirun rank 0 writes FILE and the checkpoint, rank 1 FILE.rank1
-# and no checkpoint. Then resuming: 2 MPI ranks
+# and no checkpoint; also mpirun -np 2 --distributed --tensor-parallel 2 (the GPT's weights split
+# over the 2 MPI ranks, dist::sync_partitioned). Then resuming: 2 MPI ranks
 # continue rank 0's checkpoint of step 3 to step 5 as one rank continues its own; and ZeRO-1
 # (--zero1: sharded moments, MPI rank 1 writing its own to ckpt.safetensors.rank1) resumed from
 # step 3, in process and on 2 MPI ranks, gives the uninterrupted --zero1 run's steps 4 and 5.
@@ -19,6 +20,8 @@ args="train gpt --device cpu --batch 4 --block 16 --layers 1 --embd 32 --heads 2
 timeout 120 "$mpirun" --allow-run-as-root --oversubscribe -np 2 "$tessera" $args --steps 5 --distributed --log-json "$dir/mpi.jsonl" --out "$dir/ck" \
   > "$dir/mpi.out" 2>&1 || { cat "$dir/mpi.out"; echo "FAIL: mpirun -np 2 --distributed"; exit 1; }
 [ -f "$dir/ck/ckpt.safetensors" ] || { echo "FAIL: rank 0 wrote no checkpoint"; exit 1; }
+timeout 120 "$mpirun" --allow-run-as-root --oversubscribe -np 2 "$tessera" $args --steps 5 --distributed --tensor-parallel 2 --log-json "$dir/tp.jsonl" \
+  > "$dir/tp.out" 2>&1 || { cat "$dir/tp.out"; echo "FAIL: mpirun -np 2 --distributed --tensor-parallel 2"; exit 1; }
 [ -f "$dir/mpi.jsonl.rank1" ] || { echo "FAIL: rank 1 wrote no mpi.jsonl.rank1"; exit 1; }
 "$tessera" $args --steps 3 --out "$dir/ck1" > "$dir/r1.out" 2>&1 && "$tessera" $args --steps 5 --out "$dir/ck1" --resume --log-json "$dir/r1.jsonl" >> "$dir/r1.out" 2>&1 ||
   { cat "$dir/r1.out"; echo "FAIL: one rank, resumed"; exit 1; }
@@ -42,7 +45,7 @@ def losses(f):
 one = losses("one.jsonl")
 assert len(one) == 5, one
 bad = 0
-for name in ("two.jsonl", "zero.jsonl", "mpi.jsonl", "mpi.jsonl.rank1"):
+for name in ("two.jsonl", "zero.jsonl", "mpi.jsonl", "mpi.jsonl.rank1", "tp.jsonl", "tp.jsonl.rank1"):
     got = losses(name)
     if len(got) != len(one):
         print(f"FAIL: {name} has {len(got)} steps, one rank {len(one)}")

@@ -110,15 +110,27 @@ double bigram_entropy(const std::string& text) {
   return h;
 }
 
-TrainResult train_gpt(const TrainOptions& o) {
-  if (o.steps < 1 || o.batch < 1 || o.block < 2 || o.eval_every < 1 || o.eval_batches < 1)
-    fail("train", "steps, batch, eval-every and eval-batches must be positive and block at least 2", "");
-  if (o.embd % o.heads != 0) fail("train", "--embd " + std::to_string(o.embd) + " is not divisible by --heads " + std::to_string(o.heads), "");
-  if (o.resume && o.out.empty()) fail("train", "--resume needs --out DIR (the checkpoint directory)", "");
-  if (o.ckpt_every > 0 && o.out.empty()) fail("train", "--ckpt-every needs --out DIR (where the checkpoints go)", "");
-  check_micro_batches(o.micro_batches, o.memory_budget);
+// Data parallelism (in-process ranks, or this process as an MPI rank) or tensor parallelism
+// (--tensor-parallel M: the GPT's weights split over M in-process ranks), as the options ask.
+static void parallel_setup(const TrainOptions& o, std::optional<optim::DataParallel>& dp, std::optional<dist::Mesh>& tp) {
+  if (o.tensor_parallel > 1) {  // a data x model mesh of in-process or MPI ranks, each step run partitioned
+    if (o.zero1) fail("train", "--zero1 does not combine with --tensor-parallel yet", "");
+    if (o.micro_batches != 1 || !o.memory_budget.none() || o.dtype == "float16")
+      fail("train", "--tensor-parallel does not combine with --micro-batches, a memory budget or --dtype float16 yet", "");
+    int64_t data = o.data_parallel;
+    if (o.distributed) {  // the job's ranks: --tensor-parallel M of them per model, the rest data parallel
+      if (o.data_parallel > 1) fail("train", "--data-parallel (in-process ranks) and --distributed (MPI ranks) do not combine", "");
+      const int64_t size = dist::init_mpi().second;
+      if (size % o.tensor_parallel != 0)
+        fail("train", "the job's " + std::to_string(size) + " ranks do not divide by --tensor-parallel " + std::to_string(o.tensor_parallel), "");
+      data = size / o.tensor_parallel;
+    }
+    if (o.batch % data != 0)
+      fail("train", "--batch " + std::to_string(o.batch) + " (the global batch) does not divide into " + std::to_string(data) + " ranks", "");
+    tp.emplace(std::vector<std::pair<std::string, int64_t>>{{"data", data}, {"model", o.tensor_parallel}});
+    return;
+  }
   // Data parallelism: in-process ranks or this process as an MPI rank.
-  std::optional<optim::DataParallel> dp;
   if (o.distributed && o.data_parallel > 1) fail("train", "--data-parallel (in-process ranks) and --distributed (MPI ranks) do not combine", "");
   if (o.distributed || o.data_parallel > 1) {
     if (o.micro_batches != 1 || !o.memory_budget.none())
@@ -129,8 +141,33 @@ TrainResult train_gpt(const TrainOptions& o) {
     if (o.batch % dp->ranks() != 0)
       fail("train", "--batch " + std::to_string(o.batch) + " (the global batch) does not divide into " + std::to_string(dp->ranks()) + " ranks", "");
   }
+}
+
+// One training step traced on full shapes, then run partitioned over the mesh (--tensor-parallel):
+// the batch's rows split over "data" where that axis has several ranks.
+static double partitioned_step(const dist::Mesh& mesh, const std::vector<Tensor>& batch,
+                               const std::function<Tensor(const std::vector<Tensor>&)>& loss_fn, const std::function<void()>& update) {
+  if (mesh.size("data") > 1)
+    for (const Tensor& t : batch) dist::shard(t, mesh, {"data", dist::none});
+  Tensor loss = loss_fn(batch);
+  loss.backward();
+  update();
+  dist::sync_partitioned(mesh);
+  return loss.item();
+}
+
+TrainResult train_gpt(const TrainOptions& o) {
+  if (o.steps < 1 || o.batch < 1 || o.block < 2 || o.eval_every < 1 || o.eval_batches < 1)
+    fail("train", "steps, batch, eval-every and eval-batches must be positive and block at least 2", "");
+  if (o.embd % o.heads != 0) fail("train", "--embd " + std::to_string(o.embd) + " is not divisible by --heads " + std::to_string(o.heads), "");
+  if (o.resume && o.out.empty()) fail("train", "--resume needs --out DIR (the checkpoint directory)", "");
+  if (o.ckpt_every > 0 && o.out.empty()) fail("train", "--ckpt-every needs --out DIR (where the checkpoints go)", "");
+  check_micro_batches(o.micro_batches, o.memory_budget);
+  std::optional<optim::DataParallel> dp;
+  std::optional<dist::Mesh> tp;
+  parallel_setup(o, dp, tp);
   if (o.zero1 && !dp) fail("train", "--zero1 needs --data-parallel N or --distributed", "");
-  const int rank = dp ? dp->rank() : 0;
+  const int rank = dp ? dp->rank() : o.distributed ? dist::rank() : 0;
   const bool quiet = o.quiet || rank != 0;
   Device dev = pick_device(o.device);
   std::string text = o.data.empty() ? data::read_default_corpus() : data::read_text_file(o.data);
@@ -147,6 +184,7 @@ TrainResult train_gpt(const TrainOptions& o) {
   r.model = std::make_shared<nn::GPT>(cfg);
   nn::GPT& model = *r.model;
   model.to(dev);
+  if (tp) model.shard_tensor_parallel(*tp, "model");
   optim::AdamW opt(model.parameters(), {.lr = o.lr, .weight_decay = o.weight_decay});
   std::optional<optim::ZeroAdamW> zero;  // --zero1: in place of opt and clip_grad_norm
   if (o.zero1) zero.emplace(*dp, model.parameters(), optim::AdamOptions{.lr = o.lr, .weight_decay = o.weight_decay}, o.clip);
@@ -212,6 +250,7 @@ TrainResult train_gpt(const TrainOptions& o) {
     };
     double l = (zero ? zero->step({x, y}, loss_fn)
                 : dp ? dp->step(model.parameters(), {x, y}, loss_fn, update)
+                : tp ? partitioned_step(*tp, {x, y}, loss_fn, update)
                      : train_step(model.parameters(), {x, y}, loss_fn, update, o.memory_budget, o.micro_batches)) /
                scale;
     if (!std::isfinite(l)) fail("train", "the loss became " + std::to_string(l) + " at step " + std::to_string(step) + "; try a smaller --lr", "");

@@ -33,6 +33,9 @@ struct TrainOptions {
   // this process is one rank of the job mpirun started (rank 0 writes the checkpoints and
   // --log-json FILE, rank k > 0 FILE.rank<k>). --batch is the global batch, split over the ranks.
   int64_t data_parallel = 1;
+  // --tensor-parallel M: Megatron-style tensor parallelism on M in-process ranks (GPT::
+  // shard_tensor_parallel, each step run by dist::sync_partitioned); not with data parallelism.
+  int64_t tensor_parallel = 1;
   bool distributed = false;
   bool zero1 = false;  // --zero1: AdamW's moments sharded over the ranks (optim::ZeroAdamW; MPI rank k > 0 checkpoints its shards to ckpt.safetensors.rank<k>)
   // Called after each training step's loss.item() (before any evaluation or checkpoint); `step`

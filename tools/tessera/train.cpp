@@ -45,6 +45,10 @@ void add_train(CLI::App& app) {
   gpt->add_option("--data-parallel", o->data_parallel, "data parallel on N in-process ranks (threads); --batch is the global batch")
       ->capture_default_str()
       ->check(positive());
+  gpt->add_option("--tensor-parallel", o->tensor_parallel,
+                  "tensor parallel (Megatron: attention and MLP weights split) on M in-process ranks; --heads must divide by M")
+      ->capture_default_str()
+      ->check(positive());
   gpt->add_flag("--zero1", o->zero1, "with --data-parallel or --distributed: AdamW's moments sharded over the ranks (ZeRO-1; "
                                       "each MPI rank k > 0 checkpoints its shards to ckpt.safetensors.rank<k>; resume with the same N)");
   gpt->add_flag("--distributed", o->distributed, "this process is one rank of an MPI job (mpirun -np N tessera train gpt --distributed): "
