@@ -5,12 +5,23 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <cmath>
+#include <cstring>
 #include <cstdlib>
 #include <fstream>
 
 #include "../../bench/bench_common.h"
 #include "pjrt_client.h"
 #include "backends/backend.h"
+#include "backends/stablehlo/emit.h"
+#include "core/half.h"
+#include "ir/build.h"
+#include "ir/collectives.h"
+#include "ir/graph.h"
+#include "reference/evaluator.h"
+#include "runtime/allocator.h"
+#include "tessera/distributed.h"
+#include "tessera/export.h"
 #include "tessera/nn.h"
 #include "tessera/optim.h"
 #include "tessera/tessera.h"
@@ -133,6 +144,194 @@ TEST(PjrtCpuPlugin, AProgramWithATypeErrorIsRefusedWithXLAsMessage) {
     EXPECT_EQ(m.rfind("[pjrt] compile failed: ", 0), 0u) << m;
     EXPECT_GT(m.size(), std::string("[pjrt] compile failed: ").size() + 10) << m;
   }
+}
+
+// ---- collectives on replicas: XLA's CPU plugin with two devices (its create option
+// "cpu_device_count"), one program compiled for 2 replicas, each replica a Tessera rank ----
+
+const pjrt::Plugin& two_device_plugin() {
+  static std::unique_ptr<pjrt::Plugin> p = pjrt::Plugin::load(kCpuPlugin, 2);
+  return *p;
+}
+
+// A leaf of shape s and dtype t (its values are given per rank).
+ir::NodePtr rank_leaf(const Shape& s, DType t) {
+  return ir::leaf(runtime::allocate(Device("cpu"), size_t(numel(s)) * itemsize(t)), s, t);
+}
+
+std::vector<char> host_bytes(const reference::Value& v) {
+  std::vector<char> out(v.data.size() * itemsize(v.dtype));
+  for (size_t i = 0; i < v.data.size(); ++i) {
+    char* q = out.data() + i * itemsize(v.dtype);
+    double x = v.data[i];
+    switch (v.dtype) {
+      case DType::Float64: std::memcpy(q, &x, 8); break;
+      case DType::Float32: { float f = float(x); std::memcpy(q, &f, 4); break; }
+      case DType::Float16: { uint16_t h = half::float_to_f16(float(x)); std::memcpy(q, &h, 2); break; }
+      case DType::Int64: { int64_t k = int64_t(x); std::memcpy(q, &k, 8); break; }
+      case DType::Int32: { int32_t k = int32_t(x); std::memcpy(q, &k, 4); break; }
+      case DType::Bool: *q = x != 0; break;
+      default: ADD_FAILURE() << "no host bytes for " << dtype_name(v.dtype);
+    }
+  }
+  return out;
+}
+
+// Runs g (one rank's program) on 2 replicas of XLA's CPU plugin with rank r's parameters on
+// replica r, and compares every output of every rank with reference::evaluate_ranks.
+void expect_replicas_match_reference(const ir::Graph& g, const std::vector<std::vector<reference::Value>>& params, double tol) {
+  const pjrt::Plugin& p = two_device_plugin();
+  ASSERT_GE(p.device_count(), 2) << "the CPU plugin ignored cpu_device_count";
+  stablehlo::Program prog = stablehlo::emit(g);
+  ASSERT_EQ(prog.replicas, 2);
+  auto exe = p.compile(prog.text, 2);
+  std::vector<std::vector<pjrt::BufferPtr>> held(2);
+  std::vector<std::vector<pjrt::api::Buffer*>> args(2);
+  for (int r = 0; r < 2; ++r)
+    for (const reference::Value& v : params[size_t(r)]) {
+      std::vector<char> bytes = host_bytes(v);
+      held[size_t(r)].push_back(p.upload(r, bytes.data(), pjrt::tensor_type(v.dtype, v.shape)));
+      args[size_t(r)].push_back(held[size_t(r)].back()->buffer);
+    }
+  std::vector<pjrt::TensorType> types;
+  for (int o : g.outputs) types.push_back(pjrt::tensor_type(g.nodes[size_t(o)]->dtype, g.nodes[size_t(o)]->shape));
+  auto outs = exe->execute_replicas(args, types);
+  auto want = reference::evaluate_ranks({&g, &g}, 0, 0, params);
+  for (size_t r = 0; r < 2; ++r)
+    for (size_t k = 0; k < g.outputs.size(); ++k) {
+      const ir::Node& n = *g.nodes[size_t(g.outputs[k])];
+      std::vector<char> bytes(outs[r][k]->nbytes());
+      outs[r][k]->to_host(bytes.data());
+      std::vector<double> got = reference::read_host(bytes.data(), n.dtype, numel(n.shape));
+      const std::vector<double>& w = want[r][k].data;
+      ASSERT_EQ(got.size(), w.size());
+      for (size_t i = 0; i < w.size(); ++i) {
+        if (std::isnan(w[i])) {
+          EXPECT_TRUE(std::isnan(got[i])) << ir::op_name(n.op) << " rank " << r << " element " << i << ": " << got[i];
+          continue;
+        }
+        EXPECT_NEAR(got[i], w[i], tol * (1 + std::abs(w[i])))
+            << ir::op_name(n.op) << " (output " << k << ") rank " << r << " element " << i;
+      }
+    }
+}
+
+reference::Value values(const Shape& s, DType t, uint32_t seed, bool integral = false) {
+  reference::Value v{s, t, std::vector<double>(size_t(numel(s)))};
+  uint32_t x = seed * 2654435761u + 12345u;
+  for (double& d : v.data) {
+    x = x * 1664525u + 1013904223u;
+    double u = double(x >> 8) / double(1 << 24);  // [0, 1)
+    d = integral ? std::floor(u * 19) - 9 : t == DType::Float16 ? std::round((u * 4 - 2) * 256) / 256 : u * 4 - 2;
+  }
+  return v;
+}
+
+TEST(PjrtCollectives, TheCpuPluginRunsTwoReplicas) {
+  REQUIRE_CPU_PLUGIN();
+  EXPECT_EQ(two_device_plugin().device_count(), 2);
+  EXPECT_GE(cpu_plugin().device_count(), 1);  // the plain client is unaffected
+}
+
+// Every collective on 2 replicas against the float64 reference over 2 ranks: all_reduce sum /
+// mean / max (a NaN on one rank propagates), all_gather, reduce_scatter, all_to_all, broadcast
+// and reduce from root 1, and permutes (a swap, and one pair: rank 0 gets zeros).
+TEST(PjrtCollectives, EveryCollectiveOnTwoReplicasMatchesTheReference) {
+  REQUIRE_CPU_PLUGIN();
+  namespace b = ir::build;
+  using ir::ReduceKind;
+  ir::NodePtr x = rank_leaf({4, 6}, DType::Float32), h = rank_leaf({2, 3}, DType::Float16),
+              k = rank_leaf({5}, DType::Int64), d = rank_leaf({3, 2}, DType::Float64), q = rank_leaf({4}, DType::Bool);
+  std::vector<ir::NodePtr> outs = {
+      b::all_reduce(x, 2, ReduceKind::Sum), b::all_reduce(x, 2, ReduceKind::Mean), b::all_reduce(x, 2, ReduceKind::Max),
+      b::all_gather(x, 2, 1), b::reduce_scatter(x, 2, 0), b::all_to_all(x, 2, 0, 1), b::all_to_all(x, 2, 1, 0),
+      b::broadcast(x, 2, 1), b::reduce_to_root(x, 2, 1), b::collective_permute(x, 2, {{0, 1}, {1, 0}}),
+      b::collective_permute(x, 2, {{0, 1}}), b::all_reduce(h, 2, ReduceKind::Mean), b::reduce_scatter(h, 2, 0),
+      b::all_reduce(k, 2, ReduceKind::Sum), b::all_reduce(k, 2, ReduceKind::Max), b::broadcast(d, 2, 0),
+      b::broadcast(q, 2, 1), b::all_reduce(q, 2, ReduceKind::Max), b::reduce_to_root(d, 2, 0)};
+  ir::Graph g = ir::build_graph(outs);
+  ASSERT_EQ(g.params.size(), 5u);
+  std::vector<std::vector<reference::Value>> params(2);
+  for (uint32_t r = 0; r < 2; ++r) {
+    params[r] = {values({4, 6}, DType::Float32, 10 + r), values({2, 3}, DType::Float16, 20 + r),
+                 values({5}, DType::Int64, 30 + r, true), values({3, 2}, DType::Float64, 40 + r),
+                 values({4}, DType::Bool, 50 + r, true)};
+    for (double& v : params[r][4].data) v = v > 0;
+  }
+  params[1][0].data[7] = std::nan("");  // max propagates it; sums too
+  // the graph's params are numbered by first appearance: x, h, k, d, q
+  for (size_t i = 0; i < 5; ++i) ASSERT_EQ(g.nodes[size_t(g.params[i])]->dtype, params[0][i].dtype);
+  expect_replicas_match_reference(g, params, 1e-6);
+}
+
+// The emitted text, by hand: replica groups over the ranks, the module's replica count, the
+// permute's pairs, the masked all_reduce of a broadcast; a graph mixing group sizes is refused.
+TEST(PjrtCollectives, TheEmittedTextNamesTheReplicasAndGroups) {
+  namespace b = ir::build;
+  ir::NodePtr x = rank_leaf({4}, DType::Float32);
+  ir::Graph g = ir::build_graph({b::all_reduce(x, 2, ir::ReduceKind::Sum), b::collective_permute(x, 2, {{1, 0}}),
+                                 b::broadcast(x, 2, 1)});
+  std::string t = stablehlo::emit(g).text;
+  EXPECT_NE(t.find("mhlo.num_replicas = 2 : i32"), std::string::npos) << t;
+  EXPECT_NE(t.find("\"stablehlo.all_reduce\"(%arg0) ({"), std::string::npos) << t;
+  EXPECT_NE(t.find("replica_groups = dense<[[0, 1]]> : tensor<1x2xi64>"), std::string::npos) << t;
+  EXPECT_NE(t.find("source_target_pairs = dense<[[1, 0]]> : tensor<1x2xi64>"), std::string::npos) << t;
+  EXPECT_NE(t.find("\"stablehlo.bitcast_convert\"(%arg0) : (tensor<4xf32>) -> tensor<4xi32>"), std::string::npos) << t;
+  EXPECT_NE(t.find("\"stablehlo.replica_id\"() : () -> tensor<ui32>"), std::string::npos) << t;
+  EXPECT_NE(stablehlo::emit(ir::build_graph({b::neg(x)})).text.find("mhlo.num_replicas = 1 : i32"), std::string::npos);
+  ir::Graph mixed = ir::build_graph({b::all_reduce(x, 2, ir::ReduceKind::Sum), b::all_gather(x, 3, 0)});
+  std::string e = tt::error_message([&] { stablehlo::emit(mixed); });
+  EXPECT_NE(e.find("[all_gather] a StableHLO module runs on one set of replicas: this collective is for 3 ranks, an earlier "
+                   "all_reduce for 2"), std::string::npos) << e;
+}
+
+// export_stablehlo of a traced data-parallel fragment: y = all_reduce(x_r @ w) and the gradient
+// of sum(y * y) (whose VJP holds an all_reduce too). The module runs on 2 replicas, replica 0 on
+// the exported arguments and replica 1 with its own x; by hand, y = (x0 + x1) @ w on both, and
+// rank r's gradient is x_r^T (4 y) (the SPMD loss is the sum of the ranks' losses).
+TEST(PjrtCollectives, AnExportedStepWithCollectivesRunsOnTwoReplicas) {
+  REQUIRE_CPU_PLUGIN();
+  Tensor x0 = random_tensor({3, 4}, DType::Float32, 1, -1, 1), x1 = random_tensor({3, 4}, DType::Float32, 2, -1, 1);
+  Tensor w = random_tensor({4, 5}, DType::Float32, 3, -1, 1);
+  sync();
+  w.requires_grad_();
+  Tensor y = dist::all_reduce(matmul(x0, w), 2);
+  (y * y).sum().backward();
+  StableHLOModule m = export_stablehlo({y, w.grad()});
+  EXPECT_EQ(m.replicas, 2);
+  ASSERT_EQ(m.arguments.size(), 2u);
+  ASSERT_EQ(m.outputs, 2);
+  const pjrt::Plugin& p = two_device_plugin();
+  auto exe = p.compile(m.text, m.replicas);
+  std::vector<std::vector<pjrt::BufferPtr>> held(2);
+  std::vector<std::vector<pjrt::api::Buffer*>> args(2);
+  for (int r = 0; r < 2; ++r)
+    for (const Tensor& a : m.arguments) {
+      // rank 1 reads its own x where rank 0 reads x0 (w is shared)
+      std::vector<float> v = (r == 1 && a.shape() == x0.shape() ? x1 : a).to_vector<float>();
+      held[size_t(r)].push_back(p.upload(r, v.data(), pjrt::tensor_type(DType::Float32, a.shape())));
+      args[size_t(r)].push_back(held[size_t(r)].back()->buffer);
+    }
+  auto outs = exe->execute_replicas(args, {pjrt::tensor_type(DType::Float32, {3, 5}), pjrt::tensor_type(DType::Float32, {4, 5})});
+  Tensor wd = w.detach();
+  Tensor want_y = matmul(x0 + x1, wd);
+  std::vector<Tensor> xs{x0, x1};
+  for (int r = 0; r < 2; ++r) {
+    std::vector<float> got_y(15), got_g(20);
+    outs[size_t(r)][0]->to_host(got_y.data());
+    outs[size_t(r)][1]->to_host(got_g.data());
+    std::vector<double> gy(got_y.begin(), got_y.end()), gg(got_g.begin(), got_g.end());
+    EXPECT_TRUE(tt::all_close(gy, want_y.to_vector<double>(), 1e-5)) << "rank " << r;
+    EXPECT_TRUE(tt::all_close(gg, matmul(xs[size_t(r)].transpose(0, 1), want_y * 4.0).to_vector<double>(), 1e-5)) << "rank " << r;
+  }
+}
+
+// A program for more replicas than the client has devices is refused before XLA sees it.
+TEST(PjrtCollectives, MoreReplicasThanDevicesIsRefused) {
+  REQUIRE_CPU_PLUGIN();
+  ir::Graph g = ir::build_graph({ir::build::all_reduce(rank_leaf({4}, DType::Float32), 3, ir::ReduceKind::Sum)});
+  std::string e = tt::error_message([&] { two_device_plugin().compile(stablehlo::emit(g).text, 3); });
+  EXPECT_NE(e.find("[pjrt] a program for 3 replicas cannot run on the 2 devices of plugin"), std::string::npos) << e;
 }
 
 // ---- whole programs through the backend plugin: pjrt:0 is XLA's CPU plugin of the build, or the
