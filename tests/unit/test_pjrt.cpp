@@ -9,17 +9,20 @@
 #include <cstring>
 #include <cstdlib>
 #include <fstream>
+#include <map>
 
 #include "../../bench/bench_common.h"
 #include "pjrt_client.h"
 #include "backends/backend.h"
 #include "backends/stablehlo/emit.h"
+#include "conformance/suite.h"
 #include "core/half.h"
 #include "ir/build.h"
 #include "ir/collectives.h"
 #include "ir/graph.h"
 #include "reference/evaluator.h"
 #include "runtime/allocator.h"
+#include "tensor/tensor_impl.h"
 #include "tessera/distributed.h"
 #include "tessera/export.h"
 #include "tessera/nn.h"
@@ -168,6 +171,7 @@ std::vector<char> host_bytes(const reference::Value& v) {
       case DType::Float64: std::memcpy(q, &x, 8); break;
       case DType::Float32: { float f = float(x); std::memcpy(q, &f, 4); break; }
       case DType::Float16: { uint16_t h = half::float_to_f16(float(x)); std::memcpy(q, &h, 2); break; }
+      case DType::BFloat16: { uint16_t h = half::float_to_bf16(float(x)); std::memcpy(q, &h, 2); break; }
       case DType::Int64: { int64_t k = int64_t(x); std::memcpy(q, &k, 8); break; }
       case DType::Int32: { int32_t k = int32_t(x); std::memcpy(q, &k, 4); break; }
       case DType::Bool: *q = x != 0; break;
@@ -324,6 +328,131 @@ TEST(PjrtCollectives, AnExportedStepWithCollectivesRunsOnTwoReplicas) {
     EXPECT_TRUE(tt::all_close(gy, want_y.to_vector<double>(), 1e-5)) << "rank " << r;
     EXPECT_TRUE(tt::all_close(gg, matmul(xs[size_t(r)].transpose(0, 1), want_y * 4.0).to_vector<double>(), 1e-5)) << "rank " << r;
   }
+}
+
+// One SPMD case of the conformance suite (Case::ranks ranks, each with its own inputs and output
+// cotangents, as the suite's runner draws them) traced on the cpu, emitted, run on that many
+// replicas of XLA's CPU plugin and compared, every rank's outputs and gradients, with
+// reference::evaluate_ranks at twice the suite's tolerance (integers exact). "" when it matches.
+std::string run_case_on_replicas(const pjrt::Plugin& p, const conformance::Case& c, uint32_t seed) {
+  const size_t N = size_t(c.ranks);
+  std::vector<conformance::Rng> rngs;
+  for (size_t k = 0; k < N; ++k) rngs.emplace_back(seed + uint32_t(k) * 7919u);
+  std::map<const Buffer*, std::vector<std::vector<double>>> known;  // rank 0's buffer -> every rank's values
+  auto add_leaf = [&](std::vector<std::vector<double>> per_rank, const Shape& shape, DType t) {
+    for (auto& v : per_rank) {  // as the dtype holds them
+      std::vector<char> b = host_bytes({shape, t, v});
+      v = reference::read_host(b.data(), t, numel(shape));
+    }
+    std::vector<char> bytes = host_bytes({shape, t, per_rank[0]});
+    std::shared_ptr<Buffer> buf = runtime::upload(Device("cpu"), bytes.data(), bytes.size());
+    known[buf.get()] = std::move(per_rank);
+    return detail::from_buffer(buf, shape, t);
+  };
+  std::vector<Tensor> leaves, viewed;
+  for (const conformance::Input& in : c.inputs) {
+    std::vector<std::vector<double>> v(N, std::vector<double>(size_t(numel(in.shape))));
+    for (size_t k = 0; k < N; ++k)
+      for (double& x : v[k]) x = in.fixed.empty() ? in.gen(rngs[k]) : 0;
+    if (!in.fixed.empty()) v.assign(N, in.fixed);
+    Tensor t = add_leaf(std::move(v), in.shape, in.dtype);
+    if (in.grad) t.requires_grad_();
+    leaves.push_back(t);
+    viewed.push_back(in.view ? in.view(t) : t);
+  }
+  conformance::Context ctx{Device("cpu"), [&](const std::vector<double>& v, const Shape& shape, DType t) {
+                             return add_leaf(std::vector<std::vector<double>>(N, v), shape, t);
+                           }};
+  std::vector<Tensor> results = c.fn(viewed, ctx);
+  const size_t n_out = results.size();
+  for (const Tensor& o : results)
+    if (o.requires_grad()) {
+      std::vector<std::vector<double>> w(N, std::vector<double>(size_t(o.numel())));
+      for (size_t k = 0; k < N; ++k)
+        for (double& x : w[k]) x = std::uniform_real_distribution<double>(-1, 1)(rngs[k]);
+      o.backward(add_leaf(std::move(w), o.shape(), o.dtype()));
+    }
+  for (size_t k = 0; k < c.inputs.size(); ++k)
+    if (c.inputs[k].grad) {
+      if (!leaves[k].grad().defined()) return "no gradient reached input " + std::to_string(k);
+      results.push_back(leaves[k].grad());
+    }
+  std::vector<ir::NodePtr> nodes;
+  for (const Tensor& t : results) nodes.push_back(detail::node_of(t));
+  ir::Graph g = ir::build_graph(nodes);
+  std::vector<std::vector<reference::Value>> params(N);
+  for (int q : g.params) {
+    const ir::Node& n = *g.nodes[size_t(q)];
+    auto it = known.find(n.buffer.get());
+    if (it == known.end()) return "a leaf the case did not make";
+    for (size_t k = 0; k < N; ++k) params[k].push_back({n.shape, n.dtype, it->second[k]});
+  }
+  stablehlo::Program prog = stablehlo::emit(g);
+  if (prog.replicas != int64_t(N)) return "emitted for " + std::to_string(prog.replicas) + " replicas";
+  auto exe = p.compile(prog.text, prog.replicas);
+  std::vector<std::vector<pjrt::BufferPtr>> held(N);
+  std::vector<std::vector<pjrt::api::Buffer*>> args(N);
+  for (size_t k = 0; k < N; ++k)
+    for (const reference::Value& v : params[k]) {
+      std::vector<char> bytes = host_bytes(v);
+      held[k].push_back(p.upload(int(k), bytes.data(), pjrt::tensor_type(v.dtype, v.shape)));
+      args[k].push_back(held[k].back()->buffer);
+    }
+  std::vector<pjrt::TensorType> types;
+  for (int o : g.outputs) types.push_back(pjrt::tensor_type(g.nodes[size_t(o)]->dtype, g.nodes[size_t(o)]->shape));
+  auto outs = exe->execute_replicas(args, types);
+  std::vector<const ir::Graph*> graphs(N, &g);
+  auto want = reference::evaluate_ranks(graphs, 0, 0, params);
+  for (size_t k = 0; k < N; ++k)
+    for (size_t o = 0; o < g.outputs.size(); ++o) {
+      const reference::Value& w = want[k][o];
+      std::vector<char> bytes(outs[k][o]->nbytes());
+      if (!bytes.empty()) outs[k][o]->to_host(bytes.data());
+      std::vector<double> got = reference::read_host(bytes.data(), w.dtype, numel(w.shape));
+      const bool grad = o >= n_out;
+      const double tol = !is_floating(w.dtype) ? 0 : 2 * (grad ? (c.grad_tol >= 0 ? c.grad_tol : conformance::default_tolerance(w.dtype, true))
+                                                             : (c.tol >= 0 ? c.tol : conformance::default_tolerance(w.dtype, false)));
+      double scale = 0, err = 0;
+      for (size_t i = 0; i < got.size(); ++i) {
+        if (std::isnan(w.data[i]) != std::isnan(got[i])) return "rank " + std::to_string(k) + " result " + std::to_string(o) + ": NaN mismatch at " + std::to_string(i);
+        if (std::isnan(w.data[i])) continue;
+        scale = std::max(scale, std::abs(w.data[i]));
+        err = std::max(err, std::abs(got[i] - w.data[i]));
+      }
+      if (err > tol * std::max(scale, 1e-30) && err > 0)
+        return "rank " + std::to_string(k) + " result " + std::to_string(o) + " (" + dtype_name(w.dtype) + shape_str(w.shape) +
+               "): error " + std::to_string(err) + " against max " + std::to_string(scale);
+    }
+  return "";
+}
+
+const pjrt::Plugin& three_device_plugin() {
+  static std::unique_ptr<pjrt::Plugin> p = pjrt::Plugin::load(kCpuPlugin, 3);
+  return *p;
+}
+
+// Every case of every collective row of the conformance suite (2 and 3 ranks; float32 and
+// float64 with gradients, an integer dtype, permuted and strided inputs, zero-size shards) on
+// replicas of XLA's CPU plugin against the reference: the collectives and their VJPs as StableHLO.
+TEST(PjrtCollectives, TheConformanceSuitesCollectiveCasesMatchTheReferenceOnReplicas) {
+  REQUIRE_CPU_PLUGIN();
+  const pjrt::Plugin& p = three_device_plugin();
+  ASSERT_EQ(p.device_count(), 3);
+  int cases = 0;
+  for (int op = int(ir::Op::AllReduce); op <= int(ir::Op::CollectivePermute); ++op)
+    for (const conformance::Case& c : conformance::primitive_cases(ir::Op(op))) {
+      ASSERT_GT(c.ranks, 0) << c.variant;
+      SCOPED_TRACE(std::string(ir::op_name(ir::Op(op))) + " " + c.variant);
+      std::string why;
+      try {
+        why = run_case_on_replicas(p, c, 1000u + uint32_t(cases));
+      } catch (const std::exception& e) {
+        why = e.what();
+      }
+      EXPECT_EQ(why, "");
+      ++cases;
+    }
+  EXPECT_GE(cases, 30);  // the suite's collective rows held 30 cases when this was written
 }
 
 // A program for more replicas than the client has devices is refused before XLA sees it.

@@ -15,6 +15,7 @@
 //   integers of the element's width (bitcast), so the root's bits arrive exactly (-0.0, NaN
 //   payloads included) whatever the dtype.
 // - reduce (sum to the root, zeros elsewhere): the all_reduce sum, kept on the root only.
+// - a zero-size result is an empty constant (no exchange).
 #include "backends/stablehlo/lower.h"
 
 #include <cmath>
@@ -84,6 +85,9 @@ V lower_collective(Lowering& L, const ir::Node& n, const std::vector<V>& in) {
   const V& x = in[0];
   const ir::CollectiveAttrs c = ir::CollectiveAttrs::from(n.op, n.attrs);
   const std::string groups = replica_groups(c.ranks);
+  // Zero elements in, zero out: nothing to exchange (StableHLO refuses an all_gather along an
+  // axis of extent 0).
+  if (numel(n.shape) == 0) return w.constant(0, n.shape, elem_of(n.dtype));
   switch (n.op) {
     case Op::AllReduce: {
       V v = compute(w, x);
