@@ -148,6 +148,56 @@ void print_rewrites(const std::vector<Row>& rows, size_t budget, const AdviseOpt
   }
 }
 
+// The recommendation: the fastest device that fits, the most tokens per joule, what doesn't fit.
+std::string recommendation(const std::vector<Row>& rows, const AdviseOptions& o, DType dtype) {
+  const Row* fastest = nullptr;
+  const Row* thrifty = nullptr;
+  std::vector<const Row*> misfits;
+  for (auto& r : rows) {
+    if (!r.p.fits) {
+      misfits.push_back(&r);
+      continue;
+    }
+    if (!fastest || r.p.tokens_per_s > fastest->p.tokens_per_s) fastest = &r;
+    if (r.p.tokens_per_joule > 0 && (!thrifty || r.p.tokens_per_joule > thrifty->p.tokens_per_joule)) thrifty = &r;
+  }
+  std::ostringstream rec;
+  if (!fastest) {
+    rec << "No device fits batch " << o.batch << ".";
+    const Row* most = nullptr;
+    for (auto& r : rows)
+      if (!most || r.p.max_batch > most->p.max_batch) most = &r;
+    if (most && most->p.max_batch > 0)
+      rec << " The largest batch fits on " << most->dev.name << " (" << most->p.max_batch << "); lower --batch, use "
+          << "--dtype bfloat16 or more data-parallel devices.";
+  } else {
+    rec << "Fastest: " << fastest->dev.name << " at " << human_rate(fastest->p.tokens_per_s) << " tokens/s ("
+        << human_time(fastest->p.step_s) << " per step, bound by " << advise::bottleneck_name(fastest->p.bottleneck) << ").";
+    if (thrifty && thrifty != fastest)
+      rec << " Most tokens per joule: " << thrifty->dev.name << " (" << human_rate(thrifty->p.tokens_per_joule) << "/J vs "
+          << human_rate(fastest->p.tokens_per_joule) << "/J).";
+    for (auto& r : rows)
+      if (r.p.fits && r.p.bottleneck == advise::Bottleneck::Launch) {
+        rec << " This model is small: launch overhead dominates on " << r.dev.name << " and the like, so a larger batch is nearly free there.";
+        break;
+      }
+    if (dtype == DType::Float32)
+      rec << " Tensor cores and TPU matrix units need bfloat16/float16 to reach their peak: try --dtype bfloat16.";
+  }
+  if (!misfits.empty()) {
+    rec << " Does not fit at batch " << o.batch << ":";
+    for (auto* r : misfits) rec << " " << r->dev.name << " (max batch " << r->p.max_batch << ")";
+    rec << ".";
+    std::string rewritten;
+    for (auto* r : misfits)
+      if (r->rw && r->rw->at.fits) rewritten += (rewritten.empty() ? " " : "; ") + r->dev.name + ": " + how_it_fits(r->rw->at);
+    if (!rewritten.empty())
+      rec << " With the rewrites (train with --memory-budget, and --micro-batches auto where it says micro-batches):" << rewritten << ".";
+  }
+
+  return rec.str();
+}
+
 void run_advise(const AdviseOptions& o) {
   nn::GPTConfig cfg{.vocab = o.vocab, .block = o.block, .embd = o.embd, .heads = o.heads, .layers = o.layers,
                     .dropout = 0.0, .bias = true, .tied_head = false};
@@ -197,51 +247,7 @@ void run_advise(const AdviseOptions& o) {
     rows.push_back(r);
   }
 
-  // The recommendation: the fastest device that fits, the most tokens per joule, what doesn't fit.
-  const Row* fastest = nullptr;
-  const Row* thrifty = nullptr;
-  std::vector<const Row*> misfits;
-  for (auto& r : rows) {
-    if (!r.p.fits) {
-      misfits.push_back(&r);
-      continue;
-    }
-    if (!fastest || r.p.tokens_per_s > fastest->p.tokens_per_s) fastest = &r;
-    if (r.p.tokens_per_joule > 0 && (!thrifty || r.p.tokens_per_joule > thrifty->p.tokens_per_joule)) thrifty = &r;
-  }
-  std::ostringstream rec;
-  if (!fastest) {
-    rec << "No device fits batch " << o.batch << ".";
-    const Row* most = nullptr;
-    for (auto& r : rows)
-      if (!most || r.p.max_batch > most->p.max_batch) most = &r;
-    if (most && most->p.max_batch > 0)
-      rec << " The largest batch fits on " << most->dev.name << " (" << most->p.max_batch << "); lower --batch, use "
-          << "--dtype bfloat16 or more data-parallel devices.";
-  } else {
-    rec << "Fastest: " << fastest->dev.name << " at " << human_rate(fastest->p.tokens_per_s) << " tokens/s ("
-        << human_time(fastest->p.step_s) << " per step, bound by " << advise::bottleneck_name(fastest->p.bottleneck) << ").";
-    if (thrifty && thrifty != fastest)
-      rec << " Most tokens per joule: " << thrifty->dev.name << " (" << human_rate(thrifty->p.tokens_per_joule) << "/J vs "
-          << human_rate(fastest->p.tokens_per_joule) << "/J).";
-    for (auto& r : rows)
-      if (r.p.fits && r.p.bottleneck == advise::Bottleneck::Launch) {
-        rec << " This model is small: launch overhead dominates on " << r.dev.name << " and the like, so a larger batch is nearly free there.";
-        break;
-      }
-    if (dtype == DType::Float32)
-      rec << " Tensor cores and TPU matrix units need bfloat16/float16 to reach their peak: try --dtype bfloat16.";
-  }
-  if (!misfits.empty()) {
-    rec << " Does not fit at batch " << o.batch << ":";
-    for (auto* r : misfits) rec << " " << r->dev.name << " (max batch " << r->p.max_batch << ")";
-    rec << ".";
-    std::string rewritten;
-    for (auto* r : misfits)
-      if (r->rw && r->rw->at.fits) rewritten += (rewritten.empty() ? " " : "; ") + r->dev.name + ": " + how_it_fits(r->rw->at);
-    if (!rewritten.empty())
-      rec << " With the rewrites (train with --memory-budget, and --micro-batches auto where it says micro-batches):" << rewritten << ".";
-  }
+  const std::string rec = recommendation(rows, o, dtype);
 
   if (o.json) {
     nlohmann::json j;
@@ -269,7 +275,7 @@ void run_advise(const AdviseOptions& o) {
                                        {"at_batch", {{"fits", rw->at.fits}, {"micro_batches", rw->at.micro_batches},
                                                      {"recomputed_steps", rw->at.recomputed_steps}, {"unstacked_slices", rw->at.unstacked_slices}, {"peak_bytes", rw->at.peak_bytes},
                                                      {"step_s", rw->at.step_s}, {"slowdown", rw->at.slowdown()}}}};
-    j["recommendation"] = rec.str();
+    j["recommendation"] = rec;
     std::printf("%s\n", j.dump(2).c_str());
   } else {
     std::printf("GPT %lld layers, %lld heads, embd %lld, block %lld, vocab %lld; AdamW training step at batch %lld, %s%s\n",
@@ -295,7 +301,7 @@ void run_advise(const AdviseOptions& o) {
     if (o.tensor_parallel > 1) print_tensor_parallel(rows, o);
     else print_data_parallel(rows, o);
     if (budget) print_rewrites(rows, *budget, o);
-    std::printf("\n%s\n", rec.str().c_str());
+    std::printf("\n%s\n", rec.c_str());
   }
 
   if (o.validate) {
