@@ -1,6 +1,7 @@
 // The pjrt backend (src/backends/pjrt/): its PJRT loader against broken plugins and XLA's CPU
-// plugin on hand-written StableHLO, then whole programs through the backend plugin against the
-// cpu backend. XLA's CPU plugin is the one scripts/run unpacks into the build folder; without it
+// plugin on hand-written StableHLO; collectives emitted as StableHLO and run on 2 and 3 replicas of
+// XLA's CPU plugin (its cpu_device_count option) against reference::evaluate_ranks; then whole
+// programs through the backend plugin against the cpu backend. XLA's CPU plugin is the one scripts/run unpacks into the build folder; without it
 // these tests skip, and fail when CI=true.
 #include <gtest/gtest.h>
 
