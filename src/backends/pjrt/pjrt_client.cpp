@@ -252,6 +252,8 @@ std::vector<std::vector<BufferPtr>> LoadedProgram::execute_replicas(const std::v
                                                                     const std::vector<TensorType>& outputs) const {
   const api::Api& a = plugin_.api();
   const size_t n = args.size();
+  if (outputs.size() != num_outputs_)  // the plugin writes num_outputs_ per replica
+    fail("pjrt", "the program has " + std::to_string(num_outputs_) + " results, " + std::to_string(outputs.size()) + " types given", "");
   auto opts = api::args<api::ExecuteOptions>();
   std::vector<api::Buffer* const*> arg_lists;
   std::vector<std::vector<api::Buffer*>> outs(n, std::vector<api::Buffer*>(outputs.size(), nullptr));
