@@ -403,6 +403,8 @@ int64_t GptWorkloads::max_slice_rows(const DeviceSpec& target, DType dtype, int6
 }
 
 Fit GptWorkloads::fit(int64_t batch, const DeviceSpec& target, DType dtype, const Options& o) {
+  if (o.tensor_parallel > 1)
+    fail("advise", "the memory budget's rewrites are not priced with tensor parallelism yet (whole replicas only)", "");
   const double capacity = target.capacity_bytes();
   Fit f;
   f.batch = batch;
