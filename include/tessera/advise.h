@@ -90,6 +90,10 @@ struct StepCost {
   // Its output's dtype; a Gemm's its operands' (bfloat16/float16: matrix-unit and 16-bit vector rates).
   DType dtype = DType::Float32;
   double flops = 0, bytes = 0;   // the compiler's Step cost on the target (bytes of its layout)
+  // The share of its flops (of its sources, by count where they have none) computed inside a
+  // GPT block's attention or MLP (scope ".attn" / ".mlp", backward included): the part tensor
+  // parallelism splits over its M devices (Megatron: heads and hidden units).
+  double split_fraction = 0;
   int64_t batch = 1, m = 0, n = 0, k = 0;  // Gemm: out[batch.., m, n] = [m, k] @ [k, n]
 };
 
@@ -106,6 +110,13 @@ struct Workload {
   // Held on the device beside the graph and not read by it: a micro-batch slice's optimizer
   // moments and the gradients later slices read (0 for a whole step, which reads everything).
   double beside_bytes = 0;
+  // Tensor parallelism (Options::tensor_parallel), for a GPT's step (0 for other workloads):
+  int64_t tp_blocks = 0;            // transformer blocks, each with 2 all-reduces forward, 2 backward
+  int64_t tp_heads = 0;             // attention heads (the split must divide them)
+  double tp_activation_bytes = 0;   // one all-reduce's buffer: B x T x C float32 (autocast's products are float32)
+  double tp_split_param_bytes = 0;  // weights of the split matrices (qkv, attn proj, fc, mlp proj) and the
+                                    // column-split biases: each device keeps 1/M of them, their
+                                    // gradients and their moments
   // Compiled under a memory budget the compiler could not meet (the plan is then empty).
   bool over_budget = false;
   // What the device holds during the step: the plan's parameters plus what the run allocates
@@ -128,6 +139,14 @@ struct Options {
   // The ring all-reduce becomes a reduce-scatter of the gradients and an all-gather of the updated
   // weights: the same bytes on the link, so the same time; the state's (R-1)/R leaves each replica.
   bool zero1 = false;
+  // Tensor parallel (Megatron's column-then-row split of each block's attention and MLP) over M
+  // of the devices: the data_parallel * device.replicas devices form a 2-D mesh of
+  // (devices / M) data-parallel replicas x M. Each block adds 2 all-reduces of B x T x C
+  // activations in the forward and 2 in the backward over the M devices' interconnect (ring, not
+  // overlapped); the split Steps' time and the split matrices' weights and moments are divided by
+  // M; the gradient all-reduce runs over the devices / M replicas with 1/M of the split gradients.
+  // GPT workloads only (Workload::tp_blocks); M must divide the devices and the heads.
+  int tensor_parallel = 1;
 };
 
 // Time of one Step on one replica (seconds), and what bounds it.
@@ -147,9 +166,14 @@ struct Prediction {
   double tokens_per_s = 0;    // all replicas
   double tokens_per_joule = 0;  // 0: power unknown
   int64_t max_batch = 0;      // global batch (all replicas); 0: not searched / none fits
-  int replicas = 1;           // data_parallel * the device's replicas
-  // Weak-scaling efficiency: one replica's step at the same per-replica batch (no communication)
-  // over this step; tokens/s is replicas * efficiency times one replica's.
+  int replicas = 1;           // data_parallel * the device's replicas (devices, all of the mesh)
+  int tensor_parallel = 1;    // M: devices per tensor-parallel group (replicas / M data-parallel replicas)
+  double tp_comm_s = 0;       // of comm_s: the blocks' activation all-reduces (4 per block)
+  double tp_allreduce_bytes = 0;  // one of them: B x T x C float32 (0 without tensor parallelism)
+  double dp_comm_s = 0;       // of comm_s: the gradient all-reduce over the data-parallel replicas
+  // Weak-scaling efficiency: one device's whole step at the same per-data-parallel-replica batch
+  // (no communication) over M times this step (M = 1: over this step); tokens/s is replicas x
+  // efficiency times one device's.
   double scaling = 1;
 };
 

@@ -103,30 +103,55 @@ double allreduce_seconds(const DeviceSpec& d, double bytes, int n) {
 
 Prediction predict(const DeviceSpec& d, const Workload& w, const Options& o) {
   if (o.data_parallel < 1) fail("advise", "data parallelism must be at least 1", "");
+  const int replicas = o.data_parallel * d.replicas, M = o.tensor_parallel;
+  if (M < 1) fail("advise", "tensor parallelism must be at least 1", "");
+  if (M > 1) {
+    if (w.tp_blocks == 0) fail("advise", "tensor parallelism is priced for a GPT's step only (GptWorkloads)", "");
+    if (replicas % M)
+      fail("advise", "--tensor-parallel " + std::to_string(M) + " does not divide the " + std::to_string(replicas) + " devices of " +
+                         (o.data_parallel > 1 ? std::to_string(o.data_parallel) + " x " : "") + "'" + d.name + "'", "");
+    if (w.tp_heads % M)
+      fail("advise", "--tensor-parallel " + std::to_string(M) + " does not divide the model's " + std::to_string(w.tp_heads) + " heads", "");
+  }
   Prediction p;
   p.device = d.name;
+  p.replicas = replicas;
+  p.tensor_parallel = M;
+  double whole = 0;  // one device's step without tensor parallelism (the scaling's reference)
   for (const StepCost& s : w.steps) {
     Bottleneck why;
-    double t = step_seconds(d, s, &why);
+    whole += step_seconds(d, s, nullptr);
+    StepCost mine = s;  // this device's share: 1/M of the split part
+    const double keep = 1 - s.split_fraction + s.split_fraction / M;
+    mine.flops *= keep;
+    mine.bytes *= keep;
+    double t = step_seconds(d, mine, &why);
     (why == Bottleneck::Compute ? p.compute_s : why == Bottleneck::Memory ? p.memory_s : p.launch_s) += t;
   }
-  const int replicas = o.data_parallel * d.replicas;
-  p.replicas = replicas;
-  p.comm_s = allreduce_seconds(d, w.grad_bytes, replicas);
+  const int dp = replicas / M;
+  if (M > 1) {
+    p.tp_allreduce_bytes = w.tp_activation_bytes;
+    p.tp_comm_s = 4.0 * double(w.tp_blocks) * allreduce_seconds(d, w.tp_activation_bytes, M);
+  }
+  p.dp_comm_s = allreduce_seconds(d, w.grad_bytes - w.tp_split_param_bytes * (M - 1) / M, dp);
+  p.comm_s = p.tp_comm_s + p.dp_comm_s;
   p.trace_s = d.add_trace_time ? w.trace_s : 0;
   p.launch_s += p.trace_s;  // host-side overhead, like launching
+  whole += p.trace_s;
   p.step_s = p.compute_s + p.memory_s + p.launch_s + p.comm_s;
   double best = p.compute_s;
   p.bottleneck = Bottleneck::Compute;
   if (p.memory_s > best) best = p.memory_s, p.bottleneck = Bottleneck::Memory;
   if (p.launch_s > best) best = p.launch_s, p.bottleneck = Bottleneck::Launch;
   if (p.comm_s > best) best = p.comm_s, p.bottleneck = Bottleneck::Communication;
-  p.scaling = p.step_s > 0 ? (p.step_s - p.comm_s) / p.step_s : 1;
-  p.peak_bytes = w.footprint_bytes();
-  if (o.zero1) p.peak_bytes -= w.state_bytes * (replicas - 1) / replicas;
+  p.scaling = p.step_s > 0 ? whole / (M * p.step_s) : 1;
+  // Weights + 2 moments of the split matrices: 1/M each (float32, as the plan holds them).
+  p.peak_bytes = w.footprint_bytes() - 3 * w.tp_split_param_bytes * (M - 1) / M;
+  const double state = w.state_bytes - 2 * w.tp_split_param_bytes * (M - 1) / M;
+  if (o.zero1) p.peak_bytes -= state * (dp - 1) / dp;
   p.capacity_bytes = d.capacity_bytes();
   p.fits = p.peak_bytes <= p.capacity_bytes;
-  p.tokens_per_s = p.step_s > 0 ? w.tokens * replicas / p.step_s : 0;
+  p.tokens_per_s = p.step_s > 0 ? w.tokens * dp / p.step_s : 0;
   p.tokens_per_joule = d.power_w > 0 ? p.tokens_per_s / (d.power_w * replicas) : 0;
   return p;
 }
@@ -143,6 +168,21 @@ kir::Target target_of(const DeviceSpec& d, DType dtype) {
   t.tile_rows = d.layout_tile_rows;
   t.tile_cols = d.layout_tile_cols;
   return t;
+}
+
+// Whether a scope is inside a GPT block's attention or MLP ("GPT.blocks.3.attn", "...mlp.fc.backward").
+bool split_scope(const std::string& scope) {
+  return scope.find(".attn") != std::string::npos || scope.find(".mlp") != std::string::npos;
+}
+
+// The share of a Step's flops (by count where its sources have none) in split scopes.
+double split_fraction(const kir::Step& st) {
+  double all = 0, split = 0, n = 0, ns = 0;
+  for (const kir::Source& s : st.sources) {
+    all += s.flops, n += 1;
+    if (split_scope(s.scope)) split += s.flops, ns += 1;
+  }
+  return all > 0 ? split / all : n > 0 ? ns / n : 0;
 }
 
 // Compiles the requests for `target` (null: their own device) into a Workload.
@@ -170,6 +210,7 @@ Workload compile_workload(const std::vector<runtime::Request>& req, const Device
       c.dtype = st.input_dtypes[0];  // autocast's product: 16-bit operands (float32 accumulation)
     c.flops = st.cost.flops;
     c.bytes = st.cost.bytes;
+    c.split_fraction = split_fraction(st);
     if (c.gemm && st.shape.size() >= 2 && !st.maps.empty() && !st.maps[0].shape().empty()) {
       c.m = st.shape[st.shape.size() - 2];
       c.n = st.shape.back();
@@ -279,6 +320,16 @@ const Workload& GptWorkloads::trace_and_compile(int64_t batch, const DeviceSpec*
   w.batch = batch;
   w.tokens = double(batch * cfg_.block);
   for (auto& p : st_->opt->params()) w.grad_bytes += double(props.buffer_bytes(p.shape(), p.dtype()));
+  // Tensor parallelism's figures: Megatron splits qkv and fc by columns (their biases too) and the
+  // projections by rows (their biases replicated).
+  w.tp_blocks = cfg_.layers;
+  w.tp_heads = cfg_.heads;
+  w.tp_activation_bytes = double(batch * cfg_.block * cfg_.embd) * 4;
+  for (auto& [name, t] : st_->model->named_parameters()) {
+    const bool in_block = name.find(".attn.") != std::string::npos || name.find(".mlp.") != std::string::npos;
+    const bool row_bias = name.size() >= 9 && name.compare(name.size() - 9, 9, "proj.bias") == 0;
+    if (in_block && !row_bias) w.tp_split_param_bytes += double(props.buffer_bytes(t.shape(), t.dtype()));
+  }
   for (auto& [name, t] : st_->opt->state_dict())  // per-parameter state; not the scalars (step, learning rates)
     if (t.dim() > 0) w.state_bytes += double(props.buffer_bytes(t.shape(), t.dtype()));
   if (graph == Graph::Slice) {  // beside it: AdamW's moments and the gradients the later slices read
@@ -352,6 +403,8 @@ int64_t GptWorkloads::max_slice_rows(const DeviceSpec& target, DType dtype, int6
 }
 
 Fit GptWorkloads::fit(int64_t batch, const DeviceSpec& target, DType dtype, const Options& o) {
+  if (o.tensor_parallel > 1)
+    fail("advise", "the memory budget's rewrites are not priced with tensor parallelism yet (whole replicas only)", "");
   const double capacity = target.capacity_bytes();
   Fit f;
   f.batch = batch;

@@ -28,6 +28,7 @@ StableHLOExport export_stablehlo(const std::vector<Request>& requests) {
   stablehlo::Program p = stablehlo::emit(g, {e.aliases});
   e.text = std::move(p.text);
   e.rng = p.rng;
+  e.replicas = int(p.replicas);
   e.outputs = p.outputs;
   e.index_checks = int(p.index_checks.size());
   return e;

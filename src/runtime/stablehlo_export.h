@@ -17,6 +17,7 @@ struct StableHLOExport {
   bool rng = false;      // @main takes {seed, offset} last
   int outputs = 0;       // results: the requests' values, then index_checks check values
   int index_checks = 0;
+  int replicas = 1;      // the collectives' group size (stablehlo::Program::replicas)
   std::vector<ir::NodePtr> arguments;  // ir::Graph::params (realized leaves), in order
   std::vector<std::pair<int, int>> aliases;        // (argument, output)
 };

@@ -17,6 +17,7 @@ StableHLOModule export_stablehlo(const std::vector<Tensor>& outputs) {
   m.rng_state = detail::rng_state();
   m.outputs = e.outputs;
   m.index_checks = e.index_checks;
+  m.replicas = e.replicas;
   m.aliases = std::move(e.aliases);
   return m;
 }

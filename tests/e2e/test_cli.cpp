@@ -804,6 +804,38 @@ TEST(Cli, AdviseDataParallelSectionAndZeroOneNeedsReplicas) {
   expect_clean_error(cli(cat(kAdviseTiny, {"--devices", "t4", "--zero1"}), dir.path()), "zero1 without replicas");
 }
 
+// --tensor-parallel 2: the tensor-parallel section (mesh, activation all-reduces, scaling), the
+// JSON's tensor-parallel communication, less memory per device than data parallel at the same
+// per-replica batch (tpu-v3-8: 4 x 2 against 8 replicas, both 1 row each); splits that do not
+// divide the devices or the heads, and a memory budget, are refused.
+TEST(Cli, AdviseTensorParallelSectionAndRefusals) {
+  TempDir dir;
+  Result r = cli(cat(kAdviseTiny, {"--devices", "t4x2,tpu-v3-8", "--no-max-batch", "--tensor-parallel", "2"}), dir.path());
+  ASSERT_TRUE(r.exited && r.code == 0) << r.describe();
+  for (const char* s : {"Tensor parallel over 2 devices", "DP x TP", "4 x 2", "1 x 2", "TP COMM", "DP COMM", "SCALING"})
+    EXPECT_NE(r.out.find(s), std::string::npos) << s << "\n" << r.out;
+  auto run_json = [&](std::vector<std::string> extra) {
+    Result j = cli(cat(cat(kAdviseTiny, {"--devices", "tpu-v3-8", "--no-max-batch", "--json"}), extra), dir.path());
+    EXPECT_TRUE(j.exited && j.code == 0) << j.describe();
+    return json::parse(j.out)["devices"][0];
+  };
+  json dp = run_json({}), tp = run_json({"--tensor-parallel", "2"});
+  EXPECT_DOUBLE_EQ(tp["tensor_parallel_allreduce_bytes"].get<double>(), 1.0 * 16 * 32 * 4);  // B_local 1 x T 16 x C 32 float32
+  EXPECT_GT(tp["tensor_parallel_communication_s"].get<double>(), 0);
+  EXPECT_DOUBLE_EQ(dp["tensor_parallel_communication_s"].get<double>(), 0);
+  EXPECT_LT(tp["peak_bytes"].get<double>(), dp["peak_bytes"].get<double>());
+  const double scaling = tp["scaling_efficiency"].get<double>();
+  EXPECT_GT(scaling, 0);
+  EXPECT_LT(scaling, 1);
+  Result bad = cli(cat(kAdviseTiny, {"--devices", "tpu-v3-8", "--tensor-parallel", "3", "--no-max-batch"}), dir.path());
+  EXPECT_NE(bad.err.find("--tensor-parallel 3 does not divide the 8 devices of 'tpu-v3-8'"), std::string::npos) << bad.describe();
+  expect_clean_error(bad, "tensor parallel 3");
+  bad = cli(cat(kAdviseTiny, {"--devices", "tpu-v3-8", "--tensor-parallel", "4", "--no-max-batch"}), dir.path());
+  EXPECT_NE(bad.err.find("does not divide the model's 2 heads"), std::string::npos) << bad.describe();
+  expect_clean_error(cli(cat(kAdviseTiny, {"--devices", "t4x2", "--tensor-parallel", "2", "--memory-budget", "auto"}), dir.path()),
+                     "tensor parallel with a budget");
+}
+
 // --memory-budget: what rematerialization and micro-batches fit. A budget below batch 8's own
 // footprint (a block of 64: activations outweigh the parameters) is met by a rewrite whose
 // footprint is under it and which costs time; a tiny one leaves nothing that fits; a fraction is

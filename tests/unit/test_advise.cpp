@@ -158,6 +158,63 @@ TEST(CostModel, ScalingEfficiencyAndZeroOneMemory) {
   EXPECT_DOUBLE_EQ(predict(d, w, {.zero1 = true}).peak_bytes, 3e9) << "one replica holds all of the state";
 }
 
+// Tensor parallel by hand: 4 devices as 2 data-parallel replicas x 2, a GPT of 2 blocks whose
+// all-reduced activation is B x T x C = 8 x 128 x 256 float32 = 1 MiB.
+TEST(CostModel, TensorParallelPricesMegatronsAllReducesByHand) {
+  DeviceSpec d = round_device();
+  Workload w;
+  StepCost split = gemm(512, 512, 512), whole = gemm(64, 64, 64);
+  split.split_fraction = 1;
+  w.steps = {split, whole};
+  w.tokens = 8 * 128;
+  w.grad_bytes = 1e9;
+  w.state_bytes = 2e9;
+  w.plan.param_bytes = 3000000000;
+  w.tp_blocks = 2;
+  w.tp_heads = 4;
+  w.tp_activation_bytes = 8.0 * 128 * 256 * 4;  // 1048576 bytes
+  w.tp_split_param_bytes = 6e8;
+  Prediction p = predict(d, w, {.data_parallel = 4, .tensor_parallel = 2});
+  EXPECT_EQ(p.replicas, 4);
+  EXPECT_EQ(p.tensor_parallel, 2);
+  EXPECT_DOUBLE_EQ(p.tp_allreduce_bytes, 1048576);
+  // One all-reduce over the 2 devices: 2(2-1) = 2 hops of 10 us, 2(2-1)/2 = 1 x 1 MiB at 10 GB/s;
+  // 4 per block (2 forward, 2 backward), 2 blocks.
+  const double one_allreduce = 2e-5 + 1048576 / 1e10;
+  EXPECT_NEAR(p.tp_comm_s, 8 * one_allreduce, 1e-15);
+  EXPECT_NEAR(p.tp_comm_s, 9.988608e-4, 1e-12);
+  // The gradients over the 2 data-parallel replicas: 1e9 less half of the split 6e8 = 7e8 bytes.
+  EXPECT_NEAR(p.dp_comm_s, 2e-5 + 7e8 / 1e10, 1e-12);
+  EXPECT_NEAR(p.comm_s, p.tp_comm_s + p.dp_comm_s, 1e-15);
+  // The split GEMM at half its flops (2 x 512^3 / 2, float32: the vector rate 1 TFLOP/s x 0.5), the other whole.
+  StepCost half = split;
+  half.flops /= 2;
+  const double compute = step_seconds(d, half) + step_seconds(d, whole);
+  EXPECT_NEAR(step_seconds(d, half), 512.0 * 512 * 512 / 5e11 + 1e-6, 1e-15);
+  EXPECT_NEAR(p.step_s, compute + p.comm_s, 1e-12);
+  // Scaling: one device's whole step over M times this one; tokens/s: 2 replicas' tokens.
+  const double one_device = step_seconds(d, split) + step_seconds(d, whole);
+  EXPECT_NEAR(p.scaling, one_device / (2 * p.step_s), 1e-12);
+  EXPECT_NEAR(p.tokens_per_s, 2 * 8 * 128 / p.step_s, 1e-6);
+  // Memory: the split matrices' weights and two moments halve: 3e9 - 3 x 6e8 / 2.
+  EXPECT_DOUBLE_EQ(p.peak_bytes, 3e9 - 9e8);
+  // ZeRO-1 on top shards the state left (2e9 - 6e8) over the 2 data-parallel replicas.
+  EXPECT_DOUBLE_EQ(predict(d, w, {.data_parallel = 4, .zero1 = true, .tensor_parallel = 2}).peak_bytes, 3e9 - 9e8 - 1.4e9 / 2);
+  // Tensor parallel 1 is the data-parallel prediction.
+  Prediction dp = predict(d, w, {.data_parallel = 4});
+  EXPECT_DOUBLE_EQ(dp.tp_comm_s, 0);
+  EXPECT_NEAR(dp.scaling, one_device / dp.step_s, 1e-12);
+  EXPECT_NEAR(dp.comm_s, 6e-5 + 0.15, 1e-12);
+  // Refusals: a split that does not divide the devices or the heads; a workload that is not a GPT's.
+  std::string e = testing::error_message([&] { predict(d, w, {.data_parallel = 4, .tensor_parallel = 3}); });
+  EXPECT_NE(e.find("--tensor-parallel 3 does not divide the 4 devices of 4 x 'round'"), std::string::npos) << e;
+  e = testing::error_message([&] { predict(d, w, {.data_parallel = 8, .tensor_parallel = 8}); });
+  EXPECT_NE(e.find("--tensor-parallel 8 does not divide the model's 4 heads"), std::string::npos) << e;
+  w.tp_blocks = 0;
+  e = testing::error_message([&] { predict(d, w, {.data_parallel = 2, .tensor_parallel = 2}); });
+  EXPECT_NE(e.find("tensor parallelism is priced for a GPT's step only"), std::string::npos) << e;
+}
+
 TEST(Workload, GemmStepsCarryMNKFromTheCompiledPlan) {
   Tensor a = testing::random_tensor({2, 3, 5}, DType::Float32, 1), b = testing::random_tensor({2, 5, 7}, DType::Float32, 2);
   sync();
@@ -181,6 +238,31 @@ TEST(Workload, GemmStepsCarryMNKFromTheCompiledPlan) {
 
 nn::GPTConfig tiny_gpt(int64_t layers = 1, int64_t embd = 32, int64_t block = 16, int64_t vocab = 28) {
   return {.vocab = vocab, .block = block, .embd = embd, .heads = 2, .layers = layers, .dropout = 0.0, .bias = true, .tied_head = false};
+}
+
+// The GPT's tensor-parallel figures: the activation all-reduced, the split matrices' bytes (qkv
+// and fc with their biases, both projections' weights) by hand, and the blocks' Steps marked.
+TEST(GptWorkloads, TensorParallelFiguresOfTheGpt) {
+  GptWorkloads g(tiny_gpt());  // embd 32, block 16, 1 layer, 2 heads
+  const Workload& w = g.at(3);
+  EXPECT_EQ(w.tp_blocks, 1);
+  EXPECT_EQ(w.tp_heads, 2);
+  EXPECT_DOUBLE_EQ(w.tp_activation_bytes, 3.0 * 16 * 32 * 4);
+  // qkv 32 x 96 + 96, attn proj 32 x 32, fc 32 x 128 + 128, mlp proj 128 x 32: float32.
+  EXPECT_DOUBLE_EQ(w.tp_split_param_bytes, (32.0 * 96 + 96 + 32 * 32 + 32 * 128 + 128 + 128 * 32) * 4);
+  double split = 0, all = 0;
+  int gemms_split = 0;
+  for (const StepCost& s : w.steps) {
+    EXPECT_GE(s.split_fraction, 0);
+    EXPECT_LE(s.split_fraction, 1);
+    split += s.flops * s.split_fraction;
+    all += s.flops;
+    if (s.gemm && s.split_fraction == 1) ++gemms_split;
+  }
+  // Forward and backward of qkv, the two attention products, proj, fc and proj: at least 7 x 2.
+  EXPECT_GE(gemms_split, 14);
+  EXPECT_GT(split, 0.5 * all) << "the blocks' products are most of the step's flops";
+  EXPECT_LT(split, all) << "the head, embeddings and update are not split";
 }
 
 TEST(GptWorkloads, CompilesWithoutRunningAndRestoresTheModel) {

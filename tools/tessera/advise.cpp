@@ -26,6 +26,7 @@ struct AdviseOptions {
   std::string dtype = "float32";
   std::string memory_budget;  // "auto": each device's usable memory; bytes: at most that much
   int64_t data_parallel = 1;
+  int64_t tensor_parallel = 1;
   bool zero1 = false;
   bool json = false, validate = false, no_max_batch = false, recalibrate = false;
 };
@@ -41,8 +42,9 @@ struct Rewrites {
 struct Row {
   advise::DeviceSpec dev;
   advise::Prediction p;
-  int64_t per_replica = 0, replicas = 1;
+  int64_t per_replica = 0, replicas = 1;  // per data-parallel replica; devices (all of the mesh)
   double grad_bytes = 0;  // all-reduced per step
+  int64_t layers = 0;     // blocks (tensor parallel: 4 activation all-reduces each)
   std::optional<Rewrites> rw;
 };
 
@@ -107,6 +109,30 @@ void print_data_parallel(const std::vector<Row>& rows, const AdviseOptions& o) {
   }
 }
 
+// Tensor parallel: the blocks' activation all-reduces, the gradient all-reduce left, the scaling.
+void print_tensor_parallel(const std::vector<Row>& rows, const AdviseOptions& o) {
+  if (o.tensor_parallel < 2) return;
+  std::printf("\nTensor parallel over %lld devices (Megatron: attention and MLP split column-then-row), a mesh of devices / %lld "
+              "data-parallel replicas x %lld: per block 2 all-reduces of the B x T x C activations (float32) in the forward and 2 in "
+              "the backward, ring over the link, not overlapped; the split matrices' time, weights and moments / %lld.\n"
+              "SCALING: one device's whole step at the same per-replica batch over %lld x this step.\n",
+              (long long)o.tensor_parallel, (long long)o.tensor_parallel, (long long)o.tensor_parallel, (long long)o.tensor_parallel,
+              (long long)o.tensor_parallel);
+  std::printf("%-12s %9s %-40s %12s %11s %11s %6s %8s\n", "DEVICE", "DP x TP", "LINK (PER DIRECTION, ACHIEVABLE)", "ALL-REDUCE",
+              "TP COMM", "DP COMM", "SHARE", "SCALING");
+  for (auto& r : rows) {
+    char mesh[32], link[96], share[16], scaling[16];
+    std::snprintf(mesh, sizeof mesh, "%lld x %lld", (long long)(r.replicas / o.tensor_parallel), (long long)o.tensor_parallel);
+    std::snprintf(link, sizeof link, "%s %s/s x %.2f", r.dev.link.empty() ? "link" : r.dev.link.c_str(),
+                  human_bytes(r.dev.link_bw).c_str(), r.dev.link_eff);
+    std::snprintf(share, sizeof share, "%.0f%%", r.p.step_s > 0 ? 100 * r.p.comm_s / r.p.step_s : 0.0);
+    std::snprintf(scaling, sizeof scaling, "%.0f%%", 100 * r.p.scaling);
+    std::printf("%-12s %9s %-40s %12s %11s %11s %6s %8s\n", r.dev.name.c_str(), mesh, link,
+                (std::to_string(4 * r.layers) + " x " + human_bytes(r.p.tp_allreduce_bytes)).c_str(), human_time(r.p.tp_comm_s).c_str(),
+                human_time(r.p.dp_comm_s).c_str(), share, scaling);
+  }
+}
+
 void print_rewrites(const std::vector<Row>& rows, size_t budget, const AdviseOptions& o) {
   std::printf("\nWith the memory budget's rewrites (budget: %s):\n"
               "REMAT MAX: the largest batch run as one graph under the budget (batch unstacking, rematerialization; slowdown against that batch unbudgeted);\n"
@@ -122,48 +148,8 @@ void print_rewrites(const std::vector<Row>& rows, size_t budget, const AdviseOpt
   }
 }
 
-void run_advise(const AdviseOptions& o) {
-  nn::GPTConfig cfg{.vocab = o.vocab, .block = o.block, .embd = o.embd, .heads = o.heads, .layers = o.layers,
-                    .dropout = 0.0, .bias = true, .tied_head = false};
-  if (o.preset == "gpt2-small") cfg = {.vocab = 50257, .block = 1024, .embd = 768, .heads = 12, .layers = 12,
-                                       .dropout = 0.0, .bias = true, .tied_head = true};
-  else if (!o.preset.empty() && o.preset != "demo") fail("advise", "unknown --preset '" + o.preset + "' (presets: demo, gpt2-small)", "");
-  if (cfg.embd % cfg.heads) fail("advise", "--embd must be a multiple of --heads", "");
-  DType dtype = o.dtype == "bfloat16" ? DType::BFloat16 : DType::Float32;
-
-  std::vector<advise::DeviceSpec> table = advise::builtin_devices();
-  if (!o.device_file.empty())
-    for (auto& d : advise::load_devices_json(o.device_file)) table.push_back(d);
-  std::vector<advise::DeviceSpec> devs;
-  for (auto& name : split_commas(o.devices)) devs.push_back(name == "host" ? advise::host_device(o.recalibrate) : advise::find_device(table, name));
-  if (devs.empty()) fail("advise", "--devices names no device", "");
-
-  const std::optional<size_t> budget = budget_of(o);
-
-  advise::GptWorkloads works(cfg);
-  advise::Options opts{.data_parallel = int(o.data_parallel), .zero1 = o.zero1};
-  if (o.zero1 && std::all_of(devs.begin(), devs.end(), [&](auto& d) { return o.data_parallel * d.replicas == 1; }))
-    fail("advise", "--zero1 shards the optimizer state over data-parallel replicas: give --data-parallel N (N > 1) or a board "
-         "such as tpu-v3-8 or t4x2", "");
-  std::vector<Row> rows;
-  for (auto& d : devs) {
-    Row r;
-    r.dev = d;
-    if (budget && *budget && *budget < d.capacity_bytes()) r.dev.usable_bytes = double(*budget);
-    r.replicas = o.data_parallel * d.replicas;
-    r.per_replica = (o.batch + r.replicas - 1) / r.replicas;
-    const advise::Workload& w = works.at(r.per_replica, r.dev, dtype);  // the device's own plan
-    r.p = advise::predict(r.dev, w, opts);
-    r.grad_bytes = w.grad_bytes;
-    // ZeRO-1 frees (R-1)/R of the optimizer state whatever the batch: the searches see it as room.
-    advise::DeviceSpec room = r.dev;
-    if (o.zero1) room.usable_bytes = r.dev.capacity_bytes() + w.state_bytes * double(r.replicas - 1) / double(r.replicas);
-    if (!o.no_max_batch) r.p.max_batch = works.max_batch(room, dtype) * r.replicas;
-    if (budget) r.rw = rewrites_on(works, room, r, dtype, opts);
-    rows.push_back(r);
-  }
-
-  // The recommendation: the fastest device that fits, the most tokens per joule, what doesn't fit.
+// The recommendation: the fastest device that fits, the most tokens per joule, what doesn't fit.
+std::string recommendation(const std::vector<Row>& rows, const AdviseOptions& o, DType dtype) {
   const Row* fastest = nullptr;
   const Row* thrifty = nullptr;
   std::vector<const Row*> misfits;
@@ -209,6 +195,60 @@ void run_advise(const AdviseOptions& o) {
       rec << " With the rewrites (train with --memory-budget, and --micro-batches auto where it says micro-batches):" << rewritten << ".";
   }
 
+  return rec.str();
+}
+
+void run_advise(const AdviseOptions& o) {
+  nn::GPTConfig cfg{.vocab = o.vocab, .block = o.block, .embd = o.embd, .heads = o.heads, .layers = o.layers,
+                    .dropout = 0.0, .bias = true, .tied_head = false};
+  if (o.preset == "gpt2-small") cfg = {.vocab = 50257, .block = 1024, .embd = 768, .heads = 12, .layers = 12,
+                                       .dropout = 0.0, .bias = true, .tied_head = true};
+  else if (!o.preset.empty() && o.preset != "demo") fail("advise", "unknown --preset '" + o.preset + "' (presets: demo, gpt2-small)", "");
+  if (cfg.embd % cfg.heads) fail("advise", "--embd must be a multiple of --heads", "");
+  DType dtype = o.dtype == "bfloat16" ? DType::BFloat16 : DType::Float32;
+
+  std::vector<advise::DeviceSpec> table = advise::builtin_devices();
+  if (!o.device_file.empty())
+    for (auto& d : advise::load_devices_json(o.device_file)) table.push_back(d);
+  std::vector<advise::DeviceSpec> devs;
+  for (auto& name : split_commas(o.devices)) devs.push_back(name == "host" ? advise::host_device(o.recalibrate) : advise::find_device(table, name));
+  if (devs.empty()) fail("advise", "--devices names no device", "");
+
+  const std::optional<size_t> budget = budget_of(o);
+
+  advise::GptWorkloads works(cfg);
+  advise::Options opts{.data_parallel = int(o.data_parallel), .zero1 = o.zero1, .tensor_parallel = int(o.tensor_parallel)};
+  if (o.tensor_parallel > 1 && budget)
+    fail("advise", "--tensor-parallel with --memory-budget is not modelled yet (the rewrites are priced for whole replicas)", "");
+  if (o.zero1 && std::all_of(devs.begin(), devs.end(), [&](auto& d) { return o.data_parallel * d.replicas == 1; }))
+    fail("advise", "--zero1 shards the optimizer state over data-parallel replicas: give --data-parallel N (N > 1) or a board "
+         "such as tpu-v3-8 or t4x2", "");
+  std::vector<Row> rows;
+  for (auto& d : devs) {
+    Row r;
+    r.dev = d;
+    if (budget && *budget && *budget < d.capacity_bytes()) r.dev.usable_bytes = double(*budget);
+    r.replicas = o.data_parallel * d.replicas;
+    const int64_t dp = r.replicas / o.tensor_parallel;  // predict() refuses a split that does not divide
+    r.per_replica = (o.batch + std::max<int64_t>(dp, 1) - 1) / std::max<int64_t>(dp, 1);
+    r.layers = cfg.layers;
+    const advise::Workload& w = works.at(r.per_replica, r.dev, dtype);  // the device's own plan
+    r.p = advise::predict(r.dev, w, opts);
+    r.grad_bytes = w.grad_bytes;
+    // ZeRO-1 frees (R-1)/R of the optimizer state whatever the batch: the searches see it as room.
+    advise::DeviceSpec room = r.dev;
+    // Tensor parallel frees (M-1)/M of the split matrices' weights and moments, ZeRO-1 (R-1)/R of
+    // the state left: the searches see it as room.
+    const double M = double(o.tensor_parallel), tp_freed = 3 * w.tp_split_param_bytes * (M - 1) / M;
+    const double state = w.state_bytes - 2 * w.tp_split_param_bytes * (M - 1) / M;
+    room.usable_bytes = r.dev.capacity_bytes() + tp_freed + (o.zero1 ? state * double(dp - 1) / double(dp) : 0);
+    if (!o.no_max_batch) r.p.max_batch = works.max_batch(room, dtype) * dp;
+    if (budget) r.rw = rewrites_on(works, room, r, dtype, opts);
+    rows.push_back(r);
+  }
+
+  const std::string rec = recommendation(rows, o, dtype);
+
   if (o.json) {
     nlohmann::json j;
     j["model"] = {{"vocab", cfg.vocab}, {"block", cfg.block}, {"embd", cfg.embd}, {"heads", cfg.heads}, {"layers", cfg.layers}};
@@ -216,6 +256,7 @@ void run_advise(const AdviseOptions& o) {
     j["dtype"] = o.dtype;
     j["data_parallel"] = o.data_parallel;
     j["zero1"] = o.zero1;
+    j["tensor_parallel"] = o.tensor_parallel;
     j["devices"] = nlohmann::json::array();
     for (auto& r : rows)
       j["devices"].push_back({{"device", r.dev.name}, {"description", r.dev.description}, {"replicas", r.replicas},
@@ -224,7 +265,9 @@ void run_advise(const AdviseOptions& o) {
                               {"max_batch", r.p.max_batch}, {"tokens_per_joule", r.p.tokens_per_joule},
                               {"bottleneck", advise::bottleneck_name(r.p.bottleneck)}, {"compute_s", r.p.compute_s},
                               {"memory_s", r.p.memory_s}, {"launch_s", r.p.launch_s}, {"communication_s", r.p.comm_s},
-                              {"link", r.dev.link}, {"gradient_bytes", r.grad_bytes}, {"scaling_efficiency", r.p.scaling}});
+                              {"link", r.dev.link}, {"gradient_bytes", r.grad_bytes}, {"scaling_efficiency", r.p.scaling},
+                              {"tensor_parallel_communication_s", r.p.tp_comm_s}, {"tensor_parallel_allreduce_bytes", r.p.tp_allreduce_bytes},
+                              {"data_parallel_communication_s", r.p.dp_comm_s}});
     for (size_t i = 0; i < rows.size(); ++i)
       if (const auto& rw = rows[i].rw)
         j["devices"][i]["rewrites"] = {{"max_batch_remat", rw->max_remat}, {"remat_slowdown", rw->remat_slowdown},
@@ -232,13 +275,14 @@ void run_advise(const AdviseOptions& o) {
                                        {"at_batch", {{"fits", rw->at.fits}, {"micro_batches", rw->at.micro_batches},
                                                      {"recomputed_steps", rw->at.recomputed_steps}, {"unstacked_slices", rw->at.unstacked_slices}, {"peak_bytes", rw->at.peak_bytes},
                                                      {"step_s", rw->at.step_s}, {"slowdown", rw->at.slowdown()}}}};
-    j["recommendation"] = rec.str();
+    j["recommendation"] = rec;
     std::printf("%s\n", j.dump(2).c_str());
   } else {
     std::printf("GPT %lld layers, %lld heads, embd %lld, block %lld, vocab %lld; AdamW training step at batch %lld, %s%s\n",
                 (long long)cfg.layers, (long long)cfg.heads, (long long)cfg.embd, (long long)cfg.block, (long long)cfg.vocab,
                 (long long)o.batch, o.dtype.c_str(),
-                o.data_parallel > 1 ? (", data parallel over " + std::to_string(o.data_parallel)).c_str() : "");
+                ((o.data_parallel > 1 ? ", data parallel over " + std::to_string(o.data_parallel) : std::string()) +
+                 (o.tensor_parallel > 1 ? ", tensor parallel over " + std::to_string(o.tensor_parallel) : std::string())).c_str());
     std::printf("%-12s %10s %10s %21s %5s %9s %9s %13s\n", "DEVICE", "STEP", "TOKENS/S", "PEAK / CAPACITY", "FITS", "MAX BATCH",
                 "TOKENS/J", "BOTTLENECK");
     for (auto& r : rows) {
@@ -249,10 +293,15 @@ void run_advise(const AdviseOptions& o) {
                   human_rate(r.p.tokens_per_s).c_str(), mem.c_str(), r.p.fits ? "yes" : "NO", mb.c_str(), tpj.c_str(),
                   advise::bottleneck_name(r.p.bottleneck));
     }
-    std::printf("Memory is per device (replica); TPU boards run their cores data parallel (batch split across them).\n");
-    print_data_parallel(rows, o);
+    if (o.tensor_parallel > 1)
+      std::printf("Memory is per device; a board's cores (a TPU v3-8's 8) form the mesh with the other boards' (batch split over "
+                  "the data-parallel replicas, each replica's blocks over %lld devices).\n", (long long)o.tensor_parallel);
+    else
+      std::printf("Memory is per device (replica); TPU boards run their cores data parallel (batch split across them).\n");
+    if (o.tensor_parallel > 1) print_tensor_parallel(rows, o);
+    else print_data_parallel(rows, o);
     if (budget) print_rewrites(rows, *budget, o);
-    std::printf("\n%s\n", rec.str().c_str());
+    std::printf("\n%s\n", rec.c_str());
   }
 
   if (o.validate) {
@@ -294,6 +343,11 @@ void add_advise(CLI::App& app) {
                   "auto (each device's usable memory) or bytes (12GB): also report what rematerialization and micro-batches "
                   "fit under it and their predicted slowdown");
   gpt->add_option("--data-parallel", o->data_parallel, "devices (boards) in data parallel")->capture_default_str()->check(positive());
+  gpt->add_option("--tensor-parallel", o->tensor_parallel,
+                  "devices per tensor-parallel group (Megatron split of attention and MLP); the devices form a mesh of "
+                  "devices/M data-parallel replicas x M")
+      ->capture_default_str()
+      ->check(positive());
   gpt->add_flag("--zero1", o->zero1, "ZeRO-1: shard AdamW's moments over the data-parallel replicas (less memory per replica, same traffic)");
   gpt->add_flag("--json", o->json, "print JSON instead of a table");
   gpt->add_flag("--validate", o->validate, "also run the step on this host and print predicted vs measured time and peak memory");

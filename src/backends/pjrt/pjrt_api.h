@@ -46,9 +46,28 @@ TESSERA_PJRT_SIZE(EventDestroyArgs, event)
 struct EventAwaitArgs { TESSERA_PJRT_HEAD; Event* event; };
 TESSERA_PJRT_SIZE(EventAwaitArgs, event)
 
+// A named option (PJRT_NamedValue): client-creation options such as XLA's CPU plugin's
+// "cpu_device_count" (int64). Only the int64 kind is used here.
+enum class NamedValueType : int32_t { String = 0, Int64, Int64List, Float, Bool };
+struct NamedValue {
+  TESSERA_PJRT_HEAD;
+  const char* name;
+  size_t name_size;
+  NamedValueType type;
+  union {
+    const char* string_value;
+    int64_t int64_value;
+    const int64_t* int64_array_value;
+    float float_value;
+    bool bool_value;
+  };
+  size_t value_size;  // 1 for a scalar
+};
+TESSERA_PJRT_SIZE(NamedValue, value_size)
+
 struct ClientCreateArgs {
   TESSERA_PJRT_HEAD;
-  const void* create_options;  // named values (none passed)
+  const NamedValue* create_options;  // named values (none, or the CPU plugin's device count)
   size_t num_options;
   void* kv_get_callback;
   void* kv_get_user_arg;

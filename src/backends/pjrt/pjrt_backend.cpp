@@ -314,6 +314,9 @@ std::unique_ptr<Executable> PjrtBackend::compile_executable(const ExecutableSpec
   for (size_t k = 0; k < spec.donated.size(); ++k)
     if (spec.donated[k] >= 0) o.aliases.push_back({spec.donated[k], int(k)});
   x->emitted = std::make_shared<const stablehlo::Program>(stablehlo::emit(g, o));
+  if (x->emitted->replicas > 1)  // the runtime refuses these first: pjrt declares no Target::collectives
+    fail("pjrt", "a graph with collectives for " + std::to_string(x->emitted->replicas) +
+                     " ranks: the pjrt backend runs one device's program (its StableHLO runs on replicas through the plugin itself)", "");
   x->program = x->plugin->compile(x->emitted->text);
   pjrt::MemoryStats stats = x->program->memory_stats();
   last_stats_[spec.device] = stats;

@@ -12,9 +12,18 @@ namespace {
 std::string text(const char* s, size_t n) { return s ? std::string(s, n) : std::string(); }
 
 // A serialized xla.CompileOptionsProto: executable_build_options (field 3, length-delimited)
-// holding num_replicas (4) = 1 and num_partitions (5) = 1. The least XLA accepts: with an empty
-// one its CPU client aborts on a replica count of 0. Everything else keeps XLA's defaults.
-const char kCompileOptions[] = {0x1a, 0x04, 0x20, 0x01, 0x28, 0x01};
+// holding num_replicas (4) = R and num_partitions (5) = 1. The least XLA accepts: with an empty
+// one its CPU client aborts on a replica count of 0. Everything else keeps XLA's defaults (the
+// default device assignment: replica r on device r).
+std::string compile_options(int64_t replicas) {
+  std::string varint;
+  for (uint64_t v = uint64_t(replicas); ; v >>= 7) {
+    if (v < 0x80) { varint += char(v); break; }
+    varint += char((v & 0x7f) | 0x80);
+  }
+  std::string inner = std::string(1, 0x20) + varint + std::string{0x28, 0x01};
+  return std::string(1, 0x1a) + char(inner.size()) + inner;
+}
 
 }  // namespace
 
@@ -69,7 +78,7 @@ void Plugin::await(api::Event* ev, const char* what) const {
 
 // ---- loading ----
 
-std::unique_ptr<Plugin> Plugin::load(const std::string& path) {
+std::unique_ptr<Plugin> Plugin::load(const std::string& path, int64_t cpu_device_count) {
   auto bad = [&](const std::string& why) { fail("pjrt", "plugin " + path + ": " + why, ""); };
   // Never unloaded: a PJRT plugin's threads and static state outlive any client.
   void* lib = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
@@ -106,6 +115,17 @@ std::unique_ptr<Plugin> Plugin::load(const std::string& path) {
   auto init = api::args<api::PluginInitializeArgs>();
   p->check(a->plugin_initialize(&init), ("plugin " + path + ": initialization failed").c_str());
   auto cc = api::args<api::ClientCreateArgs>();
+  auto count = api::args<api::NamedValue>();
+  static const char kCount[] = "cpu_device_count";
+  count.name = kCount;
+  count.name_size = sizeof kCount - 1;
+  count.type = api::NamedValueType::Int64;
+  count.int64_value = cpu_device_count;
+  count.value_size = 1;
+  if (cpu_device_count > 0) {
+    cc.create_options = &count;
+    cc.num_options = 1;
+  }
   p->check(a->client_create(&cc), ("plugin " + path + ": creating a client failed").c_str());
   p->client_ = cc.client;
   auto name = api::args<api::ClientStringArgs>();
@@ -136,7 +156,11 @@ std::string Plugin::api_version() const { return std::to_string(api_->version.ma
 
 // ---- programs ----
 
-std::unique_ptr<LoadedProgram> Plugin::compile(const std::string& mlir) const {
+std::unique_ptr<LoadedProgram> Plugin::compile(const std::string& mlir, int64_t replicas) const {
+  if (replicas < 1 || replicas > int64_t(devices_.size()))
+    fail("pjrt", "a program for " + std::to_string(replicas) + " replicas cannot run on the " + std::to_string(devices_.size()) +
+                     " devices of plugin " + path_, "");
+  const std::string options = compile_options(replicas);
   auto prog = api::args<api::Program>();
   prog.code = mlir.data();
   prog.code_size = mlir.size();
@@ -145,8 +169,8 @@ std::unique_ptr<LoadedProgram> Plugin::compile(const std::string& mlir) const {
   auto c = api::args<api::ClientCompileArgs>();
   c.client = client_;
   c.program = &prog;
-  c.compile_options = kCompileOptions;
-  c.compile_options_size = sizeof kCompileOptions;
+  c.compile_options = options.data();
+  c.compile_options_size = options.size();
   check(api_->client_compile(&c), "compile failed");
   auto p = std::make_unique<LoadedProgram>(*this, c.executable);
   p->describe();
@@ -221,6 +245,46 @@ std::vector<BufferPtr> LoadedProgram::execute(int device, const std::vector<api:
     result.push_back(std::move(b));
   }
   plugin_.await(done, "execute failed");
+  return result;
+}
+
+std::vector<std::vector<BufferPtr>> LoadedProgram::execute_replicas(const std::vector<std::vector<api::Buffer*>>& args,
+                                                                    const std::vector<TensorType>& outputs) const {
+  const api::Api& a = plugin_.api();
+  const size_t n = args.size();
+  if (outputs.size() != num_outputs_)  // the plugin writes num_outputs_ per replica
+    fail("pjrt", "the program has " + std::to_string(num_outputs_) + " results, " + std::to_string(outputs.size()) + " types given", "");
+  auto opts = api::args<api::ExecuteOptions>();
+  std::vector<api::Buffer* const*> arg_lists;
+  std::vector<std::vector<api::Buffer*>> outs(n, std::vector<api::Buffer*>(outputs.size(), nullptr));
+  std::vector<api::Buffer**> out_lists;
+  for (size_t r = 0; r < n; ++r) {
+    if (args[r].size() != args[0].size()) fail("pjrt", "replicas given different numbers of arguments", "");
+    arg_lists.push_back(args[r].data());
+    out_lists.push_back(outs[r].data());
+  }
+  std::vector<api::Event*> done(n, nullptr);
+  auto x = api::args<api::LoadedExecutableExecuteArgs>();
+  x.executable = exe_;
+  x.options = &opts;
+  x.argument_lists = arg_lists.data();
+  x.num_devices = n;
+  x.num_args = args.empty() ? 0 : args[0].size();
+  x.output_lists = out_lists.data();
+  x.device_complete_events = done.data();
+  x.execute_device = nullptr;  // the compiled device assignment: replica r on device r
+  plugin_.check(a.loaded_executable_execute(&x), "execute failed");
+  std::vector<std::vector<BufferPtr>> result(n);
+  for (size_t r = 0; r < n; ++r)
+    for (size_t k = 0; k < outputs.size(); ++k) {  // owned from here on, whatever happens next
+      auto b = std::make_shared<DeviceBuffer>();
+      b->plugin = &plugin_;
+      b->buffer = outs[r][k];
+      b->type = outputs[k];
+      b->device = int(r);
+      result[r].push_back(std::move(b));
+    }
+  for (api::Event* ev : done) plugin_.await(ev, "execute failed");
   return result;
 }
 

@@ -58,6 +58,10 @@ class LoadedProgram {
   // survive even where the program aliases them to an output. Waits for the run to finish.
   std::vector<BufferPtr> execute(int device, const std::vector<api::Buffer*>& args, const std::vector<int64_t>& non_donatable,
                                  const std::vector<TensorType>& outputs) const;
+  // Runs a program compiled for args.size() replicas once on each, replica r on device r with
+  // args[r] (its collectives meet inside the plugin); per replica its outputs. Waits for all.
+  std::vector<std::vector<BufferPtr>> execute_replicas(const std::vector<std::vector<api::Buffer*>>& args,
+                                                       const std::vector<TensorType>& outputs) const;
 
  private:
   friend class Plugin;
@@ -73,7 +77,9 @@ class Plugin {
   // Loads the shared library at `path`, checks its API table and creates a client. Throws
   // "[pjrt] <path>: <why>" (not a shared library, no GetPjrtApi, an incompatible API version,
   // the client cannot be created).
-  static std::unique_ptr<Plugin> load(const std::string& path);
+  // cpu_device_count > 0 asks the client for that many devices (XLA's CPU plugin's create option
+  // "cpu_device_count"; other plugins may refuse it): replicas of one program run on them.
+  static std::unique_ptr<Plugin> load(const std::string& path, int64_t cpu_device_count = 0);
   ~Plugin() = default;  // the library stays loaded and its client alive until the process exits
 
   const std::string& path() const { return path_; }
@@ -83,8 +89,9 @@ class Plugin {
   int device_count() const { return int(devices_.size()); }
   const std::string& device_kind(int i) const { return device_kinds_[size_t(i)]; }
 
-  // Compiles MLIR text (StableHLO) for one device; "[pjrt] compile failed: <XLA's message>".
-  std::unique_ptr<LoadedProgram> compile(const std::string& mlir) const;
+  // Compiles MLIR text (StableHLO) for one device, or for `replicas` replicas (the module's
+  // mhlo.num_replicas; devices 0..replicas-1); "[pjrt] compile failed: <XLA's message>".
+  std::unique_ptr<LoadedProgram> compile(const std::string& mlir, int64_t replicas = 1) const;
   BufferPtr upload(int device, const void* data, const TensorType& t) const;
   BufferPtr copy_to_device(const DeviceBuffer& b, int device) const;
 

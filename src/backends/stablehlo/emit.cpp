@@ -20,11 +20,25 @@ V lower_node(Lowering& L, const ir::Node& n, const std::vector<V>& in) {
     case ir::Category::Elementwise: case ir::Category::Reduce: return lower_elementwise(L, n, in);
     case ir::Category::Movement: case ir::Category::Contraction: return lower_structure(L, n, in);
     case ir::Category::Indexing: return lower_indexing(L, n, in);
-    case ir::Category::Collective:
-      fail(ir::op_name(n.op), "collectives are not emitted as StableHLO yet (docs/architecture.md \"Parallelism\"); "
-                              "run graphs with collectives on the cpu backend", *n.scope);
+    case ir::Category::Collective: return lower_collective(L, n, in);
   }
   fail("stablehlo", std::string("no lowering for ") + ir::op_name(n.op));
+}
+
+// The replicas the module runs on: the collectives' group size (1 without collectives). Every
+// collective of a graph is over all of its ranks, so they must agree.
+int64_t replicas_of(const ir::Graph& g) {
+  const ir::Node* first = nullptr;
+  for (const ir::NodePtr& n : g.nodes) {
+    if (!ir::is_collective(n->op)) continue;
+    if (!first) first = n.get();
+    else if (n->attrs.ints.at(0) != first->attrs.ints.at(0))
+      fail(ir::op_name(n->op),
+           "a StableHLO module runs on one set of replicas: this collective is for " + std::to_string(n->attrs.ints[0]) +
+               " ranks, an earlier " + ir::op_name(first->op) + " for " + std::to_string(first->attrs.ints[0]),
+           *n->scope);
+  }
+  return first ? first->attrs.ints[0] : 1;
 }
 
 // Each (parameter, output) pair names existing ones of equal shape and dtype, each at most once.
@@ -69,6 +83,7 @@ std::string signature(const ir::Graph& g, const EmitOptions& o, bool rng, std::v
 
 Program emit(const ir::Graph& g, const EmitOptions& o) {
   Program prog;
+  prog.replicas = replicas_of(g);
   prog.rng = std::any_of(g.nodes.begin(), g.nodes.end(), [](const ir::NodePtr& n) { return n->op == Op::Rng; });
   std::vector<V> vals(g.nodes.size());
   std::string args = signature(g, o, prog.rng, vals);
@@ -96,7 +111,8 @@ Program emit(const ir::Graph& g, const EmitOptions& o) {
     types += (k ? ", " : "") + results[k].type();
     ids += (k ? ", " : "") + results[k].id;
   }
-  prog.text = "module @tessera attributes {mhlo.num_partitions = 1 : i32, mhlo.num_replicas = 1 : i32} {\n"
+  prog.text = "module @tessera attributes {mhlo.num_partitions = 1 : i32, mhlo.num_replicas = " + std::to_string(prog.replicas) +
+              " : i32} {\n"
               "  func.func public @main(" + args + ") -> (" + types + ") {\n" + w.text() +
               "    func.return" + (results.empty() ? "" : " " + ids + " : " + types) + "\n  }\n}\n";
   return prog;

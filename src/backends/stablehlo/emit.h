@@ -11,6 +11,9 @@
 //   - outputs + k: tensor<2xi64> for index_checks[k]: {the lowest row-major position in the
 //     bounds-checked op's index tensor holding an out-of-range index, or -1 when none; the index
 //     value there}. XLA clamps such indices; Tessera raises, naming the value (cpu backend).
+// A graph with collectives is one rank's program of an SPMD group (docs/architecture.md
+// "Parallelism"): the module is one replica's, for Program::replicas replicas (mhlo.num_replicas),
+// replica r being rank r; compile it with num_replicas = replicas and run it on that many devices.
 // Scopes (module paths) travel as MLIR locations, loc("blocks.0.mlp"), on the ops they produced.
 #pragma once
 #include <cstdint>
@@ -41,6 +44,7 @@ struct IndexCheck {
 struct Program {
   std::string text;  // MLIR text: one module, one `func.func public @main` (layout above)
   int outputs = 0;   // results 0..outputs-1 are ir::Graph::outputs in order
+  int64_t replicas = 1;  // the replicas it is compiled for: its collectives' group size (1 without)
   bool rng = false;  // @main takes the trailing tensor<2xui64> {seed, offset} argument
   std::vector<IndexCheck> index_checks;  // result outputs+k: a tensor<2xi64> per bounds-checked op
 };

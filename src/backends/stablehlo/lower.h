@@ -29,6 +29,8 @@ V lower_elementwise(Lowering& L, const ir::Node& n, const std::vector<V>& in);
 V lower_structure(Lowering& L, const ir::Node& n, const std::vector<V>& in);
 // Gather, ScatterAdd, DynamicUpdateSlice (indexing.cpp).
 V lower_indexing(Lowering& L, const ir::Node& n, const std::vector<V>& in);
+// AllReduce .. CollectivePermute, for the module's replicas (collective.cpp).
+V lower_collective(Lowering& L, const ir::Node& n, const std::vector<V>& in);
 // Rng: Philox4x32-10 written out in integer ops, bit-identical to core/philox.h (rng.cpp).
 V lower_rng(Lowering& L, const ir::Node& n);
 
