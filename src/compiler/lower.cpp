@@ -70,6 +70,40 @@ Lowerer::Lowerer(const ir::Graph& graph, const std::vector<ir::NodePtr>& params,
   }
   for (int o : g.outputs) users[o]++;
   store_early.assign(g.nodes.size(), 0);
+  attn_at.assign(g.nodes.size(), -1);
+  absorbed.assign(g.nodes.size(), 0);
+  if (opts.enabled("attention") && opts.target.attention) {
+    for (AttentionMatch& m : find_attention(g)) {
+      bool free = attn_at[size_t(m.root)] < 0 && !absorbed[size_t(m.root)];  // matches never share a node
+      for (int k : m.absorbed) free &= !absorbed[size_t(k)] && attn_at[size_t(k)] < 0;
+      for (int k : {m.q, m.kt, m.v}) free &= !absorbed[size_t(k)];
+      if (!free) continue;
+      for (int k : m.absorbed) absorbed[size_t(k)] = 1;
+      attn_at[size_t(m.root)] = int(attn.size());
+      attn.push_back(std::move(m));
+    }
+    // A node every reader of which is absorbed (the causal mask and the scale that all layers
+    // share) is absorbed too, never an operand the Steps read.
+    if (!attn.empty()) {
+      std::vector<uint8_t> operand(g.nodes.size(), 0);
+      for (const AttentionMatch& m : attn)
+        for (int k : {m.q, m.kt, m.v}) operand[size_t(k)] = 1;
+      std::vector<std::vector<int>> readers(g.nodes.size());
+      for (size_t i = 0; i < g.nodes.size(); ++i)
+        for (const ir::NodePtr& x : g.nodes[i]->inputs) {
+          auto& r = readers[size_t(g.index.at(x.get()))];
+          if (r.empty() || r.back() != int(i)) r.push_back(int(i));
+        }
+      for (size_t k = g.nodes.size(); k-- > 0;) {
+        if (absorbed[k] || operand[k] || attn_at[k] >= 0 || output_of_node.count(int(k)) || readers[k].empty() ||
+            g.nodes[k]->op == Op::Leaf)
+          continue;
+        bool all = true;
+        for (int u : readers[k]) all &= absorbed[size_t(u)] || attn_at[size_t(u)] >= 0;
+        absorbed[k] = all;
+      }
+    }
+  }
   for (const ir::NodePtr& n : g.nodes) {
     if (!addressed(n->op)) continue;
     for (const ir::NodePtr& x : n->inputs) {
@@ -285,6 +319,8 @@ Val Lowerer::to_rowconst(int node, Val v, const Shape& eval, int64_t row) {
 
 Val Lowerer::lower_node(int i) {
   const Node& n = *g.nodes[i];
+  if (absorbed[size_t(i)]) return {};  // computed inside an Attention Step
+  if (attn_at[size_t(i)] >= 0) return lower_attention(i, attn[size_t(attn_at[size_t(i)])]);
   switch (n.op) {
     case Op::Leaf:
       return slot_val(param_slot.at(param_of.at(&n)), n.shape);
@@ -593,6 +629,40 @@ Val Lowerer::lower_collective(int i) {
   st.maps.push_back(xv.map);
   st.input_dtypes.push_back(n.inputs[0]->dtype);
   st.output = slot_for(i);
+  return push(std::move(st), n.shape);
+}
+
+// softmax(scale * Q K^T, masked) V as one Step: Q, K^T and V as plain strided views (K^T's view
+// permuted back to [..., Tk, D]); the scores and probabilities are never stored.
+Val Lowerer::lower_attention(int i, const AttentionMatch& m) {
+  const Node& n = *g.nodes[i];
+  Step st = begin(StepKind::Attention, i);
+  const Val q = strided(m.q, i), kt = strided(m.kt, i), v = strided(m.v, i);
+  const size_t r = n.shape.size();
+  std::vector<int64_t> perm(r);
+  for (size_t k = 0; k < r; ++k) perm[k] = int64_t(k);
+  std::swap(perm[r - 2], perm[r - 1]);
+  st.inputs = {q.slot, kt.slot, v.slot};
+  st.maps = {q.map, kt.map.permute(perm), v.map};
+  for (int k : {m.q, m.kt, m.v}) st.input_dtypes.push_back(g.nodes[size_t(k)]->dtype);
+  kir::Step::Attention a;
+  a.batch = 1;
+  for (size_t k = 0; k + 2 < r; ++k) a.batch *= n.shape[k];
+  a.tq = n.shape[r - 2];
+  a.dv = n.shape[r - 1];
+  a.d = q.map.shape()[r - 1];
+  a.tk = kt.map.shape()[r - 1];
+  a.scale = m.scale;
+  a.causal = m.causal;
+  a.causal_offset = m.causal_offset;
+  st.attention = a;
+  st.output = slot_for(i);
+  attribute(st, m.absorbed, i);
+  // Bytes: Q, K and V read once (a task reads its K and V tiles from cache), the output written.
+  const double item = double(itemsize(n.dtype));
+  st.cost.bytes = item * double(a.batch) * double(a.tq * a.d + a.tk * (a.d + a.dv) + a.tq * a.dv);
+  // The first source names the Step ("attention" in the profile's op table and errors).
+  st.sources.insert(st.sources.begin(), kir::Source{"attention", *n.scope, 0});
   return push(std::move(st), n.shape);
 }
 

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "compiler/lower.h"
+#include "compiler/passes/attention.h"
 #include "compiler/passes/fuse.h"
 
 namespace tessera::compiler::lowering {
@@ -50,6 +51,11 @@ class Lowerer {
   // stores its operands) through reshapes and permutes, and by other nodes too, which then read
   // the stored values instead of recomputing them.
   std::vector<uint8_t> store_early;
+  // The "attention" pass (a Target declaring Target::attention): each match's root lowers to
+  // one Attention Step; the nodes it absorbed are never lowered (nothing else reads them).
+  std::vector<AttentionMatch> attn;
+  std::vector<int> attn_at;         // node -> index into attn (its root), or -1
+  std::vector<uint8_t> absorbed;
 
   // ---- slots and Steps (lower.cpp) ----
   int new_slot(kir::SlotKind kind, int index, const Shape& s, DType t, kir::Source src = {"parameter", ""});
@@ -93,6 +99,7 @@ class Lowerer {
   Val lower_concat(int i);
   Val lower_addressed(int i);  // matmul and the indexing ops: Steps reading plain strided views
   Val lower_collective(int i);
+  Val lower_attention(int i, const AttentionMatch& m);
   // Outputs whose value is a view, a constant or a parameter get a Copy Step into their slot.
   void copy_out(int node, int out);
 
