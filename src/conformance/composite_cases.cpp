@@ -479,7 +479,7 @@ void add_networks_rows(AddRow add) {
     };
     Gen g = uniform(-2, 2);
     return std::vector<Case>{
-        of("f32 q,k,v[2,3,37,32] causal", {input({2, 3, 37, 32}, F32, g), input({2, 3, 37, 32}, F32, g), input({2, 3, 37, 32}, F32, g)}, attn(true)),
+        of("f32 q,k,v[2,3,67,32] causal", {input({2, 3, 67, 32}, F32, g), input({2, 3, 67, 32}, F32, g), input({2, 3, 67, 32}, F32, g)}, attn(true)),
         of("f32 q[1,2,20,32] k[1,2,90,32] v[1,2,90,16] permuted", {input({1, 2, 20, 32}, F32, g), input({1, 2, 90, 32}, F32, g, L::Permuted),
                                                                   input({1, 2, 90, 16}, F32, g, L::Strided)}, attn(false)),
         of("f32 q[1,2,20,32] k,v[1,2,90,32] causal over a cache", {input({1, 2, 20, 32}, F32, g), input({1, 2, 90, 32}, F32, g),

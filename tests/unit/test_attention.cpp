@@ -99,11 +99,11 @@ struct Attention : ::testing::Test {
 
 TEST_F(Attention, FusedForwardMatchesTheUnfusedStepsAndTheFloat64Reference) {
   const std::vector<Shape4> shapes = {
-      {2, 3, 37, 37, 32, 32, true},      // T not a multiple of the 16-row block
+      {2, 3, 67, 67, 32, 32, true},      // T not a multiple of the 64-row task or 4-row group
       {1, 2, 64, 64, 64, 64, true},      // head dim 64
-      {2, 2, 50, 50, 32, 32, false},     // no mask
-      {3, 5, 17, 17, 64, 64, true},      // batch x heads (15) > threads
-      {1, 2, 130, 130, 32, 32, true},    // several 64-key tiles, the last partial
+      {2, 2, 70, 70, 32, 32, false},     // no mask
+      {3, 5, 65, 65, 64, 64, true},      // batch x heads (15) > threads
+      {1, 2, 150, 150, 32, 40, true},    // several 64-key tiles, the last partial; dv 40 (a 16-column tail)
       {2, 1, 20, 90, 32, 16, false},     // Tq != Tk, Dv != D
       {1, 2, 20, 90, 32, 32, true, 70},  // a cache-style offset: query i at position i + 70
   };
@@ -132,9 +132,9 @@ TEST_F(Attention, FusedForwardMatchesTheUnfusedStepsAndTheFloat64Reference) {
 }
 
 TEST_F(Attention, Float64IsFusedToo) {
-  Shape4 s{2, 2, 33, 33, 32, 32, true};
-  Tensor q = random_tensor({2, 2, 33, 32}, DType::Float64, 11, -2, 2), k = random_tensor({2, 2, 33, 32}, DType::Float64, 12, -2, 2);
-  Tensor v = random_tensor({2, 2, 33, 32}, DType::Float64, 13, -2, 2);
+  Shape4 s{2, 2, 70, 70, 32, 32, true};
+  Tensor q = random_tensor({2, 2, 70, 32}, DType::Float64, 11, -2, 2), k = random_tensor({2, 2, 70, 32}, DType::Float64, 12, -2, 2);
+  Tensor v = random_tensor({2, 2, 70, 32}, DType::Float64, 13, -2, 2);
   EXPECT_EQ(attention_steps(plan_of(attention(q, k, v, s), cpu_target())), 1);
   auto want = reference(q.to_vector<double>(), k.to_vector<double>(), v.to_vector<double>(), s);
   EXPECT_LE(normalized_error(attention(q, k, v, s).to_vector<double>(), want), 1e-13);
@@ -155,10 +155,10 @@ TEST_F(Attention, BitIdenticalFor1To3Threads) {
 
 TEST_F(Attention, TheGptsAttentionIsOneStepInEvaluation) {
   nn::GPTConfig c;
-  c.vocab = 50, c.block = 24, c.embd = 64, c.heads = 2, c.layers = 2, c.dropout = 0.1;
+  c.vocab = 50, c.block = 72, c.embd = 64, c.heads = 2, c.layers = 2, c.dropout = 0.1;
   auto gpt = std::make_shared<nn::GPT>(c);
   gpt->eval();  // dropout is the identity: the probabilities only feed the product with V
-  Tensor ids = testing::random_int({3, 24}, 0, 49);
+  Tensor ids = testing::random_int({3, 72}, 0, 49);
   EXPECT_EQ(c.heads, 2);
   Tensor logits;
   {
@@ -167,7 +167,7 @@ TEST_F(Attention, TheGptsAttentionIsOneStepInEvaluation) {
   }
   const compiler::Plan p = plan_of(logits, cpu_target());
   EXPECT_EQ(attention_steps(p), 2);  // one per layer
-  EXPECT_EQ(square_slots(p, 24, 24), 0) << p.str();
+  EXPECT_EQ(square_slots(p, 72, 72), 0) << p.str();
   for (const kir::Step& st : p.steps)
     if (st.kind == kir::StepKind::Attention) {
       EXPECT_TRUE(st.attention->causal);
@@ -187,20 +187,25 @@ TEST_F(Attention, TheGptsAttentionIsOneStepInEvaluation) {
 }
 
 TEST_F(Attention, NotFusedWhereTheProbabilitiesAreReadOrTheTargetLacksTheStep) {
-  Shape4 s{1, 2, 16, 16, 32, 32, true};
-  Tensor q = random_tensor({1, 2, 16, 32}, DType::Float32, 31), k = random_tensor({1, 2, 16, 32}, DType::Float32, 32);
-  Tensor v = random_tensor({1, 2, 16, 32}, DType::Float32, 33);
+  Shape4 s{1, 2, 64, 64, 32, 32, true};
+  Tensor q = random_tensor({1, 2, 64, 32}, DType::Float32, 31), k = random_tensor({1, 2, 64, 32}, DType::Float32, 32);
+  Tensor v = random_tensor({1, 2, 64, 32}, DType::Float32, 33);
   Tensor y = attention(q, k, v, s);
+  EXPECT_EQ(attention_steps(plan_of(y, cpu_target())), 1);  // the pattern itself is fused
   kir::Target plain = cpu_target();
   plain.attention = false;  // another backend's target: the decomposition
   EXPECT_EQ(attention_steps(plan_of(y, plain)), 0);
   EXPECT_EQ(attention_steps(plan_of(y, cpu_target(), "attention")), 0);  // switched off by name
+  // Fewer keys than the measured rule's 64: decomposed.
+  Tensor q48 = random_tensor({1, 2, 48, 32}, DType::Float32, 35);
+  EXPECT_EQ(attention_steps(plan_of(attention(q48, q48, q48, {1, 2, 48, 48, 32, 32, true}), cpu_target())), 0);
   // A user reading the probabilities: nothing is fused.
   Tensor p = softmax(matmul(q, k.transpose(-2, -1)), -1);
+  EXPECT_EQ(attention_steps(plan_of(matmul(p, v), cpu_target())), 1);
   Tensor both = matmul(p, v) + p.sum({3}, true);
   EXPECT_EQ(attention_steps(plan_of(both, cpu_target())), 0);
   // Training: the backward reads the probabilities.
-  Tensor qg = random_tensor({1, 2, 16, 32}, DType::Float32, 34);
+  Tensor qg = random_tensor({1, 2, 64, 32}, DType::Float32, 34);
   qg.requires_grad_(true);
   Tensor loss = attention(qg, k, v, s).sum();
   loss.backward();
@@ -208,9 +213,24 @@ TEST_F(Attention, NotFusedWhereTheProbabilitiesAreReadOrTheTargetLacksTheStep) {
   // An anti-causal mask (queries see later keys) is not the causal pattern: decomposed.
   Tensor att = matmul(q, k.transpose(-2, -1));
   TensorOptions i64{DType::Int64, q.device()};
-  Tensor pos = arange(0, 16, 1, i64);
-  att = masked_fill(att, pos.reshape({1, 16}) < pos.reshape({16, 1}), -INFINITY);
+  Tensor pos = arange(0, 64, 1, i64);
+  att = masked_fill(att, pos.reshape({1, 64}) < pos.reshape({64, 1}), -INFINITY);
   EXPECT_EQ(attention_steps(plan_of(matmul(softmax(att, -1), v), cpu_target())), 0);
+}
+
+// Without AVX-512 (TESSERA_CPU_ATTENTION=avx2: the forms other CPUs run) the same values.
+TEST_F(Attention, TheAvx2FormsMatchTheReferenceToo) {
+  Shape4 s{2, 3, 83, 83, 32, 48, true};
+  Tensor q = random_tensor({2, 3, 83, 32}, DType::Float32, 41, -2, 2), k = random_tensor({2, 3, 83, 32}, DType::Float32, 42, -2, 2);
+  Tensor v = random_tensor({2, 3, 83, 48}, DType::Float32, 43, -2, 2);
+  setenv("TESSERA_CPU_ATTENTION", "avx2", 1);
+  auto got = attention(q, k, v, s).to_vector<double>();
+  unsetenv("TESSERA_CPU_ATTENTION");
+  EXPECT_EQ(attention_steps(plan_of(attention(q, k, v, s), cpu_target())), 1);
+  auto want = reference(q.to_vector<double>(), k.to_vector<double>(), v.to_vector<double>(), s);
+  EXPECT_LE(normalized_error(got, want), 2e-6);
+  auto fast = attention(q + 0.0, k, v, s).to_vector<double>();  // another graph: compiled with AVX-512 where there is one
+  EXPECT_LE(normalized_error(fast, want), 2e-6);
 }
 
 }  // namespace

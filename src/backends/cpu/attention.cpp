@@ -14,6 +14,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
+#include <cstring>
 #include <limits>
 #include <vector>
 
@@ -64,9 +66,108 @@ void exp_inplace(T* x, int64_t n) {
   }
 }
 
+// float32: register-blocked forms with GCC vector extensions (v8: 8 floats, one AVX register;
+// the build leaves AVX-512 off). Loads and stores through memcpy (any alignment), as macros.
+typedef float v8 __attribute__((vector_size(32)));
+#define VLOAD(v, p) std::memcpy(&(v), (p), sizeof(v8))
+#define VSTORE(p, v) std::memcpy((p), &(v), sizeof(v8))
+
+// s[r][0, 16 nv) = scale * q[r] . K^T columns, for 4 rows of q (row stride D): per 16 keys,
+// 4 rows x 2 registers of accumulators held over the head dimension.
+void scores4(const float* q, int64_t D, const float* kt, int64_t nv, float scale, float* s) {
+  for (int64_t v = 0; v < nv; ++v) {
+    v8 a0[4] = {}, a1[4] = {};
+    for (int64_t d = 0; d < D; ++d) {
+      v8 k0, k1;
+      VLOAD(k0, kt + d * kKeys + 16 * v);
+      VLOAD(k1, kt + d * kKeys + 16 * v + 8);
+      for (int r = 0; r < 4; ++r) {
+        const float x = q[r * D + d];
+        a0[r] += x * k0;
+        a1[r] += x * k1;
+      }
+    }
+    for (int r = 0; r < 4; ++r) {
+      a0[r] *= scale;
+      a1[r] *= scale;
+      VSTORE(s + r * kKeys + 16 * v, a0[r]);
+      VSTORE(s + r * kKeys + 16 * v + 8, a1[r]);
+    }
+  }
+}
+
+#if defined(__x86_64__)
+// AVX-512 forms (the build leaves AVX-512 off; chosen at run time where the CPU has it): the same
+// blocks with 16-float registers, 4 rows x NV key vectors of scores (up to 16 accumulators) and
+// 4 rows x NC column vectors of the weighted sum.
+typedef float vz __attribute__((vector_size(64)));
+
+template <int NV>
+__attribute__((target("avx512f"))) void scores4_z(const float* q, int64_t D, const float* kt, float scale, float* s) {
+  vz acc[4][NV] = {};
+  for (int64_t d = 0; d < D; ++d) {
+    vz k[NV];
+    for (int v = 0; v < NV; ++v) std::memcpy(&k[v], kt + d * kKeys + 16 * v, sizeof(vz));
+    for (int r = 0; r < 4; ++r) {
+      const float x = q[r * D + d];
+      for (int v = 0; v < NV; ++v) acc[r][v] += x * k[v];
+    }
+  }
+  for (int r = 0; r < 4; ++r)
+    for (int v = 0; v < NV; ++v) {
+      acc[r][v] *= scale;
+      std::memcpy(s + r * kKeys + 16 * v, &acc[r][v], sizeof(vz));
+    }
+}
+
+// acc[r][c0, c0 + 16 NC) += sum_j<n p[r][j] v[j][...] for 4 rows (gr of them stored).
+template <int NC>
+__attribute__((target("avx512f"))) void pv4_z(const float* p, const float* vt, int64_t Dv, int64_t c0, int64_t n, float* acc, int gr) {
+  vz x[4][NC] = {};
+  for (int r = 0; r < gr; ++r)
+    for (int c = 0; c < NC; ++c) std::memcpy(&x[r][c], acc + r * Dv + c0 + 16 * c, sizeof(vz));
+  for (int64_t j = 0; j < n; ++j) {
+    vz u[NC];
+    for (int c = 0; c < NC; ++c) std::memcpy(&u[c], vt + j * Dv + c0 + 16 * c, sizeof(vz));
+    for (int r = 0; r < 4; ++r) {
+      const float w = p[r * kKeys + j];
+      for (int c = 0; c < NC; ++c) x[r][c] += w * u[c];
+    }
+  }
+  for (int r = 0; r < gr; ++r)
+    for (int c = 0; c < NC; ++c) std::memcpy(acc + r * Dv + c0 + 16 * c, &x[r][c], sizeof(vz));
+}
+
+// Read when a Step compiles: TESSERA_CPU_ATTENTION=avx2 keeps the AVX forms (tests compare them).
+bool has_avx512() {
+  const char* e = std::getenv("TESSERA_CPU_ATTENTION");
+  if (e && std::strcmp(e, "avx2") == 0) return false;
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx512f") != 0;
+}
+#else
+bool has_avx512() { return false; }
+#endif
+
+// The largest of x[0, n) (n a multiple of 8) after masking positions >= lim to -inf in place.
+float mask_max(float* x, int64_t n, int64_t lim) {
+  const float ninf = -std::numeric_limits<float>::infinity();
+  for (int64_t j = lim; j < n; ++j) x[j] = ninf;
+  v8 m = {ninf, ninf, ninf, ninf, ninf, ninf, ninf, ninf};
+  for (int64_t j = 0; j < n; j += 8) {
+    v8 y;
+    VLOAD(y, x + j);
+    m = y > m ? y : m;
+  }
+  float r = ninf;
+  for (int i = 0; i < 8; ++i) r = m[i] > r ? m[i] : r;
+  return r;
+}
+
 struct AttentionKernel : CpuKernel {
   kir::Step::Attention a;
   Operand q, k, v;
+  bool avx512 = has_avx512();
 
   explicit AttentionKernel(const Step& st) : a(*st.attention) {
     q = operand_of(st.maps.at(0), a.batch);
@@ -158,13 +259,153 @@ struct AttentionKernel : CpuKernel {
     }
   }
 
+  // float32: tasks of kBlock query rows (K and V tiles copied once per task and tile), rows in
+  // groups of 4.
+  void run_float(const Step& st, const LaunchArgs& args) const {
+    constexpr int64_t kBlock = 64;
+    const float* Q = static_cast<const float*>(args.slots[st.inputs[0]]);
+    const float* K = static_cast<const float*>(args.slots[st.inputs[1]]);
+    const float* V = static_cast<const float*>(args.slots[st.inputs[2]]);
+    float* O = static_cast<float*>(args.slots[st.output]);
+    const int64_t B = a.batch, Tq = a.tq, Tk = a.tk, D = a.d, Dv = a.dv;
+    const int64_t blocks = (Tq + kBlock - 1) / kBlock, tasks = B * blocks;
+    const float scale = float(a.scale), ninf = -std::numeric_limits<float>::infinity();
+    const double work = double(B) * double(Tq) * double(Tk) * double(D + Dv);
+    [[maybe_unused]] const bool z = avx512;
+#pragma omp parallel if (work >= double(kParallelMin) * 16)
+    {
+      std::vector<float> kt(size_t(D * kKeys), 0.0f), vt(size_t(kKeys * Dv)), qb(size_t((kBlock + 3) * D), 0.0f),
+          acc(size_t(kBlock * Dv));
+      float m[kBlock], l[kBlock];
+      alignas(64) float s[4 * kKeys];
+#pragma omp for schedule(static)
+      for (int64_t t = 0; t < tasks; ++t) {
+        const int64_t b = t / blocks, i0 = (t % blocks) * kBlock, rows = std::min(kBlock, Tq - i0);
+        const float* qp = Q + q.off[size_t(b)];
+        const float* kp = K + k.off[size_t(b)];
+        const float* vp = V + v.off[size_t(b)];
+        for (int64_t r = 0; r < rows; ++r)
+          for (int64_t d = 0; d < D; ++d) qb[size_t(r * D + d)] = qp[(i0 + r) * q.rs + d * q.cs];
+        std::fill(qb.begin() + rows * D, qb.end(), 0.0f);
+        std::fill(acc.begin(), acc.end(), 0.0f);
+        std::fill(m, m + kBlock, ninf);
+        std::fill(l, l + kBlock, 0.0f);
+        int64_t kend = Tk;
+        if (a.causal) kend = std::clamp<int64_t>(i0 + rows - 1 + a.causal_offset + 1, 0, Tk);
+        for (int64_t j0 = 0; j0 < kend; j0 += kKeys) {
+          const int64_t nk = std::min(kKeys, kend - j0);
+          for (int64_t j = 0; j < nk; ++j) {
+            const float* kr = kp + (j0 + j) * k.rs;
+            for (int64_t d = 0; d < D; ++d) kt[size_t(d * kKeys + j)] = kr[d * k.cs];
+            const float* vr = vp + (j0 + j) * v.rs;
+            for (int64_t c = 0; c < Dv; ++c) vt[size_t(j * Dv + c)] = vr[c * v.cs];
+          }
+          for (int64_t j = nk; j < kKeys; ++j)
+            for (int64_t d = 0; d < D; ++d) kt[size_t(d * kKeys + j)] = 0.0f;
+          for (int64_t g = 0; g < rows; g += 4) {
+            // Keys this group may see in the tile: the causal limit of its last row.
+            int64_t glim = nk;
+            if (a.causal) glim = std::clamp<int64_t>(i0 + std::min(g + 3, rows - 1) + a.causal_offset + 1 - j0, 0, nk);
+            if (glim == 0) continue;
+            const int64_t nv = (glim + 15) / 16;
+#if defined(__x86_64__)
+            if (z) {
+              switch (nv) {
+                case 1: scores4_z<1>(qb.data() + g * D, D, kt.data(), scale, s); break;
+                case 2: scores4_z<2>(qb.data() + g * D, D, kt.data(), scale, s); break;
+                case 3: scores4_z<3>(qb.data() + g * D, D, kt.data(), scale, s); break;
+                default: scores4_z<4>(qb.data() + g * D, D, kt.data(), scale, s); break;
+              }
+            } else
+#endif
+              scores4(qb.data() + g * D, D, kt.data(), nv, scale, s);
+            const int64_t width = (glim + 15) / 16 * 16;
+            for (int64_t r = 0; r < 4; ++r) {
+              float* sr = s + r * kKeys;
+              const int64_t row = g + r;
+              if (row >= rows) {
+                std::fill(sr, sr + width, 0.0f);
+                continue;
+              }
+              int64_t lim = nk;
+              if (a.causal) lim = std::clamp<int64_t>(i0 + row + a.causal_offset + 1 - j0, 0, nk);
+              const float mt = mask_max(sr, width, lim);
+              const float mnew = std::max(m[row], mt);
+              if (mnew == ninf) {  // nothing seen yet in this row
+                std::fill(sr, sr + width, 0.0f);
+                continue;
+              }
+              const float corr = m[row] == ninf ? 0.0f : std::exp(m[row] - mnew);
+              for (int64_t j = 0; j < width; ++j) sr[j] -= mnew;
+              vmath::vexp(sr, sr, width);
+              v8 part = {};  // the row's sum in 8 lanes (a scalar sum would be a chain of dependent adds)
+              for (int64_t j = 0; j < width; j += 8) {
+                v8 y;
+                VLOAD(y, sr + j);
+                part += y;
+              }
+              float sum = 0;
+              for (int i = 0; i < 8; ++i) sum += part[i];
+              l[row] = l[row] * corr + sum;
+              m[row] = mnew;
+              if (corr != 1.0f)
+                for (float* ar = acc.data() + row * Dv; ar != acc.data() + (row + 1) * Dv; ++ar) *ar *= corr;
+            }
+            // acc[g..g+4) += P V over the group's keys.
+            const int64_t gr = std::min<int64_t>(4, rows - g);
+            int64_t c0 = 0;
+#if defined(__x86_64__)
+            if (z) {
+              for (; c0 + 32 <= Dv; c0 += 32) pv4_z<2>(s, vt.data(), Dv, c0, glim, acc.data() + g * Dv, int(gr));
+              for (; c0 + 16 <= Dv; c0 += 16) pv4_z<1>(s, vt.data(), Dv, c0, glim, acc.data() + g * Dv, int(gr));
+            }
+#endif
+            for (; c0 + 16 <= Dv; c0 += 16) {
+              v8 x0[4] = {}, x1[4] = {};
+              for (int r = 0; r < gr; ++r) {
+                VLOAD(x0[r], acc.data() + (g + r) * Dv + c0);
+                VLOAD(x1[r], acc.data() + (g + r) * Dv + c0 + 8);
+              }
+              for (int64_t j = 0; j < glim; ++j) {
+                v8 u0, u1;
+                VLOAD(u0, vt.data() + j * Dv + c0);
+                VLOAD(u1, vt.data() + j * Dv + c0 + 8);
+                for (int r = 0; r < 4; ++r) {
+                  const float p = s[r * kKeys + j];
+                  x0[r] += p * u0;
+                  x1[r] += p * u1;
+                }
+              }
+              for (int r = 0; r < gr; ++r) {
+                VSTORE(acc.data() + (g + r) * Dv + c0, x0[r]);
+                VSTORE(acc.data() + (g + r) * Dv + c0 + 8, x1[r]);
+              }
+            }
+            for (; c0 < Dv; ++c0)
+              for (int r = 0; r < gr; ++r) {
+                float x = acc[size_t((g + r) * Dv + c0)];
+                for (int64_t j = 0; j < glim; ++j) x += s[r * kKeys + j] * vt[size_t(j * Dv + c0)];
+                acc[size_t((g + r) * Dv + c0)] = x;
+              }
+          }
+        }
+        float* op = O + (b * Tq + i0) * Dv;
+        for (int64_t r = 0; r < rows; ++r)
+          for (int64_t c = 0; c < Dv; ++c) op[r * Dv + c] = acc[size_t(r * Dv + c)] / l[r];
+      }
+    }
+  }
+
   void run(const Step& st, const LaunchArgs& args) const override {
     if (st.dtype == DType::Float64)
       run_typed<double>(st, args);
     else
-      run_typed<float>(st, args);
+      run_float(st, args);
   }
 };
+
+#undef VLOAD
+#undef VSTORE
 
 }  // namespace
 

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <optional>
 
+#include "compiler/passes/fuse.h"
 #include "ir/node.h"
 #include "ir/primitives.h"
 
@@ -76,6 +77,7 @@ class Matcher {
     core.push_back(id(scores));
     const size_t r = scores->shape.size();
     if (r < 2 || y.inputs[1]->shape[r - 2] != scores->shape[r - 1]) return std::nullopt;
+    if (scores->shape[r - 1] < kAttentionMinKeys) return std::nullopt;  // the measured rule (fuse.h)
     if (mask) {
       std::optional<Affine> d = predicate(mask);
       if (!d) return std::nullopt;

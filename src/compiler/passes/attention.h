@@ -2,7 +2,8 @@
 //   P = softmax(where(mask, -inf, Q K^T * scale), last axis);  Y = P V
 // (matmul, an optional multiply by a constant, an optional causal mask, the softmax's
 // reduce_max / sub / exp / reduce_sum / div, matmul) whose intermediate values nothing else reads,
-// so the lowering emits one StepKind::Attention for it (only for a Target declaring `attention`).
+// so the lowering emits one StepKind::Attention for it (only for a Target declaring `attention`,
+// and only over at least kAttentionMinKeys keys: fuse.h).
 #pragma once
 #include <cstdint>
 #include <vector>
