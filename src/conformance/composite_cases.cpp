@@ -484,7 +484,6 @@ void add_networks_rows(AddRow add) {
                                                                   input({1, 2, 90, 16}, F32, g, L::Strided)}, attn(false)),
         of("f32 q[1,2,20,32] k,v[1,2,90,32] causal over a cache", {input({1, 2, 20, 32}, F32, g), input({1, 2, 90, 32}, F32, g),
                                                                   input({1, 2, 90, 32}, F32, g)}, attn(true)),
-        of("f64 q,k,v[2,2,70,64] causal", {input({2, 2, 70, 64}, F64, g), input({2, 2, 70, 64}, F64, g), input({2, 2, 70, 64}, F64, g)}, attn(true)),
         of("f32 q,k,v[1,2,16,32] causal grad", {input({1, 2, 16, 32}, F32, g, L::Contiguous, true), input({1, 2, 16, 32}, F32, g, L::Contiguous, true),
                                                 input({1, 2, 16, 32}, F32, g, L::Contiguous, true)}, attn(true)),
     };
