@@ -16,6 +16,7 @@
 #include "runtime/compile_options.h"
 #include "tensor/tensor_impl.h"
 #include "test_util.h"
+#include "tessera/profiler.h"
 #include "tessera/tessera.h"
 
 namespace tessera {
@@ -176,7 +177,14 @@ TEST_F(Attention, TheGptsAttentionIsOneStepInEvaluation) {
       EXPECT_EQ(st.sources.front().op, "attention");
       EXPECT_NE(st.sources.front().scope.find("attn"), std::string::npos);
     }
-  auto got = logits.to_vector<double>();
+  std::vector<double> got;
+  {
+    Profiler prof;  // the Step kind and its op name show in the profile
+    got = logits.to_vector<double>();
+    prof.stop();
+    EXPECT_NE(prof.table_text().find("attention"), std::string::npos) << prof.table_text();
+  }
+  EXPECT_STREQ(kir::step_kind_name(kir::StepKind::Attention), "attention");
   runtime::set_disabled_passes("attention");
   Tensor again;
   {
