@@ -19,7 +19,7 @@ std::string Step::str() const {
   for (int o : more_outputs) os << ", slot " << o;
   if (accumulate) os << " (+=)";
   if (attention) {
-    os << " [" << attention->batch << " x " << attention->tq << "x" << attention->tk << ", d " << attention->d;
+    os << " [" << (attention->backward ? "backward, " : "") << attention->batch << " x " << attention->tq << "x" << attention->tk << ", d " << attention->d;
     if (attention->dv != attention->d) os << "/" << attention->dv;
     os << ", scale " << attention->scale;
     if (attention->causal) os << ", causal" << (attention->causal_offset ? " +" + std::to_string(attention->causal_offset) : "");

@@ -118,11 +118,17 @@ struct Step {
   // [batch..., tk, d] and [batch..., tk, dv]. causal: key j is masked for query i where
   // j - i > causal_offset (no other mask). The lowering makes it from the traced pattern
   // (matmul, scale, causal where, softmax, matmul) for a device that declares Target::attention.
+  // Forward with more_outputs = {lse}: also each row's log-sum-exp of its masked, scaled scores
+  // (dense [batch..., tq]), for the backward. backward: the gradients instead, from inputs
+  // q, k, v, the forward's output o, its cotangent do (maps[0..4], o and do [batch..., tq, dv])
+  // and lse (dense); output dq [batch..., tq, d], more_outputs {dk^T [batch..., d, tk], dv
+  // [batch..., tk, dv]} (dense).
   struct Attention {
     int64_t batch = 0, tq = 0, tk = 0, d = 0, dv = 0;
     double scale = 1;
     bool causal = false;
     int64_t causal_offset = 0;
+    bool backward = false;
   };
   std::optional<Attention> attention;
   // Collective: the op (ir::Op::AllReduce ..) and its node's attributes (Attrs::ints), e.g.

@@ -69,12 +69,17 @@ std::vector<double> reference(const std::vector<double>& q, const std::vector<do
 }
 
 // The Steps of y's compiled plan for the cpu's target (or another).
-compiler::Plan plan_of(const Tensor& y, kir::Target target, const std::string& disabled = "") {
-  ir::Graph g = ir::build_graph({detail::node_of(y)});
+compiler::Plan plan_of(const std::vector<Tensor>& ys, kir::Target target, const std::string& disabled = "") {
+  std::vector<ir::NodePtr> nodes;
+  for (const Tensor& y : ys) nodes.push_back(detail::node_of(y));
+  ir::Graph g = ir::build_graph(nodes);
   compiler::Options o;
   o.target = target;
   if (!disabled.empty()) o.disabled.insert(disabled);
   return compiler::compile_graph(g, {}, o);
+}
+compiler::Plan plan_of(const Tensor& y, kir::Target target, const std::string& disabled = "") {
+  return plan_of(std::vector<Tensor>{y}, target, disabled);
 }
 kir::Target cpu_target() { return backends::backend_for(Device("cpu")).properties(0); }
 int attention_steps(const compiler::Plan& p) {
@@ -212,18 +217,113 @@ TEST_F(Attention, NotFusedWhereTheProbabilitiesAreReadOrTheTargetLacksTheStep) {
   EXPECT_EQ(attention_steps(plan_of(matmul(p, v), cpu_target())), 1);
   Tensor both = matmul(p, v) + p.sum({3}, true);
   EXPECT_EQ(attention_steps(plan_of(both, cpu_target())), 0);
-  // Training: the backward reads the probabilities.
-  Tensor qg = random_tensor({1, 2, 64, 32}, DType::Float32, 34);
-  qg.requires_grad_(true);
-  Tensor loss = attention(qg, k, v, s).sum();
+  // Training under the measured rule's 128 keys (the backward reads the probabilities, and the
+  // backward Step is not fused under 128 keys): nothing fused.
+  Tensor qg = random_tensor({1, 2, 64, 32}, DType::Float32, 34), kg = random_tensor({1, 2, 64, 32}, DType::Float32, 36),
+         vg = random_tensor({1, 2, 64, 32}, DType::Float32, 37);
+  for (Tensor* x : {&qg, &kg, &vg}) x->requires_grad_(true);
+  Tensor loss = attention(qg, kg, vg, s).sum();
   loss.backward();
-  EXPECT_EQ(attention_steps(plan_of(qg.grad(), cpu_target())), 0);
+  EXPECT_EQ(attention_steps(plan_of({loss, qg.grad(), kg.grad(), vg.grad()}, cpu_target())), 0);
   // An anti-causal mask (queries see later keys) is not the causal pattern: decomposed.
   Tensor att = matmul(q, k.transpose(-2, -1));
   TensorOptions i64{DType::Int64, q.device()};
   Tensor pos = arange(0, 64, 1, i64);
   att = masked_fill(att, pos.reshape({1, 64}) < pos.reshape({64, 1}), -INFINITY);
   EXPECT_EQ(attention_steps(plan_of(matmul(softmax(att, -1), v), cpu_target())), 0);
+}
+
+// Training: the backward of the same attention fuses too (one backward Step writing dQ, dK, dV
+// from the forward's log-sum-exp); gradients against the decomposition's and float64's.
+TEST_F(Attention, TheBackwardIsOneStepWithTheDecompositionsGradients) {
+  const std::vector<Shape4> shapes = {{2, 3, 130, 130, 32, 32, true}, {1, 1, 128, 128, 64, 64, false},
+                                      {1, 2, 20, 150, 32, 16, true, 130}};
+  uint32_t seed = 51;
+  for (const Shape4& s : shapes) {
+    SCOPED_TRACE(::testing::Message() << "Tq " << s.tq << " Tk " << s.tk << " d " << s.d << "/" << s.dv);
+    auto grads = [&](DType t, const std::string& off, bool check_plan) {
+      runtime::set_disabled_passes(off);
+      Tensor q = random_tensor({s.b, s.h, s.tq, s.d}, t, seed, -2, 2), k = random_tensor({s.b, s.h, s.tk, s.d}, t, seed + 1, -2, 2);
+      Tensor v = random_tensor({s.b, s.h, s.tk, s.dv}, t, seed + 2, -2, 2), w = random_tensor({s.b, s.h, s.tq, s.dv}, t, seed + 3, -2, 2);
+      for (Tensor* x : {&q, &k, &v}) x->requires_grad_(true);
+      Tensor loss = (attention(q, k, v, s) * w).sum();
+      loss.backward();
+      if (check_plan) {
+        const compiler::Plan p = plan_of({loss, q.grad(), k.grad(), v.grad()}, cpu_target());
+        int backward = 0;
+        for (const kir::Step& st : p.steps) backward += st.kind == kir::StepKind::Attention && st.attention->backward;
+        EXPECT_EQ(attention_steps(p), 2) << p.str();
+        EXPECT_EQ(backward, 1);
+        EXPECT_EQ(square_slots(p, s.tq, s.tk), 0) << p.str();
+      }
+      std::vector<std::vector<double>> r;
+      for (Tensor* x : {&q, &k, &v}) r.push_back(x->grad().to_vector<double>());
+      return r;
+    };
+    auto fused = grads(DType::Float32, "", true), decomposed = grads(DType::Float32, "attention", false),
+         want = grads(DType::Float64, "attention", false);
+    for (size_t i = 0; i < 3; ++i) {
+      EXPECT_LE(normalized_error(fused[i], want[i]), 1e-5) << "gradient " << i;
+      EXPECT_LE(normalized_error(decomposed[i], want[i]), 1e-5) << "gradient " << i;
+    }
+    seed += 4;
+  }
+}
+
+// A GPT training step over 128 positions: forward and backward fused in every layer, the
+// parameters' gradients those of the decomposition.
+TEST_F(Attention, AGptTrainingStepOver128PositionsFusesBothWays) {
+  nn::GPTConfig c;
+  c.vocab = 40, c.block = 128, c.embd = 64, c.heads = 2, c.layers = 2;
+  manual_seed(3);
+  auto gpt = std::make_shared<nn::GPT>(c);
+  Tensor ids = testing::random_int({2, 128}, 0, 39), targets = testing::random_int({2, 128}, 0, 39, DType::Int64, 2);
+  optim::SGD opt(gpt->parameters(), {.lr = 0.0});  // only to clear the gradients
+  auto step = [&](const std::string& off, bool check_plan) {
+    runtime::set_disabled_passes(off);
+    opt.zero_grad();
+    Tensor loss = gpt->loss(ids, targets);
+    loss.backward();
+    std::vector<Tensor> outs{loss};
+    for (Tensor& p : gpt->parameters()) outs.push_back(p.grad());
+    if (check_plan) {
+      const compiler::Plan p = plan_of(outs, cpu_target());
+      int backward = 0;
+      for (const kir::Step& st : p.steps) backward += st.kind == kir::StepKind::Attention && st.attention->backward;
+      EXPECT_EQ(attention_steps(p), 4);
+      EXPECT_EQ(backward, 2);
+      EXPECT_EQ(square_slots(p, 128, 128), 0);
+    }
+    std::vector<double> all;
+    for (const Tensor& t : outs) {
+      auto v = t.to_vector<double>();
+      all.insert(all.end(), v.begin(), v.end());
+    }
+    return all;
+  };
+  auto fused = step("", true), decomposed = step("attention", false);
+  EXPECT_LE(normalized_error(fused, decomposed), 1e-5);
+}
+
+TEST_F(Attention, TheBackwardIsBitIdenticalFor1To3Threads) {
+  Shape4 s{2, 3, 130, 130, 32, 32, true};
+  std::vector<std::vector<float>> r;
+  for (int t : {1, 2, 3}) {
+    omp_set_num_threads(t);
+    Tensor q = random_tensor({2, 3, 130, 32}, DType::Float32, 61, -2, 2), k = random_tensor({2, 3, 130, 32}, DType::Float32, 62, -2, 2);
+    Tensor v = random_tensor({2, 3, 130, 32}, DType::Float32, 63, -2, 2);
+    for (Tensor* x : {&q, &k, &v}) x->requires_grad_(true);
+    Tensor loss = (attention(q, k, v, s) * v.detach()).sum();
+    loss.backward();
+    std::vector<float> all;
+    for (Tensor* x : {&q, &k, &v}) {
+      auto g = x->grad().to_vector<float>();
+      all.insert(all.end(), g.begin(), g.end());
+    }
+    r.push_back(all);
+  }
+  EXPECT_EQ(r[0], r[1]);
+  EXPECT_EQ(r[0], r[2]);
 }
 
 // Without AVX-512 (TESSERA_CPU_ATTENTION=avx2: the forms other CPUs run) the same values.
@@ -233,7 +333,28 @@ TEST_F(Attention, TheAvx2FormsMatchTheReferenceToo) {
   Tensor v = random_tensor({2, 3, 83, 48}, DType::Float32, 43, -2, 2);
   setenv("TESSERA_CPU_ATTENTION", "avx2", 1);
   auto got = attention(q, k, v, s).to_vector<double>();
+  // and the backward's AVX forms: against float64 gradients
+  Shape4 s2{1, 2, 140, 140, 32, 48, true};
+  auto grads = [&](DType t) {
+    Tensor q2 = random_tensor({1, 2, 140, 32}, t, 44, -2, 2), k2 = random_tensor({1, 2, 140, 32}, t, 45, -2, 2);
+    Tensor v2 = random_tensor({1, 2, 140, 48}, t, 46, -2, 2);
+    for (Tensor* x : {&q2, &k2, &v2}) x->requires_grad_(true);
+    Tensor loss = attention(q2, k2, v2, s2).sum();
+    loss.backward();
+    std::vector<double> all;
+    for (Tensor* x : {&q2, &k2, &v2}) {
+      auto g = x->grad().to_vector<double>();
+      all.insert(all.end(), g.begin(), g.end());
+    }
+    return all;
+  };
+  auto g32 = grads(DType::Float32);
   unsetenv("TESSERA_CPU_ATTENTION");
+  unsetenv("TESSERA_CPU_ATTENTION");
+  runtime::set_disabled_passes("attention");
+  auto g64 = grads(DType::Float64);
+  runtime::set_disabled_passes("");
+  EXPECT_LE(normalized_error(g32, g64), 1e-5);
   EXPECT_EQ(attention_steps(plan_of(attention(q, k, v, s), cpu_target())), 1);
   auto want = reference(q.to_vector<double>(), k.to_vector<double>(), v.to_vector<double>(), s);
   EXPECT_LE(normalized_error(got, want), 2e-6);

@@ -164,6 +164,60 @@ float mask_max(float* x, int64_t n, int64_t lim) {
   return r;
 }
 
+// acc[r][0, cols) += sum_j<n p[r][j] x[j][0, cols) for 4 rows of p (row stride kKeys; gr rows of
+// acc stored, row stride cols): 4 rows x 32 (16) columns of accumulators in registers.
+void pv4(const float* p, const float* x, int64_t cols, int64_t n, float* acc, int gr, bool z) {
+  int64_t c0 = 0;
+#if defined(__x86_64__)
+  if (z) {
+    for (; c0 + 32 <= cols; c0 += 32) pv4_z<2>(p, x, cols, c0, n, acc, gr);
+    for (; c0 + 16 <= cols; c0 += 16) pv4_z<1>(p, x, cols, c0, n, acc, gr);
+  }
+#endif
+  for (; c0 + 16 <= cols; c0 += 16) {
+    v8 x0[4] = {}, x1[4] = {};
+    for (int r = 0; r < gr; ++r) {
+      VLOAD(x0[r], acc + r * cols + c0);
+      VLOAD(x1[r], acc + r * cols + c0 + 8);
+    }
+    for (int64_t j = 0; j < n; ++j) {
+      v8 u0, u1;
+      VLOAD(u0, x + j * cols + c0);
+      VLOAD(u1, x + j * cols + c0 + 8);
+      for (int r = 0; r < 4; ++r) {
+        const float w = p[r * kKeys + j];
+        x0[r] += w * u0;
+        x1[r] += w * u1;
+      }
+    }
+    for (int r = 0; r < gr; ++r) {
+      VSTORE(acc + r * cols + c0, x0[r]);
+      VSTORE(acc + r * cols + c0 + 8, x1[r]);
+    }
+  }
+  for (; c0 < cols; ++c0)
+    for (int r = 0; r < gr; ++r) {
+      float v = acc[r * cols + c0];
+      for (int64_t j = 0; j < n; ++j) v += p[r * kKeys + j] * x[j * cols + c0];
+      acc[r * cols + c0] = v;
+    }
+}
+
+// scores4 in the form the CPU runs best.
+void scores4_any(const float* q, int64_t D, const float* kt, int64_t nv, float scale, float* s, bool z) {
+#if defined(__x86_64__)
+  if (z) {
+    switch (nv) {
+      case 1: return scores4_z<1>(q, D, kt, scale, s);
+      case 2: return scores4_z<2>(q, D, kt, scale, s);
+      case 3: return scores4_z<3>(q, D, kt, scale, s);
+      default: return scores4_z<4>(q, D, kt, scale, s);
+    }
+  }
+#endif
+  scores4(q, D, kt, nv, scale, s);
+}
+
 struct AttentionKernel : CpuKernel {
   kir::Step::Attention a;
   Operand q, k, v;
@@ -181,6 +235,7 @@ struct AttentionKernel : CpuKernel {
     const T* K = static_cast<const T*>(args.slots[st.inputs[1]]);
     const T* V = static_cast<const T*>(args.slots[st.inputs[2]]);
     T* O = static_cast<T*>(args.slots[st.output]);
+    T* lse = st.more_outputs.empty() ? nullptr : static_cast<T*>(args.slots[st.more_outputs[0]]);
     const int64_t B = a.batch, Tq = a.tq, Tk = a.tk, D = a.d, Dv = a.dv;
     const int64_t blocks = (Tq + kRows - 1) / kRows, tasks = B * blocks;
     const T scale = T(a.scale), ninf = -std::numeric_limits<T>::infinity();
@@ -254,6 +309,7 @@ struct AttentionKernel : CpuKernel {
         for (int64_t r = 0; r < rows; ++r) {
           const T inv = l[r];
           for (int64_t c = 0; c < Dv; ++c) op[r * Dv + c] = acc[size_t(r * Dv + c)] / inv;
+          if (lse) lse[b * Tq + i0 + r] = m[r] + std::log(l[r]);
         }
       }
     }
@@ -267,6 +323,7 @@ struct AttentionKernel : CpuKernel {
     const float* K = static_cast<const float*>(args.slots[st.inputs[1]]);
     const float* V = static_cast<const float*>(args.slots[st.inputs[2]]);
     float* O = static_cast<float*>(args.slots[st.output]);
+    float* lse = st.more_outputs.empty() ? nullptr : static_cast<float*>(args.slots[st.more_outputs[0]]);
     const int64_t B = a.batch, Tq = a.tq, Tk = a.tk, D = a.d, Dv = a.dv;
     const int64_t blocks = (Tq + kBlock - 1) / kBlock, tasks = B * blocks;
     const float scale = float(a.scale), ninf = -std::numeric_limits<float>::infinity();
@@ -352,46 +409,211 @@ struct AttentionKernel : CpuKernel {
                 for (float* ar = acc.data() + row * Dv; ar != acc.data() + (row + 1) * Dv; ++ar) *ar *= corr;
             }
             // acc[g..g+4) += P V over the group's keys.
-            const int64_t gr = std::min<int64_t>(4, rows - g);
-            int64_t c0 = 0;
-#if defined(__x86_64__)
-            if (z) {
-              for (; c0 + 32 <= Dv; c0 += 32) pv4_z<2>(s, vt.data(), Dv, c0, glim, acc.data() + g * Dv, int(gr));
-              for (; c0 + 16 <= Dv; c0 += 16) pv4_z<1>(s, vt.data(), Dv, c0, glim, acc.data() + g * Dv, int(gr));
-            }
-#endif
-            for (; c0 + 16 <= Dv; c0 += 16) {
-              v8 x0[4] = {}, x1[4] = {};
-              for (int r = 0; r < gr; ++r) {
-                VLOAD(x0[r], acc.data() + (g + r) * Dv + c0);
-                VLOAD(x1[r], acc.data() + (g + r) * Dv + c0 + 8);
-              }
-              for (int64_t j = 0; j < glim; ++j) {
-                v8 u0, u1;
-                VLOAD(u0, vt.data() + j * Dv + c0);
-                VLOAD(u1, vt.data() + j * Dv + c0 + 8);
-                for (int r = 0; r < 4; ++r) {
-                  const float p = s[r * kKeys + j];
-                  x0[r] += p * u0;
-                  x1[r] += p * u1;
-                }
-              }
-              for (int r = 0; r < gr; ++r) {
-                VSTORE(acc.data() + (g + r) * Dv + c0, x0[r]);
-                VSTORE(acc.data() + (g + r) * Dv + c0 + 8, x1[r]);
-              }
-            }
-            for (; c0 < Dv; ++c0)
-              for (int r = 0; r < gr; ++r) {
-                float x = acc[size_t((g + r) * Dv + c0)];
-                for (int64_t j = 0; j < glim; ++j) x += s[r * kKeys + j] * vt[size_t(j * Dv + c0)];
-                acc[size_t((g + r) * Dv + c0)] = x;
-              }
+            pv4(s, vt.data(), Dv, glim, acc.data() + g * Dv, int(std::min<int64_t>(4, rows - g)), z);
           }
         }
         float* op = O + (b * Tq + i0) * Dv;
-        for (int64_t r = 0; r < rows; ++r)
+        for (int64_t r = 0; r < rows; ++r) {
           for (int64_t c = 0; c < Dv; ++c) op[r * Dv + c] = acc[size_t(r * Dv + c)] / l[r];
+          if (lse) lse[b * Tq + i0 + r] = m[r] + std::log(l[r]);
+        }
+      }
+    }
+  }
+
+  void run(const Step& st, const LaunchArgs& args) const override {
+    if (st.dtype == DType::Float64)
+      run_typed<double>(st, args);
+    else
+      run_float(st, args);
+  }
+};
+
+// The backward Step (Step::attention->backward): from Q, K, V, the forward's output O, its
+// cotangent dO and the forward's per-row log-sum-exp, the gradients dQ, dK (written as K^T's
+// layout [..., d, Tk], the node the graph holds) and dV, recomputing each score once:
+//   p = exp(scale q.k - lse); dV[j] += p dO[i]; ds = p (dO[i].v[j] - dO[i].O[i]) scale;
+//   dQ[i] += ds k[j]; dK[j] += ds q[i].
+// One task per batch element (its rows and keys), so every sum is in one order whatever the
+// thread count. The operands of the element are copied dense first (per thread).
+template <class T>
+T dot(const T* x, const T* y, int64_t n) {
+  if constexpr (std::is_same_v<T, float>) {
+    v8 part = {};
+    int64_t c = 0;
+    for (; c + 8 <= n; c += 8) {
+      v8 a, b;
+      VLOAD(a, x + c);
+      VLOAD(b, y + c);
+      part += a * b;
+    }
+    float r = 0;
+    for (int i = 0; i < 8; ++i) r += part[i];
+    for (; c < n; ++c) r += x[c] * y[c];
+    return r;
+  } else {
+    T r = 0;
+    for (int64_t c = 0; c < n; ++c) r += x[c] * y[c];
+    return r;
+  }
+}
+
+struct AttentionBackwardKernel : CpuKernel {
+  kir::Step::Attention a;
+  Operand q, k, v, o, g;
+  bool avx512 = has_avx512();
+
+  explicit AttentionBackwardKernel(const Step& st) : a(*st.attention) {
+    q = operand_of(st.maps.at(0), a.batch);
+    k = operand_of(st.maps.at(1), a.batch);
+    v = operand_of(st.maps.at(2), a.batch);
+    o = operand_of(st.maps.at(3), a.batch);
+    g = operand_of(st.maps.at(4), a.batch);
+  }
+
+  template <class T>
+  static void dense(const T* src, const Operand& x, int64_t b, int64_t rows, int64_t cols, T* dst) {
+    const T* p = src + x.off[size_t(b)];
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t c = 0; c < cols; ++c) dst[r * cols + c] = p[r * x.rs + c * x.cs];
+  }
+
+  template <class T>
+  void run_typed(const Step& st, const LaunchArgs& args) const {
+    auto in = [&](size_t i) { return static_cast<const T*>(args.slots[st.inputs[i]]); };
+    const T *Q = in(0), *K = in(1), *V = in(2), *O = in(3), *G = in(4), *L = in(5);
+    T* dQ = static_cast<T*>(args.slots[st.output]);
+    T* dKT = static_cast<T*>(args.slots[st.more_outputs.at(0)]);
+    T* dV = static_cast<T*>(args.slots[st.more_outputs.at(1)]);
+    const int64_t B = a.batch, Tq = a.tq, Tk = a.tk, D = a.d, Dv = a.dv;
+    const T scale = T(a.scale);
+    const double work = double(B) * double(Tq) * double(Tk) * double(D + Dv);
+#pragma omp parallel if (work >= double(kParallelMin) * 16)
+    {
+      const size_t nq = static_cast<size_t>(Tq), nk = static_cast<size_t>(Tk);
+      std::vector<T> qb(nq * size_t(D)), kb(nk * size_t(D)), vb(nk * size_t(Dv)), gb(nq * size_t(Dv)), ob(nq * size_t(Dv));
+      std::vector<T> dq(nq * size_t(D)), dk(nk * size_t(D)), dv(nk * size_t(Dv)), di(nq);
+#pragma omp for schedule(static)
+      for (int64_t b = 0; b < B; ++b) {
+        dense(Q, q, b, Tq, D, qb.data());
+        dense(K, k, b, Tk, D, kb.data());
+        dense(V, v, b, Tk, Dv, vb.data());
+        dense(G, g, b, Tq, Dv, gb.data());
+        dense(O, o, b, Tq, Dv, ob.data());
+        std::fill(dq.begin(), dq.end(), T(0));
+        std::fill(dk.begin(), dk.end(), T(0));
+        std::fill(dv.begin(), dv.end(), T(0));
+        for (int64_t i = 0; i < Tq; ++i) di[size_t(i)] = dot(gb.data() + i * Dv, ob.data() + i * Dv, Dv);
+        const T* lse = L + b * Tq;
+        for (int64_t i = 0; i < Tq; ++i) {
+          int64_t jend = Tk;
+          if (a.causal) jend = std::clamp<int64_t>(i + a.causal_offset + 1, 0, Tk);
+          if (!std::isfinite(lse[i])) continue;  // every key masked: the forward gave NaN, its gradient is not defined here
+          const T* qi = qb.data() + i * D;
+          const T* gi = gb.data() + i * Dv;
+          T* dqi = dq.data() + i * D;
+          for (int64_t j = 0; j < jend; ++j) {
+            const T* kj = kb.data() + j * D;
+            const T p = std::exp(scale * dot(qi, kj, D) - lse[i]);
+            T* dvj = dv.data() + j * Dv;
+            for (int64_t c = 0; c < Dv; ++c) dvj[c] += p * gi[c];
+            const T ds = p * (dot(gi, vb.data() + j * Dv, Dv) - di[size_t(i)]) * scale;
+            T* dkj = dk.data() + j * D;
+            for (int64_t c = 0; c < D; ++c) {
+              dqi[c] += ds * kj[c];
+              dkj[c] += ds * qi[c];
+            }
+          }
+        }
+        std::copy(dq.begin(), dq.end(), dQ + b * Tq * D);
+        std::copy(dv.begin(), dv.end(), dV + b * Tk * Dv);
+        T* kt = dKT + b * D * Tk;
+        for (int64_t j = 0; j < Tk; ++j)
+          for (int64_t c = 0; c < D; ++c) kt[c * Tk + j] = dk[size_t(j * D + c)];
+      }
+    }
+  }
+
+  // float32: per key tile (64) and group of 4 query rows, the scores S and dP = dO V^T as the
+  // forward's register-blocked scores, P = exp(S - lse) and dS = P (dP - D) scale for the group,
+  // then dQ[rows] += dS K, dV[keys] += P^T dO, dK[keys] += dS^T Q.
+  void run_float(const Step& st, const LaunchArgs& args) const {
+    auto in = [&](size_t i) { return static_cast<const float*>(args.slots[st.inputs[i]]); };
+    const float *Q = in(0), *K = in(1), *V = in(2), *O = in(3), *G = in(4), *L = in(5);
+    float* dQ = static_cast<float*>(args.slots[st.output]);
+    float* dKT = static_cast<float*>(args.slots[st.more_outputs.at(0)]);
+    float* dV = static_cast<float*>(args.slots[st.more_outputs.at(1)]);
+    const int64_t B = a.batch, Tq = a.tq, Tk = a.tk, D = a.d, Dv = a.dv;
+    const float scale = float(a.scale), ninf = -std::numeric_limits<float>::infinity();
+    const double work = double(B) * double(Tq) * double(Tk) * double(D + Dv);
+    const bool z = avx512;
+#pragma omp parallel if (work >= double(kParallelMin) * 16)
+    {
+      const size_t nq = static_cast<size_t>(Tq + 3), nk = static_cast<size_t>(Tk);
+      std::vector<float> qb(nq * size_t(D)), kb(nk * size_t(D)), vb(nk * size_t(Dv)), gb(nq * size_t(Dv)), ob(nq * size_t(Dv));
+      std::vector<float> dq(nq * size_t(D)), dk(nk * size_t(D)), dv(nk * size_t(Dv)), di(nq);
+      std::vector<float> kt(size_t(D * kKeys), 0.0f), vtt(size_t(Dv * kKeys), 0.0f);
+      alignas(64) float p[4 * kKeys], ds[4 * kKeys];
+#pragma omp for schedule(static)
+      for (int64_t b = 0; b < B; ++b) {
+        dense(Q, q, b, Tq, D, qb.data());
+        dense(K, k, b, Tk, D, kb.data());
+        dense(V, v, b, Tk, Dv, vb.data());
+        dense(G, g, b, Tq, Dv, gb.data());
+        dense(O, o, b, Tq, Dv, ob.data());
+        std::fill(qb.begin() + Tq * D, qb.end(), 0.0f);  // the last group's missing rows
+        std::fill(gb.begin() + Tq * Dv, gb.end(), 0.0f);
+        std::fill(dq.begin(), dq.end(), 0.0f);
+        std::fill(dk.begin(), dk.end(), 0.0f);
+        std::fill(dv.begin(), dv.end(), 0.0f);
+        for (int64_t i = 0; i < Tq; ++i) di[size_t(i)] = dot(gb.data() + i * Dv, ob.data() + i * Dv, Dv);
+        const float* lse = L + b * Tq;
+        for (int64_t j0 = 0; j0 < Tk; j0 += kKeys) {
+          const int64_t nkey = std::min(kKeys, Tk - j0);
+          for (int64_t j = 0; j < kKeys; ++j) {
+            for (int64_t d = 0; d < D; ++d) kt[size_t(d * kKeys + j)] = j < nkey ? kb[size_t((j0 + j) * D + d)] : 0.0f;
+            for (int64_t c = 0; c < Dv; ++c) vtt[size_t(c * kKeys + j)] = j < nkey ? vb[size_t((j0 + j) * Dv + c)] : 0.0f;
+          }
+          for (int64_t g0 = 0; g0 < Tq; g0 += 4) {
+            const int64_t gr = std::min<int64_t>(4, Tq - g0);
+            int64_t glim = nkey;
+            if (a.causal) glim = std::clamp<int64_t>(g0 + gr - 1 + a.causal_offset + 1 - j0, 0, nkey);
+            if (glim == 0) continue;
+            const int64_t nv = (glim + 15) / 16, width = nv * 16;
+            scores4_any(qb.data() + g0 * D, D, kt.data(), nv, scale, p, z);
+            scores4_any(gb.data() + g0 * Dv, Dv, vtt.data(), nv, 1.0f, ds, z);
+            for (int64_t r = 0; r < 4; ++r) {
+              float* pr = p + r * kKeys;
+              float* dr = ds + r * kKeys;
+              const int64_t i = g0 + r;
+              int64_t lim = r < gr ? glim : 0;
+              if (r < gr && a.causal) lim = std::clamp<int64_t>(i + a.causal_offset + 1 - j0, 0, nkey);
+              if (r < gr && !std::isfinite(lse[i])) lim = 0;  // every key masked: no gradient defined here
+              const float li = r < gr ? lse[i] : 0.0f, dii = r < gr ? di[size_t(i)] : 0.0f;
+              for (int64_t j = 0; j < width; ++j) pr[j] = j < lim ? pr[j] - li : ninf;
+              vmath::vexp(pr, pr, width);
+              for (int64_t j = 0; j < width; ++j) dr[j] = pr[j] * (dr[j] - dii) * scale;
+            }
+            // dQ[rows] += dS K[tile keys]
+            pv4(ds, kb.data() + j0 * D, D, glim, dq.data() + g0 * D, int(gr), z);
+            // dV[key] += sum_r P[r][key] dO[r]; dK[key] += sum_r dS[r][key] Q[r]
+            const float *g0p = gb.data() + g0 * Dv, *q0p = qb.data() + g0 * D;
+            for (int64_t j = 0; j < glim; ++j) {
+              const float p0 = p[j], p1 = p[kKeys + j], p2 = p[2 * kKeys + j], p3 = p[3 * kKeys + j];
+              float* dvj = dv.data() + (j0 + j) * Dv;
+              for (int64_t c = 0; c < Dv; ++c)
+                dvj[c] += p0 * g0p[c] + p1 * g0p[Dv + c] + p2 * g0p[2 * Dv + c] + p3 * g0p[3 * Dv + c];
+              const float s0 = ds[j], s1 = ds[kKeys + j], s2 = ds[2 * kKeys + j], s3 = ds[3 * kKeys + j];
+              float* dkj = dk.data() + (j0 + j) * D;
+              for (int64_t c = 0; c < D; ++c) dkj[c] += s0 * q0p[c] + s1 * q0p[D + c] + s2 * q0p[2 * D + c] + s3 * q0p[3 * D + c];
+            }
+          }
+        }
+        std::copy(dq.begin(), dq.begin() + Tq * D, dQ + b * Tq * D);
+        std::copy(dv.begin(), dv.end(), dV + b * Tk * Dv);
+        float* ktp = dKT + b * D * Tk;
+        for (int64_t j = 0; j < Tk; ++j)
+          for (int64_t c = 0; c < D; ++c) ktp[c * Tk + j] = dk[size_t(j * D + c)];
       }
     }
   }
@@ -411,13 +633,16 @@ struct AttentionKernel : CpuKernel {
 
 std::unique_ptr<CpuKernel> compile_attention(const Step& st) {
   const kir::Source src = st.sources.empty() ? kir::Source{"attention", ""} : st.sources.front();
-  if (!st.attention || st.inputs.size() != 3 || st.maps.size() != 3)
-    fail(src.op, "internal: an attention Step without its fields or its three operands (" + st.str() + ")", src.scope);
+  const size_t n = st.attention && st.attention->backward ? 6 : 3;
+  if (!st.attention || st.inputs.size() != n || st.maps.size() < n - (n == 6) ||
+      st.more_outputs.size() != (st.attention->backward ? 2u : st.more_outputs.size()))
+    fail(src.op, "internal: an attention Step without its fields or its operands (" + st.str() + ")", src.scope);
   if (st.dtype != DType::Float32 && st.dtype != DType::Float64)
     fail(src.op, std::string("the fused attention Step runs float32 and float64, not ") + dtype_name(st.dtype), src.scope);
-  for (const kir::IndexMap& m : st.maps)
-    if (!m.single() || m.shape().size() < 2)
-      fail(src.op, "internal: an attention operand is not a plain strided view (" + m.str() + ")", src.scope);
+  for (size_t i = 0; i < std::min<size_t>(st.maps.size(), 5); ++i)
+    if (!st.maps[i].single() || st.maps[i].shape().size() < 2)
+      fail(src.op, "internal: an attention operand is not a plain strided view (" + st.maps[i].str() + ")", src.scope);
+  if (st.attention->backward) return std::make_unique<AttentionBackwardKernel>(st);
   return std::make_unique<AttentionKernel>(st);
 }
 

@@ -90,38 +90,23 @@ class Matcher {
     m.q = id(scores->inputs[0].get());
     m.kt = id(scores->inputs[1].get());
     m.v = id(y.inputs[1].get());
-    // Nothing outside reads an intermediate value (the probabilities, the scores, ...).
+    // A training graph: the backward of the same attention (the products' and the softmax's
+    // VJPs as autodiff and simplify leave them) reads the intermediate values; both fuse.
+    std::vector<int> bcore;
+    const bool bw = backward(m, p, e, x != s ? x : nullptr, mask, s != scores ? s : nullptr, scores, y, bcore);
+    if (bw && scores->shape[r - 1] < kAttentionMinKeysWithBackward) return std::nullopt;  // the measured rule (fuse.h)
+    if (bw) core.insert(core.end(), bcore.begin(), bcore.end());
+    // Nothing else reads an intermediate value (the probabilities, the scores, ...).
     std::sort(core.begin(), core.end());
     core.erase(std::unique(core.begin(), core.end()), core.end());
     for (int c : core) {
       if (output_[size_t(c)]) return std::nullopt;
       for (int u : consumers_[size_t(c)])
-        if (u != root && !std::binary_search(core.begin(), core.end(), u)) return std::nullopt;
+        if (u != root && (!bw || (u != m.g_dv && u != m.g_dkt && u != m.g_dq)) && !std::binary_search(core.begin(), core.end(), u))
+          return std::nullopt;
     }
-    // Plus what only they read (the mask's positions and comparisons, the constants), never
-    // Q, K^T, V or anything they need.
-    std::vector<uint8_t> in(g_.nodes.size(), 0), cand(g_.nodes.size(), 0);
-    for (int c : core) in[size_t(c)] = 1;
-    in[size_t(root)] = 1;
-    std::vector<int> stack(core.begin(), core.end());
-    while (!stack.empty()) {
-      const int c = stack.back();
-      stack.pop_back();
-      for (const ir::NodePtr& xi : g_.nodes[size_t(c)]->inputs) {
-        const int k = id(xi.get());
-        if (k == m.q || k == m.kt || k == m.v || in[size_t(k)] || cand[size_t(k)]) continue;
-        cand[size_t(k)] = 1;
-        stack.push_back(k);
-      }
-    }
-    for (int k = int(g_.nodes.size()) - 1; k >= 0; --k) {
-      if (!cand[size_t(k)] || output_[size_t(k)] || g_.nodes[size_t(k)]->op == Op::Leaf) continue;
-      bool all = !consumers_[size_t(k)].empty();
-      for (int u : consumers_[size_t(k)]) all &= in[size_t(u)] != 0;
-      if (all) in[size_t(k)] = 1;
-    }
-    for (size_t k = 0; k < in.size(); ++k)
-      if (in[k] && int(k) != root) m.absorbed.push_back(int(k));
+    if (!bw) m.g_dy = m.g_dv = m.g_dkt = m.g_dq = -1;
+    for (int c : core) (bw && std::find(bcore.begin(), bcore.end(), c) != bcore.end() ? m.absorbed_backward : m.absorbed).push_back(c);
     return m;
   }
 
@@ -131,6 +116,104 @@ class Matcher {
   std::vector<uint8_t> output_;
 
   int id(const Node* n) const { return g_.index.at(n); }
+
+  // The first node reading n that satisfies f.
+  template <class F>
+  const Node* reader(const Node* n, F&& f) const {
+    for (int u : consumers_[size_t(id(n))])
+      if (f(*g_.nodes[size_t(u)])) return g_.nodes[size_t(u)].get();
+    return nullptr;
+  }
+  static bool swaps_last_two(const std::vector<int64_t>& perm) {
+    const size_t r = perm.size();
+    if (r < 2) return false;
+    for (size_t k = 0; k + 2 < r; ++k)
+      if (perm[k] != int64_t(k)) return false;
+    return perm[r - 2] == int64_t(r - 1) && perm[r - 1] == int64_t(r - 2);
+  }
+  // a holds b with its last two dimensions swapped: a permute of b, b a permute of a, or both
+  // permutes of one node (simplify composes a permute of a permute).
+  static bool transposed(const Node* a, const Node* b) {
+    if (a->op == Op::Permute && a->inputs[0].get() == b && swaps_last_two(a->attrs.ints)) return true;
+    if (b->op == Op::Permute && b->inputs[0].get() == a && swaps_last_two(b->attrs.ints)) return true;
+    if (a->op != Op::Permute || b->op != Op::Permute || a->inputs[0] != b->inputs[0]) return false;
+    const auto &pa = a->attrs.ints, &pb = b->attrs.ints;
+    const size_t r = pa.size();
+    if (pb.size() != r || r < 2) return false;
+    for (size_t k = 0; k + 2 < r; ++k)
+      if (pa[k] != pb[k]) return false;
+    return pa[r - 2] == pb[r - 1] && pa[r - 1] == pb[r - 2];
+  }
+  static bool is_pair(const Node& n, Op op, const Node* x, const Node* y) {
+    return n.op == op && ((n.inputs[0].get() == x && n.inputs[1].get() == y) || (n.inputs[0].get() == y && n.inputs[1].get() == x));
+  }
+
+  // The backward of the forward match: fills m.g_* and the nodes only it computes.
+  bool backward(AttentionMatch& m, const Node* p, const Node* e, const Node* where, const Node* mask, const Node* smul,
+                const Node* scores, const Node& y, std::vector<int>& core) const {
+    const Node* es = p->inputs[1].get();
+    const Node* q = scores->inputs[0].get();
+    const Node* kt = scores->inputs[1].get();
+    const Node* v = y.inputs[1].get();
+    // dV = P^T dY
+    const Node* pt = reader(p, [&](const Node& n) { return n.op == Op::Permute && swaps_last_two(n.attrs.ints); });
+    if (!pt) return false;
+    const Node* dv = reader(pt, [&](const Node& n) { return n.op == Op::Matmul && n.inputs[0].get() == pt; });
+    if (!dv) return false;
+    const Node* dy = dv->inputs[1].get();
+    if (dy->shape != y.shape || dy->dtype != y.dtype) return false;
+    // dP = dY V^T; dE = dP / s; the sum's share: -rowsum(dE * P); dX = (dE + that) * e
+    const Node* dp = reader(dy, [&](const Node& n) { return n.op == Op::Matmul && n.inputs[0].get() == dy && transposed(n.inputs[1].get(), v); });
+    if (!dp) return false;
+    const Node* de = reader(dp, [&](const Node& n) { return n.op == Op::Div && n.inputs[0].get() == dp && n.inputs[1].get() == es; });
+    if (!de) return false;
+    const Node* t = reader(de, [&](const Node& n) { return is_pair(n, Op::Mul, de, p); });
+    if (!t) return false;
+    const Node* ng = reader(t, [&](const Node& n) { return n.op == Op::Neg; });
+    if (!ng) return false;
+    const int64_t last = int64_t(p->shape.size()) - 1;
+    const Node* rs = reader(ng, [&](const Node& n) { return n.op == Op::ReduceSum && n.attrs.ints == std::vector<int64_t>{last}; });
+    if (!rs) return false;
+    const Node* rse = reader(rs, [&](const Node& n) { return n.op == Op::Expand && n.shape == p->shape; });
+    if (!rse) return false;
+    const Node* ad = reader(de, [&](const Node& n) { return is_pair(n, Op::Add, de, rse); });
+    if (!ad) return false;
+    const Node* dx = reader(ad, [&](const Node& n) { return is_pair(n, Op::Mul, ad, e); });
+    if (!dx) return false;
+    core.insert(core.end(), {id(pt), id(dp), id(de), id(t), id(ng), id(rs), id(rse), id(ad), id(dx)});
+    // the mask's zeros, then the scale
+    const Node* ds = dx;
+    if (where) {
+      const Node* w = reader(ds, [&](const Node& n) {
+        if (n.op != Op::Where || n.inputs[0].get() != mask || n.inputs[2].get() != ds) return false;
+        std::optional<double> z = constant(n.inputs[1].get());
+        return z && *z == 0;
+      });
+      if (!w) return false;
+      core.push_back(id(w));
+      ds = w;
+    }
+    if (smul) {
+      const std::optional<double> c = constant(smul->inputs[1].get()) ? constant(smul->inputs[1].get()) : constant(smul->inputs[0].get());
+      const Node* ms = reader(ds, [&](const Node& n) {
+        if (n.op != smul->op) return false;
+        if (n.op == Op::Div) return n.inputs[0].get() == ds && constant(n.inputs[1].get()) == c;
+        return (n.inputs[0].get() == ds && constant(n.inputs[1].get()) == c) || (n.inputs[1].get() == ds && constant(n.inputs[0].get()) == c);
+      });
+      if (!ms) return false;
+      core.push_back(id(ms));
+      ds = ms;
+    }
+    // dK^T = Q^T dS; dQ = dS K
+    const Node* dkt = reader(ds, [&](const Node& n) { return n.op == Op::Matmul && n.inputs[1].get() == ds && transposed(n.inputs[0].get(), q); });
+    const Node* dq = reader(ds, [&](const Node& n) { return n.op == Op::Matmul && n.inputs[0].get() == ds && transposed(n.inputs[1].get(), kt); });
+    if (!dkt || !dq) return false;
+    m.g_dy = id(dy);
+    m.g_dv = id(dv);
+    m.g_dkt = id(dkt);
+    m.g_dq = id(dq);
+    return true;
+  }
 
   // b = expand(reduce(x, last axis)) (the expand may be absent when the last axis has extent 1).
   bool reduced_back(const Node* b, Op reduce, const Node* x, std::vector<int>& core) const {

@@ -19,7 +19,12 @@ struct AttentionMatch {
   double scale = 1;
   bool causal = false;
   int64_t causal_offset = 0;       // key j masked for query i where j - i > causal_offset
-  std::vector<int> absorbed;       // nodes computed only for it (never lowered on their own), sorted
+  std::vector<int> absorbed;       // forward nodes computed only for it (never lowered on their own), sorted
+  // Its backward, when the graph holds it (else -1): the cotangent dY of the output, and the
+  // gradient nodes dV [..., Tk, Dv], dK^T [..., D, Tk] and dQ [..., Tq, D] the backward Step writes.
+  int g_dy = -1, g_dv = -1, g_dkt = -1, g_dq = -1;
+  std::vector<int> absorbed_backward;  // the backward's nodes only it computes, sorted
+  bool has_backward() const { return g_dq >= 0; }
 };
 
 // Every match in g (float32 and float64 only).
