@@ -463,7 +463,7 @@ void add_networks_rows(AddRow add) {
   add("log_softmax", [] { return softmax_like([](const Tensor& x, int64_t d) { return log_softmax(x, d); }); });
   // Not an op of ops.h: the traced pattern softmax(where(causal, -inf, Q K^T * scale)) V that a
   // backend declaring Target::attention runs as one fused Step (the cpu; the others the
-  // decomposition). The gradient cases read the probabilities, so they run decomposed everywhere.
+  // decomposition); the gradient case, over 128 keys, fuses the backward too (passes/fuse.h).
   add("attention", [] {
     auto attn = [](bool causal) {
       return Many([causal](const std::vector<Tensor>& x) {
@@ -484,8 +484,8 @@ void add_networks_rows(AddRow add) {
                                                                   input({1, 2, 90, 16}, F32, g, L::Strided)}, attn(false)),
         of("f32 q[1,2,20,32] k,v[1,2,90,32] causal over a cache", {input({1, 2, 20, 32}, F32, g), input({1, 2, 90, 32}, F32, g),
                                                                   input({1, 2, 90, 32}, F32, g)}, attn(true)),
-        of("f32 q,k,v[1,2,16,32] causal grad", {input({1, 2, 16, 32}, F32, g, L::Contiguous, true), input({1, 2, 16, 32}, F32, g, L::Contiguous, true),
-                                                input({1, 2, 16, 32}, F32, g, L::Contiguous, true)}, attn(true)),
+        of("f32 q,k,v[1,2,130,32] causal grad", {input({1, 2, 130, 32}, F32, g, L::Contiguous, true), input({1, 2, 130, 32}, F32, g, L::Contiguous, true),
+                                                 input({1, 2, 130, 32}, F32, g, L::Contiguous, true)}, attn(true)),
     };
   });
   add("layer_norm", [g] {
