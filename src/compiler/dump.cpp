@@ -157,8 +157,13 @@ std::string instr_text(const kir::Instr& in) {
 std::string step_text(const kir::Step& st) {
   std::ostringstream os;
   os << kind_name(st.kind) << " " << dtype_short(st.dtype) << shape_str(st.shape) << " -> slot " << st.output;
-  for (size_t k = 0; k < st.more_outputs.size(); ++k)
-    os << ", slot " << st.more_outputs[k] << " (instr " << st.more_results[k] << ")";
+  for (size_t k = 0; k < st.more_outputs.size(); ++k) {
+    os << ", slot " << st.more_outputs[k];
+    if (st.attention)
+      os << (st.attention->backward ? (k ? " (dV)" : " (dK^T)") : " (log-sum-exp)");
+    else
+      os << " (instr " << st.more_results[k] << ")";
+  }
   os << "\n";
   os << "  inputs:";
   if (st.inputs.empty()) os << " none";
