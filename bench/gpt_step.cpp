@@ -6,6 +6,12 @@
 //   OMP_NUM_THREADS=2 bench_gpt_step [--steps N] [--warmup N] [--device cpu|opencl|cuda|...]
 //                                    [--preset gpt2-small|vocab-peak] [--batch N] [--dropout P] [--losses]
 //                                    [--dtype float32|bfloat16|float16] [--memory-budget 200MB|0.5] [--micro-batches N|auto]
+//                                    [--eval]
+//
+// --eval: the step is the evaluation loss only (forward + cross entropy under NoGradGuard, the
+// model in eval mode; no backward, no update), where nothing reads the attention probabilities
+// and the cpu runs each layer's attention as one fused Step (TESSERA_DISABLE_PASSES=attention:
+// the decomposition).
 //
 // --dtype bfloat16 / float16: the forward pass and loss under tessera::Autocast (the products in
 // that dtype with float32 accumulation, everything else and the AdamW state in float32); float16
@@ -59,7 +65,7 @@ using namespace bench;
 int main(int argc, char** argv) {
   int64_t steps = 30, warmup = 3, batch = kBatch;
   double dropout = 0.0;
-  bool losses = false;
+  bool losses = false, eval_only = false;
   std::string device = "cpu", dtype = "float32";
   MemoryBudget budget;
   int64_t micro = 1;
@@ -93,13 +99,19 @@ int main(int argc, char** argv) {
       micro = v == "auto" ? 0 : std::atoll(v.c_str());
     } else if (a == "--losses") {
       losses = true;
+    } else if (a == "--eval") {
+      eval_only = true;
     } else {
       std::fprintf(stderr,
                    "usage: %s [--steps N] [--warmup N] [--device NAME] [--preset gpt2-small|vocab-peak] [--batch N] [--dropout P] "
-                   "[--losses] [--dtype float32|bfloat16|float16] [--memory-budget BYTES|FRACTION] [--micro-batches N|auto]   (threads: OMP_NUM_THREADS)\n",
+                   "[--losses] [--dtype float32|bfloat16|float16] [--memory-budget BYTES|FRACTION] [--micro-batches N|auto] [--eval]   (threads: OMP_NUM_THREADS)\n",
                    argv[0]);
       return 2;
     }
+  }
+  if (eval_only && (micro != 1 || dtype == "float16")) {
+    std::fprintf(stderr, "--eval takes neither --micro-batches nor --dtype float16 (loss scaling is for training)\n");
+    return 2;
   }
   if (steps < 1 || warmup < 0 || batch < 1 || dropout < 0 || dropout >= 1) {
     std::fprintf(stderr, "--steps and --batch must be positive, --warmup not negative, --dropout in [0, 1)\n");
@@ -112,7 +124,7 @@ int main(int argc, char** argv) {
   manual_seed(0);
   nn::GPT model(cfg);
   model.to(Device(device));
-  model.train();
+  model.train(!eval_only);
   optim::AdamW opt(model.parameters(), {.lr = 3e-3, .weight_decay = 0.1});
   auto batches = make_batches(batch, cfg.block, cfg.vocab);
   TensorOptions ids{DType::Int64, Device(device)};
@@ -159,7 +171,10 @@ int main(int argc, char** argv) {
       opt.zero_grad();
     };
     double l = 0;
-    if (micro == 1) {
+    if (eval_only) {
+      NoGradGuard no_grad;
+      l = loss_fn({x, y}).item();  // runs the forward's graph
+    } else if (micro == 1) {
       Tensor loss = loss_fn({x, y});
       loss.backward();
       update();
@@ -194,9 +209,9 @@ int main(int argc, char** argv) {
   double maxrss_mb = double(ru.ru_maxrss) / 1024.0;  // Linux reports kilobytes
   double peak_mb = double(m.peak_bytes) / (1024.0 * 1024.0);
   double med = percentile(ms, 0.5), p10 = percentile(ms, 0.1), p90 = percentile(ms, 0.9);
-  std::printf("tessera GPT step on %s (vocab %lld, block %lld, embd %lld, %lld heads, %lld layers, batch %lld, dropout %g, "
+  std::printf("tessera GPT %s on %s (vocab %lld, block %lld, embd %lld, %lld heads, %lld layers, batch %lld, dropout %g, "
               "AdamW, %s), OMP_NUM_THREADS=%s\n",
-              device.c_str(), (long long)cfg.vocab, (long long)cfg.block, (long long)cfg.embd, (long long)cfg.heads,
+              eval_only ? "evaluation (forward + loss)" : "step", device.c_str(), (long long)cfg.vocab, (long long)cfg.block, (long long)cfg.embd, (long long)cfg.heads,
               (long long)cfg.layers, (long long)batch, dropout, dtype == "float32" ? "float32" : (dtype + " autocast").c_str(), threads.c_str());
   std::printf("  parameters %lld, %lld warm-up + %lld timed steps\n", (long long)model.num_parameters(), (long long)warmup,
               (long long)steps);
@@ -223,9 +238,9 @@ int main(int argc, char** argv) {
                 unstacked ? last_memory_plan().unstacked.c_str() : "");
   std::printf("RESULT tessera device=%s threads=%s median_ms=%.3f p10=%.3f p90=%.3f peak_mb=%.1f maxrss_mb=%.1f graphs=%lld "
               "exec_ms=%.3f last_loss=%.4f tokens_per_s=%.0f first_step_ms=%.0f compile_ms=%.1f dtype=%s bf16_gflop=%.3f "
-              "micro_batches=%lld recomputed=%lld unstacked=%d\n",
+              "micro_batches=%lld recomputed=%lld unstacked=%d mode=%s\n",
               device.c_str(), threads.c_str(), med, p10, p90, peak_mb, maxrss_mb, (long long)m.graphs_compiled, exec_per_step, last_loss,
               double(batch * cfg.block) / (med / 1000.0), first_ms, m.compile_ms, dtype.c_str(), bf16_gflop, (long long)micro_used,
-              (long long)m.recomputed_steps, unstacked);
+              (long long)m.recomputed_steps, unstacked, eval_only ? "eval" : "train");
   return 0;
 }

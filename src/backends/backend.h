@@ -48,7 +48,9 @@ namespace tessera::backends {
 //    them in compile().
 // 7: Step::accumulate (a Gemm Step adding its product into its output slot's contents) and
 //    Target::gemm_accumulate, which a backend sets to be given such Steps (the cpu does).
-constexpr int kInterfaceVersion = 7;
+// 8: StepKind::Attention (Step::attention) and Target::attention, which a backend sets to be
+//    given such Steps (the cpu does); a backend that does not never receives one.
+constexpr int kInterfaceVersion = 8;
 
 // A compiled Step, opaque to the runtime; destroyed with the executable that holds it.
 struct Kernel {

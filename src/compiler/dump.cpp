@@ -110,6 +110,7 @@ std::string kind_name(kir::StepKind k) {
     case K::DynamicUpdateSlice: return "dynamic_update_slice";
     case K::Row: return "row";
     case K::Collective: return "collective";
+    case K::Attention: return "attention";
     default: return "kind#" + std::to_string(int(k));
   }
 }
@@ -156,8 +157,13 @@ std::string instr_text(const kir::Instr& in) {
 std::string step_text(const kir::Step& st) {
   std::ostringstream os;
   os << kind_name(st.kind) << " " << dtype_short(st.dtype) << shape_str(st.shape) << " -> slot " << st.output;
-  for (size_t k = 0; k < st.more_outputs.size(); ++k)
-    os << ", slot " << st.more_outputs[k] << " (instr " << st.more_results[k] << ")";
+  for (size_t k = 0; k < st.more_outputs.size(); ++k) {
+    os << ", slot " << st.more_outputs[k];
+    if (st.attention)
+      os << (st.attention->backward ? (k ? " (dV)" : " (dK^T)") : " (log-sum-exp)");
+    else
+      os << " (instr " << st.more_results[k] << ")";
+  }
   os << "\n";
   os << "  inputs:";
   if (st.inputs.empty()) os << " none";
@@ -179,6 +185,12 @@ std::string step_text(const kir::Step& st) {
   if (st.accumulate) os << "  accumulates: the product is added to what its output slot holds (in-place accumulation)\n";
   if (st.kind == kir::StepKind::Gemm && !st.program.empty()) os << "  epilogue: the program below, per row block\n";
   if (st.kind == kir::StepKind::Gather || st.kind == kir::StepKind::ScatterAdd) os << "  axis " << st.axis << "\n";
+  if (st.attention) {
+    const auto& a = *st.attention;
+    os << "  attention: " << a.batch << " x softmax(" << fmt_double(a.scale) << " * Q K^T" << (a.causal ? ", causal" : "")
+       << (a.causal && a.causal_offset ? " +" + std::to_string(a.causal_offset) : "") << ") V; Tq " << a.tq << ", Tk " << a.tk
+       << ", d " << a.d << ", dv " << a.dv << " (maps: Q, K, V; the scores never stored)\n";
+  }
   for (size_t i = 0; i < st.maps.size(); ++i) os << "  map " << i << ": " << st.maps[i].str() << "\n";
   if (!st.program.empty()) {
     os << "  program (" << st.program.size() << " instructions):\n";

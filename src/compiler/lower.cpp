@@ -70,6 +70,52 @@ Lowerer::Lowerer(const ir::Graph& graph, const std::vector<ir::NodePtr>& params,
   }
   for (int o : g.outputs) users[o]++;
   store_early.assign(g.nodes.size(), 0);
+  attn_at.assign(g.nodes.size(), -1);
+  attn_bwd_at.assign(g.nodes.size(), -1);
+  absorbed.assign(g.nodes.size(), 0);
+  if (opts.enabled("attention") && opts.target.attention) {
+    for (AttentionMatch& m : find_attention(g)) {
+      std::vector<int> roots = {m.root}, inner = m.absorbed, operands = {m.q, m.kt, m.v};
+      if (m.has_backward()) {
+        roots.insert(roots.end(), {m.g_dv, m.g_dkt, m.g_dq});
+        inner.insert(inner.end(), m.absorbed_backward.begin(), m.absorbed_backward.end());
+        operands.push_back(m.g_dy);
+      }
+      bool free = true;  // matches never share a node
+      for (int k : roots) free &= attn_at[size_t(k)] < 0 && attn_bwd_at[size_t(k)] < 0 && !absorbed[size_t(k)];
+      for (int k : inner) free &= !absorbed[size_t(k)] && attn_at[size_t(k)] < 0 && attn_bwd_at[size_t(k)] < 0;
+      for (int k : operands) free &= !absorbed[size_t(k)];
+      if (!free) continue;
+      for (int k : inner) absorbed[size_t(k)] = 1;
+      attn_at[size_t(m.root)] = int(attn.size());
+      if (m.has_backward())
+        for (int k : {m.g_dv, m.g_dkt, m.g_dq}) attn_bwd_at[size_t(k)] = int(attn.size());
+      attn.push_back(std::move(m));
+    }
+    attn_lse.assign(attn.size(), -1);
+    // A node every reader of which is absorbed (the causal mask and the scale that all layers
+    // share) is absorbed too, never an operand the Steps read.
+    if (!attn.empty()) {
+      std::vector<uint8_t> operand(g.nodes.size(), 0);
+      for (const AttentionMatch& m : attn)
+        for (int k : {m.q, m.kt, m.v, m.g_dy})
+          if (k >= 0) operand[size_t(k)] = 1;
+      std::vector<std::vector<int>> readers(g.nodes.size());
+      for (size_t i = 0; i < g.nodes.size(); ++i)
+        for (const ir::NodePtr& x : g.nodes[i]->inputs) {
+          auto& r = readers[size_t(g.index.at(x.get()))];
+          if (r.empty() || r.back() != int(i)) r.push_back(int(i));
+        }
+      for (size_t k = g.nodes.size(); k-- > 0;) {
+        if (absorbed[k] || operand[k] || attn_at[k] >= 0 || attn_bwd_at[k] >= 0 || output_of_node.count(int(k)) || readers[k].empty() ||
+            g.nodes[k]->op == Op::Leaf)
+          continue;
+        bool all = true;
+        for (int u : readers[k]) all &= absorbed[size_t(u)] || attn_at[size_t(u)] >= 0 || attn_bwd_at[size_t(u)] >= 0;
+        absorbed[k] = all;
+      }
+    }
+  }
   for (const ir::NodePtr& n : g.nodes) {
     if (!addressed(n->op)) continue;
     for (const ir::NodePtr& x : n->inputs) {
@@ -285,6 +331,9 @@ Val Lowerer::to_rowconst(int node, Val v, const Shape& eval, int64_t row) {
 
 Val Lowerer::lower_node(int i) {
   const Node& n = *g.nodes[i];
+  if (absorbed[size_t(i)]) return {};  // computed inside an Attention Step
+  if (attn_at[size_t(i)] >= 0) return lower_attention(i, attn[size_t(attn_at[size_t(i)])]);
+  if (attn_bwd_at[size_t(i)] >= 0) return lower_attention_backward(i, attn_bwd_at[size_t(i)]);
   switch (n.op) {
     case Op::Leaf:
       return slot_val(param_slot.at(param_of.at(&n)), n.shape);
@@ -594,6 +643,84 @@ Val Lowerer::lower_collective(int i) {
   st.input_dtypes.push_back(n.inputs[0]->dtype);
   st.output = slot_for(i);
   return push(std::move(st), n.shape);
+}
+
+// softmax(scale * Q K^T, masked) V as one Step: Q, K^T and V as plain strided views (K^T's view
+// permuted back to [..., Tk, D]); the scores and probabilities are never stored.
+Val Lowerer::lower_attention(int i, const AttentionMatch& m) {
+  const Node& n = *g.nodes[i];
+  Step st = begin(StepKind::Attention, i);
+  const Val q = strided(m.q, i), kt = strided(m.kt, i), v = strided(m.v, i);
+  const size_t r = n.shape.size();
+  std::vector<int64_t> perm(r);
+  for (size_t k = 0; k < r; ++k) perm[k] = int64_t(k);
+  std::swap(perm[r - 2], perm[r - 1]);
+  st.inputs = {q.slot, kt.slot, v.slot};
+  st.maps = {q.map, kt.map.permute(perm), v.map};
+  for (int k : {m.q, m.kt, m.v}) st.input_dtypes.push_back(g.nodes[size_t(k)]->dtype);
+  kir::Step::Attention a;
+  a.batch = 1;
+  for (size_t k = 0; k + 2 < r; ++k) a.batch *= n.shape[k];
+  a.tq = n.shape[r - 2];
+  a.dv = n.shape[r - 1];
+  a.d = q.map.shape()[r - 1];
+  a.tk = kt.map.shape()[r - 1];
+  a.scale = m.scale;
+  a.causal = m.causal;
+  a.causal_offset = m.causal_offset;
+  st.attention = a;
+  st.output = slot_for(i);
+  attribute(st, m.absorbed, i);
+  // Bytes: Q, K and V read once (a task reads its K and V tiles from cache), the output written.
+  const double item = double(itemsize(n.dtype));
+  st.cost.bytes = item * double(a.batch) * double(a.tq * a.d + a.tk * (a.d + a.dv) + a.tq * a.dv);
+  // The first source names the Step ("attention" in the profile's op table and errors).
+  st.sources.insert(st.sources.begin(), kir::Source{"attention", *n.scope, 0});
+  if (m.has_backward()) {  // each row's log-sum-exp, for the backward Step
+    Shape ls(n.shape.begin(), n.shape.end() - 1);
+    const int lse = new_slot(kir::SlotKind::Temp, 0, ls, n.dtype, kir::Source{"attention", *n.scope, 0});
+    st.more_outputs = {lse};
+    st.more_results = {0};
+    st.cost.bytes += item * double(a.batch * a.tq);
+    attn_lse[size_t(&m - attn.data())] = lse;
+  }
+  return push(std::move(st), n.shape);
+}
+
+// The backward of a fused attention: one Step writing dQ, dK^T and dV (the three gradient nodes)
+// from Q, K, V, the forward's output and log-sum-exp and the output's cotangent. Emitted when the
+// first of the three is lowered (all its inputs are lowered by then); the others read its slots.
+Val Lowerer::lower_attention_backward(int i, int match) {
+  auto done = attn_bwd_vals.find(i);
+  if (done != attn_bwd_vals.end()) return done->second;
+  const AttentionMatch& m = attn[size_t(match)];
+  const Step fwd = *std::find_if(plan.steps.begin(), plan.steps.end(),  // a copy: strided() below may add Steps
+                                  [&](const Step& s) { return s.attention && !s.more_outputs.empty() && s.more_outputs[0] == attn_lse[size_t(match)]; });
+  const Node& dq = *g.nodes[size_t(m.g_dq)];
+  Step st = begin(StepKind::Attention, m.g_dq);
+  const Val dy = strided(m.g_dy, m.g_dq);
+  const int lse = attn_lse[size_t(match)];
+  st.inputs = {fwd.inputs[0], fwd.inputs[1], fwd.inputs[2], fwd.output, dy.slot, lse};
+  st.maps = {fwd.maps[0], fwd.maps[1], fwd.maps[2], IndexMap::contiguous(fwd.shape), dy.map, IndexMap::contiguous(plan.slots[size_t(lse)].shape)};
+  st.input_dtypes = {fwd.input_dtypes[0], fwd.input_dtypes[1], fwd.input_dtypes[2], fwd.dtype, g.nodes[size_t(m.g_dy)]->dtype, fwd.dtype};
+  kir::Step::Attention a = *fwd.attention;
+  a.backward = true;
+  st.attention = a;
+  st.output = slot_for(m.g_dq);
+  const int dkt = slot_for(m.g_dkt), dv = slot_for(m.g_dv);
+  st.more_outputs = {dkt, dv};
+  st.more_results = {0, 0};
+  std::vector<int> nodes = m.absorbed_backward;
+  nodes.insert(nodes.end(), {m.g_dv, m.g_dkt});
+  attribute(st, nodes, m.g_dq);
+  const double item = double(itemsize(dq.dtype));
+  st.cost.bytes = item * double(a.batch) * double(2 * (a.tq * a.d + a.tk * (a.d + a.dv)) + 2 * a.tq * a.dv + a.tq);
+  st.sources.insert(st.sources.begin(), kir::Source{"attention_backward", *dq.scope, 0});
+  push(std::move(st), dq.shape);
+  attn_bwd_vals[m.g_dq] = slot_val(plan.steps.back().output, dq.shape);
+  attn_bwd_vals[m.g_dkt] = slot_val(dkt, g.nodes[size_t(m.g_dkt)]->shape);
+  attn_bwd_vals[m.g_dv] = slot_val(dv, g.nodes[size_t(m.g_dv)]->shape);
+  return attn_bwd_vals.at(i);
 }
 
 void Lowerer::copy_out(int node, int out) { vals[node] = copy_to_slot(node, node, kir::SlotKind::Output, out); }

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "compiler/lower.h"
+#include "compiler/passes/attention.h"
 #include "compiler/passes/fuse.h"
 
 namespace tessera::compiler::lowering {
@@ -50,6 +51,14 @@ class Lowerer {
   // stores its operands) through reshapes and permutes, and by other nodes too, which then read
   // the stored values instead of recomputing them.
   std::vector<uint8_t> store_early;
+  // The "attention" pass (a Target declaring Target::attention): each match's root lowers to
+  // one Attention Step; the nodes it absorbed are never lowered (nothing else reads them).
+  std::vector<AttentionMatch> attn;
+  std::vector<int> attn_at;         // node -> index into attn (its root), or -1
+  std::vector<int> attn_bwd_at;     // node -> index into attn (one of its gradients dV, dK^T, dQ), or -1
+  std::vector<int> attn_lse;        // per match with a backward: the forward's log-sum-exp slot
+  std::map<int, Val> attn_bwd_vals; // gradient nodes already written by their backward Step
+  std::vector<uint8_t> absorbed;
 
   // ---- slots and Steps (lower.cpp) ----
   int new_slot(kir::SlotKind kind, int index, const Shape& s, DType t, kir::Source src = {"parameter", ""});
@@ -93,6 +102,8 @@ class Lowerer {
   Val lower_concat(int i);
   Val lower_addressed(int i);  // matmul and the indexing ops: Steps reading plain strided views
   Val lower_collective(int i);
+  Val lower_attention(int i, const AttentionMatch& m);
+  Val lower_attention_backward(int i, int match);
   // Outputs whose value is a view, a constant or a parameter get a Copy Step into their slot.
   void copy_out(int node, int out);
 

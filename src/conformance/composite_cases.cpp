@@ -461,6 +461,33 @@ void add_networks_rows(AddRow add) {
   // ---- networks ----
   add("softmax", [] { return softmax_like([](const Tensor& x, int64_t d) { return softmax(x, d); }); });
   add("log_softmax", [] { return softmax_like([](const Tensor& x, int64_t d) { return log_softmax(x, d); }); });
+  // Not an op of ops.h: the traced pattern softmax(where(causal, -inf, Q K^T * scale)) V that a
+  // backend declaring Target::attention runs as one fused Step (the cpu; the others the
+  // decomposition); the gradient case, over 128 keys, fuses the backward too (passes/fuse.h).
+  add("attention", [] {
+    auto attn = [](bool causal) {
+      return Many([causal](const std::vector<Tensor>& x) {
+        const int64_t tq = x[0].shape()[2], tk = x[1].shape()[2];
+        Tensor att = matmul(x[0], x[1].transpose(-2, -1)) * (1.0 / std::sqrt(double(x[0].shape()[3])));
+        if (causal) {
+          TensorOptions i64{DType::Int64, x[0].device()};
+          Tensor qpos = arange(0, double(tq), 1, i64).reshape({tq, 1}) + double(tk - tq);  // the last tq positions
+          att = masked_fill(att, arange(0, double(tk), 1, i64).reshape({1, tk}) > qpos, -INFINITY);
+        }
+        return std::vector<Tensor>{matmul(softmax(att, -1), x[2])};
+      });
+    };
+    Gen g = uniform(-2, 2);
+    return std::vector<Case>{
+        of("f32 q,k,v[2,3,67,32] causal", {input({2, 3, 67, 32}, F32, g), input({2, 3, 67, 32}, F32, g), input({2, 3, 67, 32}, F32, g)}, attn(true)),
+        of("f32 q[1,2,20,32] k[1,2,90,32] v[1,2,90,16] permuted", {input({1, 2, 20, 32}, F32, g), input({1, 2, 90, 32}, F32, g, L::Permuted),
+                                                                  input({1, 2, 90, 16}, F32, g, L::Strided)}, attn(false)),
+        of("f32 q[1,2,20,32] k,v[1,2,90,32] causal over a cache", {input({1, 2, 20, 32}, F32, g), input({1, 2, 90, 32}, F32, g),
+                                                                  input({1, 2, 90, 32}, F32, g)}, attn(true)),
+        of("f32 q,k,v[1,2,130,32] causal grad", {input({1, 2, 130, 32}, F32, g, L::Contiguous, true), input({1, 2, 130, 32}, F32, g, L::Contiguous, true),
+                                                 input({1, 2, 130, 32}, F32, g, L::Contiguous, true)}, attn(true)),
+    };
+  });
   add("layer_norm", [g] {
     auto ln = [](Shape ns) { return [ns](const std::vector<Tensor>& x) { return std::vector<Tensor>{layer_norm(x[0], ns, x[1], x[2])}; }; };
     auto plain = [](Shape ns) { return [ns](const std::vector<Tensor>& x) { return std::vector<Tensor>{layer_norm(x[0], ns)}; }; };

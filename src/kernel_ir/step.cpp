@@ -7,7 +7,7 @@ namespace tessera::kir {
 
 const char* step_kind_name(StepKind k) {
   static const char* names[] = {"elementwise", "copy", "reduce", "gemm", "gather", "scatter_add",
-                                "dynamic_update_slice", "row", "collective"};
+                                "dynamic_update_slice", "row", "collective", "attention"};
   return names[static_cast<int>(k)];
 }
 
@@ -18,6 +18,13 @@ std::string Step::str() const {
   os << " " << dtype_short(dtype) << shape_str(shape) << " -> slot " << output;
   for (int o : more_outputs) os << ", slot " << o;
   if (accumulate) os << " (+=)";
+  if (attention) {
+    os << " [" << (attention->backward ? "backward, " : "") << attention->batch << " x " << attention->tq << "x" << attention->tk << ", d " << attention->d;
+    if (attention->dv != attention->d) os << "/" << attention->dv;
+    os << ", scale " << attention->scale;
+    if (attention->causal) os << ", causal" << (attention->causal_offset ? " +" + std::to_string(attention->causal_offset) : "");
+    os << "]";
+  }
   os << " <- (";
   for (size_t i = 0; i < inputs.size(); ++i) os << (i ? ", " : "") << "slot " << inputs[i];
   os << ")";

@@ -62,6 +62,8 @@ enum class StepKind : uint8_t {
                 // program is constant along rows; numel(shape) == numel(domain) / row)
   Collective,   // a collective (Step::collective) over the ranks of the current communicator:
                 // inputs[0] dense row-major, the output dense (backends/collective.h runs it)
+  Attention,    // softmax(scale * Q K^T, masked) V without the scores in memory (Step::attention);
+                // only for a device that declares Target::attention
 };
 const char* step_kind_name(StepKind k);
 
@@ -110,6 +112,25 @@ struct Step {
     Shape lhs, rhs;  // the input [B, F, X...] as inputs[1] holds it, the kernel [O, F/groups, K...]
   };
   std::optional<Conv> conv;
+  // Attention: out [batch..., tq, dv] (dense) = softmax over the keys of scale * q . k, masked,
+  // times v, per batch element (batch = the product of the leading dimensions: batch x heads).
+  // inputs q, k, v through maps[0..2], plain strided views of shapes [batch..., tq, d],
+  // [batch..., tk, d] and [batch..., tk, dv]. causal: key j is masked for query i where
+  // j - i > causal_offset (no other mask). The lowering makes it from the traced pattern
+  // (matmul, scale, causal where, softmax, matmul) for a device that declares Target::attention.
+  // Forward with more_outputs = {lse}: also each row's log-sum-exp of its masked, scaled scores
+  // (dense [batch..., tq]), for the backward. backward: the gradients instead, from inputs
+  // q, k, v, the forward's output o, its cotangent do (maps[0..4], o and do [batch..., tq, dv])
+  // and lse (dense); output dq [batch..., tq, d], more_outputs {dk^T [batch..., d, tk], dv
+  // [batch..., tk, dv]} (dense).
+  struct Attention {
+    int64_t batch = 0, tq = 0, tk = 0, d = 0, dv = 0;
+    double scale = 1;
+    bool causal = false;
+    int64_t causal_offset = 0;
+    bool backward = false;
+  };
+  std::optional<Attention> attention;
   // Collective: the op (ir::Op::AllReduce ..) and its node's attributes (Attrs::ints), e.g.
   // {ranks, kind} of an all_reduce; input_dtypes[0] the input's dtype.
   ir::Op collective = ir::Op::Count_;

@@ -37,6 +37,9 @@ struct Target {
   // The device runs Gemm Steps with Step::accumulate (the product added into the output slot's
   // contents). The memory budget's in-place accumulation uses it (compiler/passes/accumulate.cpp).
   bool gemm_accumulate = false;
+  // The device runs StepKind::Attention Steps (Step::attention). The lowering fuses the traced
+  // attention pattern into one only for such a device; others get the decomposition.
+  bool attention = false;
 
   bool computes(DType t) const {
     if (compute_dtypes.empty()) return true;

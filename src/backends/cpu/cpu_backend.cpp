@@ -48,6 +48,7 @@ class CpuBackend : public Backend {
     kir::Target t;
     t.collectives = true;  // through the current communicator
     t.gemm_accumulate = true;  // every product path adds into its output (gemm.cpp)
+    t.attention = true;  // the fused attention Step (attention.cpp)
     return t;
   }
   void* allocate(int, size_t nbytes) override {
@@ -72,6 +73,7 @@ class CpuBackend : public Backend {
       case StepKind::ScatterAdd: return cpu::compile_scatter_add(st);
       case StepKind::DynamicUpdateSlice: return cpu::compile_dynamic_update_slice(st);
       case StepKind::Collective: return std::make_unique<CollectiveKernel>();
+      case StepKind::Attention: return cpu::compile_attention(st);
     }
     fail("cpu", "internal: a Step of unknown kind (step " + st.str() + ")", "");
   }

@@ -22,5 +22,6 @@ std::unique_ptr<CpuKernel> compile_gemm(const kir::Step& st);
 std::unique_ptr<CpuKernel> compile_gather(const kir::Step& st);
 std::unique_ptr<CpuKernel> compile_scatter_add(const kir::Step& st);
 std::unique_ptr<CpuKernel> compile_dynamic_update_slice(const kir::Step& st);
+std::unique_ptr<CpuKernel> compile_attention(const kir::Step& st);  // attention.cpp
 
 }  // namespace tessera::backends::cpu

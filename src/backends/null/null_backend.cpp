@@ -41,7 +41,8 @@ class NullBackend : public Backend {
   std::unique_ptr<Kernel> compile(const kir::Step& st) override {
     // The OpenCL backend's compile path (a Step it cannot render fails here), without building.
     // Collectives are no kernel: a device that runs them calls its communicator.
-    if (st.kind != kir::StepKind::Collective) render::render(st);
+    // The fused attention Step (a pose declaring Target::attention) is no rendered kernel either.
+    if (st.kind != kir::StepKind::Collective && st.kind != kir::StepKind::Attention) render::render(st);
     return std::make_unique<Kernel>();
   }
   void launch(const Kernel&, const kir::Step& st, const LaunchArgs&) override {

@@ -845,6 +845,8 @@ std::vector<KernelCode> render(const Step& st, const Dialect& d) {
     case StepKind::Collective:
       fail(ir::op_name(st.collective), "this backend does not run collectives (only the cpu backend does; "
            "docs/architecture.md \"Parallelism\")", st.sources.empty() ? "" : st.sources[0].scope);
+    case StepKind::Attention:  // only for targets declaring Target::attention; these do not
+      fail("render", "the fused attention Step is not rendered (step " + st.str() + ")", "");
   }
   fail("render", "unknown step kind", "");
 }

@@ -42,5 +42,13 @@ constexpr int kMaxDuplicateWeight = 12; // a pending expression read by several 
                                         // recomputed in each when at most this heavy
 constexpr int64_t kMaxRow = 1 << 14;    // longest row a Row Step reduces (else a Reduce Step)
 constexpr int kExpandRecomputeWeight = 2;  // heavier expressions are stored before a broadcast
+// The attention pass fuses only attention over at least this many keys: below it the cpu's fused
+// Step measured slower than the decomposition (bench_attention, 1 thread: T = 16 1.87x, 32
+// 1.33-1.44x, 48 1.07x, 64 0.94-1.03x, 128 0.80x, 1024 0.39-0.51x; docs/architecture.md).
+constexpr int64_t kAttentionMinKeys = 64;
+// With its backward (training): forward and backward fuse together or not at all, from this many
+// keys (bench_attention --backward, 1 thread: T = 64 1.10x (d 32) and 1.17x (d 64), T = 128 0.85x,
+// 256-1024 0.43-0.70x).
+constexpr int64_t kAttentionMinKeysWithBackward = 128;
 
 }  // namespace tessera::compiler

@@ -105,7 +105,7 @@ void drop_unread_outputs(Plan& plan) {
   for (const kir::Step& st : plan.steps)
     for (int x : st.inputs) read[size_t(x)] = true;
   for (kir::Step& st : plan.steps)
-    for (size_t j = st.more_outputs.size(); j-- > 0;) {
+    for (size_t j = st.more_outputs.size(); j-- > 0 && st.kind != kir::StepKind::Attention;) {  // the kernel writes every one
       const int o = st.more_outputs[j];
       if (plan.slots[size_t(o)].kind != kir::SlotKind::Temp || read[size_t(o)]) continue;
       st.more_outputs.erase(st.more_outputs.begin() + std::ptrdiff_t(j));

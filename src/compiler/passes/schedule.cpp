@@ -49,10 +49,12 @@ Deps build_deps(const Plan& plan) {
     int si = int(i);
     for (int x : st.inputs) edge(last_writer[x], si);
     int o = st.output;
-    if (o >= 0) {
-      edge(last_writer[o], si);
-      for (int r : readers[o]) edge(r, si);
-    }
+    // Every slot written (a fused attention Step writes several already here).
+    for (int w : st.outputs())
+      if (w >= 0) {
+        edge(last_writer[w], si);
+        for (int r : readers[w]) edge(r, si);
+      }
     // Keep a possible donation possible: readers of a same-sized parameter before this Step.
     if (o >= 0 && plan.slots[o].kind == SlotKind::Output &&
         (st.kind == kir::StepKind::Elementwise || st.kind == kir::StepKind::Copy))
@@ -64,10 +66,11 @@ Deps build_deps(const Plan& plan) {
       if (plan.slots[x].kind == SlotKind::Param && (param_readers[x].empty() || param_readers[x].back() != si))
         param_readers[x].push_back(si);
     }
-    if (o >= 0) {
-      last_writer[o] = si;
-      readers[o].clear();
-    }
+    for (int w : st.outputs())
+      if (w >= 0) {
+        last_writer[w] = si;
+        readers[w].clear();
+      }
   }
   return d;
 }
@@ -78,7 +81,8 @@ std::vector<std::vector<int>> touched_slots(const Plan& plan) {
   for (size_t i = 0; i < plan.steps.size(); ++i) {
     auto& v = t[i];
     v = plan.steps[i].inputs;
-    if (plan.steps[i].output >= 0) v.push_back(plan.steps[i].output);
+    for (int w : plan.steps[i].outputs())
+      if (w >= 0) v.push_back(w);
     std::sort(v.begin(), v.end());
     v.erase(std::unique(v.begin(), v.end()), v.end());
   }
@@ -94,13 +98,14 @@ size_t peak_of(const Plan& plan, const std::vector<std::vector<int>>& touched, c
   std::vector<int> first(ns, -1), last(ns, -1);
   for (size_t p = 0; p < order.size(); ++p) {
     const kir::Step& st = plan.steps[order[p]];
-    if (st.output >= 0 && first[st.output] < 0) first[st.output] = int(p);
+    for (int w : st.outputs())
+      if (w >= 0 && first[w] < 0) first[w] = int(p);
     for (int x : touched[order[p]]) last[x] = int(p);
   }
   size_t live = 0, peak = 0;
   for (size_t p = 0; p < order.size(); ++p) {
-    int o = plan.steps[order[p]].output;
-    if (o >= 0 && first[o] == int(p) && counted(plan.slots[o])) live += plan.slots[o].nbytes;
+    for (int o : plan.steps[order[p]].outputs())
+      if (o >= 0 && first[o] == int(p) && counted(plan.slots[o])) live += plan.slots[o].nbytes;
     peak = std::max(peak, live);
     for (int x : touched[order[p]])
       if (counted(plan.slots[x]) && last[x] == int(p) && first[x] >= 0) live -= plan.slots[x].nbytes;

@@ -1,0 +1,649 @@
+// The fused attention Step (StepKind::Attention, kernel_ir/step.h): out = softmax(scale * Q K^T,
+// masked) V for every batch element, without the T_q x T_k scores in memory.
+//
+// Tasks are (batch element, block of kRows query rows), a fixed grid run by a static OpenMP loop:
+// each output row is computed by one task in one order whatever the thread count, so results are
+// bit-identical for any number of threads. A task walks the keys in tiles of kKeys: it copies the
+// tile's K transposed ([D, kKeys]) and its V rows into per-thread buffers, computes each score of
+// the tile once (a broadcast of q[i][d] times a row of K^T: vectorized over the keys), masks it,
+// and updates the row's running maximum m, running sum l and accumulator (rescaled by exp(m_old -
+// m_new) when the maximum grows: the online softmax); the row's output is acc / l at the end. A
+// row whose keys are all masked gets 0 / 0 = NaN, as the unfused softmax gives. Everything a task
+// touches besides Q, K, V and its output rows is a few KiB (L1).
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#include "backends/cpu/common.h"
+#include "backends/cpu/kernel.h"
+#include "backends/cpu/vmath.h"
+#include "core/fail.h"
+
+namespace tessera::backends::cpu {
+namespace {
+
+constexpr int64_t kRows = 16;  // query rows per task
+constexpr int64_t kKeys = 64;  // keys per tile (four 16-float vectors)
+
+// One operand [batch..., T, C] as a plain strided view: per flat batch element its offset, and
+// the strides of its last two dimensions.
+struct Operand {
+  std::vector<int64_t> off;
+  int64_t rs = 0, cs = 0;
+};
+
+Operand operand_of(const kir::IndexMap& m, int64_t batch) {
+  const kir::View& v = m.views[0];
+  const size_t r = v.shape.size();
+  Operand o;
+  o.rs = v.strides[r - 2];
+  o.cs = v.strides[r - 1];
+  o.off.resize(size_t(batch));
+  std::vector<int64_t> idx(r - 2, 0);
+  for (int64_t b = 0; b < batch; ++b) {
+    int64_t off = v.offset;
+    for (size_t d = 0; d + 2 < r; ++d) off += idx[d] * v.strides[d];
+    o.off[size_t(b)] = off;
+    for (size_t d = r - 2; d-- > 0;) {  // next batch index, row-major
+      if (++idx[d] < v.shape[d]) break;
+      idx[d] = 0;
+    }
+  }
+  return o;
+}
+
+template <class T>
+void exp_inplace(T* x, int64_t n) {
+  if constexpr (std::is_same_v<T, float>) {
+    vmath::vexp(x, x, n);
+  } else {
+    for (int64_t j = 0; j < n; ++j) x[j] = std::exp(x[j]);
+  }
+}
+
+// float32: register-blocked forms with GCC vector extensions (v8: 8 floats, one AVX register;
+// the build leaves AVX-512 off). Loads and stores through memcpy (any alignment), as macros.
+typedef float v8 __attribute__((vector_size(32)));
+#define VLOAD(v, p) std::memcpy(&(v), (p), sizeof(v8))
+#define VSTORE(p, v) std::memcpy((p), &(v), sizeof(v8))
+
+// s[r][0, 16 nv) = scale * q[r] . K^T columns, for 4 rows of q (row stride D): per 16 keys,
+// 4 rows x 2 registers of accumulators held over the head dimension.
+void scores4(const float* q, int64_t D, const float* kt, int64_t nv, float scale, float* s) {
+  for (int64_t v = 0; v < nv; ++v) {
+    v8 a0[4] = {}, a1[4] = {};
+    for (int64_t d = 0; d < D; ++d) {
+      v8 k0, k1;
+      VLOAD(k0, kt + d * kKeys + 16 * v);
+      VLOAD(k1, kt + d * kKeys + 16 * v + 8);
+      for (int r = 0; r < 4; ++r) {
+        const float x = q[r * D + d];
+        a0[r] += x * k0;
+        a1[r] += x * k1;
+      }
+    }
+    for (int r = 0; r < 4; ++r) {
+      a0[r] *= scale;
+      a1[r] *= scale;
+      VSTORE(s + r * kKeys + 16 * v, a0[r]);
+      VSTORE(s + r * kKeys + 16 * v + 8, a1[r]);
+    }
+  }
+}
+
+#if defined(__x86_64__)
+// AVX-512 forms (the build leaves AVX-512 off; chosen at run time where the CPU has it): the same
+// blocks with 16-float registers, 4 rows x NV key vectors of scores (up to 16 accumulators) and
+// 4 rows x NC column vectors of the weighted sum.
+typedef float vz __attribute__((vector_size(64)));
+
+template <int NV>
+__attribute__((target("avx512f"))) void scores4_z(const float* q, int64_t D, const float* kt, float scale, float* s) {
+  vz acc[4][NV] = {};
+  for (int64_t d = 0; d < D; ++d) {
+    vz k[NV];
+    for (int v = 0; v < NV; ++v) std::memcpy(&k[v], kt + d * kKeys + 16 * v, sizeof(vz));
+    for (int r = 0; r < 4; ++r) {
+      const float x = q[r * D + d];
+      for (int v = 0; v < NV; ++v) acc[r][v] += x * k[v];
+    }
+  }
+  for (int r = 0; r < 4; ++r)
+    for (int v = 0; v < NV; ++v) {
+      acc[r][v] *= scale;
+      std::memcpy(s + r * kKeys + 16 * v, &acc[r][v], sizeof(vz));
+    }
+}
+
+// acc[r][c0, c0 + 16 NC) += sum_j<n p[r][j] v[j][...] for 4 rows (gr of them stored).
+template <int NC>
+__attribute__((target("avx512f"))) void pv4_z(const float* p, const float* vt, int64_t Dv, int64_t c0, int64_t n, float* acc, int gr) {
+  vz x[4][NC] = {};
+  for (int r = 0; r < gr; ++r)
+    for (int c = 0; c < NC; ++c) std::memcpy(&x[r][c], acc + r * Dv + c0 + 16 * c, sizeof(vz));
+  for (int64_t j = 0; j < n; ++j) {
+    vz u[NC];
+    for (int c = 0; c < NC; ++c) std::memcpy(&u[c], vt + j * Dv + c0 + 16 * c, sizeof(vz));
+    for (int r = 0; r < 4; ++r) {
+      const float w = p[r * kKeys + j];
+      for (int c = 0; c < NC; ++c) x[r][c] += w * u[c];
+    }
+  }
+  for (int r = 0; r < gr; ++r)
+    for (int c = 0; c < NC; ++c) std::memcpy(acc + r * Dv + c0 + 16 * c, &x[r][c], sizeof(vz));
+}
+
+// Read when a Step compiles: TESSERA_CPU_ATTENTION=avx2 keeps the AVX forms (tests compare them).
+bool has_avx512() {
+  const char* e = std::getenv("TESSERA_CPU_ATTENTION");
+  if (e && std::strcmp(e, "avx2") == 0) return false;
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx512f") != 0;
+}
+#else
+bool has_avx512() { return false; }
+#endif
+
+// The largest of x[0, n) (n a multiple of 8) after masking positions >= lim to -inf in place.
+float mask_max(float* x, int64_t n, int64_t lim) {
+  const float ninf = -std::numeric_limits<float>::infinity();
+  for (int64_t j = lim; j < n; ++j) x[j] = ninf;
+  v8 m = {ninf, ninf, ninf, ninf, ninf, ninf, ninf, ninf};
+  for (int64_t j = 0; j < n; j += 8) {
+    v8 y;
+    VLOAD(y, x + j);
+    m = y > m ? y : m;
+  }
+  float r = ninf;
+  for (int i = 0; i < 8; ++i) r = m[i] > r ? m[i] : r;
+  return r;
+}
+
+// acc[r][0, cols) += sum_j<n p[r][j] x[j][0, cols) for 4 rows of p (row stride kKeys; gr rows of
+// acc stored, row stride cols): 4 rows x 32 (16) columns of accumulators in registers.
+void pv4(const float* p, const float* x, int64_t cols, int64_t n, float* acc, int gr, bool z) {
+  int64_t c0 = 0;
+#if defined(__x86_64__)
+  if (z) {
+    for (; c0 + 32 <= cols; c0 += 32) pv4_z<2>(p, x, cols, c0, n, acc, gr);
+    for (; c0 + 16 <= cols; c0 += 16) pv4_z<1>(p, x, cols, c0, n, acc, gr);
+  }
+#endif
+  for (; c0 + 16 <= cols; c0 += 16) {
+    v8 x0[4] = {}, x1[4] = {};
+    for (int r = 0; r < gr; ++r) {
+      VLOAD(x0[r], acc + r * cols + c0);
+      VLOAD(x1[r], acc + r * cols + c0 + 8);
+    }
+    for (int64_t j = 0; j < n; ++j) {
+      v8 u0, u1;
+      VLOAD(u0, x + j * cols + c0);
+      VLOAD(u1, x + j * cols + c0 + 8);
+      for (int r = 0; r < 4; ++r) {
+        const float w = p[r * kKeys + j];
+        x0[r] += w * u0;
+        x1[r] += w * u1;
+      }
+    }
+    for (int r = 0; r < gr; ++r) {
+      VSTORE(acc + r * cols + c0, x0[r]);
+      VSTORE(acc + r * cols + c0 + 8, x1[r]);
+    }
+  }
+  for (; c0 < cols; ++c0)
+    for (int r = 0; r < gr; ++r) {
+      float v = acc[r * cols + c0];
+      for (int64_t j = 0; j < n; ++j) v += p[r * kKeys + j] * x[j * cols + c0];
+      acc[r * cols + c0] = v;
+    }
+}
+
+// scores4 in the form the CPU runs best.
+void scores4_any(const float* q, int64_t D, const float* kt, int64_t nv, float scale, float* s, bool z) {
+#if defined(__x86_64__)
+  if (z) {
+    switch (nv) {
+      case 1: return scores4_z<1>(q, D, kt, scale, s);
+      case 2: return scores4_z<2>(q, D, kt, scale, s);
+      case 3: return scores4_z<3>(q, D, kt, scale, s);
+      default: return scores4_z<4>(q, D, kt, scale, s);
+    }
+  }
+#endif
+  scores4(q, D, kt, nv, scale, s);
+}
+
+struct AttentionKernel : CpuKernel {
+  kir::Step::Attention a;
+  Operand q, k, v;
+  bool avx512 = has_avx512();
+
+  explicit AttentionKernel(const Step& st) : a(*st.attention) {
+    q = operand_of(st.maps.at(0), a.batch);
+    k = operand_of(st.maps.at(1), a.batch);
+    v = operand_of(st.maps.at(2), a.batch);
+  }
+
+  template <class T>
+  void run_typed(const Step& st, const LaunchArgs& args) const {
+    const T* Q = static_cast<const T*>(args.slots[st.inputs[0]]);
+    const T* K = static_cast<const T*>(args.slots[st.inputs[1]]);
+    const T* V = static_cast<const T*>(args.slots[st.inputs[2]]);
+    T* O = static_cast<T*>(args.slots[st.output]);
+    T* lse = st.more_outputs.empty() ? nullptr : static_cast<T*>(args.slots[st.more_outputs[0]]);
+    const int64_t B = a.batch, Tq = a.tq, Tk = a.tk, D = a.d, Dv = a.dv;
+    const int64_t blocks = (Tq + kRows - 1) / kRows, tasks = B * blocks;
+    const T scale = T(a.scale), ninf = -std::numeric_limits<T>::infinity();
+    const double work = double(B) * double(Tq) * double(Tk) * double(D + Dv);
+#pragma omp parallel if (work >= double(kParallelMin) * 16)
+    {
+      // Per thread: K^T and V of one tile, the task's rows of Q, running max/sum/accumulators.
+      std::vector<T> kt(size_t(D * kKeys), T(0)), vt(size_t(kKeys * Dv)), qb(size_t(kRows * D)), acc(size_t(kRows * Dv));
+      T m[kRows], l[kRows];
+      alignas(64) T s[kKeys];
+#pragma omp for schedule(static)
+      for (int64_t t = 0; t < tasks; ++t) {
+        const int64_t b = t / blocks, i0 = (t % blocks) * kRows, rows = std::min(kRows, Tq - i0);
+        const T* qp = Q + q.off[size_t(b)];
+        const T* kp = K + k.off[size_t(b)];
+        const T* vp = V + v.off[size_t(b)];
+        for (int64_t r = 0; r < rows; ++r)
+          for (int64_t d = 0; d < D; ++d) qb[size_t(r * D + d)] = qp[(i0 + r) * q.rs + d * q.cs];
+        std::fill(acc.begin(), acc.end(), T(0));
+        std::fill(m, m + kRows, ninf);
+        std::fill(l, l + kRows, T(0));
+        // Keys any row of the block may see: j - i <= offset.
+        int64_t kend = Tk;
+        if (a.causal) kend = std::clamp<int64_t>(i0 + rows - 1 + a.causal_offset + 1, 0, Tk);
+        for (int64_t j0 = 0; j0 < kend; j0 += kKeys) {
+          const int64_t nk = std::min(kKeys, kend - j0);
+          for (int64_t j = 0; j < nk; ++j) {
+            const T* kr = kp + (j0 + j) * k.rs;
+            for (int64_t d = 0; d < D; ++d) kt[size_t(d * kKeys + j)] = kr[d * k.cs];
+            const T* vr = vp + (j0 + j) * v.rs;
+            for (int64_t c = 0; c < Dv; ++c) vt[size_t(j * Dv + c)] = vr[c * v.cs];
+          }
+          for (int64_t j = nk; j < kKeys; ++j)
+            for (int64_t d = 0; d < D; ++d) kt[size_t(d * kKeys + j)] = T(0);
+          for (int64_t r = 0; r < rows; ++r) {
+            for (int64_t j = 0; j < kKeys; ++j) s[j] = T(0);
+            const T* qr = qb.data() + r * D;
+            for (int64_t d = 0; d < D; ++d) {
+              const T x = qr[d];
+              const T* kd = kt.data() + d * kKeys;
+              for (int64_t j = 0; j < kKeys; ++j) s[j] += x * kd[j];
+            }
+            // Keys past the tile, and past the causal limit of this row, are masked.
+            int64_t lim = nk;
+            if (a.causal) lim = std::clamp<int64_t>(i0 + r + a.causal_offset + 1 - j0, 0, nk);
+            T mt = ninf;
+            for (int64_t j = 0; j < kKeys; ++j) {
+              s[j] = j < lim ? s[j] * scale : ninf;
+              mt = std::max(mt, s[j]);
+            }
+            const T mnew = std::max(m[r], mt);
+            if (mnew == ninf) continue;  // nothing seen yet in this row
+            const T corr = m[r] == ninf ? T(0) : T(std::exp(m[r] - mnew));
+            for (int64_t j = 0; j < kKeys; ++j) s[j] -= mnew;
+            exp_inplace(s, kKeys);
+            T sum = 0;
+            for (int64_t j = 0; j < kKeys; ++j) sum += s[j];
+            l[r] = l[r] * corr + sum;
+            m[r] = mnew;
+            T* ar = acc.data() + r * Dv;
+            if (corr != T(1))
+              for (int64_t c = 0; c < Dv; ++c) ar[c] *= corr;
+            for (int64_t j = 0; j < lim; ++j) {
+              const T p = s[j];
+              const T* vr = vt.data() + j * Dv;
+              for (int64_t c = 0; c < Dv; ++c) ar[c] += p * vr[c];
+            }
+          }
+        }
+        T* op = O + (b * Tq + i0) * Dv;
+        for (int64_t r = 0; r < rows; ++r) {
+          const T inv = l[r];
+          for (int64_t c = 0; c < Dv; ++c) op[r * Dv + c] = acc[size_t(r * Dv + c)] / inv;
+          if (lse) lse[b * Tq + i0 + r] = m[r] + std::log(l[r]);
+        }
+      }
+    }
+  }
+
+  // float32: tasks of kBlock query rows (K and V tiles copied once per task and tile), rows in
+  // groups of 4.
+  void run_float(const Step& st, const LaunchArgs& args) const {
+    constexpr int64_t kBlock = 64;
+    const float* Q = static_cast<const float*>(args.slots[st.inputs[0]]);
+    const float* K = static_cast<const float*>(args.slots[st.inputs[1]]);
+    const float* V = static_cast<const float*>(args.slots[st.inputs[2]]);
+    float* O = static_cast<float*>(args.slots[st.output]);
+    float* lse = st.more_outputs.empty() ? nullptr : static_cast<float*>(args.slots[st.more_outputs[0]]);
+    const int64_t B = a.batch, Tq = a.tq, Tk = a.tk, D = a.d, Dv = a.dv;
+    const int64_t blocks = (Tq + kBlock - 1) / kBlock, tasks = B * blocks;
+    const float scale = float(a.scale), ninf = -std::numeric_limits<float>::infinity();
+    const double work = double(B) * double(Tq) * double(Tk) * double(D + Dv);
+    [[maybe_unused]] const bool z = avx512;
+#pragma omp parallel if (work >= double(kParallelMin) * 16)
+    {
+      std::vector<float> kt(size_t(D * kKeys), 0.0f), vt(size_t(kKeys * Dv)), qb(size_t((kBlock + 3) * D), 0.0f),
+          acc(size_t(kBlock * Dv));
+      float m[kBlock], l[kBlock];
+      alignas(64) float s[4 * kKeys];
+#pragma omp for schedule(static)
+      for (int64_t t = 0; t < tasks; ++t) {
+        const int64_t b = t / blocks, i0 = (t % blocks) * kBlock, rows = std::min(kBlock, Tq - i0);
+        const float* qp = Q + q.off[size_t(b)];
+        const float* kp = K + k.off[size_t(b)];
+        const float* vp = V + v.off[size_t(b)];
+        for (int64_t r = 0; r < rows; ++r)
+          for (int64_t d = 0; d < D; ++d) qb[size_t(r * D + d)] = qp[(i0 + r) * q.rs + d * q.cs];
+        std::fill(qb.begin() + rows * D, qb.end(), 0.0f);
+        std::fill(acc.begin(), acc.end(), 0.0f);
+        std::fill(m, m + kBlock, ninf);
+        std::fill(l, l + kBlock, 0.0f);
+        int64_t kend = Tk;
+        if (a.causal) kend = std::clamp<int64_t>(i0 + rows - 1 + a.causal_offset + 1, 0, Tk);
+        for (int64_t j0 = 0; j0 < kend; j0 += kKeys) {
+          const int64_t nk = std::min(kKeys, kend - j0);
+          for (int64_t j = 0; j < nk; ++j) {
+            const float* kr = kp + (j0 + j) * k.rs;
+            for (int64_t d = 0; d < D; ++d) kt[size_t(d * kKeys + j)] = kr[d * k.cs];
+            const float* vr = vp + (j0 + j) * v.rs;
+            for (int64_t c = 0; c < Dv; ++c) vt[size_t(j * Dv + c)] = vr[c * v.cs];
+          }
+          for (int64_t j = nk; j < kKeys; ++j)
+            for (int64_t d = 0; d < D; ++d) kt[size_t(d * kKeys + j)] = 0.0f;
+          for (int64_t g = 0; g < rows; g += 4) {
+            // Keys this group may see in the tile: the causal limit of its last row.
+            int64_t glim = nk;
+            if (a.causal) glim = std::clamp<int64_t>(i0 + std::min(g + 3, rows - 1) + a.causal_offset + 1 - j0, 0, nk);
+            if (glim == 0) continue;
+            const int64_t nv = (glim + 15) / 16;
+#if defined(__x86_64__)
+            if (z) {
+              switch (nv) {
+                case 1: scores4_z<1>(qb.data() + g * D, D, kt.data(), scale, s); break;
+                case 2: scores4_z<2>(qb.data() + g * D, D, kt.data(), scale, s); break;
+                case 3: scores4_z<3>(qb.data() + g * D, D, kt.data(), scale, s); break;
+                default: scores4_z<4>(qb.data() + g * D, D, kt.data(), scale, s); break;
+              }
+            } else
+#endif
+              scores4(qb.data() + g * D, D, kt.data(), nv, scale, s);
+            const int64_t width = (glim + 15) / 16 * 16;
+            for (int64_t r = 0; r < 4; ++r) {
+              float* sr = s + r * kKeys;
+              const int64_t row = g + r;
+              if (row >= rows) {
+                std::fill(sr, sr + width, 0.0f);
+                continue;
+              }
+              int64_t lim = nk;
+              if (a.causal) lim = std::clamp<int64_t>(i0 + row + a.causal_offset + 1 - j0, 0, nk);
+              const float mt = mask_max(sr, width, lim);
+              const float mnew = std::max(m[row], mt);
+              if (mnew == ninf) {  // nothing seen yet in this row
+                std::fill(sr, sr + width, 0.0f);
+                continue;
+              }
+              const float corr = m[row] == ninf ? 0.0f : std::exp(m[row] - mnew);
+              for (int64_t j = 0; j < width; ++j) sr[j] -= mnew;
+              vmath::vexp(sr, sr, width);
+              v8 part = {};  // the row's sum in 8 lanes (a scalar sum would be a chain of dependent adds)
+              for (int64_t j = 0; j < width; j += 8) {
+                v8 y;
+                VLOAD(y, sr + j);
+                part += y;
+              }
+              float sum = 0;
+              for (int i = 0; i < 8; ++i) sum += part[i];
+              l[row] = l[row] * corr + sum;
+              m[row] = mnew;
+              if (corr != 1.0f)
+                for (float* ar = acc.data() + row * Dv; ar != acc.data() + (row + 1) * Dv; ++ar) *ar *= corr;
+            }
+            // acc[g..g+4) += P V over the group's keys.
+            pv4(s, vt.data(), Dv, glim, acc.data() + g * Dv, int(std::min<int64_t>(4, rows - g)), z);
+          }
+        }
+        float* op = O + (b * Tq + i0) * Dv;
+        for (int64_t r = 0; r < rows; ++r) {
+          for (int64_t c = 0; c < Dv; ++c) op[r * Dv + c] = acc[size_t(r * Dv + c)] / l[r];
+          if (lse) lse[b * Tq + i0 + r] = m[r] + std::log(l[r]);
+        }
+      }
+    }
+  }
+
+  void run(const Step& st, const LaunchArgs& args) const override {
+    if (st.dtype == DType::Float64)
+      run_typed<double>(st, args);
+    else
+      run_float(st, args);
+  }
+};
+
+// The backward Step (Step::attention->backward): from Q, K, V, the forward's output O, its
+// cotangent dO and the forward's per-row log-sum-exp, the gradients dQ, dK (written as K^T's
+// layout [..., d, Tk], the node the graph holds) and dV, recomputing each score once:
+//   p = exp(scale q.k - lse); dV[j] += p dO[i]; ds = p (dO[i].v[j] - dO[i].O[i]) scale;
+//   dQ[i] += ds k[j]; dK[j] += ds q[i].
+// One task per batch element (its rows and keys), so every sum is in one order whatever the
+// thread count. The operands of the element are copied dense first (per thread).
+template <class T>
+T dot(const T* x, const T* y, int64_t n) {
+  if constexpr (std::is_same_v<T, float>) {
+    v8 part = {};
+    int64_t c = 0;
+    for (; c + 8 <= n; c += 8) {
+      v8 a, b;
+      VLOAD(a, x + c);
+      VLOAD(b, y + c);
+      part += a * b;
+    }
+    float r = 0;
+    for (int i = 0; i < 8; ++i) r += part[i];
+    for (; c < n; ++c) r += x[c] * y[c];
+    return r;
+  } else {
+    T r = 0;
+    for (int64_t c = 0; c < n; ++c) r += x[c] * y[c];
+    return r;
+  }
+}
+
+struct AttentionBackwardKernel : CpuKernel {
+  kir::Step::Attention a;
+  Operand q, k, v, o, g;
+  bool avx512 = has_avx512();
+
+  explicit AttentionBackwardKernel(const Step& st) : a(*st.attention) {
+    q = operand_of(st.maps.at(0), a.batch);
+    k = operand_of(st.maps.at(1), a.batch);
+    v = operand_of(st.maps.at(2), a.batch);
+    o = operand_of(st.maps.at(3), a.batch);
+    g = operand_of(st.maps.at(4), a.batch);
+  }
+
+  template <class T>
+  static void dense(const T* src, const Operand& x, int64_t b, int64_t rows, int64_t cols, T* dst) {
+    const T* p = src + x.off[size_t(b)];
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t c = 0; c < cols; ++c) dst[r * cols + c] = p[r * x.rs + c * x.cs];
+  }
+
+  template <class T>
+  void run_typed(const Step& st, const LaunchArgs& args) const {
+    auto in = [&](size_t i) { return static_cast<const T*>(args.slots[st.inputs[i]]); };
+    const T *Q = in(0), *K = in(1), *V = in(2), *O = in(3), *G = in(4), *L = in(5);
+    T* dQ = static_cast<T*>(args.slots[st.output]);
+    T* dKT = static_cast<T*>(args.slots[st.more_outputs.at(0)]);
+    T* dV = static_cast<T*>(args.slots[st.more_outputs.at(1)]);
+    const int64_t B = a.batch, Tq = a.tq, Tk = a.tk, D = a.d, Dv = a.dv;
+    const T scale = T(a.scale);
+    const double work = double(B) * double(Tq) * double(Tk) * double(D + Dv);
+#pragma omp parallel if (work >= double(kParallelMin) * 16)
+    {
+      const size_t nq = static_cast<size_t>(Tq), nk = static_cast<size_t>(Tk);
+      std::vector<T> qb(nq * size_t(D)), kb(nk * size_t(D)), vb(nk * size_t(Dv)), gb(nq * size_t(Dv)), ob(nq * size_t(Dv));
+      std::vector<T> dq(nq * size_t(D)), dk(nk * size_t(D)), dv(nk * size_t(Dv)), di(nq);
+#pragma omp for schedule(static)
+      for (int64_t b = 0; b < B; ++b) {
+        dense(Q, q, b, Tq, D, qb.data());
+        dense(K, k, b, Tk, D, kb.data());
+        dense(V, v, b, Tk, Dv, vb.data());
+        dense(G, g, b, Tq, Dv, gb.data());
+        dense(O, o, b, Tq, Dv, ob.data());
+        std::fill(dq.begin(), dq.end(), T(0));
+        std::fill(dk.begin(), dk.end(), T(0));
+        std::fill(dv.begin(), dv.end(), T(0));
+        for (int64_t i = 0; i < Tq; ++i) di[size_t(i)] = dot(gb.data() + i * Dv, ob.data() + i * Dv, Dv);
+        const T* lse = L + b * Tq;
+        for (int64_t i = 0; i < Tq; ++i) {
+          int64_t jend = Tk;
+          if (a.causal) jend = std::clamp<int64_t>(i + a.causal_offset + 1, 0, Tk);
+          if (!std::isfinite(lse[i])) continue;  // every key masked: the forward gave NaN, its gradient is not defined here
+          const T* qi = qb.data() + i * D;
+          const T* gi = gb.data() + i * Dv;
+          T* dqi = dq.data() + i * D;
+          for (int64_t j = 0; j < jend; ++j) {
+            const T* kj = kb.data() + j * D;
+            const T p = std::exp(scale * dot(qi, kj, D) - lse[i]);
+            T* dvj = dv.data() + j * Dv;
+            for (int64_t c = 0; c < Dv; ++c) dvj[c] += p * gi[c];
+            const T ds = p * (dot(gi, vb.data() + j * Dv, Dv) - di[size_t(i)]) * scale;
+            T* dkj = dk.data() + j * D;
+            for (int64_t c = 0; c < D; ++c) {
+              dqi[c] += ds * kj[c];
+              dkj[c] += ds * qi[c];
+            }
+          }
+        }
+        std::copy(dq.begin(), dq.end(), dQ + b * Tq * D);
+        std::copy(dv.begin(), dv.end(), dV + b * Tk * Dv);
+        T* kt = dKT + b * D * Tk;
+        for (int64_t j = 0; j < Tk; ++j)
+          for (int64_t c = 0; c < D; ++c) kt[c * Tk + j] = dk[size_t(j * D + c)];
+      }
+    }
+  }
+
+  // float32: per key tile (64) and group of 4 query rows, the scores S and dP = dO V^T as the
+  // forward's register-blocked scores, P = exp(S - lse) and dS = P (dP - D) scale for the group,
+  // then dQ[rows] += dS K, dV[keys] += P^T dO, dK[keys] += dS^T Q.
+  void run_float(const Step& st, const LaunchArgs& args) const {
+    auto in = [&](size_t i) { return static_cast<const float*>(args.slots[st.inputs[i]]); };
+    const float *Q = in(0), *K = in(1), *V = in(2), *O = in(3), *G = in(4), *L = in(5);
+    float* dQ = static_cast<float*>(args.slots[st.output]);
+    float* dKT = static_cast<float*>(args.slots[st.more_outputs.at(0)]);
+    float* dV = static_cast<float*>(args.slots[st.more_outputs.at(1)]);
+    const int64_t B = a.batch, Tq = a.tq, Tk = a.tk, D = a.d, Dv = a.dv;
+    const float scale = float(a.scale), ninf = -std::numeric_limits<float>::infinity();
+    const double work = double(B) * double(Tq) * double(Tk) * double(D + Dv);
+    const bool z = avx512;
+#pragma omp parallel if (work >= double(kParallelMin) * 16)
+    {
+      const size_t nq = static_cast<size_t>(Tq + 3), nk = static_cast<size_t>(Tk);
+      std::vector<float> qb(nq * size_t(D)), kb(nk * size_t(D)), vb(nk * size_t(Dv)), gb(nq * size_t(Dv)), ob(nq * size_t(Dv));
+      std::vector<float> dq(nq * size_t(D)), dk(nk * size_t(D)), dv(nk * size_t(Dv)), di(nq);
+      std::vector<float> kt(size_t(D * kKeys), 0.0f), vtt(size_t(Dv * kKeys), 0.0f);
+      alignas(64) float p[4 * kKeys], ds[4 * kKeys];
+#pragma omp for schedule(static)
+      for (int64_t b = 0; b < B; ++b) {
+        dense(Q, q, b, Tq, D, qb.data());
+        dense(K, k, b, Tk, D, kb.data());
+        dense(V, v, b, Tk, Dv, vb.data());
+        dense(G, g, b, Tq, Dv, gb.data());
+        dense(O, o, b, Tq, Dv, ob.data());
+        std::fill(qb.begin() + Tq * D, qb.end(), 0.0f);  // the last group's missing rows
+        std::fill(gb.begin() + Tq * Dv, gb.end(), 0.0f);
+        std::fill(dq.begin(), dq.end(), 0.0f);
+        std::fill(dk.begin(), dk.end(), 0.0f);
+        std::fill(dv.begin(), dv.end(), 0.0f);
+        for (int64_t i = 0; i < Tq; ++i) di[size_t(i)] = dot(gb.data() + i * Dv, ob.data() + i * Dv, Dv);
+        const float* lse = L + b * Tq;
+        for (int64_t j0 = 0; j0 < Tk; j0 += kKeys) {
+          const int64_t nkey = std::min(kKeys, Tk - j0);
+          for (int64_t j = 0; j < kKeys; ++j) {
+            for (int64_t d = 0; d < D; ++d) kt[size_t(d * kKeys + j)] = j < nkey ? kb[size_t((j0 + j) * D + d)] : 0.0f;
+            for (int64_t c = 0; c < Dv; ++c) vtt[size_t(c * kKeys + j)] = j < nkey ? vb[size_t((j0 + j) * Dv + c)] : 0.0f;
+          }
+          for (int64_t g0 = 0; g0 < Tq; g0 += 4) {
+            const int64_t gr = std::min<int64_t>(4, Tq - g0);
+            int64_t glim = nkey;
+            if (a.causal) glim = std::clamp<int64_t>(g0 + gr - 1 + a.causal_offset + 1 - j0, 0, nkey);
+            if (glim == 0) continue;
+            const int64_t nv = (glim + 15) / 16, width = nv * 16;
+            scores4_any(qb.data() + g0 * D, D, kt.data(), nv, scale, p, z);
+            scores4_any(gb.data() + g0 * Dv, Dv, vtt.data(), nv, 1.0f, ds, z);
+            for (int64_t r = 0; r < 4; ++r) {
+              float* pr = p + r * kKeys;
+              float* dr = ds + r * kKeys;
+              const int64_t i = g0 + r;
+              int64_t lim = r < gr ? glim : 0;
+              if (r < gr && a.causal) lim = std::clamp<int64_t>(i + a.causal_offset + 1 - j0, 0, nkey);
+              if (r < gr && !std::isfinite(lse[i])) lim = 0;  // every key masked: no gradient defined here
+              const float li = r < gr ? lse[i] : 0.0f, dii = r < gr ? di[size_t(i)] : 0.0f;
+              for (int64_t j = 0; j < width; ++j) pr[j] = j < lim ? pr[j] - li : ninf;
+              vmath::vexp(pr, pr, width);
+              for (int64_t j = 0; j < width; ++j) dr[j] = pr[j] * (dr[j] - dii) * scale;
+            }
+            // dQ[rows] += dS K[tile keys]
+            pv4(ds, kb.data() + j0 * D, D, glim, dq.data() + g0 * D, int(gr), z);
+            // dV[key] += sum_r P[r][key] dO[r]; dK[key] += sum_r dS[r][key] Q[r]
+            const float *g0p = gb.data() + g0 * Dv, *q0p = qb.data() + g0 * D;
+            for (int64_t j = 0; j < glim; ++j) {
+              const float p0 = p[j], p1 = p[kKeys + j], p2 = p[2 * kKeys + j], p3 = p[3 * kKeys + j];
+              float* dvj = dv.data() + (j0 + j) * Dv;
+              for (int64_t c = 0; c < Dv; ++c)
+                dvj[c] += p0 * g0p[c] + p1 * g0p[Dv + c] + p2 * g0p[2 * Dv + c] + p3 * g0p[3 * Dv + c];
+              const float s0 = ds[j], s1 = ds[kKeys + j], s2 = ds[2 * kKeys + j], s3 = ds[3 * kKeys + j];
+              float* dkj = dk.data() + (j0 + j) * D;
+              for (int64_t c = 0; c < D; ++c) dkj[c] += s0 * q0p[c] + s1 * q0p[D + c] + s2 * q0p[2 * D + c] + s3 * q0p[3 * D + c];
+            }
+          }
+        }
+        std::copy(dq.begin(), dq.begin() + Tq * D, dQ + b * Tq * D);
+        std::copy(dv.begin(), dv.end(), dV + b * Tk * Dv);
+        float* ktp = dKT + b * D * Tk;
+        for (int64_t j = 0; j < Tk; ++j)
+          for (int64_t c = 0; c < D; ++c) ktp[c * Tk + j] = dk[size_t(j * D + c)];
+      }
+    }
+  }
+
+  void run(const Step& st, const LaunchArgs& args) const override {
+    if (st.dtype == DType::Float64)
+      run_typed<double>(st, args);
+    else
+      run_float(st, args);
+  }
+};
+
+#undef VLOAD
+#undef VSTORE
+
+}  // namespace
+
+std::unique_ptr<CpuKernel> compile_attention(const Step& st) {
+  const kir::Source src = st.sources.empty() ? kir::Source{"attention", ""} : st.sources.front();
+  const size_t n = st.attention && st.attention->backward ? 6 : 3;
+  if (!st.attention || st.inputs.size() != n || st.maps.size() < n - (n == 6) ||
+      st.more_outputs.size() != (st.attention->backward ? 2u : st.more_outputs.size()))
+    fail(src.op, "internal: an attention Step without its fields or its operands (" + st.str() + ")", src.scope);
+  if (st.dtype != DType::Float32 && st.dtype != DType::Float64)
+    fail(src.op, std::string("the fused attention Step runs float32 and float64, not ") + dtype_name(st.dtype), src.scope);
+  for (size_t i = 0; i < std::min<size_t>(st.maps.size(), 5); ++i)
+    if (!st.maps[i].single() || st.maps[i].shape().size() < 2)
+      fail(src.op, "internal: an attention operand is not a plain strided view (" + st.maps[i].str() + ")", src.scope);
+  if (st.attention->backward) return std::make_unique<AttentionBackwardKernel>(st);
+  return std::make_unique<AttentionKernel>(st);
+}
+
+}  // namespace tessera::backends::cpu

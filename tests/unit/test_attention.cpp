@@ -1,0 +1,366 @@
+// The fused attention Step (StepKind::Attention; compiler/passes/attention.cpp finds the pattern,
+// backends/cpu/attention.cpp runs it): the traced pattern softmax(where(causal, -inf, Q K^T *
+// scale)) V becomes one Step on the cpu, whose values match the unfused Steps
+// (TESSERA_DISABLE_PASSES=attention) and a float64 reference computed here, bit-identically for
+// 1, 2 and 3 threads, with no T x T buffer in the plan; a target that does not declare the Step,
+// and a graph that reads the probabilities, get the decomposition.
+#include <gtest/gtest.h>
+#include <omp.h>
+
+#include <cmath>
+#include <limits>
+
+#include "backends/backend.h"
+#include "compiler/pipeline.h"
+#include "ir/graph.h"
+#include "runtime/compile_options.h"
+#include "tensor/tensor_impl.h"
+#include "test_util.h"
+#include "tessera/profiler.h"
+#include "tessera/tessera.h"
+
+namespace tessera {
+namespace {
+
+using testing::normalized_error;
+using testing::random_tensor;
+
+struct Shape4 {
+  int64_t b, h, tq, tk, d, dv;
+  bool causal;
+  int64_t offset = 0;  // causal: key j masked for query i where j - i > offset
+};
+
+// The pattern as nn::CausalSelfAttention traces it.
+Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, const Shape4& s) {
+  Tensor att = matmul(q, k.transpose(-2, -1)) * (1.0 / std::sqrt(double(s.d)));
+  if (s.causal) {
+    TensorOptions i64{DType::Int64, q.device()};
+    Tensor qpos = arange(0, double(s.tq), 1, i64).reshape({s.tq, 1}) + double(s.offset);
+    Tensor kpos = arange(0, double(s.tk), 1, i64).reshape({1, s.tk});
+    att = masked_fill(att, kpos > qpos, -INFINITY);
+  }
+  return matmul(softmax(att, -1), v);
+}
+
+// The float64 reference, by the definition.
+std::vector<double> reference(const std::vector<double>& q, const std::vector<double>& k, const std::vector<double>& v, const Shape4& s) {
+  const int64_t B = s.b * s.h;
+  std::vector<double> out(size_t(B * s.tq * s.dv)), p(size_t(s.tk));
+  const double scale = 1.0 / std::sqrt(double(s.d));
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t i = 0; i < s.tq; ++i) {
+      double m = -INFINITY;
+      for (int64_t j = 0; j < s.tk; ++j) {
+        double dot = 0;
+        for (int64_t c = 0; c < s.d; ++c) dot += q[size_t((b * s.tq + i) * s.d + c)] * k[size_t((b * s.tk + j) * s.d + c)];
+        p[size_t(j)] = s.causal && j - i > s.offset ? -INFINITY : dot * scale;
+        m = std::max(m, p[size_t(j)]);
+      }
+      double sum = 0;
+      for (int64_t j = 0; j < s.tk; ++j) sum += (p[size_t(j)] = std::exp(p[size_t(j)] - m));
+      for (int64_t c = 0; c < s.dv; ++c) {
+        double acc = 0;
+        for (int64_t j = 0; j < s.tk; ++j) acc += p[size_t(j)] * v[size_t((b * s.tk + j) * s.dv + c)];
+        out[size_t((b * s.tq + i) * s.dv + c)] = acc / sum;
+      }
+    }
+  return out;
+}
+
+// The Steps of y's compiled plan for the cpu's target (or another).
+compiler::Plan plan_of(const std::vector<Tensor>& ys, kir::Target target, const std::string& disabled = "") {
+  std::vector<ir::NodePtr> nodes;
+  for (const Tensor& y : ys) nodes.push_back(detail::node_of(y));
+  ir::Graph g = ir::build_graph(nodes);
+  compiler::Options o;
+  o.target = target;
+  if (!disabled.empty()) o.disabled.insert(disabled);
+  return compiler::compile_graph(g, {}, o);
+}
+compiler::Plan plan_of(const Tensor& y, kir::Target target, const std::string& disabled = "") {
+  return plan_of(std::vector<Tensor>{y}, target, disabled);
+}
+kir::Target cpu_target() { return backends::backend_for(Device("cpu")).properties(0); }
+int attention_steps(const compiler::Plan& p) {
+  int n = 0;
+  for (const kir::Step& st : p.steps) n += st.kind == kir::StepKind::Attention;
+  return n;
+}
+// Temporaries holding a [.., Tq, Tk] value (the scores or probabilities).
+int square_slots(const compiler::Plan& p, int64_t tq, int64_t tk) {
+  int n = 0;
+  for (const kir::Slot& sl : p.slots)
+    n += sl.kind == kir::SlotKind::Temp && sl.shape.size() >= 2 && sl.shape[sl.shape.size() - 2] == tq && sl.shape.back() == tk && sl.dtype != DType::Bool;
+  return n;
+}
+
+struct Attention : ::testing::Test {
+  int threads = omp_get_max_threads();
+  void TearDown() override {
+    runtime::set_disabled_passes("");
+    omp_set_num_threads(threads);
+  }
+};
+
+TEST_F(Attention, FusedForwardMatchesTheUnfusedStepsAndTheFloat64Reference) {
+  const std::vector<Shape4> shapes = {
+      {2, 3, 67, 67, 32, 32, true},      // T not a multiple of the 64-row task or 4-row group
+      {1, 2, 64, 64, 64, 64, true},      // head dim 64
+      {2, 2, 70, 70, 32, 32, false},     // no mask
+      {3, 5, 65, 65, 64, 64, true},      // batch x heads (15) > threads
+      {1, 2, 150, 150, 32, 40, true},    // several 64-key tiles, the last partial; dv 40 (a 16-column tail)
+      {2, 1, 20, 90, 32, 16, false},     // Tq != Tk, Dv != D
+      {1, 2, 20, 90, 32, 32, true, 70},  // a cache-style offset: query i at position i + 70
+  };
+  uint32_t seed = 1;
+  for (const Shape4& s : shapes) {
+    SCOPED_TRACE(::testing::Message() << "[" << s.b << "," << s.h << "] Tq " << s.tq << " Tk " << s.tk << " d " << s.d << "/" << s.dv
+                                      << (s.causal ? " causal" : ""));
+    Tensor q = random_tensor({s.b, s.h, s.tq, s.d}, DType::Float32, seed++, -2, 2);
+    Tensor k = random_tensor({s.b, s.h, s.tk, s.d}, DType::Float32, seed++, -2, 2);
+    Tensor v = random_tensor({s.b, s.h, s.tk, s.dv}, DType::Float32, seed++, -2, 2);
+    const compiler::Plan fused = plan_of(attention(q, k, v, s), cpu_target());
+    EXPECT_EQ(attention_steps(fused), 1);
+    EXPECT_EQ(square_slots(fused, s.tq, s.tk), 0) << fused.str();
+    EXPECT_EQ(fused.steps.size(), 1u) << fused.str();  // the mask's positions are absorbed too
+    runtime::set_disabled_passes("");
+    auto got = attention(q, k, v, s).to_vector<double>();
+    runtime::set_disabled_passes("attention");
+    auto unfused = attention(q, k, v, s).to_vector<double>();
+    runtime::set_disabled_passes("");
+    auto want = reference(q.to_vector<double>(), k.to_vector<double>(), v.to_vector<double>(), s);
+    EXPECT_LE(normalized_error(got, want), 2e-6);
+    EXPECT_LE(normalized_error(unfused, want), 2e-6);
+    EXPECT_LE(normalized_error(got, unfused), 2e-6);
+    EXPECT_NE(got, unfused);  // really another computation (the unfused path is the decomposition)
+  }
+}
+
+TEST_F(Attention, Float64IsFusedToo) {
+  Shape4 s{2, 2, 70, 70, 32, 32, true};
+  Tensor q = random_tensor({2, 2, 70, 32}, DType::Float64, 11, -2, 2), k = random_tensor({2, 2, 70, 32}, DType::Float64, 12, -2, 2);
+  Tensor v = random_tensor({2, 2, 70, 32}, DType::Float64, 13, -2, 2);
+  EXPECT_EQ(attention_steps(plan_of(attention(q, k, v, s), cpu_target())), 1);
+  auto want = reference(q.to_vector<double>(), k.to_vector<double>(), v.to_vector<double>(), s);
+  EXPECT_LE(normalized_error(attention(q, k, v, s).to_vector<double>(), want), 1e-13);
+}
+
+TEST_F(Attention, BitIdenticalFor1To3Threads) {
+  Shape4 s{3, 4, 70, 70, 32, 32, true};
+  Tensor q = random_tensor({3, 4, 70, 32}, DType::Float32, 21, -2, 2), k = random_tensor({3, 4, 70, 32}, DType::Float32, 22, -2, 2);
+  Tensor v = random_tensor({3, 4, 70, 32}, DType::Float32, 23, -2, 2);
+  std::vector<std::vector<float>> r;
+  for (int t : {1, 2, 3}) {
+    omp_set_num_threads(t);
+    r.push_back(attention(q, k, v, s).to_vector<float>());
+  }
+  EXPECT_EQ(r[0], r[1]);
+  EXPECT_EQ(r[0], r[2]);
+}
+
+TEST_F(Attention, TheGptsAttentionIsOneStepInEvaluation) {
+  nn::GPTConfig c;
+  c.vocab = 50, c.block = 72, c.embd = 64, c.heads = 2, c.layers = 2, c.dropout = 0.1;
+  auto gpt = std::make_shared<nn::GPT>(c);
+  gpt->eval();  // dropout is the identity: the probabilities only feed the product with V
+  Tensor ids = testing::random_int({3, 72}, 0, 49);
+  EXPECT_EQ(c.heads, 2);
+  Tensor logits;
+  {
+    NoGradGuard ng;
+    logits = gpt->forward(ids);
+  }
+  const compiler::Plan p = plan_of(logits, cpu_target());
+  EXPECT_EQ(attention_steps(p), 2);  // one per layer
+  EXPECT_EQ(square_slots(p, 72, 72), 0) << p.str();
+  for (const kir::Step& st : p.steps)
+    if (st.kind == kir::StepKind::Attention) {
+      EXPECT_TRUE(st.attention->causal);
+      EXPECT_EQ(st.attention->causal_offset, 0);
+      EXPECT_EQ(st.attention->batch, 6);
+      EXPECT_EQ(st.sources.front().op, "attention");
+      EXPECT_NE(st.sources.front().scope.find("attn"), std::string::npos);
+    }
+  std::vector<double> got;
+  {
+    Profiler prof;  // the Step kind and its op name show in the profile
+    got = logits.to_vector<double>();
+    prof.stop();
+    EXPECT_NE(prof.table_text().find("attention"), std::string::npos) << prof.table_text();
+  }
+  EXPECT_STREQ(kir::step_kind_name(kir::StepKind::Attention), "attention");
+  runtime::set_disabled_passes("attention");
+  Tensor again;
+  {
+    NoGradGuard ng;
+    again = gpt->forward(ids);
+  }
+  EXPECT_LE(normalized_error(got, again.to_vector<double>()), 2e-6);
+}
+
+TEST_F(Attention, NotFusedWhereTheProbabilitiesAreReadOrTheTargetLacksTheStep) {
+  Shape4 s{1, 2, 64, 64, 32, 32, true};
+  Tensor q = random_tensor({1, 2, 64, 32}, DType::Float32, 31), k = random_tensor({1, 2, 64, 32}, DType::Float32, 32);
+  Tensor v = random_tensor({1, 2, 64, 32}, DType::Float32, 33);
+  Tensor y = attention(q, k, v, s);
+  EXPECT_EQ(attention_steps(plan_of(y, cpu_target())), 1);  // the pattern itself is fused
+  kir::Target plain = cpu_target();
+  plain.attention = false;  // another backend's target: the decomposition
+  EXPECT_EQ(attention_steps(plan_of(y, plain)), 0);
+  EXPECT_EQ(attention_steps(plan_of(y, cpu_target(), "attention")), 0);  // switched off by name
+  // Fewer keys than the measured rule's 64: decomposed.
+  Tensor q48 = random_tensor({1, 2, 48, 32}, DType::Float32, 35);
+  EXPECT_EQ(attention_steps(plan_of(attention(q48, q48, q48, {1, 2, 48, 48, 32, 32, true}), cpu_target())), 0);
+  // A user reading the probabilities: nothing is fused.
+  Tensor p = softmax(matmul(q, k.transpose(-2, -1)), -1);
+  EXPECT_EQ(attention_steps(plan_of(matmul(p, v), cpu_target())), 1);
+  Tensor both = matmul(p, v) + p.sum({3}, true);
+  EXPECT_EQ(attention_steps(plan_of(both, cpu_target())), 0);
+  // Training under the measured rule's 128 keys (the backward reads the probabilities, and the
+  // backward Step is not fused under 128 keys): nothing fused.
+  Tensor qg = random_tensor({1, 2, 64, 32}, DType::Float32, 34), kg = random_tensor({1, 2, 64, 32}, DType::Float32, 36),
+         vg = random_tensor({1, 2, 64, 32}, DType::Float32, 37);
+  for (Tensor* x : {&qg, &kg, &vg}) x->requires_grad_(true);
+  Tensor loss = attention(qg, kg, vg, s).sum();
+  loss.backward();
+  EXPECT_EQ(attention_steps(plan_of({loss, qg.grad(), kg.grad(), vg.grad()}, cpu_target())), 0);
+  // An anti-causal mask (queries see later keys) is not the causal pattern: decomposed.
+  Tensor att = matmul(q, k.transpose(-2, -1));
+  TensorOptions i64{DType::Int64, q.device()};
+  Tensor pos = arange(0, 64, 1, i64);
+  att = masked_fill(att, pos.reshape({1, 64}) < pos.reshape({64, 1}), -INFINITY);
+  EXPECT_EQ(attention_steps(plan_of(matmul(softmax(att, -1), v), cpu_target())), 0);
+}
+
+// Training: the backward of the same attention fuses too (one backward Step writing dQ, dK, dV
+// from the forward's log-sum-exp); gradients against the decomposition's and float64's.
+TEST_F(Attention, TheBackwardIsOneStepWithTheDecompositionsGradients) {
+  const std::vector<Shape4> shapes = {{2, 3, 130, 130, 32, 32, true}, {1, 1, 128, 128, 64, 64, false},
+                                      {1, 2, 20, 150, 32, 16, true, 130}};
+  uint32_t seed = 51;
+  for (const Shape4& s : shapes) {
+    SCOPED_TRACE(::testing::Message() << "Tq " << s.tq << " Tk " << s.tk << " d " << s.d << "/" << s.dv);
+    auto grads = [&](DType t, const std::string& off, bool check_plan) {
+      runtime::set_disabled_passes(off);
+      Tensor q = random_tensor({s.b, s.h, s.tq, s.d}, t, seed, -2, 2), k = random_tensor({s.b, s.h, s.tk, s.d}, t, seed + 1, -2, 2);
+      Tensor v = random_tensor({s.b, s.h, s.tk, s.dv}, t, seed + 2, -2, 2), w = random_tensor({s.b, s.h, s.tq, s.dv}, t, seed + 3, -2, 2);
+      for (Tensor* x : {&q, &k, &v}) x->requires_grad_(true);
+      Tensor loss = (attention(q, k, v, s) * w).sum();
+      loss.backward();
+      if (check_plan) {
+        const compiler::Plan p = plan_of({loss, q.grad(), k.grad(), v.grad()}, cpu_target());
+        int backward = 0;
+        for (const kir::Step& st : p.steps) backward += st.kind == kir::StepKind::Attention && st.attention->backward;
+        EXPECT_EQ(attention_steps(p), 2) << p.str();
+        EXPECT_EQ(backward, 1);
+        EXPECT_EQ(square_slots(p, s.tq, s.tk), 0) << p.str();
+      }
+      std::vector<std::vector<double>> r;
+      for (Tensor* x : {&q, &k, &v}) r.push_back(x->grad().to_vector<double>());
+      return r;
+    };
+    auto fused = grads(DType::Float32, "", true), decomposed = grads(DType::Float32, "attention", false),
+         want = grads(DType::Float64, "attention", false);
+    for (size_t i = 0; i < 3; ++i) {
+      EXPECT_LE(normalized_error(fused[i], want[i]), 1e-5) << "gradient " << i;
+      EXPECT_LE(normalized_error(decomposed[i], want[i]), 1e-5) << "gradient " << i;
+    }
+    seed += 4;
+  }
+}
+
+// A GPT training step over 128 positions: forward and backward fused in every layer, the
+// parameters' gradients those of the decomposition.
+TEST_F(Attention, AGptTrainingStepOver128PositionsFusesBothWays) {
+  nn::GPTConfig c;
+  c.vocab = 40, c.block = 128, c.embd = 64, c.heads = 2, c.layers = 2;
+  manual_seed(3);
+  auto gpt = std::make_shared<nn::GPT>(c);
+  Tensor ids = testing::random_int({2, 128}, 0, 39), targets = testing::random_int({2, 128}, 0, 39, DType::Int64, 2);
+  optim::SGD opt(gpt->parameters(), {.lr = 0.0});  // only to clear the gradients
+  auto step = [&](const std::string& off, bool check_plan) {
+    runtime::set_disabled_passes(off);
+    opt.zero_grad();
+    Tensor loss = gpt->loss(ids, targets);
+    loss.backward();
+    std::vector<Tensor> outs{loss};
+    for (Tensor& p : gpt->parameters()) outs.push_back(p.grad());
+    if (check_plan) {
+      const compiler::Plan p = plan_of(outs, cpu_target());
+      int backward = 0;
+      for (const kir::Step& st : p.steps) backward += st.kind == kir::StepKind::Attention && st.attention->backward;
+      EXPECT_EQ(attention_steps(p), 4);
+      EXPECT_EQ(backward, 2);
+      EXPECT_EQ(square_slots(p, 128, 128), 0);
+    }
+    std::vector<double> all;
+    for (const Tensor& t : outs) {
+      auto v = t.to_vector<double>();
+      all.insert(all.end(), v.begin(), v.end());
+    }
+    return all;
+  };
+  auto fused = step("", true), decomposed = step("attention", false);
+  EXPECT_LE(normalized_error(fused, decomposed), 1e-5);
+}
+
+TEST_F(Attention, TheBackwardIsBitIdenticalFor1To3Threads) {
+  Shape4 s{2, 3, 130, 130, 32, 32, true};
+  std::vector<std::vector<float>> r;
+  for (int t : {1, 2, 3}) {
+    omp_set_num_threads(t);
+    Tensor q = random_tensor({2, 3, 130, 32}, DType::Float32, 61, -2, 2), k = random_tensor({2, 3, 130, 32}, DType::Float32, 62, -2, 2);
+    Tensor v = random_tensor({2, 3, 130, 32}, DType::Float32, 63, -2, 2);
+    for (Tensor* x : {&q, &k, &v}) x->requires_grad_(true);
+    Tensor loss = (attention(q, k, v, s) * v.detach()).sum();
+    loss.backward();
+    std::vector<float> all;
+    for (Tensor* x : {&q, &k, &v}) {
+      auto g = x->grad().to_vector<float>();
+      all.insert(all.end(), g.begin(), g.end());
+    }
+    r.push_back(all);
+  }
+  EXPECT_EQ(r[0], r[1]);
+  EXPECT_EQ(r[0], r[2]);
+}
+
+// Without AVX-512 (TESSERA_CPU_ATTENTION=avx2: the forms other CPUs run) the same values.
+TEST_F(Attention, TheAvx2FormsMatchTheReferenceToo) {
+  Shape4 s{2, 3, 83, 83, 32, 48, true};
+  Tensor q = random_tensor({2, 3, 83, 32}, DType::Float32, 41, -2, 2), k = random_tensor({2, 3, 83, 32}, DType::Float32, 42, -2, 2);
+  Tensor v = random_tensor({2, 3, 83, 48}, DType::Float32, 43, -2, 2);
+  setenv("TESSERA_CPU_ATTENTION", "avx2", 1);
+  auto got = attention(q, k, v, s).to_vector<double>();
+  // and the backward's AVX forms: against float64 gradients
+  Shape4 s2{1, 2, 140, 140, 32, 48, true};
+  auto grads = [&](DType t) {
+    Tensor q2 = random_tensor({1, 2, 140, 32}, t, 44, -2, 2), k2 = random_tensor({1, 2, 140, 32}, t, 45, -2, 2);
+    Tensor v2 = random_tensor({1, 2, 140, 48}, t, 46, -2, 2);
+    for (Tensor* x : {&q2, &k2, &v2}) x->requires_grad_(true);
+    Tensor loss = attention(q2, k2, v2, s2).sum();
+    loss.backward();
+    std::vector<double> all;
+    for (Tensor* x : {&q2, &k2, &v2}) {
+      auto g = x->grad().to_vector<double>();
+      all.insert(all.end(), g.begin(), g.end());
+    }
+    return all;
+  };
+  auto g32 = grads(DType::Float32);
+  unsetenv("TESSERA_CPU_ATTENTION");
+  unsetenv("TESSERA_CPU_ATTENTION");
+  runtime::set_disabled_passes("attention");
+  auto g64 = grads(DType::Float64);
+  runtime::set_disabled_passes("");
+  EXPECT_LE(normalized_error(g32, g64), 1e-5);
+  EXPECT_EQ(attention_steps(plan_of(attention(q, k, v, s), cpu_target())), 1);
+  auto want = reference(q.to_vector<double>(), k.to_vector<double>(), v.to_vector<double>(), s);
+  EXPECT_LE(normalized_error(got, want), 2e-6);
+  auto fast = attention(q + 0.0, k, v, s).to_vector<double>();  // another graph: compiled with AVX-512 where there is one
+  EXPECT_LE(normalized_error(fast, want), 2e-6);
+}
+
+}  // namespace
+}  // namespace tessera
