@@ -65,11 +65,17 @@ Mesh::Mesh(std::vector<std::pair<std::string, int64_t>> axes) : axes_(std::move(
       if (axes_[j].first == axes_[i].first) fail("mesh", "axis '" + axes_[i].first + "' named twice", "");
   }
 }
-int64_t Mesh::ranks() const {
-  int64_t n = 1;
-  for (const auto& a : axes_) n *= a.second;
-  return n;
+namespace {
+ir::MeshAxes axes_of(const Mesh& mesh) {
+  ir::MeshAxes axes;
+  for (const auto& [name, size] : mesh.axes()) {
+    axes.names.push_back(name);
+    axes.sizes.push_back(size);
+  }
+  return axes;
 }
+}  // namespace
+int64_t Mesh::ranks() const { return axes_of(*this).ranks(); }
 int Mesh::index(const std::string& axis) const {
   for (size_t i = 0; i < axes_.size(); ++i)
     if (axes_[i].first == axis) return int(i);
@@ -78,12 +84,7 @@ int Mesh::index(const std::string& axis) const {
 int64_t Mesh::size(const std::string& axis) const { return axes_[size_t(index(axis))].second; }
 std::vector<int64_t> Mesh::coords(int64_t rank) const {
   if (rank < 0 || rank >= ranks()) fail("mesh", "rank " + std::to_string(rank) + " out of range for the mesh " + str(), "");
-  std::vector<int64_t> c(axes_.size());
-  for (size_t i = axes_.size(); i-- > 0;) {
-    c[i] = rank % axes_[i].second;
-    rank /= axes_[i].second;
-  }
-  return c;
+  return axes_of(*this).coords(rank);
 }
 std::string Mesh::str() const {
   std::string s = "{";
@@ -141,11 +142,7 @@ void clear_shardings() {
 }
 
 PartitionStats sync_partitioned(const Mesh& mesh) {
-  ir::MeshAxes axes;
-  for (const auto& [name, size] : mesh.axes()) {
-    axes.names.push_back(name);
-    axes.sizes.push_back(size);
-  }
+  const ir::MeshAxes axes = axes_of(mesh);
   std::vector<std::pair<Tensor, ir::Sharding>> annotated;
   {
     std::lock_guard<std::mutex> lock(g_shard_mu);

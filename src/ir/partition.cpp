@@ -64,9 +64,7 @@ const char* kSupported =
 
 class Partitioner {
  public:
-  Partitioner(const MeshAxes& mesh, const PartitionHooks& hooks) : mesh_(mesh), hooks_(hooks) {
-    for (int64_t z : mesh.sizes) ranks_ *= z;
-  }
+  Partitioner(const MeshAxes& mesh, const PartitionHooks& hooks) : mesh_(mesh), hooks_(hooks), ranks_(mesh.ranks()) {}
 
   Val run(const Node& f, const Sharding* leaf_s) {
     ScopeAs in(*f.scope);
@@ -385,7 +383,8 @@ class Partitioner {
       if (!s[d].sharded()) continue;
       const int64_t g = s[d].groups, gs = is[d] / g;  // one group's extent
       int64_t &a = at.ints[3 * d], &b = at.ints[3 * d + 1], c = at.ints[3 * d + 2];
-      bool whole = (slice ? c == 1 : c == 0) && a % gs == 0 && b % gs == 0;
+      // Whole groups (an empty slice or a zero extent is not: no zero-group layouts).
+      bool whole = gs > 0 && (slice ? c == 1 && b > a : c == 0) && a % gs == 0 && b % gs == 0;
       if (!whole) {
         need[d] = out[d] = DimSharding{};
         continue;
@@ -503,8 +502,7 @@ class Partitioner {
 
 Partitioned partition(const std::vector<NodePtr>& outputs, const std::function<const Sharding*(const Node& leaf)>& leaf_sharding,
                       const MeshAxes& mesh, const PartitionHooks& hooks, bool gather_outputs) {
-  int64_t n = 1;
-  for (int64_t z : mesh.sizes) n *= z;
+  const int64_t n = mesh.ranks();
   Partitioner p(mesh, hooks);
   const Graph g = build_graph(outputs);
   for (const NodePtr& node : g.nodes) {

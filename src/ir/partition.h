@@ -30,6 +30,21 @@ using Sharding = std::vector<DimSharding>;  // one per dimension
 struct MeshAxes {
   std::vector<std::string> names;
   std::vector<int64_t> sizes;
+  int64_t ranks() const {  // the product of the sizes
+    int64_t n = 1;
+    for (int64_t z : sizes) n *= z;
+    return n;
+  }
+  std::vector<int64_t> coords(int64_t rank) const {  // row-major over the axes
+    std::vector<int64_t> c(sizes.size());
+    for (size_t i = c.size(); i-- > 0; rank /= sizes[i]) c[i] = rank % sizes[i];
+    return c;
+  }
+  int64_t rank_of(const std::vector<int64_t>& c) const {
+    int64_t r = 0;
+    for (size_t i = 0; i < c.size(); ++i) r = r * sizes[i] + c[i];
+    return r;
+  }
 };
 
 // "{none, model}", "{model/3, none}" (groups after a slash).
