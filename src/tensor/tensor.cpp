@@ -4,6 +4,7 @@
 #include <iomanip>
 #include <mutex>
 #include <sstream>
+#include <tuple>
 #include <type_traits>
 #include <unordered_map>
 
@@ -681,20 +682,11 @@ void copy_block_dim(char* whole, char* block, const Shape& shape, size_t esize, 
       else std::memcpy(b, w, size_t(sz * inner));
     }
 }
-// The rank's coordinates on a mesh (row-major over the axes).
-std::vector<int64_t> mesh_coords(const ir::MeshAxes& mesh, int64_t rank) {
-  std::vector<int64_t> c(mesh.sizes.size());
-  for (size_t i = c.size(); i-- > 0;) {
-    c[i] = rank % mesh.sizes[i];
-    rank /= mesh.sizes[i];
-  }
-  return c;
-}
 // Rank r's block of a tensor laid out as s over the mesh, cut from the whole tensor's bytes (one
 // split dim after another), or written back into them (back).
 void copy_block(const ir::MeshAxes& mesh, std::vector<char>& whole, std::vector<char>& block, const Shape& shape, size_t esize,
                 const ir::Sharding& s, int64_t r, bool back) {
-  const std::vector<int64_t> c = mesh_coords(mesh, r);
+  const std::vector<int64_t> c = mesh.coords(r);
   std::vector<std::pair<Shape, std::vector<char>>> steps{{shape, {}}};  // the shapes between cuts
   std::vector<size_t> dims;
   for (size_t d = 0; d < s.size(); ++d)
@@ -767,8 +759,7 @@ std::vector<char> download_all(const Buffer& b, int64_t count, DType t) {
 
 namespace detail {
 PartitionReport sync_partitioned(const ir::MeshAxes& mesh, const std::vector<std::pair<Tensor, ir::Sharding>>& annotated) {
-  int64_t n = 1;
-  for (int64_t z : mesh.sizes) n *= z;
+  const int64_t n = mesh.ranks();
   // MPI ranks (a process group of several): each process cuts its own blocks and runs the graph
   // with every output gathered in it; in-process ranks: every rank's blocks, gathered on the host.
   const auto [me, procs] = runtime::process_group();
@@ -803,7 +794,7 @@ PartitionReport sync_partitioned(const ir::MeshAxes& mesh, const std::vector<std
   if (group.empty()) return rep;
   std::vector<runtime::RankInputs> inputs(static_cast<size_t>(n));
   std::map<std::pair<const Buffer*, std::string>, ir::NodePtr> shards;
-  std::map<std::pair<int64_t, int64_t>, ir::NodePtr> indices;
+  std::map<std::tuple<int, int64_t, int64_t>, ir::NodePtr> indices;  // (axis, extent, groups): the rank's coordinate on the axis
   ir::PartitionHooks hooks;
   hooks.shard_leaf = [&](const ir::Node& leaf, const ir::Sharding& sh) {
     auto key = std::make_pair(leaf.buffer.get(), ir::sharding_str(sh, mesh));
@@ -831,12 +822,12 @@ PartitionReport sync_partitioned(const ir::MeshAxes& mesh, const std::vector<std
     return shards[key] = ir::leaf(first, local, leaf.dtype);
   };
   hooks.block_index = [&](int64_t extent, const ir::DimSharding& d) {
-    auto key = std::make_pair(extent, d.groups);
+    auto key = std::make_tuple(d.axis, extent, d.groups);
     if (auto it = indices.find(key); it != indices.end()) return it->second;
     const int64_t g = d.groups, a = mesh.sizes[size_t(d.axis)], sz = extent / (g * a);
     std::shared_ptr<Buffer> first;
     for (int64_t r = lo; r < hi; ++r) {
-      const int64_t c = mesh_coords(mesh, r)[size_t(d.axis)];
+      const int64_t c = mesh.coords(r)[size_t(d.axis)];
       std::vector<int64_t> idx;
       for (int64_t j = 0; j < g; ++j)
         for (int64_t i = 0; i < sz; ++i) idx.push_back(j * (extent / g) + c * sz + i);
@@ -852,12 +843,10 @@ PartitionReport sync_partitioned(const ir::MeshAxes& mesh, const std::vector<std
     const int64_t a = mesh.sizes[size_t(axis)];
     std::shared_ptr<Buffer> first;
     for (int64_t r = lo; r < hi; ++r) {
-      std::vector<int64_t> c = mesh_coords(mesh, r), ranks;
+      std::vector<int64_t> c = mesh.coords(r), ranks;
       for (int64_t j = 0; j < a; ++j) {
         c[size_t(axis)] = j;
-        int64_t q = 0;
-        for (size_t i = 0; i < c.size(); ++i) q = q * mesh.sizes[i] + c[i];
-        ranks.push_back(q);
+        ranks.push_back(mesh.rank_of(c));
       }
       auto b = runtime::upload(group[0]->device, ranks.data(), ranks.size() * sizeof(int64_t));
       if (r == lo) first = b;

@@ -182,24 +182,28 @@ TEST(Partition, BatchShardingIsDataParallelism) {
 }
 
 // A 2 x 2 mesh: the batch split over "data", the GPT's weights over "model" (collectives over one
-// axis pick their group out of an all-gather over the 4 ranks).
-TEST(Partition, DataTimesModelMeshMatchesOneDevice) {
+// axis pick their group out of an all-gather over the 4 ranks). With dropout and batch == heads,
+// the attention dropout's draw [B, H, T, T] is cut along B over "data" and along H over "model":
+// two block-index leaves of the same extent that must not be confused.
+void data_times_model(int64_t batch, double dropout) {
+  SCOPED_TRACE("batch " + std::to_string(batch) + ", dropout " + std::to_string(dropout));
   dist::clear_shardings();
   dist::Mesh grid({{"data", 2}, {"model", 2}});
-  EXPECT_EQ(grid.ranks(), 4);
-  EXPECT_EQ(grid.coords(3), (std::vector<int64_t>{1, 1}));
-  EXPECT_EQ(grid.coords(1), (std::vector<int64_t>{0, 1}));
-  auto [x, y] = tokens(4);
+  auto [x, y] = tokens(batch);
+  nn::GPTConfig cfg = small_gpt();
+  cfg.dropout = dropout;
   manual_seed(5);
-  nn::GPT ref(small_gpt());
+  nn::GPT ref(cfg);
   manual_seed(5);
-  nn::GPT tp(small_gpt());
+  nn::GPT tp(cfg);
+  manual_seed(9);
   Tensor l = ref.loss(x, y);
   l.backward();
   sync();
   tp.shard_tensor_parallel(grid, "model");
   dist::shard(x, grid, {"data", none});
   dist::shard(y, grid, {"data", none});
+  manual_seed(9);
   Tensor lp = tp.loss(x, y);
   lp.backward();
   dist::PartitionStats st = dist::sync_partitioned(grid);
@@ -210,6 +214,15 @@ TEST(Partition, DataTimesModelMeshMatchesOneDevice) {
   EXPECT_GT(st.collectives["all_gather"], 0);  // the sub-group collectives
   EXPECT_LT(st.rank_input_bytes, st.input_bytes);
   dist::clear_shardings();
+}
+
+TEST(Partition, DataTimesModelMeshMatchesOneDevice) {
+  dist::Mesh grid({{"data", 2}, {"model", 2}});
+  EXPECT_EQ(grid.ranks(), 4);
+  EXPECT_EQ(grid.coords(3), (std::vector<int64_t>{1, 1}));
+  EXPECT_EQ(grid.coords(1), (std::vector<int64_t>{0, 1}));
+  data_times_model(4, 0.0);
+  data_times_model(2, 0.1);
 }
 
 // The rules off the Megatron path, on a weight split in 3 groups over 2 ranks (blocks of one
