@@ -694,8 +694,10 @@ Val Lowerer::lower_attention_backward(int i, int match) {
   auto done = attn_bwd_vals.find(i);
   if (done != attn_bwd_vals.end()) return done->second;
   const AttentionMatch& m = attn[size_t(match)];
-  const Step fwd = *std::find_if(plan.steps.begin(), plan.steps.end(),  // a copy: strided() below may add Steps
-                                  [&](const Step& s) { return s.attention && !s.more_outputs.empty() && s.more_outputs[0] == attn_lse[size_t(match)]; });
+  auto fwd_at = std::find_if(plan.steps.begin(), plan.steps.end(),
+                             [&](const Step& s) { return s.attention && !s.more_outputs.empty() && s.more_outputs[0] == attn_lse[size_t(match)]; });
+  if (fwd_at == plan.steps.end()) fail("lower", "internal: a fused attention's backward before its forward", *g.nodes[size_t(i)]->scope);
+  const Step fwd = *fwd_at;  // a copy: strided() below may add Steps
   const Node& dq = *g.nodes[size_t(m.g_dq)];
   Step st = begin(StepKind::Attention, m.g_dq);
   const Val dy = strided(m.g_dy, m.g_dq);

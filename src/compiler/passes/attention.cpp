@@ -95,6 +95,9 @@ class Matcher {
     std::vector<int> bcore;
     const bool bw = backward(m, p, e, x != s ? x : nullptr, mask, s != scores ? s : nullptr, scores, y, bcore);
     if (bw && scores->shape[r - 1] < kAttentionMinKeysWithBackward) return std::nullopt;  // the measured rule (fuse.h)
+    // The backward Step reads the forward's output and log-sum-exp: lowered in node order, the
+    // forward must come first (a cotangent that does not depend on Y may put a gradient before it).
+    if (bw && m.root > std::min({m.g_dv, m.g_dkt, m.g_dq})) return std::nullopt;
     if (bw) core.insert(core.end(), bcore.begin(), bcore.end());
     // Nothing else reads an intermediate value (the probabilities, the scores, ...).
     std::sort(core.begin(), core.end());
