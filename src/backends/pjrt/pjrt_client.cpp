@@ -173,6 +173,7 @@ std::unique_ptr<LoadedProgram> Plugin::compile(const std::string& mlir, int64_t 
   c.compile_options_size = options.size();
   check(api_->client_compile(&c), "compile failed");
   auto p = std::make_unique<LoadedProgram>(*this, c.executable);
+  p->replicas_ = replicas;
   p->describe();
   return p;
 }
@@ -218,6 +219,9 @@ std::vector<BufferPtr> LoadedProgram::execute(int device, const std::vector<api:
                                               const std::vector<int64_t>& non_donatable,
                                               const std::vector<TensorType>& outputs) const {
   const api::Api& a = plugin_.api();
+  if (outputs.size() != num_outputs_)  // the plugin writes num_outputs_ of them
+    fail("pjrt", "the program has " + std::to_string(num_outputs_) + " results, " + std::to_string(outputs.size()) + " types given", "");
+  if (replicas_ != 1) fail("pjrt", "a program compiled for " + std::to_string(replicas_) + " replicas runs through execute_replicas", "");
   auto opts = api::args<api::ExecuteOptions>();
   opts.non_donatable_input_indices = non_donatable.data();
   opts.num_non_donatable_input_indices = non_donatable.size();
@@ -254,6 +258,8 @@ std::vector<std::vector<BufferPtr>> LoadedProgram::execute_replicas(const std::v
   const size_t n = args.size();
   if (outputs.size() != num_outputs_)  // the plugin writes num_outputs_ per replica
     fail("pjrt", "the program has " + std::to_string(num_outputs_) + " results, " + std::to_string(outputs.size()) + " types given", "");
+  if (int64_t(n) != replicas_)
+    fail("pjrt", "a program compiled for " + std::to_string(replicas_) + " replicas given " + std::to_string(n) + " argument lists", "");
   auto opts = api::args<api::ExecuteOptions>();
   std::vector<api::Buffer* const*> arg_lists;
   std::vector<std::vector<api::Buffer*>> outs(n, std::vector<api::Buffer*>(outputs.size(), nullptr));

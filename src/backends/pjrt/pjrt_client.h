@@ -69,6 +69,7 @@ class LoadedProgram {
   const Plugin& plugin_;
   api::LoadedExecutable* exe_;
   size_t num_outputs_ = 0;
+  int64_t replicas_ = 1;  // compiled for
   MemoryStats stats_;
 };
 
