@@ -115,8 +115,8 @@ struct Workload {
   int64_t tp_heads = 0;             // attention heads (the split must divide them)
   double tp_activation_bytes = 0;   // one all-reduce's buffer: B x T x C float32 (autocast's products are float32)
   double tp_split_param_bytes = 0;  // weights of the split matrices (qkv, attn proj, fc, mlp proj) and the
-                                    // column-split biases: each device keeps 1/M of them, their
-                                    // gradients and their moments
+                                    // column-split biases: each device keeps 1/M of them and of
+                                    // their moments (gradients and activations: not reduced)
   // Compiled under a memory budget the compiler could not meet (the plan is then empty).
   bool over_budget = false;
   // What the device holds during the step: the plan's parameters plus what the run allocates

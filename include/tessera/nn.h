@@ -221,6 +221,8 @@ class GPT : public Module {
   // (row split: one all-reduce each), their biases accordingly; embeddings, norms and the head
   // replicated. The heads must divide among the axis' ranks.
   void shard_tensor_parallel(const dist::Mesh& mesh, const std::string& axis = "model");
+  // The layouts shard_tensor_parallel gives, per split parameter (the advisor prices the same).
+  std::vector<std::pair<Tensor, dist::Spec>> tensor_parallel_specs(const std::string& axis = "model") const;
 
   std::shared_ptr<Embedding> wte, wpe;
   std::shared_ptr<Dropout> drop;

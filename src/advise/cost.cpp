@@ -320,16 +320,13 @@ const Workload& GptWorkloads::trace_and_compile(int64_t batch, const DeviceSpec*
   w.batch = batch;
   w.tokens = double(batch * cfg_.block);
   for (auto& p : st_->opt->params()) w.grad_bytes += double(props.buffer_bytes(p.shape(), p.dtype()));
-  // Tensor parallelism's figures: Megatron splits qkv and fc by columns (their biases too) and the
-  // projections by rows (their biases replicated).
+  // Tensor parallelism's figures: the parameters GPT::shard_tensor_parallel splits (Megatron: qkv
+  // and fc by columns, their biases too, the projections by rows, their biases replicated).
   w.tp_blocks = cfg_.layers;
   w.tp_heads = cfg_.heads;
   w.tp_activation_bytes = double(batch * cfg_.block * cfg_.embd) * 4;
-  for (auto& [name, t] : st_->model->named_parameters()) {
-    const bool in_block = name.find(".attn.") != std::string::npos || name.find(".mlp.") != std::string::npos;
-    const bool row_bias = name.size() >= 9 && name.compare(name.size() - 9, 9, "proj.bias") == 0;
-    if (in_block && !row_bias) w.tp_split_param_bytes += double(props.buffer_bytes(t.shape(), t.dtype()));
-  }
+  for (const auto& [t, spec] : st_->model->tensor_parallel_specs())
+    w.tp_split_param_bytes += double(props.buffer_bytes(t.shape(), t.dtype()));
   for (auto& [name, t] : st_->opt->state_dict())  // per-parameter state; not the scalars (step, learning rates)
     if (t.dim() > 0) w.state_bytes += double(props.buffer_bytes(t.shape(), t.dtype()));
   if (graph == Graph::Slice) {  // beside it: AdamW's moments and the gradients the later slices read

@@ -138,17 +138,23 @@ void GPT::shard_tensor_parallel(const dist::Mesh& mesh, const std::string& axis)
   if (cfg_.heads % n != 0 || (4 * cfg_.embd) % n != 0)
     fail("GPT", std::to_string(cfg_.heads) + " heads (and " + std::to_string(4 * cfg_.embd) + " MLP features) do not divide among the " +
                     std::to_string(n) + " ranks of mesh axis '" + axis + "'");
+  for (const auto& [t, spec] : tensor_parallel_specs(axis)) dist::shard(t, mesh, spec);
+}
+
+std::vector<std::pair<Tensor, dist::Spec>> GPT::tensor_parallel_specs(const std::string& axis) const {
   using dist::none;
   const dist::Split cols(axis), qkv_cols(axis, 3);
+  std::vector<std::pair<Tensor, dist::Spec>> out;
   for (size_t i = 0; i < blocks->size(); ++i) {
     auto& b = static_cast<Block&>(*(*blocks)[i]);
-    dist::shard(b.attn->qkv->weight, mesh, {qkv_cols, none});  // weight [3C, C]: q, k and v each split
-    if (b.attn->qkv->bias.defined()) dist::shard(b.attn->qkv->bias, mesh, {qkv_cols});
-    dist::shard(b.attn->proj->weight, mesh, {none, cols});  // [C, C] split by input features
-    dist::shard(b.mlp->fc->weight, mesh, {cols, none});
-    if (b.mlp->fc->bias.defined()) dist::shard(b.mlp->fc->bias, mesh, {cols});
-    dist::shard(b.mlp->proj->weight, mesh, {none, cols});
+    out.push_back({b.attn->qkv->weight, {qkv_cols, none}});  // weight [3C, C]: q, k and v each split
+    if (b.attn->qkv->bias.defined()) out.push_back({b.attn->qkv->bias, {qkv_cols}});
+    out.push_back({b.attn->proj->weight, {none, cols}});  // [C, C] split by input features
+    out.push_back({b.mlp->fc->weight, {cols, none}});
+    if (b.mlp->fc->bias.defined()) out.push_back({b.mlp->fc->bias, {cols}});
+    out.push_back({b.mlp->proj->weight, {none, cols}});
   }
+  return out;
 }
 
 KVCache GPT::make_cache(int64_t batch) const {
