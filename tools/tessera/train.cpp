@@ -46,7 +46,8 @@ void add_train(CLI::App& app) {
       ->capture_default_str()
       ->check(positive());
   gpt->add_option("--tensor-parallel", o->tensor_parallel,
-                  "tensor parallel (Megatron: attention and MLP weights split) on M in-process ranks; --heads must divide by M")
+                  "tensor parallel (Megatron: attention and MLP weights split over M ranks: in process, with --data-parallel N "
+                  "on an N x M mesh, or of mpirun's ranks with --distributed); --heads must divide by M")
       ->capture_default_str()
       ->check(positive());
   gpt->add_flag("--zero1", o->zero1, "with --data-parallel or --distributed: AdamW's moments sharded over the ranks (ZeRO-1; "
