@@ -461,6 +461,22 @@ std::vector<ir::NodePtr> shift_draws(const std::vector<ir::NodePtr>& outs, int64
     for (const ir::NodePtr& o : outs) moved.push_back(out[size_t(g.index.at(o.get()))]);
   return moved;
 }
+// The pending tensors of a graph that ranks run: leaves realized on the spot, the rest (one
+// device's, else an error under `op`) returned.
+std::vector<std::shared_ptr<TensorImpl>> rank_group(const char* op) {
+  std::vector<std::shared_ptr<TensorImpl>> group;
+  for (auto& impl : detail::pending_impls(true)) {
+    if (impl->node->op == ir::Op::Leaf) {
+      impl->realize_to(impl->node->buffer);
+      continue;
+    }
+    if (!group.empty() && !(impl->device == group[0]->device))
+      fail(op, "pending tensors on two devices (" + group[0]->device.str() + ", " + impl->device.str() + "): one graph runs on the ranks", "");
+    group.push_back(impl);
+  }
+  return group;
+}
+
 }  // namespace
 
 namespace detail {
@@ -481,20 +497,10 @@ std::vector<std::vector<Tensor>> sync_spmd(int ranks, const std::vector<std::vec
       if (!a->buffer || !b->buffer) fail("spmd", "rank inputs must be realized values (sync them first)", "");
       inputs[r].push_back({a->buffer.get(), b->buffer});
     }
-  auto impls = detail::pending_impls(true);
   struct Reset {
     ~Reset() { detail::reset_draws(); }
   } reset;
-  std::vector<std::shared_ptr<TensorImpl>> group;
-  for (auto& impl : impls) {
-    if (impl->node->op == ir::Op::Leaf) {
-      impl->realize_to(impl->node->buffer);
-      continue;
-    }
-    if (!group.empty() && !(impl->device == group[0]->device))
-      fail("spmd", "pending tensors on two devices (" + group[0]->device.str() + ", " + impl->device.str() + "): one graph runs on the ranks", "");
-    group.push_back(impl);
-  }
+  const std::vector<std::shared_ptr<TensorImpl>> group = rank_group("spmd");
   // Where each wanted per-rank output is among the requests.
   std::vector<size_t> wanted;
   for (const Tensor& t : rank_outputs) {
@@ -775,20 +781,10 @@ PartitionReport sync_partitioned(const ir::MeshAxes& mesh, const std::vector<std
     std::shared_ptr<Buffer> b = impl->buffer ? impl->buffer : impl->donor.lock();
     if (b) by_buffer[b.get()] = sh;
   }
-  auto impls = detail::pending_impls(true);
   struct Reset {
     ~Reset() { detail::reset_draws(); }
   } reset;
-  std::vector<std::shared_ptr<TensorImpl>> group;
-  for (auto& impl : impls) {
-    if (impl->node->op == ir::Op::Leaf) {
-      impl->realize_to(impl->node->buffer);
-      continue;
-    }
-    if (!group.empty() && !(impl->device == group[0]->device))
-      fail("partition", "pending tensors on two devices (" + group[0]->device.str() + ", " + impl->device.str() + "): one graph runs on the ranks", "");
-    group.push_back(impl);
-  }
+  const std::vector<std::shared_ptr<TensorImpl>> group = rank_group("partition");
   PartitionReport rep;
   rep.ranks = n;
   if (group.empty()) return rep;

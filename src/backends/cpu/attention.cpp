@@ -218,6 +218,20 @@ void scores4_any(const float* q, int64_t D, const float* kt, int64_t nv, float s
   scores4(q, D, kt, nv, scale, s);
 }
 
+// One key tile of the forward: K^T [D, kKeys] (columns past nk zero) and V [nk, Dv], densely,
+// from keys j0 .. j0 + nk of the batch element's strided K and V.
+template <class T>
+void pack_tile(const T* kp, const Operand& k, const T* vp, const Operand& v, int64_t j0, int64_t nk, int64_t D, int64_t Dv, T* kt, T* vt) {
+  for (int64_t j = 0; j < nk; ++j) {
+    const T* kr = kp + (j0 + j) * k.rs;
+    for (int64_t d = 0; d < D; ++d) kt[size_t(d * kKeys + j)] = kr[d * k.cs];
+    const T* vr = vp + (j0 + j) * v.rs;
+    for (int64_t c = 0; c < Dv; ++c) vt[size_t(j * Dv + c)] = vr[c * v.cs];
+  }
+  for (int64_t j = nk; j < kKeys; ++j)
+    for (int64_t d = 0; d < D; ++d) kt[size_t(d * kKeys + j)] = T(0);
+}
+
 struct AttentionKernel : CpuKernel {
   kir::Step::Attention a;
   Operand q, k, v;
@@ -262,14 +276,7 @@ struct AttentionKernel : CpuKernel {
         if (a.causal) kend = std::clamp<int64_t>(i0 + rows - 1 + a.causal_offset + 1, 0, Tk);
         for (int64_t j0 = 0; j0 < kend; j0 += kKeys) {
           const int64_t nk = std::min(kKeys, kend - j0);
-          for (int64_t j = 0; j < nk; ++j) {
-            const T* kr = kp + (j0 + j) * k.rs;
-            for (int64_t d = 0; d < D; ++d) kt[size_t(d * kKeys + j)] = kr[d * k.cs];
-            const T* vr = vp + (j0 + j) * v.rs;
-            for (int64_t c = 0; c < Dv; ++c) vt[size_t(j * Dv + c)] = vr[c * v.cs];
-          }
-          for (int64_t j = nk; j < kKeys; ++j)
-            for (int64_t d = 0; d < D; ++d) kt[size_t(d * kKeys + j)] = T(0);
+          pack_tile(kp, k, vp, v, j0, nk, D, Dv, kt.data(), vt.data());
           for (int64_t r = 0; r < rows; ++r) {
             for (int64_t j = 0; j < kKeys; ++j) s[j] = T(0);
             const T* qr = qb.data() + r * D;
@@ -351,14 +358,7 @@ struct AttentionKernel : CpuKernel {
         if (a.causal) kend = std::clamp<int64_t>(i0 + rows - 1 + a.causal_offset + 1, 0, Tk);
         for (int64_t j0 = 0; j0 < kend; j0 += kKeys) {
           const int64_t nk = std::min(kKeys, kend - j0);
-          for (int64_t j = 0; j < nk; ++j) {
-            const float* kr = kp + (j0 + j) * k.rs;
-            for (int64_t d = 0; d < D; ++d) kt[size_t(d * kKeys + j)] = kr[d * k.cs];
-            const float* vr = vp + (j0 + j) * v.rs;
-            for (int64_t c = 0; c < Dv; ++c) vt[size_t(j * Dv + c)] = vr[c * v.cs];
-          }
-          for (int64_t j = nk; j < kKeys; ++j)
-            for (int64_t d = 0; d < D; ++d) kt[size_t(d * kKeys + j)] = 0.0f;
+          pack_tile(kp, k, vp, v, j0, nk, D, Dv, kt.data(), vt.data());
           for (int64_t g = 0; g < rows; g += 4) {
             // Keys this group may see in the tile: the causal limit of its last row.
             int64_t glim = nk;
