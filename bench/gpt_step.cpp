@@ -27,8 +27,14 @@
 // forward and backward run over slices of the batch (optim::accumulate_gradients) and the update
 // as one more graph. bench/memory_budget.sh compares budgets.
 //
+// BENCH_PROFILE=1 (=lines: without the table): the timed steps under a Profiler, its table and
+// machine-readable PROFILE lines per timed step (each Step kind's time, mean and median, flops and
+// bytes; the host regions; the matmuls' flops alone), which bench/gpt_floor.sh reads.
+//
 // The token batches come from splitmix64 (seed 1234, 4 batches cycled), the same as the PyTorch
 // side draws. The last line is machine-readable: RESULT tessera threads=... median_ms=...
+// (host_ms: the median over the timed steps of each step's time outside running its compiled
+// graph, i.e. tracing, autodiff, the graph's key and lookup, and item()'s copy)
 #include <sys/resource.h>
 
 #include <algorithm>
