@@ -27,8 +27,14 @@
 // forward and backward run over slices of the batch (optim::accumulate_gradients) and the update
 // as one more graph. bench/memory_budget.sh compares budgets.
 //
+// BENCH_PROFILE=1 (=lines: without the table): the timed steps under a Profiler, its table and
+// machine-readable PROFILE lines per timed step (each Step kind's time, mean and median, flops and
+// bytes; the host regions; the matmuls' flops alone), which bench/gpt_floor.sh reads.
+//
 // The token batches come from splitmix64 (seed 1234, 4 batches cycled), the same as the PyTorch
 // side draws. The last line is machine-readable: RESULT tessera threads=... median_ms=...
+// (host_ms: the median over the timed steps of each step's time outside running its compiled
+// graph, i.e. tracing, autodiff, the graph's key and lookup, and item()'s copy)
 #include <sys/resource.h>
 
 #include <algorithm>
@@ -40,6 +46,7 @@
 #include <cstring>
 #include <string>
 #include <vector>
+#include <map>
 #include <memory>
 
 #include <optional>
@@ -130,6 +137,7 @@ int main(int argc, char** argv) {
   TensorOptions ids{DType::Int64, Device(device)};
 
   std::vector<double> ms;
+  std::vector<double> host;  // each timed step's time outside running its compiled graph(s)
   double first_loss = 0, last_loss = 0;
   int64_t graphs_after_warmup = 0;
   int64_t bf16_flops_after_warmup = 0;
@@ -139,7 +147,10 @@ int main(int argc, char** argv) {
   double first_ms = 0;               // the first step: tracing, compiling (device code too) and running
   DeviceMetrics dev_after_warmup;    // the device kind's counters when the timed steps start
   double execute_ms_after_warmup = 0;
-  std::unique_ptr<Profiler> prof;  // BENCH_PROFILE=1: the timed steps' profile table (slower: each Step waited for)
+  // BENCH_PROFILE=1: the timed steps' profile table and PROFILE lines (=lines: the lines only; slower: each
+  // Step waited for)
+  std::unique_ptr<Profiler> prof;
+  std::vector<double> step_start_us;
   for (int64_t step = 0; step < warmup + steps; ++step) {
     if (step == warmup) {
       if (std::getenv("BENCH_PROFILE")) prof = std::make_unique<Profiler>();
@@ -149,6 +160,8 @@ int main(int argc, char** argv) {
       execute_ms_after_warmup = metrics().execute_ms;
       bf16_flops_after_warmup = metrics().bf16_flops;
     }
+    if (prof) step_start_us.push_back(prof->wall_ms() * 1e3);  // this step's start on the profile's clock
+    const double exec_before = metrics().execute_ms;           // read outside the timed region
     auto& [hx, hy] = batches[size_t(step % kBatches)];
     auto t0 = clk::now();
     Tensor x = from_vector(hx, {batch, cfg.block}, ids);
@@ -188,6 +201,7 @@ int main(int argc, char** argv) {
       micro_used = r.micro_batches;
     }
     double dt = std::chrono::duration<double, std::milli>(clk::now() - t0).count();
+    if (step >= warmup) host.push_back(dt - (metrics().execute_ms - exec_before));
     if (!std::isfinite(l)) {
       std::fprintf(stderr, "loss became %g at step %lld\n", l, (long long)step);
       return 1;
@@ -200,7 +214,46 @@ int main(int argc, char** argv) {
 
   if (prof) {
     prof->stop();
-    std::printf("%s", prof->table_text().c_str());
+    const char* how = std::getenv("BENCH_PROFILE");
+    if (std::string(how) != "lines") std::printf("%s", prof->table_text().c_str());
+    // Machine-readable, per timed step (bench/gpt_floor.sh): each Step kind's time, flops and bytes
+    // (the cost rules'), the runtime's host regions, and the flops of the products alone (the
+    // matmul source ops' 2mnk, without the epilogues fused into their Gemm Steps).
+    // ms: the mean per step; med_ms: the median over the timed steps of each step's sum (a loaded
+    // machine's preemptions land in a few steps).
+    const double n = double(steps);
+    std::map<std::string, std::vector<double>> per_step;  // kind or "region:NAME" or "host" -> ms in each step
+    auto step_of = [&](double start_us) {
+      size_t i = size_t(std::upper_bound(step_start_us.begin(), step_start_us.end(), start_us) - step_start_us.begin());
+      return i == 0 ? size_t(0) : i - 1;
+    };
+    auto add = [&](const std::string& key, size_t i, double ms_) {
+      auto& v = per_step[key];
+      v.resize(step_start_us.size(), 0.0);
+      v[i] += ms_;
+    };
+    std::map<std::string, double> regions;
+    double product_flops = 0;
+    for (const ProfileEvent& e : prof->events()) {
+      const size_t i = step_of(e.start_us);
+      if (e.type == "runtime") {
+        regions[e.name] += e.dur_us / 1e3;
+        add("region:" + e.name, i, e.dur_us / 1e3);
+        add("host", i, e.dur_us / 1e3);
+      }
+      if (e.type == "step") {
+        add(e.kind, i, e.dur_us / 1e3);
+        for (const ProfiledOp& o : e.ops)
+          if (o.op == "matmul") product_flops += e.flops * o.share;
+      }
+    }
+    auto med = [&](const std::string& key) { return per_step.count(key) ? percentile(per_step[key], 0.5) : 0.0; };
+    for (const OpTableRow& r : prof->op_table("kind"))
+      std::printf("PROFILE kind=%s ms=%.4f med_ms=%.4f calls=%.2f flops=%.6g bytes=%.6g\n", r.name.c_str(), r.ms / n,
+                  r.name == "<runtime>" ? med("host") : med(r.name), double(r.calls) / n, r.flops / n, r.bytes / n);
+    for (const auto& [name, ms_total] : regions)
+      std::printf("PROFILE region=%s ms=%.4f med_ms=%.4f\n", name.c_str(), ms_total / n, med("region:" + name));
+    std::printf("PROFILE products flops=%.6g wall_ms=%.4f\n", product_flops / n, prof->wall_ms() / n);
   }
   Metrics m = metrics();
   const int unstacked = micro == 1 ? last_memory_plan().unstacked_slices : 0;  // batch unstacking inside the step
@@ -217,8 +270,10 @@ int main(int argc, char** argv) {
               (long long)steps);
   std::printf("  step ms: median %.2f  p10 %.2f  p90 %.2f  min %.2f\n", med, p10, p90, *std::min_element(ms.begin(), ms.end()));
   double exec_per_step = (m.execute_ms - execute_ms_after_warmup) / double(steps);
-  std::printf("  of which running the compiled graph %.2f ms/step (mean); the rest is tracing, autodiff and lookup\n",
-              exec_per_step);
+  const double host_med = percentile(host, 0.5);
+  std::printf("  of which running the compiled graph %.2f ms/step (mean); the rest (median %.3f ms/step) is tracing the\n"
+              "  model, autodiff and the optimizer, building the graph's key and looking it up, and item()'s copy\n",
+              exec_per_step, host_med);
   std::printf("  loss: first %.4f  last %.4f\n", first_loss, last_loss);
   const double bf16_gflop = double(m.bf16_flops - bf16_flops_after_warmup) / double(steps) / 1e9;
   std::printf("  bf16 dot-product flops per timed step: %.3f GFLOP\n", bf16_gflop);
@@ -238,9 +293,9 @@ int main(int argc, char** argv) {
                 unstacked ? last_memory_plan().unstacked.c_str() : "");
   std::printf("RESULT tessera device=%s threads=%s median_ms=%.3f p10=%.3f p90=%.3f peak_mb=%.1f maxrss_mb=%.1f graphs=%lld "
               "exec_ms=%.3f last_loss=%.4f tokens_per_s=%.0f first_step_ms=%.0f compile_ms=%.1f dtype=%s bf16_gflop=%.3f "
-              "micro_batches=%lld recomputed=%lld unstacked=%d mode=%s\n",
+              "micro_batches=%lld recomputed=%lld unstacked=%d mode=%s host_ms=%.3f\n",
               device.c_str(), threads.c_str(), med, p10, p90, peak_mb, maxrss_mb, (long long)m.graphs_compiled, exec_per_step, last_loss,
               double(batch * cfg.block) / (med / 1000.0), first_ms, m.compile_ms, dtype.c_str(), bf16_gflop, (long long)micro_used,
-              (long long)m.recomputed_steps, unstacked, eval_only ? "eval" : "train");
+              (long long)m.recomputed_steps, unstacked, eval_only ? "eval" : "train", host_med);
   return 0;
 }

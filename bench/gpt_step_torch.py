@@ -8,15 +8,26 @@ the same splitmix64 token batches. Step = forward + cross entropy + backward + A
 ending with loss.item().
 
     /usr/bin/python3 bench/gpt_step_torch.py THREADS [--steps N] [--warmup N] [--batch N] [--checkpoint]
+                                             [--bf16] [--compile] [--fused-adamw]
 
 --checkpoint wraps every block in torch.utils.checkpoint (activations recomputed in the backward
 pass), the peer of Tessera's memory budget (bench/memory_budget.sh).
+--bf16: the forward pass and loss under torch.autocast("cpu", dtype=torch.bfloat16) (the peer of
+bench_gpt_step --dtype bfloat16; float32 parameters and AdamW state).
+--compile: the loss function (forward + cross entropy; its backward through AOTAutograd) under
+torch.compile (PyTorch 2.x; the optimizer stays eager). Its first steps compile: give --warmup.
+--fused-adamw: AdamW(fused=True) (PyTorch 2.4+ on the CPU), one kernel over all parameters.
+PyTorch 1.13 runs the plain options (no --compile or --fused-adamw: a one-line error).
+Run with MALLOC_MMAP_THRESHOLD_=33554432 MALLOC_TRIM_THRESHOLD_=134217728 for PyTorch at its best
+(issue 28: glibc otherwise maps and unmaps each step's large activations); the RESULT line says
+which allocator settings were in force.
 
 The last line is machine-readable: RESULT torch threads=... median_ms=... maxrss_mb=...
 """
 import argparse
 import importlib
 import math
+import os
 import time
 
 import torch
@@ -86,7 +97,12 @@ def main():
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--batch", type=int, default=BATCH)
     ap.add_argument("--checkpoint", action="store_true")
+    ap.add_argument("--bf16", action="store_true")
+    ap.add_argument("--compile", action="store_true")
+    ap.add_argument("--fused-adamw", action="store_true")
     a = ap.parse_args()
+    if (a.compile or a.fused_adamw) and not hasattr(torch, "compile"):
+        raise SystemExit(f"gpt_step_torch: --compile and --fused-adamw need PyTorch 2.x (this is {torch.__version__})")
     torch.set_num_threads(a.threads)
     torch.manual_seed(0)
     rss_base = max_rss_mib()
@@ -95,8 +111,16 @@ def main():
     if a.checkpoint:  # imported only then: the same file runs on Tessera (gpt_step_tessera.py), which lacks it
         importlib.import_module("torch.utils.checkpoint")
     model.train()
-    opt = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.1)
+    opt_args = {"fused": True} if a.fused_adamw else {}
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.1, **opt_args)
     batches = make_batches(a.batch)
+    loss_fn = torch.compile(model.loss) if a.compile else model.loss
+
+    def forward(x, y):
+        if a.bf16:
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                return loss_fn(x, y)
+        return loss_fn(x, y)
 
     times, first, last = [], None, None
     for step in range(a.warmup + a.steps):
@@ -104,7 +128,7 @@ def main():
         t0 = time.perf_counter()
         x = torch.tensor(hx, dtype=torch.int64)
         y = torch.tensor(hy, dtype=torch.int64)
-        loss = model.loss(x, y)
+        loss = forward(x, y)
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
@@ -120,15 +144,19 @@ def main():
     rss = max_rss_mib()
     med, p10, p90 = step_stats(times)
     nparams = sum(p.numel() for p in model.parameters())
+    mmap, trim = os.environ.get("MALLOC_MMAP_THRESHOLD_", "default"), os.environ.get("MALLOC_TRIM_THRESHOLD_", "default")
+    mode = ("compile" if a.compile else "eager") + ("-bf16" if a.bf16 else "-fp32") + ("-fusedadamw" if a.fused_adamw else "")
     print(f"torch {torch.__version__} GPT step (vocab {VOCAB}, block {BLOCK}, embd {EMBD}, {HEADS} heads, "
-          f"{LAYERS} layers, batch {a.batch}, AdamW{', checkpointed blocks' if a.checkpoint else ''}), "
-          f"torch.set_num_threads({a.threads})")
+          f"{LAYERS} layers, batch {a.batch}, AdamW{' (fused)' if a.fused_adamw else ''}"
+          f"{', checkpointed blocks' if a.checkpoint else ''}), {mode}, "
+          f"torch.set_num_threads({a.threads}), MALLOC_MMAP_THRESHOLD_={mmap} MALLOC_TRIM_THRESHOLD_={trim}")
     print(f"  parameters {nparams}, {a.warmup} warm-up + {a.steps} timed steps")
     print(f"  step ms: median {med:.2f}  p10 {p10:.2f}  p90 {p90:.2f}  min {min(times):.2f}")
     print(f"  loss: first {first:.4f}  last {last:.4f}")
     print(f"  process max RSS {rss:.1f} MiB ({rss_base:.1f} MiB after importing torch)")
     print(f"RESULT torch threads={a.threads} median_ms={med:.3f} p10={p10:.3f} p90={p90:.3f} "
-          f"maxrss_mb={rss:.1f} base_rss_mb={rss_base:.1f} last_loss={last:.4f} checkpoint={int(a.checkpoint)}")
+          f"maxrss_mb={rss:.1f} base_rss_mb={rss_base:.1f} last_loss={last:.4f} checkpoint={int(a.checkpoint)} "
+          f"version={torch.__version__} mode={mode} malloc_mmap={mmap} malloc_trim={trim}")
 
 
 if __name__ == "__main__":

@@ -18,6 +18,7 @@ py=/usr/bin/python3
 rounds="${ROUNDS:-3}"
 steps="${STEPS:-30}"
 threads="${THREADS:-1 2}"
+alloc=(MALLOC_MMAP_THRESHOLD_=33554432 MALLOC_TRIM_THRESHOLD_=134217728)  # issue 28: glibc otherwise maps and unmaps each step's activations
 
 [[ -x $bin ]] || { echo "gpt_vs_torch: no $bin; build it first (cmake --build $build --target bench_gpt_step)" >&2; exit 1; }
 $py -c 'import torch' 2>/dev/null || { echo "gpt_vs_torch: $py cannot import torch (apt install python3-torch)" >&2; exit 1; }
@@ -28,6 +29,7 @@ trap 'rm -f "$results" "$logs"' EXIT
 
 echo "GPT training step, tessera vs torch: $rounds rounds x threads {$threads}, $steps timed steps per run"
 echo "host: $(nproc) CPUs; load at start:$(uptime | sed 's/.*load average://')"
+echo "torch runs with ${alloc[*]} (its best; bench/gpt_floor.sh takes several processes and PyTorch 2.x and JAX too)"
 echo "OPENBLAS_CORETYPE=${OPENBLAS_CORETYPE-<unset>} OPENBLAS_L2_SIZE=${OPENBLAS_L2_SIZE-<unset>} (left as exported)"
 
 run_side() {  # side threads
@@ -35,7 +37,7 @@ run_side() {  # side threads
   if [[ $1 == tessera ]]; then
     out=$(OMP_NUM_THREADS=$2 "$bin" --steps "$steps")
   else
-    out=$(OMP_NUM_THREADS=$2 $py "$here/gpt_step_torch.py" "$2" --steps "$steps")
+    out=$(env "${alloc[@]}" OMP_NUM_THREADS=$2 $py "$here/gpt_step_torch.py" "$2" --steps "$steps")
   fi
   printf '%s\n' "$out" >>"$logs"
   local line
