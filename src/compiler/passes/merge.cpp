@@ -276,6 +276,12 @@ static bool merge_elementwise_round(Plan& plan, bool horizontal) {
         bool at_a = true;
         for (int y : B.inputs)
           if (!std::count(outs.begin(), outs.end(), y) && writer[y] > a) at_a = false;
+        // Nor earlier than a Step reading a parameter B reads: B's new value could no longer
+        // be written into that parameter's buffer (AdamW's update moved up to its moment
+        // update, before the backward product that still reads the weight).
+        for (size_t m = a + 1; m < b && at_a; ++m)
+          for (int y : steps[m].inputs)
+            at_a &= gone[m] || plan.slots[size_t(y)].kind != kir::SlotKind::Param || !std::count(B.inputs.begin(), B.inputs.end(), y);
         bool at_b = true;
         for (size_t m = a + 1; m < b && at_b; ++m) {
           if (gone[m]) continue;
