@@ -121,21 +121,8 @@ Grads vjp_concat(const Node& n, const NodePtr&, const NodePtr& g) {
 Grads vjp_matmul(const Node& n, const NodePtr&, const NodePtr& g) {
   return {matmul(g, transpose_last2(in(n, 1))), matmul(transpose_last2(in(n, 0)), g)};
 }
-// One index per line along the axis (cross entropy's pick of each row's target): the cotangent
-// is g where the position along the axis is that index, else 0, an elementwise where that fuses
-// into its readers, in place of zeros plus a scatter-add (two Steps and the buffer between). The
-// forward gather has checked the indices by then. Otherwise a scatter-add into zeros.
 Grads vjp_gather(const Node& n, const NodePtr&, const NodePtr& g) {
-  const NodePtr &src = in(n, 0), &index = in(n, 1);
-  const int64_t axis = n.attrs.ints[0];
-  Shape one = src->shape;
-  one[size_t(axis)] = 1;
-  if (index->shape == one && src->shape[size_t(axis)] > 1) {
-    NodePtr at = index->dtype == DType::Int64 ? index : cast(index, DType::Int64);
-    NodePtr hit = binary(Op::Eq, iota(src->shape, axis, src->device), expand(at, src->shape));
-    return {where(hit, expand(g, src->shape), c(src, 0)), nullptr};
-  }
-  return {scatter_add(c(src, 0), axis, index, g), nullptr};
+  return {scatter_add(c(in(n, 0), 0), n.attrs.ints[0], in(n, 1), g), nullptr};
 }
 Grads vjp_scatter_add(const Node& n, const NodePtr&, const NodePtr& g) {
   return {g, nullptr, gather(g, n.attrs.ints[0], in(n, 1))};

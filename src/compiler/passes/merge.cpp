@@ -170,65 +170,6 @@ void merge_rows(Plan& plan) {
   drop_gone(steps, gone);
 }
 
-// A Row Step B that reads, element for element, the whole output of a Row Step A over the same
-// rows, when no other Step reads that output (a temporary): one Step, A's program then B's, and
-// A's output is never stored (a layer norm's backward: the gradient through the normalization,
-// then its mean along the row, were two passes over [rows, C] with the first written between
-// them). A's per-row results stay further outputs. The merged Step runs at B's place when no
-// Step between them reads A's per-row results, else at A's when all B's other inputs are
-// written before A; otherwise the pair is left alone. (Row Steps store further outputs only as
-// one value per row, so an A whose output others read as well is not merged.)
-void merge_row_chains(Plan& plan) {
-  auto& steps = plan.steps;
-  std::vector<int> writer(plan.slots.size(), -1), nreaders(plan.slots.size(), 0);
-  for (size_t s = 0; s < steps.size(); ++s) {
-    for (int o : steps[s].outputs()) writer[size_t(o)] = int(s);
-    for (int x : steps[s].inputs) ++nreaders[size_t(x)];
-  }
-  std::vector<bool> gone(steps.size(), false);
-  auto full = [](const kir::Step& st) { return st.kind == kir::StepKind::Row && numel(st.shape) == numel(st.domain); };
-  for (size_t b = 0; b < steps.size(); ++b) {
-    if (!full(steps[b])) continue;
-    for (int x : steps[b].inputs) {
-      const int a = writer[size_t(x)];
-      if (a < 0 || a >= int(b) || gone[size_t(a)]) continue;
-      kir::Step& A = steps[size_t(a)];
-      const kir::Step& B = steps[b];
-      if (!full(A) || A.output != x || A.domain != B.domain || A.row != B.row || nreaders[size_t(x)] != 1 ||
-          plan.slots[size_t(x)].kind != kir::SlotKind::Temp || A.program.size() + B.program.size() > 2 * kMaxFragInstrs)
-        continue;
-      bool ok = true;  // B reads A's output element for element, its per-row results along the row
-      for (const kir::Instr& in : B.program) {
-        if (in.code != kir::Code::Load) continue;
-        const int slot = B.inputs[size_t(in.input)];
-        if (slot == x) ok &= identity(in, B.domain);
-        else if (std::count(A.more_outputs.begin(), A.more_outputs.end(), slot)) ok &= row_broadcast(in.map, B.domain, B.row);
-      }
-      if (!ok) continue;
-      bool at_b = true;
-      for (size_t m = size_t(a) + 1; m < b && at_b; ++m)
-        for (int y : steps[m].inputs) at_b &= gone[m] || !std::count(A.more_outputs.begin(), A.more_outputs.end(), y);
-      bool at_a = true;
-      for (int y : B.inputs)
-        if (y != x && !std::count(A.more_outputs.begin(), A.more_outputs.end(), y) && writer[size_t(y)] > a) at_a = false;
-      if (!at_a && !at_b) continue;
-      kir::Step M = A;
-      absorb(M, B);
-      // A's output was B's alone: not stored (absorb made it the first further output).
-      auto it = std::find(M.more_outputs.begin(), M.more_outputs.end(), x);
-      M.more_results.erase(M.more_results.begin() + (it - M.more_outputs.begin()));
-      M.more_outputs.erase(it);
-      const size_t at = at_b ? b : size_t(a);
-      steps[at] = std::move(M);
-      gone[at_b ? size_t(a) : b] = true;
-      for (int o : steps[at].outputs()) writer[size_t(o)] = int(at);
-      nreaders[size_t(x)] = 0;
-      break;
-    }
-  }
-  drop_gone(steps, gone);
-}
-
 // Elementwise Steps over the same shape are merged when B (later) shares an input with A or
 // reads A's outputs, only element for element. The merged Step goes where A was when all of
 // B's other inputs are written before A, else where B was when no Step between them reads A's

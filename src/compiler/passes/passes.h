@@ -39,7 +39,6 @@ ir::Graph dce(const ir::Graph& g);
 void fuse_epilogues(Plan& plan);
 void merge_elementwise(Plan& plan);
 void merge_rows(Plan& plan);
-void merge_row_chains(Plan& plan);
 void schedule(Plan& plan);
 // Lays the lowered plan out for a target (target.cpp; always on, a no-op for a host target):
 // refuses dtypes it does not compute, stores float32 as target.float32_as, sizes every buffer
