@@ -101,6 +101,77 @@ TEST_F(PassesOn, ARowStatisticReadTwiceIsStoredByTheRowStepThatRecomputesIt) {
   }
 }
 
+// AdamW's update of many parameters: one Step per shape (a multi-tensor update), not two per
+// parameter; the values equal the unmerged update's and a float64 AdamW computed here. Nine
+// parameters of two shapes; the second step is counted (the first creates the moments).
+TEST_F(PassesOn, AdamWUpdatesEveryParameterOfAShapeInOneStep) {
+  const std::vector<Shape> shapes{{64}, {64}, {16, 8}, {64}, {16, 8}, {64}, {64}, {16, 8}, {64}};
+  const double lr = 1e-2, wd = 0.1, b1 = 0.9, b2 = 0.999, eps = 1e-8;
+  auto run_adamw = [&](const char* disabled, int64_t* steps) {
+    runtime::set_disabled_passes(disabled);
+    std::vector<Tensor> ps;
+    for (size_t i = 0; i < shapes.size(); ++i) ps.push_back(random_tensor(shapes[i], DType::Float32, 20 + uint32_t(i)).requires_grad_());
+    optim::AdamW opt(ps, {.lr = lr, .weight_decay = wd});
+    for (int step = 0; step < 2; ++step) {
+      for (size_t i = 0; i < ps.size(); ++i) ps[i].set_grad(random_tensor(shapes[i], DType::Float32, 40 + uint32_t(10 * step + i)));
+      int64_t before = metrics().steps_launched;
+      opt.step();
+      tessera::sync();
+      *steps = metrics().steps_launched - before;
+    }
+    std::vector<std::vector<double>> r;
+    for (const Tensor& p : ps) r.push_back(p.to_vector<double>());
+    return r;
+  };
+  int64_t on = 0, off = 0;
+  auto merged = run_adamw("", &on), unmerged = run_adamw("merge", &off);
+  EXPECT_EQ(on, 2) << "one update Step per shape";
+  EXPECT_GE(off, int64_t(shapes.size()));
+  // The float64 AdamW (PyTorch's formulation) from the same initial values and gradients.
+  for (size_t i = 0; i < shapes.size(); ++i) {
+    int64_t n = numel(shapes[i]);
+    std::vector<double> p = random_values(n, DType::Float32, 20 + uint32_t(i)), m(size_t(n), 0), v(size_t(n), 0);
+    for (int step = 1; step <= 2; ++step) {
+      std::vector<double> g = random_values(n, DType::Float32, 40 + uint32_t(10 * (step - 1) + i));
+      double bc1 = 1 - std::pow(b1, step), bc2 = 1 - std::pow(b2, step);
+      for (size_t k = 0; k < size_t(n); ++k) {
+        p[k] *= 1 - lr * wd;
+        m[k] = b1 * m[k] + (1 - b1) * g[k];
+        v[k] = b2 * v[k] + (1 - b2) * g[k] * g[k];
+        p[k] -= lr / bc1 * m[k] / (std::sqrt(v[k]) / std::sqrt(bc2) + eps);
+      }
+    }
+    EXPECT_EQ(merged[i], unmerged[i]) << "parameter " << i << ": merged and unmerged updates differ";
+    EXPECT_TRUE(all_close(merged[i], p, 1e-6)) << "parameter " << i;
+  }
+}
+
+// clip_grad_norm sums the squares of all gradients of one shape in one reduction: with the
+// shapes of the test above, 7 Steps (2 reductions, the norm, per shape the clip coefficient and
+// the scaled gradients); one reduction per parameter would be 9 reductions.
+TEST_F(PassesOn, ClipGradNormReducesOncePerShape) {
+  const std::vector<Shape> shapes{{64}, {64}, {16, 8}, {64}, {16, 8}, {64}, {64}, {16, 8}, {64}};
+  std::vector<Tensor> ps;
+  double want = 0;
+  for (size_t i = 0; i < shapes.size(); ++i) {
+    ps.push_back(random_tensor(shapes[i], DType::Float32, 20 + uint32_t(i)).requires_grad_());
+    ps.back().set_grad(random_tensor(shapes[i], DType::Float32, 40 + uint32_t(i)));
+    for (double g : random_values(numel(shapes[i]), DType::Float32, 40 + uint32_t(i))) want += g * g;
+  }
+  int64_t before = metrics().steps_launched;
+  Tensor norm = optim::clip_grad_norm(ps, 0.5);
+  double got = norm.item();
+  int64_t steps = metrics().steps_launched - before;
+  EXPECT_NEAR(got, std::sqrt(want), 1e-6 * std::sqrt(want));
+  EXPECT_EQ(steps, 7) << "one reduction per shape";
+  // The clipped gradients: g * 0.5 / (norm + 1e-6).
+  for (size_t i = 0; i < shapes.size(); ++i) {
+    std::vector<double> g = random_values(numel(shapes[i]), DType::Float32, 40 + uint32_t(i));
+    for (double& x : g) x *= 0.5 / (std::sqrt(want) + 1e-6);
+    EXPECT_TRUE(all_close(ps[i].grad().to_vector<double>(), g, 1e-6)) << "parameter " << i;
+  }
+}
+
 // The benchmark GPT (bench/gpt_step.cpp): a whole training step — forward, cross entropy,
 // backward and the AdamW update — as one graph of at most 300 Steps.
 TEST_F(PassesOn, GptTrainingStepLaunchesAtMost300Steps) {
