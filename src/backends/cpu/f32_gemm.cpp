@@ -43,14 +43,18 @@ bool forced() {
   return own;
 }
 
-// The rule, from bench/f32_gemm (OMP_NUM_THREADS=1 and 2; docs/architecture.md, "float32
-// products"): see the table there. Every shape class of the benchmark GPT's step ran faster here
-// than through OpenBLAS in the backend's blocks, so every product this kernel can address takes
-// it, except deep products with few output tiles (K > 2048 with M x N <= 64 x 64: a conv's
-// kernel gradient), where OpenBLAS's split-K path keeps both cores busy.
+// The rule, from bench/f32_gemm (docs/architecture.md, "float32 products", has the table):
+// every single product of the benchmark GPT's step ran as fast or faster here than through
+// OpenBLAS in the backend's blocks (forward and input gradients 5-20% faster; weight gradients,
+// K = 1024, within a few % either way), and the batched attention products with 64 columns
+// (Q K^T, dO V^T: K = 32) 15-20% faster; the batched ones with 32 columns (P V, dS K and the
+// transposed P^T dO, dS^T Q: K = 64) 15-30% slower, whose register tiles hold only 12
+// accumulators. Those stay with OpenBLAS, and so do deep products with few output tiles (K >
+// 2048 with M x N <= 64 x 64: a conv's kernel gradient), which the BLAS path splits over K.
 bool chosen(int64_t batch, int64_t M, int64_t N, int64_t K, bool, bool) {
   if (!available()) return false;
   if (forced()) return true;
+  if (batch > 1 && N <= 32) return false;
   if (batch == 1 && K > 2048 && M * N <= 64 * 64) return false;
   return true;
 }
@@ -140,17 +144,23 @@ void pack_panel(const Problem& p, int64_t bi, int64_t q, float* out) {
 }
 
 // Rows [m0, m1) of an A stored transposed (A(i, k) at a[k * acs + i]) over kc depths, as tiles of
-// kMR rows: tile t at out + t * kMR * kc, depth k's kMR values together, zeros past m1. Each depth
-// is stored as 8 floats (its 6, then 2 that the next store writes over; `out` has 8 to spare):
+// kMR rows: tile t at out + t * (kMR * kc + 8), depth k's kMR values together, zeros past m1. Each
+// depth is stored as 8 floats (its 6, then 2 that the next depth's store writes over, or the 8
+// spare after the tile):
 // AVX-512 stores under a mask are slow on this host (Zen 4), and they made dY^T X with M = 128
 // three times slower than with A in rows.
 __attribute__((target("avx512f,avx512vl"))) void pack_a(const float* a, int64_t acs, int64_t m0, int64_t m1, int64_t kc,
                                                          float* out) {
+  // Depth by depth, so that each depth's rows are read as one run (a column stride of 2 KiB
+  // maps a tile's depths to two L1 sets: tile by tile, dY^T X with M = 512 ran ~15% slower).
   static_assert(kMR <= 8);
-  for (int64_t i0 = m0; i0 < m1; i0 += kMR, out += kMR * kc) {
-    const __mmask8 m = __mmask8((1u << std::min<int64_t>(kMR, m1 - i0)) - 1);
-    const float* src = a + i0;
-    for (int64_t k = 0; k < kc; ++k) _mm256_storeu_ps(out + k * kMR, _mm256_maskz_loadu_ps(m, src + k * acs));
+  const __mmask8 last = __mmask8((1u << ((m1 - m0 - 1) % kMR + 1)) - 1);
+  for (int64_t k = 0; k < kc; ++k) {
+    const float* src = a + k * acs;
+    float* dst = out + k * kMR;
+    int64_t i0 = m0;
+    for (; i0 + kMR < m1; i0 += kMR, dst += kMR * kc + 8) _mm256_storeu_ps(dst, _mm256_maskz_loadu_ps(0xFF >> (8 - kMR), src + i0));
+    _mm256_storeu_ps(dst, _mm256_maskz_loadu_ps(last, src + i0));
   }
 }
 
@@ -164,7 +174,7 @@ void block(const Problem& p, int64_t bi, const float* bp, int64_t m0, int64_t m1
   const float* a = p.a + (p.a_off ? p.a_off[bi] : 0);
   float* c = p.c + bi * p.M * p.N;
   thread_local std::vector<float, cpu::LineAligned<float>> apk;
-  if (acols) apk.resize(std::max(apk.size(), size_t((m1 - m0 + kMR - 1) / kMR * kMR * std::min(kKc, p.K) + 8)));
+  if (acols) apk.resize(std::max(apk.size(), size_t((m1 - m0 + kMR - 1) / kMR * (kMR * std::min(kKc, p.K) + 8))));
   for (int64_t k0 = 0; k0 < p.K; k0 += kKc) {
     const int64_t kc = std::min(kKc, p.K - k0);
     const bool load = p.accumulate || k0 > 0;
@@ -176,7 +186,7 @@ void block(const Problem& p, int64_t bi, const float* bp, int64_t m0, int64_t m1
       for (int64_t i0 = m0; i0 < m1; i0 += kMR) {
         const int64_t mr = std::min<int64_t>(kMR, m1 - i0);
         if (acols)
-          tiles[size_t(mr - 1)][size_t(nr - 1)](apk.data() + (i0 - m0) * kc, 1, kMR, panel, wp, kc, c + i0 * p.N + q * kW, p.N,
+          tiles[size_t(mr - 1)][size_t(nr - 1)](apk.data() + (i0 - m0) / kMR * (kMR * kc + 8), 1, kMR, panel, wp, kc, c + i0 * p.N + q * kW, p.N,
                                                 last, load);
         else
           tiles[size_t(mr - 1)][size_t(nr - 1)](a + i0 * p.ars + k0, p.ars, 1, panel, wp, kc, c + i0 * p.N + q * kW, p.N, last,
