@@ -44,7 +44,11 @@ __attribute__((target("avx512f"), noinline)) float fma_loop(int64_t iters) {
     for (int j = 0; j < 16; ++j) acc[j] = _mm512_fmadd_ps(acc[j], m, a);
   __m512 s = acc[0];
   for (int j = 1; j < 16; ++j) s = _mm512_add_ps(s, acc[j]);
-  return _mm512_reduce_add_ps(s);
+  alignas(64) float lanes[16];
+  _mm512_store_ps(lanes, s);
+  float sum = 0;
+  for (float x : lanes) sum += x;
+  return sum;
 }
 
 double peak_gflops(int threads) {

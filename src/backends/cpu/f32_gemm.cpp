@@ -48,8 +48,9 @@ bool forced() {
 // OpenBLAS in the backend's blocks (forward and input gradients 5-20% faster; weight gradients,
 // K = 1024, within a few % either way), and the batched attention products with 64 columns
 // (Q K^T, dO V^T: K = 32) 15-20% faster; the batched ones with 32 columns (P V, dS K and the
-// transposed P^T dO, dS^T Q: K = 64) 15-30% slower, whose register tiles hold only 12
-// accumulators. Those stay with OpenBLAS, and so do deep products with few output tiles (K >
+// transposed P^T dO, dS^T Q: K = 64) 15-30% slower (80-96 against 111 GFLOP/s on one thread;
+// tiles of 12 rows x 32 columns, 24 accumulators instead of 12, ran no faster: 84-95). Those
+// stay with OpenBLAS, and so do deep products with few output tiles (K >
 // 2048 with M x N <= 64 x 64: a conv's kernel gradient), which the BLAS path splits over K.
 bool chosen(int64_t batch, int64_t M, int64_t N, int64_t K, bool, bool) {
   if (!available()) return false;

@@ -1,7 +1,8 @@
 // Gemm Steps: C = A @ B per batch element through OpenBLAS on the operands' own strides (operands
-// it cannot address packed per block or as a whole), or through window_gemm for a float32 product
-// whose B is a conv's window read in place; then the Step's epilogue on each block while it is in
-// cache, through its native loop where it has one.
+// it cannot address packed per block or as a whole), through window_gemm for a float32 product
+// whose B is a conv's window read in place, or through f32_gemm (the project's own packed-panel
+// kernel) for a float32 product its measured rule chooses; then the Step's epilogue on each block
+// while it is in cache, through its native loop where it has one.
 #include <cblas.h>
 #include <omp.h>
 
