@@ -51,12 +51,16 @@ bool forced() {
 // transposed P^T dO, dS^T Q: K = 64) 15-30% slower (80-96 against 111 GFLOP/s on one thread;
 // tiles of 12 rows x 32 columns, 24 accumulators instead of 12, ran no faster: 84-95). Those
 // stay with OpenBLAS, and so do deep products with few output tiles (K >
-// 2048 with M x N <= 64 x 64: a conv's kernel gradient), which the BLAS path splits over K.
+// 2048 with M x N <= 64 x 64: a conv's kernel gradient), which the BLAS path splits over K, and
+// products whose packed B would pass 16 MiB.
 bool chosen(int64_t batch, int64_t M, int64_t N, int64_t K, bool, bool) {
   if (!available()) return false;
   if (forced()) return true;
   if (batch > 1 && N <= 32) return false;
   if (batch == 1 && K > 2048 && M * N <= 64 * 64) return false;
+  // B is packed whole per launch: past 16 MiB of panels (a vocabulary-sized projection) the
+  // copy is memory the BLAS path does not take (a bound, not a measurement).
+  if (batch == 1 && (N + 63) / 64 * 64 * K > (int64_t(1) << 22)) return false;
   return true;
 }
 
