@@ -162,7 +162,8 @@ TEST(F32Gemm, GemmStepsMatchTheFloat64Reference) {
     Tensor dy = random_tensor({70, 40}, DType::Float32, seed++);
     outs.push_back(dy.transpose(0, 1).matmul(x) * 0.5);  // dY^T X: A transposed, K = 70
     outs.push_back(dy.matmul(w));                        // dY W
-    Tensor q = random_tensor({2, 3, 33, 16}, DType::Float32, seed++), k = random_tensor({2, 3, 33, 16}, DType::Float32, seed++);
+    // (each product at least 2^17 multiply-adds: smaller ones go to OpenBLAS, f32_gemm::chosen)
+    Tensor q = random_tensor({2, 3, 33, 32}, DType::Float32, seed++), k = random_tensor({2, 3, 33, 32}, DType::Float32, seed++);
     outs.push_back(q.matmul(k.transpose(2, 3)));  // batched Q K^T
     for (const Tensor& t : outs) EXPECT_TRUE(matches_reference(t, tolerance(DType::Float32, 70)));
     std::vector<float> all;
