@@ -1,6 +1,7 @@
 // float32 products through the project's own AVX-512 kernel: B packed into panels of 64 columns
-// (zeros past N), A read in place (rows or columns contiguous), register tiles of 6 rows x 64
-// columns (24 accumulators), K in blocks, one task per C tile over the whole K in a fixed order,
+// (zeros past N; a batched element's dense B read in place), A read in place where its rows are
+// contiguous and packed per K block where its columns are, register tiles of 6 rows x 64 columns
+// (24 accumulators), K in 256-deep blocks, one task per C tile over the whole K in a fixed order,
 // so results do not depend on the thread count. Which products take it rather than OpenBLAS:
 // `chosen` (the measured rule; docs/architecture.md, "float32 products").
 #pragma once
