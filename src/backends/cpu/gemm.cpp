@@ -1,7 +1,8 @@
 // Gemm Steps: C = A @ B per batch element through OpenBLAS on the operands' own strides (operands
-// it cannot address packed per block or as a whole), or through window_gemm for a float32 product
-// whose B is a conv's window read in place; then the Step's epilogue on each block while it is in
-// cache, through its native loop where it has one.
+// it cannot address packed per block or as a whole), through window_gemm for a float32 product
+// whose B is a conv's window read in place, or through f32_gemm (the project's own packed-panel
+// kernel) for a float32 product its measured rule chooses; then the Step's epilogue on each block
+// while it is in cache, through its native loop where it has one.
 #include <cblas.h>
 #include <omp.h>
 
@@ -9,6 +10,7 @@
 
 #include "backends/cpu/bf16_gemm.h"
 #include "backends/cpu/copies.h"
+#include "backends/cpu/f32_gemm.h"
 #include "backends/cpu/interpreter.h"
 #include "backends/cpu/kernel.h"
 #include "backends/cpu/native_loops.h"
@@ -267,6 +269,7 @@ class GemmLaunch {
     }
     if (k_.window) return window_product();
     if (compute_dtype(st_.input_dtypes[0]) != st_.input_dtypes[0]) return half_product();
+    if (own_product()) return;
     blas_product();
   }
 
@@ -459,6 +462,42 @@ class GemmLaunch {
     return static_cast<const uint16_t*>(g.data) + off;
   }
   static float to_float(DType t, uint16_t h) { return t == DType::BFloat16 ? half::bf16_to_float(h) : half::f16_to_float(h); }
+
+  // ---- float32 through the project's kernel (f32_gemm), where its measured rule chooses it ----
+  // Operands it cannot address (neither rows nor columns contiguous) are packed as a whole
+  // first; the epilogue runs on each C tile in the task that computed it. False: the BLAS's.
+  bool own_product() {
+    if (st_.dtype != DType::Float32 || st_.input_dtypes[0] != DType::Float32 || st_.input_dtypes[1] != DType::Float32)
+      return false;
+    const kir::View* va = st_.maps[0].single() ? &st_.maps[0].views[0] : nullptr;
+    const kir::View* vb = st_.maps[1].single() ? &st_.maps[1].views[0] : nullptr;
+    const bool ta = va && va->strides[r_ - 1] != 1, tb = vb && vb->strides[r_ - 1] != 1;
+    if (!f32_gemm::chosen(nb_, M_, N_, K_, ta, tb)) return false;
+    a_ = gemm_operand(st_.maps[0], args_.slots[st_.inputs[0]], st_.dtype, false);
+    b_ = gemm_operand(st_.maps[1], args_.slots[st_.inputs[1]], st_.dtype, false);
+    std::vector<int64_t> ao(static_cast<size_t>(nb_)), bo(static_cast<size_t>(nb_));
+    int64_t idx[32];
+    for (int64_t b = 0; b < nb_; ++b) {
+      unravel(b, batch_, idx);
+      ao[size_t(b)] = a_.offset, bo[size_t(b)] = b_.offset;
+      for (size_t d = 0; d < batch_.size(); ++d)
+        ao[size_t(b)] += idx[d] * a_.batch_strides[d], bo[size_t(b)] += idx[d] * b_.batch_strides[d];
+    }
+    f32_gemm::Problem p;
+    p.batch = nb_, p.M = M_, p.N = N_, p.K = K_;
+    p.a = static_cast<const float*>(a_.data), p.a_off = ao.data();
+    p.ars = a_.trans ? 1 : a_.ld, p.acs = a_.trans ? a_.ld : 1;
+    p.b = static_cast<const float*>(b_.data), p.b_off = bo.data();
+    p.brs = b_.trans ? 1 : b_.ld, p.bcs = b_.trans ? b_.ld : 1;
+    p.c = reinterpret_cast<float*>(out_), p.accumulate = st_.accumulate;
+    f32_gemm::gemm(
+        p,
+        [](void* self, int64_t b, int64_t m0, int64_t m1, int64_t n0, int64_t n1) {
+          static_cast<const GemmLaunch*>(self)->epilogue(b, m0, m1, n0, n1);
+        },
+        this);
+    return true;
+  }
 
   // ---- The BLAS ----
   // Our pool runs the BLAS over fixed blocks (128 rows; 128 columns too when the matrix is only a

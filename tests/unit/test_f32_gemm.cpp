@@ -1,0 +1,181 @@
+// The CPU backend's own float32 product kernel (backends/cpu/f32_gemm) against a float64 sum of
+// the same terms, for every shape class its task grid and rule choose between: edge tiles in M
+// (rows not a multiple of the 6-row register tile) and N (columns not a multiple of 16 or of the
+// 64-column panel), K = 1, K not a multiple of the 256-deep K block, A and B stored transposed
+// and with strides beyond their widths, batched products at per-element offsets, accumulation
+// into C; bit-identical results on 1, 2 and 3 threads; then products through the runtime (Gemm
+// Steps with epilogues, transposed and batched operands) against the float64 reference evaluator.
+// The tests skip only on a CPU without AVX-512F (under CI=true even TESSERA_CPU_GEMM=blas fails).
+#include <gtest/gtest.h>
+#include <omp.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "backends/cpu/f32_gemm.h"
+#include "tessera/tensor.h"
+#include "test_util.h"
+
+namespace {
+
+namespace fg = tessera::backends::f32_gemm;
+using tessera::DType;
+using tessera::Tensor;
+using tessera::testing::matches_reference;
+using tessera::testing::random_tensor;
+using tessera::testing::tolerance;
+
+bool cpu_has_avx512() {
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx512f") != 0;
+}
+#define REQUIRE_KERNEL()                                                                             \
+  if (!cpu_has_avx512()) GTEST_SKIP() << "this CPU has no AVX-512F";                                 \
+  if (!fg::available() && !tessera::testing::in_ci()) GTEST_SKIP() << "TESSERA_CPU_GEMM=blas";        \
+  ASSERT_TRUE(fg::available()) << "the CPU has AVX-512F but float32 products would all go to the BLAS"
+
+std::vector<float> values(size_t n, uint32_t seed) {
+  std::vector<float> v(n);
+  for (float& x : v) {
+    seed = seed * 1664525u + 1013904223u;
+    x = float(int32_t(seed >> 9) % 2001) / 1000.0f - 1.0f;
+  }
+  return v;
+}
+
+struct Case {
+  int64_t batch, M, N, K;
+  bool ta, tb;      // A / B stored transposed (their columns contiguous)
+  int64_t pad = 0;  // extra elements per stored row (strided operands)
+  bool accumulate = false;
+};
+
+std::string name(const Case& c) {
+  return std::to_string(c.batch) + "x[" + std::to_string(c.M) + "," + std::to_string(c.N) + "," + std::to_string(c.K) + "]" +
+         (c.ta ? " A^T" : "") + (c.tb ? " B^T" : "") + (c.pad ? " pad " + std::to_string(c.pad) : "") + (c.accumulate ? " +=" : "");
+}
+
+// Runs case c on `threads` threads; returns C. `ref`: the float64 sums, checked to within a
+// float32 product's rounding.
+std::vector<float> run(const Case& c, int threads, bool check) {
+  // A stored [M, K] (or [K, M] transposed) with rows lda apart; each batch element a further
+  // matrix (plus 3 elements, so the offsets are not multiples of anything).
+  const int64_t ar = c.ta ? c.K : c.M, ac = c.ta ? c.M : c.K, lda = ac + c.pad, asz = ar * lda + 3;
+  const int64_t br = c.tb ? c.N : c.K, bc = c.tb ? c.K : c.N, ldb = bc + c.pad, bsz = br * ldb + 3;
+  const std::vector<float> a = values(size_t(c.batch * asz), uint32_t(c.M * 31 + c.K)), b = values(size_t(c.batch * bsz), uint32_t(c.N * 17 + c.K));
+  std::vector<float> out = values(size_t(c.batch * c.M * c.N), 99);
+  const std::vector<float> prior = out;
+  std::vector<int64_t> ao, bo;
+  for (int64_t e = 0; e < c.batch; ++e) ao.push_back(e * asz + 3), bo.push_back(e * bsz + 3);
+  fg::Problem p;
+  p.batch = c.batch, p.M = c.M, p.N = c.N, p.K = c.K;
+  p.a = a.data(), p.a_off = ao.data(), p.ars = c.ta ? 1 : lda, p.acs = c.ta ? lda : 1;
+  p.b = b.data(), p.b_off = bo.data(), p.brs = c.tb ? 1 : ldb, p.bcs = c.tb ? ldb : 1;
+  p.c = out.data(), p.accumulate = c.accumulate;
+  const int before = omp_get_max_threads();
+  omp_set_num_threads(threads);
+  fg::gemm(p);
+  omp_set_num_threads(before);
+  if (!check) return out;
+  int bad = 0;
+  for (int64_t e = 0; e < c.batch; ++e)
+    for (int64_t i = 0; i < c.M; ++i)
+      for (int64_t j = 0; j < c.N; ++j) {
+        double s = 0, mag = 0;
+        for (int64_t k = 0; k < c.K; ++k) {
+          const double x = a[size_t(ao[size_t(e)] + i * p.ars + k * p.acs)], y = b[size_t(bo[size_t(e)] + k * p.brs + j * p.bcs)];
+          s += x * y, mag += std::abs(x * y);
+        }
+        const size_t at = size_t((e * c.M + i) * c.N + j);
+        if (c.accumulate) s += prior[at], mag += std::abs(prior[at]);
+        const double err = std::abs(double(out[at]) - s), tol = 1e-6 * (mag + 1) * std::sqrt(double(c.K + 1)) + 1e-30;
+        if (err > tol && bad++ < 5) ADD_FAILURE() << "batch " << e << " C[" << i << ", " << j << "] = " << out[at] << ", float64 " << s;
+      }
+  EXPECT_EQ(bad, 0);
+  return out;
+}
+
+const std::vector<Case>& cases() {
+  static const std::vector<Case> cs = {
+      // the benchmark GPT's shape classes (M = 1024 tokens, width 128), shrunk in M where the
+      // class is the same: forward X W^T, input gradient dY W, weight gradient dY^T X
+      {1, 96, 384, 128, false, true},
+      {1, 100, 128, 512, false, false},
+      {1, 128, 130, 1024, true, false},    // K = 4 blocks of 256; N past two panels
+      {1, 1024, 64, 32, false, true},      // many row tiles, one panel
+      // edge tiles: M not a multiple of 6 or of the task's rows; N not a multiple of 16 or 64
+      {1, 1, 1, 1, false, false},
+      {1, 7, 17, 5, false, false},
+      {1, 13, 65, 300, true, true},        // K not a multiple of the 256 block
+      {1, 50, 15, 257, false, true},
+      {1, 5, 200, 1, true, false},         // K = 1
+      {1, 61, 33, 129, true, true, 5},     // strided (rows 5 past their width), both transposed
+      {1, 45, 100, 70, false, false, 11},
+      // batched (attention's 64 x 64 x 32 per head, and products deeper than one task's rows)
+      {8, 64, 64, 32, false, true},
+      {6, 64, 32, 64, true, false},
+      {3, 150, 20, 9, false, false, 2},
+      // accumulate: C += A B, over one K block and several
+      {1, 37, 70, 40, false, true, 0, true},
+      {1, 64, 64, 600, true, false, 0, true},
+      {5, 10, 19, 33, true, true, 1, true},
+  };
+  return cs;
+}
+
+TEST(F32Gemm, ProductsMatchAFloat64Sum) {
+  REQUIRE_KERNEL();
+  for (const Case& c : cases()) {
+    SCOPED_TRACE(name(c));
+    run(c, 2, true);
+  }
+}
+
+TEST(F32Gemm, OneTwoAndThreeThreadsGiveTheSameBits) {
+  REQUIRE_KERNEL();
+  for (const Case& c : cases()) {
+    SCOPED_TRACE(name(c));
+    const std::vector<float> one = run(c, 1, false);
+    EXPECT_TRUE(run(c, 2, false) == one);
+    EXPECT_TRUE(run(c, 3, false) == one);
+  }
+}
+
+// Through the runtime: float32 Gemm Steps (which this kernel takes on an AVX-512 machine) with
+// epilogues, transposed and batched operands, against the float64 reference evaluator; and the
+// same bits on 1, 2 and 3 threads.
+TEST(F32Gemm, GemmStepsMatchTheFloat64Reference) {
+  REQUIRE_KERNEL();
+  using tessera::Shape;
+  const int before = omp_get_max_threads();
+  std::vector<std::vector<float>> runs;
+  for (int threads : {1, 2, 3}) {
+    omp_set_num_threads(threads);
+    uint32_t seed = 5;
+    std::vector<Tensor> outs;
+    Tensor x = random_tensor({70, 48}, DType::Float32, seed++), w = random_tensor({40, 48}, DType::Float32, seed++);
+    Tensor bias = random_tensor({40}, DType::Float32, seed++);
+    outs.push_back((x.matmul(w.transpose(0, 1)) + bias).relu());  // X W^T + b, relu: an epilogue
+    Tensor dy = random_tensor({70, 40}, DType::Float32, seed++);
+    outs.push_back(dy.transpose(0, 1).matmul(x) * 0.5);  // dY^T X: A transposed, K = 70
+    outs.push_back(dy.matmul(w));                        // dY W
+    // (each product at least 2^17 multiply-adds: smaller ones go to OpenBLAS, f32_gemm::chosen)
+    Tensor q = random_tensor({2, 3, 33, 32}, DType::Float32, seed++), k = random_tensor({2, 3, 33, 32}, DType::Float32, seed++);
+    outs.push_back(q.matmul(k.transpose(2, 3)));  // batched Q K^T
+    for (const Tensor& t : outs) EXPECT_TRUE(matches_reference(t, tolerance(DType::Float32, 70)));
+    std::vector<float> all;
+    for (const Tensor& t : outs) {
+      std::vector<float> v = t.to_vector<float>();
+      all.insert(all.end(), v.begin(), v.end());
+    }
+    runs.push_back(all);
+  }
+  omp_set_num_threads(before);
+  EXPECT_TRUE(runs[1] == runs[0]);
+  EXPECT_TRUE(runs[2] == runs[0]);
+}
+
+}  // namespace
