@@ -88,11 +88,16 @@ void clear_shardings();
 // What sync_partitioned() ran: the ranks, the per-rank graph's collectives by kind
 // ("all_reduce" -> 4), the bytes of the whole graph's inputs and of one rank's, and one rank's
 // planned peak (MemoryPlan::peak_bytes of its graph: inputs, outputs and temporaries).
+// rank_comm_calls / rank_comm_bytes: per rank, the collectives its communicator ran and the bytes
+// it sent (counted by the communicators, as under ring algorithms: an all-reduce of B bytes over
+// n ranks sends 2 (n - 1) / n B, an all-gather of B-byte blocks (n - 1) B); in-process ranks: one
+// entry per rank; under MPI: this process's only.
 struct PartitionStats {
   int64_t ranks = 1;
   std::map<std::string, int> collectives;
   int64_t input_bytes = 0, rank_input_bytes = 0;
   int64_t rank_peak_bytes = 0;
+  std::vector<int64_t> rank_comm_calls, rank_comm_bytes;
 };
 // Realizes every pending tensor (one device) partitioned over `mesh`: each rank (an in-process
 // rank thread) takes its block of the annotated tensors (cut on the host; an unannotated
@@ -100,8 +105,8 @@ struct PartitionStats {
 // Every result gets its full value: a replicated one rank 0's, a split one gathered from the
 // ranks' blocks on the host. Refused with a clear "[partition] <op> in '<scope>': ..." error
 // naming the op, its operands' shapes and layouts where the layouts meet unsupported. On a mesh
-// of several axes (data x model) a collective over one axis is an all-gather over every rank
-// with the rank's group picked out (the collectives have no sub-groups yet).
+// of several axes (data x model) a collective over one axis runs over that axis' sub-group (the
+// ranks that differ only along it: a communicator of their own, made at its first use).
 PartitionStats sync_partitioned(const Mesh& mesh);
 
 }  // namespace tessera::dist

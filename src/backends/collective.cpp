@@ -47,8 +47,8 @@ void run_collective_on_host(const kir::Step& st, void* const* slots) {
   const size_t item = itemsize(t), n_in = size_t(numel(in_shape)), n_out = size_t(numel(st.shape));
   const char* in = static_cast<const char*>(slots[st.inputs[0]]) + st.maps[0].views[0].offset * int64_t(item);
   char* out = static_cast<char*>(slots[st.output]);
-  Communicator* comm = current_communicator();
-  if (c.ranks == 1 && (!comm || comm->size() == 1)) {  // one rank: every collective is a copy,
+  Communicator* world = current_communicator();
+  if (c.ranks == 1 && (c.stride > 0 || !world || world->size() == 1)) {  // one rank: every collective is a copy,
     if (st.collective == ir::Op::CollectivePermute && c.source_of(0) < 0) {  // but a permute from nobody: zeros
       if (n_out) std::memset(out, 0, n_out * item);
       return;
@@ -56,15 +56,37 @@ void run_collective_on_host(const kir::Step& st, void* const* slots) {
     if (n_out && in != out) std::memmove(out, in, n_out * item);
     return;
   }
-  if (!comm)
+  if (!world)
     fail(op, "no communicator for a graph of " + std::to_string(c.ranks) +
                  " ranks: run it on in-process ranks (runtime::realize_spmd) or under mpirun with the MPI communicator set",
          scope);
-  if (comm->size() != c.ranks)
-    fail(op, "the graph is for " + std::to_string(c.ranks) + " ranks but the current communicator (" + comm->name() + ") has " +
-                 std::to_string(comm->size()), scope);
+  Communicator* comm = world;
+  if (c.stride > 0) {  // a sub-group: the members' own communicator, made at its first use
+    if (world->size() % (c.ranks * c.stride) != 0)
+      fail(op, "the graph's groups of " + std::to_string(c.ranks) + " ranks at stride " + std::to_string(c.stride) +
+                   " do not tile the current communicator (" + world->name() + ", " + std::to_string(world->size()) + " ranks)", scope);
+    const std::vector<int64_t> m = c.group_of(world->rank(), world->size(), op);
+    comm = &world->group(std::vector<int>(m.begin(), m.end()));
+  } else if (world->size() != c.ranks) {
+    fail(op, "the graph is for " + std::to_string(c.ranks) + " ranks but the current communicator (" + world->name() + ") has " +
+                 std::to_string(world->size()), scope);
+  }
   const size_t N = size_t(c.ranks);
   const int rank = comm->rank();
+  {  // the traffic this rank sends (Communicator::Traffic), counted on the communicator it runs under
+    const int64_t in_b = int64_t(n_in * item), n = int64_t(N);
+    int64_t b = 0;
+    switch (st.collective) {
+      case ir::Op::AllReduce: b = 2 * (n - 1) * in_b / n; break;
+      case ir::Op::AllGather: b = (n - 1) * in_b; break;
+      case ir::Op::ReduceScatter: case ir::Op::AllToAll: b = (n - 1) * in_b / n; break;
+      case ir::Op::Broadcast: b = rank == c.root ? in_b : 0; break;
+      case ir::Op::Reduce: b = rank == c.root ? 0 : in_b; break;
+      case ir::Op::CollectivePermute: b = c.destination_of(rank) >= 0 ? in_b : 0; break;
+      default: break;
+    }
+    world->count_traffic(b);
+  }
   switch (st.collective) {
     case ir::Op::AllReduce: comm->all_reduce(in, out, n_in, t, c.kind); break;
     case ir::Op::Broadcast: comm->broadcast(in, out, n_in, t, int(c.root)); break;
@@ -125,7 +147,8 @@ std::string describe(const kir::Step& st, const ir::CollectiveAttrs& c) {
     default: break;
   }
   const DType t = st.input_dtypes.empty() ? st.dtype : st.input_dtypes[0];
-  return s + " " + dtype_name(t) + shape_str(st.maps.at(0).shape()) + " for " + std::to_string(c.ranks) + " ranks";
+  return s + " " + dtype_name(t) + shape_str(st.maps.at(0).shape()) + " for " + std::to_string(c.ranks) + " ranks" +
+         (c.stride > 0 ? " at stride " + std::to_string(c.stride) : std::string());
 }
 
 // One line per collective in the exchanged text: "item\tscope\n" (tabs and newlines in either
@@ -169,6 +192,7 @@ CollectiveSequence collective_sequence(const std::vector<kir::Step>& steps) {
     q.items.push_back(describe(st, c));
     q.scopes.push_back(st.sources.empty() ? "" : st.sources[0].scope);
     q.group.push_back(c.ranks);
+    q.stride.push_back(c.stride);
     h = append_item(h, q.items.back());
   }
   q.hash = q.items.empty() ? 0 : h;
@@ -254,11 +278,14 @@ void check_collective_sequence(const CollectiveSequence& mine, Communicator& com
     if (why.empty())  // equal texts under different hashes: not expected, but never a silent pass
       why = "the ranks compiled different collective sequences (every rank fails): their fingerprints differ";
   } else {
-    // The same sequence on every rank: each collective must be for this communicator's group.
-    for (size_t i = 0; i < mine.items.size() && why.empty(); ++i)
-      if (mine.group[i] != int64_t(N))
+    // The same sequence on every rank: each collective must be for this communicator's group,
+    // or for sub-groups that tile it.
+    for (size_t i = 0; i < mine.items.size() && why.empty(); ++i) {
+      const int64_t g = mine.group[i], s = i < mine.stride.size() ? mine.stride[i] : 0;
+      if (s == 0 ? g != int64_t(N) : int64_t(N) % (g * s) != 0)
         why = "collective " + std::to_string(i) + " (" + mine.items[i] + ") is not for the communicator's group (" + comm.name() +
-              ", " + std::to_string(N) + " ranks; every rank fails)";
+              ", " + std::to_string(N) + " ranks" + (s ? ": its sub-groups do not tile it" : "") + "; every rank fails)";
+    }
   }
   if (!why.empty()) fail("spmd", why, "");
 }

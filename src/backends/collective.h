@@ -29,7 +29,8 @@ struct CollectiveSequence {
   // float64[2]"; every attribute, the input's dtype and shape, the group size where it is not
   // the communicator's), and the module scope it came from (reported, not compared).
   std::vector<std::string> items, scopes;
-  std::vector<int64_t> group;  // each one's group size (its `ranks`, also in its item)
+  std::vector<int64_t> group;   // each one's group size (its `ranks`, also in its item)
+  std::vector<int64_t> stride;  // each one's sub-group stride (0: the whole communicator; also in its item)
   uint64_t hash = 0;  // FNV-1a over the items in order (0 for none)
   bool empty() const { return items.empty(); }
 };

@@ -25,6 +25,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -65,12 +66,37 @@ class Communicator {
   // address): what a cache of checks made on a communicator keys by (runtime's sequence check).
   uint64_t serial() const { return serial_; }
 
+  // A sub-group's communicator (docs/architecture.md "Parallelism", sub-groups): `members` are
+  // ranks of this communicator in group order, this rank among them; its rank() is this rank's
+  // position there. Made at a group's first call and cached by the member list (the timeout is
+  // this one's): every member calls it for the same groups in the same order (the collective
+  // Steps do, checked by the sequence check). In-process: the members' own meeting table; MPI:
+  // MPI_Comm_create_group, which only the members call. Throws "[<name>] ..." for a bad list or
+  // a communicator without sub-groups (nccl).
+  Communicator& group(const std::vector<int>& members);
+
+  // What this rank's collective Steps moved through this communicator (run_collective_on_host
+  // counts them, a sub-group's on the communicator it came from): calls, and bytes this rank
+  // sends under ring algorithms ((n-1)/n of the buffer per pass: all_reduce 2 passes of the
+  // buffer, all_gather / reduce_scatter / all_to_all one of the whole, broadcast and reduce the
+  // buffer once, permute the buffer where it sends). The sequence check's exchanges are not counted.
+  struct Traffic {
+    int64_t calls = 0, bytes = 0;
+  };
+  Traffic traffic() const { return traffic_; }
+  void count_traffic(int64_t bytes) { traffic_.calls++, traffic_.bytes += bytes; }
+
  protected:
   Communicator();
+  // The sub-group's communicator, members checked (sorted or not, distinct, in range, this rank
+  // among them); the default throws: no sub-groups.
+  virtual std::shared_ptr<Communicator> make_group(const std::vector<int>& members);
 
  private:
   std::chrono::milliseconds timeout_;
   uint64_t serial_;
+  Traffic traffic_;
+  std::map<std::vector<int>, std::shared_ptr<Communicator>> groups_;
 };
 
 // The calling thread's communicator: the innermost CommunicatorScope's, else the process's

@@ -162,6 +162,8 @@ PartitionStats sync_partitioned(const Mesh& mesh) {
   st.input_bytes = r.leaf_bytes;
   st.rank_input_bytes = r.rank_leaf_bytes;
   st.rank_peak_bytes = r.rank_peak_bytes;
+  st.rank_comm_calls = r.rank_comm_calls;
+  st.rank_comm_bytes = r.rank_comm_bytes;
   return st;
 }
 

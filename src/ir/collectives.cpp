@@ -31,11 +31,14 @@ std::string desc(const NodePtr& n) { return std::string(dtype_name(n->dtype)) + 
 std::string num(int64_t v) { return std::to_string(v); }
 
 // Checks the attribute count and the group size; returns the ranks.
+// One more integer than max_ints is the sub-group's stride (CollectiveAttrs::stride), >= 1.
 int64_t check_ranks(const char* op, const Attrs& a, size_t min_ints, size_t max_ints, const NodePtr& x) {
   const auto& k = a.ints;
-  if (k.size() < min_ints || k.size() > max_ints)
+  if (k.size() < min_ints || (max_ints != size_t(-1) && k.size() > max_ints + 1))
     fail(op, "bad attributes (" + num(int64_t(k.size())) + " integers) for " + desc(x));
   if (k[0] < 1 || k[0] > (1 << 20)) fail(op, "the group size (ranks) must be >= 1, got " + num(k[0]) + " for " + desc(x));
+  if (max_ints != size_t(-1) && k.size() == max_ints + 1 && (k.back() < 1 || k.back() > (1 << 20)))
+    fail(op, "the sub-group's stride must be >= 1, got " + num(k.back()) + " for " + desc(x));
   return k[0];
 }
 void check_axis(const char* op, int64_t axis, const NodePtr& x, const char* what = "axis") {
@@ -55,17 +58,29 @@ double bytes_of(const Node& n) { return double(n.numel()) * double(itemsize(n.dt
 
 }  // namespace
 
+namespace {
+// The op's own integer count (a permute: odd), so that one more is the sub-group's stride.
+size_t own_ints(Op op, size_t n) {
+  switch (op) {
+    case Op::AllToAll: return 3;
+    case Op::CollectivePermute: return n % 2 == 1 ? n : n - 1;
+    default: return 2;
+  }
+}
+}  // namespace
+
 CollectiveAttrs CollectiveAttrs::from(Op op, const Attrs& a) {
   CollectiveAttrs c;
   const auto& k = a.ints;
   c.ranks = k.empty() ? 1 : k[0];
+  if (!k.empty() && k.size() > own_ints(op, k.size())) c.stride = k.back();
   switch (op) {
     case Op::AllReduce: c.kind = ReduceKind(k[1]); break;
     case Op::AllGather: case Op::ReduceScatter: c.axis = k[1]; break;
     case Op::AllToAll: c.axis = k[1], c.concat_axis = k[2]; break;
     case Op::Broadcast: case Op::Reduce: c.root = k[1]; break;
     case Op::CollectivePermute:
-      for (size_t i = 1; i + 1 < k.size(); i += 2) c.pairs.push_back({k[i], k[i + 1]});
+      for (size_t i = 1; i + 1 < own_ints(op, k.size()); i += 2) c.pairs.push_back({k[i], k[i + 1]});
       break;
     default: break;
   }
@@ -80,6 +95,17 @@ int64_t CollectiveAttrs::destination_of(int64_t r) const {
   for (auto [s, d] : pairs)
     if (s == r) return d;
   return -1;
+}
+std::vector<int64_t> CollectiveAttrs::group_of(int64_t r, int64_t world, const char* op) const {
+  const int64_t s = stride > 0 ? stride : 1;
+  if (stride == 0 ? ranks != world : world % (ranks * s) != 0)
+    fail(op, "a group of " + num(ranks) + " ranks" + (stride ? " at stride " + num(stride) : std::string()) +
+                 " does not tile a communicator of " + num(world) + " ranks");
+  if (r < 0 || r >= world) fail(op, "rank " + num(r) + " out of range for " + num(world) + " ranks");
+  const int64_t base = r - ((r / s) % ranks) * s;
+  std::vector<int64_t> m;
+  for (int64_t i = 0; i < ranks; ++i) m.push_back(base + i * s);
+  return m;
 }
 
 TypeShape infer_collective(Op op, const InferArgs& a) {
@@ -126,9 +152,12 @@ TypeShape infer_collective(Op op, const InferArgs& a) {
     }
     case Op::CollectivePermute: {
       int64_t n = check_ranks(name, a.attrs, 1, size_t(-1), x);
-      if (k.size() % 2 != 1) fail(name, "needs (source, destination) pairs, got " + num(int64_t(k.size()) - 1) + " integers");
+      // (source, destination) pairs after the group size; an even count ends with the stride.
+      const size_t own = k.size() % 2 == 1 ? k.size() : k.size() - 1;
+      if (own < k.size() && (k.back() < 1 || k.back() > (1 << 20)))
+        fail(name, "the sub-group's stride must be >= 1, got " + num(k.back()) + " for " + desc(x));
       std::vector<bool> sends(size_t(n), false), receives(size_t(n), false);
-      for (size_t i = 1; i + 1 < k.size(); i += 2) {
+      for (size_t i = 1; i + 1 < own; i += 2) {
         int64_t src = k[i], dst = k[i + 1];
         if (src < 0 || src >= n || dst < 0 || dst >= n)
           fail(name, "pair (" + num(src) + ", " + num(dst) + ") out of range for " + num(n) + " ranks");
@@ -162,18 +191,34 @@ Cost cost_collective(const Node& n) {
 }
 
 namespace build {
-NodePtr all_reduce(const NodePtr& x, int64_t ranks, ReduceKind kind) { return make(Op::AllReduce, {x}, Attrs{{ranks, int64_t(kind)}, 0}); }
-NodePtr all_gather(const NodePtr& x, int64_t ranks, int64_t axis) { return make(Op::AllGather, {x}, Attrs{{ranks, axis}, 0}); }
-NodePtr reduce_scatter(const NodePtr& x, int64_t ranks, int64_t axis) { return make(Op::ReduceScatter, {x}, Attrs{{ranks, axis}, 0}); }
-NodePtr all_to_all(const NodePtr& x, int64_t ranks, int64_t split_axis, int64_t concat_axis) {
-  return make(Op::AllToAll, {x}, Attrs{{ranks, split_axis, concat_axis}, 0});
+namespace {
+Attrs with_stride(std::vector<int64_t> k, int64_t stride) {
+  if (stride > 0) k.push_back(stride);
+  return Attrs{std::move(k), 0};
 }
-NodePtr broadcast(const NodePtr& x, int64_t ranks, int64_t root) { return make(Op::Broadcast, {x}, Attrs{{ranks, root}, 0}); }
-NodePtr reduce_to_root(const NodePtr& x, int64_t ranks, int64_t root) { return make(Op::Reduce, {x}, Attrs{{ranks, root}, 0}); }
-NodePtr collective_permute(const NodePtr& x, int64_t ranks, const std::vector<std::pair<int64_t, int64_t>>& pairs) {
+}  // namespace
+NodePtr all_reduce(const NodePtr& x, int64_t ranks, ReduceKind kind, int64_t stride) {
+  return make(Op::AllReduce, {x}, with_stride({ranks, int64_t(kind)}, stride));
+}
+NodePtr all_gather(const NodePtr& x, int64_t ranks, int64_t axis, int64_t stride) {
+  return make(Op::AllGather, {x}, with_stride({ranks, axis}, stride));
+}
+NodePtr reduce_scatter(const NodePtr& x, int64_t ranks, int64_t axis, int64_t stride) {
+  return make(Op::ReduceScatter, {x}, with_stride({ranks, axis}, stride));
+}
+NodePtr all_to_all(const NodePtr& x, int64_t ranks, int64_t split_axis, int64_t concat_axis, int64_t stride) {
+  return make(Op::AllToAll, {x}, with_stride({ranks, split_axis, concat_axis}, stride));
+}
+NodePtr broadcast(const NodePtr& x, int64_t ranks, int64_t root, int64_t stride) {
+  return make(Op::Broadcast, {x}, with_stride({ranks, root}, stride));
+}
+NodePtr reduce_to_root(const NodePtr& x, int64_t ranks, int64_t root, int64_t stride) {
+  return make(Op::Reduce, {x}, with_stride({ranks, root}, stride));
+}
+NodePtr collective_permute(const NodePtr& x, int64_t ranks, const std::vector<std::pair<int64_t, int64_t>>& pairs, int64_t stride) {
   std::vector<int64_t> k{ranks};
   for (auto [s, d] : pairs) k.insert(k.end(), {s, d});
-  return make(Op::CollectivePermute, {x}, Attrs{k, 0});
+  return make(Op::CollectivePermute, {x}, with_stride(std::move(k), stride));
 }
 }  // namespace build
 
@@ -184,25 +229,39 @@ using Grads = std::vector<NodePtr>;
 
 Grads vjp_all_reduce(const Node& n, const NodePtr& self, const NodePtr& g) {
   CollectiveAttrs c = CollectiveAttrs::from(n.op, n.attrs);
-  if (c.kind != ReduceKind::Max) return {all_reduce(g, c.ranks, c.kind)};
+  if (c.kind != ReduceKind::Max) return {all_reduce(g, c.ranks, c.kind, c.stride)};
   const NodePtr& x = n.inputs[0];
   NodePtr is_max = binary(Op::Eq, x, self);
-  NodePtr ties = all_reduce(cast(is_max, g->dtype), c.ranks, ReduceKind::Sum);
-  NodePtr total = all_reduce(g, c.ranks, ReduceKind::Sum);
+  NodePtr ties = all_reduce(cast(is_max, g->dtype), c.ranks, ReduceKind::Sum, c.stride);
+  NodePtr total = all_reduce(g, c.ranks, ReduceKind::Sum, c.stride);
   // Where no rank holds the maximum (NaN), `ties` is 0: the gradient is 0 there, not 0/0.
   return {where(is_max, div(total, where(is_max, ties, full_like(ties, 1))), full_like(g, 0))};
 }
-Grads vjp_all_gather(const Node& n, const NodePtr&, const NodePtr& g) { return {reduce_scatter(g, n.attrs.ints[0], n.attrs.ints[1])}; }
-Grads vjp_reduce_scatter(const Node& n, const NodePtr&, const NodePtr& g) { return {all_gather(g, n.attrs.ints[0], n.attrs.ints[1])}; }
-Grads vjp_all_to_all(const Node& n, const NodePtr&, const NodePtr& g) {
-  return {all_to_all(g, n.attrs.ints[0], n.attrs.ints[2], n.attrs.ints[1])};
+// Each VJP's collective is over the forward's group (the same sub-group stride).
+Grads vjp_all_gather(const Node& n, const NodePtr&, const NodePtr& g) {
+  CollectiveAttrs c = CollectiveAttrs::from(n.op, n.attrs);
+  return {reduce_scatter(g, c.ranks, c.axis, c.stride)};
 }
-Grads vjp_broadcast(const Node& n, const NodePtr&, const NodePtr& g) { return {reduce_to_root(g, n.attrs.ints[0], n.attrs.ints[1])}; }
-Grads vjp_reduce(const Node& n, const NodePtr&, const NodePtr& g) { return {broadcast(g, n.attrs.ints[0], n.attrs.ints[1])}; }
+Grads vjp_reduce_scatter(const Node& n, const NodePtr&, const NodePtr& g) {
+  CollectiveAttrs c = CollectiveAttrs::from(n.op, n.attrs);
+  return {all_gather(g, c.ranks, c.axis, c.stride)};
+}
+Grads vjp_all_to_all(const Node& n, const NodePtr&, const NodePtr& g) {
+  CollectiveAttrs c = CollectiveAttrs::from(n.op, n.attrs);
+  return {all_to_all(g, c.ranks, c.concat_axis, c.axis, c.stride)};
+}
+Grads vjp_broadcast(const Node& n, const NodePtr&, const NodePtr& g) {
+  CollectiveAttrs c = CollectiveAttrs::from(n.op, n.attrs);
+  return {reduce_to_root(g, c.ranks, c.root, c.stride)};
+}
+Grads vjp_reduce(const Node& n, const NodePtr&, const NodePtr& g) {
+  CollectiveAttrs c = CollectiveAttrs::from(n.op, n.attrs);
+  return {broadcast(g, c.ranks, c.root, c.stride)};
+}
 Grads vjp_permute(const Node& n, const NodePtr&, const NodePtr& g) {
   CollectiveAttrs c = CollectiveAttrs::from(n.op, n.attrs);
   for (auto& [s, d] : c.pairs) std::swap(s, d);
-  return {collective_permute(g, c.ranks, c.pairs)};
+  return {collective_permute(g, c.ranks, c.pairs, c.stride)};
 }
 
 }  // namespace

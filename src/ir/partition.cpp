@@ -96,7 +96,7 @@ class Partitioner {
  private:
   const MeshAxes& mesh_;
   const PartitionHooks& hooks_;
-  int64_t ranks_ = 1;  // every rank of the mesh: the collectives' group
+  int64_t ranks_ = 1;  // every rank of the mesh
   std::map<std::pair<const Node*, std::string>, NodePtr> localized_;
 
   NodePtr self(const Node& f) { return f.shared_from_this(); }
@@ -105,34 +105,18 @@ class Partitioner {
   int64_t size(const DimSharding& d) const { return size(d.axis); }
 
   // ---- collectives over one mesh axis ----
-  // Where the axis holds every rank they are the primitives; on a mesh of several axes (a
-  // data x model grid) the group is the ranks that differ only along the axis, and the
-  // primitives have no sub-groups: every rank's value is gathered and the rank's group picked
-  // out by a per-rank index leaf (size(axis) / ranks of the traffic is useful).
-  NodePtr members(const NodePtr& x, int axis) {  // [size(axis), x...]: the group's values in coordinate order
-    Shape one{1};
-    one.insert(one.end(), x->shape.begin(), x->shape.end());
-    NodePtr all = build::all_gather(build::reshape(x, one), ranks_, 0);
-    Shape unit(one.size(), 1), want = one;
-    unit[0] = want[0] = size(axis);
-    return build::gather(all, 0, build::expand(build::reshape(hooks_.members(axis), unit), want));
+  // Where the axis holds every rank they are over the whole communicator; on a mesh of several
+  // axes (a data x model grid) over the sub-group of the ranks that differ only along the axis:
+  // size(axis) ranks at the stride of the axes after it (CollectiveAttrs::stride), so each rank
+  // moves its group's bytes only.
+  int64_t stride(int axis) const {
+    if (size(axis) == ranks_) return 0;
+    int64_t s = 1;
+    for (size_t i = size_t(axis) + 1; i < mesh_.sizes.size(); ++i) s *= mesh_.sizes[i];
+    return s;
   }
-  NodePtr reduce_over(const NodePtr& x, int axis, ReduceKind k) {
-    if (size(axis) == ranks_) return build::all_reduce(x, ranks_, k);
-    NodePtr m = members(x, axis);
-    return build::reshape(k == ReduceKind::Max ? build::reduce_max(m, {0}) : build::reduce_sum(m, {0}), x->shape);
-  }
-  NodePtr gather_over(const NodePtr& x, int axis, size_t d) {
-    if (size(axis) == ranks_) return build::all_gather(x, ranks_, int64_t(d));
-    NodePtr m = members(x, axis);  // [A, x...] -> A moved before d and merged with it
-    std::vector<int64_t> perm;
-    for (size_t i = 1; i <= d; ++i) perm.push_back(int64_t(i));
-    perm.push_back(0);
-    for (size_t i = d + 1; i < m->shape.size(); ++i) perm.push_back(int64_t(i));
-    Shape full = x->shape;
-    full[d] *= size(axis);
-    return build::reshape(build::permute(m, perm), full);
-  }
+  NodePtr reduce_over(const NodePtr& x, int axis, ReduceKind k) { return build::all_reduce(x, size(axis), k, stride(axis)); }
+  NodePtr gather_over(const NodePtr& x, int axis, size_t d) { return build::all_gather(x, size(axis), int64_t(d), stride(axis)); }
 
   Shape local_shape(const Shape& full, const Sharding& s) const {
     Shape o = full;

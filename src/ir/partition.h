@@ -58,11 +58,6 @@ struct PartitionHooks {
   // `extent` laid out as `d` (each rank gets its own): how a replicated value that is neither a
   // leaf nor a constant is cut to the local block (a gather, no communication).
   std::function<NodePtr(int64_t extent, const DimSharding& d)> block_index;
-  // Rank 0's int64 [size(axis)] leaf holding the ranks of its group along `axis` (the ranks whose
-  // mesh coordinates differ from its own only along the axis), in coordinate order (each rank
-  // gets its own): how a collective over one axis of a mesh of several picks its group out of
-  // an all-gather over every rank.
-  std::function<NodePtr(int axis)> members;
 };
 
 struct Partitioned {
@@ -72,7 +67,8 @@ struct Partitioned {
 };
 
 // Throws tessera::Error "[partition] <op> in '<scope>': <operands and shardings> ..." where a
-// combination is not supported. The collectives' group is every rank of the mesh.
+// combination is not supported. A collective over one mesh axis is over that axis' sub-group
+// (CollectiveAttrs::stride) where the mesh has several axes, else over every rank.
 // gather_outputs: every output all-gathered in the graph (replicated), for ranks that cannot
 // gather on one host (MPI processes).
 Partitioned partition(const std::vector<NodePtr>& outputs, const std::function<const Sharding*(const Node& leaf)>& leaf_sharding,

@@ -12,11 +12,11 @@ namespace tessera::reference {
 
 using ir::Op;
 
-std::vector<Value> evaluate_collective(const ir::Node& n, const std::vector<const Value*>& x) {
-  const ir::CollectiveAttrs c = ir::CollectiveAttrs::from(n.op, n.attrs);
+namespace {
+
+// One group's collective: x holds the group's ranks, in group order.
+std::vector<Value> evaluate_group(const ir::Node& n, const ir::CollectiveAttrs& c, const std::vector<const Value*>& x) {
   const int64_t N = int64_t(x.size());
-  if (c.ranks != N)
-    fail(ir::op_name(n.op), "the graph is for " + std::to_string(c.ranks) + " ranks but runs on " + std::to_string(N), *n.scope);
   const Shape& xs = x[0]->shape;
   const int64_t total = numel(n.shape), in_total = numel(xs);
   std::vector<Value> out(size_t(N), Value{n.shape, n.dtype, std::vector<double>(size_t(total), 0.0)});
@@ -95,6 +95,29 @@ std::vector<Value> evaluate_collective(const ir::Node& n, const std::vector<cons
         if (int64_t s = c.source_of(r); s >= 0) out[size_t(r)].data = x[size_t(s)]->data;
       break;
     default: fail("reference", std::string("not a collective: ") + ir::op_name(n.op));
+  }
+  return out;
+}
+
+}  // namespace
+
+std::vector<Value> evaluate_collective(const ir::Node& n, const std::vector<const Value*>& x) {
+  const ir::CollectiveAttrs c = ir::CollectiveAttrs::from(n.op, n.attrs);
+  const int64_t N = int64_t(x.size());
+  if (c.stride == 0) {
+    if (c.ranks != N)
+      fail(ir::op_name(n.op), "the graph is for " + std::to_string(c.ranks) + " ranks but runs on " + std::to_string(N), *n.scope);
+    return evaluate_group(n, c, x);
+  }
+  // Sub-groups: each group evaluated on its members' inputs (every rank in exactly one group).
+  std::vector<Value> out(static_cast<size_t>(N));
+  for (int64_t r = 0; r < N; ++r) {
+    const std::vector<int64_t> m = c.group_of(r, N, ir::op_name(n.op));
+    if (m[0] != r) continue;  // the group's first member evaluates it
+    std::vector<const Value*> xs;
+    for (int64_t s : m) xs.push_back(x[size_t(s)]);
+    std::vector<Value> got = evaluate_group(n, c, xs);
+    for (size_t i = 0; i < m.size(); ++i) out[size_t(m[i])] = std::move(got[i]);
   }
   return out;
 }

@@ -653,9 +653,14 @@ std::vector<std::vector<std::shared_ptr<Buffer>>> realize_spmd(const std::vector
     if (!why.empty()) fail("spmd", why, "");
     const backends::CollectiveSequence& q = prep.exe->collectives;
     for (size_t i = 0; i < q.items.size(); ++i)
-      if (q.group[i] != int64_t(N))
+      if (q.stride[i] == 0 ? q.group[i] != int64_t(N) : int64_t(N) % (q.group[i] * q.stride[i]) != 0)
         fail("spmd", "collective " + std::to_string(i) + " (" + q.items[i] + ") is not for the " + std::to_string(N) +
-                         " ranks it runs on (every rank fails)", q.scopes[i]);
+                         " ranks it runs on" + (q.stride[i] ? " (its sub-groups do not tile them)" : "") + " (every rank fails)",
+             q.scopes[i]);
+  }
+  {  // last_executed_plan(): rank 0's (the per-rank graph's plan: what one rank holds)
+    std::lock_guard<std::mutex> lock(g_mu);
+    g_last = own[0] ? own[0]->exe : prep.exe;
   }
   // Every rank's buffers are allocated here, on the calling thread; the rank threads only launch.
   std::vector<std::unique_ptr<Run>> runs;
@@ -719,9 +724,21 @@ namespace tessera::runtime {
 
 std::vector<std::vector<std::shared_ptr<Buffer>>> realize_spmd_inprocess(const std::vector<Request>& requests, RngArgs rng,
                                                                          const std::vector<RankInputs>& rank_inputs, int ranks,
-                                                                         const std::vector<std::vector<Request>>& rank_requests) {
+                                                                         const std::vector<std::vector<Request>>& rank_requests,
+                                                                         std::vector<CommTraffic>* traffic) {
   if (ranks < 1) fail("spmd", "needs at least one rank, got " + std::to_string(ranks), "");
-  return realize_spmd(requests, rng, rank_inputs, backends::make_inprocess_group(ranks), rank_requests);
+  auto group = backends::make_inprocess_group(ranks);
+  auto out = realize_spmd(requests, rng, rank_inputs, group, rank_requests);
+  if (traffic) {
+    traffic->clear();
+    for (const auto& c : group) traffic->push_back({c->traffic().calls, c->traffic().bytes});
+  }
+  return out;
+}
+
+CommTraffic process_traffic() {
+  backends::Communicator* c = backends::current_communicator();
+  return c ? CommTraffic{c->traffic().calls, c->traffic().bytes} : CommTraffic{};
 }
 
 std::pair<int, int> init_mpi_group() {

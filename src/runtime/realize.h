@@ -48,7 +48,7 @@ struct GraphFailure : Error {
 // compile or a hit, with the same donation decisions) but not run. With `target`, compiled for
 // that device (its backend and properties, e.g. backends::null_device_for) instead of the nodes'.
 std::shared_ptr<const compiler::Plan> compile_only(const std::vector<Request>& requests, const Device* target = nullptr);
-// The plan of the graph realize() ran last (null before the first).
+// The plan of the graph realize() ran last, or realize_spmd() (rank 0's) (null before the first).
 std::shared_ptr<const compiler::Plan> last_executed_plan();
 // Benchmarks: forgets every compiled graph (and the structures seen, so the next compile's reason
 // reads "new graph structure"); the next realize() of any graph compiles it afresh.
@@ -94,10 +94,19 @@ std::vector<std::vector<std::shared_ptr<Buffer>>> realize_spmd(const std::vector
 
 namespace tessera::runtime {
 
-// realize_spmd on a fresh in-process group of `ranks` rank threads (backends::make_inprocess_group).
+// What one rank's collective Steps moved through its communicator (backends::Communicator::Traffic):
+// calls, and bytes it sent under ring algorithms.
+struct CommTraffic {
+  int64_t calls = 0, bytes = 0;
+};
+// realize_spmd on a fresh in-process group of `ranks` rank threads (backends::make_inprocess_group);
+// traffic (optional): each rank's, of this run.
 std::vector<std::vector<std::shared_ptr<Buffer>>> realize_spmd_inprocess(const std::vector<Request>& requests, RngArgs rng,
                                                                          const std::vector<RankInputs>& rank_inputs, int ranks,
-                                                                         const std::vector<std::vector<Request>>& rank_requests = {});
+                                                                         const std::vector<std::vector<Request>>& rank_requests = {},
+                                                                         std::vector<CommTraffic>* traffic = nullptr);
+// The calling thread's communicator's traffic so far (zeros without one).
+CommTraffic process_traffic();
 
 // The process group (one process per rank, under mpirun): init_mpi_group() makes MPI_COMM_WORLD's
 // communicator the process's (backends::set_process_communicator) and returns {rank, size};

@@ -833,23 +833,6 @@ PartitionReport sync_partitioned(const ir::MeshAxes& mesh, const std::vector<std
     }
     return indices[key] = ir::leaf(first, Shape{extent / a}, DType::Int64);
   };
-  std::map<int, ir::NodePtr> groups;
-  hooks.members = [&](int axis) {
-    if (auto it = groups.find(axis); it != groups.end()) return it->second;
-    const int64_t a = mesh.sizes[size_t(axis)];
-    std::shared_ptr<Buffer> first;
-    for (int64_t r = lo; r < hi; ++r) {
-      std::vector<int64_t> c = mesh.coords(r), ranks;
-      for (int64_t j = 0; j < a; ++j) {
-        c[size_t(axis)] = j;
-        ranks.push_back(mesh.rank_of(c));
-      }
-      auto b = runtime::upload(group[0]->device, ranks.data(), ranks.size() * sizeof(int64_t));
-      if (r == lo) first = b;
-      else inputs[size_t(r)].push_back({first.get(), b});
-    }
-    return groups[axis] = ir::leaf(first, Shape{a}, DType::Int64);
-  };
   auto leaf_sharding = [&](const ir::Node& leaf) -> const ir::Sharding* {
     auto it = by_buffer.find(leaf.buffer.get());
     return it == by_buffer.end() ? nullptr : &it->second;
@@ -869,8 +852,16 @@ PartitionReport sync_partitioned(const ir::MeshAxes& mesh, const std::vector<std
     for (const ir::NodePtr& o : part.outputs) req.push_back({o, {}});
     rep.rank_peak_bytes = int64_t(runtime::memory_plan_of(*runtime::compile_only(req)).peak_bytes);  // compiled once: the run below hits the cache
     const RngState st = detail::rng_state();
-    if (mpi) bufs = {runtime::realize(req, {st.seed, st.offset})};
-    else bufs = runtime::realize_spmd_inprocess(req, {st.seed, st.offset}, inputs, int(n));
+    std::vector<runtime::CommTraffic> traffic;
+    if (mpi) {
+      const runtime::CommTraffic before = runtime::process_traffic();
+      bufs = {runtime::realize(req, {st.seed, st.offset})};
+      const runtime::CommTraffic after = runtime::process_traffic();
+      traffic = {{after.calls - before.calls, after.bytes - before.bytes}};
+    } else {
+      bufs = runtime::realize_spmd_inprocess(req, {st.seed, st.offset}, inputs, int(n), {}, &traffic);
+    }
+    for (const runtime::CommTraffic& t : traffic) rep.rank_comm_calls.push_back(t.calls), rep.rank_comm_bytes.push_back(t.bytes);
   } catch (const std::exception& e) {
     req.clear();
     for (auto& impl : group) {

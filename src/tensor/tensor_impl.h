@@ -122,6 +122,8 @@ struct PartitionReport {
   std::map<std::string, int> collectives;  // of the per-rank graph, by kind
   int64_t leaf_bytes = 0, rank_leaf_bytes = 0;  // the inputs of the whole graph, of one rank's
   int64_t rank_peak_bytes = 0;                  // the per-rank graph's planned peak (MemoryPlan::peak_bytes)
+  // What each rank's collectives moved in the run (runtime::CommTraffic; MPI: this process's only).
+  std::vector<int64_t> rank_comm_calls, rank_comm_bytes;
   std::vector<ir::Sharding> output_shardings;  // of the pending tensors, in the order they were synced
 };
 PartitionReport sync_partitioned(const ir::MeshAxes& mesh, const std::vector<std::pair<Tensor, ir::Sharding>>& annotated);

@@ -663,6 +663,47 @@ TEST(Profile, GptWritesTraceTableAndMemoryViewer) {
   EXPECT_EQ(html.find("src=\"http"), std::string::npos);
 }
 
+// profile gpt prints the memory one rank holds: parameters and AdamW's moments beside the whole
+// model's, and the step graph's activations and temporaries (one rank's graph on several ranks).
+// By hand for kTiny (1 block, embd 32): --tensor-parallel 2 splits qkv (96 x 32 + 96), the MLP's
+// first layer (128 x 32 + 128), the attention's output projection (32 x 32) and the MLP's second
+// layer (32 x 128): 12512 float32 elements, half of them (25024 bytes) off each rank; the moments
+// follow (2 x). ZeRO-1 on 2 ranks holds half the moments (and at most a bucket's padding more).
+// Half the batch per rank plans fewer activation bytes than the whole batch on one device.
+TEST(Profile, MemoryPerRankShowsShardedParametersAndOptimizerState) {
+  TempDir dir;
+  struct Figures {
+    int64_t param = 0, full_param = 0, opt = 0, full_opt = 0, act = 0;
+  };
+  auto run_profile = [&](std::vector<std::string> extra) {
+    std::vector<std::string> args{"profile", "gpt", "--steps", "1", "--skip", "0", "--memory", (dir / "m.html").string()};
+    args.insert(args.end(), extra.begin(), extra.end());
+    Result r = cli(cat(args, kTiny), dir.path());
+    Figures f;
+    EXPECT_TRUE(r.exited && r.code == 0) << r.describe();
+    const size_t at = r.out.find("bytes: parameters ");
+    EXPECT_NE(at, std::string::npos) << r.out;
+    if (at == std::string::npos) return f;
+    long long a, b, c, d, e;
+    EXPECT_EQ(std::sscanf(r.out.c_str() + at, "bytes: parameters %lld/%lld, optimizer %lld/%lld, activations %lld", &a, &b, &c, &d, &e), 5)
+        << r.out;
+    f = {a, b, c, d, e};
+    EXPECT_NE(read_file(dir / "m.html").find("memory per rank"), std::string::npos) << "the viewer's title";
+    return f;
+  };
+  Figures one = run_profile({}), tp = run_profile({"--tensor-parallel", "2"}), zero = run_profile({"--data-parallel", "2", "--zero1"});
+  EXPECT_EQ(one.param, one.full_param);
+  EXPECT_EQ(one.opt, 2 * one.param);
+  EXPECT_EQ(tp.full_param, one.full_param);
+  EXPECT_EQ(tp.param, one.full_param - 12512 * 4 / 2);
+  EXPECT_EQ(tp.opt, 2 * tp.param);
+  EXPECT_EQ(zero.param, one.full_param);
+  EXPECT_GE(zero.opt, one.full_opt / 2);
+  EXPECT_LE(zero.opt, one.full_opt / 2 + 1024);
+  EXPECT_LT(zero.act, one.act);
+  EXPECT_GT(zero.act, 0);
+}
+
 // train gpt --profile DIR writes every file; a --skip past the last step is a clean error.
 TEST(Profile, TrainProfileDirAndErrors) {
   TempDir dir;

@@ -1,4 +1,4 @@
-// Run by mpirun on 2 ranks (tests/mpi/CMakeLists.txt). Each rank is a process that traces and
+// Run by mpirun on 2 ranks (groups: on 4) (tests/mpi/CMakeLists.txt). Each rank is a process that traces and
 // runs its own graph normally, with the MPI communicator as the process's; the cpu backend runs
 // the collective Steps through it.
 //   graph     a graph of every collective (fused producers, strided inputs, consumers) on each
@@ -247,6 +247,110 @@ int partition(int rank) {
   return bad ? 1 : 0;
 }
 
+// Sub-groups on 4 ranks, a 2 x 2 mesh {data: 2, model: 2} (started with -np 4):
+// 1. collectives over stride 1 ({0, 1}, {2, 3}) and stride 2 ({0, 2}, {1, 3}) against the
+//    reference, and the bytes this rank sent by hand (as test_collectives' in-process twin: x is
+//    float32[2, 3], 24 bytes: all_reduce 24, all_gather 24, reduce_scatter 12, a broadcast from
+//    group position 1 24 on ranks 2 and 3, a swap permute 24: 84 on ranks 0 and 1, 108 on 2 and 3);
+// 2. the small GPT's step partitioned over the mesh (batch over "data", weights over "model"):
+//    the loss and every gradient equal one device's to 1e-5;
+// 3. rank 3's graph puts its all-reduce over stride 2 where the others' is over stride 1: every
+//    rank fails before any Step runs, naming collective 0 and every rank's side.
+int groups(int rank, int N) {
+  if (N != 4) {
+    std::fprintf(stderr, "groups: needs 4 ranks (mpirun -np 4), got %d\n", N);
+    return 2;
+  }
+  int bad = 0;
+  {
+    const Shape s{2, 3};
+    std::vector<std::vector<double>> xs;
+    for (int r = 0; r < N; ++r) xs.push_back(values(6, 40 + r));
+    ir::NodePtr x = leaf(xs[size_t(rank)], s);
+    std::vector<ir::NodePtr> outs = {b::all_reduce(x, 2, ReduceKind::Sum, 1), b::all_gather(x, 2, 0, 2), b::reduce_scatter(x, 2, 0, 1),
+                                     b::broadcast(x, 2, 1, 2), b::collective_permute(x, 2, {{0, 1}, {1, 0}}, 1)};
+    std::vector<runtime::Request> req;
+    for (auto& o : outs) req.push_back({o, {}});
+    backends::Communicator& comm = *backends::current_communicator();
+    const backends::Communicator::Traffic before = comm.traffic();
+    std::vector<std::shared_ptr<Buffer>> got = runtime::realize(req, {});
+    const int64_t calls = comm.traffic().calls - before.calls, bytes = comm.traffic().bytes - before.bytes;
+    ir::Graph g = ir::build_graph(outs);
+    std::vector<std::vector<reference::Value>> params(static_cast<size_t>(N));
+    for (int r = 0; r < N; ++r) params[size_t(r)].push_back({s, DType::Float32, xs[size_t(r)]});
+    std::vector<const ir::Graph*> gs(static_cast<size_t>(N), &g);
+    auto ref = reference::evaluate_ranks(gs, 0, 0, params);
+    for (size_t k = 0; k < outs.size(); ++k) {
+      std::vector<float> f(size_t(outs[k]->numel()));
+      runtime::download(*got[k], f.data(), f.size() * 4);
+      const std::vector<double>& want = ref[size_t(rank)][k].data;
+      for (size_t i = 0; i < f.size(); ++i)
+        if (std::fabs(f[i] - want[i]) > 1e-5) {
+          std::fprintf(stderr, "rank %d: output %zu (%s)[%zu] %g, reference %g\n", rank, k, ir::op_name(outs[k]->op), i, f[i], want[i]);
+          bad++;
+          break;
+        }
+    }
+    if (calls != 5 || bytes != (rank < 2 ? 84 : 108)) {
+      std::fprintf(stderr, "rank %d: %lld calls, %lld bytes sent (5 and %d expected)\n", rank, (long long)calls, (long long)bytes,
+                   rank < 2 ? 84 : 108);
+      bad++;
+    }
+  }
+  {
+    manual_seed(77);
+    Tensor x = randint(0, 24, {4, 8}), y = randint(0, 24, {4, 8});
+    tessera::sync();
+    const nn::GPTConfig cfg{.vocab = 24, .block = 8, .embd = 16, .heads = 2, .layers = 1};
+    manual_seed(5);
+    nn::GPT ref(cfg);
+    manual_seed(5);
+    nn::GPT tp(cfg);
+    Tensor l = ref.loss(x, y);
+    l.backward();
+    tessera::sync();
+    dist::Mesh mesh({{"data", 2}, {"model", 2}});
+    tp.shard_tensor_parallel(mesh, "model");
+    dist::shard(x, mesh, {"data", dist::none});
+    dist::shard(y, mesh, {"data", dist::none});
+    Tensor lp = tp.loss(x, y);
+    lp.backward();
+    dist::PartitionStats st = dist::sync_partitioned(mesh);
+    bad += std::fabs(lp.item() - l.item()) > 1e-5 * std::fabs(l.item());
+    auto rp = ref.named_parameters(), pp = tp.named_parameters();
+    for (size_t i = 0; i < rp.size(); ++i) {
+      std::vector<float> a = rp[i].second.grad().to_vector<float>(), gr = pp[i].second.grad().to_vector<float>();
+      for (size_t k = 0; k < a.size(); ++k)
+        if (std::fabs(a[k] - gr[k]) > 1e-5 * std::max(1.0f, std::fabs(a[k]))) {
+          std::fprintf(stderr, "rank %d: %s[%zu] %.9g, one device %.9g\n", rank, rp[i].first.c_str(), k, gr[k], a[k]);
+          ++bad;
+          break;
+        }
+    }
+    std::printf("rank %d: 2 x 2 partitioned loss %.6f, one device %.6f; %lld collectives sent %lld bytes\n", rank, lp.item(), l.item(),
+                (long long)(st.rank_comm_calls.empty() ? -1 : st.rank_comm_calls[0]),
+                (long long)(st.rank_comm_bytes.empty() ? -1 : st.rank_comm_bytes[0]));
+    dist::clear_shardings();
+  }
+  {
+    ir::NodePtr x = leaf(values(6, 50), {2, 3});
+    try {
+      runtime::realize({{b::all_reduce(x, 2, ReduceKind::Sum, rank == 3 ? 2 : 1), {}}}, {});
+      std::printf("rank %d: the different groups were not refused\n", rank);
+      ++bad;
+    } catch (const Error& e) {
+      const std::string m = e.what();
+      const bool ok = m.find("[spmd] the ranks compiled different collective sequences (every rank fails): collective 0: rank 0 "
+                             "all_reduce sum float32[2, 3] for 2 ranks at stride 1;") != std::string::npos &&
+                      m.find("rank 3 all_reduce sum float32[2, 3] for 2 ranks at stride 2") != std::string::npos;
+      std::printf("rank %d: %s: %s\n", rank, ok ? "refused up front as expected" : "WRONG MESSAGE", m.c_str());
+      bad += !ok;
+    }
+  }
+  std::printf("rank %d: sub-groups %s\n", rank, bad ? "FAILED" : "ok");
+  return bad ? 1 : 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -261,6 +365,7 @@ int main(int argc, char** argv) {
     if (mode == "die") return die(rank);
     if (mode == "gpt") return gpt(rank);
     if (mode == "partition") return partition(rank);
+    if (mode == "groups") return groups(rank, N);
     std::fprintf(stderr, "unknown mode %s\n", mode.c_str());
     return 2;
   } catch (const std::exception& e) {

@@ -354,6 +354,7 @@ TEST(Collectives, InProcessTimeoutNamesTheMissingRank) {
 // ---- graphs with collectives on the cpu backend, on in-process ranks ----
 struct SpmdRun {
   std::vector<std::vector<V>> got, want;
+  std::vector<backends::Communicator::Traffic> traffic;  // each rank's
 };
 
 // One graph (outputs `outs`, leaves `leaves`) on N in-process ranks, rank r's leaf values
@@ -374,8 +375,10 @@ SpmdRun run_spmd(const std::vector<NodePtr>& outs, const std::vector<NodePtr>& l
   }
   std::vector<runtime::Request> req;
   for (auto& o : outs) req.push_back({o, {}});
-  auto bufs = runtime::realize_spmd(req, {}, inputs, backends::make_inprocess_group(int(N)));
+  auto group = backends::make_inprocess_group(int(N));
+  auto bufs = runtime::realize_spmd(req, {}, inputs, group);
   SpmdRun res;
+  for (const auto& c : group) res.traffic.push_back(c->traffic());
   auto ref = on_ranks(g, params);
   for (size_t r = 0; r < N; ++r) {
     res.got.emplace_back();
@@ -415,6 +418,89 @@ TEST(Collectives, GraphsRunOnInProcessRanksLikeTheReference) {
   for (int r = 0; r < N; ++r)
     for (size_t k = 0; k < outs.size(); ++k)
       EXPECT_TRUE(testing::all_close(res.got[size_t(r)][k], res.want[size_t(r)][k], 1e-6)) << "rank " << r << " output " << k;
+}
+
+// Sub-groups (CollectiveAttrs::stride) on 4 in-process ranks, as on a 2 x 2 mesh: stride 1 is
+// the groups {0, 1}, {2, 3}; stride 2 {0, 2}, {1, 3}. Against the reference and by hand, and
+// the bytes each rank sent (Communicator::Traffic) by hand: x is float32[2, 3] (24 bytes); an
+// all-reduce over 2 ranks sends 2 (2 - 1) / 2 x 24 = 24, an all-gather (2 - 1) x 24 = 24, a
+// reduce-scatter (2 - 1) / 2 x 24 = 12, a broadcast 24 from the root only (group position 1:
+// ranks 2 and 3 at stride 2), a swap permute 24 from each rank: 84 bytes on ranks 0 and 1, 108
+// on ranks 2 and 3, 5 calls each.
+TEST(Collectives, SubGroupCollectivesRunOverTheirGroupOnly) {
+  const int N = 4;
+  NodePtr x = zeros_leaf({2, 3}, DType::Float32);
+  std::vector<NodePtr> outs = {
+      b::all_reduce(x, 2, ReduceKind::Sum, 1),
+      b::all_gather(x, 2, 0, 2),
+      b::reduce_scatter(x, 2, 0, 1),
+      b::broadcast(x, 2, 1, 2),
+      b::collective_permute(x, 2, {{0, 1}, {1, 0}}, 1),
+  };
+  std::vector<std::vector<V>> values(N);
+  for (int r = 0; r < N; ++r) values[size_t(r)] = {random_values(6, 40 + uint32_t(r))};
+  SpmdRun res = run_spmd(outs, {x}, values);
+  for (int r = 0; r < N; ++r)
+    for (size_t k = 0; k < outs.size(); ++k)
+      EXPECT_TRUE(testing::all_close(res.got[size_t(r)][k], res.want[size_t(r)][k], 1e-6)) << "rank " << r << " output " << k;
+  auto f = [&](int r, size_t i) { return double(float(values[size_t(r)][0][i])); };
+  for (size_t i = 0; i < 6; ++i) {
+    EXPECT_NEAR(res.got[2][0][i], f(2, i) + f(3, i), 1e-5);  // all_reduce over {2, 3}
+    EXPECT_NEAR(res.got[1][1][i], f(1, i), 1e-6);            // all_gather over {1, 3}: rank 1's rows, then rank 3's
+    EXPECT_NEAR(res.got[1][1][6 + i], f(3, i), 1e-6);
+    EXPECT_NEAR(res.got[0][3][i], f(2, i), 1e-6);            // broadcast from group position 1 of {0, 2}
+    EXPECT_NEAR(res.got[3][4][i], f(2, i), 1e-6);            // permute 0 <-> 1 within {2, 3}
+  }
+  for (size_t i = 0; i < 3; ++i) EXPECT_NEAR(res.got[3][2][i], f(2, 3 + i) + f(3, 3 + i), 1e-5);  // rank 3 keeps row 1 of {2, 3}'s sum
+  for (int r = 0; r < N; ++r) {
+    EXPECT_EQ(res.traffic[size_t(r)].calls, 5) << "rank " << r;
+    EXPECT_EQ(res.traffic[size_t(r)].bytes, r < 2 ? 84 : 108) << "rank " << r;
+  }
+}
+
+// Ranks whose graphs put a collective over different sub-groups fail up front, every one, naming
+// both sides; groups that do not tile the ranks are refused too; on the communicator itself a
+// sub-group is checked (members in range, the caller among them) and its calls are checked
+// across its members like any collective's.
+TEST(Collectives, SubGroupsThatDisagreeAreClearErrorsOnEveryRank) {
+  NodePtr x = leaf(random_values(6, 5), {2, 3}, DType::Float32);
+  std::vector<runtime::RankInputs> in(4);
+  std::vector<std::vector<runtime::Request>> own(4);
+  own[3] = {{b::all_reduce(x, 2, ReduceKind::Sum, 2), {}}};
+  std::string e = testing::error_message([&] {
+    runtime::realize_spmd({{b::all_reduce(x, 2, ReduceKind::Sum, 1), {}}}, {}, in, backends::make_inprocess_group(4), own);
+  });
+  EXPECT_NE(e.find("[spmd] the ranks compiled different collective sequences (every rank fails): collective 0: rank 0 all_reduce "
+                   "sum float32[2, 3] for 2 ranks at stride 1; rank 1 all_reduce sum float32[2, 3] for 2 ranks at stride 1; rank 2 "
+                   "all_reduce sum float32[2, 3] for 2 ranks at stride 1; rank 3 all_reduce sum float32[2, 3] for 2 ranks at stride 2"),
+            std::string::npos)
+      << e;
+  e = testing::error_message([&] {
+    runtime::realize_spmd({{b::all_reduce(x, 3, ReduceKind::Sum, 1), {}}}, {}, in, backends::make_inprocess_group(4));
+  });
+  EXPECT_NE(e.find("is not for the 4 ranks it runs on (its sub-groups do not tile them)"), std::string::npos) << e;
+  // The communicator's own checks, on rank threads: a bad member list, then a count mismatch in
+  // group {0, 1} (every member fails, naming both sides) while {2, 3} agrees.
+  auto group = backends::make_inprocess_group(4);
+  EXPECT_NE(testing::error_message([&] { group[0]->group({1, 2}); }).find("not in"), std::string::npos);
+  EXPECT_NE(testing::error_message([&] { group[0]->group({0, 4}); }).find("distinct ranks in range"), std::string::npos);
+  std::vector<std::string> errors(4);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 4; ++r)
+    threads.emplace_back([&, r] {
+      std::vector<int> members = r < 2 ? std::vector<int>{0, 1} : std::vector<int>{2, 3};
+      std::vector<float> a(4, 1.0f), o(4);
+      const size_t n = r == 1 ? 3 : 4;
+      errors[size_t(r)] = testing::error_message(
+          [&] { group[size_t(r)]->group(members).all_reduce(a.data(), o.data(), n, DType::Float32, ReduceKind::Sum); });
+    });
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < 2; ++r)
+    EXPECT_NE(errors[size_t(r)].find("[all_reduce] the ranks disagree about this collective (every rank fails); rank 0: all_reduce sum "
+                                     "of 4 float32; rank 1: all_reduce sum of 3 float32"),
+              std::string::npos)
+        << errors[size_t(r)];
+  EXPECT_EQ(errors[2] + errors[3], "(no error)(no error)");
 }
 
 TEST(Collectives, AFailingRankEndsEveryRankWithItsName) {

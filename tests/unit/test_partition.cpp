@@ -182,7 +182,7 @@ TEST(Partition, BatchShardingIsDataParallelism) {
 }
 
 // A 2 x 2 mesh: the batch split over "data", the GPT's weights over "model" (collectives over one
-// axis pick their group out of an all-gather over the 4 ranks). With dropout and batch == heads,
+// axis run over its sub-groups of 2 ranks). With dropout and batch == heads,
 // the attention dropout's draw [B, H, T, T] is cut along B over "data" and along H over "model":
 // two block-index leaves of the same extent that must not be confused.
 void data_times_model(int64_t batch, double dropout) {
@@ -211,8 +211,19 @@ void data_times_model(int64_t batch, double dropout) {
   expect_close(lp, l.to_vector<float>(), "loss");
   auto rp = ref.named_parameters(), pp = tp.named_parameters();
   for (size_t i = 0; i < rp.size(); ++i) expect_close(pp[i].second.grad(), rp[i].second.grad().to_vector<float>(), rp[i].first);
-  EXPECT_GT(st.collectives["all_gather"], 0);  // the sub-group collectives
+  // All-reduces only, over sub-groups: the 8 of the 2-way tensor-parallel GPT over "model", and
+  // the gradients' sums over "data" (no all-gather: the emulation gathered every rank's value).
+  EXPECT_GT(st.collectives["all_reduce"], 8);
+  EXPECT_EQ(st.collectives.count("all_gather"), 0u);
   EXPECT_LT(st.rank_input_bytes, st.input_bytes);
+  // Every rank ran each of the per-rank graph's collectives once, and they moved bytes.
+  int per_rank = 0;
+  for (const auto& [kind, k] : st.collectives) per_rank += k;
+  ASSERT_EQ(st.rank_comm_calls.size(), 4u);
+  for (int r = 0; r < 4; ++r) {
+    EXPECT_EQ(st.rank_comm_calls[size_t(r)], per_rank) << "rank " << r;
+    EXPECT_GT(st.rank_comm_bytes[size_t(r)], 0) << "rank " << r;
+  }
   dist::clear_shardings();
 }
 
@@ -223,6 +234,38 @@ TEST(Partition, DataTimesModelMeshMatchesOneDevice) {
   EXPECT_EQ(grid.coords(1), (std::vector<int64_t>{0, 1}));
   data_times_model(4, 0.0);
   data_times_model(2, 0.1);
+}
+
+// Sub-groups: on a 2 x 2 mesh a reduction over a dimension split on "data" is an all-reduce
+// over the 2 ranks that differ only in "data" (stride 2: {0, 2}, {1, 3}), one over "model" over
+// the 2 ranks that differ only in "model" (stride 1: {0, 1}, {2, 3}); each rank sends its group's
+// bytes only. By hand, under ring algorithms (2 (n - 1) / n of the buffer for an all-reduce of n
+// ranks): a.sum(0) of a float32[4, 6] split {data, none} all-reduces float32[6] (24 bytes) over 2
+// ranks: 24 bytes sent; b.sum(1) of a float32[4, 6] split {none, model} all-reduces float32[4] (16
+// bytes): 16 bytes. 40 bytes and 2 calls per rank. (Before sub-groups each was an all-gather of
+// [1, 6] / [1, 4] over the 4 ranks: 3 x 24 + 3 x 16 = 120 bytes per rank.)
+TEST(Partition, SubGroupCollectivesMoveTheirGroupsBytesOnly) {
+  dist::clear_shardings();
+  Tensor a = param({4, 6}, 21), b = param({4, 6}, 22);
+  const std::vector<float> av = a.to_vector<float>(), bv = b.to_vector<float>();
+  dist::Mesh grid({{"data", 2}, {"model", 2}});
+  dist::shard(a, grid, {"data", none});
+  dist::shard(b, grid, {none, "model"});
+  Tensor sa = a.sum({0}), sb = b.sum({1});
+  dist::PartitionStats st = dist::sync_partitioned(grid);
+  std::vector<float> wa(6, 0.0f), wb(4, 0.0f);
+  for (int i = 0; i < 4; ++i)
+    for (int j = 0; j < 6; ++j) wa[size_t(j)] += av[size_t(i * 6 + j)], wb[size_t(i)] += bv[size_t(i * 6 + j)];
+  expect_close(sa, wa, "a.sum(0)");
+  expect_close(sb, wb, "b.sum(1)");
+  EXPECT_EQ(st.collectives["all_reduce"], 2);
+  EXPECT_EQ(st.collectives.count("all_gather"), 0u);
+  ASSERT_EQ(st.rank_comm_bytes.size(), 4u);
+  for (int r = 0; r < 4; ++r) {
+    EXPECT_EQ(st.rank_comm_calls[size_t(r)], 2) << "rank " << r;
+    EXPECT_EQ(st.rank_comm_bytes[size_t(r)], 24 + 16) << "rank " << r;
+  }
+  dist::clear_shardings();
 }
 
 // The rules off the Megatron path, on a weight split in 3 groups over 2 ranks (blocks of one

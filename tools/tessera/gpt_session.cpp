@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -156,6 +157,27 @@ static double partitioned_step(const dist::Mesh& mesh, const std::vector<Tensor>
   return loss.item();
 }
 
+// What one rank holds (TrainResult::RankMemory): a weight tensor parallelism splits counts 1/M.
+static TrainResult::RankMemory rank_memory(const nn::GPT& model, const std::optional<optim::DataParallel>& dp,
+                                           const std::optional<dist::Mesh>& tp, const std::optional<optim::ZeroAdamW>& zero) {
+  TrainResult::RankMemory m;
+  m.data = dp ? dp->ranks() : tp ? tp->size("data") : 1;
+  m.model = tp ? tp->size("model") : 1;
+  std::vector<Tensor> split;
+  if (tp)
+    for (const auto& [t, spec] : model.tensor_parallel_specs("model"))
+      if (std::any_of(spec.begin(), spec.end(), [](const dist::Split& d) { return !d.axis.empty(); })) split.push_back(t);
+  for (const Tensor& p : model.parameters()) {
+    const int64_t b = p.numel() * int64_t(itemsize(p.dtype()));
+    const bool is_split = std::any_of(split.begin(), split.end(), [&](const Tensor& t) { return t.is_same(p); });
+    m.full_param_bytes += b;
+    m.param_bytes += is_split ? b / m.model : b;
+  }
+  m.full_optimizer_bytes = 2 * m.full_param_bytes;  // AdamW: m and v, float32 like the parameters
+  m.optimizer_bytes = zero ? zero->state_numel() * 4 : 2 * m.param_bytes;
+  return m;
+}
+
 TrainResult train_gpt(const TrainOptions& o) {
   if (o.steps < 1 || o.batch < 1 || o.block < 2 || o.eval_every < 1 || o.eval_batches < 1)
     fail("train", "steps, batch, eval-every and eval-batches must be positive and block at least 2", "");
@@ -293,6 +315,7 @@ TrainResult train_gpt(const TrainOptions& o) {
   }
   if (log) std::fclose(log);
   if (tty && !quiet) std::printf("\n");
+  r.rank_memory = rank_memory(model, dp, tp, zero);
   r.last_step = o.steps;
   r.seconds = std::chrono::duration<double>(clk::now() - t_begin).count();
   r.tokens_per_s = r.seconds > 0 ? tokens / r.seconds : 0;

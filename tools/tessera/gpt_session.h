@@ -50,6 +50,14 @@ struct TrainResult {
   int64_t first_step = 0, last_step = 0;
   double seconds = 0, tokens_per_s = 0, bigram_entropy = 0;
   std::string checkpoint;  // path written, if any
+  // What one rank holds (rank 0's share) beside the whole model's: parameters (a tensor-parallel
+  // split weight: 1 / M of it) and AdamW's two float32 moments (they follow the parameters'
+  // layout; ZeRO-1: this rank's shards, about 1 / N). `tessera profile gpt` prints it with the
+  // step graph's per-rank plan (activations and temporaries).
+  struct RankMemory {
+    int64_t data = 1, model = 1;  // the ranks: data parallel x tensor parallel
+    int64_t param_bytes = 0, full_param_bytes = 0, optimizer_bytes = 0, full_optimizer_bytes = 0;
+  } rank_memory;
 };
 
 TrainResult train_gpt(const TrainOptions& o);

@@ -14,6 +14,7 @@ namespace tessera::cli {
 namespace fs = std::filesystem;
 
 void add_train_flags(CLI::App& cmd, TrainOptions& o);  // train.cpp
+void add_parallel_flags(CLI::App& cmd, TrainOptions& o);  // train.cpp
 TrainResult train_gpt_profiled(const TrainOptions& o, const std::string& dir);
 
 namespace {
@@ -23,6 +24,23 @@ struct ProfileOptions {
   bool whole_run = false;    // keep recording after the last step (evaluation, checkpoint)
   std::string trace, memory, table, text;
 };
+
+std::string kib(int64_t b) {
+  char s[32];
+  std::snprintf(s, sizeof s, "%.1f KiB", double(b) / 1024);
+  return s;
+}
+
+// "memory per rank (data 2 x model 2; rank 0): parameters 12.3 KiB of 24.6 KiB, ..." (on
+// several ranks the plan is rank 0's per-rank graph; on one, the whole step's).
+std::string rank_memory_text(const TrainResult::RankMemory& m, const MemoryPlan& plan) {
+  return "memory per rank (data " + std::to_string(m.data) + " x model " + std::to_string(m.model) + "; rank 0): parameters " +
+         kib(m.param_bytes) + " of " + kib(m.full_param_bytes) + ", optimizer state (AdamW moments) " + kib(m.optimizer_bytes) + " of " +
+         kib(m.full_optimizer_bytes) + ", activations and temporaries " + kib(int64_t(plan.max_live_temp_bytes)) +
+         " (the step graph's peak); bytes: parameters " + std::to_string(m.param_bytes) + "/" + std::to_string(m.full_param_bytes) +
+         ", optimizer " + std::to_string(m.optimizer_bytes) + "/" + std::to_string(m.full_optimizer_bytes) + ", activations " +
+         std::to_string(plan.max_live_temp_bytes);
+}
 
 // Runs train_gpt with the profiler recording steps skip+1 .. steps (or to the end of the run),
 // writes the files asked for and prints the op table (print_table) and the peak report.
@@ -51,18 +69,22 @@ TrainResult profiled_train(TrainOptions o, const ProfileOptions& p, bool print_t
   };
   TrainResult r = train_gpt(o);
   prof->stop();
+  const std::string per_rank = rank_memory_text(r.rank_memory, *plan);  // never empty
   if (!p.trace.empty()) prof->write_chrome_trace(p.trace);
   if (!p.table.empty()) prof->write_table_csv(p.table);
   std::string text = prof->table_text();
   if (!p.text.empty()) write_text(p.text, text);
-  if (!p.memory.empty()) write_memory_viewer(p.memory, *plan, "tessera memory plan: GPT training step");
+  if (!p.memory.empty())
+    write_memory_viewer(p.memory, *plan, "tessera memory plan: GPT training step; " + per_rank);
   if (print_table) {
     std::printf("%s\n", text.c_str());
     if (!p.whole_run)
       std::printf("profiled steps %lld-%lld: %.3f ms wall (%.3f ms per step)\n\n", (long long)(p.skip + 1), (long long)last,
                   *wall_ms, *wall_ms / double(last - p.skip));
   }
-  std::printf("memory plan of the training step's graph:\n%s", plan->report().c_str());
+  std::printf("memory plan of the training step's graph%s:\n%s", r.rank_memory.data * r.rank_memory.model > 1 ? " (one rank's)" : "",
+              plan->report().c_str());
+  std::printf("%s\n", per_rank.c_str());
   for (auto& [what, path] : {std::pair<const char*, std::string>{"trace", p.trace}, {"op table (CSV)", p.table},
                              {"op table (text)", p.text}, {"memory viewer", p.memory}})
     if (!path.empty()) std::printf("%s: %s\n", what, path.c_str());
@@ -89,6 +111,7 @@ void add_profile(CLI::App& app) {
   o->eval_batches = 1;
   auto p = std::make_shared<ProfileOptions>();
   add_train_flags(*gpt, *o);
+  add_parallel_flags(*gpt, *o);  // the plan and the memory report are then one rank's
   gpt->add_option("--skip", p->skip, "steps run before profiling starts (1 leaves the first step's compile out)")
       ->capture_default_str()
       ->check(non_negative());

@@ -33,6 +33,20 @@ void add_train_flags(CLI::App& cmd, TrainOptions& o) {
   add_memory_flags(cmd, o.memory_budget, o.micro_batches);
 }
 
+// --data-parallel, --tensor-parallel, --zero1: train gpt's and profile gpt's.
+void add_parallel_flags(CLI::App& cmd, TrainOptions& o) {
+  cmd.add_option("--data-parallel", o.data_parallel, "data parallel on N in-process ranks (threads); --batch is the global batch")
+      ->capture_default_str()
+      ->check(positive());
+  cmd.add_option("--tensor-parallel", o.tensor_parallel,
+                 "tensor parallel (Megatron: attention and MLP weights split over M ranks: in process, with --data-parallel N "
+                 "on an N x M mesh, or of mpirun's ranks with --distributed); --heads must divide by M")
+      ->capture_default_str()
+      ->check(positive());
+  cmd.add_flag("--zero1", o.zero1, "with --data-parallel or --distributed: AdamW's moments sharded over the ranks (ZeRO-1; "
+                                    "each MPI rank k > 0 checkpoints its shards to ckpt.safetensors.rank<k>; resume with the same N)");
+}
+
 void add_train(CLI::App& app) {
   auto* train = app.add_subcommand("train", "train a model");
   train->require_subcommand(1);
@@ -42,16 +56,7 @@ void add_train(CLI::App& app) {
   gpt->add_option("--out", o->out, "directory for the checkpoint (ckpt.safetensors)");
   gpt->add_flag("--resume", o->resume, "continue from the checkpoint in --out");
   gpt->add_option("--ckpt-every", o->ckpt_every, "also checkpoint every N steps")->check(non_negative());
-  gpt->add_option("--data-parallel", o->data_parallel, "data parallel on N in-process ranks (threads); --batch is the global batch")
-      ->capture_default_str()
-      ->check(positive());
-  gpt->add_option("--tensor-parallel", o->tensor_parallel,
-                  "tensor parallel (Megatron: attention and MLP weights split over M ranks: in process, with --data-parallel N "
-                  "on an N x M mesh, or of mpirun's ranks with --distributed); --heads must divide by M")
-      ->capture_default_str()
-      ->check(positive());
-  gpt->add_flag("--zero1", o->zero1, "with --data-parallel or --distributed: AdamW's moments sharded over the ranks (ZeRO-1; "
-                                      "each MPI rank k > 0 checkpoints its shards to ckpt.safetensors.rank<k>; resume with the same N)");
+  add_parallel_flags(*gpt, *o);
   gpt->add_flag("--distributed", o->distributed, "this process is one rank of an MPI job (mpirun -np N tessera train gpt --distributed): "
                                                   "data parallel over the ranks; rank 0 writes the checkpoints, --log-json FILE and --profile DIR, "
                                                   "rank k FILE.rank<k> and DIR.rank<k>");

@@ -1,4 +1,5 @@
 // Shared by the communicators: the current communicator, reductions on raw buffers, signatures.
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <cstdlib>
@@ -19,6 +20,28 @@ thread_local Communicator* t_current = nullptr;
 Communicator::Communicator() : timeout_(comm::default_timeout()) {
   static std::atomic<uint64_t> next{1};
   serial_ = next++;
+}
+
+Communicator& Communicator::group(const std::vector<int>& members) {
+  if (auto it = groups_.find(members); it != groups_.end()) return *it->second;
+  std::string list;
+  for (int m : members) list += (list.empty() ? "" : ", ") + std::to_string(m);
+  std::vector<bool> seen(size_t(std::max(size(), 0)), false);
+  bool mine = false;
+  for (int m : members) {
+    if (m < 0 || m >= size() || seen[size_t(m)])
+      fail(name(), "a sub-group {" + list + "} of a communicator of " + std::to_string(size()) + " ranks: members must be distinct ranks in range", "");
+    seen[size_t(m)] = true;
+    mine |= m == rank();
+  }
+  if (!mine) fail(name(), "rank " + std::to_string(rank()) + " asked for a sub-group {" + list + "} it is not in", "");
+  std::shared_ptr<Communicator> g = make_group(members);
+  g->set_timeout(timeout());
+  return *(groups_[members] = std::move(g));
+}
+
+std::shared_ptr<Communicator> Communicator::make_group(const std::vector<int>&) {
+  fail(name(), "this communicator has no sub-groups (collectives over one axis of a mesh need them)", "");
 }
 
 Communicator* current_communicator() { return t_current ? t_current : g_process.get(); }

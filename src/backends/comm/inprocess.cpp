@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <condition_variable>
 #include <cstring>
+#include <map>
 #include <mutex>
 
 #include "backends/comm/reduce.h"
@@ -35,7 +36,21 @@ struct Group {
   std::vector<bool> posted;
   std::string broken;  // why the group is broken ("" while it works)
   std::string failed;  // this generation's error, thrown by every rank
+  // Sub-groups by member list (Communicator::group): broken with this group.
+  std::map<std::vector<int>, std::shared_ptr<Group>> children;
 };
+
+// Breaks g and its sub-groups: every rank waiting in or later calling one of them throws.
+void break_group(Group& g, const std::string& why) {
+  std::vector<std::shared_ptr<Group>> kids;
+  {
+    std::lock_guard<std::mutex> lock(g.mu);
+    if (g.broken.empty()) g.broken = why;
+    for (auto& [m, k] : g.children) kids.push_back(k);
+    g.cv.notify_all();
+  }
+  for (auto& k : kids) break_group(*k, why);
+}
 
 class InProcess final : public Communicator {
  public:
@@ -69,6 +84,22 @@ class InProcess final : public Communicator {
     Call c{{int64_t(ir::Op::CollectivePermute), int64_t(n), int64_t(t), int64_t(to + 1) * 65536 + (from + 1)}, s, r};
     c.send_to = to, c.recv_from = from;
     meet(c);
+  }
+
+ protected:
+  std::shared_ptr<Communicator> make_group(const std::vector<int>& members) override {
+    std::shared_ptr<Group> child;
+    {
+      std::lock_guard<std::mutex> lock(g_->mu);
+      auto& slot = g_->children[members];
+      if (!slot) {
+        slot = std::make_shared<Group>(int(members.size()));
+        slot->broken = g_->broken;
+      }
+      child = slot;
+    }
+    const int pos = int(std::find(members.begin(), members.end(), rank_) - members.begin());
+    return std::make_shared<InProcess>(std::move(child), pos);
   }
 
  private:
@@ -199,10 +230,7 @@ std::vector<std::shared_ptr<Communicator>> make_inprocess_group(int n) {
 void abort_inprocess_group(Communicator& member, const std::string& why) {
   auto* ip = dynamic_cast<InProcess*>(&member);
   if (!ip) return;
-  Group& g = ip->group();
-  std::lock_guard<std::mutex> lock(g.mu);
-  if (g.broken.empty()) g.broken = why;
-  g.cv.notify_all();
+  break_group(ip->group(), why);
 }
 
 }  // namespace tessera::backends

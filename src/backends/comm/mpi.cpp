@@ -51,6 +51,11 @@ class Mpi final : public Communicator {
     MPI_Comm_rank(comm_, &rank_);
     MPI_Comm_size(comm_, &size_);
   }
+  explicit Mpi(MPI_Comm c) : comm_(c) {  // a sub-group's (make_group)
+    MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
+    MPI_Comm_rank(comm_, &rank_);
+    MPI_Comm_size(comm_, &size_);
+  }
   std::string name() const override { return "mpi"; }
   int rank() const override { return rank_; }
   int size() const override { return size_; }
@@ -111,6 +116,22 @@ class Mpi final : public Communicator {
     if (from >= 0) check(MPI_Irecv(r, b, MPI_BYTE, from, 7, comm_, &q[k++]), "collective_permute");
     if (to >= 0) check(MPI_Isend(s, b, MPI_BYTE, to, 7, comm_, &q[k++]), "collective_permute");
     for (int i = 0; i < k; ++i) wait(q[i], "collective_permute");
+  }
+
+ protected:
+  // MPI_Comm_create_group: collective over the members only (ranks of other groups create
+  // theirs meanwhile, or not at all), in member order. It blocks without a timeout; the members
+  // get here together because each has passed the sequence check of the same collectives.
+  std::shared_ptr<Communicator> make_group(const std::vector<int>& members) override {
+    MPI_Group all, sub;
+    check(MPI_Comm_group(comm_, &all), "mpi");
+    check(MPI_Group_incl(all, int(members.size()), members.data(), &sub), "mpi");
+    MPI_Comm c = MPI_COMM_NULL;
+    const int rc = MPI_Comm_create_group(comm_, sub, 0x7e55, &c);
+    MPI_Group_free(&sub);
+    MPI_Group_free(&all);
+    check(rc, "mpi");
+    return std::make_shared<Mpi>(c);
   }
 
  private:

@@ -84,6 +84,9 @@ V lower_collective(Lowering& L, const ir::Node& n, const std::vector<V>& in) {
   Writer& w = L.w;
   const V& x = in[0];
   const ir::CollectiveAttrs c = ir::CollectiveAttrs::from(n.op, n.attrs);
+  if (c.stride > 0)
+    fail("stablehlo", std::string(ir::op_name(n.op)) + " over a sub-group (" + std::to_string(c.ranks) + " ranks at stride " +
+                          std::to_string(c.stride) + "): not emitted to StableHLO yet (its replica_groups are every rank)", *n.scope);
   const std::string groups = replica_groups(c.ranks);
   // Zero elements in, zero out: nothing to exchange (StableHLO refuses an all_gather along an
   // axis of extent 0).
