@@ -15,29 +15,36 @@ thread_local bool t_grad_enabled = true;
 
 using NodeMap = std::unordered_map<const ir::Node*, ir::NodePtr>;
 
-ir::NodePtr rebuild(const ir::NodePtr& n, NodeMap& memo);
+const ir::NodePtr& rebuild(const ir::NodePtr& n, NodeMap& memo);
 
-// n over the values of its inputs (the same node when none of them changed).
+// n over the values of its inputs (the same node when none of them changed). Nothing is
+// allocated or reference-counted while the inputs are unchanged (the usual case: a history with
+// no realized values in it), which is most of backward()'s walk over the forward history.
 ir::NodePtr with_input_values(const ir::NodePtr& n, NodeMap& memo) {
-  std::vector<ir::NodePtr> ins;
-  bool changed = false;
-  for (auto& i : n->inputs) {
-    ins.push_back(rebuild(i, memo));
-    changed |= ins.back() != i;
+  std::vector<ir::NodePtr> ins;  // filled from the first changed input on
+  const size_t count = n->inputs.size();
+  for (size_t i = 0; i < count; ++i) {
+    const ir::NodePtr& v = rebuild(n->inputs[i], memo);
+    if (ins.empty()) {
+      if (v == n->inputs[i]) continue;
+      ins.reserve(count);
+      ins.assign(n->inputs.begin(), n->inputs.begin() + i);
+    }
+    ins.push_back(v);
   }
-  if (!changed) return n;
+  if (ins.empty()) return n;
   ScopeAs s(*n->scope);
   return ir::make(n->op, std::move(ins), n->attrs, &n->shape, n->dtype, n->device);
 }
 
 // The node standing for `n`'s value: a realized leaf where one is known (seeded in memo), else
-// n over its inputs' values.
-ir::NodePtr rebuild(const ir::NodePtr& n, NodeMap& memo) {
+// n over its inputs' values. The reference stays valid while memo lives (unordered_map keeps
+// its elements in place).
+const ir::NodePtr& rebuild(const ir::NodePtr& n, NodeMap& memo) {
   auto it = memo.find(n.get());
   if (it != memo.end()) return it->second;
   ir::NodePtr r = with_input_values(n, memo);
-  memo.emplace(n.get(), r);
-  return r;
+  return memo.emplace(n.get(), std::move(r)).first->second;
 }
 
 ir::NodePtr accumulate(const ir::NodePtr& a, const ir::NodePtr& b) { return a ? ir::build::add(a, b) : b; }
@@ -106,6 +113,18 @@ template <class V> class SmallMap {
   std::unordered_map<const ir::Node*, size_t> index_;
 };
 
+// "<scope>.backward" ("backward" at top level) for an interned forward scope; consecutive nodes
+// mostly share a scope, so the last one's string is kept instead of built per node.
+const std::string& backward_scope(const std::string* scope) {
+  thread_local const std::string* last = nullptr;
+  thread_local std::string path;
+  if (scope != last || !last) {
+    path = scope->empty() ? std::string("backward") : *scope + ".backward";
+    last = scope;
+  }
+  return path;
+}
+
 // vjp_region over `memo`: the nodes already rebuilt over realized values (shared by every region
 // of one backward(), so each node of the history is rebuilt once, not once per op above it).
 std::vector<ir::NodePtr> vjp_region(const ir::NodePtr& out, const std::vector<ir::NodePtr>& boundary,
@@ -139,7 +158,7 @@ std::vector<ir::NodePtr> vjp_region(const ir::NodePtr& out, const std::vector<ir
     ir::VjpRule rule = ir::info(n->op).vjp;
     if (!rule) continue;
     ir::NodePtr self = rebuild(n, memo), node = with_input_values(n, memo);
-    ScopeAs s(n->scope->empty() ? std::string("backward") : *n->scope + ".backward");
+    ScopeAs s(backward_scope(n->scope));
     std::vector<ir::NodePtr> grads = rule(*node, self, *c);
     for (size_t i = 0; i < grads.size() && i < n->inputs.size(); ++i) {
       const ir::NodePtr& x = n->inputs[i];

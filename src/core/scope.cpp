@@ -29,8 +29,8 @@ ScopeAs::ScopeAs(const std::string& full_path) : saved_path_(t_path), saved_mark
 }
 
 ScopeAs::~ScopeAs() {
-  t_path = std::move(saved_path_);
-  t_marks = std::move(saved_marks_);
+  t_path = saved_path_;  // copied, not moved: t_path keeps its capacity for the next ScopeAs
+  t_marks = saved_marks_;
 }
 
 }  // namespace tessera

@@ -202,14 +202,28 @@ NodePtr rng_from(const Node& rng, int64_t elements, const Shape& shape) {
 }
 
 NodePtr leaf(std::shared_ptr<Buffer> buf, const Shape& shape, DType dtype) {
+  // A realized tensor is read by every op on it (a parameter by the forward pass and several
+  // times by the optimizer's update): its live leaf is found without making a candidate node.
+  const std::string* scope = intern_scope("");
+  const size_t hash = hash_parts(Op::Leaf, {}, {}, buf->device, scope, buf.get());
+  {
+    std::lock_guard<std::mutex> lock(g_mu);
+    NodePtr existing;
+    g_table.for_each(hash, [&](Node* m) {
+      return m->op == Op::Leaf && m->buffer == buf && m->dtype == dtype && m->shape == shape && m->scope == scope &&
+             m->device == buf->device && m->inputs.empty() && m->attrs.ints.empty() && m->attrs.f == 0 &&
+             (existing = m->weak_from_this().lock());
+    });
+    if (existing) return existing;
+  }
   auto n = std::make_shared<Node>();
   n->op = Op::Leaf;
   n->dtype = dtype;
   n->shape = shape;
   n->device = buf->device;
-  n->scope = intern_scope("");
+  n->scope = scope;
   n->buffer = std::move(buf);
-  n->hash = hash_parts(Op::Leaf, {}, {}, n->device, n->scope, n->buffer.get());
+  n->hash = hash;
   return intern(std::move(n));
 }
 

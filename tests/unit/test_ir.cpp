@@ -29,6 +29,34 @@ TEST(IR, NodesAreInternedWhileAlive) {
   EXPECT_EQ(ts::ir::live_node_count(), before);  // weakly interned: dead nodes leave the table
 }
 
+// A realized buffer's leaf: one node per (buffer, shape, dtype) while it is alive, found again
+// by every later read (leaf() looks it up before making a candidate), a new one once it died.
+TEST(IR, LeavesAreInternedPerBufferShapeAndDtype) {
+  auto x = ts::from_vector<float>({1, 2, 3, 4, 5, 6}, {6});
+  std::shared_ptr<ts::Buffer> buf = ts::detail::impl_of(x)->buffer;  // host data: realized
+  ASSERT_TRUE(buf);
+  ts::ir::NodePtr a = node_of(x), b = node_of(x);
+  EXPECT_EQ(a->op, ts::ir::Op::Leaf);
+  EXPECT_EQ(a.get(), b.get());
+  EXPECT_EQ(ts::ir::leaf(buf, {6}, DType::Float32).get(), a.get());
+  const int64_t live = ts::ir::live_node_count();
+  ts::ir::NodePtr other_shape = ts::ir::leaf(buf, {2, 3}, DType::Float32);
+  ts::ir::NodePtr other_dtype = ts::ir::leaf(buf, {6}, DType::Int32);
+  EXPECT_NE(other_shape.get(), a.get());
+  EXPECT_NE(other_dtype.get(), a.get());
+  EXPECT_NE(other_shape.get(), other_dtype.get());
+  EXPECT_EQ(other_shape->shape, (ts::Shape{2, 3}));
+  EXPECT_EQ(other_dtype->dtype, DType::Int32);
+  EXPECT_EQ(ts::ir::live_node_count(), live + 2);
+  EXPECT_EQ(ts::ir::leaf(buf, {2, 3}, DType::Float32).get(), other_shape.get());
+  other_shape.reset();
+  EXPECT_EQ(ts::ir::live_node_count(), live + 1);
+  ts::ir::NodePtr again = ts::ir::leaf(buf, {2, 3}, DType::Float32);  // made anew
+  EXPECT_EQ(again->shape, (ts::Shape{2, 3}));
+  EXPECT_EQ(again->buffer, buf);
+  EXPECT_EQ(ts::ir::live_node_count(), live + 2);
+}
+
 // The intern table under churn: thousands of nodes (growing it several times), every other one
 // dropped (deletions shift probe runs back), then all traced again: the survivors are found,
 // the dropped ones made anew, and the table empties back to where it started.
