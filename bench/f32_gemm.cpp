@@ -165,7 +165,7 @@ int main(int argc, char** argv) {
     peak1 = std::max(peak1, peak_gflops(1)), peak2 = std::max(peak2, peak_gflops(2));
     std::printf("%-17s %4lld %5lld %5lld %5lld %2s%2s | %8.1f %8.1f | %8.1f %8.1f | %s\n", s.what, (long long)s.batch,
                 (long long)s.M, (long long)s.N, (long long)s.K, s.ta ? "T" : "", s.tb ? "T" : "", g[0][0], g[0][1], g[1][0], g[1][1],
-                fg::chosen(s.batch, s.M, s.N, s.K, s.ta, s.tb) ? "own" : "blas");
+                fg::chosen(s.batch, s.M, s.N, s.K) ? "own" : "blas");
   }
   std::printf("FMA peak (register-only loop, the best over the run): %.1f GFLOP/s on 1 thread, %.1f on 2\n", peak1, peak2);
   for (int th = 0; th < most; ++th)

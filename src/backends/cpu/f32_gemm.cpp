@@ -25,13 +25,11 @@ const char* mode() {
 }
 }  // namespace
 
+// window_gemm's condition (AVX-512F, TESSERA_CPU_GEMM not "blas") and AVX-512VL, which pack_a's
+// 256-bit masked loads need.
 bool available() {
 #if defined(__x86_64__)
-  static const bool ok = [] {
-    if (std::strcmp(mode(), "blas") == 0) return false;
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("avx512f") != 0;
-  }();
+  static const bool ok = window_gemm::available() && __builtin_cpu_supports("avx512vl") != 0;
   return ok;
 #else
   return false;
@@ -50,17 +48,23 @@ bool forced() {
 // (Q K^T, dO V^T: K = 32) 15-20% faster; the batched ones with 32 columns (P V, dS K and the
 // transposed P^T dO, dS^T Q: K = 64) 15-30% slower (80-96 against 111 GFLOP/s on one thread;
 // tiles of 12 rows x 32 columns, 24 accumulators instead of 12, ran no faster: 84-95). Those
-// stay with OpenBLAS, and so do deep products with few output tiles (K >
-// 2048 with M x N <= 64 x 64: a conv's kernel gradient), which the BLAS path splits over K, and
-// products whose packed B would pass 16 MiB.
-bool chosen(int64_t batch, int64_t M, int64_t N, int64_t K, bool, bool) {
+// stay with OpenBLAS, and so do deep narrow products (K > 2048 with N <= 64: a conv's kernel
+// gradient), which the BLAS path splits over K, and products whose packed B would pass 16 MiB.
+// No condition looks at M: a row's result must not depend on how many rows the batch has.
+bool chosen(int64_t batch, int64_t, int64_t N, int64_t K) {
   if (!available()) return false;
   if (forced()) return true;
   if (batch > 1 && N <= 32) return false;
   // Tiny products pay the grid's fixed cost (a parallel region, B's packing): the small CNN's fc2
-  // (64 x 10 x 128) took 0.011-0.016 ms here against OpenBLAS's 0.008-0.012 (one thread).
-  if (batch * M * N * K < (int64_t(1) << 17)) return false;
-  if (batch == 1 && K > 2048 && M * N <= 64 * 64) return false;
+  // (64 x 10 x 128) took 0.011-0.016 ms here against OpenBLAS's 0.008-0.012 (one thread). The
+  // bound is on a row's work, not the rows': a row's result must not depend on how many rows
+  // the batch has (micro-batches, batch slices and the whole batch compute each row alike).
+  if (N * K < (int64_t(1) << 11)) return false;
+  // Deep and narrow (a conv's kernel gradient: K = batch x pixels, few columns): the BLAS path
+  // splits K into tasks. On N and K only, as above (the small CNN's fc1, 32 x 128 x 3136 in a
+  // micro-batch of 32 rows, went to OpenBLAS at 32 rows and here at 64 under a rule on M x N,
+  // and its micro-batched losses parted from the whole batch's by 1.5e-4).
+  if (batch == 1 && K > 2048 && N <= 64) return false;
   // B is packed whole per launch: past 16 MiB of panels (a vocabulary-sized projection) the
   // copy is memory the BLAS path does not take (a bound, not a measurement).
   if (batch == 1 && (N + 63) / 64 * 64 * K > (int64_t(1) << 22)) return false;

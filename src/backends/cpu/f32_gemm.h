@@ -9,10 +9,12 @@
 
 namespace tessera::backends::f32_gemm {
 
-// Whether this machine runs the kernel: x86-64 with AVX-512F, and TESSERA_CPU_GEMM is not "blas"
-// (which sends every float32 product to OpenBLAS; "own" sends every addressable one here).
+// Whether this machine runs the kernel: x86-64 with AVX-512F and AVX-512VL, and TESSERA_CPU_GEMM
+// is not "blas" (which sends every float32 product to OpenBLAS; "own" sends every product here
+// that it can address and the window kernel does not take).
 bool available();
-// TESSERA_CPU_GEMM=own: every product this kernel can address takes it, whatever the rule says.
+// TESSERA_CPU_GEMM=own: every product this kernel can address takes it, whatever the rule says
+// (a conv window the window kernel reads still goes there first).
 bool forced();
 
 // One float32 product per batch element b < batch:
@@ -39,7 +41,7 @@ using TileDone = void (*)(void* ctx, int64_t b, int64_t m0, int64_t m1, int64_t 
 void gemm(const Problem& p, TileDone done = nullptr, void* ctx = nullptr);
 
 // The measured rule: whether this kernel beats OpenBLAS's (run in the backend's fixed blocks) on
-// a product of this shape (ta: A's columns contiguous, i.e. A stored transposed; tb likewise B).
-bool chosen(int64_t batch, int64_t M, int64_t N, int64_t K, bool ta, bool tb);
+// a product of this shape (the operands' layouts did not change the measured choice).
+bool chosen(int64_t batch, int64_t M, int64_t N, int64_t K);
 
 }  // namespace tessera::backends::f32_gemm

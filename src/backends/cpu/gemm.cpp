@@ -464,17 +464,18 @@ class GemmLaunch {
   static float to_float(DType t, uint16_t h) { return t == DType::BFloat16 ? half::bf16_to_float(h) : half::f16_to_float(h); }
 
   // ---- float32 through the project's kernel (f32_gemm), where its measured rule chooses it ----
-  // Operands it cannot address (neither rows nor columns contiguous) are packed as a whole
-  // first; the epilogue runs on each C tile in the task that computed it. False: the BLAS's.
+  // An operand it cannot address (neither rows nor columns contiguous) is packed as a whole
+  // first when the product is a single one; in a batched product such an operand goes to the
+  // BLAS path, which packs it block by block inside its tasks (a conv's im2col window over the
+  // batch would otherwise be copied whole, on one thread). The epilogue runs on each C tile in
+  // the task that computed it. False: the BLAS's.
   bool own_product() {
     if (st_.dtype != DType::Float32 || st_.input_dtypes[0] != DType::Float32 || st_.input_dtypes[1] != DType::Float32)
       return false;
-    const kir::View* va = st_.maps[0].single() ? &st_.maps[0].views[0] : nullptr;
-    const kir::View* vb = st_.maps[1].single() ? &st_.maps[1].views[0] : nullptr;
-    const bool ta = va && va->strides[r_ - 1] != 1, tb = vb && vb->strides[r_ - 1] != 1;
-    if (!f32_gemm::chosen(nb_, M_, N_, K_, ta, tb)) return false;
-    a_ = gemm_operand(st_.maps[0], args_.slots[st_.inputs[0]], st_.dtype, false);
-    b_ = gemm_operand(st_.maps[1], args_.slots[st_.inputs[1]], st_.dtype, false);
+    if (!f32_gemm::chosen(nb_, M_, N_, K_)) return false;
+    a_ = gemm_operand(st_.maps[0], args_.slots[st_.inputs[0]], st_.dtype, nb_ > 1);
+    b_ = gemm_operand(st_.maps[1], args_.slots[st_.inputs[1]], st_.dtype, nb_ > 1);
+    if (a_.pack || b_.pack) return false;
     std::vector<int64_t> ao(static_cast<size_t>(nb_)), bo(static_cast<size_t>(nb_));
     int64_t idx[32];
     for (int64_t b = 0; b < nb_; ++b) {
