@@ -1,13 +1,37 @@
-// Pieces the benchmarks share: the machine's load, and the benchmark GPT's configuration and
-// token batches (the same ones bench/gpt_step_torch.py draws, so both sides train on equal data).
+// Pieces the benchmarks share: the machine's load, the register-only FMA loop, and the benchmark
+// GPT's configuration and token batches (the same ones bench/gpt_step_torch.py draws, so both sides train on equal data).
 #pragma once
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <utility>
 #include <vector>
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
 
 namespace bench {
+
+#if defined(__x86_64__)
+// 16 independent AVX-512 FMA chains, nothing loaded (FMA latency 4 x 2 pipes needs 8): the
+// core's float32 FMA rate, 16 x 16 lanes x 2 flops per loop trip. The sum keeps it live.
+constexpr int kFmaChains = 16;
+__attribute__((target("avx512f"), noinline)) inline float fma_loop(int64_t iters, float seed = 0) {
+  __m512 acc[kFmaChains];
+  for (int i = 0; i < kFmaChains; ++i) acc[i] = _mm512_set1_ps(seed + float(i));
+  const __m512 a = _mm512_set1_ps(0.999999f), b = _mm512_set1_ps(1e-7f);
+  for (int64_t it = 0; it < iters; ++it) {
+#pragma GCC unroll 16
+    for (int i = 0; i < kFmaChains; ++i) acc[i] = _mm512_fmadd_ps(acc[i], a, b);
+  }
+  for (int i = 1; i < kFmaChains; ++i) acc[0] = _mm512_add_ps(acc[0], acc[i]);
+  float lanes[16];
+  _mm512_storeu_ps(lanes, acc[0]);
+  float s = 0;
+  for (float v : lanes) s += v;
+  return s;
+}
+#endif
 
 // The 1-minute load average: a busy machine makes every number meaningless.
 inline double load_average() {

@@ -34,23 +34,6 @@ struct Product {
   int64_t per_step;  // times the step runs it
 };
 
-// FMAs on 16 independent registers, nothing loaded: the core's float32 FMA rate.
-__attribute__((target("avx512f"), noinline)) float fma_loop(int64_t iters) {
-  __m512 acc[16];
-  for (int j = 0; j < 16; ++j) acc[j] = _mm512_set1_ps(float(j));
-  const __m512 m = _mm512_set1_ps(0.999999f), a = _mm512_set1_ps(1e-7f);
-  for (int64_t i = 0; i < iters; ++i)
-#pragma GCC unroll 16
-    for (int j = 0; j < 16; ++j) acc[j] = _mm512_fmadd_ps(acc[j], m, a);
-  __m512 s = acc[0];
-  for (int j = 1; j < 16; ++j) s = _mm512_add_ps(s, acc[j]);
-  alignas(64) float lanes[16];
-  _mm512_store_ps(lanes, s);
-  float sum = 0;
-  for (float x : lanes) sum += x;
-  return sum;
-}
-
 // The best of a few short runs; main keeps the best over the whole run (measured again after
 // every product), since on a shared host any one measurement may have lost the core.
 double peak_gflops(int threads) {
@@ -60,10 +43,14 @@ double peak_gflops(int threads) {
   for (int r = 0; r < 3; ++r) {
     auto t0 = clk::now();
 #pragma omp parallel num_threads(threads)
-    sink = sink + fma_loop(iters);
+    {
+      const float v = bench::fma_loop(iters);
+#pragma omp critical
+      sink = sink + v;
+    }
     best.push_back(std::chrono::duration<double>(clk::now() - t0).count());
   }
-  return double(threads) * double(iters) * 16 * 32 / *std::min_element(best.begin(), best.end()) / 1e9;
+  return double(threads) * double(iters) * bench::kFmaChains * 32 / *std::min_element(best.begin(), best.end()) / 1e9;
 }
 
 struct Operands {
@@ -123,7 +110,7 @@ int main(int argc, char** argv) {
   int reps = 15, most = 2;  // --threads 1: only the one-thread columns (the others print 0)
   for (int i = 1; i + 1 < argc; ++i)
     if (std::string(argv[i]) == "--reps") reps = std::atoi(argv[++i]);
-    else if (std::string(argv[i]) == "--threads") most = std::atoi(argv[++i]);
+    else if (std::string(argv[i]) == "--threads") most = std::clamp(std::atoi(argv[++i]), 1, 2);  // the table has 1 and 2
   for (int i = 1; i < argc; ++i) best = best || std::string(argv[i]) == "--best";
   if (!fg::available()) {
     std::printf("f32_gemm is not available here (no AVX-512F, or TESSERA_CPU_GEMM=blas)\n");

@@ -36,28 +36,14 @@
 #include <ctime>
 #include <vector>
 
+#include "bench_common.h"
+
 using clk = std::chrono::steady_clock;
 
 namespace {
 
-constexpr int kAcc = 16;                  // independent accumulators (FMA latency 4 x 2 pipes = 8 needed)
+constexpr int kAcc = bench::kFmaChains;  // independent accumulators, as bench::fma_loop
 constexpr int64_t kIters = 1 << 22;       // loop trips per repetition (16 instructions each; ~20 ms)
-
-__attribute__((target("avx512f"), noinline)) float fma_loop(int64_t iters, float seed) {
-  __m512 acc[kAcc];
-  for (int i = 0; i < kAcc; ++i) acc[i] = _mm512_set1_ps(seed + float(i));
-  const __m512 a = _mm512_set1_ps(0.999999f), b = _mm512_set1_ps(1e-7f);
-  for (int64_t it = 0; it < iters; ++it) {
-#pragma GCC unroll 16
-    for (int i = 0; i < kAcc; ++i) acc[i] = _mm512_fmadd_ps(acc[i], a, b);
-  }
-  for (int i = 1; i < kAcc; ++i) acc[0] = _mm512_add_ps(acc[0], acc[i]);
-  float lanes[16];
-  _mm512_storeu_ps(lanes, acc[0]);
-  float s = 0;
-  for (float v : lanes) s += v;
-  return s;
-}
 
 __attribute__((target("avx512f,avx512bf16"), noinline)) float dot_bf16_loop(int64_t iters, float seed) {
   __m512 acc[kAcc];
@@ -172,7 +158,7 @@ int main(int argc, char** argv) {
       std::vector<double> cs;
       for (int r = 0; r < reps; ++r) {
         double s = on_threads(
-            n, cpu, [&](int t) { g_sink = bf16 ? dot_bf16_loop(kIters, float(t)) : fma_loop(kIters, float(t)); }, &cs);
+            n, cpu, [&](int t) { g_sink = bf16 ? dot_bf16_loop(kIters, float(t)) : bench::fma_loop(kIters, float(t)); }, &cs);
         best = std::max(best, per_thread * n / s);
         double sum = 0;  // each thread's rate per second it was on a core, summed
         for (double c : cs) sum += per_thread / c;

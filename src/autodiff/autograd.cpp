@@ -118,7 +118,7 @@ template <class V> class SmallMap {
 const std::string& backward_scope(const std::string* scope) {
   thread_local const std::string* last = nullptr;
   thread_local std::string path;
-  if (scope != last || !last) {
+  if (scope != last) {
     path = scope->empty() ? std::string("backward") : *scope + ".backward";
     last = scope;
   }

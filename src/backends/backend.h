@@ -50,7 +50,9 @@ namespace tessera::backends {
 //    Target::gemm_accumulate, which a backend sets to be given such Steps (the cpu does).
 // 8: StepKind::Attention (Step::attention) and Target::attention, which a backend sets to be
 //    given such Steps (the cpu does); a backend that does not never receives one.
-constexpr int kInterfaceVersion = 8;
+// 9: sub-group collectives (CollectiveAttrs::stride, CollectiveSequence::stride) and the SDK's
+//    Communicator gaining group()/make_group() and traffic counts: its layout changed.
+constexpr int kInterfaceVersion = 9;
 
 // A compiled Step, opaque to the runtime; destroyed with the executable that holds it.
 struct Kernel {

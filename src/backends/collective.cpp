@@ -61,11 +61,8 @@ void run_collective_on_host(const kir::Step& st, void* const* slots) {
                  " ranks: run it on in-process ranks (runtime::realize_spmd) or under mpirun with the MPI communicator set",
          scope);
   Communicator* comm = world;
-  if (c.stride > 0) {  // a sub-group: the members' own communicator, made at its first use
-    if (world->size() % (c.ranks * c.stride) != 0)
-      fail(op, "the graph's groups of " + std::to_string(c.ranks) + " ranks at stride " + std::to_string(c.stride) +
-                   " do not tile the current communicator (" + world->name() + ", " + std::to_string(world->size()) + " ranks)", scope);
-    const std::vector<int64_t> m = c.group_of(world->rank(), world->size(), op);
+  if (c.stride > 0) {  // a sub-group: the members' own communicator (made by the sequence check, or here at first use)
+    const std::vector<int64_t> m = c.group_of(world->rank(), world->size(), op);  // refuses groups that do not tile it
     comm = &world->group(std::vector<int>(m.begin(), m.end()));
   } else if (world->size() != c.ranks) {
     fail(op, "the graph is for " + std::to_string(c.ranks) + " ranks but the current communicator (" + world->name() + ") has " +
@@ -288,6 +285,17 @@ void check_collective_sequence(const CollectiveSequence& mine, Communicator& com
     }
   }
   if (!why.empty()) fail("spmd", why, "");
+  // Every rank agrees: make this rank's sub-group communicators now, while the ranks are in step.
+  // Made later, at a collective's first run, an MPI group's creation (which has no timeout)
+  // would wait for ever on a member that failed in a Step before it. Every rank walks the same
+  // sequence, so each group's members create it in the same order.
+  for (size_t i = 0; i < mine.items.size() && i < mine.stride.size(); ++i)
+    if (mine.stride[i] > 0) {
+      ir::CollectiveAttrs a;
+      a.ranks = mine.group[i], a.stride = mine.stride[i];
+      const std::vector<int64_t> m = a.group_of(comm.rank(), int64_t(N), "spmd");
+      comm.group(std::vector<int>(m.begin(), m.end()));
+    }
 }
 
 }  // namespace tessera::backends

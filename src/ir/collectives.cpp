@@ -36,9 +36,9 @@ int64_t check_ranks(const char* op, const Attrs& a, size_t min_ints, size_t max_
   const auto& k = a.ints;
   if (k.size() < min_ints || (max_ints != size_t(-1) && k.size() > max_ints + 1))
     fail(op, "bad attributes (" + num(int64_t(k.size())) + " integers) for " + desc(x));
-  if (k[0] < 1 || k[0] > (1 << 20)) fail(op, "the group size (ranks) must be >= 1, got " + num(k[0]) + " for " + desc(x));
+  if (k[0] < 1 || k[0] > (1 << 20)) fail(op, "the group size (ranks) must be in [1, 2^20], got " + num(k[0]) + " for " + desc(x));
   if (max_ints != size_t(-1) && k.size() == max_ints + 1 && (k.back() < 1 || k.back() > (1 << 20)))
-    fail(op, "the sub-group's stride must be >= 1, got " + num(k.back()) + " for " + desc(x));
+    fail(op, "the sub-group's stride must be in [1, 2^20], got " + num(k.back()) + " for " + desc(x));
   return k[0];
 }
 void check_axis(const char* op, int64_t axis, const NodePtr& x, const char* what = "axis") {
@@ -155,7 +155,7 @@ TypeShape infer_collective(Op op, const InferArgs& a) {
       // (source, destination) pairs after the group size; an even count ends with the stride.
       const size_t own = k.size() % 2 == 1 ? k.size() : k.size() - 1;
       if (own < k.size() && (k.back() < 1 || k.back() > (1 << 20)))
-        fail(name, "the sub-group's stride must be >= 1, got " + num(k.back()) + " for " + desc(x));
+        fail(name, "the sub-group's stride must be in [1, 2^20], got " + num(k.back()) + " for " + desc(x));
       std::vector<bool> sends(size_t(n), false), receives(size_t(n), false);
       for (size_t i = 1; i + 1 < own; i += 2) {
         int64_t src = k[i], dst = k[i + 1];

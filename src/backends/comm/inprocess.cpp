@@ -58,7 +58,7 @@ class InProcess final : public Communicator {
   std::string name() const override { return "inprocess"; }
   int rank() const override { return rank_; }
   int size() const override { return g_->n; }
-  Group& group() { return *g_; }
+  Group& shared_group() { return *g_; }  // not Communicator::group(members), a sub-group
 
   void all_reduce(const void* s, void* r, size_t n, DType t, ir::ReduceKind k) override {
     Call c{{int64_t(ir::Op::AllReduce), int64_t(n), int64_t(t), int64_t(k)}, s, r};
@@ -230,7 +230,7 @@ std::vector<std::shared_ptr<Communicator>> make_inprocess_group(int n) {
 void abort_inprocess_group(Communicator& member, const std::string& why) {
   auto* ip = dynamic_cast<InProcess*>(&member);
   if (!ip) return;
-  break_group(ip->group(), why);
+  break_group(ip->shared_group(), why);
 }
 
 }  // namespace tessera::backends

@@ -179,12 +179,15 @@ void merge_rows(Plan& plan) {
 // another of its shape through the step-size scalars they share, and the moment update it reads
 // then finds no later Step to join (the benchmark GPT: 53 update Steps where 9 shapes suffice).
 // A round merges each Step at most once, so each kind repeats until nothing merges (a moment
-// update, then the other moment's, into the parameter's update: two vertical rounds).
+// update, then the other moment's, into the parameter's update: two vertical rounds), at most 8
+// rounds each, a bound on compile time (a chain left longer stays correct, in more Steps).
 static bool merge_elementwise_round(Plan& plan, bool horizontal);
 void merge_elementwise(Plan& plan) {
-  for (bool horizontal : {false, true})
-    for (int round = 0; round < 8 && merge_elementwise_round(plan, horizontal); ++round) {
+  for (bool horizontal : {false, true}) {
+    int round = 0;
+    while (round++ < 8 && merge_elementwise_round(plan, horizontal)) {
     }
+  }
   drop_unread_outputs(plan);
 }
 
