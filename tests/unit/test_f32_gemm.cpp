@@ -38,12 +38,8 @@ bool cpu_has_avx512() {
   ASSERT_TRUE(fg::available()) << "the CPU has AVX-512F/VL but float32 products would all go to the BLAS"
 
 std::vector<float> values(size_t n, uint32_t seed) {
-  std::vector<float> v(n);
-  for (float& x : v) {
-    seed = seed * 1664525u + 1013904223u;
-    x = float(int32_t(seed >> 9) % 2001) / 1000.0f - 1.0f;
-  }
-  return v;
+  const std::vector<double> d = tessera::testing::random_values(int64_t(n), DType::Float32, seed);
+  return std::vector<float>(d.begin(), d.end());
 }
 
 struct Case {
