@@ -19,7 +19,8 @@ struct StableHLOModule {
   int index_checks = 0;            // then one tensor<2xi64> per bounds-checked gather/scatter:
                                    // {lowest out-of-range position or -1, the index there}
   std::vector<std::pair<int, int>> aliases;  // (argument, output): donated buffers (tf.aliasing_output)
-  // The replicas it runs on: the group size of its collectives (tessera/distributed.h), 1 without.
+  // The replicas it runs on, 1 without collectives: the rank count of its collectives
+  // (tessera/distributed.h); with only a mesh axis' sub-groups, the least ranks they tile.
   // The module is one rank's program (mhlo.num_replicas = replicas): compile it with num_replicas =
   // replicas and give replica r rank r's arguments (the tensors in `arguments` are this process's).
   int replicas = 1;

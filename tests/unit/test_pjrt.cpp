@@ -183,17 +183,19 @@ std::vector<char> host_bytes(const reference::Value& v) {
   return out;
 }
 
-// Runs g (one rank's program) on 2 replicas of XLA's CPU plugin with rank r's parameters on
-// replica r, and compares every output of every rank with reference::evaluate_ranks.
-void expect_replicas_match_reference(const ir::Graph& g, const std::vector<std::vector<reference::Value>>& params, double tol) {
-  const pjrt::Plugin& p = two_device_plugin();
-  ASSERT_GE(p.device_count(), 2) << "the CPU plugin ignored cpu_device_count";
+// Runs g (one rank's program) on replicas of XLA's CPU plugin, one per entry of `params`, with
+// rank r's parameters on replica r, and compares every output of every rank with
+// reference::evaluate_ranks.
+void expect_replicas_match_reference(const ir::Graph& g, const std::vector<std::vector<reference::Value>>& params, double tol,
+                                     const pjrt::Plugin& p = two_device_plugin()) {
+  const int N = int(params.size());
+  ASSERT_GE(p.device_count(), N) << "the CPU plugin ignored cpu_device_count";
   stablehlo::Program prog = stablehlo::emit(g);
-  ASSERT_EQ(prog.replicas, 2);
-  auto exe = p.compile(prog.text, 2);
-  std::vector<std::vector<pjrt::BufferPtr>> held(2);
-  std::vector<std::vector<pjrt::api::Buffer*>> args(2);
-  for (int r = 0; r < 2; ++r)
+  ASSERT_EQ(prog.replicas, N);
+  auto exe = p.compile(prog.text, N);
+  std::vector<std::vector<pjrt::BufferPtr>> held(static_cast<size_t>(N));
+  std::vector<std::vector<pjrt::api::Buffer*>> args(static_cast<size_t>(N));
+  for (int r = 0; r < N; ++r)
     for (const reference::Value& v : params[size_t(r)]) {
       std::vector<char> bytes = host_bytes(v);
       held[size_t(r)].push_back(p.upload(r, bytes.data(), pjrt::tensor_type(v.dtype, v.shape)));
@@ -202,8 +204,8 @@ void expect_replicas_match_reference(const ir::Graph& g, const std::vector<std::
   std::vector<pjrt::TensorType> types;
   for (int o : g.outputs) types.push_back(pjrt::tensor_type(g.nodes[size_t(o)]->dtype, g.nodes[size_t(o)]->shape));
   auto outs = exe->execute_replicas(args, types);
-  auto want = reference::evaluate_ranks({&g, &g}, 0, 0, params);
-  for (size_t r = 0; r < 2; ++r)
+  auto want = reference::evaluate_ranks(std::vector<const ir::Graph*>(size_t(N), &g), 0, 0, params);
+  for (size_t r = 0; r < size_t(N); ++r)
     for (size_t k = 0; k < g.outputs.size(); ++k) {
       const ir::Node& n = *g.nodes[size_t(g.outputs[k])];
       std::vector<char> bytes(outs[r][k]->nbytes());
@@ -289,6 +291,42 @@ TEST(PjrtCollectives, TheEmittedTextNamesTheReplicasAndGroups) {
   std::string e = tt::error_message([&] { stablehlo::emit(mixed); });
   EXPECT_NE(e.find("[all_gather] a StableHLO module runs on one set of replicas: this collective is for 3 ranks, an earlier "
                    "all_reduce for 2"), std::string::npos) << e;
+}
+
+// Sub-group collectives (a 2 x 2 mesh's axes: 2 ranks at stride 1, {0, 1} and {2, 3}; at stride
+// 2, {0, 2} and {1, 3}) on 4 replicas against the reference, which evaluates each group on its
+// members: every kind, a root and a permute's pairs being positions in the group. By hand too: the
+// emitted replica groups and pairs, and the module's replicas (the least common multiple of the
+// groups' spans without a collective over every rank; that collective's ranks with one, which the
+// sub-groups must tile).
+TEST(PjrtCollectives, SubGroupCollectivesRunOverTheirGroupsOnFourReplicas) {
+  namespace b = ir::build;
+  ir::NodePtr x = rank_leaf({4, 6}, DType::Float32), d = rank_leaf({2, 2}, DType::Float64);
+  using K = ir::ReduceKind;
+  ir::Graph g = ir::build_graph({
+      b::all_reduce(x, 2, K::Sum, 1), b::all_reduce(x, 2, K::Max, 2), b::all_reduce(d, 2, K::Mean, 1),
+      b::all_gather(x, 2, 1, 2), b::reduce_scatter(x, 2, 0, 1), b::all_to_all(x, 2, 0, 1, 2),
+      b::broadcast(x, 2, 1, 1), b::broadcast(d, 2, 1, 2), b::reduce_to_root(x, 2, 1, 2),
+      b::collective_permute(x, 2, {{0, 1}}, 1), b::collective_permute(d, 2, {{1, 0}, {0, 1}}, 2),
+  });
+  std::string t = stablehlo::emit(g).text;
+  EXPECT_NE(t.find("mhlo.num_replicas = 4 : i32"), std::string::npos) << t;
+  EXPECT_NE(t.find("replica_groups = dense<[[0, 1], [2, 3]]> : tensor<2x2xi64>"), std::string::npos) << t;
+  EXPECT_NE(t.find("replica_groups = dense<[[0, 2], [1, 3]]> : tensor<2x2xi64>"), std::string::npos) << t;
+  EXPECT_NE(t.find("source_target_pairs = dense<[[0, 1], [2, 3]]> : tensor<2x2xi64>"), std::string::npos) << t;
+  EXPECT_NE(t.find("source_target_pairs = dense<[[2, 0], [0, 2], [3, 1], [1, 3]]> : tensor<4x2xi64>"), std::string::npos) << t;
+  EXPECT_EQ(stablehlo::emit(ir::build_graph({b::all_reduce(x, 2, K::Sum, 1)})).replicas, 2);
+  EXPECT_EQ(stablehlo::emit(ir::build_graph({b::all_reduce(x, 2, K::Sum, 3), b::all_gather(x, 3, 0, 1)})).replicas, 6);
+  EXPECT_EQ(stablehlo::emit(ir::build_graph({b::all_reduce(x, 2, K::Sum, 1), b::all_gather(x, 8, 0)})).replicas, 8);
+  std::string e = tt::error_message([&] { stablehlo::emit(ir::build_graph({b::all_reduce(x, 2, K::Sum, 2), b::all_gather(x, 6, 0)})); });
+  EXPECT_NE(e.find("[all_reduce] a group of 2 ranks at stride 2 does not tile a communicator of 6 ranks"), std::string::npos) << e;
+
+  REQUIRE_CPU_PLUGIN();
+  static std::unique_ptr<pjrt::Plugin> four = pjrt::Plugin::load(kCpuPlugin, 4);
+  std::vector<std::vector<reference::Value>> params(4);
+  for (uint32_t r = 0; r < 4; ++r) params[r] = {values({4, 6}, DType::Float32, 60 + r), values({2, 2}, DType::Float64, 70 + r)};
+  for (size_t i = 0; i < 2; ++i) ASSERT_EQ(g.nodes[size_t(g.params[i])]->dtype, params[0][i].dtype);
+  expect_replicas_match_reference(g, params, 1e-6, *four);
 }
 
 // export_stablehlo of a traced data-parallel fragment: y = all_reduce(x_r @ w) and the gradient

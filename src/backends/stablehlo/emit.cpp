@@ -3,9 +3,11 @@
 #include "backends/stablehlo/emit.h"
 
 #include <algorithm>
+#include <numeric>
 
 #include "backends/stablehlo/lower.h"
 #include "core/fail.h"
+#include "ir/collectives.h"
 
 namespace tessera::stablehlo {
 namespace {
@@ -25,20 +27,34 @@ V lower_node(Lowering& L, const ir::Node& n, const std::vector<V>& in) {
   fail("stablehlo", std::string("no lowering for ") + ir::op_name(n.op));
 }
 
-// The replicas the module runs on: the collectives' group size (1 without collectives). Every
-// collective of a graph is over all of its ranks, so they must agree.
+// The replicas the module runs on (1 without collectives). A collective over every rank (stride
+// 0) fixes them: its rank count, the same for every such collective. A sub-group collective of r
+// ranks at stride s needs a world that its groups tile, a multiple of r x s: without a collective
+// over every rank, the module is for the least common multiple of those spans (on a larger world
+// of such multiples each block of that many ranks would run the same program independently).
 int64_t replicas_of(const ir::Graph& g) {
   const ir::Node* first = nullptr;
+  std::vector<const ir::Node*> sub;  // the sub-group collectives
+  int64_t world = 1;
   for (const ir::NodePtr& n : g.nodes) {
     if (!ir::is_collective(n->op)) continue;
-    if (!first) first = n.get();
-    else if (n->attrs.ints.at(0) != first->attrs.ints.at(0))
+    const ir::CollectiveAttrs c = ir::CollectiveAttrs::from(n->op, n->attrs);
+    if (c.stride > 0) {
+      sub.push_back(n.get());
+      world = std::lcm(world, c.ranks * c.stride);
+    } else if (!first) {
+      first = n.get();
+    } else if (c.ranks != first->attrs.ints.at(0)) {
       fail(ir::op_name(n->op),
-           "a StableHLO module runs on one set of replicas: this collective is for " + std::to_string(n->attrs.ints[0]) +
+           "a StableHLO module runs on one set of replicas: this collective is for " + std::to_string(c.ranks) +
                " ranks, an earlier " + ir::op_name(first->op) + " for " + std::to_string(first->attrs.ints[0]),
            *n->scope);
+    }
   }
-  return first ? first->attrs.ints[0] : 1;
+  if (!first) return world;
+  for (const ir::Node* n : sub)  // each must tile the collective's ranks: the runtime's error otherwise
+    ir::CollectiveAttrs::from(n->op, n->attrs).group_of(0, first->attrs.ints[0], ir::op_name(n->op));
+  return first->attrs.ints[0];
 }
 
 // Each (parameter, output) pair names existing ones of equal shape and dtype, each at most once.
@@ -89,7 +105,7 @@ Program emit(const ir::Graph& g, const EmitOptions& o) {
   std::string args = signature(g, o, prog.rng, vals);
   Writer w;
   std::vector<std::pair<IndexCheck, V>> checks;
-  Lowering L{w, V{"%rng", {2}, "ui64"}, checks};
+  Lowering L{w, V{"%rng", {2}, "ui64"}, checks, prog.replicas};
   std::vector<V> in;
   for (size_t i = 0; i < g.nodes.size(); ++i) {
     const ir::Node& n = *g.nodes[i];

@@ -44,7 +44,9 @@ struct IndexCheck {
 struct Program {
   std::string text;  // MLIR text: one module, one `func.func public @main` (layout above)
   int outputs = 0;   // results 0..outputs-1 are ir::Graph::outputs in order
-  int64_t replicas = 1;  // the replicas it is compiled for: its collectives' group size (1 without)
+  int64_t replicas = 1;  // the replicas it is compiled for (1 without collectives): the rank count of
+                         // its collectives over every rank, else the least common multiple of its
+                         // sub-groups' spans (ranks x stride)
   bool rng = false;  // @main takes the trailing tensor<2xui64> {seed, offset} argument
   std::vector<IndexCheck> index_checks;  // result outputs+k: a tensor<2xi64> per bounds-checked op
 };

@@ -16,6 +16,7 @@ struct Lowering {
   Writer& w;
   V rng_state;  // tensor<2xui64> {seed, offset} (when the graph draws random numbers)
   std::vector<std::pair<IndexCheck, V>>& checks;  // bounds checks, in graph order
+  int64_t replicas = 1;  // the module's (Program::replicas): the world sub-group collectives tile
 };
 
 // x in the dtype arithmetic on it runs in (float16/bfloat16 -> float32).
