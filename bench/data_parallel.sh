@@ -9,7 +9,9 @@
 # compiles, dropped; rank 0's log under mpirun: its step includes waiting for the other rank).
 # A cell is the median over ROUNDS rounds; the configurations alternate within a round. The load
 # (/proc/loadavg) is printed before and after: the machine is shared. Last, one 2-rank run under
-# --profile gives the share of rank 0's time in collective Steps (communication not hidden).
+# --profile gives the share of rank 0's time in collective Steps (communication not hidden), and
+# TESSERA_MPI_WAIT_SPLIT splits each rank's all-reduce time after the 3 warm-up steps into waiting
+# for the other rank, the signature exchange and the transfer.
 #
 #   bench/data_parallel.sh [BUILD_DIR]     (default build/; builds nothing)
 #   env: ROUNDS (3), STEPS (15), BATCH (16)
@@ -43,6 +45,8 @@ run() {  # name, then the command's environment and arguments
   echo "$name $(rate "$log")" >> "$dir/results"
 }
 
+steal() { awk '/^cpu / { print $9 }' /proc/stat; }  # jiffies the hypervisor ran others on our CPUs
+steal0=$(steal)
 echo "== data_parallel: benchmark GPT, global batch $batch x 64 tokens, $steps steps, $rounds rounds; load $(cut -d' ' -f1-3 /proc/loadavg)"
 uptime
 for ((r = 1; r <= rounds; r++)); do
@@ -64,8 +68,21 @@ for name, vs in runs.items():
 PY
 # Communication not hidden: one profiled 2-rank run (--profile: rank 0's op table); a collective
 # Step blocks its rank, so its time (the transfer and any wait for the other rank) is all exposed.
-mpirun --oversubscribe -np 2 -x OMP_NUM_THREADS=1 "$tessera" "${args[@]}" --distributed --profile "$dir/prof" > "$dir/prof.out" 2>&1 ||
+# TESSERA_MPI_WAIT_SPLIT=24: from the 4th step on (8 all-reduces a step: 7 buckets and the loss),
+# an MPI_Barrier before each all-reduce times the wait apart from the transfer (each rank prints).
+mpirun --oversubscribe -np 2 -x OMP_NUM_THREADS=1 -x TESSERA_MPI_WAIT_SPLIT=24 "$tessera" "${args[@]}" --distributed --profile "$dir/prof" --log-json "$dir/prof.jsonl" > "$dir/prof.out" 2>&1 ||
   { cat "$dir/prof.out"; echo "data_parallel: the profiled run failed" >&2; exit 1; }
 awk '/^  collective / { printf "2r_x_1t: collective Steps %s ms of the profiled run, %s%% of its wall time (rank 0; exposed: the Steps block)\n", $2, $3 }' "$dir/prof/ops.txt"
-echo "load after: $(cut -d' ' -f1-3 /proc/loadavg)"
+/usr/bin/python3 - "$dir/prof.out" "$dir/prof.jsonl" <<'PY'
+import json, re, statistics, sys
+ms = [json.loads(l)["step_ms"] for l in open(sys.argv[2])][3:]
+step, mean = statistics.median(ms), statistics.mean(ms)
+for line in sorted(l for l in open(sys.argv[1]) if l.startswith("[mpi] rank")):
+    print(line.rstrip())
+    w, a, t = (float(x) for x in re.findall(r"([0-9.]+) ms", line)[:3])
+    k = len(ms)  # the steps the split counts (the 4th on)
+    print(f"  per step (mean of the {k}): waiting {w / k:.2f} ms, signature exchange {a / k:.2f} ms, transfer {t / k:.2f} ms = "
+          f"{(w + a + t) / k:.2f} ms of a {mean:.2f} ms step ({100 * (w + a + t) / k / mean:.1f}% not hidden; median step {step:.2f} ms)")
+PY
+echo "load after: $(cut -d' ' -f1-3 /proc/loadavg); CPU steal during the run $(( $(steal) - steal0 )) jiffies (/proc/stat)"
 uptime

@@ -8,6 +8,9 @@
 //   sequence  the ranks' graphs differ in their second collective: both fail before any Step runs
 //             (the collective-sequence check), naming it; agreeing graphs run, checked once
 //   die       rank 1 is killed before the all-reduce rank 0 waits in (lost_rank.sh checks the job)
+//   stuck     rank 1 sleeps 20 s (alive) before the all-reduce rank 0 waits in; run with
+//             TESSERA_COLLECTIVE_TIMEOUT_S=1, rank 0's wait must time out and end the job
+//             (stuck_rank.sh checks it)
 //   gpt       data parallelism (optim::DataParallel::process_group): the small GPT trained on the 2
 //             ranks, each on half of every batch, against one device on the whole batch (each
 //             rank trains that itself first): the same losses to 1e-5 relative over 20 steps, with
@@ -172,6 +175,18 @@ int die(int rank) {
   ir::NodePtr x = leaf(values(4, 1), {4});
   runtime::realize({{b::all_reduce(x, 2, ReduceKind::Sum), {}}}, {});
   std::printf("rank 0: the all_reduce returned without rank 1\n");
+  return 0;
+}
+
+int stuck(int rank) {
+  if (rank == 1) {
+    std::printf("rank 1: sleeping 20 s before the all_reduce\n");
+    std::fflush(stdout);
+    sleep(20);
+  }
+  ir::NodePtr x = leaf(values(4, 1), {4});
+  runtime::realize({{b::all_reduce(x, 2, ReduceKind::Sum), {}}}, {});
+  std::printf("rank %d: the all_reduce returned\n", rank);
   return 0;
 }
 
@@ -363,6 +378,7 @@ int main(int argc, char** argv) {
     if (mode == "mismatch") return mismatch(rank);
     if (mode == "sequence") return sequence(rank);
     if (mode == "die") return die(rank);
+    if (mode == "stuck") return stuck(rank);
     if (mode == "gpt") return gpt(rank);
     if (mode == "partition") return partition(rank);
     if (mode == "groups") return groups(rank, N);

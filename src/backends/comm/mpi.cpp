@@ -1,5 +1,6 @@
 // The MPI communicator (OpenMPI, one process per rank under mpirun): MPI_COMM_WORLD duplicated.
 // Every collective is a nonblocking MPI call polled with MPI_Test until done or past the timeout
+// (a tight loop while data moves: OpenMPI progresses a transfer only inside MPI calls; see wait());
 // (an MPI call cannot be cancelled: past the timeout the rank prints the error and calls MPI_Abort,
 // and mpirun stops the other ranks). Before each collective the ranks exchange their call's signature (one small
 // MPI_Iallgather), so a rank that disagrees makes every rank throw instead of hanging or
@@ -17,11 +18,15 @@ std::shared_ptr<Communicator> make_mpi_communicator() {
 #else
 #include <mpi.h>
 
+#include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <thread>
+
+#include <sched.h>
 
 #include "backends/comm/reduce.h"
 #include "core/half.h"
@@ -30,6 +35,30 @@ namespace tessera::backends {
 namespace {
 
 using comm::Signature;
+
+// TESSERA_MPI_WAIT_SPLIT=K, a diagnostic (docs/architecture.md "Parallelism"): an MPI_Barrier
+// before each all_reduce, timed apart from it, splits a rank's time in all-reduces into waiting for
+// the other ranks (the barrier), the signature exchange and the transfer itself; counted from the
+// (K+1)-th all_reduce of the process on (the first K: the warm-up steps'), printed by each rank at
+// exit. The barrier costs a synchronization per all_reduce: not for timing the step itself.
+struct WaitSplit {
+  long skip = -1;  // -1: off
+  int rank = 0;
+  long calls = 0, counted = 0;
+  double wait_s = 0, agree_s = 0, transfer_s = 0, bytes = 0;
+  WaitSplit() {
+    if (const char* e = std::getenv("TESSERA_MPI_WAIT_SPLIT")) skip = std::max(0L, std::atol(e));
+  }
+  ~WaitSplit() {
+    if (counted)
+      std::fprintf(stderr, "[mpi] rank %d, all_reduces %ld-%ld: waiting for the other ranks %.1f ms, signature exchange %.1f ms, transfer %.1f ms (%.1f MB)\n",
+                   rank, skip + 1, calls, wait_s * 1e3, agree_s * 1e3, transfer_s * 1e3, bytes / 1e6);
+  }
+};
+WaitSplit g_split;
+double seconds_since(std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+}
 
 class Mpi final : public Communicator {
  public:
@@ -61,8 +90,18 @@ class Mpi final : public Communicator {
   int size() const override { return size_; }
 
   void all_reduce(const void* s, void* r, size_t n, DType t, ir::ReduceKind k) override {
+    const bool timed = g_split.skip >= 0 && ++g_split.calls > g_split.skip;
+    auto t0 = std::chrono::steady_clock::now();
+    if (timed) {
+      check(MPI_Barrier(comm_), "all_reduce");  // no timeout: a diagnostic
+      g_split.rank = rank_, g_split.counted++, g_split.wait_s += seconds_since(t0);
+      t0 = std::chrono::steady_clock::now();
+    }
     agree({int64_t(ir::Op::AllReduce), int64_t(n), int64_t(t), int64_t(k)});
+    const auto t1 = std::chrono::steady_clock::now();
     reduce_impl(s, r, n, t, k, -1);
+    if (timed) g_split.agree_s += std::chrono::duration<double>(t1 - t0).count(), g_split.transfer_s += seconds_since(t1),
+               g_split.bytes += double(n * itemsize(t));
   }
   void all_gather(const void* s, void* r, size_t n, DType t) override {
     agree({int64_t(ir::Op::AllGather), int64_t(n), int64_t(t), 0});
@@ -232,13 +271,25 @@ class Mpi final : public Communicator {
   }
   std::string who() const { return " (mpi communicator, rank " + std::to_string(rank_) + " of " + std::to_string(size_) + ")"; }
 
-  void wait(MPI_Request& q, const char* what) {
-    auto deadline = std::chrono::steady_clock::now() + timeout();
-    for (int spins = 0;; ++spins) {
+  // Polls q with MPI_Test until done or past the timeout. OpenMPI has no progress thread here:
+  // a transfer moves only while its ranks call into MPI, so the first 2 ms are a tight loop of
+  // tests (sleeping 50 us between tests once 1000 had failed made the shared-memory all-reduces
+  // of the GPT's gradient buckets 4-10x slower; yielding the core between tests past 100 us, 3x:
+  // docs/architecture.md "Parallelism", measured). Past 2 ms: in the signature exchange
+  // (`arriving`, agree: where a rank waits for the others to reach the collective) it sleeps
+  // 50 us between tests (1 ms past a second), so a rank far ahead of another that checkpoints or
+  // evaluates does not burn its core; in a transfer (every rank has arrived) it yields the core
+  // between tests, for ranks oversubscribing the cores.
+  void wait(MPI_Request& q, const char* what, bool arriving = false) {
+    using clock = std::chrono::steady_clock;
+    const auto start = clock::now(), deadline = start + timeout();
+    for (int tests = 1;; ++tests) {
       int done = 0;
       check(MPI_Test(&q, &done, MPI_STATUS_IGNORE), what);
       if (done) return;
-      if (std::chrono::steady_clock::now() > deadline) {
+      if (tests < 64) continue;  // the first ~30 us: a tight loop, no clock reads
+      const auto now = clock::now();
+      if (now > deadline) {
         // The pending call cannot be cancelled and still writes into the caller's buffers, so no
         // error may return to the caller: the message, then the whole job ends (mpirun stops the
         // other ranks).
@@ -249,7 +300,13 @@ class Mpi final : public Communicator {
         MPI_Abort(comm_, 1);
         std::_Exit(1);  // MPI_Abort does not return
       }
-      if (spins > 1000) std::this_thread::sleep_for(std::chrono::microseconds(spins > 100000 ? 1000 : 50));
+      const auto waited = now - start;
+      if (waited < std::chrono::milliseconds(2)) continue;
+      if (arriving) {
+        std::this_thread::sleep_for(std::chrono::microseconds(waited > std::chrono::seconds(1) ? 1000 : 50));
+      } else {
+        sched_yield();
+      }
     }
   }
 
@@ -258,7 +315,7 @@ class Mpi final : public Communicator {
     std::vector<Signature> all(static_cast<size_t>(size_));
     MPI_Request q;
     check(MPI_Iallgather(&mine, int(sizeof mine), MPI_BYTE, all.data(), int(sizeof mine), MPI_BYTE, comm_, &q), "mpi");
-    wait(q, ir::op_name(ir::Op(mine.op)));
+    wait(q, ir::op_name(ir::Op(mine.op)), true);
     bool same = true;
     for (const Signature& s : all) same = same && comm::same_call(s, all[0]);
     if (same && mine.op == int64_t(ir::Op::CollectivePermute))
