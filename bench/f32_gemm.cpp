@@ -5,7 +5,11 @@
 // <= 128, one cblas_sgemm each inside our OpenMP pool), on 1 and on 2 threads, beside the FMA
 // peak of a register-only loop measured in the same run. Median of repeated timings, GFLOP/s.
 //
-//   taskset -c 0,1 bench_f32_gemm [--reps N] [--threads 1] [--best]
+//   taskset -c 0,1 bench_f32_gemm [--reps N] [--threads 1] [--best] [--cold]
+//
+// --cold: each timing is one call after a 96 MiB pass over other memory has overwritten every
+// cache level, as the step's products find their operands (made by other Steps, or, for weights,
+// last touched a whole step earlier); by default a timing repeats the call on warm operands.
 //
 // The rule in f32_gemm::chosen and docs/architecture.md ("float32 products") come from this table.
 #include <cblas.h>
@@ -90,13 +94,22 @@ void blas_blocks(const Product& s, Operands& o) {
 }
 
 bool best = false;  // --best: the fastest timing rather than the median (the host is shared)
+bool cold = false;  // --cold: each timing one call after the caches were overwritten (as in the step)
+
+// Overwrites every cache level (the L3 is 32 MiB here) on the threads that will run the product.
+void evict_caches() {
+  static std::vector<float> junk(size_t(24) << 20);  // 96 MiB
+#pragma omp parallel for schedule(static)
+  for (size_t i = 0; i < junk.size(); i += 16) junk[i] += 1.0f;
+}
 
 template <class F>
 double median_ms(F&& f, int reps, double flops) {
-  const int inner = std::max(1, int(2e8 / flops));  // about 1-2 ms per timing
+  const int inner = cold ? 1 : std::max(1, int(2e8 / flops));  // about 1-2 ms per timing
   f();
   std::vector<double> ms;
   for (int r = 0; r < reps; ++r) {
+    if (cold) evict_caches();
     auto t0 = clk::now();
     for (int i = 0; i < inner; ++i) f();
     ms.push_back(std::chrono::duration<double, std::milli>(clk::now() - t0).count() / inner);
@@ -111,7 +124,7 @@ int main(int argc, char** argv) {
   for (int i = 1; i + 1 < argc; ++i)
     if (std::string(argv[i]) == "--reps") reps = std::atoi(argv[++i]);
     else if (std::string(argv[i]) == "--threads") most = std::clamp(std::atoi(argv[++i]), 1, 2);  // the table has 1 and 2
-  for (int i = 1; i < argc; ++i) best = best || std::string(argv[i]) == "--best";
+  for (int i = 1; i < argc; ++i) best = best || std::string(argv[i]) == "--best", cold = cold || std::string(argv[i]) == "--cold";
   if (!fg::available()) {
     std::printf("f32_gemm is not available here (no AVX-512F, or TESSERA_CPU_GEMM=blas)\n");
     return 0;
@@ -132,8 +145,8 @@ int main(int argc, char** argv) {
   };
   double peak1 = peak_gflops(1), peak2 = peak_gflops(2);
   std::printf("the benchmark GPT step's float32 products: own kernel (f32_gemm) vs OpenBLAS in the backend's blocks; %d timings "
-              "each, %s; load %.1f\n",
-              reps, best ? "best" : "median", bench::load_average());
+              "each, %s%s; load %.1f\n",
+              reps, best ? "best" : "median", cold ? ", one call after the caches were overwritten (--cold)" : "", bench::load_average());
   std::printf("%-17s %4s %5s %5s %5s %2s%2s | %8s %8s | %8s %8s | rule (GFLOP/s)\n", "product", "x", "M", "N", "K", "ta", "tb",
               "1t own", "1t blas", "2t own", "2t blas");
   double tot[2][2] = {}, flops_total = 0;

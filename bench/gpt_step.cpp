@@ -30,6 +30,8 @@
 // BENCH_PROFILE=1 (=lines: without the table): the timed steps under a Profiler, its table and
 // machine-readable PROFILE lines per timed step (each Step kind's time, mean and median, flops and
 // bytes; the host regions; the matmuls' flops alone), which bench/gpt_floor.sh reads.
+// BENCH_PROFILE=steps: the lines, and one more per Step of the plan (its kind, median time over the
+// timed steps, flops, GFLOP/s, output shape and name): which products lose time inside the step.
 //
 // The token batches come from splitmix64 (seed 1234, 4 batches cycled), the same as the PyTorch
 // side draws. The last line is machine-readable: RESULT tessera threads=... median_ms=...
@@ -215,7 +217,7 @@ int main(int argc, char** argv) {
   if (prof) {
     prof->stop();
     const char* how = std::getenv("BENCH_PROFILE");
-    if (std::string(how) != "lines") std::printf("%s", prof->table_text().c_str());
+    if (std::string(how) != "lines" && std::string(how) != "steps") std::printf("%s", prof->table_text().c_str());
     // Machine-readable, per timed step (bench/gpt_floor.sh): each Step kind's time, flops and bytes
     // (the cost rules'), the runtime's host regions, and the flops of the products alone (the
     // matmul source ops' 2mnk, without the epilogues fused into their Gemm Steps).
@@ -233,6 +235,12 @@ int main(int argc, char** argv) {
       v[i] += ms_;
     };
     std::map<std::string, double> regions;
+    // BENCH_PROFILE=steps: also each Step of the plan, by its graph run within the step and its
+    // index: the median over the timed steps of its time, its flops and GFLOP/s (PROFILE step lines).
+    std::map<std::pair<int, int>, std::vector<double>> step_ms;  // (graph run in its step, plan index) -> ms
+    std::map<std::pair<int, int>, ProfileEvent> step_ev;
+    int first_graph_of_step = -1;
+    size_t last_step = size_t(-1);
     double product_flops = 0;
     for (const ProfileEvent& e : prof->events()) {
       const size_t i = step_of(e.start_us);
@@ -243,6 +251,10 @@ int main(int argc, char** argv) {
       }
       if (e.type == "step") {
         add(e.kind, i, e.dur_us / 1e3);
+        if (i != last_step) last_step = i, first_graph_of_step = e.graph;
+        const std::pair<int, int> key{e.graph - first_graph_of_step, e.step};
+        step_ms[key].push_back(e.dur_us / 1e3);
+        step_ev.emplace(key, e);
         for (const ProfiledOp& o : e.ops)
           if (o.op == "matmul") product_flops += e.flops * o.share;
       }
@@ -254,6 +266,13 @@ int main(int argc, char** argv) {
     for (const auto& [name, ms_total] : regions)
       std::printf("PROFILE region=%s ms=%.4f med_ms=%.4f\n", name.c_str(), ms_total / n, med("region:" + name));
     std::printf("PROFILE products flops=%.6g wall_ms=%.4f\n", product_flops / n, prof->wall_ms() / n);
+    if (std::string(how) == "steps")
+      for (const auto& [key, v] : step_ms) {
+        const ProfileEvent& e = step_ev[key];
+        const double m = percentile(v, 0.5);
+        std::printf("PROFILE step kind=%s graph=%d step=%d med_ms=%.4f runs=%zu gflop=%.5f gflops=%.1f shape=%s name=\"%s\"\n", e.kind.c_str(),
+                    key.first, key.second, m, v.size(), e.flops / 1e9, e.flops / m / 1e6, e.shape.c_str(), e.name.c_str());
+      }
   }
   Metrics m = metrics();
   const int unstacked = micro == 1 ? last_memory_plan().unstacked_slices : 0;  // batch unstacking inside the step
