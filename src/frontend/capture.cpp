@@ -305,30 +305,32 @@ std::vector<Tensor> StepCapture::Impl::trace(const std::vector<Tensor>& inputs) 
         rec->sources.push_back({Source::Constant, -1, b});
         continue;
       }
-      std::shared_ptr<TensorImpl> impl = it->second.lock();
+      std::shared_ptr<TensorImpl> impl = it->second.impl.lock();
+      int input = -1;
+      for (size_t k = 0; k < inputs.size() && input < 0 && impl; ++k)
+        if (detail::impl_of(inputs[k]) == impl) input = int(k);
+      if (input >= 0) {
+        rec->sources.push_back({Source::Input, input, nullptr});
+        continue;
+      }
+      if (it->second.serial >= serial0) {
+        why = "the step reads a tensor (" + std::to_string(b->nbytes) +
+              " bytes) it made from host values (from_vector, a scalar tensor): its value could change between calls unseen; "
+              "pass it as an input, or keep it in a tensor that lives across calls";
+        break;
+      }
       if (!impl) {
         why = "a tensor the step read (" + std::to_string(b->nbytes) + " bytes) was freed during the step";
         break;
       }
-      int input = -1;
-      for (size_t k = 0; k < inputs.size() && input < 0; ++k)
-        if (detail::impl_of(inputs[k]) == impl) input = int(k);
-      if (input >= 0) {
-        rec->sources.push_back({Source::Input, input, nullptr});
-      } else if (impl->serial < serial0) {
-        rec->sources.push_back({Source::State, state(impl), nullptr});
-        // Given a new value (set_data) by the step before it read it: replays must do the same.
-        bool refreshed = !seen.assigned.count(impl.get());
-        for (const Hook& h : rec->hooks)
-          refreshed |= std::find(h.refreshes.begin(), h.refreshes.end(), impl.get()) != h.refreshes.end();
-        if (!refreshed)
-          why = "the step gave the tensor " + sig(impl->dtype, impl->shape) +
-                " a new value (set_data) before reading it, and no on_replay hook gives it its value at a replay";
-      } else {
-        why = "the step reads a tensor " + sig(impl->dtype, impl->shape) +
-              " it made from host values (from_vector, a scalar tensor): its value could change between calls unseen; pass it as "
-              "an input, or keep it in a tensor that lives across calls";
-      }
+      rec->sources.push_back({Source::State, state(impl), nullptr});
+      // Given a new value (set_data) by the step before it read it: replays must do the same.
+      bool refreshed = !seen.assigned.count(impl.get());
+      for (const Hook& h : rec->hooks)
+        refreshed |= std::find(h.refreshes.begin(), h.refreshes.end(), impl.get()) != h.refreshes.end();
+      if (!refreshed)
+        why = "the step gave the tensor " + sig(impl->dtype, impl->shape) +
+              " a new value (set_data) before reading it, and no on_replay hook gives it its value at a replay";
     }
   }
   if (why.empty()) {

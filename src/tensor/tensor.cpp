@@ -293,11 +293,11 @@ ir::NodePtr node_of(const Tensor& t) {
 }
 void CaptureRecorder::note_read(const std::shared_ptr<TensorImpl>& impl, const Buffer* b) {
   note_touch(*impl);
-  auto [it, fresh] = leaves.emplace(b, impl);
+  auto [it, fresh] = leaves.emplace(b, Read{impl, impl->serial});
   if (!fresh) {
-    auto had = it->second.lock();
+    auto had = it->second.impl.lock();
     if (had && had != impl) shared_leaf = true;
-    else if (!had) it->second = impl;
+    else if (!had) it->second = {impl, impl->serial};
   }
 }
 void set_capture_recorder(CaptureRecorder* r) { t_recorder = r; }

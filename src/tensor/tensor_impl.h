@@ -82,7 +82,11 @@ inline const std::shared_ptr<TensorImpl>& impl_of(const Tensor& t) { return Tens
 // whose buffer a trace reads (the buffer's leaf) and the version of every tensor the step touches
 // (read, rebound in place or given another value) before its first touch.
 struct CaptureRecorder {
-  std::unordered_map<const Buffer*, std::weak_ptr<TensorImpl>> leaves;  // buffer -> the tensor it was read from
+  struct Read {
+    std::weak_ptr<TensorImpl> impl;
+    uint64_t serial;
+  };
+  std::unordered_map<const Buffer*, Read> leaves;  // buffer -> the tensor it was read from
   bool shared_leaf = false;  // one buffer read through two live tensors
   std::unordered_map<const TensorImpl*, int64_t> first_version;
   std::unordered_set<const TensorImpl*> assigned;  // given a value by adopt_value (set_data)
