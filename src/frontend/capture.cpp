@@ -71,7 +71,7 @@ std::string sig(DType t, const Shape& s) { return std::string(dtype_name(t)) + s
 
 }  // namespace
 
-struct StepCapture::Impl {
+struct __attribute__((visibility("hidden"))) StepCapture::Impl {
   Fn fn;
   struct Source {
     enum Kind { Input, State, Constant } kind;
@@ -116,6 +116,10 @@ struct StepCapture::Impl {
   int64_t replays = 0, traces = 0;
 
   std::vector<Tensor> trace(const std::vector<Tensor>& inputs);
+  std::string classify(Record* rec, const std::vector<Tensor>& inputs, const std::vector<Tensor>& outs,
+                       const detail::SyncReport& rep, const detail::CaptureRecorder& seen,
+                       const std::vector<std::shared_ptr<Buffer>>& params, uint64_t serial0,
+                       std::vector<std::weak_ptr<TensorImpl>>& temps);
   std::string check(const Record& r, const std::vector<Tensor>& inputs) const;
   std::vector<Tensor> replay(const Record& r, const std::vector<Tensor>& inputs);
   static bool same(const Record& a, const Record& b);
@@ -201,6 +205,81 @@ std::vector<Tensor> StepCapture::operator()(const std::vector<Tensor>& inputs) {
 }
 
 // ---- tracing and recording ----
+// Where each parameter of the recorded graph came from and where each result went (rec's
+// sources, results and states); temporaries the graph computed go to `temps`. "" when the trace
+// can be replayed, else why not.
+std::string StepCapture::Impl::classify(Record* rec, const std::vector<Tensor>& inputs, const std::vector<Tensor>& outs,
+                                        const detail::SyncReport& rep, const detail::CaptureRecorder& seen,
+                                        const std::vector<std::shared_ptr<Buffer>>& params, uint64_t serial0,
+                                        std::vector<std::weak_ptr<TensorImpl>>& temps) {
+  std::string why;
+  std::unordered_map<const TensorImpl*, int> state_of;
+  auto state = [&](const std::shared_ptr<TensorImpl>& impl) {
+    auto [it, fresh] = state_of.emplace(impl.get(), int(rec->states.size()));
+    if (fresh) rec->states.push_back({impl, impl.get(), impl->shape, impl->dtype, impl->device});
+    return it->second;
+  };
+  if (why.empty()) {
+    // Results: one per pending tensor the graph computed, in request order.
+    for (const auto& impl : rep.realized) {
+      int out = -1;
+      for (size_t j = 0; j < outs.size() && out < 0; ++j)
+        if (detail::impl_of(outs[j]) == impl) out = int(j);
+      if (out >= 0) {
+        rec->results.push_back({Result::Output, out});
+      } else if (impl->serial < serial0) {
+        for (const Tensor& in : inputs)
+          if (detail::impl_of(in) == impl) why = "the step updates its input " + sig(impl->dtype, impl->shape) + " in place";
+        int s = state(impl);
+        rec->states[size_t(s)].updated = true;
+        rec->results.push_back({Result::State, s});
+      } else {
+        rec->results.push_back({Result::Temp, -1});
+        temps.push_back(impl);
+      }
+    }
+    for (size_t j = 0; j < outs.size() && why.empty(); ++j)
+      if (std::none_of(rec->results.begin(), rec->results.end(), [&](const Result& r) { return r.kind == Result::Output && r.index == int(j); }))
+        why = "output " + std::to_string(j) + " (" + sig(outs[j].dtype(), outs[j].shape()) + ") is not a value the step's graph computes";
+    // Sources: one per parameter of the graph.
+    for (size_t p = 0; p < params.size() && why.empty(); ++p) {
+      const std::shared_ptr<Buffer>& b = params[p];
+      auto it = seen.leaves.find(b.get());
+      if (it == seen.leaves.end()) {  // a constant buffer no tensor of the step held
+        rec->sources.push_back({Source::Constant, -1, b});
+        continue;
+      }
+      std::shared_ptr<TensorImpl> impl = it->second.impl.lock();
+      int input = -1;
+      for (size_t k = 0; k < inputs.size() && input < 0 && impl; ++k)
+        if (detail::impl_of(inputs[k]) == impl) input = int(k);
+      if (input >= 0) {
+        rec->sources.push_back({Source::Input, input, nullptr});
+        continue;
+      }
+      if (it->second.serial >= serial0) {
+        why = "the step reads a tensor (" + std::to_string(b->nbytes) +
+              " bytes) it made from host values (from_vector, a scalar tensor): its value could change between calls unseen; "
+              "pass it as an input, or keep it in a tensor that lives across calls";
+        break;
+      }
+      if (!impl) {
+        why = "a tensor the step read (" + std::to_string(b->nbytes) + " bytes) was freed during the step";
+        break;
+      }
+      rec->sources.push_back({Source::State, state(impl), nullptr});
+      // Given a new value (set_data) by the step before it read it: replays must do the same.
+      bool refreshed = !seen.assigned.count(impl.get());
+      for (const Hook& h : rec->hooks)
+        refreshed |= std::find(h.refreshes.begin(), h.refreshes.end(), impl.get()) != h.refreshes.end();
+      if (!refreshed)
+        why = "the step gave the tensor " + sig(impl->dtype, impl->shape) +
+              " a new value (set_data) before reading it, and no on_replay hook gives it its value at a replay";
+    }
+  }
+  return why;
+}
+
 std::vector<Tensor> StepCapture::Impl::trace(const std::vector<Tensor>& inputs) {
   traces++;
   auto keep_reason = [&](const std::string& why) { reason += (reason.empty() ? "" : "; ") + why; };
@@ -268,71 +347,8 @@ std::vector<Tensor> StepCapture::Impl::trace(const std::vector<Tensor>& inputs) 
     why = "internal: the step's graph was not recorded";
   else if (seen.shared_leaf)
     why = "two tensors the step read share one buffer";
-  std::unordered_map<const TensorImpl*, int> state_of;
-  auto state = [&](const std::shared_ptr<TensorImpl>& impl) {
-    auto [it, fresh] = state_of.emplace(impl.get(), int(rec->states.size()));
-    if (fresh) rec->states.push_back({impl, impl.get(), impl->shape, impl->dtype, impl->device});
-    return it->second;
-  };
   std::vector<std::weak_ptr<TensorImpl>> temps;
-  if (why.empty()) {
-    // Results: one per pending tensor the graph computed, in request order.
-    for (const auto& impl : rep.realized) {
-      int out = -1;
-      for (size_t j = 0; j < outs.size() && out < 0; ++j)
-        if (detail::impl_of(outs[j]) == impl) out = int(j);
-      if (out >= 0) {
-        rec->results.push_back({Result::Output, out});
-      } else if (impl->serial < serial0) {
-        for (const Tensor& in : inputs)
-          if (detail::impl_of(in) == impl) why = "the step updates its input " + sig(impl->dtype, impl->shape) + " in place";
-        int s = state(impl);
-        rec->states[size_t(s)].updated = true;
-        rec->results.push_back({Result::State, s});
-      } else {
-        rec->results.push_back({Result::Temp, -1});
-        temps.push_back(impl);
-      }
-    }
-    for (size_t j = 0; j < outs.size() && why.empty(); ++j)
-      if (std::none_of(rec->results.begin(), rec->results.end(), [&](const Result& r) { return r.kind == Result::Output && r.index == int(j); }))
-        why = "output " + std::to_string(j) + " (" + sig(outs[j].dtype(), outs[j].shape()) + ") is not a value the step's graph computes";
-    // Sources: one per parameter of the graph.
-    for (size_t p = 0; p < slot.params.size() && why.empty(); ++p) {
-      const std::shared_ptr<Buffer>& b = slot.params[p];
-      auto it = seen.leaves.find(b.get());
-      if (it == seen.leaves.end()) {  // a constant buffer no tensor of the step held
-        rec->sources.push_back({Source::Constant, -1, b});
-        continue;
-      }
-      std::shared_ptr<TensorImpl> impl = it->second.impl.lock();
-      int input = -1;
-      for (size_t k = 0; k < inputs.size() && input < 0 && impl; ++k)
-        if (detail::impl_of(inputs[k]) == impl) input = int(k);
-      if (input >= 0) {
-        rec->sources.push_back({Source::Input, input, nullptr});
-        continue;
-      }
-      if (it->second.serial >= serial0) {
-        why = "the step reads a tensor (" + std::to_string(b->nbytes) +
-              " bytes) it made from host values (from_vector, a scalar tensor): its value could change between calls unseen; "
-              "pass it as an input, or keep it in a tensor that lives across calls";
-        break;
-      }
-      if (!impl) {
-        why = "a tensor the step read (" + std::to_string(b->nbytes) + " bytes) was freed during the step";
-        break;
-      }
-      rec->sources.push_back({Source::State, state(impl), nullptr});
-      // Given a new value (set_data) by the step before it read it: replays must do the same.
-      bool refreshed = !seen.assigned.count(impl.get());
-      for (const Hook& h : rec->hooks)
-        refreshed |= std::find(h.refreshes.begin(), h.refreshes.end(), impl.get()) != h.refreshes.end();
-      if (!refreshed)
-        why = "the step gave the tensor " + sig(impl->dtype, impl->shape) +
-              " a new value (set_data) before reading it, and no on_replay hook gives it its value at a replay";
-    }
-  }
+  if (why.empty()) why = classify(rec.get(), inputs, outs, rep, seen, slot.params, serial0, temps);
   if (why.empty()) {
     rec->graph = slot.graph;
     rec->donated = slot.donated;

@@ -177,6 +177,12 @@ const Tensor& Optimizer::scalar(size_t g, size_t k, double v) {
   if (scalars_.size() <= g) scalars_.resize(g + 1);
   std::vector<Tensor>& s = scalars_[g];
   if (s.size() <= k) s.resize(k + 1);
+  if (s[k].defined()) {
+    // The old value's buffer goes first, so the new one is allocated where it was: the step's
+    // allocations recur at the same addresses, as when every step made fresh scalars (a backend
+    // replaying whole executables, such as CUDA graphs, needs its pointers to recur).
+    s[k].set_data(zeros({}, {DType::Float32, s[k].device()}));
+  }
   Tensor fresh = runtime_scalar_on(group_params(g), v);
   if (!s[k].defined() || s[k].device() != fresh.device()) s[k] = fresh;
   else s[k].set_data(fresh);
