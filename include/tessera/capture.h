@@ -23,7 +23,8 @@
 // and the thread's settings (grad mode, autocast, module scope, compile settings) are the same;
 // host control flow depending on anything else is not seen (then call reset()). A call traces
 // instead of replaying, and last_reason() says why, when: TESSERA_CAPTURE=0; something was pending
-// before the call; an input is pending, or differs in shape, dtype or device; a state tensor is
+// before the call; an input is pending, or differs in shape, dtype or device, or is another
+// input's or a state tensor's value; a state tensor is
 // gone, pending, failed or changed shape; a parameter's gradient is not as the traced step left it;
 // a buffer the step updates in place is shared with another tensor; the settings differ. A trace
 // is never replayed (and the reason says why) when it read a value back mid-step (item(), a

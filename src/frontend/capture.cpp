@@ -295,6 +295,9 @@ std::vector<Tensor> StepCapture::Impl::trace(const std::vector<Tensor>& inputs) 
     if (!inputs[k].defined()) return plain("input " + std::to_string(k) + " is undefined");
     const auto& impl = detail::impl_of(inputs[k]);
     if (impl->error || !impl->buffer) return plain("input " + std::to_string(k) + " is not a realized value");
+    for (size_t j = 0; j < k; ++j)
+      if (detail::impl_of(inputs[j])->buffer == impl->buffer)
+        return plain("inputs " + std::to_string(j) + " and " + std::to_string(k) + " are one value (a replay could not tell their uses apart)");
   }
   auto rec = std::make_shared<Record>();
   rec->env = Env::now();
@@ -357,6 +360,10 @@ std::vector<Tensor> StepCapture::Impl::trace(const std::vector<Tensor>& inputs) 
         why = "internal: a result overwrites a buffer that is no state tensor";
     for (StateRec& s : rec->states) {
       auto impl = s.impl.lock();
+      if (!impl) {
+        why = "a tensor the step read (" + sig(s.dtype, s.shape) + ") was freed during the step";
+        break;
+      }
       auto fv = seen.first_version.find(s.id);
       s.versions = fv == seen.first_version.end() ? 0 : impl->version - fv->second;
       s.shape = impl->shape, s.dtype = impl->dtype, s.device = impl->device;
@@ -432,6 +439,9 @@ std::string StepCapture::Impl::check(const Record& r, const std::vector<Tensor>&
     if (impl->shape != r.inputs[k].first || impl->dtype != r.inputs[k].second || impl->device != r.input_devices[k])
       return "input " + std::to_string(k) + " is " + sig(impl->dtype, impl->shape) + " on " + impl->device.str() +
              ", the recorded step's was " + sig(r.inputs[k].second, r.inputs[k].first) + " on " + r.input_devices[k].str();
+    for (size_t j = 0; j < k; ++j)
+      if (detail::impl_of(inputs[j])->buffer == impl->buffer)
+        return "inputs " + std::to_string(j) + " and " + std::to_string(k) + " are one value; the recorded step's were two";
   }
   for (const StateRec& s : r.states) {
     auto impl = s.impl.lock();
@@ -440,6 +450,10 @@ std::string StepCapture::Impl::check(const Record& r, const std::vector<Tensor>&
       return "the state tensor " + sig(s.dtype, s.shape) + " is " + (impl->error ? "failed" : "pending") + " (sync() first)";
     if (impl->shape != s.shape || impl->dtype != s.dtype || impl->device != s.device)
       return "the state tensor " + sig(s.dtype, s.shape) + " is now " + sig(impl->dtype, impl->shape) + " on " + impl->device.str();
+    for (size_t k = 0; k < inputs.size(); ++k)
+      if (detail::impl_of(inputs[k])->buffer == impl->buffer)
+        return "input " + std::to_string(k) + " is the value of a tensor the step reads or updates (" + sig(s.dtype, s.shape) +
+               "); the recorded step's was a tensor of its own";
     const TensorImpl* g = impl->grad_meta && impl->grad_meta->grad.defined() ? detail::impl_of(impl->grad_meta->grad).get() : nullptr;
     if (g != s.grad)
       return "the gradient of the parameter " + sig(s.dtype, s.shape) + " is not as the recorded step left it (" +

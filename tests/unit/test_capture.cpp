@@ -267,6 +267,42 @@ TEST(StepCapture, NeverReplaysAStepItCannotRepeat) {
         return std::vector<Tensor>{in[0] + bias};
       },
       "no on_replay hook");
+  // One tensor passed as two inputs: a replay on two tensors could not tell the uses apart.
+  {
+    StepCapture step([&](const std::vector<Tensor>& in) { return std::vector<Tensor>{in[0] * w + in[1]}; });
+    for (int k = 0; k < 4; ++k) {
+      Tensor x = from_vector<float>({float(k), 1.0f}, {2});
+      std::vector<float> got = step({x, x})[0].to_vector<float>();
+      EXPECT_EQ(got, (std::vector<float>{float(k) * 1.0f + float(k), 1.0f * 2.0f + 1.0f}));
+      EXPECT_FALSE(step.last_replayed());
+      EXPECT_NE(step.last_reason().find("are one value"), std::string::npos) << step.last_reason();
+    }
+  }
   // Outside a recording, on_replay is an error.
   EXPECT_THROW(StepCapture::on_replay([] {}), Error);
+}
+
+TEST(StepCapture, AStateTensorPassedAsAnInputTraces) {
+  Tensor w = from_vector<float>({1.0f, 2.0f}, {2}), w_ref = from_vector<float>({1.0f, 2.0f}, {2});
+  StepCapture step([&](const std::vector<Tensor>& in) {
+    Tensor out = in[0] * w;
+    w.add_(in[0]);
+    return std::vector<Tensor>{out};
+  });
+  auto ref = [&](const Tensor& x) {
+    Tensor out = x * w_ref;
+    w_ref.add_(x);
+    return out.to_vector<float>();
+  };
+  for (int k = 0; k < 4; ++k) {
+    std::vector<float> got = step({from_vector<float>({float(k), 1.0f}, {2})})[0].to_vector<float>();
+    EXPECT_EQ(got, ref(from_vector<float>({float(k), 1.0f}, {2}))) << k;
+  }
+  EXPECT_TRUE(step.last_replayed()) << step.last_reason();
+  // The state tensor itself as the input: tracing reads one value for both uses.
+  std::vector<float> got = step({w})[0].to_vector<float>();
+  EXPECT_FALSE(step.last_replayed());
+  EXPECT_NE(step.last_reason().find("is the value of a tensor the step reads or updates"), std::string::npos) << step.last_reason();
+  EXPECT_EQ(got, ref(w_ref));
+  EXPECT_EQ(w.to_vector<float>(), w_ref.to_vector<float>());
 }
