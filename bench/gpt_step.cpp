@@ -6,12 +6,18 @@
 //   OMP_NUM_THREADS=2 bench_gpt_step [--steps N] [--warmup N] [--device cpu|opencl|cuda|...]
 //                                    [--preset gpt2-small|vocab-peak] [--batch N] [--dropout P] [--losses]
 //                                    [--dtype float32|bfloat16|float16] [--memory-budget 200MB|0.5] [--micro-batches N|auto]
-//                                    [--eval]
+//                                    [--eval] [--capture]
 //
 // --eval: the step is the evaluation loss only (forward + cross entropy under NoGradGuard, the
 // model in eval mode; no backward, no update), where nothing reads the attention probabilities
 // and the cpu runs each layer's attention as one fused Step (TESSERA_DISABLE_PASSES=attention:
 // the decomposition).
+//
+// --capture: the training step runs as a tessera::StepCapture (tessera/capture.h): traced until
+// two consecutive traces agree, then replayed (the compiled graph run on the current parameters,
+// moments and batch without tracing forward, autodiff and AdamW). The RESULT line's captured=
+// counts the timed steps replayed. Not with --micro-batches or --dtype float16 (both read values
+// mid-step: they trace every step, and the last reason is printed).
 //
 // --dtype bfloat16 / float16: the forward pass and loss under tessera::Autocast (the products in
 // that dtype with float32 accumulation, everything else and the AdamW state in float32); float16
@@ -55,6 +61,7 @@
 
 #include "bench_common.h"
 #include "tessera/autocast.h"
+#include "tessera/capture.h"
 #include "tessera/memory.h"
 #include "tessera/metrics.h"
 #include "tessera/nn.h"
@@ -74,7 +81,7 @@ using namespace bench;
 int main(int argc, char** argv) {
   int64_t steps = 30, warmup = 3, batch = kBatch;
   double dropout = 0.0;
-  bool losses = false, eval_only = false;
+  bool losses = false, eval_only = false, capture = false;
   std::string device = "cpu", dtype = "float32";
   MemoryBudget budget;
   int64_t micro = 1;
@@ -110,10 +117,12 @@ int main(int argc, char** argv) {
       losses = true;
     } else if (a == "--eval") {
       eval_only = true;
+    } else if (a == "--capture") {
+      capture = true;
     } else {
       std::fprintf(stderr,
                    "usage: %s [--steps N] [--warmup N] [--device NAME] [--preset gpt2-small|vocab-peak] [--batch N] [--dropout P] "
-                   "[--losses] [--dtype float32|bfloat16|float16] [--memory-budget BYTES|FRACTION] [--micro-batches N|auto] [--eval]   (threads: OMP_NUM_THREADS)\n",
+                   "[--losses] [--dtype float32|bfloat16|float16] [--memory-budget BYTES|FRACTION] [--micro-batches N|auto] [--eval] [--capture]   (threads: OMP_NUM_THREADS)\n",
                    argv[0]);
       return 2;
     }
@@ -153,6 +162,8 @@ int main(int argc, char** argv) {
   // Step waited for)
   std::unique_ptr<Profiler> prof;
   std::vector<double> step_start_us;
+  std::unique_ptr<StepCapture> captured;  // --capture: the training step
+  int64_t replayed_timed = 0;
   for (int64_t step = 0; step < warmup + steps; ++step) {
     if (step == warmup) {
       if (std::getenv("BENCH_PROFILE")) prof = std::make_unique<Profiler>();
@@ -189,6 +200,16 @@ int main(int argc, char** argv) {
     if (eval_only) {
       NoGradGuard no_grad;
       l = loss_fn({x, y}).item();  // runs the forward's graph
+    } else if (micro == 1 && capture) {
+      if (!captured)
+        captured = std::make_unique<StepCapture>([&](const std::vector<Tensor>& b) {
+          Tensor loss = loss_fn(b);
+          loss.backward();
+          update();
+          return std::vector<Tensor>{loss};
+        });
+      l = (*captured)({x, y})[0].item() / scale;  // replayed: the recorded graph on this batch and the current state
+      if (step >= warmup) replayed_timed += captured->last_replayed();
     } else if (micro == 1) {
       Tensor loss = loss_fn({x, y});
       loss.backward();
@@ -294,6 +315,10 @@ int main(int argc, char** argv) {
               "  model, autodiff and the optimizer, building the graph's key and looking it up, and item()'s copy\n",
               exec_per_step, host_med);
   std::printf("  loss: first %.4f  last %.4f\n", first_loss, last_loss);
+  if (captured)
+    std::printf("  captured step: %lld of %lld timed steps replayed (%lld traced in all)%s%s\n", (long long)replayed_timed,
+                (long long)steps, (long long)captured->traces(), captured->last_replayed() ? "" : "; last call traced: ",
+                captured->last_replayed() ? "" : captured->last_reason().c_str());
   const double bf16_gflop = double(m.bf16_flops - bf16_flops_after_warmup) / double(steps) / 1e9;
   std::printf("  bf16 dot-product flops per timed step: %.3f GFLOP\n", bf16_gflop);
   std::printf("  peak bytes (timed steps) %.1f MiB, process max RSS %.1f MiB\n", peak_mb, maxrss_mb);
@@ -312,9 +337,10 @@ int main(int argc, char** argv) {
                 unstacked ? last_memory_plan().unstacked.c_str() : "");
   std::printf("RESULT tessera device=%s threads=%s median_ms=%.3f p10=%.3f p90=%.3f peak_mb=%.1f maxrss_mb=%.1f graphs=%lld "
               "exec_ms=%.3f last_loss=%.4f tokens_per_s=%.0f first_step_ms=%.0f compile_ms=%.1f dtype=%s bf16_gflop=%.3f "
-              "micro_batches=%lld recomputed=%lld unstacked=%d mode=%s host_ms=%.3f\n",
+              "micro_batches=%lld recomputed=%lld unstacked=%d mode=%s host_ms=%.3f captured=%lld\n",
               device.c_str(), threads.c_str(), med, p10, p90, peak_mb, maxrss_mb, (long long)m.graphs_compiled, exec_per_step, last_loss,
               double(batch * cfg.block) / (med / 1000.0), first_ms, m.compile_ms, dtype.c_str(), bf16_gflop, (long long)micro_used,
-              (long long)m.recomputed_steps, unstacked, eval_only ? "eval" : "train", host_med);
+              (long long)m.recomputed_steps, unstacked, eval_only ? "eval" : "train", host_med,
+              (long long)(captured ? replayed_timed : -1));
   return 0;
 }

@@ -79,6 +79,14 @@ class Optimizer {
     Optimizer& o_;
   };
   int64_t param_versions() const;
+  // The step's runtime scalars (learning rate, bias corrections), per group: float32 tensors on the
+  // parameters' device that live across steps and get each step's values with set_data, so that a
+  // StepCapture (tessera/capture.h) reads them as state. scalar() sets one and returns it;
+  // capture_replay() registers, while a StepCapture records, `refresh` (which sets every scalar
+  // for the next step, as step() does) and the step's bookkeeping to run at each replay.
+  const Tensor& scalar(size_t group, size_t k, double v);
+  void capture_replay(std::function<void()> refresh);
+  std::vector<std::vector<Tensor>> scalars_;
   int64_t versions_after_step_ = -1;  // the parameters' versions after the last step (-1: none)
   std::atomic<bool> in_step_{false};
 
@@ -119,6 +127,9 @@ class SGD : public OptimizerBase<SGDOptions> {
   SGD(std::vector<Tensor> params, SGDOptions o);
   SGD(std::vector<Group> groups, SGDOptions defaults);
   void step() override;
+
+ private:
+  void set_step_scalars();
 };
 
 struct AdamOptions {
@@ -132,6 +143,7 @@ class Adam : public OptimizerBase<AdamOptions> {
   void step() override;
 
  private:
+  void set_step_scalars();  // this step's learning rate and bias corrections, per group
   bool decoupled_;
 };
 class AdamW : public Adam {

@@ -6,6 +6,7 @@
 #include "tessera/advise.h"
 #include "tessera/autocast.h"
 #include "tessera/bucket.h"
+#include "tessera/capture.h"
 #include "tessera/data.h"
 #include "tessera/device.h"
 #include "tessera/distributed.h"

@@ -53,6 +53,7 @@ ir::NodePtr accumulate(const ir::NodePtr& a, const ir::NodePtr& b) { return a ? 
 ir::NodePtr realized_value(const std::weak_ptr<TensorImpl>& t, const ir::NodePtr& node) {
   auto impl = t.lock();
   if (!impl || !impl->buffer || impl->realized_from.lock() != node) return nullptr;
+  if (auto* rec = detail::capture_recorder()) rec->note_read(impl, impl->buffer.get());
   return ir::leaf(impl->buffer, impl->shape, impl->dtype);
 }
 

@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "core/fail.h"
+#include "tessera/capture.h"
 #include "tessera/ops.h"
 
 namespace tessera::optim {
@@ -163,22 +164,70 @@ void Optimizer::StepScope::done() { o_.versions_after_step_ = o_.param_versions(
 
 SGD::SGD(std::vector<Group> groups, SGDOptions defaults) : OptimizerBase("SGD", std::move(groups), defaults) {}
 
+namespace {
+Tensor runtime_scalar_on(const std::vector<Tensor>& params, double v);
+std::vector<Tensor> sgd_update_with(const std::vector<Tensor>& params, const std::vector<Tensor>& grads,
+                                    const std::vector<Tensor>& momentum_buffers, const Tensor& lr, const SGDOptions& o);
+void adam_update_with(const std::vector<Tensor>& params, const std::vector<Tensor>& grads, const std::vector<Tensor>& exp_avg,
+                      const std::vector<Tensor>& exp_avg_sq, const Tensor& step_size, const Tensor& inv_sqrt_bc2,
+                      const Tensor& decay, const AdamOptions& o, bool decoupled);
+}  // namespace
+
+const Tensor& Optimizer::scalar(size_t g, size_t k, double v) {
+  if (scalars_.size() <= g) scalars_.resize(g + 1);
+  std::vector<Tensor>& s = scalars_[g];
+  if (s.size() <= k) s.resize(k + 1);
+  if (s[k].defined()) {
+    // The old value's buffer goes first, so the new one is allocated where it was: the step's
+    // allocations recur at the same addresses, as when every step made fresh scalars (a backend
+    // replaying whole executables, such as CUDA graphs, needs its pointers to recur).
+    s[k].set_data(zeros({}, {DType::Float32, s[k].device()}));
+  }
+  Tensor fresh = runtime_scalar_on(group_params(g), v);
+  if (!s[k].defined() || s[k].device() != fresh.device()) s[k] = fresh;
+  else s[k].set_data(fresh);
+  return s[k];
+}
+
+void Optimizer::capture_replay(std::function<void()> refresh) {
+  if (!StepCapture::recording()) return;
+  std::vector<Tensor> all;
+  for (const auto& g : scalars_) all.insert(all.end(), g.begin(), g.end());
+  StepCapture::on_replay(
+      [this, refresh = std::move(refresh)] {
+        StepScope scope(*this);
+        refresh();
+      },
+      [this] { versions_after_step_ = param_versions(); }, all);
+}
+
+void SGD::set_step_scalars() {
+  for (size_t g = 0; g < groups_.size(); ++g) scalar(g, 0, groups_[g].options->lr);
+}
+
 void SGD::step() {
   StepScope scope(*this);
+  set_step_scalars();
   size_t i = 0;  // the parameter's index in state_
-  for (Group& group : groups_) {
+  for (size_t gi = 0; gi < groups_.size(); ++gi) {
+    Group& group = groups_[gi];
     std::vector<Tensor> grads, bufs;
     for (size_t k = 0; k < group.params.size(); ++k) {
       grads.push_back(group.params[k].grad());
       auto it = state_[i + k].find("momentum_buffer");
       bufs.push_back(it == state_[i + k].end() ? Tensor() : it->second);
     }
-    bufs = sgd_update(group.params, grads, bufs, *group.options);
+    check_options(*group.options, "sgd_update");
+    bufs = sgd_update_with(group.params, grads, bufs, scalars_[gi][0], *group.options);
     for (size_t k = 0; k < group.params.size(); ++k, ++i)
       if (bufs[k].defined()) state_[i]["momentum_buffer"] = bufs[k];
   }
   ++steps_;
   scope.done();
+  capture_replay([this] {
+    set_step_scalars();
+    ++steps_;
+  });
 }
 
 // ---- Adam / AdamW ----
@@ -186,11 +235,24 @@ Adam::Adam(std::vector<Tensor> params, AdamOptions o, bool decoupled) : Adam(std
 Adam::Adam(std::vector<Group> groups, AdamOptions defaults, bool decoupled)
     : OptimizerBase(decoupled ? "AdamW" : "Adam", std::move(groups), defaults), decoupled_(decoupled) {}
 
+void Adam::set_step_scalars() {
+  // Step-dependent factors are runtime scalars: the graph is the same at every step.
+  for (size_t g = 0; g < groups_.size(); ++g) {
+    const AdamOptions& o = *groups_[g].options;
+    double bc1 = 1 - std::pow(o.beta1, double(steps_)), bc2 = 1 - std::pow(o.beta2, double(steps_));
+    scalar(g, 0, o.lr / bc1);
+    scalar(g, 1, 1 / std::sqrt(bc2));
+    scalar(g, 2, 1 - o.lr * o.weight_decay);
+  }
+}
+
 void Adam::step() {
   StepScope scope(*this);
   ++steps_;
+  set_step_scalars();
   size_t i = 0;  // the parameter's index in state_
-  for (Group& group : groups_) {
+  for (size_t gi = 0; gi < groups_.size(); ++gi) {
+    Group& group = groups_[gi];
     std::vector<Tensor> grads, m, v;
     for (Tensor& p : group.params) {
       auto& st = state_[i++];
@@ -202,9 +264,15 @@ void Adam::step() {
       m.push_back(st.count("exp_avg") ? st["exp_avg"] : Tensor());
       v.push_back(st.count("exp_avg_sq") ? st["exp_avg_sq"] : Tensor());
     }
-    adam_update(group.params, grads, m, v, steps_, *group.options, decoupled_);
+    check_options(*group.options, decoupled_ ? "adamw_update" : "adam_update");
+    const auto& sc = scalars_[gi];
+    adam_update_with(group.params, grads, m, v, sc[0], sc[1], sc[2], *group.options, decoupled_);
   }
   scope.done();
+  capture_replay([this] {
+    ++steps_;
+    set_step_scalars();
+  });
 }
 
 // ---- the update kernels ----
@@ -219,15 +287,12 @@ void check_lists(const char* op, size_t n, std::initializer_list<size_t> sizes) 
   for (size_t s : sizes)
     if (s != n) fail(op, "every list must have one entry per parameter (" + std::to_string(n) + "), got " + std::to_string(s), "");
 }
-}  // namespace
 
-std::vector<Tensor> sgd_update(const std::vector<Tensor>& params, const std::vector<Tensor>& grads,
-                               const std::vector<Tensor>& momentum_buffers, const SGDOptions& o) {
+std::vector<Tensor> sgd_update_with(const std::vector<Tensor>& params, const std::vector<Tensor>& grads,
+                                    const std::vector<Tensor>& momentum_buffers, const Tensor& lr, const SGDOptions& o) {
   check_lists("sgd_update", params.size(), {grads.size(), momentum_buffers.size()});
-  check_options(o, "sgd_update");
   NoGradGuard ng;
   std::vector<Tensor> bufs = momentum_buffers;
-  Tensor lr = runtime_scalar_on(params, o.lr);
   for (size_t i = 0; i < params.size(); ++i) {
     Tensor g = grads[i], p = params[i];
     if (!g.defined()) continue;
@@ -242,17 +307,12 @@ std::vector<Tensor> sgd_update(const std::vector<Tensor>& params, const std::vec
   return bufs;
 }
 
-void adam_update(const std::vector<Tensor>& params, const std::vector<Tensor>& grads, const std::vector<Tensor>& exp_avg,
-                 const std::vector<Tensor>& exp_avg_sq, int64_t step, const AdamOptions& o, bool decoupled) {
+void adam_update_with(const std::vector<Tensor>& params, const std::vector<Tensor>& grads, const std::vector<Tensor>& exp_avg,
+                      const std::vector<Tensor>& exp_avg_sq, const Tensor& step_size, const Tensor& inv_sqrt_bc2,
+                      const Tensor& decay, const AdamOptions& o, bool decoupled) {
   const char* op = decoupled ? "adamw_update" : "adam_update";
   check_lists(op, params.size(), {grads.size(), exp_avg.size(), exp_avg_sq.size()});
-  check_options(o, op);
-  if (step < 1) fail(op, "step must be at least 1, got " + std::to_string(step), "");
   NoGradGuard ng;
-  double bc1 = 1 - std::pow(o.beta1, double(step)), bc2 = 1 - std::pow(o.beta2, double(step));
-  // Step-dependent factors are runtime scalars: the graph is the same at every step.
-  Tensor step_size = runtime_scalar_on(params, o.lr / bc1), inv_sqrt_bc2 = runtime_scalar_on(params, 1 / std::sqrt(bc2));
-  Tensor decay = runtime_scalar_on(params, 1 - o.lr * o.weight_decay);
   for (size_t i = 0; i < params.size(); ++i) {
     Tensor g = grads[i], p = params[i], m = exp_avg[i], v = exp_avg_sq[i];
     if (!g.defined()) continue;
@@ -266,6 +326,25 @@ void adam_update(const std::vector<Tensor>& params, const std::vector<Tensor>& g
     Tensor denom = sqrt(v) * inv_sqrt_bc2 + o.eps;  // PyTorch's formulation
     p.sub_(m / denom * step_size);
   }
+}
+}  // namespace
+
+std::vector<Tensor> sgd_update(const std::vector<Tensor>& params, const std::vector<Tensor>& grads,
+                               const std::vector<Tensor>& momentum_buffers, const SGDOptions& o) {
+  check_options(o, "sgd_update");
+  return sgd_update_with(params, grads, momentum_buffers, runtime_scalar_on(params, o.lr), o);
+}
+
+void adam_update(const std::vector<Tensor>& params, const std::vector<Tensor>& grads, const std::vector<Tensor>& exp_avg,
+                 const std::vector<Tensor>& exp_avg_sq, int64_t step, const AdamOptions& o, bool decoupled) {
+  const char* op = decoupled ? "adamw_update" : "adam_update";
+  check_options(o, op);
+  if (step < 1) fail(op, "step must be at least 1, got " + std::to_string(step), "");
+  double bc1 = 1 - std::pow(o.beta1, double(step)), bc2 = 1 - std::pow(o.beta2, double(step));
+  // Step-dependent factors are runtime scalars: the graph is the same at every step.
+  adam_update_with(params, grads, exp_avg, exp_avg_sq, runtime_scalar_on(params, o.lr / bc1),
+                   runtime_scalar_on(params, 1 / std::sqrt(bc2)), runtime_scalar_on(params, 1 - o.lr * o.weight_decay), o,
+                   decoupled);
 }
 
 template class OptimizerBase<SGDOptions>;

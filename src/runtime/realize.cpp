@@ -432,24 +432,34 @@ void check_fits(const compiler::Plan& plan, const Device& dev) {
 
 // Slot pointers: parameters' buffers, arena temporaries and the outputs (allocated here unless
 // written into a donated parameter), which become the results.
-void bind_slots(Run& run, const ir::Graph& g, size_t nreq, std::vector<std::shared_ptr<Buffer>>& results) {
+// params: the graph's parameters' buffers, in parameter order.
+void bind_slots(Run& run, const std::vector<std::shared_ptr<Buffer>>& params, size_t nreq, std::vector<std::shared_ptr<Buffer>>& results) {
   const compiler::Plan& plan = run.plan;
   run.slots.assign(plan.slots.size(), nullptr);
   for (size_t s = 0; s < plan.slots.size(); ++s) {
     const kir::Slot& sl = plan.slots[s];
-    if (sl.kind == kir::SlotKind::Param) run.slots[s] = g.nodes[g.params[sl.index]]->buffer->data;
+    if (sl.kind == kir::SlotKind::Param) run.slots[s] = params[size_t(sl.index)]->data;
     if (sl.kind == kir::SlotKind::Temp && run.arena) run.slots[s] = run.arena_at(sl.offset);
   }
   results.resize(nreq);
   for (size_t k = 0; k < nreq; ++k) {
     int s = plan.output_slot[k];
     if (plan.donated[k] >= 0) {
-      results[k] = g.nodes[g.params[plan.donated[k]]]->buffer;
+      results[k] = params[size_t(plan.donated[k])];
     } else {
       results[k] = allocate(run.dev, plan.slots[s].nbytes);
       run.slots[s] = results[k]->data;
     }
   }
+}
+std::vector<std::shared_ptr<Buffer>> graph_params(const ir::Graph& g) {
+  std::vector<std::shared_ptr<Buffer>> params;
+  params.reserve(g.params.size());
+  for (int p : g.params) params.push_back(g.nodes[size_t(p)]->buffer);
+  return params;
+}
+void bind_slots(Run& run, const ir::Graph& g, size_t nreq, std::vector<std::shared_ptr<Buffer>>& results) {
+  bind_slots(run, graph_params(g), nreq, results);
 }
 
 // Step by Step: each launched, timed when profiling or TESSERA_STEP_TIMES asks, its guards
@@ -545,13 +555,13 @@ int64_t run_whole(Run& run, Executable& exe, RngArgs rng) {
   return backends::reported_host_transfers(run.dev.kind).load() - moved_before;
 }
 
-}  // namespace
 
-std::vector<std::shared_ptr<Buffer>> realize(const std::vector<Request>& req, RngArgs rng) {
-  Prepared prep = prepare(req);
-  const ir::Graph& g = prep.g;
-  const Device& dev = prep.dev;
-  std::shared_ptr<Executable> exe = prep.exe;
+thread_local CaptureSlot* t_capture_slot = nullptr;
+
+// Runs `exe` on `params` (the graph's parameters' buffers): what realize() does after the lookup.
+std::vector<std::shared_ptr<Buffer>> execute(const std::shared_ptr<Executable>& exe, const Device& dev,
+                                             const std::vector<std::shared_ptr<Buffer>>& params, size_t nreq, RngArgs rng,
+                                             size_t graph_nodes) {
   StepHook hook;
   {
     std::lock_guard<std::mutex> lock(g_mu);
@@ -561,7 +571,7 @@ std::vector<std::shared_ptr<Buffer>> realize(const std::vector<Request>& req, Rn
   backends::Backend& be = backends::backend_for(dev);
   if (!be.can_execute())
     fail("sync", "device '" + dev.str() + "' compiles graphs but cannot run them (graph of " +
-                     std::to_string(g.nodes.size()) + " nodes compiled to " + std::to_string(exe->plan.steps.size()) +
+                     std::to_string(graph_nodes) + " nodes compiled to " + std::to_string(exe->plan.steps.size()) +
                      " steps)", "");
   // Before anything is allocated or run: the ranks agree on the collectives they will call.
   check_collectives(*exe, be, dev);
@@ -576,7 +586,7 @@ std::vector<std::shared_ptr<Buffer>> realize(const std::vector<Request>& req, Rn
   std::vector<unsigned char> pattern(guard ? guard + plan.alignment : 0, kGuardByte);
   Run run{plan, be, dev, {}, std::move(arena), guard, pattern, pattern};  // `seen`: read back into
   std::vector<std::shared_ptr<Buffer>> results;
-  bind_slots(run, g, req.size(), results);
+  bind_slots(run, params, nreq, results);
   // A whole executable runs as one call, unless profiling or a Step hook needs the Steps one by one.
   const bool whole = exe->whole && prof_run < 0 && !hook && !step_times();
   int64_t moved = 0;
@@ -601,6 +611,55 @@ std::vector<std::shared_ptr<Buffer>> realize(const std::vector<Request>& req, Rn
   }
   return results;
 }
+
+}  // namespace
+
+struct CapturedGraph {
+  std::shared_ptr<Executable> exe;
+  Device dev;
+  size_t nreq = 0, nodes = 0;
+  std::vector<size_t> param_bytes;
+};
+
+void set_capture_slot(CaptureSlot* slot) { t_capture_slot = slot; }
+
+std::vector<std::shared_ptr<Buffer>> realize(const std::vector<Request>& req, RngArgs rng) {
+  Prepared prep = prepare(req);
+  std::vector<std::shared_ptr<Buffer>> params = graph_params(prep.g);
+  if (CaptureSlot* slot = t_capture_slot) {
+    auto cg = std::make_shared<CapturedGraph>();
+    cg->exe = prep.exe;
+    cg->dev = prep.dev;
+    cg->nreq = req.size();
+    cg->nodes = prep.g.nodes.size();
+    for (auto& b : params) cg->param_bytes.push_back(b->nbytes);
+    slot->graph = std::move(cg);
+    slot->params = params;
+    slot->donated = prep.exe->plan.donated;
+  }
+  const size_t nodes = prep.g.nodes.size();
+  return execute(prep.exe, prep.dev, params, req.size(), rng, nodes);
+}
+
+std::vector<std::shared_ptr<Buffer>> run_captured(const CapturedGraph& cg, const std::vector<std::shared_ptr<Buffer>>& params,
+                                                  RngArgs rng) {
+  if (params.size() != cg.param_bytes.size())
+    fail("StepCapture", "internal: " + std::to_string(params.size()) + " parameters for a graph of " + std::to_string(cg.param_bytes.size()), "");
+  for (size_t p = 0; p < params.size(); ++p)
+    if (!params[p] || params[p]->nbytes < cg.param_bytes[p] || !(params[p]->device == cg.dev))
+      fail("StepCapture", "internal: parameter " + std::to_string(p) + " is missing, too small or on another device", "");
+  counters().cache_hits++;
+  return execute(cg.exe, cg.dev, params, cg.nreq, rng, cg.nodes);
+}
+
+std::shared_ptr<const std::string> compile_settings_key() {
+  auto s = detail::compile_settings();
+  return std::shared_ptr<const std::string>(s, &s->key);
+}
+
+bool same_captured(const CapturedGraph& a, const CapturedGraph& b) { return a.exe == b.exe && a.dev == b.dev; }
+size_t captured_param_bytes(const CapturedGraph& g, size_t p) { return g.param_bytes.at(p); }
+
 
 std::vector<std::vector<std::shared_ptr<Buffer>>> realize_spmd(const std::vector<Request>& requests, RngArgs rng,
                                                                const std::vector<RankInputs>& rank_inputs,

@@ -54,6 +54,31 @@ std::shared_ptr<const compiler::Plan> last_executed_plan();
 // reads "new graph structure"); the next realize() of any graph compiles it afresh.
 void clear_compile_cache();
 
+// Step capture (tessera/capture.h): the executable a realize() ran, kept so that the same graph
+// can run again on new parameter buffers without building the graph, its key or the lookup.
+struct CapturedGraph;
+struct CaptureSlot {
+  std::shared_ptr<const CapturedGraph> graph;
+  // The graph's parameters' buffers in that run, in parameter order (what run_captured binds).
+  std::vector<std::shared_ptr<Buffer>> params;
+  // Per request: the parameter whose buffer its value was written into (-1: a new buffer).
+  std::vector<int> donated;
+};
+// While `slot` is set on the calling thread, each realize() there fills it (null: off).
+void set_capture_slot(CaptureSlot* slot);
+// Runs a captured graph again on `params` (one buffer per parameter, of the recorded sizes; a
+// donated parameter's buffer must be the caller's alone: it is overwritten). Returns one buffer
+// per request, as realize() does, and throws GraphFailure likewise.
+std::vector<std::shared_ptr<Buffer>> run_captured(const CapturedGraph& graph, const std::vector<std::shared_ptr<Buffer>>& params,
+                                                  RngArgs rng);
+// The compile settings in force (compile_options.h): their key, shared by everything compiled
+// under the same settings object (so pointer equality is a cheap first test).
+std::shared_ptr<const std::string> compile_settings_key();
+// Whether two captures ran the same executable.
+bool same_captured(const CapturedGraph& a, const CapturedGraph& b);
+// The recorded parameter's size in bytes.
+size_t captured_param_bytes(const CapturedGraph& graph, size_t param);
+
 // Arena guards (debug; set_arena_guard in compile_options.h, part of the cache key): realize()
 // fills each temporary's guards with kGuardByte before the Steps writing it and checks them after
 // each such Step, throwing tessera::Error naming the Step when one changed.

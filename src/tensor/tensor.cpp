@@ -189,14 +189,21 @@ std::vector<char> detail::host_bytes(const Tensor& t, const char* op) {
 // ---- TensorImpl ----
 // Every change of an impl's value happens with the registry's mutex held, so a thread reading a
 // realized value (host_bytes) sees it whole while the owner of the graph works.
-TensorImpl::TensorImpl(ir::NodePtr n) : node(std::move(n)), shape(node->shape), dtype(node->dtype), device(node->device) {
+namespace {
+std::atomic<uint64_t> g_impl_serial{0};
+thread_local detail::CaptureRecorder* t_recorder = nullptr;
+}  // namespace
+TensorImpl::TensorImpl(ir::NodePtr n)
+    : node(std::move(n)), shape(node->shape), dtype(node->dtype), device(node->device),
+      serial(g_impl_serial.fetch_add(1, std::memory_order_relaxed)) {
   Registry& r = registry();
   std::lock_guard<std::mutex> lock(r.mu);
   claim(r, ir::op_name(node->op));
   set_pending(r, this, true);
 }
 TensorImpl::TensorImpl(std::shared_ptr<Buffer> b, Shape s, DType t)
-    : buffer(std::move(b)), shape(std::move(s)), dtype(t), device(buffer->device) {}
+    : buffer(std::move(b)), shape(std::move(s)), dtype(t), device(buffer->device),
+      serial(g_impl_serial.fetch_add(1, std::memory_order_relaxed)) {}
 TensorImpl::~TensorImpl() {
   if (!pending) return;
   Registry& r = registry();
@@ -207,6 +214,7 @@ void TensorImpl::rebind(ir::NodePtr n) {
   Registry& r = registry();
   std::lock_guard<std::mutex> lock(r.mu);
   claim(r, "in-place update");
+  if (t_recorder) t_recorder->note_touch(*this);
   if (buffer) donor = buffer, donor_version = version;
   ++version;
   buffer.reset();
@@ -244,6 +252,10 @@ void TensorImpl::adopt_value(const TensorImpl& other) {
   Registry& r = registry();
   std::lock_guard<std::mutex> lock(r.mu);
   claim(r, "set_data");
+  if (t_recorder) {
+    t_recorder->note_touch(*this);
+    t_recorder->assigned.insert(this);
+  }
   error = other.error;
   errored.store(error != nullptr, std::memory_order_release);
   node = other.node;
@@ -276,7 +288,39 @@ ir::NodePtr node_of(const Tensor& t) {
     if (impl->node) return impl->node;
     b = impl->buffer;
   }
+  if (t_recorder) t_recorder->note_read(impl, b.get());
   return ir::leaf(std::move(b), impl->shape, impl->dtype);
+}
+void CaptureRecorder::note_read(const std::shared_ptr<TensorImpl>& impl, const Buffer* b) {
+  note_touch(*impl);
+  auto [it, fresh] = leaves.emplace(b, Read{impl, impl->serial});
+  if (!fresh) {
+    auto had = it->second.impl.lock();
+    if (had && had != impl) shared_leaf = true;
+    else if (!had) it->second = {impl, impl->serial};
+  }
+}
+void set_capture_recorder(CaptureRecorder* r) { t_recorder = r; }
+CaptureRecorder* capture_recorder() { return t_recorder; }
+uint64_t impl_serial() { return g_impl_serial.load(std::memory_order_relaxed); }
+size_t pending_count() {
+  Registry& r = registry();
+  std::lock_guard<std::mutex> lock(r.mu);
+  return r.count;
+}
+void claim_graph(const char* what) {
+  Registry& r = registry();
+  std::lock_guard<std::mutex> lock(r.mu);
+  claim(r, what);
+}
+void set_replayed_value(TensorImpl& impl, std::shared_ptr<Buffer> b, int64_t versions) {
+  detail::realize_epoch().fetch_add(1, std::memory_order_relaxed);
+  Registry& r = registry();
+  std::lock_guard<std::mutex> lock(r.mu);
+  impl.realized_from.reset();
+  impl.buffer = std::move(b);
+  impl.donor.reset();
+  impl.version += versions;
 }
 Tensor from_node(ir::NodePtr n) { return TensorAccess::make(std::make_shared<TensorImpl>(std::move(n))); }
 Tensor from_buffer(std::shared_ptr<Buffer> b, Shape s, DType t) {
@@ -400,7 +444,13 @@ std::string realize_group(const std::vector<std::shared_ptr<TensorImpl>>& group,
 }
 }  // namespace
 
-void sync() {
+namespace {
+void sync_impl(detail::SyncReport* report);
+}
+void sync() { sync_impl(nullptr); }
+void detail::sync_reported(SyncReport& report) { sync_impl(&report); }
+namespace {
+void sync_impl(detail::SyncReport* report) {
   const bool prof = runtime::prof::on();
   if (prof) runtime::prof::mark(runtime::prof::Region::Graph);
   auto impls = detail::pending_impls(true);
@@ -416,11 +466,16 @@ void sync() {
   for (auto& impl : impls) {
     if (impl->node->op == ir::Op::Leaf) {  // already a value: just rebind
       impl->realize_to(impl->node->buffer);
+      if (report) report->leaf_rebinds++;
       continue;
     }
     auto it = std::find_if(groups.begin(), groups.end(), [&](auto& g) { return g.first == impl->device; });
     if (it == groups.end()) groups.push_back({impl->device, {impl}});
     else it->second.push_back(impl);
+  }
+  if (report) {
+    report->devices = int(groups.size());
+    if (groups.size() == 1) report->realized = groups[0].second;
   }
   std::string failed;
   for (auto& [dev, group] : groups) {
@@ -429,6 +484,7 @@ void sync() {
   }
   if (!failed.empty()) throw Error(failed);
 }
+}  // namespace
 
 namespace {
 // The graph of `outs` with every random draw of leading extent `rows` moved `shift` rows of the

@@ -4,6 +4,8 @@
 #pragma once
 #include <atomic>
 #include <memory>
+#include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "core/buffer.h"
@@ -40,6 +42,9 @@ struct TensorImpl {
   std::shared_ptr<const std::string> error;
   std::atomic<bool> errored{false};  // error != nullptr, readable without the registry's mutex
   int64_t version = 0, donor_version = 0;  // Tensor::version(); the version the donor buffer holds
+  // The order of creation (detail::impl_serial()): a StepCapture tells the tensors that existed
+  // before its step (state) from those the step made.
+  uint64_t serial;
 
   TensorImpl(ir::NodePtr n);                                      // pending
   TensorImpl(std::shared_ptr<Buffer> b, Shape s, DType t);        // realized
@@ -71,6 +76,42 @@ struct TensorAccess {
   }
 };
 inline const std::shared_ptr<TensorImpl>& impl_of(const Tensor& t) { return TensorAccess::impl(t); }
+
+// ---- Step capture (frontend/capture.cpp, include/tessera/capture.h) ----
+// While a recorder is set on the calling thread, the tensor layer notes every realized tensor
+// whose buffer a trace reads (the buffer's leaf) and the version of every tensor the step touches
+// (read, rebound in place or given another value) before its first touch.
+struct CaptureRecorder {
+  struct Read {
+    std::weak_ptr<TensorImpl> impl;
+    uint64_t serial;
+  };
+  std::unordered_map<const Buffer*, Read> leaves;  // buffer -> the tensor it was read from
+  bool shared_leaf = false;  // one buffer read through two live tensors
+  std::unordered_map<const TensorImpl*, int64_t> first_version;
+  std::unordered_set<const TensorImpl*> assigned;  // given a value by adopt_value (set_data)
+  void note_read(const std::shared_ptr<TensorImpl>& impl, const Buffer* b);
+  void note_touch(const TensorImpl& impl) { first_version.emplace(&impl, impl.version); }
+};
+void set_capture_recorder(CaptureRecorder* r);
+CaptureRecorder* capture_recorder();
+// The serial the next TensorImpl gets (every impl made before has a smaller one).
+uint64_t impl_serial();
+size_t pending_count();
+// Makes the calling thread the lazy graph's owner (or throws, naming `what`, as ops do).
+void claim_graph(const char* what);
+// sync() that reports what it realized, for a capture's recording: `realized` gets the pending
+// tensors of the one graph in request order; `leaf_rebinds` counts pending tensors that were only
+// rebound to a realized value, `devices` the graphs run (one per device).
+struct SyncReport {
+  std::vector<std::shared_ptr<TensorImpl>> realized;
+  int leaf_rebinds = 0, devices = 0;
+};
+void sync_reported(SyncReport& report);
+// A replayed step's result for a tensor that existed before it: b becomes its value (as
+// realize_to, on a realized tensor) and its version moves on by `versions` (the in-place updates
+// the traced step made).
+void set_replayed_value(TensorImpl& impl, std::shared_ptr<Buffer> b, int64_t versions);
 
 // The node standing for a tensor's value: its pending node, or the leaf of its buffer.
 ir::NodePtr node_of(const Tensor& t);
