@@ -479,6 +479,29 @@ TEST(TrainLog, EveryLineParsesWithTheDocumentedFields) {
   EXPECT_NE(r.out.find("step 12/12"), std::string::npos) << "the last step is always reported: " << r.out;
 }
 
+// One device's training step is captured (tessera/capture.h): from the fourth step on it replays
+// the compiled step instead of tracing it, with the traced run's losses bit for bit (dropout and
+// the held-out evaluations between steps included); TESSERA_CAPTURE=0 traces every step.
+TEST(TrainLog, TheCapturedStepReplaysWithTheTracedLosses) {
+  TempDir dir;
+  std::vector<std::vector<json>> logs;
+  for (const char* capture : {"1", "0"}) {
+    fs::path log = dir / (std::string("capture") + capture + ".jsonl");
+    setenv("TESSERA_CAPTURE", capture, 1);
+    Result r = cli(cat({"train", "gpt", "--steps", "8", "--dropout", "0.1", "--eval-every", "3", "--log-json", log.string()}, kTiny),
+                   dir.path());
+    unsetenv("TESSERA_CAPTURE");
+    ASSERT_TRUE(r.exited && r.code == 0) << r.describe();
+    logs.push_back(read_log(log));
+    ASSERT_EQ(logs.back().size(), 8u);
+  }
+  for (size_t s = 0; s < 8; ++s) {
+    EXPECT_EQ(logs[0][s]["loss"].get<double>(), logs[1][s]["loss"].get<double>()) << "step " << s + 1;
+    EXPECT_EQ(logs[0][s]["replayed"].get<bool>(), s >= 3) << "step " << s + 1;
+    EXPECT_FALSE(logs[1][s]["replayed"].get<bool>()) << "step " << s + 1;
+  }
+}
+
 // --tensor-parallel 2: the GPT's attention and MLP weights split over 2 in-process ranks (one
 // per-rank graph, dist::sync_partitioned) trains with one device's losses, dropout included (every
 // rank draws the whole mask and keeps its block); with --data-parallel 2 on a 2 x 2 mesh too.

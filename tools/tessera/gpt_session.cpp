@@ -246,31 +246,44 @@ TrainResult train_gpt(const TrainOptions& o) {
   reset_peak_bytes();
   std::optional<optim::GradScaler> scaler;
   if (o.dtype == "float16") scaler.emplace();
+  auto loss_fn = [&](const std::vector<Tensor>& b) {
+    std::optional<Autocast> ac;
+    if (o.dtype != "float32") ac.emplace(o.dtype == "float16" ? DType::Float16 : DType::BFloat16);
+    Tensor loss = model.loss(b[0], b[1]);
+    return scaler ? scaler->scale(loss) : loss;  // float16: scaled so that small gradients survive
+  };
+  auto update = [&] {
+    if (scaler) scaler->unscale(opt);  // before clipping: the norm of the true gradients
+    if (o.clip > 0) optim::clip_grad_norm(model.parameters(), o.clip);
+    if (scaler) {
+      scaler->step(opt);  // skipped when a gradient is inf or NaN
+      scaler->update();
+    } else {
+      opt.step();
+    }
+    opt.zero_grad();  // gradients are consumed inside the step's graph, never stored
+  };
+  // One device's whole step (no micro-batches or budget): a StepCapture replays its compiled
+  // graph once two steps traced alike, skipping the host's tracing of forward, autodiff and
+  // AdamW (tessera/capture.h; TESSERA_CAPTURE=0 traces every step). float16's GradScaler reads
+  // a value back mid-step, so it is never replayed: left to train_step.
+  std::optional<StepCapture> capture;
+  if (!zero && !dp && !tp && !scaler && o.micro_batches == 1 && o.memory_budget.none())
+    capture.emplace([&](const std::vector<Tensor>& b) {
+      Tensor loss = loss_fn(b);
+      loss.backward();
+      update();
+      return std::vector<Tensor>{loss};
+    });
   for (int64_t step = start; step < o.steps; ++step) {
     auto t0 = clk::now();
     double lr = schedule(step);
     opt.set_lr(lr);
     if (zero) zero->set_lr(lr);
     auto [x, y] = loader.next(dev);
-    auto loss_fn = [&](const std::vector<Tensor>& b) {
-      std::optional<Autocast> ac;
-      if (o.dtype != "float32") ac.emplace(o.dtype == "float16" ? DType::Float16 : DType::BFloat16);
-      Tensor loss = model.loss(b[0], b[1]);
-      return scaler ? scaler->scale(loss) : loss;  // float16: scaled so that small gradients survive
-    };
     const double scale = scaler ? scaler->get_scale() : 1.0;
-    auto update = [&] {
-                            if (scaler) scaler->unscale(opt);  // before clipping: the norm of the true gradients
-                            if (o.clip > 0) optim::clip_grad_norm(model.parameters(), o.clip);
-                            if (scaler) {
-                              scaler->step(opt);  // skipped when a gradient is inf or NaN
-                              scaler->update();
-                            } else {
-                              opt.step();
-                            }
-                            opt.zero_grad();  // gradients are consumed inside the step's graph, never stored
-    };
-    double l = (zero ? zero->step({x, y}, loss_fn)
+    double l = (capture ? (*capture)({x, y})[0].item()
+                : zero ? zero->step({x, y}, loss_fn)
                 : dp ? dp->step(model.parameters(), {x, y}, loss_fn, update)
                 : tp ? partitioned_step(*tp, {x, y}, loss_fn, update)
                      : train_step(model.parameters(), {x, y}, loss_fn, update, o.memory_budget, o.micro_batches)) /
@@ -290,7 +303,8 @@ TrainResult train_gpt(const TrainOptions& o) {
     Metrics m = metrics();
     if (log) {
       json j = {{"step", step + 1}, {"loss", l}, {"lr", lr}, {"step_ms", ms}, {"tokens_per_s", tokens / elapsed},
-                {"graphs_compiled", m.graphs_compiled}, {"host_syncs", m.host_syncs}, {"peak_bytes", m.peak_bytes}};
+                {"graphs_compiled", m.graphs_compiled}, {"host_syncs", m.host_syncs}, {"peak_bytes", m.peak_bytes},
+                {"replayed", capture && capture->last_replayed()}};
       if (val) j["val_loss"] = *val;
       std::fprintf(log, "%s\n", j.dump().c_str());
       std::fflush(log);
