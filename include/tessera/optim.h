@@ -275,6 +275,14 @@ class DataParallel {
   // The global batch's leading extent must divide evenly into the ranks.
   double step(const std::vector<Tensor>& params, const std::vector<Tensor>& global_batch,
               const std::function<Tensor(const std::vector<Tensor>&)>& loss_fn, const std::function<void()>& update);
+  // The same step traced and left pending, for a StepCapture (tessera/capture.h) to run and
+  // replay: process groups only (in process, the ranks' graphs run together inside step()).
+  // `local_batch` is this rank's rows, local_rows(global_batch), made before the captured step
+  // (a step must not read tensors it made from host values); returns the global batch's mean
+  // loss, pending. Both throw "[DataParallel] ..." in process.
+  std::vector<Tensor> local_rows(const std::vector<Tensor>& global_batch) const;
+  Tensor trace_step(const std::vector<Tensor>& params, const std::vector<Tensor>& local_batch,
+                    const std::function<Tensor(const std::vector<Tensor>&)>& loss_fn, const std::function<void()>& update);
   // The last step's buckets: indices into params, one list per all_reduce.
   const std::vector<std::vector<size_t>>& buckets() const { return buckets_; }
 
@@ -287,6 +295,11 @@ class DataParallel {
   Tensor trace_rows(const std::vector<Tensor>& global_batch, const std::function<Tensor(const std::vector<Tensor>&)>& loss_fn,
                     std::vector<std::vector<std::pair<Tensor, Tensor>>>& others, int64_t& rows);
   void make_buckets(const std::vector<Tensor>& params, bool by_params = false);  // by the parameters' sizes, not their gradients'
+  int64_t rows_per_rank(const std::vector<Tensor>& global_batch) const;  // checks the batch
+  Tensor trace_loss(const std::vector<Tensor>& mine, const std::function<Tensor(const std::vector<Tensor>&)>& loss_fn,
+                    int64_t start, int64_t rows);
+  // The gradients all-reduced by bucket, the update; the mean loss, pending.
+  Tensor reduce_and_update(const std::vector<Tensor>& params, const Tensor& loss, const std::function<void()>& update);
 
   int ranks_, rank_;
   bool in_process_;

@@ -64,8 +64,8 @@ DataParallel DataParallel::process_group(DataParallelOptions o) {
   return DataParallel(dist::world_size(), dist::rank(), false, o);
 }
 
-Tensor DataParallel::trace_rows(const std::vector<Tensor>& global_batch, const std::function<Tensor(const std::vector<Tensor>&)>& loss_fn,
-                                std::vector<std::vector<std::pair<Tensor, Tensor>>>& others, int64_t& rows) {
+// The batch's checks; its rows per rank.
+int64_t DataParallel::rows_per_rank(const std::vector<Tensor>& global_batch) const {
   if (global_batch.empty()) fail_dp("needs a batch (one or more tensors sharing their leading extent)");
   const int64_t N = ranks_;
   for (const Tensor& t : global_batch)
@@ -76,7 +76,22 @@ Tensor DataParallel::trace_rows(const std::vector<Tensor>& global_batch, const s
   if (B % N != 0)
     fail_dp("a batch of " + std::to_string(B) + " rows (" + dtype_name(global_batch[0].dtype()) + shape_str(global_batch[0].shape()) +
             ") does not divide into " + std::to_string(N) + " ranks");
-  rows = B / N;
+  return B / N;
+}
+
+std::vector<Tensor> DataParallel::local_rows(const std::vector<Tensor>& global_batch) const {
+  if (in_process_ && ranks_ > 1) fail_dp("local_rows is for process groups: in process, step() takes the global batch");
+  const int64_t rows = rows_per_rank(global_batch);
+  if (ranks_ == 1) return global_batch;
+  std::vector<Tensor> mine;
+  for (const Tensor& t : global_batch) mine.push_back(rows_of(t, rank_ * rows, rows));
+  return mine;
+}
+
+Tensor DataParallel::trace_rows(const std::vector<Tensor>& global_batch, const std::function<Tensor(const std::vector<Tensor>&)>& loss_fn,
+                                std::vector<std::vector<std::pair<Tensor, Tensor>>>& others, int64_t& rows) {
+  const int64_t N = ranks_;
+  rows = rows_per_rank(global_batch);
   // This rank's rows (in process: rank 0's; each other rank's are its inputs to the graph).
   std::vector<Tensor> mine;
   others.clear();
@@ -89,9 +104,15 @@ Tensor DataParallel::trace_rows(const std::vector<Tensor>& global_batch, const s
       for (size_t k = 0; k < global_batch.size(); ++k) others.back().push_back({mine[k], rows_of(global_batch[k], r * rows, rows)});
     }
   } else {
-    for (const Tensor& t : global_batch) mine.push_back(rows_of(t, rank_ * rows, rows));
+    mine = local_rows(global_batch);
   }
-  BatchSliceScope slice(in_process_ ? 0 : rank_ * rows, rows);
+  return trace_loss(mine, loss_fn, in_process_ ? 0 : rank_ * rows, rows);
+}
+
+// loss_fn on `mine` (rows start..start+rows of the global batch) and its backward.
+Tensor DataParallel::trace_loss(const std::vector<Tensor>& mine, const std::function<Tensor(const std::vector<Tensor>&)>& loss_fn,
+                                int64_t start, int64_t rows) {
+  BatchSliceScope slice(start, rows);
   Tensor loss = loss_fn(mine);
   if (!loss.defined() || loss.numel() != 1)
     fail_dp("the loss function must return a scalar, got " + (loss.defined() ? shape_str(loss.shape()) : std::string("an undefined tensor")));
@@ -115,12 +136,10 @@ void DataParallel::make_buckets(const std::vector<Tensor>& params, bool by_param
   }
 }
 
-double DataParallel::step(const std::vector<Tensor>& params, const std::vector<Tensor>& global_batch,
-                          const std::function<Tensor(const std::vector<Tensor>&)>& loss_fn, const std::function<void()>& update) {
+// After this rank's rows' forward and backward: the gradients all-reduced by bucket, the update;
+// returns the mean loss, pending.
+Tensor DataParallel::reduce_and_update(const std::vector<Tensor>& params, const Tensor& loss, const std::function<void()>& update) {
   const int64_t N = ranks_;
-  std::vector<std::vector<std::pair<Tensor, Tensor>>> others;
-  int64_t rows = 0;
-  Tensor loss = trace_rows(global_batch, loss_fn, others, rows);
   Tensor mean_loss;
   {
     NoGradGuard ng;
@@ -139,9 +158,26 @@ double DataParallel::step(const std::vector<Tensor>& params, const std::vector<T
       }
   }
   update();
-  if (N > 1 && in_process_) dist::sync_ranks(int(N), others, rows);
+  return mean_loss;
+}
+
+double DataParallel::step(const std::vector<Tensor>& params, const std::vector<Tensor>& global_batch,
+                          const std::function<Tensor(const std::vector<Tensor>&)>& loss_fn, const std::function<void()>& update) {
+  std::vector<std::vector<std::pair<Tensor, Tensor>>> others;
+  int64_t rows = 0;
+  Tensor mean_loss = reduce_and_update(params, trace_rows(global_batch, loss_fn, others, rows), update);
+  if (ranks_ > 1 && in_process_) dist::sync_ranks(int(ranks_), others, rows);
   else sync();
   return mean_loss.item();
+}
+
+Tensor DataParallel::trace_step(const std::vector<Tensor>& params, const std::vector<Tensor>& local_batch,
+                                const std::function<Tensor(const std::vector<Tensor>&)>& loss_fn, const std::function<void()>& update) {
+  if (in_process_ && ranks_ > 1) fail_dp("trace_step is for process groups: in process, step() runs the ranks' graphs together");
+  if (local_batch.empty() || !local_batch[0].defined() || local_batch[0].dim() == 0)
+    fail_dp("trace_step needs this rank's rows (local_rows of the global batch)");
+  const int64_t rows = local_batch[0].shape()[0];
+  return reduce_and_update(params, trace_loss(local_batch, loss_fn, rank_ * rows, rows), update);
 }
 
 // ---- ZeRO-1 ----

@@ -8,6 +8,7 @@
 # continue rank 0's checkpoint of step 3 to step 5 as one rank continues its own; and ZeRO-1
 # (--zero1: sharded moments, MPI rank 1 writing its own to ckpt.safetensors.rank1) resumed from
 # step 3, in process and on 2 MPI ranks, gives the uninterrupted --zero1 run's steps 4 and 5.
+# One device's and the MPI ranks' steps 4 and 5 replay the captured step (the log's "replayed").
 # usage: cli_train.sh MPIRUN TESSERA
 mpirun=$1
 tessera=$2
@@ -61,6 +62,13 @@ print("resumed: one rank", ["%.6f" % x for x in r1], "2 MPI ranks", ["%.6f" % x 
 if len(r1) != 2 or len(r2) != 2 or any(abs(a - b) > 1e-5 * abs(a) for a, b in zip(r1, r2)):
     print("FAIL: resumed losses differ")
     bad += 1
+# One device's and each MPI rank's step are captured: steps 4 and 5 replay (tessera/capture.h);
+# in-process ranks run their graphs together and trace every step.
+for name, want in (("one.jsonl", True), ("mpi.jsonl", True), ("mpi.jsonl.rank1", True), ("two.jsonl", False)):
+    got = [json.loads(l)["replayed"] for l in open(f"{d}/{name}")]
+    if got != [False, False, False, want, want]:
+        print(f"FAIL: {name} replayed {got}")
+        bad += 1
 zero = losses("zero.jsonl")[3:]
 for name in ("r3.jsonl", "r4.jsonl", "r4.jsonl.rank1"):
     got = losses(name)

@@ -263,13 +263,15 @@ TrainResult train_gpt(const TrainOptions& o) {
     }
     opt.zero_grad();  // gradients are consumed inside the step's graph, never stored
   };
-  // One device's whole step (no micro-batches or budget): a StepCapture replays its compiled
-  // graph once two steps traced alike, skipping the host's tracing of forward, autodiff and
-  // AdamW (tessera/capture.h; TESSERA_CAPTURE=0 traces every step). float16's GradScaler reads
-  // a value back mid-step, so it is never replayed: left to train_step.
+  // One process's whole step, on one device or as an MPI rank (no micro-batches or budget): a
+  // StepCapture replays its compiled graph once two steps traced alike, skipping the host's
+  // tracing of forward, autodiff and AdamW (tessera/capture.h; TESSERA_CAPTURE=0 traces every
+  // step). float16's GradScaler reads a value back mid-step, so it is never replayed: left to
+  // train_step; in-process ranks run their graphs together (DataParallel::step).
   std::optional<StepCapture> capture;
-  if (!zero && !dp && !tp && !scaler && o.micro_batches == 1 && o.memory_budget.none())
+  if (!zero && !tp && !scaler && o.micro_batches == 1 && o.memory_budget.none() && (!dp || !dp->is_in_process()))
     capture.emplace([&](const std::vector<Tensor>& b) {
+      if (dp) return std::vector<Tensor>{dp->trace_step(model.parameters(), b, loss_fn, update)};
       Tensor loss = loss_fn(b);
       loss.backward();
       update();
@@ -282,7 +284,7 @@ TrainResult train_gpt(const TrainOptions& o) {
     if (zero) zero->set_lr(lr);
     auto [x, y] = loader.next(dev);
     const double scale = scaler ? scaler->get_scale() : 1.0;
-    double l = (capture ? (*capture)({x, y})[0].item()
+    double l = (capture ? (*capture)(dp ? dp->local_rows({x, y}) : std::vector<Tensor>{x, y})[0].item()
                 : zero ? zero->step({x, y}, loss_fn)
                 : dp ? dp->step(model.parameters(), {x, y}, loss_fn, update)
                 : tp ? partitioned_step(*tp, {x, y}, loss_fn, update)
@@ -305,6 +307,7 @@ TrainResult train_gpt(const TrainOptions& o) {
       json j = {{"step", step + 1}, {"loss", l}, {"lr", lr}, {"step_ms", ms}, {"tokens_per_s", tokens / elapsed},
                 {"graphs_compiled", m.graphs_compiled}, {"host_syncs", m.host_syncs}, {"peak_bytes", m.peak_bytes},
                 {"replayed", capture && capture->last_replayed()}};
+      if (capture && !capture->last_replayed()) j["traced_because"] = capture->last_reason();
       if (val) j["val_loss"] = *val;
       std::fprintf(log, "%s\n", j.dump().c_str());
       std::fflush(log);
