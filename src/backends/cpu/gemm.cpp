@@ -418,6 +418,20 @@ class GemmLaunch {
       for (int64_t k = 0; k < K_; ++k)
         for (int64_t j = 0; j < w; ++j) dst[k * N_ + j] = to_float(t, src[k * rs + j * cs]);
     }
+    // A stored by columns (dY^T of a weight gradient, P^T and dS^T in attention's backward) under
+    // vdpbf16ps: packed once per batch element as pairs of depths (bf16_gemm::pack_a_pairs, in
+    // chunks of 64 pairs), which the tasks read at their rows; per task with pack_a it was read
+    // one element per column stride, by every column task again.
+    const int64_t P = (K_ + 1) / 2, pchunks = (P + 63) / 64;
+    const bool pairs = dot && a_.trans;
+    std::vector<uint32_t, LineAligned<uint32_t>> apr(pairs ? size_t(nb_ * P * M_) : 0);
+    if (pairs) {
+#pragma omp parallel for schedule(static) if (nb_ * K_ * M_ >= kParallelMin)
+      for (int64_t t2 = 0; t2 < nb_ * pchunks; ++t2) {
+        const int64_t b = t2 / pchunks, p0 = t2 % pchunks * 64, k0 = 2 * p0, k1 = std::min(K_, k0 + 128);
+        bf16_gemm::pack_a_pairs(half_at(a_, b) + k0 * a_.ld, a_.ld, M_, k1 - k0, apr.data() + (b * P + p0) * M_, M_);
+      }
+    }
     // Fewer than 4 row blocks in all (a weight gradient: M = 128..512, K = the tokens) also split
     // the columns, in multiples of 16, so that both threads work; fixed by the shape alone.
     const int64_t mb = (M_ + kBlock - 1) / kBlock, nbk = nb_ * mb < 4 ? std::min<int64_t>(4 / (nb_ * mb), ncb) : 1;
@@ -430,7 +444,11 @@ class GemmLaunch {
       const uint16_t* a = half_at(a_, b) + (a_.trans ? m0 : m0 * a_.ld);
       const int64_t rs = a_.trans ? 1 : a_.ld, cs = a_.trans ? a_.ld : 1;
       float* c = reinterpret_cast<float*>(out_) + b * M_ * N_ + m0 * N_;
-      if (dot) {
+      if (pairs) {
+        PriorBlock prior(st_.accumulate, c + n0, rows, n1 - n0, N_);
+        bf16_gemm::product_pairs(apr.data() + b * P * M_ + m0, M_, P, bh.data() + b * bsize + n0 * 2 * P, rows, n1 - n0, c + n0, N_);
+        prior.add();
+      } else if (dot) {
         thread_local std::vector<uint16_t, LineAligned<uint16_t>> ap;
         int64_t lda = a_.ld;
         if (cs != 1 || K_ % 2 != 0) {
