@@ -235,6 +235,11 @@ TEST(Autocast, ProductsMatchTheReference) {
   Tensor p = random_tensor({3, 2, 9, 13}, BF16, 42), g = random_tensor({3, 2, 9, 20}, BF16, 43);
   EXPECT_TRUE(matches_reference(product(p.transpose(-2, -1), g)));
   EXPECT_TRUE(matches_reference(product(p.slice(3, 0, 11).transpose(-2, -1), g.slice(2, 0, 9))));
+  // Few batch elements or more than one row block each (B packed once for all tasks, A by
+  // columns packed once per element) against attention's form above (each task packs its own).
+  Tensor u = random_tensor({2, 20, 150}, BF16, 44), v = random_tensor({2, 20, 33}, BF16, 45);
+  EXPECT_TRUE(matches_reference(product(u.transpose(-2, -1), v)));
+  EXPECT_TRUE(matches_reference(product(u.transpose(-2, -1), v.transpose(-2, -1).contiguous().transpose(-2, -1))));
   for (int64_t k : {1, 2, 3, 64, 127, 130})
     for (int64_t m : {5, 16, 21, 128}) {
       SCOPED_TRACE("A by columns in a wider tensor: m " + std::to_string(m) + " k " + std::to_string(k));
