@@ -1,4 +1,4 @@
-// The benchmark GPT step's matrix products in float32 (OpenBLAS, as the cpu backend runs them) and
+// The benchmark GPT step's matrix products in float32 (as the cpu backend runs them: f32_gemm or OpenBLAS) and
 // with bfloat16 operands (autocast's products: vdpbf16ps through backends/cpu/bf16_gemm, float32
 // accumulation and results), each shape on realized operands, the product alone (no operand
 // rounding, which autocast's cast Steps do), median and best of repeated syncs, and GFLOP/s.

@@ -315,10 +315,13 @@ TEST(Autocast, ThreadCountsAndTheFlopsCounter) {
   EXPECT_EQ(batched[0], batched[2]);
   // A row's result does not depend on how many rows the product has (micro-batches and batch
   // slices compute each row alike): the first 40 rows alone give the same bits, and an A packed
-  // as pairs gives the bits of the same A read in place (the same pairs, in the same order).
-  const std::vector<float> few = product(dy.slice(1, 0, 40).transpose(0, 1), x).to_vector<float>();
-  EXPECT_TRUE(std::equal(few.begin(), few.end(), grads[0].begin()));
-  EXPECT_EQ(product(dy.transpose(0, 1).contiguous(), x).to_vector<float>(), grads[0]);
+  // as pairs gives the bits of the same A read in place (the same pairs, in the same order). The
+  // vdpbf16ps kernel's promise: the float32 fallback's BLAS blocks rows by their count.
+  if (backends::bf16_gemm::available()) {
+    const std::vector<float> few = product(dy.slice(1, 0, 40).transpose(0, 1), x).to_vector<float>();
+    EXPECT_TRUE(std::equal(few.begin(), few.end(), grads[0].begin()));
+    EXPECT_EQ(product(dy.transpose(0, 1).contiguous(), x).to_vector<float>(), grads[0]);
+  }
   EXPECT_TRUE(matches_reference(product(dy.transpose(0, 1), x), testing::tolerance(F32, 517)));
   EXPECT_NE(metrics().report().find("bf16 flops"), std::string::npos);
 }
