@@ -1,11 +1,12 @@
-// The benchmark GPT step's matrix products in float32 (OpenBLAS, as the cpu backend runs them) and
+// The benchmark GPT step's matrix products in float32 (as the cpu backend runs them: f32_gemm or OpenBLAS) and
 // with bfloat16 operands (autocast's products: vdpbf16ps through backends/cpu/bf16_gemm, float32
 // accumulation and results), each shape on realized operands, the product alone (no operand
 // rounding, which autocast's cast Steps do), median and best of repeated syncs, and GFLOP/s.
 //
 //   OMP_NUM_THREADS=2 taskset -c 0,1 bench_bf16_gemm [--reps N]
 //
-// Shapes: tokens R = 16 x 64, width E = 128, vocabulary V = 114, 4 heads of 32 over 64 positions
+// Shapes and operand layouts: those of the step (a transposed operand is a transposed view).
+// Tokens R = 16 x 64, width E = 128, vocabulary V = 114, 4 heads of 32 over 64 positions
 // (64 batched products); per layer the forward products, their input gradients (dX = dY W) and
 // weight gradients (dW = dY^T X); the step has 4 layers plus the head.
 #include <algorithm>
@@ -29,6 +30,7 @@ namespace {
 struct Shape4 {
   const char* what;
   int64_t batch, m, n, k, per_step;  // per_step: how many times the step runs it
+  bool at = false, bt = false;        // A (B) stored transposed, a view of [K, M] ([N, K]) as in the step
 };
 
 Tensor product(const Tensor& a, const Tensor& b) {
@@ -37,9 +39,12 @@ Tensor product(const Tensor& a, const Tensor& b) {
 
 // Median and best milliseconds of one product per sync.
 std::pair<double, double> time_product(const Shape4& s, DType t, int reps) {
-  Shape as{s.m, s.k}, bs{s.k, s.n};
+  Shape as = s.at ? Shape{s.k, s.m} : Shape{s.m, s.k}, bs = s.bt ? Shape{s.n, s.k} : Shape{s.k, s.n};
   if (s.batch > 1) as.insert(as.begin(), s.batch), bs.insert(bs.begin(), s.batch);
   Tensor a = randn(as, {DType::Float32, Device("cpu")}).to(t), b = randn(bs, {DType::Float32, Device("cpu")}).to(t);
+  tessera::sync();
+  if (s.at) a = a.transpose(-2, -1);
+  if (s.bt) b = b.transpose(-2, -1);
   tessera::sync();
   std::vector<double> ms;
   for (int r = 0; r < reps + 2; ++r) {
@@ -58,14 +63,22 @@ int main(int argc, char** argv) {
   for (int i = 1; i + 1 < argc; ++i)
     if (std::string(argv[i]) == "--reps") reps = std::atoi(argv[++i]);
   const int64_t R = 1024, E = 128, V = 114, T = 64, D = 32, BH = 64, L = 4;
+  // The operands' layouts are the step's (TESSERA_DUMP=fused): weights' gradients read dY
+  // transposed (A by columns), input gradients W transposed (B by columns); in attention, P^T dO
+  // and dS^T Q read A by columns, Q K^T and dS K B by columns (the attention labels are our
+  // reading of the step's batched products; their shapes and layouts are the step's).
   std::vector<Shape4> shapes{
-      {"qkv      X W", 1, R, 3 * E, E, L},     {"qkv     dY W^T", 1, R, E, 3 * E, L},  {"qkv     dY^T X", 1, 3 * E, E, R, L},
-      {"proj     X W", 1, R, E, E, L},         {"proj    dY W^T", 1, R, E, E, L},      {"proj    dY^T X", 1, E, E, R, L},
-      {"fc       X W", 1, R, 4 * E, E, L},     {"fc      dY W^T", 1, R, E, 4 * E, L},  {"fc      dY^T X", 1, 4 * E, E, R, L},
-      {"mlp.proj X W", 1, R, E, 4 * E, L},     {"mlp.proj dY W^T", 1, R, 4 * E, E, L}, {"mlp.proj dY^T X", 1, E, 4 * E, R, L},
-      {"head     X W", 1, R, V, E, 1},         {"head    dY W^T", 1, R, E, V, 1},      {"head    dY^T X", 1, V, E, R, 1},
-      {"att  Q K^T", BH, T, T, D, L},          {"att  P V", BH, T, D, T, L},           {"att  dP = dO V^T", BH, T, T, D, L},
-      {"att  dV = P^T dO", BH, T, D, T, L},     {"att  dQ = dS K", BH, T, D, T, L},     {"att  dK = dS^T Q", BH, T, D, T, L},
+      {"qkv      X W", 1, R, 3 * E, E, L},            {"qkv     dY W^T", 1, R, E, 3 * E, L, false, true},
+      {"qkv     X^T dY", 1, E, 3 * E, R, L, true},     {"proj     X W", 1, R, E, E, L},
+      {"proj    dY W^T", 1, R, E, E, L, false, true},  {"proj    X^T dY", 1, E, E, R, L, true},
+      {"fc       X W", 1, R, 4 * E, E, L},            {"fc      dY W^T", 1, R, E, 4 * E, L, false, true},
+      {"fc      X^T dY", 1, E, 4 * E, R, L, true},     {"mlp.proj X W", 1, R, E, 4 * E, L},
+      {"mlp.proj dY W^T", 1, R, 4 * E, E, L, false, true}, {"mlp.proj X^T dY", 1, 4 * E, E, R, L, true},
+      {"head     X W", 1, R, V, E, 1},                {"head    dY W^T", 1, R, E, V, 1, false, true},
+      {"head    X^T dY", 1, E, V, R, 1, true},
+      {"att  Q K^T", BH, T, T, D, L, false, true},    {"att  P V", BH, T, D, T, L},
+      {"att  dO V^T", BH, T, T, D, L},                {"att  P^T dO", BH, T, D, T, L, true},
+      {"att  dS K", BH, T, D, T, L, false, true},     {"att  dS^T Q", BH, D, T, T, L, true},
   };
   const char* omp = std::getenv("OMP_NUM_THREADS");
   std::printf("the benchmark GPT step's products, OMP_NUM_THREADS=%s, %d syncs each (median; best), vdpbf16ps %s, load %.1f\n",

@@ -2,6 +2,7 @@
 // compiled Steps' dump; the bfloat16 products (vdpbf16ps on AVX512-BF16, or float32 and the BLAS)
 // against the float64 reference over the same bfloat16-rounded operands; the bf16 flops counter;
 // gradients reaching float32 parameters; dynamic loss scaling (optim::GradScaler).
+#include <algorithm>
 #include <omp.h>
 
 #include <cmath>
@@ -228,6 +229,23 @@ TEST(Autocast, ProductsMatchTheReference) {
   EXPECT_TRUE(matches_reference(product(q, k.transpose(-2, -1))));
   EXPECT_TRUE(matches_reference(product(q.slice(2, 0, 9, 2), k.slice(2, 0, 9, 2).transpose(-2, -1))));  // strided rows
   EXPECT_TRUE(matches_reference(product(q.slice(3, 0, 6, 2), k.slice(3, 1, 6, 2).transpose(-2, -1))));  // strided columns
+  // A read by columns in a batch (attention's P^T dO: packed as pairs of depths per element), odd
+  // K, rows not a multiple of 16 (the packing's scalar tail), and an A whose columns lie further
+  // apart than its rows (a slice of a wider tensor, transposed).
+  Tensor p = random_tensor({3, 2, 9, 13}, BF16, 42), g = random_tensor({3, 2, 9, 20}, BF16, 43);
+  EXPECT_TRUE(matches_reference(product(p.transpose(-2, -1), g)));
+  EXPECT_TRUE(matches_reference(product(p.slice(3, 0, 11).transpose(-2, -1), g.slice(2, 0, 9))));
+  // Few batch elements or more than one row block each (B packed once for all tasks, A by
+  // columns packed once per element) against attention's form above (each task packs its own).
+  Tensor u = random_tensor({2, 20, 150}, BF16, 44), v = random_tensor({2, 20, 33}, BF16, 45);
+  EXPECT_TRUE(matches_reference(product(u.transpose(-2, -1), v)));
+  EXPECT_TRUE(matches_reference(product(u.transpose(-2, -1), v.transpose(-2, -1).contiguous().transpose(-2, -1))));
+  for (int64_t k : {1, 2, 3, 64, 127, 130})
+    for (int64_t m : {5, 16, 21, 128}) {
+      SCOPED_TRACE("A by columns in a wider tensor: m " + std::to_string(m) + " k " + std::to_string(k));
+      Tensor wide = random_tensor({k, m + 7}, BF16, ++seed), b = random_tensor({k, 70}, BF16, ++seed);
+      EXPECT_TRUE(matches_reference(product(wide.slice(1, 3, m + 3).transpose(0, 1), b), testing::tolerance(F32, k)));
+    }
   // float16 goes through float32 and the BLAS.
   EXPECT_TRUE(matches_reference(product(q.to(F16), k.to(F16).transpose(-2, -1))));
 }
@@ -273,7 +291,11 @@ TEST(Autocast, RoundingStepsGiveExactBits) {
 // products run in vdpbf16ps (none where the machine or TESSERA_CPU_BF16=0 says no).
 TEST(Autocast, ThreadCountsAndTheFlopsCounter) {
   Tensor a = random_tensor({300, 96}, F32, 1), b = random_tensor({96, 130}, F32, 2);
-  std::vector<std::vector<float>> runs;
+  // A weight gradient's form (A read by columns: packed as pairs of depths; K deep, few rows:
+  // the columns split between tasks) and a batched one with A by columns.
+  Tensor dy = random_tensor({517, 140}, BF16, 3), x = random_tensor({517, 70}, BF16, 4);
+  Tensor pa = random_tensor({8, 64, 32}, BF16, 5), pb = random_tensor({8, 64, 40}, BF16, 6);
+  std::vector<std::vector<float>> runs, grads, batched;
   const int before = omp_get_max_threads();
   for (int th : {1, 2, 3}) {
     omp_set_num_threads(th);
@@ -281,10 +303,26 @@ TEST(Autocast, ThreadCountsAndTheFlopsCounter) {
     Autocast ac{BF16};
     runs.push_back(matmul(a, b).to_vector<float>());
     EXPECT_EQ(metrics().bf16_flops - flops, backends::bf16_gemm::available() ? 2 * 300 * 130 * 96 : 0);
+    grads.push_back(product(dy.transpose(0, 1), x).to_vector<float>());
+    batched.push_back(product(pa.transpose(-2, -1), pb).to_vector<float>());
   }
   omp_set_num_threads(before);
   EXPECT_EQ(runs[0], runs[1]);
   EXPECT_EQ(runs[0], runs[2]);
+  EXPECT_EQ(grads[0], grads[1]);
+  EXPECT_EQ(grads[0], grads[2]);
+  EXPECT_EQ(batched[0], batched[1]);
+  EXPECT_EQ(batched[0], batched[2]);
+  // A row's result does not depend on how many rows the product has (micro-batches and batch
+  // slices compute each row alike): the first 40 rows alone give the same bits, and an A packed
+  // as pairs gives the bits of the same A read in place (the same pairs, in the same order). The
+  // vdpbf16ps kernel's promise: the float32 fallback's BLAS blocks rows by their count.
+  if (backends::bf16_gemm::available()) {
+    const std::vector<float> few = product(dy.slice(1, 0, 40).transpose(0, 1), x).to_vector<float>();
+    EXPECT_TRUE(std::equal(few.begin(), few.end(), grads[0].begin()));
+    EXPECT_EQ(product(dy.transpose(0, 1).contiguous(), x).to_vector<float>(), grads[0]);
+  }
+  EXPECT_TRUE(matches_reference(product(dy.transpose(0, 1), x), testing::tolerance(F32, 517)));
   EXPECT_NE(metrics().report().find("bf16 flops"), std::string::npos);
 }
 

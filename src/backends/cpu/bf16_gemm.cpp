@@ -1,5 +1,8 @@
 #include "backends/cpu/bf16_gemm.h"
 
+// GCC 12 warns that the undefined vector behind its widening intrinsics may be used
+// uninitialized; it is not (every masked load here zeroes).
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #include <immintrin.h>
 
 #include <algorithm>
@@ -26,8 +29,56 @@ bool available() {
 
 int64_t packed_size(int64_t K, int64_t N) { return (K + 1) / 2 * 2 * ((N + 15) / 16 * 16); }
 
+#if defined(__x86_64__)
+namespace {
+// B's rows contiguous (element (k, n) at b[k * rs + n]): per pair of depths, the two rows' 16
+// columns widened to 32-bit words and the second shifted into the high halves (zeros past N by
+// the masked loads, past K by a zero row).
+__attribute__((target("avx512f,avx512bw,avx512vl"))) void pack_b_rows(const uint16_t* b, int64_t rs, int64_t K, int64_t N,
+                                                                        uint16_t* out) {
+  const int64_t P = (K + 1) / 2;
+  for (int64_t j0 = 0; j0 < N; j0 += 16) {
+    const int64_t w = std::min<int64_t>(16, N - j0);
+    const __mmask16 m = __mmask16((1u << w) - 1);
+    for (int64_t p = 0; p < P; ++p, out += 32) {
+      const uint16_t* r0 = b + 2 * p * rs + j0;
+      const __m512i lo = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, r0));
+      const __m512i hi = 2 * p + 1 < K ? _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, r0 + rs)) : _mm512_setzero_si512();
+      _mm512_storeu_si512(out, _mm512_or_si512(lo, _mm512_slli_epi32(hi, 16)));
+    }
+  }
+}
+}  // namespace
+#endif
+
 void pack_b(const uint16_t* b, int64_t rs, int64_t cs, int64_t K, int64_t N, uint16_t* out) {
   const int64_t P = (K + 1) / 2;
+#if defined(__x86_64__)
+  if (cs == 1) return pack_b_rows(b, rs, K, N, out);
+#endif
+  if (rs == 1) {
+    // B's columns contiguous (B^T's rows: dY W^T's W^T): a column's pair of depths is one
+    // 32-bit word of the source, copied column by column.
+    for (int64_t j0 = 0; j0 < N; j0 += 16, out += 32 * P) {
+      const int64_t w = std::min<int64_t>(16, N - j0);
+      uint32_t* o = reinterpret_cast<uint32_t*>(out);
+      for (int64_t l = 0; l < 16; ++l) {
+        if (l >= w) {
+          for (int64_t p = 0; p < P; ++p) o[p * 16 + l] = 0;
+          continue;
+        }
+        const uint16_t* col = b + (j0 + l) * cs;
+        int64_t p = 0;
+        for (; 2 * p + 1 < K; ++p) {
+          uint32_t v;
+          std::memcpy(&v, col + 2 * p, 4);
+          o[p * 16 + l] = v;
+        }
+        if (p < P) o[p * 16 + l] = col[2 * p];
+      }
+    }
+    return;
+  }
   for (int64_t j0 = 0; j0 < N; j0 += 16) {
     const int64_t w = std::min<int64_t>(16, N - j0);
     for (int64_t p = 0; p < P; ++p, out += 32) {
@@ -55,13 +106,36 @@ void pack_a(const uint16_t* a, int64_t rs, int64_t cs, int64_t M, int64_t K, uin
 }
 
 #if defined(__x86_64__)
+__attribute__((target("avx512f,avx512bw,avx512vl"))) void pack_a_pairs(const uint16_t* a, int64_t ld, int64_t M, int64_t K,
+                                                                         uint32_t* out, int64_t ldo) {
+  const int64_t P = (K + 1) / 2;
+  for (int64_t p = 0; p < P; ++p, out += ldo) {
+    const uint16_t* r0 = a + 2 * p * ld;
+    const bool two = 2 * p + 1 < K;
+    int64_t m = 0;
+    for (; m + 16 <= M; m += 16) {
+      const __m512i lo = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(r0 + m)));
+      const __m512i hi = two ? _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(r0 + ld + m)))
+                             : _mm512_setzero_si512();
+      _mm512_storeu_si512(out + m, _mm512_or_si512(lo, _mm512_slli_epi32(hi, 16)));
+    }
+    for (; m < M; ++m) out[m] = uint32_t(r0[m]) | (two ? uint32_t(r0[ld + m]) << 16 : 0u);
+  }
+}
+#else
+void pack_a_pairs(const uint16_t*, int64_t, int64_t, int64_t, uint32_t*, int64_t) {}
+#endif
+
+#if defined(__x86_64__)
 namespace {
 
 using Tile = void (*)(const uint16_t*, int64_t, int64_t, const uint16_t*, int64_t, float*, int64_t, int);
 
 // MR rows x NR vectors of 16 columns: MR x NR accumulators (at most 24; with the NR vectors of B
 // and A's broadcast pair, within the 32 registers). `last`: columns stored of the last vector.
-template <int MR, int NR>
+// APAIRS: A as pack_a_pairs wrote it (row i's pair p at the 32-bit word p * lda + i); else rows
+// lda elements apart, pair p at 2p.
+template <int MR, int NR, bool APAIRS>
 __attribute__((target("avx512f,avx512bf16"))) void tile(const uint16_t* a, int64_t lda, int64_t P, const uint16_t* bp,
                                                         int64_t bstride, float* c, int64_t ldc, int last) {
   __m512 acc[MR][NR];
@@ -72,7 +146,8 @@ __attribute__((target("avx512f,avx512bf16"))) void tile(const uint16_t* a, int64
     for (int j = 0; j < NR; ++j) bv[j] = (__m512bh)_mm512_loadu_si512(bp + j * bstride + p * 32);
     for (int i = 0; i < MR; ++i) {
       int32_t pair;
-      std::memcpy(&pair, a + i * lda + 2 * p, 4);
+      if constexpr (APAIRS) std::memcpy(&pair, a + 2 * (p * lda + i), 4);
+      else std::memcpy(&pair, a + i * lda + 2 * p, 4);
       const __m512bh av = (__m512bh)_mm512_set1_epi32(pair);
       for (int j = 0; j < NR; ++j) acc[i][j] = _mm512_dpbf16_ps(acc[i][j], av, bv[j]);
     }
@@ -88,32 +163,45 @@ __attribute__((target("avx512f,avx512bf16"))) void tile(const uint16_t* a, int64
 
 constexpr int kMR = 6, kNR = 4;
 
-template <int MR, int... NR>
+template <bool APAIRS, int MR, int... NR>
 constexpr std::array<Tile, kNR> row_of(std::integer_sequence<int, NR...>) {
-  return {tile<MR, NR + 1>...};
+  return {tile<MR, NR + 1, APAIRS>...};
 }
-template <int... MR>
+template <bool APAIRS, int... MR>
 constexpr std::array<std::array<Tile, kNR>, kMR> table(std::integer_sequence<int, MR...>) {
-  return {row_of<MR + 1>(std::make_integer_sequence<int, kNR>())...};
+  return {row_of<APAIRS, MR + 1>(std::make_integer_sequence<int, kNR>())...};
 }
-constexpr auto kTiles = table(std::make_integer_sequence<int, kMR>());
+constexpr std::array<std::array<std::array<Tile, kNR>, kMR>, 2> kTiles{table<false>(std::make_integer_sequence<int, kMR>()),
+                                                                      table<true>(std::make_integer_sequence<int, kMR>())};
 
-}  // namespace
-
-void product(const uint16_t* a, int64_t lda, int64_t K, const uint16_t* bp, int64_t M, int64_t N, float* c, int64_t ldc) {
-  const int64_t P = K / 2, bstride = P * 32;
+// Column panels of 64 outer, row tiles inner (a panel's pairs stay in cache across the rows).
+// APAIRS: a_at(m0) is a + 2 * m0 (words), else a + m0 * lda (elements).
+template <bool APAIRS>
+void run(const uint16_t* a, int64_t lda, int64_t P, const uint16_t* bp, int64_t M, int64_t N, float* c, int64_t ldc) {
+  const int64_t bstride = P * 32;
   for (int64_t n0 = 0; n0 < N; n0 += 16 * kNR) {
     const int64_t w = std::min<int64_t>(16 * kNR, N - n0), nr = (w + 15) / 16;
     const int last = int(w - 16 * (nr - 1));
     const uint16_t* b = bp + (n0 / 16) * bstride;
     for (int64_t m0 = 0; m0 < M; m0 += kMR) {
       const int64_t mr = std::min<int64_t>(kMR, M - m0);
-      kTiles[size_t(mr - 1)][size_t(nr - 1)](a + m0 * lda, lda, P, b, bstride, c + m0 * ldc + n0, ldc, last);
+      kTiles[APAIRS][size_t(mr - 1)][size_t(nr - 1)](APAIRS ? a + 2 * m0 : a + m0 * lda, lda, P, b, bstride, c + m0 * ldc + n0, ldc,
+                                                     last);
     }
   }
 }
+
+}  // namespace
+
+void product(const uint16_t* a, int64_t lda, int64_t K, const uint16_t* bp, int64_t M, int64_t N, float* c, int64_t ldc) {
+  run<false>(a, lda, K / 2, bp, M, N, c, ldc);
+}
+void product_pairs(const uint32_t* ap, int64_t lda, int64_t P, const uint16_t* bp, int64_t M, int64_t N, float* c, int64_t ldc) {
+  run<true>(reinterpret_cast<const uint16_t*>(ap), lda, P, bp, M, N, c, ldc);
+}
 #else
 void product(const uint16_t*, int64_t, int64_t, const uint16_t*, int64_t, int64_t, float*, int64_t) {}
+void product_pairs(const uint32_t*, int64_t, int64_t, const uint16_t*, int64_t, int64_t, float*, int64_t) {}
 #endif
 
 }  // namespace tessera::backends::bf16_gemm

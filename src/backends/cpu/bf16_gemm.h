@@ -22,8 +22,18 @@ void pack_b(const uint16_t* b, int64_t rs, int64_t cs, int64_t K, int64_t N, uin
 // odd K): an A that product() cannot read in place.
 void pack_a(const uint16_t* a, int64_t rs, int64_t cs, int64_t M, int64_t K, uint16_t* out);
 
+// Packs an A stored by columns (element (m, k) at a[m + k * ld]: a transposed operand, the weight
+// gradient's dY^T) as pairs of depths: word p * ldo + m holds A(m, 2p) in its low and A(m, 2p + 1)
+// in its high 16 bits (zero past K), for p < (K + 1) / 2, m < M. Each pair is two rows of the
+// source interleaved: read and written in runs, where pack_a reads one element per column stride.
+void pack_a_pairs(const uint16_t* a, int64_t ld, int64_t M, int64_t K, uint32_t* out, int64_t ldo);
+
 // c[m * ldc + n] = sum over k of A(m, k) * B(k, n), accumulated in float32 in pairs of depths in
 // order, for m < M, n < N: A's rows lda elements apart, each K (even) long; B as pack_b wrote it.
 void product(const uint16_t* a, int64_t lda, int64_t K, const uint16_t* bp, int64_t M, int64_t N, float* c, int64_t ldc);
+
+// The same product with A as pack_a_pairs wrote it (row m's pair p at ap[p * lda + m], P pairs):
+// the same instructions on the same pairs in the same order, so the same bits as product().
+void product_pairs(const uint32_t* ap, int64_t lda, int64_t P, const uint16_t* bp, int64_t M, int64_t N, float* c, int64_t ldc);
 
 }  // namespace tessera::backends::bf16_gemm

@@ -403,10 +403,19 @@ class GemmLaunch {
     a_ = gemm_operand(st_.maps[0], args_.slots[st_.inputs[0]], t, false);
     b_ = gemm_operand(st_.maps[1], args_.slots[st_.inputs[1]], t, false);
     const int64_t ncb = (N_ + 15) / 16, bsize = dot ? bf16_gemm::packed_size(K_, N_) : K_ * N_;
-    std::vector<uint16_t, LineAligned<uint16_t>> bh(dot ? size_t(nb_ * bsize) : 0);
+    // Fewer than 4 row blocks in all (a weight gradient: M = 128..512, K = the tokens) also split
+    // the columns, in multiples of 16, so that both threads work; fixed by the shape alone.
+    const int64_t mb = (M_ + kBlock - 1) / kBlock, nbk = nb_ * mb < 4 ? std::min<int64_t>(4 / (nb_ * mb), ncb) : 1;
+    const int64_t cw = (ncb + nbk - 1) / nbk * 16, per = mb * nbk;
+    // Batched products of one row block per element (attention's, 64 x 64 x 32 and the like)
+    // under vdpbf16ps: each element's task packs its own B (and A by columns) into its thread's
+    // buffers and multiplies from there at once, one parallel region instead of three (the
+    // packing loops' barriers cost more than these products' arithmetic saves).
+    const bool local = dot && nb_ >= 4 && mb == 1;
+    std::vector<uint16_t, LineAligned<uint16_t>> bh(dot && !local ? size_t(nb_ * bsize) : 0);
     std::vector<float, LineAligned<float>> bf(dot ? 0 : size_t(nb_ * bsize));
 #pragma omp parallel for schedule(static) if (nb_ * K_ * N_ >= kParallelMin)
-    for (int64_t t2 = 0; t2 < nb_ * ncb; ++t2) {
+    for (int64_t t2 = 0; t2 < (local ? 0 : nb_ * ncb); ++t2) {
       const int64_t b = t2 / ncb, n0 = t2 % ncb * 16, w = std::min<int64_t>(16, N_ - n0);
       const uint16_t* src = half_at(b_, b) + (b_.trans ? n0 * b_.ld : n0);
       const int64_t rs = b_.trans ? 1 : b_.ld, cs = b_.trans ? b_.ld : 1;
@@ -418,10 +427,20 @@ class GemmLaunch {
       for (int64_t k = 0; k < K_; ++k)
         for (int64_t j = 0; j < w; ++j) dst[k * N_ + j] = to_float(t, src[k * rs + j * cs]);
     }
-    // Fewer than 4 row blocks in all (a weight gradient: M = 128..512, K = the tokens) also split
-    // the columns, in multiples of 16, so that both threads work; fixed by the shape alone.
-    const int64_t mb = (M_ + kBlock - 1) / kBlock, nbk = nb_ * mb < 4 ? std::min<int64_t>(4 / (nb_ * mb), ncb) : 1;
-    const int64_t cw = (ncb + nbk - 1) / nbk * 16, per = mb * nbk;
+    // A stored by columns (dY^T of a weight gradient, P^T and dS^T in attention's backward) under
+    // vdpbf16ps: packed once per batch element as pairs of depths (bf16_gemm::pack_a_pairs, in
+    // chunks of 64 pairs), which the tasks read at their rows; per task with pack_a it was read
+    // one element per column stride, by every column task again.
+    const int64_t P = (K_ + 1) / 2, pchunks = (P + 63) / 64;
+    const bool pairs = dot && a_.trans;
+    std::vector<uint32_t, LineAligned<uint32_t>> apr(pairs && !local ? size_t(nb_ * P * M_) : 0);
+    if (pairs && !local) {
+#pragma omp parallel for schedule(static) if (nb_ * K_ * M_ >= kParallelMin)
+      for (int64_t t2 = 0; t2 < nb_ * pchunks; ++t2) {
+        const int64_t b = t2 / pchunks, p0 = t2 % pchunks * 64, k0 = 2 * p0, k1 = std::min(K_, k0 + 128);
+        bf16_gemm::pack_a_pairs(half_at(a_, b) + k0 * a_.ld, a_.ld, M_, k1 - k0, apr.data() + (b * P + p0) * M_, M_);
+      }
+    }
 #pragma omp parallel for schedule(static)
     for (int64_t task = 0; task < nb_ * per; ++task) {
       const int64_t b = task / per, m0 = task % per / nbk * kBlock, m1 = std::min(M_, m0 + kBlock), rows = m1 - m0;
@@ -430,7 +449,26 @@ class GemmLaunch {
       const uint16_t* a = half_at(a_, b) + (a_.trans ? m0 : m0 * a_.ld);
       const int64_t rs = a_.trans ? 1 : a_.ld, cs = a_.trans ? a_.ld : 1;
       float* c = reinterpret_cast<float*>(out_) + b * M_ * N_ + m0 * N_;
-      if (dot) {
+      const uint16_t* bpk = dot && !local ? bh.data() + b * bsize + n0 * 2 * P : nullptr;
+      if (local) {  // n0 == 0, n1 == N_, m0 == 0, m1 == M_
+        thread_local std::vector<uint16_t, LineAligned<uint16_t>> bl;
+        bl.resize(std::max(bl.size(), size_t(bsize)));
+        bf16_gemm::pack_b(half_at(b_, b), b_.trans ? 1 : b_.ld, b_.trans ? b_.ld : 1, K_, N_, bl.data());
+        bpk = bl.data();
+      }
+      if (pairs) {
+        const uint32_t* ap = apr.data() + b * P * M_ + m0;
+        int64_t lda = M_;
+        if (local) {
+          thread_local std::vector<uint32_t, LineAligned<uint32_t>> al;
+          al.resize(std::max(al.size(), size_t(P * rows)));
+          bf16_gemm::pack_a_pairs(a, a_.ld, rows, K_, al.data(), rows);
+          ap = al.data(), lda = rows;
+        }
+        PriorBlock prior(st_.accumulate, c + n0, rows, n1 - n0, N_);
+        bf16_gemm::product_pairs(ap, lda, P, bpk, rows, n1 - n0, c + n0, N_);
+        prior.add();
+      } else if (dot) {
         thread_local std::vector<uint16_t, LineAligned<uint16_t>> ap;
         int64_t lda = a_.ld;
         if (cs != 1 || K_ % 2 != 0) {
@@ -440,7 +478,7 @@ class GemmLaunch {
           a = ap.data();
         }
         PriorBlock prior(st_.accumulate, c + n0, rows, n1 - n0, N_);
-        bf16_gemm::product(a, lda, (K_ + 1) / 2 * 2, bh.data() + b * bsize + n0 * ((K_ + 1) / 2 * 2), rows, n1 - n0, c + n0, N_);
+        bf16_gemm::product(a, lda, 2 * P, bpk, rows, n1 - n0, c + n0, N_);
         prior.add();
       } else {
         thread_local std::vector<float, LineAligned<float>> af;
