@@ -91,8 +91,10 @@ std::vector<DeviceSpec> builtin_devices();
 // "mem_bw_gbs": ..., "power_w": ..., ...}] (see devices.cpp for every key; missing keys take the
 // defaults of "cls").
 std::vector<DeviceSpec> load_devices_json(const std::string& path);
-// The host CPU, calibrated by microbenchmarks (GEMM rate at two sizes, memory bandwidth,
-// per-Step overhead), cached in $XDG_CACHE_HOME/tessera (or ~/.cache/tessera)/host-<threads>.json.
+// The host CPU, calibrated by microbenchmarks shaped like a training step's Steps (the GEMM line
+// on a linear layer's three products, the arithmetic and transcendental vector rates, a bandwidth
+// curve by size, a column sum, per-Step overhead), cached in $XDG_CACHE_HOME/tessera (or
+// ~/.cache/tessera)/host-v4-<threads>.json.
 DeviceSpec host_device(bool recalibrate = false);
 // The device named `name` in `devs` ("host" calibrates; "cuda" or "cuda:N" is the table's spec of
 // the GPU present there, with the memory it reports); throws tessera::Error naming the choices.
