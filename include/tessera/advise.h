@@ -127,6 +127,10 @@ struct Workload {
   double grad_bytes = 0;         // gradient bytes on the target (all-reduced under data parallelism)
   double state_bytes = 0;        // the optimizer's per-parameter state on the target (AdamW's moments)
   double trace_s = 0;            // host time to trace the step (added on devices with add_trace_time)
+  // The cpu's own plan (GptWorkloads::at(batch)): host time to prepare the traced graph again as
+  // every step after the first does (build it, decide donations, its key, the cache lookup: a
+  // hit), timed by compiling it a second time; added with trace_s. 0 for other targets.
+  double prepare_s = 0;
   // Held on the device beside the graph and not read by it: a micro-batch slice's optimizer
   // moments and the gradients later slices read (0 for a whole step, which reads everything).
   double beside_bytes = 0;

@@ -438,21 +438,34 @@ DeviceSpec calibrate() {
   // GEMM: t(f) = f / peak + c at two sizes; gemm_half_flops = c * peak (see advise.h). The
   // products a training step runs: a linear layer's three, x[T, C] @ w[C, C] (forward),
   // dy @ w^T (the input's gradient) and x^T @ dy (the weight's: a transposed operand and a long K),
-  // at T = 256, C = 128 and T = 2048, C = 512; their time less the graph's per-Step overhead.
+  // at T = 256, C = 128 and T = 2048, C = 512, realized by sync() as the graph's outputs; their
+  // time less the graph's per-Step overhead.
   // The bfloat16 line under Autocast, as the runtime runs it: the operands' rounding included.
   auto gemm_time = [&](int64_t T, int64_t C, bool bf16) {
     Tensor x = randn({T, C}, f32), w = randn({C, C}, f32), dy = randn({T, C}, f32);
     sync();
-    auto make = [&] {
+    auto make = [&] {  // the three products, each an output (no reduction Steps to time besides)
       std::optional<Autocast> ac;
       if (bf16) ac.emplace(DType::BFloat16);
-      return matmul(x, w).sum() + matmul(dy, w.transpose(0, 1)).sum() + matmul(x.transpose(0, 1), dy).sum();
+      return std::vector<Tensor>{matmul(x, w), matmul(dy, w.transpose(0, 1)), matmul(x.transpose(0, 1), dy)};
     };
-    make().item();
+    {
+      auto warm = make();
+      sync();
+    }
+    // Fastest of 25 at the small size (~0.15 ms a run: its time sets the line's intercept, which
+    // a few slow runs on a shared machine moved by 5x with 5), of 5 at the large (~20 ms).
+    const int reps = T * C * C < (int64_t(1) << 25) ? 25 : 5;
     const int64_t s1 = metrics().steps_launched;
-    const double t = best_time(5, make);
-    const double steps = double(metrics().steps_launched - s1) / 6;
-    return std::max(t - steps * d.launch_s, 1e-9);
+    std::vector<double> ts;
+    for (int r = 0; r < reps; ++r) {
+      auto out = make();
+      auto t0 = clk::now();
+      sync();
+      ts.push_back(std::chrono::duration<double>(clk::now() - t0).count());
+    }
+    const double steps = double(metrics().steps_launched - s1) / reps;
+    return std::max(*std::min_element(ts.begin(), ts.end()) - steps * d.launch_s, 1e-9);
   };
   const double T1 = 256, C1 = 128, T2 = 2048, C2 = 512;
   const double f1 = 3 * 2 * T1 * C1 * C1, f2 = 3 * 2 * T2 * C2 * C2;
@@ -473,7 +486,7 @@ DeviceSpec calibrate() {
     for (const StepCost& c : workload_of({t}).steps) flops += c.flops, bytes += c.bytes;
     return std::make_pair(flops, bytes);
   };
-  // Fastest of 5 runs of make() realized by sync() (its result written, as a model's Steps
+  // Fastest of 10 runs of make() realized by sync() (its result written, as a model's Steps
   // write theirs), less the per-Step overhead of its Steps; with its plan's flops and bytes.
   auto vector_time = [&](const std::function<Tensor()>& make) {
     Tensor probe = make();
@@ -481,13 +494,13 @@ DeviceSpec calibrate() {
     sync();
     std::vector<double> ts;
     const int64_t s1 = metrics().steps_launched;
-    for (int r = 0; r < 5; ++r) {
+    for (int r = 0; r < 10; ++r) {
       Tensor out = make();
       auto t0 = clk::now();
       sync();
       ts.push_back(std::chrono::duration<double>(clk::now() - t0).count());
     }
-    const double steps = double(metrics().steps_launched - s1) / 5;
+    const double steps = double(metrics().steps_launched - s1) / 10;
     const double t = *std::min_element(ts.begin(), ts.end());
     return std::make_tuple(std::max(t - steps * d.launch_s, 1e-9), flops, bytes);
   };
