@@ -304,6 +304,23 @@ nn::GPTConfig tiny_gpt(int64_t layers = 1, int64_t embd = 32, int64_t block = 16
   return {.vocab = vocab, .block = block, .embd = embd, .heads = 2, .layers = layers, .dropout = 0.0, .bias = true, .tied_head = false};
 }
 
+// The host's time outside Steps: tracing and preparing the graph again (a cache hit, as every
+// step after the first), measured on the cpu's own plan only and added where add_trace_time says.
+TEST(GptWorkloads, HostStepAddsTracingAndPreparingTheGraph) {
+  GptWorkloads w(tiny_gpt());
+  const int64_t compiled = metrics().graphs_compiled;
+  const Workload& cpu = w.at(3);
+  EXPECT_EQ(metrics().graphs_compiled, compiled + 1) << "the second preparation is a cache hit";
+  EXPECT_GT(cpu.trace_s, 0);
+  EXPECT_GT(cpu.prepare_s, 0);
+  DeviceSpec d = round_device();
+  EXPECT_EQ(w.at(3, d, DType::Float32).prepare_s, 0) << "only the cpu's own plan";
+  d.add_trace_time = true;
+  EXPECT_DOUBLE_EQ(predict(d, cpu, {}).trace_s, cpu.trace_s + cpu.prepare_s);
+  d.add_trace_time = false;
+  EXPECT_DOUBLE_EQ(predict(d, cpu, {}).trace_s, 0);
+}
+
 // The GPT's tensor-parallel figures: the activation all-reduced, the split matrices' bytes (qkv
 // and fc with their biases, both projections' weights) by hand, and the blocks' Steps marked.
 TEST(GptWorkloads, TensorParallelFiguresOfTheGpt) {
