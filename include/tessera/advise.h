@@ -13,8 +13,10 @@
 //   p.step_s, p.peak_bytes, p.fits, p.bottleneck
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <tuple>
+#include <utility>
 #include <memory>
 #include <string>
 #include <vector>
@@ -61,6 +63,18 @@ struct DeviceSpec {
   // has it), 0: as float32's.
   double gemm_bf16_flops = 0;
   double gemm_bf16_half_flops = 0;
+  // Host only (0 / empty elsewhere: the terms below are then unused).
+  // The rate of transcendental ops (exp, log, tanh, erf, pow, sqrt, sin, cos; one flop per
+  // element as the cost rules count them): a Step's transcendental flops run at this rate, the rest
+  // at fp32_flops (the fused arithmetic rate), and a Gemm's epilogue at those rates besides its product.
+  double transcendental_flops = 0;
+  // The bandwidth a Step achieves by the bytes it moves, measured at sizes that stay in the
+  // caches: {bytes, bytes/s} ascending; a Step moving at most `bytes` runs at the first such
+  // entry's rate; beyond the last, mem_bw (the DRAM stream).
+  std::vector<std::pair<double, double>> cache_bw;
+  // The bandwidth of a Reduce Step (a column sum over rows: bias and layer-norm gradients, which
+  // the cpu runs slower than a stream), measured on one (0: as other Steps).
+  double reduce_bw = 0;
   // Host only: tracing is synchronous with running there, so its time is added to the step.
   bool add_trace_time = false;
   // What changes the compiled plan on this device (kir::Target, see src/kernel_ir/target.h):
@@ -77,8 +91,10 @@ std::vector<DeviceSpec> builtin_devices();
 // "mem_bw_gbs": ..., "power_w": ..., ...}] (see devices.cpp for every key; missing keys take the
 // defaults of "cls").
 std::vector<DeviceSpec> load_devices_json(const std::string& path);
-// The host CPU, calibrated by microbenchmarks (GEMM rate at two sizes, memory bandwidth,
-// per-Step overhead), cached in $XDG_CACHE_HOME/tessera (or ~/.cache/tessera)/host-<threads>.json.
+// The host CPU, calibrated by microbenchmarks shaped like a training step's Steps (the GEMM line
+// on a linear layer's three products, the arithmetic and transcendental vector rates, a bandwidth
+// curve by size, a column sum, per-Step overhead), cached in $XDG_CACHE_HOME/tessera (or
+// ~/.cache/tessera)/host-v4-<threads>.json.
 DeviceSpec host_device(bool recalibrate = false);
 // The device named `name` in `devs` ("host" calibrates; "cuda" or "cuda:N" is the table's spec of
 // the GPU present there, with the memory it reports); throws tessera::Error naming the choices.
@@ -87,9 +103,13 @@ DeviceSpec find_device(const std::vector<DeviceSpec>& devs, const std::string& n
 // One Kernel-IR Step of a target's plan as the cost model sees it.
 struct StepCost {
   bool gemm = false;
+  std::string kind;  // the Step's kind as the profiler names it ("gemm", "row", "elementwise", ...)
   // Its output's dtype; a Gemm's its operands' (bfloat16/float16: matrix-unit and 16-bit vector rates).
   DType dtype = DType::Float32;
   double flops = 0, bytes = 0;   // the compiler's Step cost on the target (bytes of its layout)
+  // Of flops: those of transcendental source ops (exp, log, tanh, erf, pow, sqrt, sin, cos), and
+  // a Gemm's epilogue (its source ops other than the matmul: bias, activation, their derivatives).
+  double transcendental_flops = 0, epilogue_flops = 0;
   // The share of its flops (of its sources, by count where they have none) computed inside a
   // GPT block's attention or MLP (scope ".attn" / ".mlp", backward included): the part tensor
   // parallelism splits over its M devices (Megatron: heads and hidden units).
@@ -107,6 +127,10 @@ struct Workload {
   double grad_bytes = 0;         // gradient bytes on the target (all-reduced under data parallelism)
   double state_bytes = 0;        // the optimizer's per-parameter state on the target (AdamW's moments)
   double trace_s = 0;            // host time to trace the step (added on devices with add_trace_time)
+  // The cpu's own plan (GptWorkloads::at(batch)): host time to prepare the traced graph again as
+  // every step after the first does (build it, decide donations, its key, the cache lookup: a
+  // hit), timed by compiling it a second time; added with trace_s. 0 for other targets.
+  double prepare_s = 0;
   // Held on the device beside the graph and not read by it: a micro-batch slice's optimizer
   // moments and the gradients later slices read (0 for a whole step, which reads everything).
   double beside_bytes = 0;
@@ -247,7 +271,9 @@ struct Measured {
   double fastest_step_s = 0;  // the fastest step: comparable to the calibration's best-of timing on a busy machine
   double high_water_bytes = 0;
 };
-Measured measure_gpt_on_host(const nn::GPTConfig& cfg, int64_t batch, int steps = 5, int warmup = 2);
+// at_timed: called once, before the first timed step (after the warm-up), e.g. to start a Profiler.
+Measured measure_gpt_on_host(const nn::GPTConfig& cfg, int64_t batch, int steps = 5, int warmup = 2,
+                             const std::function<void()>& at_timed = {});
 
 }  // namespace tessera::advise
 #pragma GCC visibility pop

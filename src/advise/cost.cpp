@@ -71,7 +71,19 @@ double step_seconds(const DeviceSpec& d, const StepCost& s, Bottleneck* why) {
   const bool half = s.dtype == DType::BFloat16 || s.dtype == DType::Float16;
   const double bytes = s.bytes;
   double flops = s.flops, rate = 0;
-  if (s.gemm) {
+  // A calibrated host: vector flops split into arithmetic and transcendental (each at its own
+  // measured rate); a Gemm's epilogue priced so besides its product on the GEMM line.
+  double tv = 0;  // the vector part's seconds (host only)
+  const bool host_rates = d.transcendental_flops > 0 && d.fp32_flops > 0;
+  if (host_rates) {
+    const double vec = s.gemm ? std::min(s.epilogue_flops, flops) : flops;
+    const double tr = std::min(s.transcendental_flops, vec);
+    tv = (vec - tr) / (d.fp32_flops * d.vector_eff) + tr / (d.transcendental_flops * d.vector_eff);
+    flops -= vec;
+  }
+  if (host_rates && !s.gemm) {
+    rate = 0;
+  } else if (s.gemm) {
     const bool matrix_unit = d.bf16_flops > 0 && (half || d.cls == "tpu");
     if (matrix_unit) {
       double mnk = double(s.m) * double(s.n) * double(s.k);
@@ -88,8 +100,15 @@ double step_seconds(const DeviceSpec& d, const StepCost& s, Bottleneck* why) {
   } else {
     rate = (half && d.vec16_flops > 0 ? d.vec16_flops : d.fp32_flops) * d.vector_eff;
   }
-  const double tc = rate > 0 ? flops / rate : 0;
-  const double tm = d.mem_bw > 0 ? bytes / (d.mem_bw * d.bw_eff) : 0;
+  const double tc = (rate > 0 ? flops / rate : 0) + tv;
+  double bw = d.mem_bw;
+  for (const auto& [upto, r] : d.cache_bw)
+    if (bytes <= upto) {
+      bw = r;
+      break;
+    }
+  if (s.kind == "reduce" && d.reduce_bw > 0) bw = d.reduce_bw;
+  const double tm = bw > 0 ? bytes / (bw * d.bw_eff) : 0;
   if (why) *why = d.launch_s > std::max(tc, tm) ? Bottleneck::Launch : tc >= tm ? Bottleneck::Compute : Bottleneck::Memory;
   return std::max(tc, tm) + d.launch_s;
 }
@@ -135,7 +154,7 @@ Prediction predict(const DeviceSpec& d, const Workload& w, const Options& o) {
   }
   p.dp_comm_s = allreduce_seconds(d, w.grad_bytes - w.tp_split_param_bytes * (M - 1) / M, dp);
   p.comm_s = p.tp_comm_s + p.dp_comm_s;
-  p.trace_s = d.add_trace_time ? w.trace_s : 0;
+  p.trace_s = d.add_trace_time ? w.trace_s + w.prepare_s : 0;
   p.launch_s += p.trace_s;  // host-side overhead, like launching
   whole += p.trace_s;
   p.step_s = p.compute_s + p.memory_s + p.launch_s + p.comm_s;
@@ -175,6 +194,12 @@ bool split_scope(const std::string& scope) {
   return scope.find(".attn") != std::string::npos || scope.find(".mlp") != std::string::npos;
 }
 
+// Ops the host runs far slower than an add or a multiply (a polynomial or a library call per element).
+bool transcendental_op(const std::string& op) {
+  static const std::set<std::string> ops = {"exp", "log", "tanh", "erf", "pow", "sqrt", "sin", "cos"};
+  return ops.count(op) > 0;
+}
+
 // The share of a Step's flops (by count where its sources have none) in split scopes.
 double split_fraction(const kir::Step& st) {
   double all = 0, split = 0, n = 0, ns = 0;
@@ -205,11 +230,16 @@ Workload compile_workload(const std::vector<runtime::Request>& req, const Device
   for (const kir::Step& st : compiled->steps) {
     StepCost c;
     c.gemm = st.kind == kir::StepKind::Gemm;
+    c.kind = kir::step_kind_name(st.kind);
     c.dtype = st.dtype;
     if (c.gemm && !st.input_dtypes.empty() && compute_dtype(st.input_dtypes[0]) != st.input_dtypes[0])
       c.dtype = st.input_dtypes[0];  // autocast's product: 16-bit operands (float32 accumulation)
     c.flops = st.cost.flops;
     c.bytes = st.cost.bytes;
+    for (const kir::Source& src : st.sources) {
+      if (transcendental_op(src.op)) c.transcendental_flops += src.flops;
+      if (c.gemm && src.op != "matmul" && src.op != "conv") c.epilogue_flops += src.flops;
+    }
     c.split_fraction = split_fraction(st);
     if (c.gemm && st.shape.size() >= 2 && !st.maps.empty() && !st.maps[0].shape().empty()) {
       c.m = st.shape[st.shape.size() - 2];
@@ -301,7 +331,13 @@ const Workload& GptWorkloads::trace_and_compile(int64_t batch, const DeviceSpec*
     };
     try {
       MemoryBudgetScope in_force(MemoryBudget{budget, 0});
-      w = compile_workload(detail::pending_requests(), target, dtype);
+      std::vector<runtime::Request> req = detail::pending_requests();
+      w = compile_workload(req, target, dtype);
+      if (!target) {  // the cpu's own plan (the host's): prepared again, a cache hit, as every step after the first
+        auto p0 = std::chrono::steady_clock::now();
+        runtime::compile_only(req);
+        w.prepare_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - p0).count();
+      }
     } catch (const Error& e) {
       if (!budget || std::string_view(e.what()).find("[memory]") == std::string_view::npos) {
         restore();
@@ -437,7 +473,7 @@ Fit GptWorkloads::fit(int64_t batch, const DeviceSpec& target, DType dtype, cons
   return f;
 }
 
-Measured measure_gpt_on_host(const nn::GPTConfig& cfg, int64_t batch, int steps, int warmup) {
+Measured measure_gpt_on_host(const nn::GPTConfig& cfg, int64_t batch, int steps, int warmup, const std::function<void()>& at_timed) {
   using clk = std::chrono::steady_clock;
   nn::GPTConfig c = cfg;
   c.dropout = 0;
@@ -459,6 +495,7 @@ Measured measure_gpt_on_host(const nn::GPTConfig& cfg, int64_t batch, int steps,
   for (int i = 0; i < warmup + steps; ++i) {
     Tensor x = batch_of(), y = batch_of();
     sync();
+    if (i == warmup && at_timed) at_timed();
     auto t0 = clk::now();
     Tensor loss = model.loss(x, y);
     loss.backward();

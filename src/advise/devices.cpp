@@ -35,6 +35,8 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <functional>
+#include <tuple>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <thread>
@@ -433,44 +435,107 @@ DeviceSpec calibrate() {
   });
   int64_t steps_per_run = (metrics().steps_launched - s0) / 8;
   d.launch_s = t_chain / double(std::max<int64_t>(steps_per_run, 1));
-  // GEMM: t(f) = f / peak + c at two sizes; gemm_half_flops = c * peak (see advise.h).
+  // GEMM: t(f) = f / peak + c at two sizes; gemm_half_flops = c * peak (see advise.h). The
+  // products a training step runs: a linear layer's three, x[T, C] @ w[C, C] (forward),
+  // dy @ w^T (the input's gradient) and x^T @ dy (the weight's: a transposed operand and a long K),
+  // at T = 256, C = 128 and T = 2048, C = 512, realized by sync() as the graph's outputs; their
+  // time less the graph's per-Step overhead.
   // The bfloat16 line under Autocast, as the runtime runs it: the operands' rounding included.
-  auto gemm_time = [&](int64_t n, bool bf16) {
-    Tensor x = randn({n, n}, f32), y = randn({n, n}, f32);
+  auto gemm_time = [&](int64_t T, int64_t C, bool bf16) {
+    Tensor x = randn({T, C}, f32), w = randn({C, C}, f32), dy = randn({T, C}, f32);
     sync();
-    return best_time(5, [&] {
-             std::optional<Autocast> ac;
-             if (bf16) ac.emplace(DType::BFloat16);
-             return matmul(x, y).sum();
-           }) -
-           2 * d.launch_s;
+    auto make = [&] {  // the three products, each an output (no reduction Steps to time besides)
+      std::optional<Autocast> ac;
+      if (bf16) ac.emplace(DType::BFloat16);
+      return std::vector<Tensor>{matmul(x, w), matmul(dy, w.transpose(0, 1)), matmul(x.transpose(0, 1), dy)};
+    };
+    {
+      auto warm = make();
+      sync();
+    }
+    // Fastest of 25 at the small size (~0.15 ms a run: its time sets the line's intercept, which
+    // a few slow runs on a shared machine moved by 5x with 5), of 5 at the large (~20 ms).
+    const int reps = T * C * C < (int64_t(1) << 25) ? 25 : 5;
+    const int64_t s1 = metrics().steps_launched;
+    std::vector<double> ts;
+    for (int r = 0; r < reps; ++r) {
+      auto out = make();
+      auto t0 = clk::now();
+      sync();
+      ts.push_back(std::chrono::duration<double>(clk::now() - t0).count());
+    }
+    const double steps = double(metrics().steps_launched - s1) / reps;
+    return std::max(*std::min_element(ts.begin(), ts.end()) - steps * d.launch_s, 1e-9);
   };
-  const double n1 = 128, n2 = 1024;
-  double f1 = 2 * n1 * n1 * n1, f2 = 2 * n2 * n2 * n2;
+  const double T1 = 256, C1 = 128, T2 = 2048, C2 = 512;
+  const double f1 = 3 * 2 * T1 * C1 * C1, f2 = 3 * 2 * T2 * C2 * C2;
   for (bool bf16 : {false, true}) {
-    double t1 = gemm_time(int64_t(n1), bf16), t2 = gemm_time(int64_t(n2), bf16);
+    double t1 = gemm_time(int64_t(T1), int64_t(C1), bf16), t2 = gemm_time(int64_t(T2), int64_t(C2), bf16);
     double peak = (f2 - f1) / std::max(t2 - t1, 1e-9);
     double c = std::max(0.0, t1 - f1 / peak);
     (bf16 ? d.gemm_bf16_flops : d.gemm_flops) = peak;
     (bf16 ? d.gemm_bf16_half_flops : d.gemm_half_flops) = c * peak;
   }
-  // Elementwise rate as the cost model counts it (one flop per op per element): a fused chain of
-  // 9 ops with tanh and exp over 256K floats (cache-resident: compute, not bandwidth).
+  // The vector rates as the cost model counts them (one flop per op per element), each from a
+  // fused chain whose flops and bytes are what the compiler's cost rules give its plan (the same
+  // rules that price the priced Steps), over operands that stay in the caches.
+  // Arithmetic: 9 multiplies and adds with tensor operands (as most of a model's elementwise
+  // operands are; a scalar constant is cheaper on the cpu backend) over 256K floats.
+  auto plan_cost = [](const Tensor& t) {
+    double flops = 0, bytes = 0;
+    for (const StepCost& c : workload_of({t}).steps) flops += c.flops, bytes += c.bytes;
+    return std::make_pair(flops, bytes);
+  };
+  // Fastest of 10 runs of make() realized by sync() (its result written, as a model's Steps
+  // write theirs), less the per-Step overhead of its Steps; with its plan's flops and bytes.
+  auto vector_time = [&](const std::function<Tensor()>& make) {
+    Tensor probe = make();
+    auto [flops, bytes] = plan_cost(probe);
+    sync();
+    std::vector<double> ts;
+    const int64_t s1 = metrics().steps_launched;
+    for (int r = 0; r < 10; ++r) {
+      Tensor out = make();
+      auto t0 = clk::now();
+      sync();
+      ts.push_back(std::chrono::duration<double>(clk::now() - t0).count());
+    }
+    const double steps = double(metrics().steps_launched - s1) / 10;
+    const double t = *std::min_element(ts.begin(), ts.end());
+    return std::make_tuple(std::max(t - steps * d.launch_s, 1e-9), flops, bytes);
+  };
+  const int64_t ne = int64_t(1) << 18;
   {
-    const int64_t ne = int64_t(1) << 18;
     Tensor x = randn({ne}, f32), a = randn({ne}, f32), b = randn({ne}, f32);
     sync();
-    // Tensor operands throughout: a scalar constant is cheaper on the cpu backend, and most
-    // operands in a model's Steps are tensors.
-    double t_vec = best_time(5, [&] { return (tanh(x * a + b) * exp(x * x * b) + x * a).sum(); }) - 2 * d.launch_s;
-    d.fp32_flops = 10.0 * double(ne) / std::max(t_vec, 1e-9);  // 9 elementwise ops + the sum's add
+    auto [t_ar, f_ar, b_ar] = vector_time([&] { return ((((x * a + b) * x - a) * b + x) * a - b).sum(); });
+    d.fp32_flops = f_ar / t_ar;
+    // Transcendental: tanh and exp of the same operands; their time less the chain's
+    // arithmetic flops (a multiply, an add, the sum's adds) at the arithmetic rate.
+    auto [t_tr, f_tr, b_tr] = vector_time([&] { return (tanh(x) * exp(a) + b).sum(); });
+    const double f_trans = 2.0 * double(ne);
+    d.transcendental_flops = f_trans / std::max(t_tr - (f_tr - f_trans) / d.fp32_flops, 1e-9);
   }
-  // Bandwidth: out = x + y over 8M floats (96 MB moved), less the overhead of its Steps.
-  const int64_t n = int64_t(8) << 20;
-  Tensor x = randn({n}, f32), y = randn({n}, f32);
-  sync();
-  double t_add = best_time(5, [&] { return (x + y * 1.5).sum(); }) - 2 * d.launch_s;
-  d.mem_bw = 3.0 * 4 * double(n) / std::max(t_add, 1e-9);
+  // Bandwidth: out = x + y * 1.5 (its plan's bytes: 12 per element), over sizes from what stays
+  // in a core's cache to what fills the last level's (a model's Steps span them) and over 8M
+  // floats (the DRAM stream, mem_bw).
+  auto stream = [&](int64_t n) {
+    Tensor x = randn({n}, f32), y = randn({n}, f32);
+    sync();
+    auto [t, flops, bytes] = vector_time([&] { return x + y * 1.5; });
+    return std::make_pair(bytes, bytes / t);
+  };
+  d.cache_bw.clear();
+  for (int64_t n : {int64_t(1) << 16, int64_t(1) << 18, int64_t(1) << 20, int64_t(1) << 21, int64_t(1) << 22})
+    d.cache_bw.push_back(stream(n));
+  d.mem_bw = stream(int64_t(8) << 20).second;
+  // A column sum, as the backward pass reduces a bias's gradient: [2048, 256] over its rows (2 MB).
+  {
+    Tensor x = randn({2048, 256}, f32);
+    sync();
+    auto [t, flops, bytes] = vector_time([&] { return x.sum({0}); });
+    d.reduce_bw = bytes / t;
+  }
   d.vec16_flops = 0;
   d.description = "this machine's CPU (" + threads_key() + " threads), calibrated";
   d.source = "microbenchmarks";
@@ -483,7 +548,7 @@ DeviceSpec host_device(bool recalibrate) {
   std::string dir = cache_dir();
   // The version in the name is bumped when the cpu backend's speed changes (figures measured
   // on an older runtime would mispredict this one).
-  std::string path = dir.empty() ? "" : dir + "/host-v3-" + threads_key() + ".json";
+  std::string path = dir.empty() ? "" : dir + "/host-v4-" + threads_key() + ".json";
   if (!recalibrate && !path.empty()) {
     std::ifstream f(path);
     if (f) {
@@ -498,6 +563,9 @@ DeviceSpec host_device(bool recalibrate) {
         d.gemm_bf16_half_flops = j.at("gemm_bf16_half_flops").get<double>();
         d.mem_bw = j.at("mem_bw").get<double>();
         d.launch_s = j.at("launch_s").get<double>();
+        d.transcendental_flops = j.at("transcendental_flops").get<double>();
+        d.cache_bw = j.at("cache_bw").get<std::vector<std::pair<double, double>>>();
+        d.reduce_bw = j.at("reduce_bw").get<double>();
         d.description = j.at("description").get<std::string>();
         d.source = "microbenchmarks cached in " + path;
         return d;
@@ -514,7 +582,8 @@ DeviceSpec host_device(bool recalibrate) {
     if (f) {
       nlohmann::json j = {{"fp32_flops", d.fp32_flops}, {"gemm_flops", d.gemm_flops}, {"gemm_half_flops", d.gemm_half_flops},
                           {"gemm_bf16_flops", d.gemm_bf16_flops}, {"gemm_bf16_half_flops", d.gemm_bf16_half_flops},
-                          {"mem_bw", d.mem_bw}, {"launch_s", d.launch_s}, {"description", d.description}};
+                          {"mem_bw", d.mem_bw}, {"launch_s", d.launch_s}, {"description", d.description},
+                          {"transcendental_flops", d.transcendental_flops}, {"cache_bw", d.cache_bw}, {"reduce_bw", d.reduce_bw}};
       f << j.dump(2) << "\n";
     }
   }

@@ -236,8 +236,89 @@ TEST(Workload, GemmStepsCarryMNKFromTheCompiledPlan) {
   EXPECT_GT(w.plan.peak_bytes, 0u);
 }
 
+// A Step's transcendental flops (exp, tanh, ...) and a Gemm's epilogue flops, from its sources:
+// tanh(a @ b + bias) is one Gemm Step whose epilogue adds the bias and takes the tanh (one flop
+// per output element each); exp(x) * x + x one Elementwise Step with 1 of its 3 flops per element
+// transcendental.
+TEST(Workload, StepsCarryTheirTranscendentalAndEpilogueFlops) {
+  Tensor a = testing::random_tensor({8, 5}, DType::Float32, 1), b = testing::random_tensor({5, 6}, DType::Float32, 2);
+  Tensor bias = testing::random_tensor({6}, DType::Float32, 3), x = testing::random_tensor({100}, DType::Float32, 4);
+  sync();
+  Workload w = workload_of({tanh(matmul(a, b) + bias)});
+  double gemm_flops = 0, epilogue = 0, trans = 0;
+  for (auto& s : w.steps) {
+    EXPECT_FALSE(s.kind.empty());
+    if (s.gemm) gemm_flops += s.flops, epilogue += s.epilogue_flops;
+    trans += s.transcendental_flops;
+  }
+  EXPECT_DOUBLE_EQ(gemm_flops, 2.0 * 8 * 5 * 6 + 2.0 * 8 * 6) << "the bias and tanh fused as the Gemm's epilogue";
+  EXPECT_DOUBLE_EQ(epilogue, 2.0 * 8 * 6);
+  EXPECT_DOUBLE_EQ(trans, 8.0 * 6);
+  Workload e = workload_of({exp(x) * x + x});
+  ASSERT_EQ(e.steps.size(), 1u);
+  EXPECT_EQ(e.steps[0].kind, "elementwise");
+  EXPECT_DOUBLE_EQ(e.steps[0].flops, 300);
+  EXPECT_DOUBLE_EQ(e.steps[0].transcendental_flops, 100);
+  EXPECT_DOUBLE_EQ(e.steps[0].epilogue_flops, 0);
+}
+
+// The calibrated host's terms by hand: transcendental flops at their own rate and the rest at the
+// arithmetic rate; a Gemm's epilogue at those rates besides its product on the GEMM line; the
+// bandwidth by the Step's bytes from the cache curve, mem_bw beyond it, reduce_bw for a Reduce.
+TEST(CostModel, CalibratedHostPricesVectorFlopsByKindAndBytesBySize) {
+  DeviceSpec h = round_device();
+  h.bf16_flops = 0, h.vector_eff = 1, h.bw_eff = 1, h.launch_s = 1e-6;
+  h.fp32_flops = 1e10, h.transcendental_flops = 1e9;
+  h.gemm_flops = 1e11, h.gemm_half_flops = 0;
+  h.mem_bw = 1e10;
+  h.cache_bw = {{1e6, 1e11}, {1e7, 5e10}};
+  h.reduce_bw = 2e10;
+  StepCost s;
+  s.kind = "elementwise";
+  s.flops = 3e6, s.transcendental_flops = 1e6, s.bytes = 1e3;
+  Bottleneck why;
+  EXPECT_NEAR(step_seconds(h, s, &why), 2e6 / 1e10 + 1e6 / 1e9 + 1e-6, 1e-12);  // 0.2 ms + 1 ms
+  EXPECT_EQ(why, Bottleneck::Compute);
+  s.flops = 1e3, s.transcendental_flops = 0;
+  s.bytes = 5e5;  // within the first cache entry: 100 GB/s
+  EXPECT_NEAR(step_seconds(h, s, &why), 5e5 / 1e11 + 1e-6, 1e-12);
+  EXPECT_EQ(why, Bottleneck::Memory);
+  s.bytes = 5e6;  // the second: 50 GB/s
+  EXPECT_NEAR(step_seconds(h, s), 5e6 / 5e10 + 1e-6, 1e-12);
+  s.bytes = 5e7;  // beyond the curve: mem_bw
+  EXPECT_NEAR(step_seconds(h, s), 5e7 / 1e10 + 1e-6, 1e-12);
+  s.kind = "reduce", s.bytes = 5e5;  // a column sum: reduce_bw whatever its size
+  EXPECT_NEAR(step_seconds(h, s), 5e5 / 2e10 + 1e-6, 1e-12);
+  // A Gemm: 2e9 product flops on the line (20 ms), its epilogue of 1e6 flops, half of them tanh,
+  // at the vector rates besides (0.05 + 0.5 ms).
+  StepCost g = gemm(1000, 1000, 1000);
+  g.kind = "gemm";
+  g.flops += 1e6, g.epilogue_flops = 1e6, g.transcendental_flops = 5e5;
+  EXPECT_NEAR(step_seconds(h, g), 2e9 / 1e11 + 5e5 / 1e10 + 5e5 / 1e9 + 1e-6, 1e-12);
+  // Elsewhere (no transcendental rate) the epilogue is priced with the product, as before.
+  h.transcendental_flops = 0;
+  EXPECT_NEAR(step_seconds(h, g), (2e9 + 1e6) / 1e11 + 1e-6, 1e-12);
+}
+
 nn::GPTConfig tiny_gpt(int64_t layers = 1, int64_t embd = 32, int64_t block = 16, int64_t vocab = 28) {
   return {.vocab = vocab, .block = block, .embd = embd, .heads = 2, .layers = layers, .dropout = 0.0, .bias = true, .tied_head = false};
+}
+
+// The host's time outside Steps: tracing and preparing the graph again (a cache hit, as every
+// step after the first), measured on the cpu's own plan only and added where add_trace_time says.
+TEST(GptWorkloads, HostStepAddsTracingAndPreparingTheGraph) {
+  GptWorkloads w(tiny_gpt());
+  const int64_t compiled = metrics().graphs_compiled;
+  const Workload& cpu = w.at(3);
+  EXPECT_EQ(metrics().graphs_compiled, compiled + 1) << "the second preparation is a cache hit";
+  EXPECT_GT(cpu.trace_s, 0);
+  EXPECT_GT(cpu.prepare_s, 0);
+  DeviceSpec d = round_device();
+  EXPECT_EQ(w.at(3, d, DType::Float32).prepare_s, 0) << "only the cpu's own plan";
+  d.add_trace_time = true;
+  EXPECT_DOUBLE_EQ(predict(d, cpu, {}).trace_s, cpu.trace_s + cpu.prepare_s);
+  d.add_trace_time = false;
+  EXPECT_DOUBLE_EQ(predict(d, cpu, {}).trace_s, 0);
 }
 
 // The GPT's tensor-parallel figures: the activation all-reduced, the split matrices' bytes (qkv
@@ -650,6 +731,14 @@ TEST(Devices, HostIsCalibratedAndCached) {
   DeviceSpec again = host_device();  // from the cache: the same figures
   EXPECT_DOUBLE_EQ(again.fp32_flops, h.fp32_flops);
   EXPECT_DOUBLE_EQ(again.mem_bw, h.mem_bw);
+  // The per-kind terms: measured, ordered, and cached too.
+  EXPECT_GT(h.transcendental_flops, 1e6);
+  EXPECT_GT(h.reduce_bw, 1e8);
+  ASSERT_FALSE(h.cache_bw.empty());
+  for (size_t i = 1; i < h.cache_bw.size(); ++i) EXPECT_GT(h.cache_bw[i].first, h.cache_bw[i - 1].first);
+  EXPECT_DOUBLE_EQ(again.transcendental_flops, h.transcendental_flops);
+  EXPECT_DOUBLE_EQ(again.reduce_bw, h.reduce_bw);
+  EXPECT_EQ(again.cache_bw, h.cache_bw);
   if (old) setenv("XDG_CACHE_HOME", saved.c_str(), 1);
   else unsetenv("XDG_CACHE_HOME");
   std::filesystem::remove_all(dir);

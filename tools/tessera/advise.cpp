@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <map>
 #include <optional>
 #include <sstream>
 #include <string>
@@ -10,6 +11,7 @@
 
 #include <nlohmann/json.hpp>
 #include <tessera/advise.h>
+#include <tessera/profiler.h>
 #include <tessera/tessera.h>
 
 #include "commands.h"
@@ -308,7 +310,12 @@ void run_advise(const AdviseOptions& o) {
     advise::DeviceSpec host = advise::host_device(o.recalibrate);
     const advise::Workload& w = works.at(o.batch);
     advise::Prediction p = advise::predict(host, w, {});
-    advise::Measured m = advise::measure_gpt_on_host(cfg, o.batch);
+    // The timed steps run under a Profiler (on the cpu it adds a clock reading per Step: its
+    // synchronize is a no-op), for the per-kind comparison below.
+    const int steps = 10;  // the median of 10 after 2 warm-up steps (5 was at the mercy of one slow step)
+    Profiler prof(false);
+    advise::Measured m = advise::measure_gpt_on_host(cfg, o.batch, steps, 2, [&] { prof.start(); });
+    prof.stop();
     std::printf("\nvalidate on host (float32, batch %lld): step predicted %s, measured %s (%+.1f%%); peak predicted %s, "
                 "allocator high-water %s (%+.2f%%)\n",
                 (long long)o.batch, human_time(p.step_s).c_str(), human_time(m.step_s).c_str(),
@@ -317,6 +324,23 @@ void run_advise(const AdviseOptions& o) {
     std::printf("RESULT advise_validate batch=%lld predicted_s=%.6f measured_s=%.6f fastest_s=%.6f predicted_peak=%.0f "
                 "measured_peak=%.0f\n",
                 (long long)o.batch, p.step_s, m.step_s, m.fastest_step_s, p.peak_bytes, m.high_water_bytes);
+    // Per Step kind: the model's time of its Steps against the profiler's mean per step;
+    // <runtime> is the host's time outside Steps (predicted: the trace time).
+    std::map<std::string, std::pair<double, int>> pred;
+    for (const advise::StepCost& s : w.steps) {
+      auto& [t, n] = pred[s.kind];
+      t += advise::step_seconds(host, s), n += 1;
+    }
+    pred["<runtime>"] = {p.trace_s, 0};
+    std::printf("%-14s %6s %12s %12s %8s\n", "kind", "Steps", "predicted", "measured", "error");
+    for (const OpTableRow& r : prof.op_table("kind")) {
+      if (r.name == "<compile>") continue;
+      auto it = pred.find(r.name);
+      const double pt = it == pred.end() ? 0 : it->second.first, mt = r.ms / 1e3 / steps;
+      std::printf("%-14s %6d %12s %12s %+7.1f%%\n", r.name.c_str(), it == pred.end() ? 0 : it->second.second,
+                  human_time(pt).c_str(), human_time(mt).c_str(), mt > 0 ? 100 * (pt - mt) / mt : 0.0);
+      std::printf("RESULT advise_validate_kind kind=%s predicted_s=%.6f measured_s=%.6f\n", r.name.c_str(), pt, mt);
+    }
   }
 }
 
