@@ -4,7 +4,8 @@
 #   1. the limits (bench_machine_limits): the register-only float32 FMA peak and the bf16
 #      dot-product peak on each thread count, the triad bandwidth (3 x 128 MiB arrays);
 #   2. the step, ROUNDS processes of every configuration at every thread count, the order rotated
-#      each round: Tessera float32 and bfloat16 autocast (bench_gpt_step); PyTorch 1.13 eager
+#      each round: Tessera float32 and bfloat16 autocast (bench_gpt_step, its step captured:
+#      --capture, as `tessera train` runs it; CAPTURE=0 traces every step); PyTorch 1.13 eager
 #      (Debian's /usr/bin/python3); PyTorch 2.x eager and torch.compile, float32 and bf16 autocast
 #      (the venv of shared/peers/torch2-venv.sh); JAX's jit (build/pyenv, scripts/pyenv). Every
 #      PyTorch runs with MALLOC_MMAP_THRESHOLD_=33554432 MALLOC_TRIM_THRESHOLD_=134217728 (its
@@ -21,6 +22,7 @@
 #   env: ROUNDS (3 processes per configuration and thread count), STEPS (30 timed), WARMUP (3;
 #        torch.compile's first steps compile), THREADS ("1 2"),
 #        PEERS ("torch1 torch2-eager torch2-compile jax"; "" for Tessera alone),
+#        CAPTURE (1: Tessera's step replayed by tessera::StepCapture; 0: traced every step),
 #        TORCH2 (the PyTorch 2 venv; default ~/.cache/tessera/torch2-venv, made by
 #        /work/shared/peers/torch2-venv.sh DIR), JAXPY (BUILD_DIR/pyenv/bin/python)
 #
@@ -34,6 +36,7 @@ rounds="${ROUNDS:-3}" steps="${STEPS:-30}" warmup="${WARMUP:-3}" threads="${THRE
 peers="${PEERS-torch1 torch2-eager torch2-compile jax}"
 torch2="${TORCH2:-$HOME/.cache/tessera/torch2-venv}"
 jaxpy="${JAXPY:-$build/pyenv/bin/python}"
+capture=""; [[ ${CAPTURE:-1} == 0 ]] || capture="--capture"
 gpt="$build/bench/bench_gpt_step" limits="$build/bench/bench_machine_limits"
 alloc=(MALLOC_MMAP_THRESHOLD_=33554432 MALLOC_TRIM_THRESHOLD_=134217728)
 for b in "$gpt" "$limits"; do
@@ -44,8 +47,8 @@ load() { cut -d' ' -f1-3 /proc/loadavg; }
 # The configurations: label and command (THREADS is substituted per run).
 labels=(tessera-fp32 tessera-bf16)
 declare -A cmd
-cmd[tessera-fp32]="env OMP_NUM_THREADS=@T $gpt --steps $steps --warmup $warmup --dtype float32"
-cmd[tessera-bf16]="env OMP_NUM_THREADS=@T $gpt --steps $steps --warmup $warmup --dtype bfloat16"
+cmd[tessera-fp32]="env OMP_NUM_THREADS=@T $gpt --steps $steps --warmup $warmup --dtype float32 $capture"
+cmd[tessera-bf16]="env OMP_NUM_THREADS=@T $gpt --steps $steps --warmup $warmup --dtype bfloat16 $capture"
 tpy="$here/gpt_step_torch.py --steps $steps --warmup $warmup"
 for p in $peers; do
   case $p in
@@ -108,7 +111,7 @@ for d in fp32 bf16; do
       END { b = ""; for (k in best) if (b == "" || best[k] < best[b]) b = k; print b }' "$results")
   dtype=float32; [[ $d == bf16 ]] && dtype=bfloat16
   echo "-- profiled: tessera-$d at $t threads (BENCH_PROFILE=lines; every Step waited for), load $(load)"
-  OMP_NUM_THREADS=$t BENCH_PROFILE=lines "$gpt" --steps "$steps" --warmup "$warmup" --dtype "$dtype" |
+  OMP_NUM_THREADS=$t BENCH_PROFILE=lines "$gpt" --steps "$steps" --warmup "$warmup" --dtype "$dtype" $capture |
     grep '^PROFILE\|^RESULT' | sed "s/^/$d t=$t /" | tee -a "$profiles" | grep -v '^.* region=' | sed 's/^/  /'
 done
 echo "load at end $(load)"
