@@ -16,8 +16,9 @@
 // --capture: the training step runs as a tessera::StepCapture (tessera/capture.h): traced until
 // two consecutive traces agree, then replayed (the compiled graph run on the current parameters,
 // moments and batch without tracing forward, autodiff and AdamW). The RESULT line's captured=
-// counts the timed steps replayed. Not with --micro-batches or --dtype float16 (both read values
-// mid-step: they trace every step, and the last reason is printed).
+// counts the timed steps replayed. --micro-batches runs without it (the accumulation reads values
+// mid-step); --dtype float16 traces every step (its GradScaler reads a value back), and the last
+// reason is printed.
 //
 // --dtype bfloat16 / float16: the forward pass and loss under tessera::Autocast (the products in
 // that dtype with float32 accumulation, everything else and the AdamW state in float32); float16

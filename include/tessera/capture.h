@@ -21,16 +21,19 @@
 //
 // The contract: `fn` must trace the same graph whenever the inputs' shapes and dtypes, the state's
 // and the thread's settings (grad mode, autocast, module scope, compile settings) are the same;
-// host control flow depending on anything else is not seen (then call reset()). A call traces
-// instead of replaying, and last_reason() says why, when: TESSERA_CAPTURE=0; something was pending
-// before the call; an input is pending, or differs in shape, dtype or device, or is another
-// input's or a state tensor's value; a state tensor is
-// gone, pending, failed or changed shape; a parameter's gradient is not as the traced step left it;
-// a buffer the step updates in place is shared with another tensor; the settings differ. A trace
-// is never replayed (and the reason says why) when it read a value back mid-step (item(), a
-// GradScaler), drew random numbers (dropout), read a tensor it made from host values (pass it as
-// an input, or keep it in a tensor that lives across steps), ran on several devices, or left a
-// value it made referenced outside (return it instead).
+// host control flow depending on anything else is not seen (then call reset()). That includes an
+// optimizer's options other than its learning rate (betas, eps, momentum, weight decay: constants
+// of the recorded graph; set_lr is seen). Random draws (dropout) replay as tracing would draw
+// them. A call traces instead of replaying, and last_reason() says why, when: TESSERA_CAPTURE=0;
+// something was pending before the call; an input is pending, or differs in shape, dtype, device
+// or requires_grad, or is another input's or a state tensor's value; a state tensor is gone,
+// pending, failed, changed shape or requires_grad (a parameter frozen); a parameter's gradient
+// is not as the traced step left it; a buffer the step updates in place is shared with another
+// tensor; the settings differ. A trace is never replayed (and the reason says why) when it read a
+// value back mid-step (item(), a GradScaler), read a tensor it made from host values (pass it as
+// an input, or keep it in a tensor that lives across steps), ran on several devices, returned a
+// tensor that existed before the step and gave it a new value, or left a value it made
+// referenced outside (return it instead). A step returning an undefined tensor is an error.
 // The outputs are realized tensors without autodiff history (on the traced call too).
 #pragma once
 #include <functional>

@@ -279,7 +279,7 @@ class DataParallel {
   // replay: process groups only (in process, the ranks' graphs run together inside step()).
   // `local_batch` is this rank's rows, local_rows(global_batch), made before the captured step
   // (a step must not read tensors it made from host values); returns the global batch's mean
-  // loss, pending. Both throw "[DataParallel] ..." in process.
+  // loss, pending. Both throw "[DataParallel] ..." for more than one in-process rank.
   std::vector<Tensor> local_rows(const std::vector<Tensor>& global_batch) const;
   Tensor trace_step(const std::vector<Tensor>& params, const std::vector<Tensor>& local_batch,
                     const std::function<Tensor(const std::vector<Tensor>&)>& loss_fn, const std::function<void()>& update);

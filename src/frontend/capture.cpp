@@ -90,6 +90,7 @@ struct __attribute__((visibility("hidden"))) StepCapture::Impl {
     Device device;
     int64_t versions = 0;          // the in-place updates the step made to it
     const TensorImpl* grad = nullptr;  // its gradient after the step (null: none)
+    bool requires_grad = false;    // as the step was traced (a frozen parameter is not updated)
     bool updated = false;          // one of the graph's results
   };
   struct Hook {
@@ -101,6 +102,7 @@ struct __attribute__((visibility("hidden"))) StepCapture::Impl {
     Env env;
     std::vector<std::pair<Shape, DType>> inputs;
     std::vector<Device> input_devices;
+    std::vector<bool> input_grads;  // requires_grad of each input, as traced
     std::vector<Source> sources;
     std::vector<Result> results;
     std::vector<int> donated;  // per result: the parameter it overwrites (-1: none)
@@ -128,6 +130,8 @@ struct __attribute__((visibility("hidden"))) StepCapture::Impl {
 namespace {
 thread_local StepCapture::Impl* t_recording = nullptr;
 
+bool wants_grad(const TensorImpl& t) { return t.grad_meta && t.grad_meta->requires_grad; }
+
 struct RecordingScope {
   StepCapture::Impl* prev;
   detail::CaptureRecorder* prev_rec;
@@ -147,10 +151,7 @@ std::vector<Tensor> realized_outputs(const std::vector<Tensor>& outs) {
   sync();
   std::vector<Tensor> r;
   for (const Tensor& t : outs) {
-    if (!t.defined()) {
-      r.push_back(t);
-      continue;
-    }
+    if (!t.defined()) fail("StepCapture", "the step returned an undefined tensor", "");
     const auto& impl = detail::impl_of(t);
     if (impl->error) throw Error(*impl->error);
     r.push_back(impl->buffer ? detail::from_buffer(impl->buffer, impl->shape, impl->dtype) : t);
@@ -194,7 +195,6 @@ std::vector<Tensor> StepCapture::operator()(const std::vector<Tensor>& inputs) {
   if (m.armed) {
     std::string why = m.check(*m.armed, inputs);
     if (why.empty()) {
-      m.reason.clear();
       m.replayed = true;
       m.replays++;
       return m.replay(*m.armed, inputs);
@@ -219,63 +219,64 @@ std::string StepCapture::Impl::classify(Record* rec, const std::vector<Tensor>& 
     if (fresh) rec->states.push_back({impl, impl.get(), impl->shape, impl->dtype, impl->device});
     return it->second;
   };
-  if (why.empty()) {
-    // Results: one per pending tensor the graph computed, in request order.
-    for (const auto& impl : rep.realized) {
-      int out = -1;
-      for (size_t j = 0; j < outs.size() && out < 0; ++j)
-        if (detail::impl_of(outs[j]) == impl) out = int(j);
-      if (out >= 0) {
-        rec->results.push_back({Result::Output, out});
-      } else if (impl->serial < serial0) {
-        for (const Tensor& in : inputs)
-          if (detail::impl_of(in) == impl) why = "the step updates its input " + sig(impl->dtype, impl->shape) + " in place";
-        int s = state(impl);
-        rec->states[size_t(s)].updated = true;
-        rec->results.push_back({Result::State, s});
-      } else {
-        rec->results.push_back({Result::Temp, -1});
-        temps.push_back(impl);
-      }
+  // Results: one per pending tensor the graph computed, in request order.
+  for (const auto& impl : rep.realized) {
+    int out = -1;
+    for (size_t j = 0; j < outs.size() && out < 0; ++j)
+      if (detail::impl_of(outs[j]) == impl) out = int(j);
+    if (out >= 0 && impl->serial < serial0) {
+      why = "the step returns a tensor that existed before it (" + sig(impl->dtype, impl->shape) +
+            ") and gives it a new value: return a copy (clone()) instead";
+    } else if (out >= 0) {
+      rec->results.push_back({Result::Output, out});
+    } else if (impl->serial < serial0) {
+      for (const Tensor& in : inputs)
+        if (detail::impl_of(in) == impl) why = "the step updates its input " + sig(impl->dtype, impl->shape) + " in place";
+      int s = state(impl);
+      rec->states[size_t(s)].updated = true;
+      rec->results.push_back({Result::State, s});
+    } else {
+      rec->results.push_back({Result::Temp, -1});
+      temps.push_back(impl);
     }
-    for (size_t j = 0; j < outs.size() && why.empty(); ++j)
-      if (std::none_of(rec->results.begin(), rec->results.end(), [&](const Result& r) { return r.kind == Result::Output && r.index == int(j); }))
-        why = "output " + std::to_string(j) + " (" + sig(outs[j].dtype(), outs[j].shape()) + ") is not a value the step's graph computes";
-    // Sources: one per parameter of the graph.
-    for (size_t p = 0; p < params.size() && why.empty(); ++p) {
-      const std::shared_ptr<Buffer>& b = params[p];
-      auto it = seen.leaves.find(b.get());
-      if (it == seen.leaves.end()) {  // a constant buffer no tensor of the step held
-        rec->sources.push_back({Source::Constant, -1, b});
-        continue;
-      }
-      std::shared_ptr<TensorImpl> impl = it->second.impl.lock();
-      int input = -1;
-      for (size_t k = 0; k < inputs.size() && input < 0 && impl; ++k)
-        if (detail::impl_of(inputs[k]) == impl) input = int(k);
-      if (input >= 0) {
-        rec->sources.push_back({Source::Input, input, nullptr});
-        continue;
-      }
-      if (it->second.serial >= serial0) {
-        why = "the step reads a tensor (" + std::to_string(b->nbytes) +
-              " bytes) it made from host values (from_vector, a scalar tensor): its value could change between calls unseen; "
-              "pass it as an input, or keep it in a tensor that lives across calls";
-        break;
-      }
-      if (!impl) {
-        why = "a tensor the step read (" + std::to_string(b->nbytes) + " bytes) was freed during the step";
-        break;
-      }
-      rec->sources.push_back({Source::State, state(impl), nullptr});
-      // Given a new value (set_data) by the step before it read it: replays must do the same.
-      bool refreshed = !seen.assigned.count(impl.get());
-      for (const Hook& h : rec->hooks)
-        refreshed |= std::find(h.refreshes.begin(), h.refreshes.end(), impl.get()) != h.refreshes.end();
-      if (!refreshed)
-        why = "the step gave the tensor " + sig(impl->dtype, impl->shape) +
-              " a new value (set_data) before reading it, and no on_replay hook gives it its value at a replay";
+  }
+  for (size_t j = 0; j < outs.size() && why.empty(); ++j)
+    if (std::none_of(rec->results.begin(), rec->results.end(), [&](const Result& r) { return r.kind == Result::Output && r.index == int(j); }))
+      why = "output " + std::to_string(j) + " (" + sig(outs[j].dtype(), outs[j].shape()) + ") is not a value the step's graph computes";
+  // Sources: one per parameter of the graph.
+  for (size_t p = 0; p < params.size() && why.empty(); ++p) {
+    const std::shared_ptr<Buffer>& b = params[p];
+    auto it = seen.leaves.find(b.get());
+    if (it == seen.leaves.end()) {  // a constant buffer no tensor of the step held
+      rec->sources.push_back({Source::Constant, -1, b});
+      continue;
     }
+    std::shared_ptr<TensorImpl> impl = it->second.impl.lock();
+    int input = -1;
+    for (size_t k = 0; k < inputs.size() && input < 0 && impl; ++k)
+      if (detail::impl_of(inputs[k]) == impl) input = int(k);
+    if (input >= 0) {
+      rec->sources.push_back({Source::Input, input, nullptr});
+      continue;
+    }
+    if (it->second.serial >= serial0) {
+      why = "the step reads a tensor (" + std::to_string(b->nbytes) +
+            " bytes) it made from host values (from_vector, a scalar tensor): its value could change between calls unseen; "
+            "pass it as an input, or keep it in a tensor that lives across calls";
+      break;
+    }
+    if (!impl) {
+      why = "a tensor the step read (" + std::to_string(b->nbytes) + " bytes) was freed during the step";
+      break;
+    }
+    rec->sources.push_back({Source::State, state(impl), nullptr});
+    // Given a new value (set_data) by the step before it read it: replays must do the same.
+    bool refreshed = !seen.assigned.count(impl.get());
+    for (const Hook& h : rec->hooks)
+      refreshed |= std::find(h.refreshes.begin(), h.refreshes.end(), impl.get()) != h.refreshes.end();
+    if (!refreshed)
+      why = "the step gave the tensor " + sig(impl->dtype, impl->shape) +
+            " a new value (set_data) before reading it, and no on_replay hook gives it its value at a replay";
   }
   return why;
 }
@@ -304,6 +305,7 @@ std::vector<Tensor> StepCapture::Impl::trace(const std::vector<Tensor>& inputs) 
   for (const Tensor& t : inputs) {
     rec->inputs.push_back({t.shape(), t.dtype()});
     rec->input_devices.push_back(t.device());
+    rec->input_grads.push_back(wants_grad(*detail::impl_of(t)));
   }
   detail::CaptureRecorder seen;
   recording_hooks.clear();
@@ -368,6 +370,7 @@ std::vector<Tensor> StepCapture::Impl::trace(const std::vector<Tensor>& inputs) 
       s.versions = fv == seen.first_version.end() ? 0 : impl->version - fv->second;
       s.shape = impl->shape, s.dtype = impl->dtype, s.device = impl->device;
       s.grad = impl->grad_meta && impl->grad_meta->grad.defined() ? detail::impl_of(impl->grad_meta->grad).get() : nullptr;
+      s.requires_grad = wants_grad(*impl);
     }
   }
   outs.clear();  // the traced tensors (and their autodiff history) go
@@ -398,14 +401,14 @@ std::vector<Tensor> StepCapture::Impl::trace(const std::vector<Tensor>& inputs) 
 
 bool StepCapture::Impl::same(const Record& a, const Record& b) {
   if (!runtime::same_captured(*a.graph, *b.graph) || !a.env.differs(b.env).empty() || a.inputs != b.inputs ||
-      a.input_devices != b.input_devices || a.draws != b.draws || a.hooks.size() != b.hooks.size() || a.outputs != b.outputs ||
+      a.input_devices != b.input_devices || a.input_grads != b.input_grads || a.draws != b.draws || a.hooks.size() != b.hooks.size() || a.outputs != b.outputs ||
       a.states.size() != b.states.size() || a.sources.size() != b.sources.size() || a.results.size() != b.results.size() ||
       a.donated != b.donated)
     return false;
   for (size_t s = 0; s < a.states.size(); ++s) {
     const StateRec &x = a.states[s], &y = b.states[s];
     if (x.id != y.id || x.impl.expired() || x.shape != y.shape || x.dtype != y.dtype || x.versions != y.versions ||
-        x.updated != y.updated || x.grad != y.grad)
+        x.updated != y.updated || x.grad != y.grad || x.requires_grad != y.requires_grad)
       return false;
   }
   for (size_t r = 0; r < a.results.size(); ++r)
@@ -442,6 +445,8 @@ std::string StepCapture::Impl::check(const Record& r, const std::vector<Tensor>&
     for (size_t j = 0; j < k; ++j)
       if (detail::impl_of(inputs[j])->buffer == impl->buffer)
         return "inputs " + std::to_string(j) + " and " + std::to_string(k) + " are one value; the recorded step's were two";
+    if (wants_grad(*impl) != r.input_grads[k])
+      return "input " + std::to_string(k) + (r.input_grads[k] ? " no longer requires" : " now requires") + " grad";
   }
   for (const StateRec& s : r.states) {
     auto impl = s.impl.lock();
@@ -450,6 +455,9 @@ std::string StepCapture::Impl::check(const Record& r, const std::vector<Tensor>&
       return "the state tensor " + sig(s.dtype, s.shape) + " is " + (impl->error ? "failed" : "pending") + " (sync() first)";
     if (impl->shape != s.shape || impl->dtype != s.dtype || impl->device != s.device)
       return "the state tensor " + sig(s.dtype, s.shape) + " is now " + sig(impl->dtype, impl->shape) + " on " + impl->device.str();
+    if (wants_grad(*impl) != s.requires_grad)
+      return "the state tensor " + sig(s.dtype, s.shape) + (s.requires_grad ? " no longer requires" : " now requires") +
+             " grad (a parameter frozen or unfrozen)";
     for (size_t k = 0; k < inputs.size(); ++k)
       if (detail::impl_of(inputs[k])->buffer == impl->buffer)
         return "input " + std::to_string(k) + " is the value of a tensor the step reads or updates (" + sig(s.dtype, s.shape) +

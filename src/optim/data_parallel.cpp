@@ -64,15 +64,19 @@ DataParallel DataParallel::process_group(DataParallelOptions o) {
   return DataParallel(dist::world_size(), dist::rank(), false, o);
 }
 
+// A batch's rows: one or more tensors sharing their leading extent, checked.
+static int64_t batch_rows(const std::vector<Tensor>& batch) {
+  if (batch.empty()) fail_dp("needs a batch (one or more tensors sharing their leading extent)");
+  for (const Tensor& t : batch)
+    if (!t.defined() || t.dim() == 0 || t.shape()[0] != batch[0].shape()[0])
+      fail_dp("the batch's tensors must share their leading extent, got " +
+              (t.defined() ? shape_str(t.shape()) : std::string("an undefined tensor")) + " beside " + shape_str(batch[0].shape()));
+  return batch[0].shape()[0];
+}
+
 // The batch's checks; its rows per rank.
 int64_t DataParallel::rows_per_rank(const std::vector<Tensor>& global_batch) const {
-  if (global_batch.empty()) fail_dp("needs a batch (one or more tensors sharing their leading extent)");
-  const int64_t N = ranks_;
-  for (const Tensor& t : global_batch)
-    if (!t.defined() || t.dim() == 0 || t.shape()[0] != global_batch[0].shape()[0])
-      fail_dp("the batch's tensors must share their leading extent, got " +
-              (t.defined() ? shape_str(t.shape()) : std::string("an undefined tensor")) + " beside " + shape_str(global_batch[0].shape()));
-  const int64_t B = global_batch[0].shape()[0];
+  const int64_t N = ranks_, B = batch_rows(global_batch);
   if (B % N != 0)
     fail_dp("a batch of " + std::to_string(B) + " rows (" + dtype_name(global_batch[0].dtype()) + shape_str(global_batch[0].shape()) +
             ") does not divide into " + std::to_string(N) + " ranks");
@@ -104,7 +108,7 @@ Tensor DataParallel::trace_rows(const std::vector<Tensor>& global_batch, const s
       for (size_t k = 0; k < global_batch.size(); ++k) others.back().push_back({mine[k], rows_of(global_batch[k], r * rows, rows)});
     }
   } else {
-    mine = local_rows(global_batch);
+    for (const Tensor& t : global_batch) mine.push_back(rows_of(t, rank_ * rows, rows));
   }
   return trace_loss(mine, loss_fn, in_process_ ? 0 : rank_ * rows, rows);
 }
@@ -174,9 +178,7 @@ double DataParallel::step(const std::vector<Tensor>& params, const std::vector<T
 Tensor DataParallel::trace_step(const std::vector<Tensor>& params, const std::vector<Tensor>& local_batch,
                                 const std::function<Tensor(const std::vector<Tensor>&)>& loss_fn, const std::function<void()>& update) {
   if (in_process_ && ranks_ > 1) fail_dp("trace_step is for process groups: in process, step() runs the ranks' graphs together");
-  if (local_batch.empty() || !local_batch[0].defined() || local_batch[0].dim() == 0)
-    fail_dp("trace_step needs this rank's rows (local_rows of the global batch)");
-  const int64_t rows = local_batch[0].shape()[0];
+  const int64_t rows = batch_rows(local_batch);  // this rank's: local_rows(global_batch)
   return reduce_and_update(params, trace_loss(local_batch, loss_fn, rank_ * rows, rows), update);
 }
 

@@ -658,7 +658,6 @@ std::shared_ptr<const std::string> compile_settings_key() {
 }
 
 bool same_captured(const CapturedGraph& a, const CapturedGraph& b) { return a.exe == b.exe && a.dev == b.dev; }
-size_t captured_param_bytes(const CapturedGraph& g, size_t p) { return g.param_bytes.at(p); }
 
 
 std::vector<std::vector<std::shared_ptr<Buffer>>> realize_spmd(const std::vector<Request>& requests, RngArgs rng,

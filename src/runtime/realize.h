@@ -76,8 +76,6 @@ std::vector<std::shared_ptr<Buffer>> run_captured(const CapturedGraph& graph, co
 std::shared_ptr<const std::string> compile_settings_key();
 // Whether two captures ran the same executable.
 bool same_captured(const CapturedGraph& a, const CapturedGraph& b);
-// The recorded parameter's size in bytes.
-size_t captured_param_bytes(const CapturedGraph& graph, size_t param);
 
 // Arena guards (debug; set_arena_guard in compile_options.h, part of the cache key): realize()
 // fills each temporary's guards with kGuardByte before the Steps writing it and checks them after

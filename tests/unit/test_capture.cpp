@@ -221,6 +221,13 @@ TEST(StepCapture, TracesAndSaysWhyWhenAReplayCouldDiffer) {
   EXPECT_EQ(before.to_vector<float>(), old);  // the alias kept its value
   before = Tensor();
   arm();
+  // The parameter frozen: tracing differentiates nothing (an error), a replay would update it.
+  a.w.requires_grad_(false);
+  EXPECT_THROW(step({batch_x(k), batch_y(k)}), Error);
+  expect_traced("no longer requires grad");
+  a.w.requires_grad_(true);
+  step.reset();
+  arm();
   // Grad mode off: the step's trace would record no gradient.
   {
     NoGradGuard no_grad;
@@ -267,6 +274,14 @@ TEST(StepCapture, NeverReplaysAStepItCannotRepeat) {
         return std::vector<Tensor>{in[0] + bias};
       },
       "no on_replay hook");
+  // A tensor that existed before the step, given a new value and returned: its version and its
+  // other holders would not follow a replay.
+  Tensor acc = from_vector<float>({0.0f, 0.0f}, {2});
+  run([&](const std::vector<Tensor>& in) {
+        acc.add_(in[0]);
+        return std::vector<Tensor>{acc};
+      },
+      "existed before it");
   // One tensor passed as two inputs: a replay on two tensors could not tell the uses apart.
   {
     StepCapture step([&](const std::vector<Tensor>& in) { return std::vector<Tensor>{in[0] * w + in[1]}; });

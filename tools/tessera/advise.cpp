@@ -325,7 +325,7 @@ void run_advise(const AdviseOptions& o) {
                 "measured_peak=%.0f\n",
                 (long long)o.batch, p.step_s, m.step_s, m.fastest_step_s, p.peak_bytes, m.high_water_bytes);
     // Per Step kind: the model's time of its Steps against the profiler's mean per step;
-    // <runtime> is the host's time outside Steps (predicted: the trace time).
+    // <runtime> is the host's time outside Steps (predicted: the trace and graph-preparation time).
     std::map<std::string, std::pair<double, int>> pred;
     for (const advise::StepCost& s : w.steps) {
       auto& [t, n] = pred[s.kind];

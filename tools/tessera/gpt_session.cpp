@@ -178,6 +178,20 @@ static TrainResult::RankMemory rank_memory(const nn::GPT& model, const std::opti
   return m;
 }
 
+// One --log-json line: the step's figures, the metrics so far, whether a captured step replayed
+// (and why not).
+static void log_step(std::FILE* log, int64_t step, double loss, double lr, double ms, double tokens_per_s,
+                     const std::optional<double>& val, const StepCapture* capture) {
+  Metrics m = metrics();
+  json j = {{"step", step}, {"loss", loss}, {"lr", lr}, {"step_ms", ms}, {"tokens_per_s", tokens_per_s},
+            {"graphs_compiled", m.graphs_compiled}, {"host_syncs", m.host_syncs}, {"peak_bytes", m.peak_bytes},
+            {"replayed", capture && capture->last_replayed()}};
+  if (capture && !capture->last_replayed()) j["traced_because"] = capture->last_reason();
+  if (val) j["val_loss"] = *val;
+  std::fprintf(log, "%s\n", j.dump().c_str());
+  std::fflush(log);
+}
+
 TrainResult train_gpt(const TrainOptions& o) {
   if (o.steps < 1 || o.batch < 1 || o.block < 2 || o.eval_every < 1 || o.eval_batches < 1)
     fail("train", "steps, batch, eval-every and eval-batches must be positive and block at least 2", "");
@@ -263,11 +277,8 @@ TrainResult train_gpt(const TrainOptions& o) {
     }
     opt.zero_grad();  // gradients are consumed inside the step's graph, never stored
   };
-  // One process's whole step, on one device or as an MPI rank (no micro-batches or budget): a
-  // StepCapture replays its compiled graph once two steps traced alike, skipping the host's
-  // tracing of forward, autodiff and AdamW (tessera/capture.h; TESSERA_CAPTURE=0 traces every
-  // step). float16's GradScaler reads a value back mid-step, so it is never replayed: left to
-  // train_step; in-process ranks run their graphs together (DataParallel::step).
+  // One device's or MPI rank's step replayed once two traces agree (tessera/capture.h). Not for
+  // float16 (its GradScaler reads a value back), micro-batches, budgets, in-process ranks.
   std::optional<StepCapture> capture;
   if (!zero && !tp && !scaler && o.micro_batches == 1 && o.memory_budget.none() && (!dp || !dp->is_in_process()))
     capture.emplace([&](const std::vector<Tensor>& b) {
@@ -302,16 +313,7 @@ TrainResult train_gpt(const TrainOptions& o) {
       r.val_loss.push_back({step + 1, *val});
     }
     if (o.ckpt_every > 0 && (step + 1) % o.ckpt_every == 0) save(step + 1);
-    Metrics m = metrics();
-    if (log) {
-      json j = {{"step", step + 1}, {"loss", l}, {"lr", lr}, {"step_ms", ms}, {"tokens_per_s", tokens / elapsed},
-                {"graphs_compiled", m.graphs_compiled}, {"host_syncs", m.host_syncs}, {"peak_bytes", m.peak_bytes},
-                {"replayed", capture && capture->last_replayed()}};
-      if (capture && !capture->last_replayed()) j["traced_because"] = capture->last_reason();
-      if (val) j["val_loss"] = *val;
-      std::fprintf(log, "%s\n", j.dump().c_str());
-      std::fflush(log);
-    }
+    if (log) log_step(log, step + 1, l, lr, ms, tokens / elapsed, val, capture ? &*capture : nullptr);
     if (!quiet) {
       double done = double(step + 1 - start) / double(o.steps - start);
       double eta = elapsed / done * (1 - done);

@@ -393,16 +393,17 @@ class GemmLaunch {
 
   // ---- 16-bit float operands (autocast's products): float32 results ----
   // bfloat16 on AVX512-BF16 through bf16_gemm (vdpbf16ps); otherwise (float16, or no such
-  // instructions) the operands are converted to float32 for the BLAS. Either way B is prepared
-  // once per batch element (packed in pairs of depths, or converted), then tasks of 128-row
-  // blocks (and column blocks, for few rows) read it, each preparing its A rows unless bf16_gemm
-  // reads them in place.
+  // instructions) the operands are converted to float32 for the BLAS. B is prepared once per batch
+  // element (packed in pairs of depths, or converted) -- by the element's own task where each
+  // element is one row block (`local`, below) --, then tasks of 128-row blocks (and column blocks,
+  // for few rows) read it; A stored by columns is packed once per element as pairs of depths
+  // (bf16), other A rows are prepared by each task unless bf16_gemm reads them in place.
   void half_product() {
     const DType t = st_.input_dtypes[0];
     const bool dot = t == DType::BFloat16 && bf16_gemm::available();
     a_ = gemm_operand(st_.maps[0], args_.slots[st_.inputs[0]], t, false);
     b_ = gemm_operand(st_.maps[1], args_.slots[st_.inputs[1]], t, false);
-    const int64_t ncb = (N_ + 15) / 16, bsize = dot ? bf16_gemm::packed_size(K_, N_) : K_ * N_;
+    const int64_t P = (K_ + 1) / 2, ncb = (N_ + 15) / 16, bsize = dot ? bf16_gemm::packed_size(K_, N_) : K_ * N_;
     // Fewer than 4 row blocks in all (a weight gradient: M = 128..512, K = the tokens) also split
     // the columns, in multiples of 16, so that both threads work; fixed by the shape alone.
     const int64_t mb = (M_ + kBlock - 1) / kBlock, nbk = nb_ * mb < 4 ? std::min<int64_t>(4 / (nb_ * mb), ncb) : 1;
@@ -414,13 +415,13 @@ class GemmLaunch {
     const bool local = dot && nb_ >= 4 && mb == 1;
     std::vector<uint16_t, LineAligned<uint16_t>> bh(dot && !local ? size_t(nb_ * bsize) : 0);
     std::vector<float, LineAligned<float>> bf(dot ? 0 : size_t(nb_ * bsize));
-#pragma omp parallel for schedule(static) if (nb_ * K_ * N_ >= kParallelMin)
+#pragma omp parallel for schedule(static) if (!local && nb_ * K_ * N_ >= kParallelMin)
     for (int64_t t2 = 0; t2 < (local ? 0 : nb_ * ncb); ++t2) {
       const int64_t b = t2 / ncb, n0 = t2 % ncb * 16, w = std::min<int64_t>(16, N_ - n0);
       const uint16_t* src = half_at(b_, b) + (b_.trans ? n0 * b_.ld : n0);
       const int64_t rs = b_.trans ? 1 : b_.ld, cs = b_.trans ? b_.ld : 1;
       if (dot) {
-        bf16_gemm::pack_b(src, rs, cs, K_, w, bh.data() + b * bsize + n0 * ((K_ + 1) / 2 * 2));
+        bf16_gemm::pack_b(src, rs, cs, K_, w, bh.data() + b * bsize + n0 * 2 * P);
         continue;
       }
       float* dst = bf.data() + b * bsize + n0;
@@ -431,7 +432,7 @@ class GemmLaunch {
     // vdpbf16ps: packed once per batch element as pairs of depths (bf16_gemm::pack_a_pairs, in
     // chunks of 64 pairs), which the tasks read at their rows; per task with pack_a it was read
     // one element per column stride, by every column task again.
-    const int64_t P = (K_ + 1) / 2, pchunks = (P + 63) / 64;
+    const int64_t pchunks = (P + 63) / 64;
     const bool pairs = dot && a_.trans;
     std::vector<uint32_t, LineAligned<uint32_t>> apr(pairs && !local ? size_t(nb_ * P * M_) : 0);
     if (pairs && !local) {
