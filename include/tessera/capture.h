@@ -73,7 +73,7 @@ class StepCapture {
   static bool recording();
   static void on_replay(std::function<void()> before, std::function<void()> after = {}, const std::vector<Tensor>& refreshes = {});
 
-  struct Impl;
+  struct __attribute__((visibility("hidden"))) Impl;  // not exported (check-exports)
 
  private:
   std::unique_ptr<Impl> impl_;
