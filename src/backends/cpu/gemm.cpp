@@ -458,13 +458,15 @@ class GemmLaunch {
         bpk = bl.data();
       }
       if (pairs) {
-        const uint32_t* ap = apr.data() + b * P * M_ + m0;
+        const uint32_t* ap = nullptr;  // apr is empty when local
         int64_t lda = M_;
         if (local) {
           thread_local std::vector<uint32_t, LineAligned<uint32_t>> al;
           al.resize(std::max(al.size(), size_t(P * rows)));
           bf16_gemm::pack_a_pairs(a, a_.ld, rows, K_, al.data(), rows);
           ap = al.data(), lda = rows;
+        } else {
+          ap = apr.data() + b * P * M_ + m0;
         }
         PriorBlock prior(st_.accumulate, c + n0, rows, n1 - n0, N_);
         bf16_gemm::product_pairs(ap, lda, P, bpk, rows, n1 - n0, c + n0, N_);
