@@ -7,10 +7,10 @@
 //   mismatch  rank 0 all-reduces 4 elements, rank 1 3 (communicator calls): both must fail naming the collective
 //   sequence  the ranks' graphs differ in their second collective: both fail before any Step runs
 //             (the collective-sequence check), naming it; agreeing graphs run, checked once
-//   die       rank 1 is killed before the all-reduce rank 0 waits in (lost_rank.sh checks the job)
+//   die       rank 1 is killed before the all-reduce rank 0 waits in (rank_failure.sh lost checks the job)
 //   stuck     rank 1 sleeps 20 s (alive) before the all-reduce rank 0 waits in; run with
 //             TESSERA_COLLECTIVE_TIMEOUT_S=1, rank 0's wait must time out and end the job
-//             (stuck_rank.sh checks it)
+//             (rank_failure.sh stuck checks it)
 //   gpt       data parallelism (optim::DataParallel::process_group): the small GPT trained on the 2
 //             ranks, each on half of every batch, against one device on the whole batch (each
 //             rank trains that itself first): the same losses to 1e-5 relative over 20 steps, with
