@@ -22,6 +22,15 @@ enum class Reduce { Sum, Mean, Max };
 Tensor all_reduce(const Tensor& x, int64_t ranks, Reduce op = Reduce::Sum);
 Tensor all_gather(const Tensor& x, int64_t ranks, int64_t dim = 0);      // concatenated along dim, rank-major
 Tensor reduce_scatter(const Tensor& x, int64_t ranks, int64_t dim = 0);  // the sum, cut along dim: rank r keeps block r
+// x cut into `ranks` blocks along split_dim: block c goes to rank c, which concatenates the blocks
+// it receives along concat_dim in rank order (MPI_Alltoall; the VJP is the all_to_all back).
+Tensor all_to_all(const Tensor& x, int64_t ranks, int64_t split_dim = 0, int64_t concat_dim = 0);
+// Every rank gets rank `root`'s x (the VJP: the ranks' cotangents summed on the root, zeros elsewhere).
+Tensor broadcast(const Tensor& x, int64_t ranks, int64_t root = 0);
+// Send/recv by (source, destination) pairs, each rank at most once a source and once a
+// destination: a destination gets its source's x, a rank that receives nothing gets zeros (JAX's
+// ppermute; the VJP sends the cotangents back along the reversed pairs).
+Tensor collective_permute(const Tensor& x, int64_t ranks, const std::vector<std::pair<int64_t, int64_t>>& pairs);
 
 // This process as one rank of MPI_COMM_WORLD (under mpirun): its communicator becomes the
 // process's; returns {rank, size} (again on later calls). Throws "[mpi] ..." where libtessera was

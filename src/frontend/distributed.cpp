@@ -44,6 +44,18 @@ Tensor reduce_scatter(const Tensor& x, int64_t ranks, int64_t dim) {
   check(x, ranks, "reduce_scatter");
   return T(ir::build::reduce_scatter(detail::node_of(x), ranks, dim_of(x, dim, "reduce_scatter")), x);
 }
+Tensor all_to_all(const Tensor& x, int64_t ranks, int64_t split_dim, int64_t concat_dim) {
+  check(x, ranks, "all_to_all");
+  return T(ir::build::all_to_all(detail::node_of(x), ranks, dim_of(x, split_dim, "all_to_all"), dim_of(x, concat_dim, "all_to_all")), x);
+}
+Tensor broadcast(const Tensor& x, int64_t ranks, int64_t root) {
+  check(x, ranks, "broadcast");
+  return T(ir::build::broadcast(detail::node_of(x), ranks, root), x);
+}
+Tensor collective_permute(const Tensor& x, int64_t ranks, const std::vector<std::pair<int64_t, int64_t>>& pairs) {
+  check(x, ranks, "collective_permute");
+  return T(ir::build::collective_permute(detail::node_of(x), ranks, pairs), x);
+}
 
 std::pair<int, int> init_mpi() { return runtime::init_mpi_group(); }
 int rank() { return runtime::process_group().first; }

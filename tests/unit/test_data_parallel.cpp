@@ -236,5 +236,34 @@ TEST(DataParallel, TensorCollectivesAndSyncRanks) {
   EXPECT_NE(e.find("[all_gather] dimension 3 out of range for [1]"), std::string::npos) << e;
 }
 
+TEST(DataParallel, AllToAllBroadcastAndPermuteOnTensors) {
+  // 3 in-process ranks, rank r's x = 10 r + [0 1 2; 3 4 5] as [2, 3]; values by hand.
+  auto x_of = [](float r) { return from_vector<float>({10 * r, 10 * r + 1, 10 * r + 2, 10 * r + 3, 10 * r + 4, 10 * r + 5}, {2, 3}); };
+  Tensor x = x_of(0);
+  Tensor a = dist::all_to_all(x, 3, 1, 0);  // rank c gets column c of every rank, stacked: [6, 1]
+  Tensor b = dist::broadcast(x * 2.0, 3, 2);
+  Tensor p = dist::collective_permute(x, 3, {{0, 1}, {1, 2}});  // rank 0 receives nothing: zeros
+  auto ranks = dist::sync_ranks(3, {{{x, x_of(1)}}, {{x, x_of(2)}}}, 0, {a, b, p});
+  const std::vector<std::vector<float>> want_a = {{0, 3, 10, 13, 20, 23}, {1, 4, 11, 14, 21, 24}, {2, 5, 12, 15, 22, 25}};
+  const std::vector<float> want_b = {40, 42, 44, 46, 48, 50};
+  EXPECT_EQ(a.shape(), (Shape{6, 1}));
+  EXPECT_EQ(a.to_vector<float>(), want_a[0]);
+  EXPECT_EQ(b.to_vector<float>(), want_b);
+  EXPECT_EQ(p.to_vector<float>(), std::vector<float>(6, 0.f));
+  ASSERT_EQ(ranks.size(), 2u);
+  for (int r = 1; r <= 2; ++r) {
+    EXPECT_EQ(ranks[size_t(r - 1)][0].to_vector<float>(), want_a[size_t(r)]) << "rank " << r;
+    EXPECT_EQ(ranks[size_t(r - 1)][1].to_vector<float>(), want_b) << "rank " << r;
+    EXPECT_EQ(ranks[size_t(r - 1)][2].to_vector<float>(), x_of(float(r - 1)).to_vector<float>()) << "rank " << r;
+  }
+  auto err = [](auto f) { return testing::error_message(f); };
+  std::string e = err([] { dist::all_to_all(from_vector<float>({1, 2}, {2}), 3, 0, 0); });
+  EXPECT_NE(e.find("[all_to_all] uneven split"), std::string::npos) << e;
+  e = err([] { dist::broadcast(from_vector<float>({1}, {1}), 2, 2); });
+  EXPECT_NE(e.find("[broadcast] root 2 out of range for 2 ranks"), std::string::npos) << e;
+  e = err([] { dist::collective_permute(from_vector<float>({1}, {1}), 2, {{0, 1}, {0, 0}}); });
+  EXPECT_NE(e.find("[collective_permute] rank 0 appears twice"), std::string::npos) << e;
+}
+
 }  // namespace
 }  // namespace tessera
