@@ -256,7 +256,7 @@ void local_block(const Problem& p, int64_t m0, int64_t m1, int64_t n0, int64_t n
 // gradients (K = 1,024) are 2 blocks (M = 128 x N = 128; 114 x 128; 384 x 128) or 4 (512 x 128;
 // 128 x 512 in 2 of 256 columns). Measured on those products (bench_f32_gemm --only "dY^T", two
 // threads, GFLOP/s): 192 rows 207 for qkv against 200 in 4 blocks of 96; 256 columns 198-202
-// for mlp.proj against 185-196 in 128; K blocks of 128 3-10% slower than 256, 384 within noise.
+// for mlp.proj against 185-196 in 128; K blocks of 128 2-10% slower than 256, 384 within noise.
 // Fixed by the shape alone; every C element sums its K in the same order as in `block`.
 constexpr int64_t kWgRows = 192, kWgCols = 256;
 void weight_gradient(const Problem& p, TileDone done, void* ctx) {
