@@ -5,7 +5,7 @@
 // <= 128, one cblas_sgemm each inside our OpenMP pool), on 1 and on 2 threads, beside the FMA
 // peak of a register-only loop measured in the same run. Median of repeated timings, GFLOP/s.
 //
-//   taskset -c 0,1 bench_f32_gemm [--reps N] [--threads 1] [--best] [--cold]
+//   taskset -c 0,1 bench_f32_gemm [--reps N] [--threads 1] [--best] [--cold] [--only TEXT]
 //
 // --cold: each timing is one call after a 96 MiB pass over other memory has overwritten every
 // cache level, as the step's products find their operands (made by other Steps, or, for weights,
@@ -120,10 +120,12 @@ double median_ms(F&& f, int reps, double flops) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  std::string only;  // --only TEXT: the products whose name contains TEXT (the totals then cover those)
   int reps = 15, most = 2;  // --threads 1: only the one-thread columns (the others print 0)
   for (int i = 1; i + 1 < argc; ++i)
     if (std::string(argv[i]) == "--reps") reps = std::atoi(argv[++i]);
     else if (std::string(argv[i]) == "--threads") most = std::clamp(std::atoi(argv[++i]), 1, 2);  // the table has 1 and 2
+    else if (std::string(argv[i]) == "--only") only = argv[++i];
   for (int i = 1; i < argc; ++i) best = best || std::string(argv[i]) == "--best", cold = cold || std::string(argv[i]) == "--cold";
   if (!fg::available()) {
     std::printf("f32_gemm is not available here (no AVX-512F, or TESSERA_CPU_GEMM=blas)\n");
@@ -151,6 +153,7 @@ int main(int argc, char** argv) {
               "1t own", "1t blas", "2t own", "2t blas");
   double tot[2][2] = {}, flops_total = 0;
   for (const Product& s : shapes) {
+    if (!only.empty() && std::string(s.what).find(only) == std::string::npos) continue;
     Operands o = make(s);
     const double flops = 2.0 * double(s.batch * s.M * s.N * s.K);
     double g[2][2] = {};

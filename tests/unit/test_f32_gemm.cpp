@@ -114,6 +114,15 @@ const std::vector<Case>& cases() {
       {8, 64, 64, 32, false, true},
       {6, 64, 32, 64, true, false},
       {3, 150, 20, 9, false, false, 2},
+      // weight gradients (one matrix, A stored transposed: each task packs its own blocks of
+      // A and B per K block): the GPT's head (114 rows, two blocks), several row and column
+      // blocks with edge tiles in both (400 = 3 blocks of 192 split to 4; 300 columns = 2 blocks),
+      // K not a multiple of 256, strided, B transposed, accumulating
+      {1, 114, 128, 1024, true, false},
+      {1, 400, 300, 1030, true, false, 3},
+      {1, 200, 70, 513, true, true, 7},
+      {1, 130, 520, 260, true, false, 0, true},
+      {1, 6, 64, 300, true, false},        // one tile: one task
       // accumulate: C += A B, over one K block and several
       {1, 37, 70, 40, false, true, 0, true},
       {1, 64, 64, 600, true, false, 0, true},

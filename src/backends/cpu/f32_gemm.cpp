@@ -148,20 +148,22 @@ int64_t panels(int64_t N) { return (N + kW - 1) / kW; }
 // Padded width of panel q (its row length in the packed buffer).
 int64_t panel_width(int64_t N, int64_t q) { return (std::min(kW, N - q * kW) + 15) / 16 * 16; }
 
-// Panel q of batch element bi's B over all K, at out (K rows of panel_width floats).
-void pack_panel(const Problem& p, int64_t bi, int64_t q, float* out) {
+// Panel q of batch element bi's B over depths [k0, k0 + kc) (all K by default), at out (kc rows
+// of panel_width floats).
+void pack_panel(const Problem& p, int64_t bi, int64_t q, float* out, int64_t k0 = 0, int64_t kc = -1) {
   const int64_t j0 = q * kW, w = std::min(kW, p.N - j0), wp = panel_width(p.N, q);
   const float* b = p.b + (p.b_off ? p.b_off[bi] : 0);
+  if (kc < 0) kc = p.K;
   if (p.bcs == 1) {
-    for (int64_t k = 0; k < p.K; ++k) {
+    for (int64_t k = 0; k < kc; ++k) {
       float* row = out + k * wp;
-      std::memcpy(row, b + k * p.brs + j0, size_t(w) * sizeof(float));
+      std::memcpy(row, b + (k0 + k) * p.brs + j0, size_t(w) * sizeof(float));
       std::fill(row + w, row + wp, 0.0f);
     }
     return;
   }
   // B(k, j) = b[k + j * bcs]: the rows of B^T transposed.
-  window_gemm::pack_transposed(b + j0 * p.bcs, p.bcs, w, p.K, out, wp);
+  window_gemm::pack_transposed(b + j0 * p.bcs + k0, p.bcs, w, kc, out, wp);
 }
 
 // Rows [m0, m1) of an A stored transposed (A(i, k) at a[k * acs + i]) over kc depths, as tiles of
@@ -218,6 +220,66 @@ void block(const Problem& p, int64_t bi, const float* bp, int64_t m0, int64_t m1
   }
 }
 
+// A weight gradient's block (one matrix, A stored transposed: dY^T X, K = the tokens): C rows
+// [m0, m1) x columns [n0, n1) (n0 a multiple of kW), with both operands packed per K block by the
+// task itself into its thread's buffers: A as pack_a's tiles, B as panels of kc rows. Every
+// depth a task reads lies in its own core's cache; with B packed once for all tasks and A per
+// tile, half of what each task read had been written by the other core.
+void local_block(const Problem& p, int64_t m0, int64_t m1, int64_t n0, int64_t n1) {
+  const auto& tiles = kTiles[1];
+  thread_local std::vector<float, cpu::LineAligned<float>> apk, bpk;
+  const int64_t kcm = std::min(kKc, p.K), q0 = n0 / kW, q1 = (n1 + kW - 1) / kW;
+  apk.resize(std::max(apk.size(), size_t((m1 - m0 + kMR - 1) / kMR * (kMR * kcm + 8))));
+  bpk.resize(std::max(bpk.size(), size_t((q1 - q0) * kW * kcm)));
+  const float* a = p.a + (p.a_off ? p.a_off[0] : 0);
+  for (int64_t k0 = 0; k0 < p.K; k0 += kKc) {
+    const int64_t kc = std::min(kKc, p.K - k0);
+    const bool load = p.accumulate || k0 > 0;
+    pack_a(a + k0 * p.acs, p.acs, m0, m1, kc, apk.data());
+    for (int64_t q = q0; q < q1; ++q) pack_panel(p, 0, q, bpk.data() + (q - q0) * kW * kc, k0, kc);
+    for (int64_t q = q0; q < q1; ++q) {
+      const int64_t wp = panel_width(p.N, q), w = std::min(kW, p.N - q * kW), nr = wp / 16;
+      const int last = int(w - 16 * (nr - 1));
+      const float* panel = bpk.data() + (q - q0) * kW * kc;
+      for (int64_t i0 = m0; i0 < m1; i0 += kMR) {
+        const int64_t mr = std::min<int64_t>(kMR, m1 - i0);
+        tiles[size_t(mr - 1)][size_t(nr - 1)](apk.data() + (i0 - m0) / kMR * (kMR * kc + 8), 1, kMR, panel, wp, kc,
+                                              p.c + i0 * p.N + q * kW, p.N, last, load);
+      }
+    }
+  }
+}
+
+// One matrix with A stored transposed: blocks of at most kWgRows rows x kWgCols columns, each
+// one task packing its own operands (local_block), their count split further (the larger side
+// first) until it is even, so that two threads get equal work: the benchmark GPT's weight
+// gradients (K = 1,024) are 2 blocks (M = 128 x N = 128; 114 x 128; 384 x 128) or 4 (512 x 128;
+// 128 x 512 in 2 of 256 columns). Measured on those products (bench_f32_gemm --only "dY^T", two
+// threads, GFLOP/s): 192 rows 207 for qkv against 200 in 4 blocks of 96; 256 columns 198-202
+// for mlp.proj against 185-196 in 128; K blocks of 128 2-10% slower than 256, 384 within noise.
+// Fixed by the shape alone; every C element sums its K in the same order as in `block`.
+constexpr int64_t kWgRows = 192, kWgCols = 256;
+void weight_gradient(const Problem& p, TileDone done, void* ctx) {
+  const int64_t np = panels(p.N);
+  int64_t rb = (p.M + kWgRows - 1) / kWgRows, cb = (p.N + kWgCols - 1) / kWgCols;
+  while ((rb * cb) % 2 != 0) {
+    const int64_t rows = (p.M + rb - 1) / rb, cols = (np + cb - 1) / cb * kW;
+    if (rows >= cols && rows > kMR) ++rb;
+    else if (cb < np) ++cb;
+    else if (rows > kMR) ++rb;
+    else break;  // one tile: nothing to split
+  }
+  const int64_t rows = ((p.M + rb - 1) / rb + kMR - 1) / kMR * kMR, cols = (np + cb - 1) / cb;
+  const int64_t mt = (p.M + rows - 1) / rows, nt = (np + cols - 1) / cols;
+#pragma omp parallel for schedule(dynamic, 1) if (mt * nt > 1)
+  for (int64_t t = 0; t < mt * nt; ++t) {
+    const int64_t m0 = t / nt * rows, m1 = std::min(p.M, m0 + rows);
+    const int64_t n0 = t % nt * cols * kW, n1 = std::min(p.N, n0 + cols * kW);
+    local_block(p, m0, m1, n0, n1);
+    if (done) done(ctx, 0, m0, m1, n0, n1);
+  }
+}
+
 }  // namespace
 
 void gemm(const Problem& p, TileDone done, void* ctx) {
@@ -244,6 +306,7 @@ void gemm(const Problem& p, TileDone done, void* ctx) {
     }
     return;
   }
+  if (p.ars == 1 && p.acs != 1) return weight_gradient(p, done, ctx);
   // One matrix: B packed once (a task per panel), then tiles of rows x panels, at least 32 of
   // them (rows in multiples of the register tile's; fixed by the shape alone), dynamically
   // scheduled: a tile's K runs in one task, so which thread takes it changes nothing.

@@ -2,7 +2,9 @@
 // (zeros past N; a batched element's dense B read in place), A read in place where its rows are
 // contiguous and packed per K block where its columns are, register tiles of 6 rows x 64 columns
 // (24 accumulators), K in 256-deep blocks, one task per C tile over the whole K in a fixed order,
-// so results do not depend on the thread count. Which products take it rather than OpenBLAS:
+// so results do not depend on the thread count. A single product whose A is stored transposed
+// (a weight gradient, dY^T X) runs as blocks of up to 192 x 256 whose tasks pack both operands
+// per K block themselves. Which products take it rather than OpenBLAS:
 // `chosen` (the measured rule; docs/architecture.md, "float32 products").
 #pragma once
 #include <cstdint>
