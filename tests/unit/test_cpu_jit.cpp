@@ -867,6 +867,18 @@ std::vector<float> form_results() {
     one([&] { return x.to(DType::BFloat16).to(DType::Float32) * 2.0 + (y * 3.0).to(DType::BFloat16).to(DType::Float32); });
     one([&] { return gelu(x); });
   }
+  {  // an output of 8 MiB and more in one run: non-temporal stores (a vector's alignment), its tail masked
+    const int64_t n = (8 << 20) / 4 + 5;
+    std::vector<float> xv = special_values(n);
+    Tensor x = from_vector<float>(xv, {n});
+    std::vector<float> v = (x * 1.5 + 0.25).to_vector<float>();
+    for (int64_t i = 0; i < n; ++i)
+      if (!same(v[size_t(i)], add(mul(xv[size_t(i)], 1.5f), 0.25f))) {
+        ADD_FAILURE() << "a streamed result: position " << i << " of " << n;
+        break;
+      }
+    all.insert(all.end(), v.begin(), v.end());
+  }
   std::vector<float> rv = special_values(4096 + 27);
   rv.erase(rv.begin(), rv.begin() + 27);  // ordinary values
   auto ordinary = [&](int64_t count, int64_t at, float scale) {
