@@ -86,14 +86,15 @@ struct Operands { int v = -1, m = -1; };
 //
 // General-purpose registers: rdi holds the argument array (the pointers, the row count, the
 // pointers' steps: Loop::operator()), rsi the run's length (in bytes once the loop starts), rax
-// the byte offset of the current 8 positions, r11 is scratch; pointers live in the others (the
+// the byte offset of the current W positions (W = 8 or 16), r11 is scratch; pointers live in the others (the
 // callee-saved rbx, rbp, r12-r15 pushed and popped) and past those in the array, loaded where used.
 //
 // Vector registers: constants read other than through ModRM.rm (or stored), broadcast loads, the
 // lane offsets of each stride gathered, two temporaries where an op needs them (a gather's lane
-// mask, max/min's and abs's intermediate values) and the tail's lane mask are pinned for the
+// mask, max/min's and abs's intermediate values) and the tail's lane mask (AVX2; AVX-512's is
+// opmask k1, its comparisons' results pass through k2, a gather's mask is k3) are pinned for the
 // whole call; then the values, by last use (reg_alloc.h). Other constants, and the masks the ops
-// need, are read from memory after the code (8 copies each): a value's register -2 - i is
+// need, are read from memory after the code (W copies each): a value's register -2 - i is
 // memory[i].
 //
 // A Loop keeps its Emitter, which owns the code's pages; the Spec is read only while emitting.
@@ -301,7 +302,7 @@ class Emitter : public Xbyak::CodeGenerator {
     mov(r11, ptr[rdi + 8 * p]);
     return r11;
   }
-  // r11 = pointer entry p + st * rax: the address of a strided run's current 8 positions.
+  // r11 = pointer entry p + st * rax: the address of a strided run's current W positions.
   void at_stride(int p, int64_t st) {
     imul(r11, rax, int(st));
     if (has_reg_[size_t(p)]) add(r11, ptr_reg_[size_t(p)]);

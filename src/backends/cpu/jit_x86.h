@@ -89,7 +89,7 @@ bool avx512();
 // casts of float32 to bfloat16 and back (the value kept rounded in float32 lanes; not loaded or
 // stored as bfloat16); comparisons (of float32, or ==, <, > of int32) read by where, by each other's max
 // (or) and min (and); where of float32 or int32; float32 and int32 results; strides below 2^24;
-// within 16 vector registers.
+// within the vector registers (16 ymm for AVX2, 32 zmm for AVX-512).
 std::unique_ptr<Loop> build(const Spec& spec);
 
 }  // namespace tessera::backends::jit
