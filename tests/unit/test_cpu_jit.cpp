@@ -154,9 +154,9 @@ void run_child(const std::string& test, std::vector<std::string> set, const char
   } while (0)
 
 TEST(CpuJit, EveryOpMatchesFloat32ArithmeticExactly) {
-  // Sizes around the loop's 8 positions and the backend's 1024-position tiles, and one large
+  // Sizes around the loop's 8 (AVX2) and 16 (AVX-512) positions and the backend's 1024-position tiles, and one large
   // enough for both threads.
-  for (int64_t n : {1, 7, 8, 9, 1000, 1031, 70001}) {
+  for (int64_t n : {1, 7, 8, 9, 15, 16, 17, 1000, 1031, 70001}) {
     std::vector<float> xv = special_values(n), yv = special_values(n + 3);
     yv.erase(yv.begin(), yv.begin() + 3);  // y's special values meet x's ordinary ones and others
     for (int64_t i = 0; i < n; i += 5) yv[size_t(i)] = xv[size_t(i)];  // and equal ones
@@ -303,20 +303,26 @@ TEST(CpuJit, BuildsWhatItCoversAndNothingElse) {
   std::vector<Instr> f64 = {load(0), op(Code::Neg, 0)};
   f64[0].dtype = f64[1].dtype = DType::Float64;
   EXPECT_EQ(build(f64, {1}), nullptr);
-  // 15 distinct constants: read from memory as second operands, they need no registers; as
-  // first operands (of a subtraction) they do, more than there are.
+  // R - 1 distinct constants (R vector registers: 16 ymm for AVX2, 32 zmm for AVX-512): read from
+  // memory as second operands, they need no registers; as first operands (of a subtraction) they
+  // do, more than there are.
+  const int R = backends::jit::avx512() ? 32 : 16;
   std::vector<Instr> rhs = {load(0)}, lhs = {load(0)};
-  for (int c = 0; c < 15; ++c) {
+  for (int c = 0; c < R - 1; ++c) {
     rhs.push_back(cnst(c + 0.5)), rhs.push_back(op(Code::Sub, int(rhs.size()) - 2, int(rhs.size()) - 1));
     lhs.push_back(cnst(c + 0.5)), lhs.push_back(op(Code::Sub, int(lhs.size()) - 1, int(lhs.size()) - 2));
   }
   EXPECT_NE(build(rhs, {int(rhs.size()) - 1}), nullptr);
   EXPECT_EQ(build(lhs, {int(lhs.size()) - 1}), nullptr);
-  std::vector<Instr> loads;  // 16 values live at once: more than the vector registers
-  for (int l = 0; l < 16; ++l) loads.push_back(load(l));
+  std::vector<Instr> loads;  // R values live at once: more than the vector registers
+  for (int l = 0; l < R; ++l) loads.push_back(load(l));
   loads.push_back(op(Code::Add, 0, 1));
-  for (int l = 2; l < 16; ++l) loads.push_back(op(Code::Add, int(loads.size()) - 1, l));
+  for (int l = 2; l < R; ++l) loads.push_back(op(Code::Add, int(loads.size()) - 1, l));
   EXPECT_EQ(build(loads, {int(loads.size()) - 1}), nullptr);
+  loads.resize(size_t(R) - 2);  // R - 2 of them fit (a register for the tail's mask in AVX2's form)
+  loads.push_back(op(Code::Add, 0, 1));
+  for (int l = 2; l < R - 2; ++l) loads.push_back(op(Code::Add, int(loads.size()) - 1, l));
+  EXPECT_NE(build(loads, {int(loads.size()) - 1}), nullptr);
 }
 
 TEST(CpuJit, ALoopOverTwentyInputsWithABroadcastAndTwoOutputs) {
@@ -619,6 +625,8 @@ TEST(CpuJit, DumpAsmWritesEachLoopsCodeListingAndPerfMapLine) {
     EXPECT_NE(listing.find(addr + ":"), std::string::npos) << "listed from its run-time address " << addr;
     found |= listing.find("vmulps") != std::string::npos && listing.find("vmaxps") != std::string::npos &&
              listing.find("vcmpunordps") != std::string::npos && listing.find("vsubps") != std::string::npos;
+    // the form chosen: zmm registers (AVX-512) or ymm ones only (AVX2)
+    EXPECT_EQ(listing.find("zmm") != std::string::npos, backends::jit::avx512()) << listing;
   }
   EXPECT_GE(loops, 1);
   EXPECT_TRUE(found || listed == 0) << "no loop listing shows the Step's vmulps, vcmpunordps, vmaxps, vsubps";
@@ -820,4 +828,153 @@ TEST(CpuJit, RowStepsThroughTheLoopsMatchTheInterpreterBitForBit) {
   for (float v : mine) nan += std::isnan(v);
   EXPECT_GT(nan, 0u) << "the NaN rows reached the results";
   std::filesystem::remove_all(std::filesystem::path(file).parent_path());
+}
+
+namespace {
+
+// The programs the GPT's step sends through the native loops, each read back into one list:
+// elementwise chains with every op of the loops (exp, erf, where, comparisons, roundings to
+// bfloat16, sqrt and div as AdamW's update has them) over sizes with tails in either form (1013:
+// 16 lanes leave 5, 8 lanes 5; 70001 over several threads' tiles), GELU and its gradient (the
+// product's epilogue), softmax and layer norm with their backwards (rows of 100 and 64), a
+// bfloat16 autocast product of a softmax, and an AdamW step.
+std::vector<float> form_results() {
+  std::vector<float> all;
+  auto keep = [&](std::initializer_list<Tensor> ts) {
+    for (const Tensor& t : ts) {
+      std::vector<float> v = t.to_vector<float>();
+      all.insert(all.end(), v.begin(), v.end());
+    }
+  };
+  auto fs = [](double v) { return scalar_tensor(v); };
+  // Each elementwise case one graph read back once its temporaries are gone (one Step, its only
+  // output the result), as in EveryOpMatchesFloat32ArithmeticExactly.
+  auto one = [&](const std::function<Tensor()>& make) {
+    std::vector<float> v = make().to_vector<float>();
+    all.insert(all.end(), v.begin(), v.end());
+  };
+  for (int64_t n : {1013, 70001}) {
+    std::vector<float> xv = special_values(n), yv = special_values(n + 3);
+    yv.erase(yv.begin(), yv.begin() + 3);
+    for (int64_t i = 0; i < n; i += 5) yv[size_t(i)] = xv[size_t(i)];
+    Tensor x = from_vector<float>(xv, {n}), y = from_vector<float>(yv, {n});
+    one([&] { return exp(x * 10.0) + erf(y); });
+    one([&] { return erf(x * 0.7) * exp(neg(y)); });
+    one([&] { return where(x > y, x, y * 2.0) - where(x != y, fs(4), fs(-4)) + where(x <= 0.5, abs(y), fs(2)); });
+    one([&] { return where(x == y, x, minimum(x, y)) * where(x >= y, fs(1), maximum(y, fs(-3))); });
+    one([&] { return floor(x * 3.0) + ceil(y * 3.0) + round(x * 2.0); });
+    one([&] { return sqrt(abs(x) + 1.0) / (sqrt(abs(y)) + 1e-8); });
+    one([&] { return x.to(DType::BFloat16).to(DType::Float32) * 2.0 + (y * 3.0).to(DType::BFloat16).to(DType::Float32); });
+    one([&] { return gelu(x); });
+  }
+  {  // an output of 8 MiB and more in one run: non-temporal stores (a vector's alignment), its tail masked
+    const int64_t n = (8 << 20) / 4 + 5;
+    std::vector<float> xv = special_values(n);
+    Tensor x = from_vector<float>(xv, {n});
+    std::vector<float> v = (x * 1.5 + 0.25).to_vector<float>();
+    for (int64_t i = 0; i < n; ++i)
+      if (!same(v[size_t(i)], add(mul(xv[size_t(i)], 1.5f), 0.25f))) {
+        ADD_FAILURE() << "a streamed result: position " << i << " of " << n;
+        break;
+      }
+    all.insert(all.end(), v.begin(), v.end());
+  }
+  std::vector<float> rv = special_values(4096 + 27);
+  rv.erase(rv.begin(), rv.begin() + 27);  // ordinary values
+  auto ordinary = [&](int64_t count, int64_t at, float scale) {
+    std::vector<float> v(static_cast<size_t>(count));
+    for (int64_t i = 0; i < count; ++i) v[size_t(i)] = rv[size_t((at + i * 7) % 4096)] * scale;
+    return v;
+  };
+  {  // GELU's gradient: the epilogue of the product dy W2^T, and the MLP's other products
+    Tensor x = from_vector<float>(ordinary(64 * 96, 1, 0.3f), {64, 96}).requires_grad_();
+    Tensor w1 = from_vector<float>(ordinary(96 * 200, 2, 0.05f), {96, 200}).requires_grad_();
+    Tensor b1 = from_vector<float>(ordinary(200, 3, 0.1f), {200}).requires_grad_();
+    Tensor w2 = from_vector<float>(ordinary(200 * 96, 4, 0.05f), {200, 96}).requires_grad_();
+    Tensor r = from_vector<float>(ordinary(64 * 96, 5, 1.0f), {64, 96});
+    Tensor h = gelu(matmul(x, w1) + b1), y = matmul(h, w2);
+    (y * r).sum().backward();
+    keep({h, y, x.grad(), w1.grad(), b1.grad(), w2.grad()});
+  }
+  for (int64_t n : {100, 64}) {  // softmax and layer norm, forward and backward
+    const int64_t rows = 300;
+    std::vector<float> xv = special_values(rows * n);
+    Tensor r = from_vector<float>(ordinary(rows * n, 6, 1.0f), {rows, n});
+    Tensor x = from_vector<float>(xv, {rows, n}).requires_grad_(), s = softmax(x, 1);
+    (s * r).sum().backward();
+    Tensor x2 = from_vector<float>(ordinary(rows * n, 7, 2.0f), {rows, n}).requires_grad_();
+    Tensor w = from_vector<float>(ordinary(n, 8, 1.0f), {n}).requires_grad_(), b = from_vector<float>(ordinary(n, 9, 1.0f), {n}).requires_grad_();
+    Tensor l = layer_norm(x2, {n}, w, b);
+    (l * r).sum().backward();
+    keep({s, x.grad(), l, x2.grad(), w.grad(), b.grad()});
+    Tensor eye = from_vector<float>(ordinary(n * n, 10, 0.2f), {n, n}), z;
+    {
+      Autocast ac{DType::BFloat16};
+      z = matmul(softmax(from_vector<float>(ordinary(rows * n, 11, 3.0f), {rows, n}), 1), eye);
+    }
+    keep({z});
+  }
+  {  // an AdamW step: mul + add + sqrt + div + sub
+    Tensor p = from_vector<float>(ordinary(384 * 129, 12, 0.1f), {384, 129}).requires_grad_();
+    optim::AdamW opt({p});
+    for (int s = 0; s < 2; ++s) {
+      opt.zero_grad();
+      (p * p * from_vector<float>(ordinary(384 * 129, 13, 1.0f), {384, 129})).sum().backward();
+      opt.step();
+    }
+    keep({p.detach()});
+  }
+  return all;
+}
+
+}  // namespace
+
+// The AVX-512 form of the loops (16 lanes, opmask tails and comparisons) against the AVX2 form
+// (TESSERA_CPU_JIT=avx2) and other thread counts, bit for bit: the child processes write their
+// results' bits, the parent compares them with its own (NaN with NaN). On a CPU without AVX-512
+// both sides run the AVX2 form (the thread counts are still compared).
+TEST(CpuJit, Avx512AndAvx2FormsAndThreadCountsGiveTheSameBits) {
+  if (const char* out = std::getenv("TESSERA_FORM_BITS_OUT")) {  // a child
+    const std::vector<float> v = form_results();
+    std::ofstream f(out, std::ios::binary);
+    f.write(reinterpret_cast<const char*>(v.data()), std::streamsize(v.size() * 4));
+    return;
+  }
+  REQUIRE_LOOPS();
+  __builtin_cpu_init();
+  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq") && !std::getenv("TESSERA_CPU_JIT"))
+    ASSERT_TRUE(backends::jit::avx512()) << "a CPU with AVX-512 builds the AVX2 form";
+  std::vector<Instr> prog = {load(0), op(Code::Erf, 0)};
+  const auto loop = build(prog, {1});
+  ASSERT_NE(loop, nullptr);
+  EXPECT_EQ(loop->lanes(), backends::jit::avx512() ? 16 : 8);
+  const uint64_t before = backends::cpu::elementwise_loop_launches();
+  const std::vector<float> mine = form_results();
+  EXPECT_GT(backends::cpu::elementwise_loop_launches(), before);
+  size_t nan = 0;
+  for (float v : mine) nan += std::isnan(v);
+  EXPECT_GT(nan, 0u) << "the NaN inputs reached the results";
+  const std::string dir = tessera::testing::scratch_dir("tessera_form_bits");
+  const std::vector<std::vector<std::string>> children = {
+      {"TESSERA_CPU_JIT=avx2"}, {"TESSERA_CPU_JIT=avx2", "OMP_NUM_THREADS=1"}, {"OMP_NUM_THREADS=3"}};
+  for (size_t c = 0; c < children.size(); ++c) {
+    std::vector<std::string> env = children[c];
+    const std::string file = dir + "/bits" + std::to_string(c);
+    env.push_back("TESSERA_FORM_BITS_OUT=" + file);
+    std::string what;
+    for (const std::string& e : children[c]) what += e + " ";
+    pid_t pid = 0;
+    // (the child's settings come first in its environment, before the parent's: getenv finds them)
+    ASSERT_NO_FATAL_FAILURE(run_child("CpuJit.Avx512AndAvx2FormsAndThreadCountsGiveTheSameBits", env, "TESSERA_FORM_BITS_OUT", pid));
+    std::ifstream f(file, std::ios::binary);
+    std::vector<float> theirs(mine.size());
+    f.read(reinterpret_cast<char*>(theirs.data()), std::streamsize(theirs.size() * 4));
+    ASSERT_EQ(f.gcount(), std::streamsize(mine.size() * 4)) << what << ": not the same number of values";
+    size_t bad = 0;
+    for (size_t i = 0; i < mine.size(); ++i)
+      if (!same(mine[i], theirs[i]) && bad++ < 5)
+        ADD_FAILURE() << what << "value " << i << ": here " << mine[i] << ", there " << theirs[i];
+    EXPECT_EQ(bad, 0u) << what << ": of " << mine.size() << " values";
+  }
+  std::filesystem::remove_all(dir);
 }

@@ -73,7 +73,8 @@ bool supported(const std::vector<Instr>& prog, const std::vector<int>& results) 
   return true;
 }
 
-constexpr int kVectorRegs = 16;  // ymm0-15 (AVX2)
+// Vector registers: ymm0-15 (AVX2), zmm0-31 (AVX-512).
+constexpr int kVectorRegs = 16, kVectorRegs512 = 32;
 
 // Each instruction's operands as the AVX forms take them: `v` always a register (the VEX.vvvv
 // operand), `m` a register or a constant in memory (the ModRM.rm operand); -1: none.
@@ -85,21 +86,25 @@ struct Operands { int v = -1, m = -1; };
 //
 // General-purpose registers: rdi holds the argument array (the pointers, the row count, the
 // pointers' steps: Loop::operator()), rsi the run's length (in bytes once the loop starts), rax
-// the byte offset of the current 8 positions, r11 is scratch; pointers live in the others (the
+// the byte offset of the current W positions (W = 8 or 16), r11 is scratch; pointers live in the others (the
 // callee-saved rbx, rbp, r12-r15 pushed and popped) and past those in the array, loaded where used.
 //
 // Vector registers: constants read other than through ModRM.rm (or stored), broadcast loads, the
 // lane offsets of each stride gathered, two temporaries where an op needs them (a gather's lane
-// mask, max/min's and abs's intermediate values) and the tail's lane mask are pinned for the
+// mask, max/min's and abs's intermediate values) and the tail's lane mask (AVX2; AVX-512's is
+// opmask k1, its comparisons' results pass through k2, a gather's mask is k3) are pinned for the
 // whole call; then the values, by last use (reg_alloc.h). Other constants, and the masks the ops
-// need, are read from memory after the code (8 copies each): a value's register -2 - i is
+// need, are read from memory after the code (W copies each): a value's register -2 - i is
 // memory[i].
 //
 // A Loop keeps its Emitter, which owns the code's pages; the Spec is read only while emitting.
 class Emitter : public Xbyak::CodeGenerator {
  public:
-  Emitter() : CodeGenerator(4096, Xbyak::AutoGrow) {
-    for (int r = 0; r < kVectorRegs; ++r) ymm_.emplace_back(r);
+  // z: AVX-512 (16 lanes in zmm0-31, the tail and the comparisons in opmask registers), else
+  // AVX2 (8 lanes in ymm0-15).
+  explicit Emitter(bool z)
+      : CodeGenerator(4096, Xbyak::AutoGrow), z_(z), W_(z ? 16 : 8), VB_(4 * W_), nregs_(z ? kVectorRegs512 : kVectorRegs) {
+    for (int r = 0; r < nregs_; ++r) vr_.emplace_back(r, z ? Xbyak::Operand::ZMM : Xbyak::Operand::YMM, z ? 512 : 256);
   }
 
   // Plans and emits the loop of spec; false when it needs more vector registers than there are.
@@ -134,14 +139,15 @@ class Emitter : public Xbyak::CodeGenerator {
   }
   bool broadcast(int k) const { return even(k) && stride(k) == 0; }
   bool gathered(int k) const { return prog()[size_t(k)].code == Code::Load && !(even(k) && stride(k) <= 1); }
-  // A gathered load's lane offsets (elements, from the current 8 positions' first) and how far
-  // the 8 positions' first element moves per 8 positions.
+  // A gathered load's lane offsets (elements, from the current W positions' first; W = 8 or
+  // 16 lanes) and how far the W positions' first element moves per W positions.
   struct Gather {
     int64_t adv;
-    int32_t lane[8];
-    bool operator==(const Gather& o) const { return adv == o.adv && std::equal(lane, lane + 8, o.lane); }
+    int32_t lane[16];
+    bool operator==(const Gather& o) const { return adv == o.adv && std::equal(lane, lane + 16, o.lane); }
   };
-  static bool halves_at_stride_2(const Gather& g) {
+  bool halves_at_stride_2(const Gather& g) const {
+    if (z_) return false;
     for (int i = 0; i < 4; ++i)
       if (g.lane[i] != 2 * i || g.lane[4 + i] != g.lane[4] + 2 * i) return false;
     return g.lane[4] >= 0;
@@ -150,13 +156,13 @@ class Emitter : public Xbyak::CodeGenerator {
     Gather g{};
     const int64_t s = stride(k);
     if (even(k)) {
-      g.adv = 8 * s;
-      for (int i = 0; i < 8; ++i) g.lane[i] = int32_t(i * s);
+      g.adv = W_ * s;
+      for (int i = 0; i < W_; ++i) g.lane[i] = int32_t(i * s);
       return g;
     }
     const int64_t in = spec_->inner, s2 = spec_->stride2[size_t(k)];
-    g.adv = 8 / in * s2;
-    for (int i = 0; i < 8; ++i) g.lane[i] = int32_t(i % in * s + i / in * s2);
+    g.adv = W_ / in * s2;
+    for (int i = 0; i < W_; ++i) g.lane[i] = int32_t(i % in * s + i / in * s2);
     return g;
   }
   bool is_const(int o) const { return o >= 0 && prog()[size_t(o)].code == Code::Const; }
@@ -232,7 +238,7 @@ class Emitter : public Xbyak::CodeGenerator {
     next_ = int(pool_.size());
     for (int k = 0; k < n_; ++k)
       if (broadcast(k)) reg_[size_t(k)] = next_++, pinned_[size_t(k)] = 1;
-    if (spec_->inner && (8 % spec_->inner != 0 || spec_->out_stride != 1)) return false;
+    if (spec_->inner && (W_ % spec_->inner != 0 || spec_->out_stride != 1)) return false;
     for (int k = 0; k < n_; ++k) {
       if (!gathered(k)) continue;
       const int64_t s = stride(k), s2 = spec_->inner ? spec_->stride2[size_t(k)] : 0;
@@ -246,9 +252,9 @@ class Emitter : public Xbyak::CodeGenerator {
     t0_ = need_temps || !gathers_.empty() || os > 1 ? next_++ : -1;
     t1_ = need_temps ? next_++ : -1;
     for (int i = 0, n = need_erf ? 5 : need_exp ? 3 : need_round ? 2 : 0; i < n; ++i) math_t_.push_back(next_++);
-    mask_ = next_++;
-    for (size_t i = 0; i < memory_.size(); ++i) memory_at_.push_back(ptr[rip + memory_label_ + int(32 * i)]);
-    return next_ < kVectorRegs;
+    mask_ = z_ ? -1 : next_++;  // AVX-512: the tail's mask in k1
+    for (size_t i = 0; i < memory_.size(); ++i) memory_at_.push_back(ptr[rip + memory_label_ + int(VB_ * i)]);
+    return next_ < nregs_;
   }
 
   // The values' registers, above the pinned ones, each reused after its last reader (a result
@@ -259,7 +265,7 @@ class Emitter : public Xbyak::CodeGenerator {
       last[size_t(results()[j])] = spec_->early[j] ? std::max(last[size_t(results()[j])], results()[j]) : n_;
     std::vector<uint8_t> own(pinned_.size());
     for (size_t k = 0; k < own.size(); ++k) own[k] = !pinned_[k];
-    return cpu::assign_registers(prog(), own, std::move(last), next_, kVectorRegs - next_, reg_) >= 0;
+    return cpu::assign_registers(prog(), own, std::move(last), next_, nregs_ - next_, reg_) >= 0;
   }
 
   // The constants of exp and erf in memory (vmath.h's, so that the loops compute its bits).
@@ -284,10 +290,10 @@ class Emitter : public Xbyak::CodeGenerator {
 
   // ---- Operands ----
 
-  const Xbyak::Ymm& ymm(int r) const { return ymm_[size_t(r)]; }
+  const Xbyak::Xmm& vec(int r) const { return vr_[size_t(r)]; }
   // A ModRM.rm operand: a vector register, or memory[-2 - m].
   const Xbyak::Operand& rm(int m) const {
-    if (m >= 0) return ymm_[size_t(m)];
+    if (m >= 0) return vr_[size_t(m)];
     return memory_at_[size_t(-2 - m)];
   }
   // The register holding pointer entry p, loaded into r11 if not resident.
@@ -296,18 +302,18 @@ class Emitter : public Xbyak::CodeGenerator {
     mov(r11, ptr[rdi + 8 * p]);
     return r11;
   }
-  // r11 = pointer entry p + st * rax: the address of a strided run's current 8 positions.
+  // r11 = pointer entry p + st * rax: the address of a strided run's current W positions.
   void at_stride(int p, int64_t st) {
     imul(r11, rax, int(st));
     if (has_reg_[size_t(p)]) add(r11, ptr_reg_[size_t(p)]);
     else add(r11, ptr[rdi + 8 * p]);
   }
-  // r11 = pointer entry p + the bytes of adv elements per 8 positions so far (rax / 32 of them):
-  // rax * adv / 8, exact since rax is a multiple of 32.
+  // r11 = pointer entry p + the bytes of adv elements per W positions so far (rax / 4W of them):
+  // rax * adv / W, exact since rax is a multiple of 4W.
   void at_advance(int p, int64_t adv) {
-    if (adv % 8 == 0) return at_stride(p, adv / 8);
+    if (adv % W_ == 0) return at_stride(p, adv / W_);
     imul(r11, rax, int(adv));
-    sar(r11, 3);
+    sar(r11, z_ ? 4 : 3);
     if (has_reg_[size_t(p)]) add(r11, ptr_reg_[size_t(p)]);
     else add(r11, ptr[rdi + 8 * p]);
   }
@@ -326,36 +332,44 @@ class Emitter : public Xbyak::CodeGenerator {
   // Pinned vectors and resident pointers loaded; the run's length in bytes.
   void prologue() {
     for (const Xbyak::Reg64& r : saved()) push(r);
-    for (size_t r = 0; r < pool_.size(); ++r) vbroadcastss(ymm(int(r)), ptr[rip + pool_label_ + int(4 * r)]);
-    for (size_t g = 0; g < gathers_.size(); ++g) vmovups(ymm(lanes_[g]), ptr[rip + lanes_label_ + int(32 * g)]);
+    for (size_t r = 0; r < pool_.size(); ++r) vbroadcastss(vec(int(r)), ptr[rip + pool_label_ + int(4 * r)]);
+    for (size_t g = 0; g < gathers_.size(); ++g) vmovups(vec(lanes_[g]), ptr[rip + lanes_label_ + int(VB_ * g)]);
     for (int p = 0; p < nptr_; ++p)
       if (has_reg_[size_t(p)]) mov(ptr_reg_[size_t(p)], ptr[rdi + 8 * p]);
     shl(rsi, 2);
   }
 
-  // Each row: broadcast loads read afresh, the run 8 positions at a time, its last 1-7 positions
-  // under a lane mask, then every pointer moved by its step.
+  // Each row: broadcast loads read afresh, the run W positions at a time, its last 1 to W - 1
+  // positions under a lane mask (AVX-512: opmask k1), then every pointer moved by its step.
   void rows() {
     Xbyak::Label row_top, top, check, done;
     L(row_top);
     for (int k = 0; k < n_; ++k)
-      if (broadcast(k)) mov(r11, ptr[rdi + 8 * ptr_of_[size_t(k)]]), vbroadcastss(ymm(reg_[size_t(k)]), ptr[r11]);
+      if (broadcast(k)) mov(r11, ptr[rdi + 8 * ptr_of_[size_t(k)]]), vbroadcastss(vec(reg_[size_t(k)]), ptr[r11]);
     xor_(eax, eax);
     jmp(check, T_NEAR);
     L(top);
     body(false);
-    add(rax, 32);
+    add(rax, VB_);
     L(check);
-    lea(r11, ptr[rax + 32]);
+    lea(r11, ptr[rax + VB_]);
     cmp(r11, rsi);
     jbe(top, T_NEAR);
     cmp(rax, rsi);
     jae(done, T_NEAR);
-    // The tail's mask: 8 dwords of the table read from 32 - 4r bytes in, r = (rsi - rax) / 4 set lanes.
-    lea(r11, ptr[rip + table_label_ + 32]);
-    sub(r11, rsi);
-    add(r11, rax);
-    vmovups(ymm(mask_), ptr[r11]);
+    if (z_) {
+      // k1 = 2^r - 1, r = (rsi - rax) / 4 lanes: the low word of the table's dword r.
+      lea(r11, ptr[rip + table_label_]);
+      add(r11, rsi);
+      sub(r11, rax);
+      kmovw(k1, ptr[r11]);
+    } else {
+      // The tail's mask: 8 dwords of the table read from 32 - 4r bytes in, r = (rsi - rax) / 4 set lanes.
+      lea(r11, ptr[rip + table_label_ + 32]);
+      sub(r11, rsi);
+      add(r11, rax);
+      vmovups(vec(mask_), ptr[r11]);
+    }
     body(true);
     L(done);
     for (int p = 0; p < nptr_; ++p) {
@@ -376,7 +390,7 @@ class Emitter : public Xbyak::CodeGenerator {
     ret();
   }
 
-  // The program over 8 positions (masked: the tail's); each result stored as soon as it is
+  // The program over W positions (masked: the tail's); each result stored as soon as it is
   // computed when early, else after every load of the iteration.
   void body(bool masked) {
     for (int k = 0; k < n_; ++k) {
@@ -390,9 +404,9 @@ class Emitter : public Xbyak::CodeGenerator {
 
   void instruction(int k, bool masked) {
     const Instr& I = prog()[size_t(k)];
-    const Xbyak::Ymm& d = ymm(reg_[size_t(k)] >= 0 ? reg_[size_t(k)] : 0);
+    const Xbyak::Xmm& d = vec(reg_[size_t(k)] >= 0 ? reg_[size_t(k)] : 0);
     const Operands o = operands(k);
-    const Xbyak::Ymm& x = ymm(o.v >= 0 ? reg_[size_t(o.v)] : 0);
+    const Xbyak::Xmm& x = vec(o.v >= 0 ? reg_[size_t(o.v)] : 0);
     const Xbyak::Operand& y = rm(o.m >= 0 ? reg_[size_t(o.m)] : 0);
     const bool int_lanes = I.a >= 0 && prog()[size_t(I.a)].dtype == DType::Int32;
     switch (I.code) {
@@ -404,20 +418,32 @@ class Emitter : public Xbyak::CodeGenerator {
       case Code::Div: vdivps(d, x, y); break;
       case Code::Max: case Code::Min:
         if (I.dtype == DType::Bool) {  // lane masks: or, and
-          I.code == Code::Max ? vorps(d, x, y) : vandps(d, x, y);
+          I.code == Code::Max ? vor(d, x, y) : vand(d, x, y);
           break;
         }
         // (x > y ? x : y) or (x < y ? x : y) as vmaxps / vminps compute them; a NaN on either
         // side gives the default NaN, as the interpreter's nan_max / nan_min.
-        vcmpps(ymm(t0_), x, y, 3);  // unordered(x, y)
-        I.code == Code::Max ? vmaxps(ymm(t1_), x, y) : vminps(ymm(t1_), x, y);
-        vblendvps(d, ymm(t1_), rm(m_nan_), ymm(t0_));
+        if (z_) {
+          vcmpps(k2, x, y, 3);  // unordered(x, y)
+          I.code == Code::Max ? vmaxps(d, x, y) : vminps(d, x, y);
+          vmovaps(d | k2, rm(m_nan_));
+          break;
+        }
+        vcmpps(vec(t0_), x, y, 3);  // unordered(x, y)
+        I.code == Code::Max ? vmaxps(vec(t1_), x, y) : vminps(vec(t1_), x, y);
+        vblendvps(d, vec(t1_), rm(m_nan_), vec(t0_));
         break;
-      case Code::Neg: vxorps(d, x, rm(m_sign_)); break;
+      case Code::Neg: vxor(d, x, rm(m_sign_)); break;
       case Code::Abs:  // x < 0 ? -x : x (a NaN and -0 stay as they are, as in the interpreter)
-        vcmpps(ymm(t0_), x, rm(m_zero_), 1);  // x < 0
-        vxorps(ymm(t1_), x, rm(m_sign_));      // -x
-        vblendvps(d, x, ymm(t1_), ymm(t0_));
+        if (z_) {
+          vcmpps(k2, x, rm(m_zero_), 1);  // x < 0
+          if (d.getIdx() != x.getIdx()) vmovaps(d, x);
+          vpxord(d | k2, x, rm(m_sign_));  // -x there
+          break;
+        }
+        vcmpps(vec(t0_), x, rm(m_zero_), 1);  // x < 0
+        vxorps(vec(t1_), x, rm(m_sign_));      // -x
+        vblendvps(d, x, vec(t1_), vec(t0_));
         break;
       case Code::Sqrt: vsqrtps(d, y); break;
       case Code::Exp: emit_exp(d, x); break;
@@ -426,31 +452,59 @@ class Emitter : public Xbyak::CodeGenerator {
         else if (d.getIdx() != x.getIdx()) vmovaps(d, x);  // bfloat16 lanes are float32 already
         break;
       case Code::Erf: emit_erf(d, x); break;
-      case Code::Eq: case Code::Ne: case Code::Lt: case Code::Le: case Code::Gt: case Code::Ge:
-        if (int_lanes) {  // ==, and > (< with its operands swapped)
-          I.code == Code::Eq ? vpcmpeqd(d, x, y) : vpcmpgtd(d, x, y);
+      case Code::Eq: case Code::Ne: case Code::Lt: case Code::Le: case Code::Gt: case Code::Ge: compare(I.code, int_lanes, d, x, y); break;
+      case Code::Where:  // c ? m : v as a blend on the condition's lane mask (float or int lanes)
+        if (z_) {
+          vpmovd2m(k2, vec(reg_[size_t(I.a)]));
+          vblendmps(d | k2, x, y);
           break;
         }
-        // vcmpps with C++'s predicates: ordered for ==, <, <=, >, >=; unordered for !=
-        vcmpps(d, x, y, I.code == Code::Eq ? 0x00 : I.code == Code::Ne ? 0x04 : I.code == Code::Lt ? 0x01
-                        : I.code == Code::Le ? 0x02 : I.code == Code::Gt ? 0x0E : 0x0D);
+        vblendvps(d, x, y, vec(reg_[size_t(I.a)]));
         break;
-      case Code::Where:  // c ? m : v as a blend on the condition's lane mask (float or int lanes)
-        vblendvps(d, x, y, ymm(reg_[size_t(I.a)]));
+      case Code::Floor: case Code::Ceil: case Code::Round: {
+        // 8 suppresses the inexact exception; round is to nearest even, as nearbyint (vrndscaleps
+        // with scale 0: the same rounding as vroundps)
+        const uint8_t mode = uint8_t(8 | (I.code == Code::Floor ? 1 : I.code == Code::Ceil ? 2 : 0));
+        z_ ? vrndscaleps(d, y, mode) : vroundps(d, y, mode);
         break;
-      case Code::Floor: case Code::Ceil: case Code::Round:
-        // 8 suppresses the inexact exception; round is to nearest even, as nearbyint
-        vroundps(d, y, 8 | (I.code == Code::Floor ? 1 : I.code == Code::Ceil ? 2 : 0));
-        break;
+      }
       default: break;
     }
   }
+
+  // A comparison's lane mask (all-ones or zero lanes) into d; AVX-512 compares into k2 and
+  // spreads it into d's lanes.
+  void compare(Code c, bool int_lanes, const Xbyak::Xmm& d, const Xbyak::Xmm& x, const Xbyak::Operand& y) {
+    // vcmpps with C++'s predicates: ordered for ==, <, <=, >, >=; unordered for !=
+    const uint8_t pred = c == Code::Eq ? 0x00 : c == Code::Ne ? 0x04 : c == Code::Lt ? 0x01 : c == Code::Le ? 0x02
+                         : c == Code::Gt ? 0x0E : 0x0D;
+    if (int_lanes) {  // ==, and > (< with its operands swapped)
+      if (z_) {
+        c == Code::Eq ? vpcmpeqd(k2, x, y) : vpcmpgtd(k2, x, y);
+        vpmovm2d(d, k2);
+        return;
+      }
+      c == Code::Eq ? vpcmpeqd(d, x, y) : vpcmpgtd(d, x, y);
+      return;
+    }
+    if (z_) {
+      vcmpps(k2, x, y, pred);
+      vpmovm2d(d, k2);
+      return;
+    }
+    vcmpps(d, x, y, pred);
+  }
+
+  // Bitwise ops on float32 lanes: AVX-512F's integer forms (vandps & co. on zmm are AVX512DQ's).
+  void vand(const Xbyak::Xmm& d, const Xbyak::Xmm& x, const Xbyak::Operand& y) { z_ ? vpandd(d, x, y) : vandps(d, x, y); }
+  void vor(const Xbyak::Xmm& d, const Xbyak::Xmm& x, const Xbyak::Operand& y) { z_ ? vpord(d, x, y) : vorps(d, x, y); }
+  void vxor(const Xbyak::Xmm& d, const Xbyak::Xmm& x, const Xbyak::Operand& y) { z_ ? vpxord(d, x, y) : vxorps(d, x, y); }
 
   // ---- exp and erf: vmath.h's exp1 and erf1, operation for operation (FMA as std::fma) ----
 
   // t = x log2e + shift; k (int lanes, into kreg) = bits(t) - bits(shift); x -= kf ln2 (hi, lo):
   // vmath's exp_reduce on r (in place), using kf.
-  void exp_reduce(const Xbyak::Ymm& r, const Xbyak::Ymm& kreg, const Xbyak::Ymm& kf) {
+  void exp_reduce(const Xbyak::Xmm& r, const Xbyak::Xmm& kreg, const Xbyak::Xmm& kf) {
     vmovaps(kreg, rm(mc_.shift));
     vfmadd231ps(kreg, r, rm(mc_.log2e));  // t
     vsubps(kf, kreg, rm(mc_.shift));       // kf = t - shift
@@ -459,22 +513,22 @@ class Emitter : public Xbyak::CodeGenerator {
     vfmadd231ps(r, kf, rm(mc_.ln2_lo));
   }
   // y = expm1_poly(r) + ... : into y, p a temporary: p = P(r) (Horner), y = r^2 p + r.
-  void expm1_poly(const Xbyak::Ymm& y, const Xbyak::Ymm& r, const Xbyak::Ymm& p) {
+  void expm1_poly(const Xbyak::Xmm& y, const Xbyak::Xmm& r, const Xbyak::Xmm& p) {
     vmovaps(p, rm(mc_.p[0]));
     for (int i = 1; i < 5; ++i) vfmadd213ps(p, r, rm(mc_.p[i]));
     vmulps(y, r, r);
     vfmadd213ps(y, p, r);
   }
   // 2^k as a float from int lanes k, in place.
-  void pow2(const Xbyak::Ymm& k) {
+  void pow2(const Xbyak::Xmm& k) {
     vpaddd(k, k, rm(mc_.bias));
     vpslld(k, k, 23);
   }
 
   // exp1: clamp to [-104, 89] (NaN passes: vmaxps/vminps return their second operand then),
   // reduce, the polynomial, then 2^k as 2^k1 2^k2.
-  void emit_exp(const Xbyak::Ymm& d, const Xbyak::Ymm& x) {
-    const Xbyak::Ymm &a = ymm(math_t_[0]), &b = ymm(math_t_[1]), &c = ymm(math_t_[2]);
+  void emit_exp(const Xbyak::Xmm& d, const Xbyak::Xmm& x) {
+    const Xbyak::Xmm &a = vec(math_t_[0]), &b = vec(math_t_[1]), &c = vec(math_t_[2]);
     vmovaps(a, rm(mc_.lo));
     vmaxps(a, a, x);  // x < -104 ? -104 : x
     vmovaps(b, rm(mc_.hi));
@@ -491,10 +545,10 @@ class Emitter : public Xbyak::CodeGenerator {
 
   // erf1: x + x Q(x^2) below 1, 1 - e^(-x^2 + H(x - 2.5)) from 1 (|x| clamped at 4), x's sign.
   // x is read to the end (its sign), d written last.
-  void emit_erf(const Xbyak::Ymm& d, const Xbyak::Ymm& x) {
-    const Xbyak::Ymm &a = ymm(math_t_[0]), &b = ymm(math_t_[1]), &c = ymm(math_t_[2]), &e = ymm(math_t_[3]),
-                     &f = ymm(math_t_[4]);
-    vandps(a, x, rm(mc_.abs));  // ax
+  void emit_erf(const Xbyak::Xmm& d, const Xbyak::Xmm& x) {
+    const Xbyak::Xmm &a = vec(math_t_[0]), &b = vec(math_t_[1]), &c = vec(math_t_[2]), &e = vec(math_t_[3]),
+                     &f = vec(math_t_[4]);
+    vand(a, x, rm(mc_.abs));    // ax
     vmulps(b, a, a);            // z
     vmovaps(c, rm(mc_.q[0]));
     for (int i = 1; i < 7; ++i) vfmadd213ps(c, b, rm(mc_.q[i]));
@@ -511,17 +565,33 @@ class Emitter : public Xbyak::CodeGenerator {
     vfmadd213ps(f, a, a);       // e^(...) = y s + s
     vmovaps(a, rm(mc_.one));
     vsubps(a, a, f);            // large = 1 - e^(...)
-    vandps(b, x, rm(mc_.abs));
-    vcmpps(b, b, rm(mc_.one), 1);  // ax < 1
-    vblendvps(a, a, c, b);      // ax < 1 ? small : large
-    vandps(b, x, rm(m_sign_));
-    vorps(d, a, b);             // with x's sign
+    vand(b, x, rm(mc_.abs));
+    if (z_) {
+      vcmpps(k2, b, rm(mc_.one), 1);  // ax < 1
+      vmovaps(a | k2, c);             // ax < 1 ? small : large
+    } else {
+      vcmpps(b, b, rm(mc_.one), 1);  // ax < 1
+      vblendvps(a, a, c, b);         // ax < 1 ? small : large
+    }
+    vand(b, x, rm(m_sign_));
+    vor(d, a, b);               // with x's sign
   }
 
   // A float32 value rounded to bfloat16, kept in float32 lanes (low 16 bits clear): half.h's
   // float_to_bf16 then bf16_to_float, to nearest even, a NaN quieted. x is read to the end.
-  void emit_round_bf16(const Xbyak::Ymm& d, const Xbyak::Ymm& x) {
-    const Xbyak::Ymm &a = ymm(math_t_[0]), &b = ymm(math_t_[1]);
+  void emit_round_bf16(const Xbyak::Xmm& d, const Xbyak::Xmm& x) {
+    const Xbyak::Xmm &a = vec(math_t_[0]), &b = vec(math_t_[1]);
+    if (z_) {  // the same with the NaN lanes in k2
+      vcmpps(k2, x, x, 3);
+      vpsrld(a, x, 16);
+      vpandd(a, a, rm(mc_.lsb));
+      vpaddd(a, a, rm(mc_.half));
+      vpaddd(a, a, x);
+      vmovaps(a | k2, x);
+      vpord(a | k2, a, rm(mc_.quiet));
+      vpandd(d, a, rm(mc_.top));
+      return;
+    }
     vcmpps(b, x, x, 3);          // NaN lanes
     vpsrld(a, x, 16);
     vpand(a, a, rm(mc_.lsb));
@@ -537,7 +607,7 @@ class Emitter : public Xbyak::CodeGenerator {
   // or broadcast (already in its register).
   void load(int k, bool masked) {
     if (broadcast(k)) return;
-    const Xbyak::Ymm& d = ymm(reg_[size_t(k)]);
+    const Xbyak::Xmm& d = vec(reg_[size_t(k)]);
     const int p = ptr_of_[size_t(k)];
     if (gathered(k)) {
       const Gather g = gather_of(k);
@@ -549,70 +619,83 @@ class Emitter : public Xbyak::CodeGenerator {
         // is never needed and may lie past the buffer: masked off, read from the tail's mask
         // table), their even elements picked by vshufps and put in order by vpermpd. Fewer
         // micro-ops than a gather; the tail keeps the gather.
-        vmovups(ymm(t0_), ptr[rip + table_label_ + 4]);
-        vmaskmovps(d, ymm(t0_), ptr[r11]);
-        vmaskmovps(ymm(t0_), ymm(t0_), ptr[r11 + int(4 * g.lane[4])]);
-        vshufps(d, d, ymm(t0_), 0x88);  // x0 x2 h0 h2 | x4 x6 h4 h6
-        vpermpd(d, d, 0xD8);            // x0 x2 x4 x6 h0 h2 h4 h6
+        vmovups(vec(t0_), ptr[rip + table_label_ + 4]);
+        vmaskmovps(d, vec(t0_), ptr[r11]);
+        vmaskmovps(vec(t0_), vec(t0_), ptr[r11 + int(4 * g.lane[4])]);
+        vshufps(d, d, vec(t0_), 0x88);  // x0 x2 h0 h2 | x4 x6 h4 h6
+        vpermpd(Xbyak::Ymm(d.getIdx()), Xbyak::Ymm(d.getIdx()), 0xD8);            // x0 x2 x4 x6 h0 h2 h4 h6
         return;
       }
-      if (masked) vmovaps(ymm(t0_), ymm(mask_));
-      else vpcmpeqd(ymm(t0_), ymm(t0_), ymm(t0_));  // every lane
+      if (z_) {
+        if (masked) kmovw(k3, k1);
+        else kxnorw(k3, k3, k3);  // every lane
+        vpxord(d, d, d);  // the gather merges into d: no wait for d's last writer
+        vgatherdps(d | k3, ptr[r11 + vec(lanes) * 4]);  // clears k3
+        return;
+      }
+      if (masked) vmovaps(vec(t0_), vec(mask_));
+      else vpcmpeqd(vec(t0_), vec(t0_), vec(t0_));  // every lane
       vxorps(d, d, d);  // the gather merges into d: no wait for d's last writer
-      vgatherdps(d, ptr[r11 + ymm(lanes) * 4], ymm(t0_));  // clears t0
+      vgatherdps(d, ptr[r11 + vec(lanes) * 4], vec(t0_));  // clears t0
       return;
     }
-    if (masked) vmaskmovps(d, ymm(mask_), ptr[base(p) + rax]);
+    if (masked && z_) vmovups(d | k1 | T_z, ptr[base(p) + rax]);  // masked-off lanes: zero, never read
+    else if (masked) vmaskmovps(d, vec(mask_), ptr[base(p) + rax]);
     else vmovups(d, ptr[base(p) + rax]);
   }
 
   void store(size_t j, bool masked) {
-    const Xbyak::Ymm& v = ymm(reg_[size_t(results()[j])]);
+    const Xbyak::Xmm& v = vec(reg_[size_t(results()[j])]);
     const int p = int(loads_.size() + j);
     if (spec_->out_stride > 1) return store_lanes(v, p, masked);
     const Xbyak::Reg64 b = base(p);
-    if (masked) vmaskmovps(ptr[b + rax], ymm(mask_), v);
+    if (masked && z_) vmovups(ptr[b + rax] | k1, v);
+    else if (masked) vmaskmovps(ptr[b + rax], vec(mask_), v);
     else if (spec_->stream) vmovntps(ptr[b + rax], v);
     else vmovups(ptr[b + rax], v);
   }
 
-  // Lane by lane at the output's stride (the upper half through t0); under the tail's mask only
-  // lanes i with rax + 4i < rsi.
-  void store_lanes(const Xbyak::Ymm& v, int p, bool masked) {
+  // Lane by lane at the output's stride (lanes past the first 4 through t0, 4 at a time); under
+  // the tail's mask only lanes i with rax + 4i < rsi.
+  void store_lanes(const Xbyak::Xmm& v, int p, bool masked) {
     const int64_t os = spec_->out_stride;
     Xbyak::Label end;
-    for (int i = 0; i < 8; ++i) {
+    for (int i = 0; i < W_; ++i) {
       if (masked && i > 0) {
         lea(r11, ptr[rax + 4 * i]);
         cmp(r11, rsi);
         jae(end, T_NEAR);
       }
       if (i == 0 || masked) at_stride(p, os);
-      if (i == 4) vextractf128(Xbyak::Xmm(t0_), v, 1);
+      if (i == 4 && !z_) vextractf128(Xbyak::Xmm(t0_), Xbyak::Ymm(v.getIdx()), 1);
+      if (i % 4 == 0 && i > 0 && z_) vextractf32x4(Xbyak::Xmm(t0_), Xbyak::Zmm(v.getIdx()), uint8_t(i / 4));
       vextractps(ptr[r11 + int(4 * os * i)], Xbyak::Xmm(i < 4 ? v.getIdx() : t0_), uint8_t(i & 3));
     }
     L(end);
   }
 
-  // 32-byte vectors (each memory value 8 times, the gathers' lane offsets), the pool's values,
-  // then the lane-mask table (8 set dwords, 8 clear).
+  // Vectors of 4W bytes (each memory value W times, the gathers' lane offsets), the pool's
+  // values, then the lane masks: AVX2's table (8 set dwords, 8 clear); AVX-512's opmask words
+  // 2^r - 1 for r = 0 to 15 set lanes, one per dword.
   void data() {
-    align(32);
+    align(VB_);
     L(memory_label_);
     for (uint32_t v : memory_)
-      for (int i = 0; i < 8; ++i) dd(v);
+      for (int i = 0; i < W_; ++i) dd(v);
     L(lanes_label_);
     for (const Gather& g : gathers_)
-      for (int i = 0; i < 8; ++i) dd(uint32_t(g.lane[i]));
+      for (int i = 0; i < W_; ++i) dd(uint32_t(g.lane[i]));
     L(pool_label_);
     for (uint32_t v : pool_) dd(v);
     L(table_label_);
-    for (int i = 0; i < 16; ++i) dd(i < 8 ? 0xFFFFFFFFu : 0u);
+    for (int i = 0; i < 16; ++i) dd(z_ ? (1u << i) - 1 : i < 8 ? 0xFFFFFFFFu : 0u);
   }
 
+  const bool z_;                // AVX-512
+  const int W_, VB_, nregs_;    // lanes, bytes and registers of a vector
   const Spec* spec_ = nullptr;  // while emitting
   int n_ = 0;                   // instructions
-  std::vector<Xbyak::Ymm> ymm_;
+  std::vector<Xbyak::Xmm> vr_;
   // Pointers: per instruction its entry (loads), the loads in entry order, each entry's register.
   std::vector<int> ptr_of_, loads_;
   int nptr_ = 0;
@@ -648,12 +731,22 @@ bool available() {
   return ok;
 }
 
+bool avx512() {
+  static const bool cpu = [] {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq");
+  }();
+  const char* e = std::getenv("TESSERA_CPU_JIT");
+  return cpu && !(e && std::strcmp(e, "avx2") == 0);
+}
+
 std::unique_ptr<Loop> build(const Spec& spec) {
   const std::vector<Instr>& prog = *spec.prog;
   if (!available() || prog.empty() || spec.results.empty() || !supported(prog, spec.results)) return nullptr;
+  const bool z = avx512();
   std::unique_ptr<Emitter> code;
   try {
-    code = std::make_unique<Emitter>();
+    code = std::make_unique<Emitter>(z);
     if (!code->emit(spec) || code->loads().size() + spec.results.size() > size_t(Loop::kMaxPtrs)) return nullptr;
   } catch (const Xbyak::Error& e) {
     // No memory for the code (or no executable pages): the interpreter runs the Step.
@@ -665,6 +758,7 @@ std::unique_ptr<Loop> build(const Spec& spec) {
   loop->loads_ = code->loads();
   loop->results_ = spec.results.size();
   loop->stream_ = spec.stream;
+  loop->lanes_ = z ? 16 : 8;
   dump_loop(code->getCode(), code->getSize(), spec);
   loop->code_ = std::move(code);
   return loop;
@@ -675,6 +769,7 @@ std::unique_ptr<Loop> build(const Spec& spec) {
 class Emitter {};
 Loop::~Loop() = default;
 bool available() { return false; }
+bool avx512() { return false; }
 std::unique_ptr<Loop> build(const Spec&) { return nullptr; }
 
 #endif

@@ -1,8 +1,9 @@
-// Native loops for float32 elementwise programs, emitted as x86-64 AVX2 machine code when a Step
-// is compiled, through the Xbyak assembler (Debian's libxbyak-dev, header-only; no compiler at run
-// time). The interpreter (interpreter.h) runs a program one instruction at a time over a tile,
-// each value through a register in memory; a loop built here keeps every value of eight positions
-// in vector registers and runs the whole program per eight, so a fused chain costs about what its
+// Native loops for float32 elementwise programs, emitted as x86-64 machine code when a Step is
+// compiled, through the Xbyak assembler (Debian's libxbyak-dev, header-only; no compiler at run
+// time): AVX-512 (16 lanes) where the CPU has it, else AVX2 (8 lanes; see avx512()). The
+// interpreter (interpreter.h) runs a program one instruction at a time over a tile, each value
+// through a register in memory; a loop built here keeps every value of a vector's positions in
+// vector registers and runs the whole program per vector, so a fused chain costs about what its
 // loads and stores cost. Results are bit-identical to the interpreter's: the same IEEE operations
 // in the same order, with its NaN and signed-zero rules. TESSERA_DUMP=asm writes each loop's code
 // and disassembly (loop_dump.h).
@@ -25,7 +26,7 @@ struct Spec {
   std::vector<int64_t> stride;
   std::vector<int> results;
   std::vector<uint8_t> early;
-  bool stream = false;  // non-temporal stores (outputs far larger than the caches; 32-byte aligned)
+  bool stream = false;  // non-temporal stores (outputs far larger than the caches; aligned to a vector: Loop::lanes)
   int64_t out_stride = 1;  // elements between the results of consecutive positions (more: lane by lane)
   // A run over two dims (a pooling output's rows shorter than a vector): `inner` (2 or 4) positions
   // along the last, then the next row; per instruction, a load's elements from one row to the next
@@ -58,6 +59,9 @@ class Loop {
   }
   const std::vector<int>& loads() const { return loads_; }  // instruction indices of the program's loads
   bool streams() const { return stream_; }
+  // Positions per vector: 8 (AVX2) or 16 (AVX-512). A streaming loop's outputs must be aligned
+  // to 4 lanes() bytes (one vector).
+  int lanes() const { return lanes_; }
 
  private:
   friend std::unique_ptr<Loop> build(const Spec&);
@@ -67,10 +71,17 @@ class Loop {
   std::vector<int> loads_;
   size_t results_ = 0;
   bool stream_ = false;
+  int lanes_ = 8;
 };
 
 // Whether this machine runs the loops (x86-64 Linux with AVX2; TESSERA_CPU_JIT=0 turns them off).
 bool available();
+
+// Whether a loop built now is AVX-512 code (16 lanes in zmm registers, tails and comparisons
+// under opmask registers): on CPUs with AVX512F and AVX512DQ, unless TESSERA_CPU_JIT=avx2 (read
+// at each build) asks for the AVX2 form (8 lanes in ymm registers), which every other x86-64
+// CPU with AVX2 runs. Both forms compute the same bits (the same operations per lane).
+bool avx512();
 
 // The loop for `spec`, or null when the program is outside what is built here: float32 and int32
 // loads and constants; neg, abs, sqrt, floor, ceil, round, add, sub, mul, div, max, min of
@@ -78,7 +89,7 @@ bool available();
 // casts of float32 to bfloat16 and back (the value kept rounded in float32 lanes; not loaded or
 // stored as bfloat16); comparisons (of float32, or ==, <, > of int32) read by where, by each other's max
 // (or) and min (and); where of float32 or int32; float32 and int32 results; strides below 2^24;
-// within 16 vector registers.
+// within the vector registers (16 ymm for AVX2, 32 zmm for AVX-512).
 std::unique_ptr<Loop> build(const Spec& spec);
 
 }  // namespace tessera::backends::jit

@@ -152,7 +152,7 @@ const jit::Loop* loop_for(const NativeLoop& nl, const std::vector<Instr>& prog, 
   for (size_t o = 0; o <= st.more_outputs.size(); ++o) {
     const int slot = o == 0 ? st.output : st.more_outputs[o - 1];
     char* out = static_cast<char*>(args.slots[slot]);
-    if (loop->streams() && reinterpret_cast<uintptr_t>(out) % 32) loop = nl.loop.get();
+    if (loop->streams() && reinterpret_cast<uintptr_t>(out) % uintptr_t(4 * loop->lanes())) loop = nl.loop.get();
     for (size_t l = 0; l < loads.size(); ++l) {
       const NativeLoop::Load& L = nl.loads[l];
       const char* lo = base[l] + L.first * 4;
