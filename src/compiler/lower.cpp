@@ -116,11 +116,21 @@ Lowerer::Lowerer(const ir::Graph& graph, const std::vector<ir::NodePtr>& params,
       }
     }
   }
+  // Through slices too when every reader of the source is a slice (a fused qkv product's
+  // bias add split into Q, K and V): stored once, whole, each part is then a strided view
+  // (K^T too), and the add becomes the product's epilogue; without this each part was stored
+  // on its own in its reader's layout (K^T transposed), the bias added there.
+  std::vector<uint8_t> only_slices(g.nodes.size(), 1);
+  for (const ir::NodePtr& n : g.nodes)
+    for (const ir::NodePtr& x : n->inputs)
+      if (n->op != Op::Slice) only_slices[size_t(g.index.at(x.get()))] = 0;
   for (const ir::NodePtr& n : g.nodes) {
     if (!addressed(n->op)) continue;
     for (const ir::NodePtr& x : n->inputs) {
       const Node* s = x.get();
-      while (s->op == Op::Reshape || s->op == Op::Permute) s = s->inputs[0].get();
+      while (s->op == Op::Reshape || s->op == Op::Permute ||
+             (s->op == Op::Slice && only_slices[size_t(g.index.at(s->inputs[0].get()))]))
+        s = s->inputs[0].get();
       int si = g.index.at(s);
       if (s != x.get() && users[size_t(si)] > 1) store_early[size_t(si)] = 1;
     }
