@@ -308,7 +308,10 @@ TEST_F(Attention, AGptTrainingStepOver128PositionsFusesBothWays) {
 // Under 128 keys a training step keeps the decomposition; its batched products read Q, K^T and
 // V as strided views of the qkv product, whose bias add is that product's epilogue: no Step
 // copies a head-split Q, K^T or V (before, three elementwise Steps per layer added the bias into
-// a [B, H, T, D] or transposed [B, H, D, T] copy). Values against the unfused Steps.
+// a [B, H, T, D] or transposed [B, H, D, T] copy). In the backward, dQ and dV are written in the
+// [B, T, H, D] layout their permute reads (Step::out_strides), and so is the forward's P V, so
+// no Copy Step moves them there (before, three per layer); a target without Target::gemm_out_strides keeps those copies. Values
+// against the unfused Steps.
 TEST_F(Attention, AGptTrainingStepAt64PositionsReadsQkvAsViewsOfTheBiasedProduct) {
   nn::GPTConfig c;
   c.vocab = 40, c.block = 64, c.embd = 64, c.heads = 2, c.layers = 2;
@@ -340,6 +343,21 @@ TEST_F(Attention, AGptTrainingStepAt64PositionsReadsQkvAsViewsOfTheBiasedProduct
         biased_qkv += qkv_add && qkv_product && st.kind == kir::StepKind::Gemm && !st.program.empty();
       }
       EXPECT_EQ(biased_qkv, 2);  // one per layer: the product with its bias as the epilogue
+      int strided = 0, moved = 0;
+      for (const kir::Step& st : p.steps) {
+        strided += st.kind == kir::StepKind::Gemm && !st.out_strides.empty();
+        moved += st.kind == kir::StepKind::Copy && st.shape == Shape{3, 64, 2, 32};
+      }
+      EXPECT_EQ(strided, 6);  // per layer: dQ, dV and the forward's P V (read as [B, T, H, D] too)
+      EXPECT_EQ(moved, 0) << p.str();
+      kir::Target plain = cpu_target();
+      plain.gemm_out_strides = false;  // another backend's target: dense products, the copies back
+      int copies = 0;
+      for (const kir::Step& st : plan_of(outs, plain).steps) {
+        EXPECT_TRUE(st.out_strides.empty());
+        copies += st.kind == kir::StepKind::Copy && st.shape == Shape{3, 64, 2, 32};
+      }
+      EXPECT_EQ(copies, 6);
     }
     std::vector<double> all;
     for (const Tensor& t : outs) {
@@ -368,7 +386,8 @@ TEST_F(Attention, TheHeadSplitQkvAsViewsMatchesFloat64) {
     if (t == DType::Float32) {
       int copies = 0;
       for (const kir::Step& st : plan_of({y, x.grad(), w.grad(), b.grad()}, cpu_target()).steps)
-        copies += st.kind != kir::StepKind::Gemm && (st.shape == Shape{B, H, T, D} || st.shape == Shape{B, H, D, T});
+        copies += st.kind != kir::StepKind::Gemm &&
+                  (st.shape == Shape{B, H, T, D} || st.shape == Shape{B, H, D, T} || st.shape == Shape{B, T, H, D});
       EXPECT_EQ(copies, 0);
     }
     std::vector<double> all = y.to_vector<double>();
