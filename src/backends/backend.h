@@ -52,7 +52,9 @@ namespace tessera::backends {
 //    given such Steps (the cpu does); a backend that does not never receives one.
 // 9: sub-group collectives (CollectiveAttrs::stride, CollectiveSequence::stride) and the SDK's
 //    Communicator gaining group()/make_group() and traffic counts: its layout changed.
-constexpr int kInterfaceVersion = 9;
+// 10: Step::out_strides (a Gemm writing its product through strides) and
+//    Target::gemm_out_strides, which a backend sets to be given such Steps (the cpu does).
+constexpr int kInterfaceVersion = 10;
 
 // A compiled Step, opaque to the runtime; destroyed with the executable that holds it.
 struct Kernel {

@@ -182,6 +182,11 @@ std::string step_text(const kir::Step& st) {
        << (numel(st.shape) != numel(st.domain) ? ", one value per row" : "") << "\n";
   if (st.kind == kir::StepKind::Gemm && !st.input_dtypes.empty() && compute_dtype(st.input_dtypes[0]) != st.input_dtypes[0])
     os << "  product: " << dtype_name(st.input_dtypes[0]) << " operands, float32 accumulation (autocast)\n";
+  if (!st.out_strides.empty()) {
+    os << "  product written through strides [";
+    for (size_t i = 0; i < st.out_strides.size(); ++i) os << (i ? ", " : "") << st.out_strides[i];
+    os << "] (its reader's permuted layout)\n";
+  }
   if (st.accumulate) os << "  accumulates: the product is added to what its output slot holds (in-place accumulation)\n";
   if (st.kind == kir::StepKind::Gemm && !st.program.empty()) os << "  epilogue: the program below, per row block\n";
   if (st.kind == kir::StepKind::Gather || st.kind == kir::StepKind::ScatterAdd) os << "  axis " << st.axis << "\n";

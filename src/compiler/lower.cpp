@@ -52,7 +52,7 @@ bool addressed(Op op) { return op == Op::Matmul || op == Op::Gather || op == Op:
 // ---- setup ----
 
 Lowerer::Lowerer(const ir::Graph& graph, const std::vector<ir::NodePtr>& params, const Options& opts)
-    : g(graph), fuse(opts.enabled("fuse")) {
+    : g(graph), fuse(opts.enabled("fuse")), gemm_out_strides(opts.target.gemm_out_strides) {
   for (size_t p = 0; p < params.size(); ++p) {
     param_slot.push_back(new_slot(kir::SlotKind::Param, int(p), params[p]->shape, params[p]->dtype));
     param_of.emplace(params[p].get(), int(p));
@@ -116,11 +116,21 @@ Lowerer::Lowerer(const ir::Graph& graph, const std::vector<ir::NodePtr>& params,
       }
     }
   }
+  // Through slices too when every reader of the source is a slice (a fused qkv product's
+  // bias add split into Q, K and V): stored once, whole, each part is then a strided view
+  // (K^T too), and the add becomes the product's epilogue; without this each part was stored
+  // on its own in its reader's layout (K^T transposed), the bias added there.
+  std::vector<uint8_t> only_slices(g.nodes.size(), 1);
+  for (const ir::NodePtr& n : g.nodes)
+    for (const ir::NodePtr& x : n->inputs)
+      if (n->op != Op::Slice) only_slices[size_t(g.index.at(x.get()))] = 0;
   for (const ir::NodePtr& n : g.nodes) {
     if (!addressed(n->op)) continue;
     for (const ir::NodePtr& x : n->inputs) {
       const Node* s = x.get();
-      while (s->op == Op::Reshape || s->op == Op::Permute) s = s->inputs[0].get();
+      while (s->op == Op::Reshape || s->op == Op::Permute ||
+             (s->op == Op::Slice && only_slices[size_t(g.index.at(s->inputs[0].get()))]))
+        s = s->inputs[0].get();
       int si = g.index.at(s);
       if (s != x.get() && users[size_t(si)] > 1) store_early[size_t(si)] = 1;
     }
@@ -624,8 +634,39 @@ Val Lowerer::lower_addressed(int i) {
     st.maps.push_back(x.map);
     st.input_dtypes.push_back(input->dtype);
   }
+  if (const std::vector<int64_t> perm = permuted_product(i); !perm.empty()) {
+    // Written as the permute reads it: the slot holds the permuted shape densely, the product's
+    // dimension perm[j] at that shape's stride j; the permute is then a plain contiguous view
+    // (and a reshape after it free, where it copied the product before).
+    const size_t r = perm.size();
+    Shape ps(r);
+    std::vector<int64_t> inv(r);
+    for (size_t j = 0; j < r; ++j) ps[j] = n.shape[size_t(perm[j])], inv[size_t(perm[j])] = int64_t(j);
+    const std::vector<int64_t> cs = contiguous_strides(ps);
+    st.out_strides.assign(r, 0);
+    for (size_t j = 0; j < r; ++j) st.out_strides[size_t(perm[j])] = cs[j];
+    st.output = new_slot(kir::SlotKind::Temp, 0, ps, n.dtype, kir::Source{ir::op_name(n.op), *n.scope});
+    Val v = push(std::move(st), ps);
+    v.map = v.map.permute(inv);
+    return v;
+  }
   st.output = slot_for(i);
   return push(std::move(st), n.shape);
+}
+
+std::vector<int64_t> Lowerer::permuted_product(int i) const {
+  const Node& n = *g.nodes[size_t(i)];
+  const size_t r = n.shape.size();
+  if (!gemm_out_strides || !fuse || n.op != Op::Matmul || r < 3 || users[size_t(i)] != 1 || output_of_node.count(i) ||
+      (n.dtype != DType::Float32 && n.dtype != DType::Float64) || n.inputs[0]->dtype != n.dtype || n.inputs[1]->dtype != n.dtype)
+    return {};
+  for (size_t k = size_t(i) + 1; k < g.nodes.size(); ++k) {
+    const Node& u = *g.nodes[k];
+    if (std::none_of(u.inputs.begin(), u.inputs.end(), [&](const ir::NodePtr& x) { return x.get() == &n; })) continue;
+    if (u.op != Op::Permute || absorbed[k] || u.attrs.ints.back() != int64_t(r - 1)) return {};
+    return u.attrs.ints;  // the one reader (an identity permute does not survive simplify)
+  }
+  return {};
 }
 
 // A collective reads its input densely (a communicator moves plain buffers) and writes its

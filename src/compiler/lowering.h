@@ -41,6 +41,7 @@ class Lowerer {
  private:
   const ir::Graph& g;
   const bool fuse;  // the "fuse" switch: pending expressions are pasted into their consumers
+  const bool gemm_out_strides;  // Target::gemm_out_strides
   Plan plan;
   std::vector<Val> vals;
   std::vector<int> param_slot;
@@ -101,6 +102,9 @@ class Lowerer {
   Val lower_reduce(int i);
   Val lower_concat(int i);
   Val lower_addressed(int i);  // matmul and the indexing ops: Steps reading plain strided views
+  // A batched product whose one reader is a permute of its batch and row dimensions (columns
+  // stay last): the permutation, else empty. The product is then written in that layout.
+  std::vector<int64_t> permuted_product(int i) const;
   Val lower_collective(int i);
   Val lower_attention(int i, const AttentionMatch& m);
   Val lower_attention_backward(int i, int match);

@@ -18,6 +18,11 @@ std::string Step::str() const {
   os << " " << dtype_short(dtype) << shape_str(shape) << " -> slot " << output;
   for (int o : more_outputs) os << ", slot " << o;
   if (accumulate) os << " (+=)";
+  if (!out_strides.empty()) {
+    os << " strides [";
+    for (size_t i = 0; i < out_strides.size(); ++i) os << (i ? ", " : "") << out_strides[i];
+    os << "]";
+  }
   if (attention) {
     os << " [" << (attention->backward ? "backward, " : "") << attention->batch << " x " << attention->tq << "x" << attention->tk << ", d " << attention->d;
     if (attention->dv != attention->d) os << "/" << attention->dv;

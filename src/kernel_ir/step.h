@@ -87,6 +87,13 @@ struct Step {
   // before the epilogue, whose loads of the output slot then read that sum. Only for a device
   // that declares Target::gemm_accumulate (compiler/passes/accumulate.cpp makes such Steps).
   bool accumulate = false;
+  // Gemm: where the product's position [batch..., i, j] lies in the output slot, as element
+  // strides per dimension of `shape` (the last one 1); empty: dense row-major. The slot holds
+  // the product permuted (its shape is the permuted one): a batched product whose only reader
+  // moves its batch and row dimensions (attention's dQ and dV, [B, H, T, D] read as [B, T, H, D])
+  // is written in that reader's layout. No epilogue, no accumulation with it. Only for a device
+  // that declares Target::gemm_out_strides.
+  std::vector<int64_t> out_strides;
   // Reduce: domain, sorted reduced axes, Op::ReduceSum or Op::ReduceMax.
   Shape domain;
   int64_t row = 0;  // Row

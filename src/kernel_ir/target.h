@@ -40,6 +40,11 @@ struct Target {
   // The device runs StepKind::Attention Steps (Step::attention). The lowering fuses the traced
   // attention pattern into one only for such a device; others get the decomposition.
   bool attention = false;
+  // The device runs Gemm Steps with Step::out_strides (the product written through strides,
+  // columns contiguous). The lowering writes a product read only through a permute of its
+  // batch and row dimensions in the permuted layout for such a device; others get the
+  // product dense and a copy for the permute where a reshape follows.
+  bool gemm_out_strides = false;
 
   bool computes(DType t) const {
     if (compute_dtypes.empty()) return true;

@@ -182,6 +182,9 @@ class V3TestBackend : public Backend {
     // One stream (worker thread) for every caller: in-process ranks launching on it at once
     // would queue one rank's collective behind another's that waits for it.
     t.collectives = false;
+    // Its library GEMM writes C dense: products written through strides (Step::out_strides)
+    // are not for it; the lowering then keeps the dense product and the permute's copy.
+    t.gemm_out_strides = false;
     return t;
   }
 

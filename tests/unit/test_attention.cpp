@@ -305,6 +305,103 @@ TEST_F(Attention, AGptTrainingStepOver128PositionsFusesBothWays) {
   EXPECT_LE(normalized_error(fused, decomposed), 1e-5);
 }
 
+// Under 128 keys a training step keeps the decomposition; its batched products read Q, K^T and
+// V as strided views of the qkv product, whose bias add is that product's epilogue: no Step
+// copies a head-split Q, K^T or V (before, three elementwise Steps per layer added the bias into
+// a [B, H, T, D] or transposed [B, H, D, T] copy). In the backward, dQ and dV are written in the
+// [B, T, H, D] layout their permute reads (Step::out_strides), and so is the forward's P V, so
+// no Copy Step moves them there (before, three per layer); a target without Target::gemm_out_strides keeps those copies. Values
+// against the unfused Steps.
+TEST_F(Attention, AGptTrainingStepAt64PositionsReadsQkvAsViewsOfTheBiasedProduct) {
+  nn::GPTConfig c;
+  c.vocab = 40, c.block = 64, c.embd = 64, c.heads = 2, c.layers = 2;
+  manual_seed(5);
+  auto gpt = std::make_shared<nn::GPT>(c);
+  Tensor ids = testing::random_int({3, 64}, 0, 39), targets = testing::random_int({3, 64}, 0, 39, DType::Int64, 2);
+  optim::SGD opt(gpt->parameters(), {.lr = 0.0});  // only to clear the gradients
+  auto step = [&](const std::string& off, bool check_plan) {
+    runtime::set_disabled_passes(off);
+    opt.zero_grad();
+    Tensor loss = gpt->loss(ids, targets);
+    loss.backward();
+    std::vector<Tensor> outs{loss};
+    for (Tensor& p : gpt->parameters()) outs.push_back(p.grad());
+    if (check_plan) {
+      const compiler::Plan p = plan_of(outs, cpu_target());
+      EXPECT_EQ(attention_steps(p), 0);
+      int biased_qkv = 0;
+      for (const kir::Step& st : p.steps) {
+        const bool heads = st.shape == Shape{3, 2, 64, 32} || st.shape == Shape{3, 2, 32, 64};
+        EXPECT_FALSE(heads && st.kind != kir::StepKind::Gemm) << "a head-split copy: " << st.str();
+        bool qkv_add = false, qkv_product = false;
+        for (const kir::Source& src : st.sources) {
+          const bool qkv = src.scope.size() > 9 && src.scope.substr(src.scope.size() - 9) == ".attn.qkv";
+          qkv_add |= qkv && src.op == "add";
+          qkv_product |= qkv && src.op == "matmul";
+        }
+        EXPECT_FALSE(qkv_add && st.kind != kir::StepKind::Gemm) << "the qkv bias outside its product: " << st.str();
+        biased_qkv += qkv_add && qkv_product && st.kind == kir::StepKind::Gemm && !st.program.empty();
+      }
+      EXPECT_EQ(biased_qkv, 2);  // one per layer: the product with its bias as the epilogue
+      int strided = 0, moved = 0;
+      for (const kir::Step& st : p.steps) {
+        strided += st.kind == kir::StepKind::Gemm && !st.out_strides.empty();
+        moved += st.kind == kir::StepKind::Copy && st.shape == Shape{3, 64, 2, 32};
+      }
+      EXPECT_EQ(strided, 6);  // per layer: dQ, dV and the forward's P V (read as [B, T, H, D] too)
+      EXPECT_EQ(moved, 0) << p.str();
+      kir::Target plain = cpu_target();
+      plain.gemm_out_strides = false;  // another backend's target: dense products, the copies back
+      int copies = 0;
+      for (const kir::Step& st : plan_of(outs, plain).steps) {
+        EXPECT_TRUE(st.out_strides.empty());
+        copies += st.kind == kir::StepKind::Copy && st.shape == Shape{3, 64, 2, 32};
+      }
+      EXPECT_EQ(copies, 6);
+    }
+    std::vector<double> all;
+    for (const Tensor& t : outs) {
+      auto v = t.to_vector<double>();
+      all.insert(all.end(), v.begin(), v.end());
+    }
+    return all;
+  };
+  auto fused = step("", true), unfused = step("fuse", false);
+  EXPECT_LE(normalized_error(fused, unfused), 1e-5);
+}
+
+// The same pattern written out (a qkv product plus bias, split into heads), in float32 with the
+// views against float64 unfused: the output and the gradients of x, the weight and the bias.
+TEST_F(Attention, TheHeadSplitQkvAsViewsMatchesFloat64) {
+  const int64_t B = 2, T = 64, C = 64, H = 2, D = C / H;
+  auto run = [&](DType t) {
+    Tensor x = random_tensor({B, T, C}, t, 61), w = random_tensor({C, 3 * C}, t, 62, -0.3, 0.3);
+    Tensor b = random_tensor({3 * C}, t, 63), r = random_tensor({B, T, C}, t, 64);
+    for (Tensor* p : {&x, &w, &b}) p->requires_grad_(true);
+    Tensor qkv = matmul(x, w) + b;
+    auto split = [&](int64_t i) { return narrow(qkv, 2, i * C, C).reshape({B, T, H, D}).transpose(1, 2); };
+    Tensor y = attention(split(0), split(1), split(2), {B, H, T, T, D, D, true}).transpose(1, 2).reshape({B, T, C});
+    Tensor loss = (y * r).sum();
+    loss.backward();
+    if (t == DType::Float32) {
+      int copies = 0;
+      for (const kir::Step& st : plan_of({y, x.grad(), w.grad(), b.grad()}, cpu_target()).steps)
+        copies += st.kind != kir::StepKind::Gemm &&
+                  (st.shape == Shape{B, H, T, D} || st.shape == Shape{B, H, D, T} || st.shape == Shape{B, T, H, D});
+      EXPECT_EQ(copies, 0);
+    }
+    std::vector<double> all = y.to_vector<double>();
+    for (Tensor* p : {&x, &w, &b}) {
+      auto g = p->grad().to_vector<double>();
+      all.insert(all.end(), g.begin(), g.end());
+    }
+    return all;
+  };
+  const std::vector<double> got = run(DType::Float32);
+  runtime::set_disabled_passes("fuse");  // the reference: float64, unfused (dense products, no views)
+  EXPECT_LE(normalized_error(got, run(DType::Float64)), 1e-5);
+}
+
 TEST_F(Attention, TheBackwardIsBitIdenticalFor1To3Threads) {
   Shape4 s{2, 3, 130, 130, 32, 32, true};
   std::vector<std::vector<float>> r;

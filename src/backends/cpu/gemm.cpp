@@ -210,7 +210,7 @@ bool split_offsets(const kir::IndexMap& m, std::vector<int64_t>& batch, std::vec
 // its positions lie in runs of at least 8 on average (a stride-1 conv's output rows); else the
 // BLAS.
 std::optional<Window> window_plan(const Step& st) {
-  if (!window_gemm::available() || st.dtype != DType::Float32 || st.maps[1].single()) return std::nullopt;
+  if (!window_gemm::available() || st.dtype != DType::Float32 || st.maps[1].single() || !st.out_strides.empty()) return std::nullopt;
   for (DType t : st.input_dtypes)
     if (t != DType::Float32) return std::nullopt;
   const size_t r = st.shape.size();
@@ -513,7 +513,7 @@ class GemmLaunch {
   bool own_product() {
     if (st_.dtype != DType::Float32 || st_.input_dtypes[0] != DType::Float32 || st_.input_dtypes[1] != DType::Float32)
       return false;
-    if (!f32_gemm::chosen(nb_, M_, N_, K_)) return false;
+    if (!f32_gemm::chosen(nb_, M_, N_, K_) || !st_.out_strides.empty()) return false;  // C dense only
     a_ = gemm_operand(st_.maps[0], args_.slots[st_.inputs[0]], st_.dtype, nb_ > 1);
     b_ = gemm_operand(st_.maps[1], args_.slots[st_.inputs[1]], st_.dtype, nb_ > 1);
     if (a_.pack || b_.pack) return false;
@@ -563,7 +563,7 @@ class GemmLaunch {
     // unequal ones cost.
     constexpr int64_t kChunkK = 2048, kMaxPartial = int64_t(1) << 22;
     const int64_t chunks = (K_ + kChunkK - 1) / kChunkK;
-    if (floating_ && nb_ == 1 && tasks < 8 && K_ > kChunkK && chunks * M_ * N_ <= kMaxPartial) {
+    if (floating_ && nb_ == 1 && tasks < 8 && K_ > kChunkK && chunks * M_ * N_ <= kMaxPartial && st_.out_strides.empty()) {
       if (st_.dtype == DType::Float32) blas_split_k<float>(chunks, nbk);
       else blas_split_k<double>(chunks, nbk);
       return epilogue(0, 0, M_, 0, N_);
@@ -583,14 +583,21 @@ class GemmLaunch {
     unravel(b, batch_, idx);
     int64_t ao = a_.offset, bo = b_.offset;
     for (size_t d = 0; d < batch_.size(); ++d) ao += idx[d] * a_.batch_strides[d], bo += idx[d] * b_.batch_strides[d];
-    char* c = out_ + size_t(b * M_ * N_) * elem_;
+    // C: batch b's matrix, dense, or through Step::out_strides (rows ldc apart; the lowering
+    // gives floating products without an epilogue such strides).
+    int64_t ldc = N_, co = b * M_ * N_;
+    if (!st_.out_strides.empty()) {
+      ldc = st_.out_strides[r_ - 2], co = 0;
+      for (size_t d = 0; d < batch_.size(); ++d) co += idx[d] * st_.out_strides[d];
+    }
+    char* c = out_ + size_t(co) * elem_;
     if (!floating_) {
       integer_block(ao, bo, c, m0, m1, n0, n1);
       return epilogue(b, m0, m1, n0, n1);
     }
     ao += a_.trans ? m0 : m0 * a_.ld;
     bo += b_.trans ? n0 * b_.ld : n0;
-    c += size_t(m0 * N_ + n0) * elem_;
+    c += size_t(m0 * ldc + n0) * elem_;
     const char* ap = static_cast<const char*>(a_.data) + ao * int64_t(elem_);
     const char* bp = static_cast<const char*>(b_.data) + bo * int64_t(elem_);
     int64_t lda = a_.ld, ldb = b_.ld;
@@ -598,10 +605,10 @@ class GemmLaunch {
     if (b_.pack) bp = static_cast<const char*>(pack_rows(b_, 1, b, 0, K_, elem_)), ldb = N_;  // whole rows: n0 = 0
     if (st_.dtype == DType::Float32)
       blas_gemm(a_.trans, b_.trans, m1 - m0, n1 - n0, K_, reinterpret_cast<const float*>(ap), lda,
-                reinterpret_cast<const float*>(bp), ldb, reinterpret_cast<float*>(c), N_, st_.accumulate);
+                reinterpret_cast<const float*>(bp), ldb, reinterpret_cast<float*>(c), ldc, st_.accumulate);
     else
       blas_gemm(a_.trans, b_.trans, m1 - m0, n1 - n0, K_, reinterpret_cast<const double*>(ap), lda,
-                reinterpret_cast<const double*>(bp), ldb, reinterpret_cast<double*>(c), N_, st_.accumulate);
+                reinterpret_cast<const double*>(bp), ldb, reinterpret_cast<double*>(c), ldc, st_.accumulate);
     epilogue(b, m0, m1, n0, n1);
   }
 

@@ -78,7 +78,7 @@ int accumulate_in_place(Plan& plan, const kir::Target& target) {
   int rewritten = 0;
   for (size_t s = 0; s < n; ++s) {
     Step& st = plan.steps[s];
-    if (!st.more_outputs.empty() || st.accumulate) continue;
+    if (!st.more_outputs.empty() || st.accumulate || !st.out_strides.empty()) continue;
     std::vector<int> candidates;
     if (st.kind == StepKind::Gemm && target.gemm_accumulate) candidates = {gemm_addend(st)};
     else if (st.kind == StepKind::Elementwise) candidates = elementwise_addends(plan, st);

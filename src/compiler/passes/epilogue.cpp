@@ -21,7 +21,9 @@ void fuse_epilogues(Plan& plan) {
     if (E.kind != kir::StepKind::Elementwise) continue;
     for (int x : E.inputs) {
       int g = writer[x];
-      if (g < 0 || gone[g] || plan.steps[g].kind != kir::StepKind::Gemm || !plan.steps[g].program.empty()) continue;
+      if (g < 0 || gone[g] || plan.steps[g].kind != kir::StepKind::Gemm || !plan.steps[g].program.empty() ||
+          !plan.steps[g].out_strides.empty())
+        continue;
       const kir::Step& G = plan.steps[g];
       // Same positions in the same order (shapes may differ by a reshape; then no Iota, which
       // reads the domain's shape).
