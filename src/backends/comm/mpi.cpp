@@ -4,7 +4,9 @@
 // (an MPI call cannot be cancelled: past the timeout the rank prints the error and calls MPI_Abort,
 // and mpirun stops the other ranks). Before each collective the ranks exchange their call's signature (one small
 // MPI_Iallgather), so a rank that disagrees makes every rank throw instead of hanging or
-// mixing buffers. 16-bit floats are reduced through float32 on the host.
+// mixing buffers. 16-bit floats are reduced through float32 on the host. start_all_reduce posts
+// the MPI_Iallreduce after that exchange and returns: the runtime tests it between Steps and waits
+// for it where a Step needs it (runtime/overlap.h).
 #include "backends/communicator.h"
 #include "core/fail.h"
 
