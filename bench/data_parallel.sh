@@ -66,21 +66,26 @@ for name, vs in runs.items():
     m = statistics.median(vs)
     print(f"{name:12s} {m:8.0f} tokens/s  ({m / base:.2f}x 1r_x_1t)   runs: {', '.join('%.0f' % v for v in vs)}")
 PY
-# Communication not hidden: one profiled 2-rank run (--profile: rank 0's op table); a collective
-# Step blocks its rank, so its time (the transfer and any wait for the other rank) is all exposed.
+# Communication not hidden: one profiled 2-rank run (--profile: rank 0's op table); the collective
+# Steps' time is what blocks the rank: starting each all-reduce (the signature exchange, which waits
+# for the other rank) and completing it where a Step needs its result (runtime/overlap.h; with
+# TESSERA_COLLECTIVE_OVERLAP=0 every collective Step blocks for its whole transfer).
 # TESSERA_MPI_WAIT_SPLIT=24: from the 4th step on (8 all-reduces a step: 7 buckets and the loss),
 # an MPI_Barrier before each all-reduce times the wait apart from the transfer (each rank prints).
 mpirun --oversubscribe -np 2 -x OMP_NUM_THREADS=1 -x TESSERA_MPI_WAIT_SPLIT=24 "$tessera" "${args[@]}" --distributed --profile "$dir/prof" --log-json "$dir/prof.jsonl" > "$dir/prof.out" 2>&1 ||
   { cat "$dir/prof.out"; echo "data_parallel: the profiled run failed" >&2; exit 1; }
-awk '/^  collective / { printf "2r_x_1t: collective Steps %s ms of the profiled run, %s%% of its wall time (rank 0; exposed: the Steps block)\n", $2, $3 }' "$dir/prof/ops.txt"
+awk '/^  collective / { printf "2r_x_1t: collective Steps %s ms of the profiled run, %s%% of its wall time (rank 0; exposed: starts and completions)\n", $2, $3 }' "$dir/prof/ops.txt"
 /usr/bin/python3 - "$dir/prof.out" "$dir/prof.jsonl" <<'PY'
 import json, re, statistics, sys
 ms = [json.loads(l)["step_ms"] for l in open(sys.argv[2])][3:]
 step, mean = statistics.median(ms), statistics.mean(ms)
 for line in sorted(l for l in open(sys.argv[1]) if l.startswith("[mpi] rank")):
     print(line.rstrip())
-    w, a, t = (float(x) for x in re.findall(r"([0-9.]+) ms", line)[:3])
+    v = [float(x) for x in re.findall(r"([0-9.]+) ms", line)]
+    w, a, t = v[:3]
     k = len(ms)  # the steps the split counts (the 4th on)
+    if len(v) > 3:  # the part of the transfer moved in tests between Steps (overlap)
+        print(f"  of the transfer, in MPI_Test calls between Steps: {v[3] / k:.2f} ms a step (the rank's own copying)")
     print(f"  per step (mean of the {k}): waiting {w / k:.2f} ms, signature exchange {a / k:.2f} ms, transfer {t / k:.2f} ms = "
           f"{(w + a + t) / k:.2f} ms of a {mean:.2f} ms step ({100 * (w + a + t) / k / mean:.1f}% not hidden; median step {step:.2f} ms)")
 PY

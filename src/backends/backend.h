@@ -1,4 +1,4 @@
-// The backend interface (version 5). A backend owns the memory of its devices and runs
+// The backend interface (version 10). A backend owns the memory of its devices and runs
 // Kernel-IR Steps (kernel_ir/step.h) on them; docs/backend-guide.md walks through adding one.
 // It is part of the backend SDK: a backend may be built into libtessera (cpu, null) or live in a
 // plugin, a shared library exporting one C function (backends/plugin.h).
@@ -24,6 +24,7 @@
 #include <string>
 #include <vector>
 
+#include "backends/communicator.h"
 #include "core/buffer.h"
 #include "kernel_ir/step.h"
 #include "kernel_ir/target.h"
@@ -54,7 +55,9 @@ namespace tessera::backends {
 //    Communicator gaining group()/make_group() and traffic counts: its layout changed.
 // 10: Step::out_strides (a Gemm writing its product through strides) and
 //    Target::gemm_out_strides, which a backend sets to be given such Steps (the cpu does).
-constexpr int kInterfaceVersion = 10;
+// 11: Backend::start_collective (a collective Step started, completed later: the runtime overlaps
+//    data parallelism's all-reduces with the Steps after them) and Communicator::start_all_reduce.
+constexpr int kInterfaceVersion = 11;
 
 // A compiled Step, opaque to the runtime; destroyed with the executable that holds it.
 struct Kernel {
@@ -158,6 +161,15 @@ class Backend {
   virtual void launch(const Kernel& k, const kir::Step& step, const LaunchArgs& args) = 0;
   // Optional: waits for all launched work (no-op for synchronous backends).
   virtual void synchronize() {}
+  // Optional, v10: a StepKind::Collective Step started and not waited for (the runtime completes
+  // the handle before the first later Step that touches the Step's input or output slot, or at
+  // the end of the executable, and tests it between Steps). Null (the default): the backend
+  // does not start this one; the runtime launch()es it. The cpu backend starts all-reduces
+  // (backends/collective.h, start_collective_on_host).
+  virtual std::unique_ptr<PendingCollective> start_collective(const Kernel& /*k*/, const kir::Step& /*step*/,
+                                                              const LaunchArgs& /*args*/) {
+    return nullptr;
+  }
 
   // ---- optional, v3: library calls ----
   // Whether the backend runs this Step with a library (a GEMM through cuBLASLt; a conv product,

@@ -36,7 +36,54 @@ void blocks(const char* src, char* dst, const Around& a, size_t N, size_t item, 
     }
 }
 
+// The communicator a Step's collective runs on for this rank (a sub-group's for stride > 0),
+// its traffic counted on the communicator the rank runs under.
+Communicator& communicator_for(const kir::Step& st, const ir::CollectiveAttrs& c, Communicator* world, size_t bytes_in) {
+  const char* op = ir::op_name(st.collective);
+  const std::string scope = st.sources.empty() ? "" : st.sources[0].scope;
+  if (!world)
+    fail(op, "no communicator for a graph of " + std::to_string(c.ranks) +
+                 " ranks: run it on in-process ranks (runtime::realize_spmd) or under mpirun with the MPI communicator set",
+         scope);
+  Communicator* comm = world;
+  if (c.stride > 0) {  // a sub-group: the members' own communicator (made by the sequence check, or here at first use)
+    const std::vector<int64_t> m = c.group_of(world->rank(), world->size(), op);  // refuses groups that do not tile it
+    comm = &world->group(std::vector<int>(m.begin(), m.end()));
+  } else if (world->size() != c.ranks) {
+    fail(op, "the graph is for " + std::to_string(c.ranks) + " ranks but the current communicator (" + world->name() + ") has " +
+                 std::to_string(world->size()), scope);
+  }
+  const int rank = comm->rank();
+  {  // the traffic this rank sends (Communicator::Traffic), counted on the communicator it runs under
+    const int64_t in_b = int64_t(bytes_in), n = int64_t(c.ranks);
+    int64_t b = 0;
+    switch (st.collective) {
+      case ir::Op::AllReduce: b = 2 * (n - 1) * in_b / n; break;
+      case ir::Op::AllGather: b = (n - 1) * in_b; break;
+      case ir::Op::ReduceScatter: case ir::Op::AllToAll: b = (n - 1) * in_b / n; break;
+      case ir::Op::Broadcast: b = rank == c.root ? in_b : 0; break;
+      case ir::Op::Reduce: b = rank == c.root ? 0 : in_b; break;
+      case ir::Op::CollectivePermute: b = c.destination_of(rank) >= 0 ? in_b : 0; break;
+      default: break;
+    }
+    world->count_traffic(b);
+  }
+  return *comm;
+}
+
 }  // namespace
+
+std::unique_ptr<PendingCollective> start_collective_on_host(const kir::Step& st, void* const* slots) {
+  if (st.kind != kir::StepKind::Collective || st.collective != ir::Op::AllReduce) return nullptr;
+  const ir::CollectiveAttrs c = ir::CollectiveAttrs::from(st.collective, ir::Attrs{st.collective_attrs, 0});
+  Communicator* world = current_communicator();
+  if (c.ranks == 1 || !world) return nullptr;  // a copy, or the blocking path's error
+  const DType t = st.input_dtypes.empty() ? st.dtype : st.input_dtypes[0];
+  const size_t item = itemsize(t), n_in = size_t(numel(st.maps.at(0).shape()));
+  const char* in = static_cast<const char*>(slots[st.inputs[0]]) + st.maps[0].views[0].offset * int64_t(item);
+  Communicator& comm = communicator_for(st, c, world, n_in * item);
+  return comm.start_all_reduce(in, slots[st.output], n_in, t, c.kind);
+}
 
 void run_collective_on_host(const kir::Step& st, void* const* slots) {
   const ir::CollectiveAttrs c = ir::CollectiveAttrs::from(st.collective, ir::Attrs{st.collective_attrs, 0});
@@ -56,34 +103,9 @@ void run_collective_on_host(const kir::Step& st, void* const* slots) {
     if (n_out && in != out) std::memmove(out, in, n_out * item);
     return;
   }
-  if (!world)
-    fail(op, "no communicator for a graph of " + std::to_string(c.ranks) +
-                 " ranks: run it on in-process ranks (runtime::realize_spmd) or under mpirun with the MPI communicator set",
-         scope);
-  Communicator* comm = world;
-  if (c.stride > 0) {  // a sub-group: the members' own communicator (made by the sequence check, or here at first use)
-    const std::vector<int64_t> m = c.group_of(world->rank(), world->size(), op);  // refuses groups that do not tile it
-    comm = &world->group(std::vector<int>(m.begin(), m.end()));
-  } else if (world->size() != c.ranks) {
-    fail(op, "the graph is for " + std::to_string(c.ranks) + " ranks but the current communicator (" + world->name() + ") has " +
-                 std::to_string(world->size()), scope);
-  }
+  Communicator* comm = &communicator_for(st, c, world, n_in * item);
   const size_t N = size_t(c.ranks);
   const int rank = comm->rank();
-  {  // the traffic this rank sends (Communicator::Traffic), counted on the communicator it runs under
-    const int64_t in_b = int64_t(n_in * item), n = int64_t(N);
-    int64_t b = 0;
-    switch (st.collective) {
-      case ir::Op::AllReduce: b = 2 * (n - 1) * in_b / n; break;
-      case ir::Op::AllGather: b = (n - 1) * in_b; break;
-      case ir::Op::ReduceScatter: case ir::Op::AllToAll: b = (n - 1) * in_b / n; break;
-      case ir::Op::Broadcast: b = rank == c.root ? in_b : 0; break;
-      case ir::Op::Reduce: b = rank == c.root ? 0 : in_b; break;
-      case ir::Op::CollectivePermute: b = c.destination_of(rank) >= 0 ? in_b : 0; break;
-      default: break;
-    }
-    world->count_traffic(b);
-  }
   switch (st.collective) {
     case ir::Op::AllReduce: comm->all_reduce(in, out, n_in, t, c.kind); break;
     case ir::Op::Broadcast: comm->broadcast(in, out, n_in, t, int(c.root)); break;

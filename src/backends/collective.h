@@ -22,6 +22,12 @@
 namespace tessera::backends {
 
 void run_collective_on_host(const kir::Step& st, void* const* slots);
+// The same Step started, not waited for, where the communicator can (an all_reduce over two or
+// more ranks: Communicator::start_all_reduce); null for every other Step, which
+// run_collective_on_host runs (blocking). Until the handle completes, the Step's input slot must
+// not be written nor its output slot read or written (the runtime's rule: docs/architecture.md
+// "Parallelism", overlap).
+std::unique_ptr<PendingCollective> start_collective_on_host(const kir::Step& st, void* const* slots);
 
 // The collectives of a plan's Steps in launch order, as the ranks compare them.
 struct CollectiveSequence {

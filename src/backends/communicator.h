@@ -36,6 +36,21 @@
 #pragma GCC visibility push(default)  // the backend SDK: exported for plugins
 namespace tessera::backends {
 
+// A collective started and not yet complete (Communicator::start_all_reduce). Until wait()
+// returns (or test() returned true) the caller leaves its buffers alone: the send buffer is not
+// written, the receive buffer neither read nor written. Every started collective must be waited
+// for (destroying one that is pending waits for it, swallowing its errors).
+class PendingCollective {
+ public:
+  virtual ~PendingCollective() = default;
+  // Moves it on where that needs the caller (MPI: a transfer progresses only inside MPI calls)
+  // and says whether it is complete (then its results are in the receive buffer). Throws the
+  // blocking call's errors (a disagreement, a broken group).
+  virtual bool test() = 0;
+  // Returns when complete: the blocking call's timeout and errors (the timeout counted from here).
+  virtual void wait() = 0;
+};
+
 class Communicator {
  public:
   virtual ~Communicator() = default;
@@ -45,6 +60,15 @@ class Communicator {
 
   // recv[i] = reduce over ranks of send[i] (sum, mean or max; max propagates NaN).
   virtual void all_reduce(const void* send, void* recv, size_t count, DType t, ir::ReduceKind kind) = 0;
+  // all_reduce started, not waited for: the collective is posted (after the ranks' calls are
+  // compared, where that is how the communicator checks them: mpi) and completes in the
+  // background or in the handle's test()/wait(). The results equal all_reduce's bit for bit.
+  // Started and blocking collectives keep one order: every rank starts or calls the same
+  // collectives in the same order (several may be pending at once); they may complete in any.
+  // The default runs all_reduce and returns a complete handle (nccl, and max on mpi: its NaN
+  // flags are a second collective).
+  virtual std::unique_ptr<PendingCollective> start_all_reduce(const void* send, void* recv, size_t count, DType t,
+                                                              ir::ReduceKind kind);
   // recv = the ranks' send buffers in rank order: size() * count elements.
   virtual void all_gather(const void* send, void* recv, size_t count, DType t) = 0;
   // send holds size() blocks of `count`; recv = the sum over ranks of block rank().

@@ -19,6 +19,7 @@
 #include "runtime/allocator.h"
 #include "runtime/compile_options.h"
 #include "runtime/metrics_impl.h"
+#include "runtime/overlap.h"
 #include "runtime/profiler_impl.h"
 #include "core/fail.h"
 
@@ -463,30 +464,34 @@ void bind_slots(Run& run, const ir::Graph& g, size_t nreq, std::vector<std::shar
 }
 
 // Step by Step: each launched, timed when profiling or TESSERA_STEP_TIMES asks, its guards
-// checked. Returns the host <-> device bytes the backend reported while launching.
+// checked; a collective the backend starts stays in flight until a Step touches its buffers
+// (runtime/overlap.h). Returns the host <-> device bytes the backend reported while launching.
+// `at`: the Step being launched or completed; `ran`: the last Step launched.
 int64_t launch_steps(Run& run, const Executable& exe, const backends::LaunchArgs& args, int prof_run, const StepHook& hook,
-                     int& at) {
+                     int& at, int& ran) {
   const bool time_steps = step_times();
   const compiler::Plan& plan = run.plan;
   backends::Backend& be = run.be;
   int64_t moved = 0;
   const std::atomic<int64_t>& reported = backends::reported_host_transfers(run.dev.kind);
+  InFlight inflight(plan, run.slots.data(), prof_run);
   for (size_t s = 0; s < plan.steps.size(); ++s) {
-    at = int(s);
+    inflight.before(s, at);
+    at = ran = int(s);
     const kir::Step& st = plan.steps[s];
     std::vector<Run::Guard> guards = run.step_guards(s);
     run.fill_guards(guards);
     const int64_t moved_before = reported.load();
     if (prof_run >= 0) {
       int64_t ts0 = prof::now_ns();
-      be.launch(*exe.kernels[s], st, args);
+      if (!inflight.start(s, be, *exe.kernels[s], args)) be.launch(*exe.kernels[s], st, args);
       be.synchronize();
       prof::step(prof_run, int(s), ts0, prof::now_ns());
     } else if (!time_steps) {
-      be.launch(*exe.kernels[s], st, args);
+      if (!inflight.start(s, be, *exe.kernels[s], args)) be.launch(*exe.kernels[s], st, args);
     } else {
       auto ts0 = std::chrono::steady_clock::now();
-      be.launch(*exe.kernels[s], st, args);
+      be.launch(*exe.kernels[s], st, args);  // each Step's own time: blocking
       be.synchronize();  // asynchronous devices: the Step's own time
       std::fprintf(stderr, "step %zu %s %s%s %.3f ms %s@%s\n", s, kir::step_kind_name(st.kind), dtype_short(st.dtype),
                    shape_str(st.shape).c_str(), double(since_ns(ts0)) / 1e6, st.sources[0].op.c_str(), st.sources[0].scope.c_str());
@@ -495,14 +500,17 @@ int64_t launch_steps(Run& run, const Executable& exe, const backends::LaunchArgs
     if (hook) hook(int(s), run.slots.data());
     run.check_guards(guards, int(s));
   }
+  inflight.finish(at);
   return moved;
 }
 
 // What a graph that failed at Step `failed` (-1: unknown) leaves (GraphFailure, realize.h): the
 // Steps that ran before it are complete, the failed one and every Step reading what it wrote
-// (transitively) are tainted, the rest never ran.
+// (transitively) are tainted, the rest never ran. ran (>= failed: a collective completed late,
+// runtime/overlap.h): Steps up to it were launched, so donated buffers they wrote are written.
 GraphFailure failure(const std::string& what, const compiler::Plan& plan, int failed,
-                     const std::vector<std::shared_ptr<Buffer>>& results) {
+                     const std::vector<std::shared_ptr<Buffer>>& results, int ran = -1) {
+  ran = std::max(ran, failed);
   GraphFailure f(what);
   f.failed_step = failed;
   const size_t n = plan.output_slot.size();
@@ -528,7 +536,7 @@ GraphFailure failure(const std::string& what, const compiler::Plan& plan, int fa
     const size_t slot = size_t(plan.output_slot[k]);
     f.tainted[k] = taint[slot] != 0;
     if (!f.tainted[k] && last_writer[slot] < failed) f.done[k] = results[k];
-    f.donor_written[k] = plan.donated[k] >= 0 && first_writer[slot] >= 0 && first_writer[slot] <= failed;
+    f.donor_written[k] = plan.donated[k] >= 0 && first_writer[slot] >= 0 && first_writer[slot] <= ran;
     if (!f.done[k] && f.donor_written[k]) f.tainted[k] = true;  // half written: it cannot simply run again
   }
   return f;
@@ -590,14 +598,15 @@ std::vector<std::shared_ptr<Buffer>> execute(const std::shared_ptr<Executable>& 
   // A whole executable runs as one call, unless profiling or a Step hook needs the Steps one by one.
   const bool whole = exe->whole && prof_run < 0 && !hook && !step_times();
   int64_t moved = 0;
-  int at = -1;  // the Step being launched (-1: unknown)
+  int at = -1, ran = -1;  // the Step being launched or completed (-1: unknown); the last launched
   try {
     moved = whole ? run_whole(run, *exe, rng)
-                  : launch_steps(run, *exe, backends::LaunchArgs{run.slots.data(), rng.seed, rng.offset, dev.index}, prof_run, hook, at);
+                  : launch_steps(run, *exe, backends::LaunchArgs{run.slots.data(), rng.seed, rng.offset, dev.index}, prof_run, hook,
+                                 at, ran);
     at = -1;  // an asynchronous device reports a failure at synchronize: of some Step
     be.synchronize();
   } catch (const std::exception& e) {
-    throw failure(e.what(), plan, at, results);
+    throw failure(e.what(), plan, at, results, ran);
   }
   counters().steps_launched += int64_t(plan.steps.size());
   DeviceCounters& dc = device_counters(dev.kind);
@@ -753,10 +762,18 @@ std::vector<std::vector<std::shared_ptr<Buffer>>> realize_spmd(const std::vector
     threads.emplace_back([&, r] {
       backends::CommunicatorScope scope(ranks[r].get());
       backends::share_host_threads(int(N));  // the ranks split the host's threads: T / N each
+      const Executable& exe = *exes[r];
+      // Destroyed after the catch below has broken the group: a failed rank's pending
+      // collectives then end at once instead of waiting for the others.
+      InFlight inflight(exe.plan, runs[r]->slots.data(), -1);
       try {
         const backends::LaunchArgs args{runs[r]->slots.data(), rng.seed, rng.offset, dev.index};
-        const Executable& exe = *exes[r];
-        for (size_t s = 0; s < exe.plan.steps.size(); ++s) be.launch(*exe.kernels[s], exe.plan.steps[s], args);
+        int at = -1;
+        for (size_t s = 0; s < exe.plan.steps.size(); ++s) {
+          inflight.before(s, at);
+          if (!inflight.start(s, be, *exe.kernels[s], args)) be.launch(*exe.kernels[s], exe.plan.steps[s], args);
+        }
+        inflight.finish(at);
         be.synchronize();
       } catch (const std::exception& e) {
         const std::string why = "rank " + std::to_string(r) + " of " + std::to_string(N) + " failed: " + e.what();

@@ -86,6 +86,16 @@ int64_t guard_bytes_checked();
 // The collective-sequence checks realize() has made through a communicator (docs/architecture.md
 // "Parallelism"): one per sequence of collectives and communicator, before the first run there.
 int64_t collective_sequence_checks();
+// Collectives in flight across Steps (runtime/overlap.h; docs/architecture.md "Parallelism"):
+// on unless TESSERA_COLLECTIVE_OVERLAP=0; set_collective_overlap switches it for the process (tests
+// and A/B measurements). The stats count, over the process: collective Steps started without
+// waiting, Steps launched while at least one of them was pending, and the time spent completing
+// them (waiting for the other ranks and the transfer where the Steps did not hide it).
+void set_collective_overlap(bool on);
+struct CollectiveOverlapStats {
+  int64_t started = 0, steps_overlapped = 0, wait_ns = 0;
+};
+CollectiveOverlapStats collective_overlap_stats();
 // Testing: called after every launched Step with its number and the slot pointers (null: none).
 using StepHook = std::function<void(int step, void* const* slots)>;
 void set_after_step_hook(StepHook hook);

@@ -214,6 +214,35 @@ int gpt(int rank) {
       ++bad;
     }
   }
+  // The bucket all-reduces in flight across the backward's Steps (runtime/overlap.h, on by
+  // default: the runs above) against the blocking form: the same losses over 5 steps, and Steps
+  // ran while an all-reduce was pending only with the overlap on.
+  runtime::set_collective_overlap(false);
+  const runtime::CollectiveOverlapStats s0 = runtime::collective_overlap_stats();
+  optim::DataParallel dp3 = optim::DataParallel::process_group({.bucket_bytes = 4096});
+  testing::DpRun blocking = testing::dp_gpt_train(&dp3, 0.1, 5);
+  const runtime::CollectiveOverlapStats s1 = runtime::collective_overlap_stats();
+  runtime::set_collective_overlap(true);
+  optim::DataParallel dp4 = optim::DataParallel::process_group({.bucket_bytes = 4096});
+  testing::DpRun overlapped = testing::dp_gpt_train(&dp4, 0.1, 5);
+  const runtime::CollectiveOverlapStats s2 = runtime::collective_overlap_stats();
+  const long long buckets = (long long)dp4.buckets().size();
+  if (s1.started != s0.started || s1.steps_overlapped != s0.steps_overlapped || s2.started - s1.started < 5 * (buckets + 1) ||
+      s2.steps_overlapped - s1.steps_overlapped < 5 * buckets) {
+    std::fprintf(stderr, "rank %d: overlap off started %lld and overlapped %lld Steps; on started %lld, overlapped %lld (%lld buckets)\n",
+                 rank, (long long)(s1.started - s0.started), (long long)(s1.steps_overlapped - s0.steps_overlapped),
+                 (long long)(s2.started - s1.started), (long long)(s2.steps_overlapped - s1.steps_overlapped), buckets);
+    ++bad;
+  }
+  for (size_t s = 0; s < blocking.losses.size(); ++s)
+    if (std::fabs(overlapped.losses[s] - blocking.losses[s]) > 1e-6 * std::fabs(blocking.losses[s])) {
+      std::fprintf(stderr, "rank %d step %zu: overlapped loss %.9g, blocking %.9g\n", rank, s + 1, overlapped.losses[s], blocking.losses[s]);
+      ++bad;
+    }
+  std::printf("rank %d: overlap: %lld all-reduces started, %lld Steps run while one was pending, %.2f ms completing them "
+              "(5 steps); losses %s the blocking form's\n", rank, (long long)(s2.started - s1.started),
+              (long long)(s2.steps_overlapped - s1.steps_overlapped), double(s2.wait_ns - s1.wait_ns) / 1e6,
+              overlapped.losses == blocking.losses && overlapped.params == blocking.params ? "bit for bit" : "not bit for bit");
   if (!(one.losses.back() < one.losses.front() - 0.1)) {
     std::fprintf(stderr, "rank %d: the loss did not fall (%g -> %g)\n", rank, one.losses.front(), one.losses.back());
     ++bad;

@@ -9,6 +9,7 @@
 #include <thread>
 
 #include "backends/communicator.h"
+#include "runtime/realize.h"
 
 #include "dp_gpt.h"
 #include "tessera/distributed.h"
@@ -49,6 +50,36 @@ TEST(DataParallel, TwoInProcessRanksTrainTheGptLikeOneDeviceOnTheWholeBatch) {
   EXPECT_EQ(params, nn::GPT(testing::dp_gpt_config(0)).parameters().size());
   // The last parameter is reduced first (the backward finishes it first).
   EXPECT_EQ(dp.buckets()[0][0], params - 1);
+}
+
+// The bucket all-reduces are started at their Step and completed before the first Step that
+// touches their buffers (runtime/overlap.h): the backward's later Steps run while they are in
+// flight, and the losses are the blocking form's (the same reduction, only later).
+TEST(DataParallel, BucketAllReducesStayInFlightAcrossTheBackwardWithTheBlockingLosses) {
+  constexpr int kFew = 4;
+  runtime::set_collective_overlap(false);
+  const runtime::CollectiveOverlapStats s0 = runtime::collective_overlap_stats();
+  optim::DataParallel blocking_dp = optim::DataParallel::in_process(2, {.bucket_bytes = 4096});
+  testing::DpRun blocking = testing::dp_gpt_train(&blocking_dp, 0.1, kFew);
+  const runtime::CollectiveOverlapStats s1 = runtime::collective_overlap_stats();
+  runtime::set_collective_overlap(true);
+  optim::DataParallel dp = optim::DataParallel::in_process(2, {.bucket_bytes = 4096});
+  testing::DpRun overlapped = testing::dp_gpt_train(&dp, 0.1, kFew);
+  const runtime::CollectiveOverlapStats s2 = runtime::collective_overlap_stats();
+  // Off: nothing started without waiting.
+  EXPECT_EQ(s1.started, s0.started);
+  EXPECT_EQ(s1.steps_overlapped, s0.steps_overlapped);
+  // On: per step and rank, every bucket's all-reduce and the loss's started; Steps ran while some
+  // were pending -- at least one per bucket (its wait comes after the next Step at the earliest).
+  const int64_t buckets = int64_t(dp.buckets().size());
+  ASSERT_GT(buckets, 2);
+  EXPECT_GE(s2.started - s1.started, 2 * kFew * (buckets + 1));
+  EXPECT_GE(s2.steps_overlapped - s1.steps_overlapped, 2 * kFew * buckets);  // (the schedule puts their readers after the backward)
+  ASSERT_EQ(blocking.losses.size(), overlapped.losses.size());
+  for (size_t s = 0; s < blocking.losses.size(); ++s)
+    EXPECT_NEAR(overlapped.losses[s], blocking.losses[s], 1e-6 * std::fabs(blocking.losses[s])) << "step " << s + 1;
+  ASSERT_EQ(blocking.params.size(), overlapped.params.size());
+  for (size_t i = 0; i < blocking.params.size(); ++i) ASSERT_EQ(blocking.params[i], overlapped.params[i]) << "parameter element " << i;
 }
 
 TEST(DataParallel, DropoutMasksAreTheWholeBatchsOnEveryRank) {

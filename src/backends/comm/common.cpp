@@ -40,6 +40,19 @@ Communicator& Communicator::group(const std::vector<int>& members) {
   return *(groups_[members] = std::move(g));
 }
 
+namespace {
+struct Complete final : PendingCollective {
+  bool test() override { return true; }
+  void wait() override {}
+};
+}  // namespace
+
+std::unique_ptr<PendingCollective> Communicator::start_all_reduce(const void* send, void* recv, size_t count, DType t,
+                                                                  ir::ReduceKind kind) {
+  all_reduce(send, recv, count, t, kind);
+  return std::make_unique<Complete>();
+}
+
 std::shared_ptr<Communicator> Communicator::make_group(const std::vector<int>&) {
   fail(name(), "this communicator has no sub-groups (collectives over one axis of a mesh need them)", "");
 }

@@ -1,8 +1,12 @@
-// The in-process communicator: N ranks as threads of one process. At each collective every rank
-// posts its call (signature, buffers) in the group's table and waits on a condition variable;
-// the last to arrive checks the signatures, moves every rank's data (all other ranks are parked,
-// so their buffers are stable), and wakes them. A rank that waits past the timeout, or a rank
-// that failed (abort_inprocess_group), breaks the group: every waiting and later call throws.
+// The in-process communicator: N ranks as threads of one process. A rank's k-th collective is
+// its post to the group's k-th meeting (signature, buffers); the last rank to post checks the
+// signatures, moves every rank's data and marks the meeting done; a rank waits for its meeting
+// on a condition variable. A blocking call posts and waits at once; start_all_reduce posts and
+// returns, so a rank may run ahead of the others by several collectives: the data moves while
+// a rank's Steps run, which is safe because a posting rank leaves the buffers alone until its
+// wait (the runtime's rule: the Steps touching them come after it). A rank that waits past the
+// timeout, or a rank that failed (abort_inprocess_group), breaks the group: every waiting and
+// later call throws.
 #include <algorithm>
 #include <condition_variable>
 #include <cstring>
@@ -25,17 +29,24 @@ struct Call {
   ir::ReduceKind kind = ir::ReduceKind::Sum;
 };
 
+// One collective of the group: every rank's call, posted as each rank gets to it.
+struct Meeting {
+  explicit Meeting(int n) : calls(size_t(n)), posted(size_t(n), false) {}
+  std::vector<Call> calls;
+  std::vector<bool> posted;
+  int arrived = 0, collected = 0;  // ranks that posted; ranks that took the result (then it is erased)
+  bool done = false;
+  std::string failed;  // the error every rank throws ("" when it worked)
+};
+
 struct Group {
-  explicit Group(int n) : n(n), calls(size_t(n)), posted(size_t(n), false) {}
+  explicit Group(int n) : n(n), next(size_t(n), 0) {}
   const int n;
   std::mutex mu;
   std::condition_variable cv;
-  uint64_t generation = 0;
-  int arrived = 0;
-  std::vector<Call> calls;
-  std::vector<bool> posted;
+  std::map<uint64_t, Meeting> meetings;  // by sequence number, while some rank has not taken the result
+  std::vector<uint64_t> next;  // per rank, the sequence number of its next collective
   std::string broken;  // why the group is broken ("" while it works)
-  std::string failed;  // this generation's error, thrown by every rank
   // Sub-groups by member list (Communicator::group): broken with this group.
   std::map<std::vector<int>, std::shared_ptr<Group>> children;
 };
@@ -64,6 +75,39 @@ class InProcess final : public Communicator {
     Call c{{int64_t(ir::Op::AllReduce), int64_t(n), int64_t(t), int64_t(k)}, s, r};
     c.kind = k;
     meet(c);
+  }
+  // Posted; the last rank to post moves the data (possibly this one, now), the handle waits.
+  std::unique_ptr<PendingCollective> start_all_reduce(const void* s, void* r, size_t n, DType t, ir::ReduceKind k) override {
+    Call c{{int64_t(ir::Op::AllReduce), int64_t(n), int64_t(t), int64_t(k)}, s, r};
+    c.kind = k;
+    struct Pending final : PendingCollective {
+      InProcess* self;
+      uint64_t seq;
+      bool finished = false;
+      Pending(InProcess* c, uint64_t q) : self(c), seq(q) {}
+      // `finished` is set before a call that may throw: the result is taken once.
+      bool test() override {
+        if (finished) return true;
+        try {
+          return finished = self->done(seq, "all_reduce");
+        } catch (...) {
+          finished = true;
+          throw;
+        }
+      }
+      void wait() override {
+        if (finished) return;
+        finished = true;
+        self->wait(seq, "all_reduce");
+      }
+      ~Pending() override {
+        try {
+          wait();
+        } catch (...) {  // a destroyed handle: its error was (or will be) thrown elsewhere
+        }
+      }
+    };
+    return std::make_unique<Pending>(this, post(c));
   }
   void all_gather(const void* s, void* r, size_t n, DType t) override { meet({{int64_t(ir::Op::AllGather), int64_t(n), int64_t(t), 0}, s, r}); }
   void reduce_scatter(const void* s, void* r, size_t n, DType t) override {
@@ -108,65 +152,91 @@ class InProcess final : public Communicator {
 
   std::string who() const { return " (in-process communicator, rank " + std::to_string(rank_) + " of " + std::to_string(g_->n) + ")"; }
 
-  void meet(const Call& c) {
+  // Posts c as this rank's next collective; the last rank to post moves the data. Returns its
+  // sequence number.
+  uint64_t post(const Call& c) {
     Group& g = *g_;
-    const std::string op = ir::op_name(ir::Op(c.sig.op));
-    std::unique_lock<std::mutex> lock(g.mu);
-    if (!g.broken.empty()) fail(op, "the group is broken: " + g.broken + who(), "");
-    const uint64_t gen = g.generation;
-    g.calls[size_t(rank_)] = c;
-    g.posted[size_t(rank_)] = true;
-    if (++g.arrived == g.n) {
-      g.failed = check();
-      if (g.failed.empty()) {
+    std::lock_guard<std::mutex> lock(g.mu);
+    if (!g.broken.empty()) fail(ir::op_name(ir::Op(c.sig.op)), "the group is broken: " + g.broken + who(), "");
+    const uint64_t seq = g.next[size_t(rank_)]++;
+    Meeting& m = g.meetings.try_emplace(seq, g.n).first->second;
+    m.calls[size_t(rank_)] = c;
+    m.posted[size_t(rank_)] = true;
+    if (++m.arrived == g.n) {
+      m.failed = check(m);
+      if (m.failed.empty()) {
         try {
-          move_data();
+          move_data(m);
         } catch (const std::exception& e) {
-          g.failed = e.what();
+          m.failed = e.what();
         }
       }
-      g.arrived = 0;
-      std::fill(g.posted.begin(), g.posted.end(), false);
-      g.generation++;
+      m.done = true;
       g.cv.notify_all();
-    } else {
-      auto deadline = std::chrono::steady_clock::now() + timeout();
-      bool woke = g.cv.wait_until(lock, deadline, [&] { return g.generation != gen || !g.broken.empty(); });
-      if (!woke) {
-        std::string missing;
-        for (int r = 0; r < g.n; ++r)
-          if (!g.posted[size_t(r)]) missing += (missing.empty() ? "" : ", ") + std::to_string(r);
-        g.broken = op + " on rank " + std::to_string(rank_) + " timed out after " +
-                   std::to_string(double(timeout().count()) / 1000) + " s waiting for rank(s) " + missing;
-        g.cv.notify_all();
-        fail(op, "timed out after " + std::to_string(double(timeout().count()) / 1000) + " s waiting for rank(s) " + missing +
-                     " (lost or stuck; TESSERA_COLLECTIVE_TIMEOUT_S sets the limit)" + who(), "");
-      }
-      if (g.generation == gen) fail(op, "the group is broken: " + g.broken + who(), "");
     }
-    if (!g.failed.empty()) fail(op, g.failed + who(), "");
+    return seq;
   }
+  // Whether meeting seq is done (without waiting); throws its error, or the group's if it broke first.
+  bool done(uint64_t seq, const std::string& op) {
+    Group& g = *g_;
+    std::lock_guard<std::mutex> lock(g.mu);
+    Meeting& m = g.meetings.at(seq);
+    if (!m.done && !g.broken.empty()) fail(op, "the group is broken: " + g.broken + who(), "");
+    if (!m.done) return false;
+    collect(seq, m, op);  // may erase m
+    return true;
+  }
+  // Waits (at most the timeout) for meeting seq; throws its error.
+  void wait(uint64_t seq, const std::string& op) {
+    Group& g = *g_;
+    std::unique_lock<std::mutex> lock(g.mu);
+    Meeting& m = g.meetings.at(seq);
+    auto deadline = std::chrono::steady_clock::now() + timeout();
+    bool woke = g.cv.wait_until(lock, deadline, [&] { return m.done || !g.broken.empty(); });
+    if (!woke) {
+      std::string missing;
+      for (int r = 0; r < g.n; ++r)
+        if (!m.posted[size_t(r)]) missing += (missing.empty() ? "" : ", ") + std::to_string(r);
+      g.broken = op + " on rank " + std::to_string(rank_) + " timed out after " +
+                 std::to_string(double(timeout().count()) / 1000) + " s waiting for rank(s) " + missing;
+      g.cv.notify_all();
+      fail(op, "timed out after " + std::to_string(double(timeout().count()) / 1000) + " s waiting for rank(s) " + missing +
+                   " (lost or stuck; TESSERA_COLLECTIVE_TIMEOUT_S sets the limit)" + who(), "");
+    }
+    if (!m.done) fail(op, "the group is broken: " + g.broken + who(), "");
+    collect(seq, m, op);
+  }
+  // Under the lock, meeting seq done: this rank takes its result (the last one erases it).
+  void collect(uint64_t seq, Meeting& m, const std::string& op) {
+    const std::string failed = m.failed;
+    if (++m.collected == g_->n) g_->meetings.erase(seq);
+    if (!failed.empty()) fail(op, failed + who(), "");
+  }
+  void meet(const Call& c) { wait(post(c), ir::op_name(ir::Op(c.sig.op))); }
 
   // Under the lock, all ranks posted: the mismatch every rank reports, or "".
-  std::string check() const {
-    const Group& g = *g_;
+  std::string check(const Meeting& g) const {
+    const int n = g_->n;
     bool same = true;
     for (const Call& c : g.calls) same = same && comm::same_call(c.sig, g.calls[0].sig);
     if (same && g.calls[0].sig.op == int64_t(ir::Op::CollectivePermute))
-      for (int r = 0; r < g.n; ++r) {
+      for (int r = 0; r < n; ++r) {
         const Call& c = g.calls[size_t(r)];
-        if (c.send_to >= g.n || c.recv_from >= g.n || (c.send_to >= 0 && g.calls[size_t(c.send_to)].recv_from != r) ||
+        if (c.send_to >= n || c.recv_from >= n || (c.send_to >= 0 && g.calls[size_t(c.send_to)].recv_from != r) ||
             (c.recv_from >= 0 && g.calls[size_t(c.recv_from)].send_to != r))
           same = false;
       }
     if (same) return "";
     std::string sides;
-    for (int r = 0; r < g.n; ++r) sides += "; rank " + std::to_string(r) + ": " + g.calls[size_t(r)].sig.str();
+    for (int r = 0; r < n; ++r) sides += "; rank " + std::to_string(r) + ": " + g.calls[size_t(r)].sig.str();
     return "the ranks disagree about this collective (every rank fails)" + sides;
   }
 
-  void move_data() const {
-    const Group& g = *g_;
+  void move_data(const Meeting& m) const {
+    struct {
+      int n;
+      const std::vector<Call>& calls;
+    } g{g_->n, m.calls};
     const Call& c0 = g.calls[0];
     const DType t = DType(c0.sig.dtype);
     const size_t n = size_t(c0.sig.count), item = itemsize(t), bytes = n * item;

@@ -4,7 +4,9 @@
 // (an MPI call cannot be cancelled: past the timeout the rank prints the error and calls MPI_Abort,
 // and mpirun stops the other ranks). Before each collective the ranks exchange their call's signature (one small
 // MPI_Iallgather), so a rank that disagrees makes every rank throw instead of hanging or
-// mixing buffers. 16-bit floats are reduced through float32 on the host.
+// mixing buffers. 16-bit floats are reduced through float32 on the host. start_all_reduce posts
+// the MPI_Iallreduce after that exchange and returns: the runtime tests it between Steps and waits
+// for it where a Step needs it (runtime/overlap.h).
 #include "backends/communicator.h"
 #include "core/fail.h"
 
@@ -40,19 +42,23 @@ using comm::Signature;
 // before each all_reduce, timed apart from it, splits a rank's time in all-reduces into waiting for
 // the other ranks (the barrier), the signature exchange and the transfer itself; counted from the
 // (K+1)-th all_reduce of the process on (the first K: the warm-up steps'), printed by each rank at
-// exit. The barrier costs a synchronization per all_reduce: not for timing the step itself.
+// exit. The barrier costs a synchronization per all_reduce: not for timing the step itself. The
+// transfer is the time the rank spent completing it: in the blocking form all of it; for a started
+// all_reduce (the runtime's overlap) its test() calls between Steps (MPI_Test moving the data on:
+// the rank's own copying, printed apart) and its wait() (what the Steps run meanwhile did not hide).
 struct WaitSplit {
   long skip = -1;  // -1: off
   int rank = 0;
   long calls = 0, counted = 0;
-  double wait_s = 0, agree_s = 0, transfer_s = 0, bytes = 0;
+  double wait_s = 0, agree_s = 0, transfer_s = 0, progress_s = 0, bytes = 0;
   WaitSplit() {
     if (const char* e = std::getenv("TESSERA_MPI_WAIT_SPLIT")) skip = std::max(0L, std::atol(e));
   }
   ~WaitSplit() {
     if (counted)
-      std::fprintf(stderr, "[mpi] rank %d, all_reduces %ld-%ld: waiting for the other ranks %.1f ms, signature exchange %.1f ms, transfer %.1f ms (%.1f MB)\n",
-                   rank, skip + 1, calls, wait_s * 1e3, agree_s * 1e3, transfer_s * 1e3, bytes / 1e6);
+      std::fprintf(stderr, "[mpi] rank %d, all_reduces %ld-%ld: waiting for the other ranks %.1f ms, signature exchange %.1f ms, transfer %.1f ms "
+                   "(%.1f MB), of it in tests between Steps %.1f ms\n",
+                   rank, skip + 1, calls, wait_s * 1e3, agree_s * 1e3, (transfer_s + progress_s) * 1e3, bytes / 1e6, progress_s * 1e3);
   }
 };
 WaitSplit g_split;
@@ -89,19 +95,15 @@ class Mpi final : public Communicator {
   int rank() const override { return rank_; }
   int size() const override { return size_; }
 
-  void all_reduce(const void* s, void* r, size_t n, DType t, ir::ReduceKind k) override {
-    const bool timed = g_split.skip >= 0 && ++g_split.calls > g_split.skip;
-    auto t0 = std::chrono::steady_clock::now();
-    if (timed) {
-      check(MPI_Barrier(comm_), "all_reduce");  // no timeout: a diagnostic
-      g_split.rank = rank_, g_split.counted++, g_split.wait_s += seconds_since(t0);
-      t0 = std::chrono::steady_clock::now();
-    }
-    agree({int64_t(ir::Op::AllReduce), int64_t(n), int64_t(t), int64_t(k)});
-    const auto t1 = std::chrono::steady_clock::now();
-    reduce_impl(s, r, n, t, k, -1);
-    if (timed) g_split.agree_s += std::chrono::duration<double>(t1 - t0).count(), g_split.transfer_s += seconds_since(t1),
-               g_split.bytes += double(n * itemsize(t));
+  void all_reduce(const void* s, void* r, size_t n, DType t, ir::ReduceKind k) override { start_reduce(s, r, n, t, k)->wait(); }
+  // Posted after the signature exchange (so the ranks' calls are compared before any data
+  // moves; the exchange waits for the other ranks to get here); the transfer then moves in the
+  // handle's test() and wait() calls (no progress thread). Max keeps the blocking form: its NaN
+  // flags are a second collective, which a completion noticed at different points on different
+  // ranks would post out of order.
+  std::unique_ptr<PendingCollective> start_all_reduce(const void* s, void* r, size_t n, DType t, ir::ReduceKind k) override {
+    if (k == ir::ReduceKind::Max && is_floating(t)) return Communicator::start_all_reduce(s, r, n, t, k);
+    return start_reduce(s, r, n, t, k);
   }
   void all_gather(const void* s, void* r, size_t n, DType t) override {
     agree({int64_t(ir::Op::AllGather), int64_t(n), int64_t(t), 0});
@@ -139,8 +141,7 @@ class Mpi final : public Communicator {
     wait(q, "broadcast");
   }
   void reduce(const void* s, void* r, size_t n, DType t, int root) override {
-    agree({int64_t(ir::Op::Reduce), int64_t(n), int64_t(t), root});
-    reduce_impl(s, r, n, t, ir::ReduceKind::Sum, root);
+    start_reduce(s, r, n, t, ir::ReduceKind::Sum, root)->wait();
   }
   void permute(const void* s, void* r, size_t n, DType t, int to, int from) override {
     agree({int64_t(ir::Op::CollectivePermute), int64_t(n), int64_t(t), int64_t(to + 1) * 65536 + (from + 1)});
@@ -208,33 +209,91 @@ class Mpi final : public Communicator {
     for (size_t i = 0; i < w.size(); ++i) h[i] = t == DType::Float16 ? half::float_to_f16(w[i]) : half::float_to_bf16(w[i]);
   }
 
-  // root < 0: all-reduce. MPI_MAX does not propagate NaN: a max is a sum of NaN flags too.
-  void reduce_impl(const void* s, void* r, size_t n, DType t, ir::ReduceKind k, int root) {
-    const char* what = root < 0 ? "all_reduce" : "reduce";
-    const bool half = is_half(t);
+  // A posted MPI_Iallreduce / MPI_Ireduce and what completing it takes (the NaN flags of a max,
+  // 16-bit results narrowed, a mean's division): the same operations in the same order whether
+  // it is waited for at once (the blocking calls) or later (start_all_reduce).
+  struct Reduction final : PendingCollective {
+    Mpi* self;
+    const char* what;
+    void* r;
+    size_t n;
+    DType t;
+    ir::ReduceKind k;
+    int root;
+    bool timed = false, finished = false;
     std::vector<uint8_t> nan_local;  // read before an in-place reduction overwrites s
-    if (k == ir::ReduceKind::Max && is_floating(t)) nan_local = nan_mask(s, n, t);
     std::vector<float> w, wout;
+    MPI_Request q = MPI_REQUEST_NULL;
+    Reduction(Mpi* c, const char* wh, void* rv, size_t cnt, DType ty, ir::ReduceKind kd, int rt)
+        : self(c), what(wh), r(rv), n(cnt), t(ty), k(kd), root(rt) {}
+    bool test() override {
+      if (finished) return true;
+      const auto t0 = std::chrono::steady_clock::now();
+      int done = 0;
+      self->check(MPI_Test(&q, &done, MPI_STATUS_IGNORE), what);
+      if (done) finish();
+      if (timed) g_split.progress_s += seconds_since(t0);
+      return done != 0;
+    }
+    void wait() override {
+      if (finished) return;
+      const auto t0 = std::chrono::steady_clock::now();
+      self->wait(q, what);
+      finish();
+      if (timed) g_split.transfer_s += seconds_since(t0);
+    }
+    void finish() {
+      finished = true;
+      const bool half = is_half(t);
+      if (!nan_local.empty() || (k == ir::ReduceKind::Max && is_floating(t) && n == 0))
+        self->nan_flags(nan_local, r, n, t, half ? wout.data() : nullptr, root);
+      if (half && (root < 0 || self->rank_ == root)) narrow(wout, r, t);
+      if (k == ir::ReduceKind::Mean) comm::divide(r, n, t, self->size_);
+    }
+    // A handle destroyed pending: the call cannot be cancelled and writes the caller's buffers,
+    // so it is completed (past the timeout wait() ends the job).
+    ~Reduction() override {
+      try {
+        wait();
+      } catch (...) {
+      }
+    }
+  };
+
+  // all_reduce (and reduce, root >= 0) posted: signatures compared first. MPI_MAX does not
+  // propagate NaN: a max is a sum of NaN flags too (in finish()).
+  std::unique_ptr<Reduction> start_reduce(const void* s, void* r, size_t n, DType t, ir::ReduceKind k, int root = -1) {
+    const char* what = root < 0 ? "all_reduce" : "reduce";
+    const bool timed = root < 0 && g_split.skip >= 0 && ++g_split.calls > g_split.skip;
+    auto t0 = std::chrono::steady_clock::now();
+    if (timed) {
+      check(MPI_Barrier(comm_), "all_reduce");  // no timeout: a diagnostic
+      g_split.rank = rank_, g_split.counted++, g_split.wait_s += seconds_since(t0);
+      t0 = std::chrono::steady_clock::now();
+    }
+    if (root < 0) agree({int64_t(ir::Op::AllReduce), int64_t(n), int64_t(t), int64_t(k)});
+    else agree({int64_t(ir::Op::Reduce), int64_t(n), int64_t(t), root});
+    if (timed) g_split.agree_s += seconds_since(t0), g_split.bytes += double(n * itemsize(t));
+    auto op_ = std::make_unique<Reduction>(this, what, r, n, t, k, root);
+    Reduction& x = *op_;
+    const bool half = is_half(t);
+    if (k == ir::ReduceKind::Max && is_floating(t)) x.nan_local = nan_mask(s, n, t);
     const void* send = s;
     void* recv = r;
     if (half) {
-      w = widen(s, n, t);
-      wout.resize(n);
-      send = w.data(), recv = wout.data();
+      x.w = widen(s, n, t);
+      x.wout.resize(n);
+      send = x.w.data(), recv = x.wout.data();
     } else if (s == r) {
       send = MPI_IN_PLACE;
       if (root >= 0 && rank_ != root) send = s;  // MPI_IN_PLACE is for the root only
     }
     const MPI_Datatype dt = type(t);
     const MPI_Op o = op(t, k);
-    MPI_Request q;
-    if (root < 0) check(MPI_Iallreduce(send, recv, int(n), dt, o, comm_, &q), what);
-    else check(MPI_Ireduce(send, recv, int(n), dt, o, root, comm_, &q), what);
-    wait(q, what);
-    if (!nan_local.empty() || (k == ir::ReduceKind::Max && is_floating(t) && n == 0))
-      nan_flags(nan_local, r, n, t, half ? wout.data() : nullptr, root);
-    if (half && (root < 0 || rank_ == root)) narrow(wout, r, t);
-    if (k == ir::ReduceKind::Mean) comm::divide(r, n, t, size_);
+    if (root < 0) check(MPI_Iallreduce(send, recv, int(n), dt, o, comm_, &x.q), what);
+    else check(MPI_Ireduce(send, recv, int(n), dt, o, root, comm_, &x.q), what);
+    x.timed = timed;
+    return op_;
   }
   // Where any rank's value is NaN the max is NaN (as the reference and the in-process one say).
   static std::vector<uint8_t> nan_mask(const void* s, size_t n, DType t) {

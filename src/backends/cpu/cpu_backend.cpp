@@ -79,6 +79,9 @@ class CpuBackend : public Backend {
     fail("cpu", "internal: a Step of unknown kind (step " + st.str() + ")", "");
   }
 
+  std::unique_ptr<PendingCollective> start_collective(const Kernel&, const Step& st, const LaunchArgs& args) override {
+    return start_collective_on_host(st, args.slots);
+  }
   void launch(const Kernel& kernel, const Step& st, const LaunchArgs& args) override {
     static_cast<const cpu::CpuKernel&>(kernel).run(st, args);
   }

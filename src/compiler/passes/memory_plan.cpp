@@ -141,6 +141,19 @@ void plan_memory(Plan& plan, const Options& opts) {
     }
     for (int x : st.inputs) last[x] = std::max(last[x], int(s));
   }
+  // An all-reduce stays in flight until the first later Step that touches its output (the
+  // runtime's overlap, docs/architecture.md "Parallelism"), reading its input meanwhile: the input
+  // lives until then, so no Step in between is placed over it (which would make the runtime
+  // complete the all-reduce there).
+  for (size_t s = 0; s < nsteps; ++s) {
+    const kir::Step& st = plan.steps[s];
+    if (st.kind != kir::StepKind::Collective || st.collective != ir::Op::AllReduce || st.inputs.empty()) continue;
+    size_t r = s + 1;
+    while (r < nsteps && std::find(plan.steps[r].inputs.begin(), plan.steps[r].inputs.end(), st.output) == plan.steps[r].inputs.end() &&
+           plan.steps[r].output != st.output)
+      ++r;
+    last[size_t(st.inputs[0])] = std::max(last[size_t(st.inputs[0])], int(std::min(r, nsteps - 1)));
+  }
 
   const size_t g = padded(opts.arena_guard, alignment);
   plan.arena_guard = g;

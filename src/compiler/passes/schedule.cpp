@@ -204,6 +204,43 @@ std::vector<int> dfs_schedule(const Plan& plan, const Deps& d) {
   return order;
 }
 
+// Overlap (docs/architecture.md "Parallelism"): the runtime keeps an all-reduce in flight until
+// the first Step touching its buffers, so the Steps reading its result go as late as their
+// dependencies allow: `order` is kept, except that a ready Step reading an all-reduce's output
+// waits while any other Step is ready. Data parallelism's bucket all-reduces then stay in flight
+// across the rest of the backward (their cut-backs and the update come after it).
+std::vector<int> defer_collective_readers(const Plan& plan, const Deps& d, const std::vector<int>& order) {
+  const size_t n = plan.steps.size();
+  std::vector<char> deferred(n, 0);
+  bool any = false;
+  for (size_t i = 0; i < n; ++i)
+    for (int p : d.preds[i]) {
+      const kir::Step& c = plan.steps[size_t(p)];
+      if (c.kind == kir::StepKind::Collective && c.collective == ir::Op::AllReduce &&
+          std::find(plan.steps[i].inputs.begin(), plan.steps[i].inputs.end(), c.output) != plan.steps[i].inputs.end())
+        deferred[i] = 1, any = true;
+    }
+  if (!any) return order;
+  std::vector<int> pos(n), indeg(n);
+  for (size_t k = 0; k < n; ++k) pos[size_t(order[k])] = int(k);
+  std::set<int> now, later;  // ready Steps by their position in `order`
+  for (size_t i = 0; i < n; ++i) {
+    indeg[i] = int(d.preds[i].size());
+    if (!indeg[i]) (deferred[i] ? later : now).insert(pos[i]);
+  }
+  std::vector<int> out;
+  out.reserve(n);
+  while (!now.empty() || !later.empty()) {
+    std::set<int>& from = now.empty() ? later : now;
+    const int s = order[size_t(*from.begin())];
+    from.erase(from.begin());
+    out.push_back(s);
+    for (int t : d.succs[size_t(s)])
+      if (--indeg[size_t(t)] == 0) (deferred[size_t(t)] ? later : now).insert(pos[size_t(t)]);
+  }
+  return out;
+}
+
 }  // namespace
 
 void schedule(Plan& plan) {
@@ -222,6 +259,7 @@ void schedule(Plan& plan) {
       best = cand;
     }
   }
+  best = defer_collective_readers(plan, d, best);
   std::vector<kir::Step> steps;
   steps.reserve(n);
   for (int i : best) steps.push_back(std::move(plan.steps[i]));
