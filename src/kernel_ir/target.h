@@ -40,6 +40,9 @@ struct Target {
   // The device runs StepKind::Attention Steps (Step::attention). The lowering fuses the traced
   // attention pattern into one only for such a device; others get the decomposition.
   bool attention = false;
+  // The device's Gemm Steps read a float32 operand rounded to bfloat16 as they pack it
+  // (Step::rounded): compiler/passes/fold_casts.cpp folds autocast's cast Steps into them.
+  bool gemm_rounds_operands = false;
 
   bool computes(DType t) const {
     if (compute_dtypes.empty()) return true;
