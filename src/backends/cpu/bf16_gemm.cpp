@@ -215,8 +215,24 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) void pack_a_pairs(const uin
     for (; m < M; ++m) out[m] = uint32_t(r0[m]) | (two ? uint32_t(r0[ld + m]) << 16 : 0u);
   }
 }
+
+__attribute__((target("avx512f,avx512bw,avx512vl"))) void pack_a_pairs_f32(const float* a, int64_t ld, int64_t M, int64_t K,
+                                                                             uint32_t* out, int64_t ldo) {
+  const int64_t P = (K + 1) / 2;
+  for (int64_t p = 0; p < P; ++p, out += ldo) {
+    const float* r0 = a + 2 * p * ld;
+    const bool two = 2 * p + 1 < K;
+    for (int64_t m = 0; m < M; m += 16) {
+      const int64_t w = std::min<int64_t>(16, M - m);
+      const __m512i lo = load_round(r0 + m, w);
+      const __m512i hi = two ? load_round(r0 + ld + m, w) : _mm512_setzero_si512();
+      _mm512_mask_storeu_epi32(out + m, __mmask16(w >= 16 ? 0xffff : (1u << w) - 1), _mm512_or_si512(lo, _mm512_slli_epi32(hi, 16)));
+    }
+  }
+}
 #else
 void pack_a_pairs(const uint16_t*, int64_t, int64_t, int64_t, uint32_t*, int64_t) {}
+void pack_a_pairs_f32(const float*, int64_t, int64_t, int64_t, uint32_t*, int64_t) {}
 #endif
 
 #if defined(__x86_64__)

@@ -36,6 +36,9 @@ void pack_a_f32(const float* a, int64_t rs, int64_t cs, int64_t M, int64_t K, ui
 // source interleaved: read and written in runs, where pack_a reads one element per column stride.
 void pack_a_pairs(const uint16_t* a, int64_t ld, int64_t M, int64_t K, uint32_t* out, int64_t ldo);
 
+// pack_a_pairs from float32 values, each rounded to bfloat16 as pack_b_f32 rounds.
+void pack_a_pairs_f32(const float* a, int64_t ld, int64_t M, int64_t K, uint32_t* out, int64_t ldo);
+
 // c[m * ldc + n] = sum over k of A(m, k) * B(k, n), accumulated in float32 in pairs of depths in
 // order, for m < M, n < N: A's rows lda elements apart, each K (even) long; B as pack_b wrote it.
 void product(const uint16_t* a, int64_t lda, int64_t K, const uint16_t* bp, int64_t M, int64_t N, float* c, int64_t ldc);

@@ -402,16 +402,19 @@ class GemmLaunch {
     const DType t = st_.input_dtypes[0];
     const bool dot = t == DType::BFloat16 && bf16_gemm::available();
     // A float32 operand read rounded (Step::rounded: a cast folded in) is rounded as it is packed:
-    // B always, A by rows; any other (A by columns, or no vdpbf16ps) is rounded whole first.
+    // B always, A by rows or by columns; any other (or no vdpbf16ps) is rounded whole first.
     ra_ = (st_.rounded & 1) != 0, rb_ = (st_.rounded & 2) != 0;
     a_ = gemm_operand(st_.maps[0], args_.slots[st_.inputs[0]], ra_ ? DType::Float32 : t, false);
     b_ = gemm_operand(st_.maps[1], args_.slots[st_.inputs[1]], rb_ ? DType::Float32 : t, false);
-    if (ra_ && (!dot || a_.trans || !a_.packed.empty())) a_ = rounded_whole(st_.maps[0], args_.slots[st_.inputs[0]]), ra_ = false;
+    if (ra_ && (!dot || !a_.packed.empty())) a_ = rounded_whole(st_.maps[0], args_.slots[st_.inputs[0]]), ra_ = false;
     if (rb_ && (!dot || !b_.packed.empty())) b_ = rounded_whole(st_.maps[1], args_.slots[st_.inputs[1]]), rb_ = false;
     const int64_t P = (K_ + 1) / 2, ncb = (N_ + 15) / 16, bsize = dot ? bf16_gemm::packed_size(K_, N_) : K_ * N_;
-    // Fewer than 4 row blocks in all (a weight gradient: M = 128..512, K = the tokens) also split
-    // the columns, in multiples of 16, so that both threads work; fixed by the shape alone.
-    const int64_t mb = (M_ + kBlock - 1) / kBlock, nbk = nb_ * mb < 4 ? std::min<int64_t>(4 / (nb_ * mb), ncb) : 1;
+    // Few row blocks in all (a weight gradient: M = 128..512, K = the tokens) also split the
+    // columns, in multiples of 16, so that both threads work: into 4 tasks, or 2 per row block
+    // where there are 3 or 5 (3 tasks left one thread running two: the qkv weight gradient
+    // dY^T X, 384 x 128); fixed by the shape alone.
+    const int64_t mb = (M_ + kBlock - 1) / kBlock, rb = nb_ * mb;
+    const int64_t nbk = rb < 4 ? std::min<int64_t>(4 / rb, ncb) : rb < 6 && rb % 2 ? std::min<int64_t>(2, ncb) : 1;
     const int64_t cw = (ncb + nbk - 1) / nbk * 16, per = mb * nbk;
     // Batched products of one row block per element (attention's, 64 x 64 x 32 and the like)
     // under vdpbf16ps: each element's task packs its own B (and A by columns) into its thread's
@@ -448,7 +451,8 @@ class GemmLaunch {
 #pragma omp parallel for schedule(static) if (nb_ * K_ * M_ >= kParallelMin)
       for (int64_t t2 = 0; t2 < nb_ * pchunks; ++t2) {
         const int64_t b = t2 / pchunks, p0 = t2 % pchunks * 64, k0 = 2 * p0, k1 = std::min(K_, k0 + 128);
-        bf16_gemm::pack_a_pairs(half_at(a_, b) + k0 * a_.ld, a_.ld, M_, k1 - k0, apr.data() + (b * P + p0) * M_, M_);
+        if (ra_) bf16_gemm::pack_a_pairs_f32(f32_at(a_, b) + k0 * a_.ld, a_.ld, M_, k1 - k0, apr.data() + (b * P + p0) * M_, M_);
+        else bf16_gemm::pack_a_pairs(half_at(a_, b) + k0 * a_.ld, a_.ld, M_, k1 - k0, apr.data() + (b * P + p0) * M_, M_);
       }
     }
 #pragma omp parallel for schedule(static)
@@ -473,7 +477,8 @@ class GemmLaunch {
         if (local) {
           thread_local std::vector<uint32_t, LineAligned<uint32_t>> al;
           al.resize(std::max(al.size(), size_t(P * rows)));
-          bf16_gemm::pack_a_pairs(a, a_.ld, rows, K_, al.data(), rows);
+          if (ra_) bf16_gemm::pack_a_pairs_f32(f32_at(a_, b) + m0, a_.ld, rows, K_, al.data(), rows);
+          else bf16_gemm::pack_a_pairs(a, a_.ld, rows, K_, al.data(), rows);
           ap = al.data(), lda = rows;
         } else {
           ap = apr.data() + b * P * M_ + m0;

@@ -1,7 +1,7 @@
 // fold_casts: autocast's roundings of float32 operands to bfloat16, folded into the products that
 // read them (issue 28). A Step that only casts a float32 buffer to bfloat16 (a weight's transposed
 // copy, a cotangent rounded for the backward products) whose every reader is a Gemm Step reading
-// it as B, or as A by rows, is removed: those products read the float32 buffer through the
+// it as B, or as A by rows or by columns, is removed: those products read the float32 buffer through the
 // composed map and round each value as they pack it (Step::rounded; the same round-to-nearest-even
 // of the same float32 value, so the same bits), with no pass over memory and no bfloat16 copy.
 // Only for a device that declares Target::gemm_rounds_operands (the cpu); others keep the Steps.
@@ -66,7 +66,7 @@ void fold_casts(Plan& plan) {
       continue;
     const int src = C.inputs[size_t(L.input)];
     if (plan.slots[size_t(src)].dtype != DType::Float32) continue;
-    // Every reader a product reading it as B, or as A by rows, with composable maps; and nothing
+    // Every reader a product reading it as B, or as A by rows or columns, with composable maps; and nothing
     // between the cast and its last reader writes the float32 buffer (a parameter's update).
     const std::vector<int>& rd = readers[size_t(C.output)];
     if (rd.empty()) continue;
@@ -90,7 +90,9 @@ void fold_casts(Plan& plan) {
         }
         std::optional<kir::View> v = compose(R.maps[i].views[0], C.shape, L.map.views[0]);
         const size_t rr = R.shape.size();
-        if (!v || (i == 0 && v->shape[rr - 1] > 1 && v->strides[rr - 1] != 1)) ok = false;
+        const bool rows = v && (v->shape[rr - 1] <= 1 || v->strides[rr - 1] == 1);
+        const bool cols = v && (v->shape[rr - 2] <= 1 || v->strides[rr - 2] == 1);
+        if (!v || (i == 0 && !rows && !cols)) ok = false;
         else folds.push_back({r, int(i), *v});
       }
       if (!ok) break;
