@@ -414,7 +414,7 @@ class GemmLaunch {
     // where there are 3 or 5 (3 tasks left one thread running two: the qkv weight gradient
     // dY^T X, 384 x 128); fixed by the shape alone.
     const int64_t mb = (M_ + kBlock - 1) / kBlock, rb = nb_ * mb;
-    const int64_t nbk = rb < 4 ? std::min<int64_t>(4 / rb, ncb) : rb < 6 && rb % 2 ? std::min<int64_t>(2, ncb) : 1;
+    const int64_t nbk = std::min<int64_t>(rb > 1 && rb < 6 && rb % 2 ? 2 : rb < 4 ? 4 / rb : 1, ncb);
     const int64_t cw = (ncb + nbk - 1) / nbk * 16, per = mb * nbk;
     // Batched products of one row block per element (attention's, 64 x 64 x 32 and the like)
     // under vdpbf16ps: each element's task packs its own B (and A by columns) into its thread's
