@@ -57,7 +57,9 @@ namespace tessera::backends {
 //    Target::gemm_out_strides, which a backend sets to be given such Steps (the cpu does).
 // 11: Backend::start_collective (a collective Step started, completed later: the runtime overlaps
 //    data parallelism's all-reduces with the Steps after them) and Communicator::start_all_reduce.
-constexpr int kInterfaceVersion = 11;
+// 12: Step::rounded (a Gemm Step's float32 operands rounded to bfloat16 as the product reads them)
+//    and Target::gemm_rounds_operands, which a backend sets to be given such Steps (the cpu does).
+constexpr int kInterfaceVersion = 12;
 
 // A compiled Step, opaque to the runtime; destroyed with the executable that holds it.
 struct Kernel {

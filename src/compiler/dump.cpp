@@ -169,7 +169,9 @@ std::string step_text(const kir::Step& st) {
   if (st.inputs.empty()) os << " none";
   for (size_t i = 0; i < st.inputs.size(); ++i) {
     os << (i ? ", " : " ") << "slot " << st.inputs[i];
-    if (i < st.input_dtypes.size()) os << " (" << dtype_short(st.input_dtypes[i]) << ")";
+    if (i < st.input_dtypes.size() && (st.rounded >> i & 1))
+      os << " (f32 rounded to " << dtype_short(st.input_dtypes[i]) << " as read)";
+    else if (i < st.input_dtypes.size()) os << " (" << dtype_short(st.input_dtypes[i]) << ")";
   }
   os << "\n  sources (" << st.sources.size() << "):";
   for (auto& s : st.sources) os << " " << source_text(s);

@@ -102,6 +102,10 @@ struct Step {
   // Gemm/Gather/ScatterAdd/DynamicUpdateSlice: one map per input (domain: that input's shape).
   std::vector<IndexMap> maps;
   std::vector<DType> input_dtypes;
+  // Gemm: bit i set: input i is a float32 slot that the product reads rounded to input_dtypes[i]
+  // (bfloat16, to nearest even: a cast Step folded into the product by passes/fold_casts.cpp,
+  // the same bits). Only for a device that declares Target::gemm_rounds_operands.
+  uint8_t rounded = 0;
   int64_t axis = 0;  // Gather/ScatterAdd
   // Elementwise: further slots written (dense, the Step's shape), each with the instruction
   // whose value it holds (the merge pass gives one Step several outputs). Row: further slots of

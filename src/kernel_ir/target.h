@@ -45,6 +45,9 @@ struct Target {
   // batch and row dimensions in the permuted layout for such a device; others get the
   // product dense and a copy for the permute where a reshape follows.
   bool gemm_out_strides = false;
+  // The device's Gemm Steps read a float32 operand rounded to bfloat16 as they pack it
+  // (Step::rounded): compiler/passes/fold_casts.cpp folds autocast's cast Steps into them.
+  bool gemm_rounds_operands = false;
 
   bool computes(DType t) const {
     if (compute_dtypes.empty()) return true;

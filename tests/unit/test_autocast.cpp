@@ -16,7 +16,9 @@
 #include <sstream>
 #include <thread>
 
+#include "backends/backend.h"
 #include "backends/cpu/bf16_gemm.h"
+#include "compiler/pipeline.h"
 #include "core/half.h"
 #include "ir/graph.h"
 #include "ir/node.h"
@@ -287,6 +289,94 @@ TEST(Autocast, RoundingStepsGiveExactBits) {
   }
 }
 
+// ---- Casts folded into the products (compiler/passes/fold_casts.cpp) ----
+// A two-layer MLP's loss and gradients under bf16 autocast: the weights' transposed bf16 copies
+// (B of the forward products, B by rows of the input gradients' products), x's (A by rows of the
+// forward product, B of the weight gradient dY^T x) and the cotangents' roundings (A by rows of
+// dY W, A by columns of the weight gradient dY^T x). Shapes with
+// an odd K (33), column tails (72, 40, 33) and partial row tiles (50 rows).
+// Every fourth value of the weights and of r a tie between two bfloat16 values (to even: down
+// for 1 + 2^-8, up for 1 + 3 * 2^-8), scaled by powers of two, and some subnormals.
+Tensor with_ties(Shape s, uint32_t seed, double lo, double hi) {
+  std::vector<float> v = random_tensor(s, F32, seed, lo, hi).to_vector<float>();
+  const float ties[] = {1.00390625f, -1.01171875f, 0.25f * 1.00390625f, -0.125f * 1.01171875f, 1e-40f};
+  for (size_t i = 0; i < v.size(); i += 4) v[i] = ties[i / 4 % 5];
+  return from_vector(v, s);
+}
+struct Mlp {
+  Tensor x = random_tensor({50, 33}, F32, 21, -2, 2).requires_grad_();
+  Tensor w1 = with_ties({72, 33}, 22, -0.5, 0.5).requires_grad_();
+  Tensor b1 = random_tensor({72}, F32, 23).requires_grad_();
+  Tensor w2 = with_ties({40, 72}, 24, -0.5, 0.5).requires_grad_();
+  Tensor r = with_ties({50, 40}, 25, -1, 1);
+  std::vector<Tensor> run() {
+    Tensor loss;
+    {
+      Autocast ac{BF16};
+      Tensor h = gelu(matmul(x, w1.transpose(0, 1)) + b1);
+      loss = (matmul(h, w2.transpose(0, 1)) * r).sum();
+    }
+    loss.backward();
+    return {loss, x.grad(), w1.grad(), b1.grad(), w2.grad()};
+  }
+};
+
+compiler::Plan cpu_plan(const std::vector<Tensor>& ys, const std::string& disabled) {
+  std::vector<ir::NodePtr> nodes;
+  for (const Tensor& y : ys) nodes.push_back(detail::node_of(y));
+  compiler::Options o;
+  o.target = backends::backend_for(Device("cpu")).properties(0);
+  if (!disabled.empty()) o.disabled.insert(disabled);
+  return compiler::compile_graph(ir::build_graph(nodes), {}, o);
+}
+
+// Steps that only round a float32 buffer to bfloat16 (a load, then the cast).
+int standalone_casts(const compiler::Plan& p) {
+  int n = 0;
+  for (const kir::Step& st : p.steps)
+    n += st.kind == kir::StepKind::Elementwise && st.dtype == BF16 && st.program.size() == 2 &&
+         st.program[1].code == kir::Code::Cast && st.program[0].code == kir::Code::Load;
+  return n;
+}
+
+// On the cpu the casts read only by products are gone from the plan: the products round the
+// float32 values as they pack them. Without the pass they are Steps of their own.
+TEST(Autocast, CastsReadOnlyByProductsAreFoldedIntoThem) {
+  Mlp m;
+  const std::vector<Tensor> ys = m.run();
+  const compiler::Plan folded = cpu_plan(ys, ""), unfolded = cpu_plan(ys, "fold_casts");
+  // x, w1^T, w2^T, the cotangents dY (= r) and dH (GELU's gradient, the epilogue of dY W2)
+  EXPECT_EQ(standalone_casts(unfolded), 5) << unfolded.str();
+  EXPECT_EQ(standalone_casts(folded), 0) << folded.str();
+  EXPECT_EQ(folded.steps.size() + 5, unfolded.steps.size());
+}
+
+// The folded products give the bits of the unfolded plan (the same rounding of the same float32
+// values), for the loss and every gradient; with TESSERA_CPU_BF16=0 (test_autocast_no_bf16) the
+// operands are rounded whole before the float32 products.
+TEST(Autocast, FoldedCastsGiveTheBitsOfTheCastSteps) {
+  std::vector<std::vector<float>> got, want;
+  {
+    Mlp m;
+    for (const Tensor& t : m.run()) got.push_back(t.to_vector<float>());
+  }
+  runtime::set_disabled_passes("fold_casts");
+  {
+    Mlp m;
+    for (const Tensor& t : m.run()) want.push_back(t.to_vector<float>());
+  }
+  runtime::set_disabled_passes("");
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t k = 0; k < got.size(); ++k) {
+    ASSERT_EQ(got[k].size(), want[k].size());
+    EXPECT_EQ(std::memcmp(got[k].data(), want[k].data(), got[k].size() * 4), 0) << "output " << k;
+  }
+  // Not vacuous: the operands were rounded (the values differ from float32 products).
+  Mlp f;
+  Tensor ref = (matmul(gelu(matmul(f.x, f.w1.transpose(0, 1)) + f.b1), f.w2.transpose(0, 1)) * f.r).sum();
+  EXPECT_NE(ref.to_vector<float>()[0], got[0][0]);
+}
+
 // Results are bit-identical for 1, 2 and 3 threads; the bf16 flops counter counts exactly the
 // products run in vdpbf16ps (none where the machine or TESSERA_CPU_BF16=0 says no).
 TEST(Autocast, ThreadCountsAndTheFlopsCounter) {
@@ -349,7 +439,10 @@ TEST(Autocast, DumpShowsBfloat16Products) {
   fs::remove_all(dir);
   EXPECT_NE(text.find("gemm f32[40, 48]"), std::string::npos) << text;
   EXPECT_NE(text.find("product: bfloat16 operands, float32 accumulation"), std::string::npos) << text;
-  EXPECT_NE(text.find("(bf16)"), std::string::npos) << text;
+  // Each operand: a bfloat16 slot, or (the cpu: a cast folded into the product) a float32 one
+  // rounded as the product reads it.
+  EXPECT_TRUE(text.find("(bf16)") != std::string::npos || text.find("(f32 rounded to bf16 as read)") != std::string::npos)
+      << text;
 }
 
 }  // namespace

@@ -8,8 +8,11 @@
 #include <algorithm>
 #include <array>
 #include <utility>
+#include <vector>
 #include <cstdlib>
 #include <cstring>
+
+#include "core/half.h"
 
 namespace tessera::backends::bf16_gemm {
 
@@ -97,6 +100,96 @@ void pack_b(const uint16_t* b, int64_t rs, int64_t cs, int64_t K, int64_t N, uin
   }
 }
 
+#if defined(__x86_64__)
+namespace {
+// 16 float32 values rounded to bfloat16 (half::float_to_bf16's bits: to nearest even, a NaN
+// quieted), each in the low half of its 32-bit lane. Integer arithmetic, not vcvtneps2bf16,
+// which flushes denormal inputs to zero.
+__attribute__((target("avx512f,avx512bw,avx512vl"))) inline __m512i round16(__m512 v) {
+  const __m512i u = _mm512_castps_si512(v);
+  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+  __m512i r = _mm512_add_epi32(u, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff)));
+  r = _mm512_mask_mov_epi32(r, _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), _mm512_or_si512(u, _mm512_set1_epi32(0x400000)));
+  return _mm512_srli_epi32(r, 16);
+}
+
+// n <= 16 contiguous float32 values rounded into n bfloat16 (zeros past n in the lanes).
+__attribute__((target("avx512f,avx512bw,avx512vl"))) inline __m512i load_round(const float* x, int64_t n) {
+  const __mmask16 m = n >= 16 ? __mmask16(0xffff) : __mmask16((1u << n) - 1);
+  return _mm512_maskz_mov_epi32(m, round16(_mm512_maskz_loadu_ps(m, x)));
+}
+
+__attribute__((target("avx512f,avx512bw,avx512vl"))) void round_run(const float* x, int64_t n, uint16_t* out) {
+  for (int64_t i = 0; i < n; i += 16) {
+    const int64_t w = std::min<int64_t>(16, n - i);
+    _mm256_mask_storeu_epi16(out + i, __mmask16(w >= 16 ? 0xffff : (1u << w) - 1), _mm512_cvtepi32_epi16(load_round(x + i, w)));
+  }
+}
+
+__attribute__((target("avx512f,avx512bw,avx512vl"))) void pack_b_f32_rows(const float* b, int64_t rs, int64_t K, int64_t N,
+                                                                            uint16_t* out) {
+  const int64_t P = (K + 1) / 2;
+  for (int64_t j0 = 0; j0 < N; j0 += 16) {
+    const int64_t w = std::min<int64_t>(16, N - j0);
+    for (int64_t p = 0; p < P; ++p, out += 32) {
+      const float* r0 = b + 2 * p * rs + j0;
+      const __m512i lo = load_round(r0, w);
+      const __m512i hi = 2 * p + 1 < K ? load_round(r0 + rs, w) : _mm512_setzero_si512();
+      _mm512_storeu_si512(out, _mm512_or_si512(lo, _mm512_slli_epi32(hi, 16)));
+    }
+  }
+}
+}  // namespace
+#else
+namespace {
+void round_run(const float* x, int64_t n, uint16_t* out) {
+  for (int64_t i = 0; i < n; ++i) out[i] = half::float_to_bf16(x[i]);
+}
+}  // namespace
+#endif
+
+void pack_b_f32(const float* b, int64_t rs, int64_t cs, int64_t K, int64_t N, uint16_t* out) {
+#if defined(__x86_64__)
+  if (cs == 1) return pack_b_f32_rows(b, rs, K, N, out);
+#endif
+  if (rs == 1) {
+    // Columns contiguous (the weight's W^T): each column rounded as a run, then packed as pack_b
+    // packs a bfloat16 B stored by columns.
+    thread_local std::vector<uint16_t> col;
+    col.resize(size_t(K));
+    const int64_t P = (K + 1) / 2;
+    for (int64_t j0 = 0; j0 < N; j0 += 16, out += 32 * P) {
+      const int64_t w = std::min<int64_t>(16, N - j0);
+      uint32_t* o = reinterpret_cast<uint32_t*>(out);
+      for (int64_t l = 0; l < 16; ++l) {
+        if (l >= w) {
+          for (int64_t p = 0; p < P; ++p) o[p * 16 + l] = 0;
+          continue;
+        }
+        round_run(b + (j0 + l) * cs, K, col.data());
+        int64_t p = 0;
+        for (; 2 * p + 1 < K; ++p) o[p * 16 + l] = uint32_t(col[size_t(2 * p)]) | uint32_t(col[size_t(2 * p + 1)]) << 16;
+        if (p < P) o[p * 16 + l] = col[size_t(2 * p)];
+      }
+    }
+    return;
+  }
+  std::vector<uint16_t> tmp(size_t(K * N));
+  for (int64_t k = 0; k < K; ++k)
+    for (int64_t n = 0; n < N; ++n) tmp[size_t(k * N + n)] = half::float_to_bf16(b[k * rs + n * cs]);
+  pack_b(tmp.data(), N, 1, K, N, out);
+}
+
+void pack_a_f32(const float* a, int64_t rs, int64_t cs, int64_t M, int64_t K, uint16_t* out) {
+  const int64_t K2 = (K + 1) / 2 * 2;
+  for (int64_t m = 0; m < M; ++m, out += K2) {
+    if (cs == 1) round_run(a + m * rs, K, out);
+    else
+      for (int64_t k = 0; k < K; ++k) out[k] = half::float_to_bf16(a[m * rs + k * cs]);
+    if (K2 > K) out[K] = 0;
+  }
+}
+
 void pack_a(const uint16_t* a, int64_t rs, int64_t cs, int64_t M, int64_t K, uint16_t* out) {
   const int64_t K2 = (K + 1) / 2 * 2;
   for (int64_t m = 0; m < M; ++m, out += K2) {
@@ -122,8 +215,24 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) void pack_a_pairs(const uin
     for (; m < M; ++m) out[m] = uint32_t(r0[m]) | (two ? uint32_t(r0[ld + m]) << 16 : 0u);
   }
 }
+
+__attribute__((target("avx512f,avx512bw,avx512vl"))) void pack_a_pairs_f32(const float* a, int64_t ld, int64_t M, int64_t K,
+                                                                             uint32_t* out, int64_t ldo) {
+  const int64_t P = (K + 1) / 2;
+  for (int64_t p = 0; p < P; ++p, out += ldo) {
+    const float* r0 = a + 2 * p * ld;
+    const bool two = 2 * p + 1 < K;
+    for (int64_t m = 0; m < M; m += 16) {
+      const int64_t w = std::min<int64_t>(16, M - m);
+      const __m512i lo = load_round(r0 + m, w);
+      const __m512i hi = two ? load_round(r0 + ld + m, w) : _mm512_setzero_si512();
+      _mm512_mask_storeu_epi32(out + m, __mmask16(w >= 16 ? 0xffff : (1u << w) - 1), _mm512_or_si512(lo, _mm512_slli_epi32(hi, 16)));
+    }
+  }
+}
 #else
 void pack_a_pairs(const uint16_t*, int64_t, int64_t, int64_t, uint32_t*, int64_t) {}
+void pack_a_pairs_f32(const float*, int64_t, int64_t, int64_t, uint32_t*, int64_t) {}
 #endif
 
 #if defined(__x86_64__)

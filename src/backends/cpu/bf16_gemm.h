@@ -18,15 +18,26 @@ int64_t packed_size(int64_t K, int64_t N);
 // columns, per pair of depths, the 16 columns' two values interleaved (zeros past K and N).
 void pack_b(const uint16_t* b, int64_t rs, int64_t cs, int64_t K, int64_t N, uint16_t* out);
 
+// pack_b from float32 values, each rounded to bfloat16 (to nearest even, as half::float_to_bf16:
+// the bits of a cast Step's) as it is packed: an operand whose cast the compiler folded into the
+// product (Step::rounded, compiler/passes/fold_casts.cpp).
+void pack_b_f32(const float* b, int64_t rs, int64_t cs, int64_t K, int64_t N, uint16_t* out);
+
 // Packs A (element (m, k) at a[m * rs + k * cs]) as M rows of K rounded up to even (a zero past an
 // odd K): an A that product() cannot read in place.
 void pack_a(const uint16_t* a, int64_t rs, int64_t cs, int64_t M, int64_t K, uint16_t* out);
+
+// pack_a from float32 values, each rounded to bfloat16 as pack_b_f32 rounds.
+void pack_a_f32(const float* a, int64_t rs, int64_t cs, int64_t M, int64_t K, uint16_t* out);
 
 // Packs an A stored by columns (element (m, k) at a[m + k * ld]: a transposed operand, the weight
 // gradient's dY^T) as pairs of depths: word p * ldo + m holds A(m, 2p) in its low and A(m, 2p + 1)
 // in its high 16 bits (zero past K), for p < (K + 1) / 2, m < M. Each pair is two rows of the
 // source interleaved: read and written in runs, where pack_a reads one element per column stride.
 void pack_a_pairs(const uint16_t* a, int64_t ld, int64_t M, int64_t K, uint32_t* out, int64_t ldo);
+
+// pack_a_pairs from float32 values, each rounded to bfloat16 as pack_b_f32 rounds.
+void pack_a_pairs_f32(const float* a, int64_t ld, int64_t M, int64_t K, uint32_t* out, int64_t ldo);
 
 // c[m * ldc + n] = sum over k of A(m, k) * B(k, n), accumulated in float32 in pairs of depths in
 // order, for m < M, n < N: A's rows lda elements apart, each K (even) long; B as pack_b wrote it.

@@ -401,12 +401,20 @@ class GemmLaunch {
   void half_product() {
     const DType t = st_.input_dtypes[0];
     const bool dot = t == DType::BFloat16 && bf16_gemm::available();
-    a_ = gemm_operand(st_.maps[0], args_.slots[st_.inputs[0]], t, false);
-    b_ = gemm_operand(st_.maps[1], args_.slots[st_.inputs[1]], t, false);
+    // A float32 operand read rounded (Step::rounded: a cast folded in) is rounded as it is packed:
+    // B always, A by rows or by columns; any other (or no vdpbf16ps) is rounded whole first.
+    ra_ = (st_.rounded & 1) != 0, rb_ = (st_.rounded & 2) != 0;
+    a_ = gemm_operand(st_.maps[0], args_.slots[st_.inputs[0]], ra_ ? DType::Float32 : t, false);
+    b_ = gemm_operand(st_.maps[1], args_.slots[st_.inputs[1]], rb_ ? DType::Float32 : t, false);
+    if (ra_ && (!dot || !a_.packed.empty())) a_ = rounded_whole(st_.maps[0], args_.slots[st_.inputs[0]]), ra_ = false;
+    if (rb_ && (!dot || !b_.packed.empty())) b_ = rounded_whole(st_.maps[1], args_.slots[st_.inputs[1]]), rb_ = false;
     const int64_t P = (K_ + 1) / 2, ncb = (N_ + 15) / 16, bsize = dot ? bf16_gemm::packed_size(K_, N_) : K_ * N_;
-    // Fewer than 4 row blocks in all (a weight gradient: M = 128..512, K = the tokens) also split
-    // the columns, in multiples of 16, so that both threads work; fixed by the shape alone.
-    const int64_t mb = (M_ + kBlock - 1) / kBlock, nbk = nb_ * mb < 4 ? std::min<int64_t>(4 / (nb_ * mb), ncb) : 1;
+    // Few row blocks in all (a weight gradient: M = 128..512, K = the tokens) also split the
+    // columns, in multiples of 16, so that both threads work: into 4 tasks, or 2 per row block
+    // where there are 3 or 5 (3 tasks left one thread running two: the qkv weight gradient
+    // dY^T X, 384 x 128); fixed by the shape alone.
+    const int64_t mb = (M_ + kBlock - 1) / kBlock, rb = nb_ * mb;
+    const int64_t nbk = std::min<int64_t>(rb > 1 && rb < 6 && rb % 2 ? 2 : rb < 4 ? 4 / rb : 1, ncb);
     const int64_t cw = (ncb + nbk - 1) / nbk * 16, per = mb * nbk;
     // Batched products of one row block per element (attention's, 64 x 64 x 32 and the like)
     // under vdpbf16ps: each element's task packs its own B (and A by columns) into its thread's
@@ -418,8 +426,12 @@ class GemmLaunch {
 #pragma omp parallel for schedule(static) if (!local && nb_ * K_ * N_ >= kParallelMin)
     for (int64_t t2 = 0; t2 < (local ? 0 : nb_ * ncb); ++t2) {
       const int64_t b = t2 / ncb, n0 = t2 % ncb * 16, w = std::min<int64_t>(16, N_ - n0);
-      const uint16_t* src = half_at(b_, b) + (b_.trans ? n0 * b_.ld : n0);
       const int64_t rs = b_.trans ? 1 : b_.ld, cs = b_.trans ? b_.ld : 1;
+      if (rb_) {
+        bf16_gemm::pack_b_f32(f32_at(b_, b) + (b_.trans ? n0 * b_.ld : n0), rs, cs, K_, w, bh.data() + b * bsize + n0 * 2 * P);
+        continue;
+      }
+      const uint16_t* src = half_at(b_, b) + (b_.trans ? n0 * b_.ld : n0);
       if (dot) {
         bf16_gemm::pack_b(src, rs, cs, K_, w, bh.data() + b * bsize + n0 * 2 * P);
         continue;
@@ -439,7 +451,8 @@ class GemmLaunch {
 #pragma omp parallel for schedule(static) if (nb_ * K_ * M_ >= kParallelMin)
       for (int64_t t2 = 0; t2 < nb_ * pchunks; ++t2) {
         const int64_t b = t2 / pchunks, p0 = t2 % pchunks * 64, k0 = 2 * p0, k1 = std::min(K_, k0 + 128);
-        bf16_gemm::pack_a_pairs(half_at(a_, b) + k0 * a_.ld, a_.ld, M_, k1 - k0, apr.data() + (b * P + p0) * M_, M_);
+        if (ra_) bf16_gemm::pack_a_pairs_f32(f32_at(a_, b) + k0 * a_.ld, a_.ld, M_, k1 - k0, apr.data() + (b * P + p0) * M_, M_);
+        else bf16_gemm::pack_a_pairs(half_at(a_, b) + k0 * a_.ld, a_.ld, M_, k1 - k0, apr.data() + (b * P + p0) * M_, M_);
       }
     }
 #pragma omp parallel for schedule(static)
@@ -447,14 +460,15 @@ class GemmLaunch {
       const int64_t b = task / per, m0 = task % per / nbk * kBlock, m1 = std::min(M_, m0 + kBlock), rows = m1 - m0;
       const int64_t n0 = task % nbk * cw, n1 = std::min(N_, n0 + cw);
       if (n0 >= n1) continue;
-      const uint16_t* a = half_at(a_, b) + (a_.trans ? m0 : m0 * a_.ld);
       const int64_t rs = a_.trans ? 1 : a_.ld, cs = a_.trans ? a_.ld : 1;
+      const uint16_t* a = ra_ ? nullptr : half_at(a_, b) + (a_.trans ? m0 : m0 * a_.ld);
       float* c = reinterpret_cast<float*>(out_) + b * M_ * N_ + m0 * N_;
       const uint16_t* bpk = dot && !local ? bh.data() + b * bsize + n0 * 2 * P : nullptr;
       if (local) {  // n0 == 0, n1 == N_, m0 == 0, m1 == M_
         thread_local std::vector<uint16_t, LineAligned<uint16_t>> bl;
         bl.resize(std::max(bl.size(), size_t(bsize)));
-        bf16_gemm::pack_b(half_at(b_, b), b_.trans ? 1 : b_.ld, b_.trans ? b_.ld : 1, K_, N_, bl.data());
+        if (rb_) bf16_gemm::pack_b_f32(f32_at(b_, b), b_.trans ? 1 : b_.ld, b_.trans ? b_.ld : 1, K_, N_, bl.data());
+        else bf16_gemm::pack_b(half_at(b_, b), b_.trans ? 1 : b_.ld, b_.trans ? b_.ld : 1, K_, N_, bl.data());
         bpk = bl.data();
       }
       if (pairs) {
@@ -463,7 +477,8 @@ class GemmLaunch {
         if (local) {
           thread_local std::vector<uint32_t, LineAligned<uint32_t>> al;
           al.resize(std::max(al.size(), size_t(P * rows)));
-          bf16_gemm::pack_a_pairs(a, a_.ld, rows, K_, al.data(), rows);
+          if (ra_) bf16_gemm::pack_a_pairs_f32(f32_at(a_, b) + m0, a_.ld, rows, K_, al.data(), rows);
+          else bf16_gemm::pack_a_pairs(a, a_.ld, rows, K_, al.data(), rows);
           ap = al.data(), lda = rows;
         } else {
           ap = apr.data() + b * P * M_ + m0;
@@ -474,10 +489,11 @@ class GemmLaunch {
       } else if (dot) {
         thread_local std::vector<uint16_t, LineAligned<uint16_t>> ap;
         int64_t lda = a_.ld;
-        if (cs != 1 || K_ % 2 != 0) {
+        if (ra_ || cs != 1 || K_ % 2 != 0) {
           lda = (K_ + 1) / 2 * 2;
           ap.resize(std::max(ap.size(), size_t(rows * lda)));
-          bf16_gemm::pack_a(a, rs, cs, rows, K_, ap.data());
+          if (ra_) bf16_gemm::pack_a_f32(f32_at(a_, b) + (a_.trans ? m0 : m0 * a_.ld), rs, cs, rows, K_, ap.data());
+          else bf16_gemm::pack_a(a, rs, cs, rows, K_, ap.data());
           a = ap.data();
         }
         PriorBlock prior(st_.accumulate, c + n0, rows, n1 - n0, N_);
@@ -501,6 +517,30 @@ class GemmLaunch {
     unravel(b, batch_, idx);
     for (size_t d = 0; d < batch_.size(); ++d) off += idx[d] * g.batch_strides[d];
     return static_cast<const uint16_t*>(g.data) + off;
+  }
+  const float* f32_at(const GemmOperand& g, int64_t b) const {
+    int64_t idx[32] = {}, off = g.offset;
+    unravel(b, batch_, idx);
+    for (size_t d = 0; d < batch_.size(); ++d) off += idx[d] * g.batch_strides[d];
+    return static_cast<const float*>(g.data) + off;
+  }
+  // A float32 operand rounded to bfloat16 as a whole, dense and row-major, for the paths that
+  // do not round as they pack (half::float_to_bf16: the bits of the cast Step it replaces).
+  static GemmOperand rounded_whole(const kir::IndexMap& m, const void* data) {
+    const Shape& s = m.shape();
+    const size_t r = s.size();
+    const int64_t rows = s[r - 2], cols = s[r - 1], n = numel(s);
+    GemmOperand g;
+    g.ld = std::max<int64_t>(cols, 1);
+    g.batch_strides = contiguous_strides(Shape(s.begin(), s.end() - 2));
+    for (auto& x : g.batch_strides) x *= rows * cols;
+    std::vector<float> f(static_cast<size_t>(n));
+    copy_map(m, data, f.data(), sizeof(float));
+    g.packed.resize(size_t(n) * 2);
+    uint16_t* o = reinterpret_cast<uint16_t*>(g.packed.data());
+    for (int64_t i = 0; i < n; ++i) o[i] = half::float_to_bf16(f[size_t(i)]);
+    g.data = g.packed.data();
+    return g;
   }
   static float to_float(DType t, uint16_t h) { return t == DType::BFloat16 ? half::bf16_to_float(h) : half::f16_to_float(h); }
 
@@ -663,6 +703,7 @@ class GemmLaunch {
   int64_t mp_ = 0;  // window: M rounded up to 16
   bool floating_ = false;
   GemmOperand a_, b_;  // BLAS: the operands as it sees them
+  bool ra_ = false, rb_ = false;  // half_product: A / B float32, rounded as packed
 };
 
 void GemmKernel::run(const Step& st, const LaunchArgs& args) const { GemmLaunch(*this, st, args).run(); }

@@ -39,6 +39,9 @@ ir::Graph dce(const ir::Graph& g);
 void fuse_epilogues(Plan& plan);
 void merge_elementwise(Plan& plan);
 void merge_rows(Plan& plan);
+// Casts to bfloat16 read only by products folded into them (Step::rounded), for a device that
+// declares Target::gemm_rounds_operands (fold_casts.cpp).
+void fold_casts(Plan& plan);
 void schedule(Plan& plan);
 // Lays the lowered plan out for a target (target.cpp; always on, a no-op for a host target):
 // refuses dtypes it does not compute, stores float32 as target.float32_as, sizes every buffer

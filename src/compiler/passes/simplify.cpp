@@ -286,6 +286,9 @@ struct Simplifier : rewrite::Rewriter {
         if (x->op == Op::Matmul && p.size() == 2 && uses[size_t(g.index.at(n.inputs[0].get()))] == 1)
           return make_in(n.scope, Op::Matmul, {transposed(n, x->inputs[1]), transposed(n, x->inputs[0])}, x->attrs,
                          &n.shape, n.dtype, n.device);
+        // The same through casts read only here (autocast's weight gradient: the product rounded
+        // to bfloat16 and back, then transposed): the casts commute with the transpose.
+        if (x->op == Op::Cast && p.size() == 2) return transpose_through_casts(n, n.inputs[0]);
         return nullptr;
       }
       case Op::Slice: {
@@ -403,6 +406,22 @@ struct Simplifier : rewrite::Rewriter {
     for (int o : g.outputs) ++u[size_t(o)];
     return u;
   }();
+
+  // The 2-D transpose `n` of original node `orig`, pushed through casts read only by it down to a
+  // product read only by them, which then computes the transposed result (b^T a^T); none when
+  // the chain ends otherwise. Each element is the same dot product, cast the same way.
+  NodePtr transpose_through_casts(const Node& n, const NodePtr& orig) {
+    const int* at = g.index.find(orig.get());
+    if (!at || uses[size_t(*at)] != 1 || orig->shape.size() != 2) return nullptr;
+    const NodePtr& x = out[size_t(*at)];
+    Shape t{x->shape[1], x->shape[0]};
+    if (x->op == Op::Matmul && x->shape.size() == 2)
+      return make_in(n.scope, Op::Matmul, {transposed(n, x->inputs[1]), transposed(n, x->inputs[0])}, x->attrs, &t, x->dtype,
+                     n.device);
+    if (x->op != Op::Cast || orig->op != Op::Cast) return nullptr;
+    NodePtr y = transpose_through_casts(n, orig->inputs[0]);
+    return y ? make_in(n.scope, Op::Cast, {y}, x->attrs, &t, x->dtype, n.device) : nullptr;
+  }
 
   // Matrix x transposed, in `like`'s scope: x's own input when x is a transpose.
   NodePtr transposed(const Node& like, const NodePtr& x) {
