@@ -6,6 +6,7 @@
 //
 // Batches are the first 4 x batch training images in order, cycled (the PyTorch side reads the
 // same ones). The last line is machine-readable: RESULT tessera threads=... median_ms=...
+// BENCH_PROFILE=1|lines|steps: the timed steps under a Profiler (bench/step_profile.h), as bench_gpt_step.
 #include <sys/resource.h>
 
 #include <algorithm>
@@ -17,6 +18,7 @@
 #include <vector>
 
 #include "bench_common.h"
+#include "step_profile.h"
 #include "tessera/tessera.h"
 
 using namespace tessera;
@@ -54,8 +56,10 @@ int main(int argc, char** argv) {
     optim::Adam opt(model->parameters(), {.lr = 1e-3});
     std::vector<double> ms;
     double last_loss = 0, exec0 = 0;
+    bench::StepProfile prof;
     for (int64_t step = 0; step < warmup + steps; ++step) {
-      if (step == warmup) reset_peak_bytes(), exec0 = metrics().execute_ms;
+      if (step == warmup) reset_peak_bytes(), exec0 = metrics().execute_ms, prof.start_if_asked();
+      if (step >= warmup) prof.step_begins();
       auto t0 = clk::now();
       auto& [x, y] = batches[size_t(step % 4)];
       Tensor loss = cross_entropy((*model)(x), y);
@@ -65,6 +69,7 @@ int main(int argc, char** argv) {
       last_loss = loss.item();
       if (step >= warmup) ms.push_back(std::chrono::duration<double, std::milli>(clk::now() - t0).count());
     }
+    prof.report(steps);
     std::sort(ms.begin(), ms.end());
     Metrics m = metrics();
     rusage ru{};

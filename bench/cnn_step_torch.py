@@ -6,7 +6,10 @@ nn::ResNet (3x3 stem 16 + BN + ReLU, one basic block per stage of width 16/32/64
 the second stage with a 1x1 conv + BN shortcut, global average pool, linear), Adam (lr 1e-3),
 the same first 4 x batch training images (normalized with mean 0.2860, std 0.3530).
 
-    /usr/bin/python3 bench/cnn_step_torch.py THREADS [--model small|resnet] [--batch N] [--steps N] [--warmup N]
+    /usr/bin/python3 bench/cnn_step_torch.py THREADS [--model small|resnet] [--batch N] [--steps N] [--warmup N] [--profile]
+
+--profile: the timed steps under torch.profiler, its table of ops by self CPU time (per timed
+step: divide by --steps), to set against bench_cnn_step's BENCH_PROFILE=steps.
 
 The last line is machine-readable: RESULT torch threads=... median_ms=... maxrss_mb=...
 """
@@ -88,6 +91,7 @@ def main():
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--profile", action="store_true")
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     torch.manual_seed(0)
@@ -95,8 +99,11 @@ def main():
     batches = [(x[i * a.batch:(i + 1) * a.batch], y[i * a.batch:(i + 1) * a.batch]) for i in range(4)]
     model = SmallCNN() if a.model == "small" else ResNet()
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
-    ms, loss = [], None
+    ms, loss, prof = [], None, None
     for step in range(a.warmup + a.steps):
+        if step == a.warmup and a.profile:
+            prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], record_shapes=True)
+            prof.__enter__()
         t0 = time.perf_counter()
         bx, by = batches[step % 4]
         loss = F.cross_entropy(model(bx), by)
@@ -106,6 +113,9 @@ def main():
         last = loss.item()
         if step >= a.warmup:
             ms.append((time.perf_counter() - t0) * 1000)
+    if prof is not None:
+        prof.__exit__(None, None, None)
+        print(prof.key_averages(group_by_input_shape=True).table(sort_by="self_cpu_time_total", row_limit=60))
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
     med = statistics.median(ms)
     print("torch %s step, batch %d, Adam, %d threads (torch %s): median %.2f ms (min %.2f); max RSS %.1f MiB"

@@ -61,6 +61,7 @@
 #include <optional>
 
 #include "bench_common.h"
+#include "step_profile.h"
 #include "tessera/autocast.h"
 #include "tessera/capture.h"
 #include "tessera/memory.h"
@@ -159,22 +160,19 @@ int main(int argc, char** argv) {
   double first_ms = 0;               // the first step: tracing, compiling (device code too) and running
   DeviceMetrics dev_after_warmup;    // the device kind's counters when the timed steps start
   double execute_ms_after_warmup = 0;
-  // BENCH_PROFILE=1: the timed steps' profile table and PROFILE lines (=lines: the lines only; slower: each
-  // Step waited for)
-  std::unique_ptr<Profiler> prof;
-  std::vector<double> step_start_us;
+  StepProfile prof;  // BENCH_PROFILE (bench/step_profile.h)
   std::unique_ptr<StepCapture> captured;  // --capture: the training step
   int64_t replayed_timed = 0;
   for (int64_t step = 0; step < warmup + steps; ++step) {
     if (step == warmup) {
-      if (std::getenv("BENCH_PROFILE")) prof = std::make_unique<Profiler>();
+      prof.start_if_asked();
       reset_peak_bytes();
       graphs_after_warmup = metrics().graphs_compiled;
       dev_after_warmup = metrics().devices[Device(device).kind];
       execute_ms_after_warmup = metrics().execute_ms;
       bf16_flops_after_warmup = metrics().bf16_flops;
     }
-    if (prof) step_start_us.push_back(prof->wall_ms() * 1e3);  // this step's start on the profile's clock
+    prof.step_begins();
     const double exec_before = metrics().execute_ms;           // read outside the timed region
     auto& [hx, hy] = batches[size_t(step % kBatches)];
     auto t0 = clk::now();
@@ -236,66 +234,7 @@ int main(int argc, char** argv) {
     if (step >= warmup) ms.push_back(dt);
   }
 
-  if (prof) {
-    prof->stop();
-    const char* how = std::getenv("BENCH_PROFILE");
-    if (std::string(how) != "lines" && std::string(how) != "steps") std::printf("%s", prof->table_text().c_str());
-    // Machine-readable, per timed step (bench/gpt_floor.sh): each Step kind's time, flops and bytes
-    // (the cost rules'), the runtime's host regions, and the flops of the products alone (the
-    // matmul source ops' 2mnk, without the epilogues fused into their Gemm Steps).
-    // ms: the mean per step; med_ms: the median over the timed steps of each step's sum (a loaded
-    // machine's preemptions land in a few steps).
-    const double n = double(steps);
-    std::map<std::string, std::vector<double>> per_step;  // kind or "region:NAME" or "host" -> ms in each step
-    auto step_of = [&](double start_us) {
-      size_t i = size_t(std::upper_bound(step_start_us.begin(), step_start_us.end(), start_us) - step_start_us.begin());
-      return i == 0 ? size_t(0) : i - 1;
-    };
-    auto add = [&](const std::string& key, size_t i, double ms_) {
-      auto& v = per_step[key];
-      v.resize(step_start_us.size(), 0.0);
-      v[i] += ms_;
-    };
-    std::map<std::string, double> regions;
-    // BENCH_PROFILE=steps: also each Step of the plan, by its graph run within the step and its
-    // index: the median over the timed steps of its time, its flops and GFLOP/s (PROFILE step lines).
-    std::map<std::pair<int, int>, std::vector<double>> step_ms;  // (graph run in its step, plan index) -> ms
-    std::map<std::pair<int, int>, ProfileEvent> step_ev;
-    int first_graph_of_step = -1;
-    size_t last_step = size_t(-1);
-    double product_flops = 0;
-    for (const ProfileEvent& e : prof->events()) {
-      const size_t i = step_of(e.start_us);
-      if (e.type == "runtime") {
-        regions[e.name] += e.dur_us / 1e3;
-        add("region:" + e.name, i, e.dur_us / 1e3);
-        add("host", i, e.dur_us / 1e3);
-      }
-      if (e.type == "step") {
-        add(e.kind, i, e.dur_us / 1e3);
-        if (i != last_step) last_step = i, first_graph_of_step = e.graph;
-        const std::pair<int, int> key{e.graph - first_graph_of_step, e.step};
-        step_ms[key].push_back(e.dur_us / 1e3);
-        step_ev.emplace(key, e);
-        for (const ProfiledOp& o : e.ops)
-          if (o.op == "matmul") product_flops += e.flops * o.share;
-      }
-    }
-    auto med = [&](const std::string& key) { return per_step.count(key) ? percentile(per_step[key], 0.5) : 0.0; };
-    for (const OpTableRow& r : prof->op_table("kind"))
-      std::printf("PROFILE kind=%s ms=%.4f med_ms=%.4f calls=%.2f flops=%.6g bytes=%.6g\n", r.name.c_str(), r.ms / n,
-                  r.name == "<runtime>" ? med("host") : med(r.name), double(r.calls) / n, r.flops / n, r.bytes / n);
-    for (const auto& [name, ms_total] : regions)
-      std::printf("PROFILE region=%s ms=%.4f med_ms=%.4f\n", name.c_str(), ms_total / n, med("region:" + name));
-    std::printf("PROFILE products flops=%.6g wall_ms=%.4f\n", product_flops / n, prof->wall_ms() / n);
-    if (std::string(how) == "steps")
-      for (const auto& [key, v] : step_ms) {
-        const ProfileEvent& e = step_ev[key];
-        const double m = percentile(v, 0.5);
-        std::printf("PROFILE step kind=%s graph=%d step=%d med_ms=%.4f runs=%zu gflop=%.5f gflops=%.1f shape=%s name=\"%s\"\n", e.kind.c_str(),
-                    key.first, key.second, m, v.size(), e.flops / 1e9, e.flops / m / 1e6, e.shape.c_str(), e.name.c_str());
-      }
-  }
+  prof.report(steps);
   Metrics m = metrics();
   const int unstacked = micro == 1 ? last_memory_plan().unstacked_slices : 0;  // batch unstacking inside the step
   rusage ru{};

@@ -54,6 +54,15 @@ std::vector<ConvCase> conv_cases() {
       {"2d 1x1", {2, 4, 4, 5}, {3, 4, 1, 1}, O()},
       {"2d 1x1 stride 2", {2, 4, 5, 5}, {3, 4, 1, 1}, O({2})},
       {"3d", {1, 2, 4, 4, 3}, {2, 2, 2, 2, 2}, O({1}, {1}, {0})},
+      // Strided convs, whose input gradient runs by phases (one conv per residue of the stride):
+      // the ResNet's 3x3 stride 2 on even and odd sizes, groups, a stride past the kernel (some
+      // residues reached by no tap), negative and asymmetric padding, 3d.
+      {"2d 3x3 stride 2 even", {2, 3, 8, 8}, {4, 3, 3, 3}, O({2}, {1}, {1})},
+      {"2d 3x3 stride 2 odd, groups", {2, 4, 7, 9}, {6, 2, 3, 3}, O({2}, {1}, {1}, {}, {}, 2)},
+      {"1d stride 3 past the kernel", {2, 2, 11}, {3, 2, 2}, O({3}, {1}, {2})},
+      {"1d stride 2 kernel 5 negative padding", {1, 2, 13}, {2, 2, 5}, O({2}, {-1}, {3})},
+      {"2d strides 3 and 2, asymmetric padding", {1, 2, 10, 7}, {3, 2, 4, 3}, O({3, 2}, {2, 0}, {0, 2})},
+      {"3d stride 2", {1, 2, 5, 4, 6}, {2, 2, 3, 2, 3}, O({2}, {1}, {1})},
   };
 }
 
