@@ -1,4 +1,4 @@
-// The backend interface (version 10). A backend owns the memory of its devices and runs
+// The backend interface (version kInterfaceVersion below). A backend owns the memory of its devices and runs
 // Kernel-IR Steps (kernel_ir/step.h) on them; docs/backend-guide.md walks through adding one.
 // It is part of the backend SDK: a backend may be built into libtessera (cpu, null) or live in a
 // plugin, a shared library exporting one C function (backends/plugin.h).
@@ -163,7 +163,7 @@ class Backend {
   virtual void launch(const Kernel& k, const kir::Step& step, const LaunchArgs& args) = 0;
   // Optional: waits for all launched work (no-op for synchronous backends).
   virtual void synchronize() {}
-  // Optional, v10: a StepKind::Collective Step started and not waited for (the runtime completes
+  // Optional, v11: a StepKind::Collective Step started and not waited for (the runtime completes
   // the handle before the first later Step that touches the Step's input or output slot, or at
   // the end of the executable, and tests it between Steps). Null (the default): the backend
   // does not start this one; the runtime launch()es it. The cpu backend starts all-reduces

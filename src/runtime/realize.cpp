@@ -479,16 +479,18 @@ int64_t launch_steps(Run& run, const Executable& exe, const backends::LaunchArgs
     inflight.before(s, at);
     at = ran = int(s);
     const kir::Step& st = plan.steps[s];
+    // A Step with guard bytes runs blocking: they are checked right after it, where a started
+    // collective would not have written yet.
     std::vector<Run::Guard> guards = run.step_guards(s);
     run.fill_guards(guards);
     const int64_t moved_before = reported.load();
     if (prof_run >= 0) {
       int64_t ts0 = prof::now_ns();
-      if (!inflight.start(s, be, *exe.kernels[s], args)) be.launch(*exe.kernels[s], st, args);
+      if (!(guards.empty() && inflight.start(s, be, *exe.kernels[s], args))) be.launch(*exe.kernels[s], st, args);
       be.synchronize();
       prof::step(prof_run, int(s), ts0, prof::now_ns());
     } else if (!time_steps) {
-      if (!inflight.start(s, be, *exe.kernels[s], args)) be.launch(*exe.kernels[s], st, args);
+      if (!(guards.empty() && inflight.start(s, be, *exe.kernels[s], args))) be.launch(*exe.kernels[s], st, args);
     } else {
       auto ts0 = std::chrono::steady_clock::now();
       be.launch(*exe.kernels[s], st, args);  // each Step's own time: blocking

@@ -942,8 +942,9 @@ TEST(CpuJit, Avx512AndAvx2FormsAndThreadCountsGiveTheSameBits) {
   }
   REQUIRE_LOOPS();
   __builtin_cpu_init();
-  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq") && !std::getenv("TESSERA_CPU_JIT"))
+  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq") && !std::getenv("TESSERA_CPU_JIT")) {
     ASSERT_TRUE(backends::jit::avx512()) << "a CPU with AVX-512 builds the AVX2 form";
+  }
   std::vector<Instr> prog = {load(0), op(Code::Erf, 0)};
   const auto loop = build(prog, {1});
   ASSERT_NE(loop, nullptr);

@@ -176,10 +176,13 @@ class InProcess final : public Communicator {
     }
     return seq;
   }
-  // Whether meeting seq is done (without waiting); throws its error, or the group's if it broke first.
+  // Whether meeting seq is done (without waiting); throws its error, or the group's if it broke
+  // first. Not done while another rank holds the lock (the last to post moves every rank's data
+  // under it): a rank testing between its Steps goes on instead of waiting for that copy.
   bool done(uint64_t seq, const std::string& op) {
     Group& g = *g_;
-    std::lock_guard<std::mutex> lock(g.mu);
+    std::unique_lock<std::mutex> lock(g.mu, std::try_to_lock);
+    if (!lock.owns_lock()) return false;
     Meeting& m = g.meetings.at(seq);
     if (!m.done && !g.broken.empty()) fail(op, "the group is broken: " + g.broken + who(), "");
     if (!m.done) return false;

@@ -290,8 +290,10 @@ class Mpi final : public Communicator {
     }
     const MPI_Datatype dt = type(t);
     const MPI_Op o = op(t, k);
+    x.finished = true;  // until posted: a failed post must not finish (write r) when the handle dies
     if (root < 0) check(MPI_Iallreduce(send, recv, int(n), dt, o, comm_, &x.q), what);
     else check(MPI_Ireduce(send, recv, int(n), dt, o, root, comm_, &x.q), what);
+    x.finished = false;
     x.timed = timed;
     return op_;
   }

@@ -18,6 +18,7 @@ namespace {
 // moves within one dimension of c (a permutation, broadcast or split of c's dimensions), else none.
 std::optional<kir::View> compose(const kir::View& g, const Shape& c, const kir::View& v) {
   const size_t rc = c.size();
+  if (numel(c) == 0) return std::nullopt;
   std::vector<int64_t> dense(rc, 1);
   for (size_t j = rc; j-- > 1;) dense[j - 1] = dense[j] * c[j];
   if (g.offset < 0) return std::nullopt;
