@@ -149,7 +149,9 @@ TEST(Coverage, OpenCLKernelsStayWithinBudget) {
   o.backends = {"renders"};
   EXPECT_TRUE(cf::run(o).ok());
   std::printf("the suite renders %zu distinct OpenCL kernels\n", r->kernels.size());
-  EXPECT_LE(r->kernels.size(), 1000u);
+  // 1050: 1001 with the strided convolutions' input gradients by phases (2026-12-07; conformance.opencl
+  // took 88.9 s cold in CI against 89.9 s at 997 the day before).
+  EXPECT_LE(r->kernels.size(), 1050u);
   EXPECT_GE(r->kernels.size(), 300u) << "the count should see every row";
 }
 

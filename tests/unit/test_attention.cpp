@@ -95,6 +95,25 @@ int square_slots(const compiler::Plan& p, int64_t tq, int64_t tk) {
   return n;
 }
 
+// One GPT step's loss and every parameter's gradient (pending), with the passes `off` disabled.
+std::vector<Tensor> gpt_loss_and_grads(nn::GPT& gpt, const Tensor& ids, const Tensor& targets, optim::SGD& opt, const std::string& off) {
+  runtime::set_disabled_passes(off);
+  opt.zero_grad();
+  Tensor loss = gpt.loss(ids, targets);
+  loss.backward();
+  std::vector<Tensor> outs{loss};
+  for (Tensor& p : gpt.parameters()) outs.push_back(p.grad());
+  return outs;
+}
+std::vector<double> all_values(const std::vector<Tensor>& outs) {
+  std::vector<double> all;
+  for (const Tensor& t : outs) {
+    auto v = t.to_vector<double>();
+    all.insert(all.end(), v.begin(), v.end());
+  }
+  return all;
+}
+
 struct Attention : ::testing::Test {
   int threads = omp_get_max_threads();
   void TearDown() override {
@@ -280,12 +299,7 @@ TEST_F(Attention, AGptTrainingStepOver128PositionsFusesBothWays) {
   Tensor ids = testing::random_int({2, 128}, 0, 39), targets = testing::random_int({2, 128}, 0, 39, DType::Int64, 2);
   optim::SGD opt(gpt->parameters(), {.lr = 0.0});  // only to clear the gradients
   auto step = [&](const std::string& off, bool check_plan) {
-    runtime::set_disabled_passes(off);
-    opt.zero_grad();
-    Tensor loss = gpt->loss(ids, targets);
-    loss.backward();
-    std::vector<Tensor> outs{loss};
-    for (Tensor& p : gpt->parameters()) outs.push_back(p.grad());
+    std::vector<Tensor> outs = gpt_loss_and_grads(*gpt, ids, targets, opt, off);
     if (check_plan) {
       const compiler::Plan p = plan_of(outs, cpu_target());
       int backward = 0;
@@ -294,12 +308,7 @@ TEST_F(Attention, AGptTrainingStepOver128PositionsFusesBothWays) {
       EXPECT_EQ(backward, 2);
       EXPECT_EQ(square_slots(p, 128, 128), 0);
     }
-    std::vector<double> all;
-    for (const Tensor& t : outs) {
-      auto v = t.to_vector<double>();
-      all.insert(all.end(), v.begin(), v.end());
-    }
-    return all;
+    return all_values(outs);
   };
   auto fused = step("", true), decomposed = step("attention", false);
   EXPECT_LE(normalized_error(fused, decomposed), 1e-5);
@@ -320,12 +329,7 @@ TEST_F(Attention, AGptTrainingStepAt64PositionsReadsQkvAsViewsOfTheBiasedProduct
   Tensor ids = testing::random_int({3, 64}, 0, 39), targets = testing::random_int({3, 64}, 0, 39, DType::Int64, 2);
   optim::SGD opt(gpt->parameters(), {.lr = 0.0});  // only to clear the gradients
   auto step = [&](const std::string& off, bool check_plan) {
-    runtime::set_disabled_passes(off);
-    opt.zero_grad();
-    Tensor loss = gpt->loss(ids, targets);
-    loss.backward();
-    std::vector<Tensor> outs{loss};
-    for (Tensor& p : gpt->parameters()) outs.push_back(p.grad());
+    std::vector<Tensor> outs = gpt_loss_and_grads(*gpt, ids, targets, opt, off);
     if (check_plan) {
       const compiler::Plan p = plan_of(outs, cpu_target());
       EXPECT_EQ(attention_steps(p), 0);
@@ -359,12 +363,7 @@ TEST_F(Attention, AGptTrainingStepAt64PositionsReadsQkvAsViewsOfTheBiasedProduct
       }
       EXPECT_EQ(copies, 6);
     }
-    std::vector<double> all;
-    for (const Tensor& t : outs) {
-      auto v = t.to_vector<double>();
-      all.insert(all.end(), v.begin(), v.end());
-    }
-    return all;
+    return all_values(outs);
   };
   auto fused = step("", true), unfused = step("fuse", false);
   EXPECT_LE(normalized_error(fused, unfused), 1e-5);

@@ -54,6 +54,34 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) void pack_b_rows(const uint
 }  // namespace
 #endif
 
+namespace {
+// B stored by columns: column j's K bfloat16 values contiguous at column(j) (a pointer valid
+// until the next call), packed 16 columns a panel, each depth pair one 32-bit word (the high
+// half 0 past an odd K), columns past N zero.
+template <class Column>
+void pack_b_columns(int64_t K, int64_t N, uint16_t* out, Column column) {
+  const int64_t P = (K + 1) / 2;
+  for (int64_t j0 = 0; j0 < N; j0 += 16, out += 32 * P) {
+    const int64_t w = std::min<int64_t>(16, N - j0);
+    uint32_t* o = reinterpret_cast<uint32_t*>(out);
+    for (int64_t l = 0; l < 16; ++l) {
+      if (l >= w) {
+        for (int64_t p = 0; p < P; ++p) o[p * 16 + l] = 0;
+        continue;
+      }
+      const uint16_t* col = column(j0 + l);
+      int64_t p = 0;
+      for (; 2 * p + 1 < K; ++p) {
+        uint32_t v;
+        std::memcpy(&v, col + 2 * p, 4);
+        o[p * 16 + l] = v;
+      }
+      if (p < P) o[p * 16 + l] = col[2 * p];
+    }
+  }
+}
+}  // namespace
+
 void pack_b(const uint16_t* b, int64_t rs, int64_t cs, int64_t K, int64_t N, uint16_t* out) {
   const int64_t P = (K + 1) / 2;
 #if defined(__x86_64__)
@@ -62,25 +90,7 @@ void pack_b(const uint16_t* b, int64_t rs, int64_t cs, int64_t K, int64_t N, uin
   if (rs == 1) {
     // B's columns contiguous (B^T's rows: dY W^T's W^T): a column's pair of depths is one
     // 32-bit word of the source, copied column by column.
-    for (int64_t j0 = 0; j0 < N; j0 += 16, out += 32 * P) {
-      const int64_t w = std::min<int64_t>(16, N - j0);
-      uint32_t* o = reinterpret_cast<uint32_t*>(out);
-      for (int64_t l = 0; l < 16; ++l) {
-        if (l >= w) {
-          for (int64_t p = 0; p < P; ++p) o[p * 16 + l] = 0;
-          continue;
-        }
-        const uint16_t* col = b + (j0 + l) * cs;
-        int64_t p = 0;
-        for (; 2 * p + 1 < K; ++p) {
-          uint32_t v;
-          std::memcpy(&v, col + 2 * p, 4);
-          o[p * 16 + l] = v;
-        }
-        if (p < P) o[p * 16 + l] = col[2 * p];
-      }
-    }
-    return;
+    return pack_b_columns(K, N, out, [&](int64_t j) { return b + j * cs; });
   }
   for (int64_t j0 = 0; j0 < N; j0 += 16) {
     const int64_t w = std::min<int64_t>(16, N - j0);
@@ -157,22 +167,10 @@ void pack_b_f32(const float* b, int64_t rs, int64_t cs, int64_t K, int64_t N, ui
     // packs a bfloat16 B stored by columns.
     thread_local std::vector<uint16_t> col;
     col.resize(size_t(K));
-    const int64_t P = (K + 1) / 2;
-    for (int64_t j0 = 0; j0 < N; j0 += 16, out += 32 * P) {
-      const int64_t w = std::min<int64_t>(16, N - j0);
-      uint32_t* o = reinterpret_cast<uint32_t*>(out);
-      for (int64_t l = 0; l < 16; ++l) {
-        if (l >= w) {
-          for (int64_t p = 0; p < P; ++p) o[p * 16 + l] = 0;
-          continue;
-        }
-        round_run(b + (j0 + l) * cs, K, col.data());
-        int64_t p = 0;
-        for (; 2 * p + 1 < K; ++p) o[p * 16 + l] = uint32_t(col[size_t(2 * p)]) | uint32_t(col[size_t(2 * p + 1)]) << 16;
-        if (p < P) o[p * 16 + l] = col[size_t(2 * p)];
-      }
-    }
-    return;
+    return pack_b_columns(K, N, out, [&](int64_t j) {
+      round_run(b + j * cs, K, col.data());
+      return static_cast<const uint16_t*>(col.data());
+    });
   }
   std::vector<uint16_t> tmp(size_t(K * N));
   for (int64_t k = 0; k < K; ++k)

@@ -511,19 +511,16 @@ class GemmLaunch {
     if (dot) backends::report_bf16_flops(2 * nb_ * M_ * N_ * K_);
   }
 
-  // Batch element b's first element of a 16-bit operand.
-  const uint16_t* half_at(const GemmOperand& g, int64_t b) const {
+  // Batch element b's first element of an operand of element type T (uint16_t: 16-bit floats).
+  template <class T>
+  const T* at(const GemmOperand& g, int64_t b) const {
     int64_t idx[32] = {}, off = g.offset;
     unravel(b, batch_, idx);
     for (size_t d = 0; d < batch_.size(); ++d) off += idx[d] * g.batch_strides[d];
-    return static_cast<const uint16_t*>(g.data) + off;
+    return static_cast<const T*>(g.data) + off;
   }
-  const float* f32_at(const GemmOperand& g, int64_t b) const {
-    int64_t idx[32] = {}, off = g.offset;
-    unravel(b, batch_, idx);
-    for (size_t d = 0; d < batch_.size(); ++d) off += idx[d] * g.batch_strides[d];
-    return static_cast<const float*>(g.data) + off;
-  }
+  const uint16_t* half_at(const GemmOperand& g, int64_t b) const { return at<uint16_t>(g, b); }
+  const float* f32_at(const GemmOperand& g, int64_t b) const { return at<float>(g, b); }
   // A float32 operand rounded to bfloat16 as a whole, dense and row-major, for the paths that
   // do not round as they pack (half::float_to_bf16: the bits of the cast Step it replaces).
   static GemmOperand rounded_whole(const kir::IndexMap& m, const void* data) {
