@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The long soak (issue 27): the e2e soak test on the benchmark GPT (block 64, embd 128, 4 layers,
 # batch 16, dropout 0.1) for 10,000 steps (CI runs a tiny GPT for 1,000), printing the drift of
-# live IR nodes, allocator bytes, RSS and open files between step 200 and the end.
+# live IR nodes, allocator bytes, malloc bytes in use, RSS and open files between step 200 and
+# the end.
 #   bench/soak.sh [steps] [tiny|benchmark]        (needs a Release build in build/)
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
