@@ -274,16 +274,33 @@ Tensor batch_norm(const Tensor& input, Tensor running_mean, Tensor running_var, 
   for (int64_t d = 2; d < x.dim(); ++d) dims.push_back(d);
   Shape bshape(size_t(x.dim()), 1);
   bshape[1] = C;
-  Tensor mean, var;
+  Tensor mean, var, y;
   if (training) {
     if (detail::batch_slice().rows)
       fail(op, "training mode normalizes with statistics over the whole batch, which a slice of it (a micro-batch or a "
                "data-parallel rank's rows) does not see: train this model without micro-batches (a memory budget is then "
                "met by rematerialization alone) and on one rank");
     if (n < 2) fail(op, "training needs more than one value per channel, got " + desc(x));
-    mean = tessera::mean(x, dims, true);
-    Tensor dev = x - mean;
-    var = tessera::mean(dev * dev, dims, true);
+    // Both statistics in one pass over x, as sums of d = x - k and of d^2 over the same axes (a
+    // backend may reduce them in one Step; the two-pass form, the mean and then the squared
+    // deviations from it, reads x twice). k is each channel's first value: shifted near the mean,
+    // E[d^2] - E[d]^2 does not cancel as E[x^2] - E[x]^2 does for a mean large against the
+    // spread. k is detached (the statistics do not depend on it: its gradient is 0) and the
+    // variance clamped at 0 (rounding). y = d * scale + shift with per-channel scale and shift:
+    // one multiply-add per element, and the backward's sums over the batch are two, of the
+    // gradient and of the gradient times d, both reading only the gradient and x (the two-pass
+    // form's backward chained its sums: the mean's term needs the variance's).
+    Tensor k = x;
+    for (int64_t d : dims) k = k.narrow(d, 0, 1);
+    k = k.detach();
+    Tensor d = x - k;
+    Tensor dmean = tessera::mean(d, dims, true);
+    var = (tessera::mean(d * d, dims, true) - dmean * dmean).clamp(0.0);
+    mean = k + dmean;
+    Tensor scale = rsqrt(var + eps);
+    if (weight.defined()) scale = scale * weight.reshape(bshape);
+    Tensor shift = bias.defined() ? bias.reshape(bshape) - dmean * scale : -(dmean * scale);
+    y = d * scale + shift;
     if (running_mean.defined()) {
       NoGradGuard ng;
       Tensor m = mean.detach().reshape({C}), v = var.detach().reshape({C}) * (double(n) / double(n - 1));
@@ -293,10 +310,10 @@ Tensor batch_norm(const Tensor& input, Tensor running_mean, Tensor running_var, 
   } else {
     mean = running_mean.reshape(bshape);
     var = running_var.reshape(bshape);
+    y = (x - mean) * rsqrt(var + eps);
+    if (weight.defined()) y = y * weight.reshape(bshape);
+    if (bias.defined()) y = y + bias.reshape(bshape);
   }
-  Tensor y = (x - mean) * rsqrt(var + eps);
-  if (weight.defined()) y = y * weight.reshape(bshape);
-  if (bias.defined()) y = y + bias.reshape(bshape);
   return y;
 }
 

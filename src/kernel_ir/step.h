@@ -48,10 +48,15 @@ struct Instr {
   }
 };
 
+// The most outputs (the main one and more_outputs) of a Reduce Step.
+constexpr int kMaxReduceOutputs = 8;
+
 enum class StepKind : uint8_t {
   Elementwise,  // out[i] = program(i) over the output shape
   Copy,         // an elementwise program that only moves data (one load)
-  Reduce,       // row kernel: out[o] = reduce over the `axes` of `domain` of program(i)
+  Reduce,       // row kernel: out[o] = reduce over the `axes` of `domain` of program(i); with
+                // more_outputs (Target::multi_reduce), each further output the same reduction
+                // of its instruction's value (sibling sums over one input in one pass)
   Gemm,         // out = inputs[0] @ inputs[1]; A is a single strided view, B one or a
                 // plain reshape over one (a conv's im2col window), which a backend packs or reads in place
   Gather,       // out[i] = src[i with axis := index[i]]   (inputs: src, index)
@@ -110,6 +115,8 @@ struct Step {
   // Elementwise: further slots written (dense, the Step's shape), each with the instruction
   // whose value it holds (the merge pass gives one Step several outputs). Row: further slots of
   // one value per row, each the value its instruction has along the row (constant there).
+  // Reduce: further slots of the Step's shape and dtype, each its instruction's value reduced
+  // like the main one (at most kMaxReduceOutputs outputs in all).
   std::vector<int> more_outputs, more_results;
   std::vector<Source> sources;
   ir::Cost cost;

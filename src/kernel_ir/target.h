@@ -48,6 +48,9 @@ struct Target {
   // The device's Gemm Steps read a float32 operand rounded to bfloat16 as they pack it
   // (Step::rounded): compiler/passes/fold_casts.cpp folds autocast's cast Steps into them.
   bool gemm_rounds_operands = false;
+  // The device runs Reduce Steps with more_outputs (several sums, or maxima, of one domain over
+  // the same axes in one pass): the merge pass joins sibling Reduce Steps for it.
+  bool multi_reduce = false;
 
   bool computes(DType t) const {
     if (compute_dtypes.empty()) return true;

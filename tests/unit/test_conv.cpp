@@ -9,8 +9,10 @@
 
 #include <cmath>
 
+#include "runtime/compile_options.h"
 #include "test_util.h"
 #include "tessera/nn.h"
+#include "tessera/profiler.h"
 #include "tessera/tessera.h"
 
 namespace tessera {
@@ -315,6 +317,74 @@ TEST(BatchNorm, EvalUsesRunningStatistics) {
   }
   EXPECT_EQ(rm.to_vector<double>(), (V{0.5, -1}));  // eval never updates them
   EXPECT_TRUE(grad_check([rm, rv](const Ts& a) { return batch_norm(a[0], rm, rv, Tensor(), Tensor(), false); }, {x}));
+}
+
+// A batch norm's training forward and backward against closed forms in float64 written here:
+// y = xhat w + b with xhat = (x - mu) / sqrt(var + eps), and for the loss sum(y r): db = sum r,
+// dw = sum r xhat, dx = w / sqrt(var + eps) (r - mean r - xhat mean(r xhat)), the running
+// statistics after one update. The input's mean is ~100 times its spread (statistics formed as
+// E[x^2] - E[x]^2 would lose about four digits). On the cpu the statistics are one Reduce Step
+// (two sums over the input) and the backward's per-channel sums one more (two sums over the
+// gradient and the input; 7 Reduce Steps before: the two-pass statistics and a backward whose
+// five sums chained), 4 with the merge pass off; the same bits at 1, 2 and 3 threads.
+TEST(BatchNorm, TrainingStatisticsAndGradientsAreOneReducePassEachAndMatchFloat64) {
+  const int64_t N = 6, C = 5, H = 7, W = 9, P = N * H * W;
+  const double eps = 1e-5;
+  auto run = [&](int64_t* reduces) {
+    Tensor x = random_tensor({N, C, H, W}, F32, 800, 99, 101).requires_grad_();
+    Tensor w = random_tensor({C}, F32, 801, 0.5, 1.5).requires_grad_(), b = random_tensor({C}, F32, 802).requires_grad_();
+    Tensor r = random_tensor({N, C, H, W}, F32, 803);
+    Tensor rm = zeros({C}), rv = ones({C});
+    Profiler prof;
+    Tensor y = batch_norm(x, rm, rv, w, b, true, 0.1, eps);
+    (y * r).sum().backward();
+    std::vector<Tensor> outs{y, x.grad(), w.grad(), b.grad(), rm, rv};
+    tessera::sync();
+    prof.stop();
+    *reduces = 0;
+    for (const ProfileEvent& e : prof.events()) *reduces += e.type == "step" && e.kind == "reduce";
+    std::vector<std::vector<double>> v;
+    for (const Tensor& t : outs) v.push_back(t.to_vector<double>());
+    return v;
+  };
+  const V xv = random_tensor({N, C, H, W}, F32, 800, 99, 101).to_vector<double>();
+  const V wv = random_tensor({C}, F32, 801, 0.5, 1.5).to_vector<double>(), bv = random_tensor({C}, F32, 802).to_vector<double>();
+  const V rv = random_tensor({N, C, H, W}, F32, 803).to_vector<double>();
+  V y(xv.size()), dx(xv.size()), dw(size_t(C), 0.0), db(size_t(C), 0.0), rmean(size_t(C), 0.0), rvar(size_t(C), 0.0);
+  for (int64_t c = 0; c < C; ++c) {
+    auto at = [&](int64_t p) { return size_t((p / (H * W) * C + c) * H * W + p % (H * W)); };
+    double mu = 0, var = 0, mr = 0, mrx = 0;
+    for (int64_t p = 0; p < P; ++p) mu += xv[at(p)] / double(P);
+    for (int64_t p = 0; p < P; ++p) var += (xv[at(p)] - mu) * (xv[at(p)] - mu) / double(P);
+    const double is = 1 / std::sqrt(var + eps);
+    for (int64_t p = 0; p < P; ++p) {
+      const double xh = (xv[at(p)] - mu) * is;
+      y[at(p)] = xh * wv[size_t(c)] + bv[size_t(c)];
+      db[size_t(c)] += rv[at(p)], dw[size_t(c)] += rv[at(p)] * xh;
+      mr += rv[at(p)] / double(P), mrx += rv[at(p)] * xh / double(P);
+    }
+    for (int64_t p = 0; p < P; ++p) dx[at(p)] = wv[size_t(c)] * is * (rv[at(p)] - mr - (xv[at(p)] - mu) * is * mrx);
+    rmean[size_t(c)] = 0.1 * mu, rvar[size_t(c)] = 0.9 + 0.1 * var * double(P) / double(P - 1);
+  }
+  const int threads = omp_get_max_threads();
+  std::vector<std::vector<std::vector<double>>> got;
+  int64_t reduces = 0;
+  for (int t : {1, 2, 3}) {
+    omp_set_num_threads(t);
+    got.push_back(run(&reduces));
+    EXPECT_EQ(reduces, 2) << t << " threads";
+  }
+  omp_set_num_threads(threads);
+  EXPECT_EQ(got[0], got[1]);
+  EXPECT_EQ(got[0], got[2]);
+  const std::vector<V> want{y, dx, dw, db, rmean, rvar};
+  const char* names[] = {"y", "dx", "dw", "db", "running_mean", "running_var"};
+  for (size_t k = 0; k < want.size(); ++k) EXPECT_TRUE(testing::all_close(got[0][k], want[k], 2e-5)) << names[k];
+  runtime::set_disabled_passes("merge");
+  std::vector<std::vector<double>> unmerged = run(&reduces);
+  runtime::set_disabled_passes("");
+  EXPECT_EQ(reduces, 4);
+  for (size_t k = 0; k < want.size(); ++k) EXPECT_TRUE(testing::all_close(unmerged[k], want[k], 2e-5)) << names[k];
 }
 
 }  // namespace

@@ -117,6 +117,11 @@ void build_loop(NativeLoop& nl, const std::vector<Instr>& prog, const Shape& dom
 }
 
 void loop_range(const NativeLoop& nl, const std::vector<char*>& base, int64_t start, int64_t n, float* out) {
+  loop_range(nl, base, start, n, &out, 1);
+}
+
+void loop_range(const NativeLoop& nl, const std::vector<char*>& base, int64_t start, int64_t n, float* const* outs,
+                size_t nouts) {
   const size_t nloads = nl.loop->loads().size();
   const void* p[kMaxLoopPtrs];
   int64_t idx[32];
@@ -127,7 +132,7 @@ void loop_range(const NativeLoop& nl, const std::vector<char*>& base, int64_t st
       const NativeLoop::Load& L = nl.loads[i];
       p[i] = base[i] + (L.offset(idx) + j * L.stride) * 4;
     }
-    p[nloads] = out + (pos - start);
+    for (size_t r = 0; r < nouts; ++r) p[nloads + r] = outs[r] + (pos - start);
     (*nl.loop)(p, len);
     pos += len;
   }

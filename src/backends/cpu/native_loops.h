@@ -60,6 +60,10 @@ void build_loop(NativeLoop& nl, const std::vector<Instr>& prog, const Shape& dom
 // A program's loop over positions [start, start + n) of its domain, run piece by run piece, its
 // result into out (position start first): a Reduce's values, a GEMM epilogue's block.
 void loop_range(const NativeLoop& nl, const std::vector<char*>& base, int64_t start, int64_t n, float* out);
+// The same for a loop of several results (a Reduce Step's sums of several values), result r into
+// outs[r]; nouts is the loop's result count.
+void loop_range(const NativeLoop& nl, const std::vector<char*>& base, int64_t start, int64_t n, float* const* outs,
+                size_t nouts);
 
 // The first element of each of the loop's loads (at its view's offset).
 void load_bases(const jit::Loop& loop, const std::vector<Instr>& prog, const std::vector<const void*>& in,

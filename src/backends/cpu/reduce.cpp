@@ -1,6 +1,8 @@
 // Reduce Steps: the domain is permuted so kept axes come first; output o then owns the contiguous
 // range [o * R, (o + 1) * R) of the permuted domain, reduced in order (deterministic). The values
-// reduced come from the program through its native loop (float32) or the interpreter.
+// reduced come from the program through its native loop (float32) or the interpreter. A Step with
+// further outputs reduces several of its program's values in the same pass (one accumulator per
+// output), each in the same order as alone.
 #include "backends/cpu/interpreter.h"
 #include "backends/cpu/kernel.h"
 #include "backends/cpu/native_loops.h"
@@ -18,6 +20,8 @@ struct ReduceKernel final : CpuKernel {
   // When the reduced axes all come before the kept ones (column sums, bias gradients), the
   // domain is walked in its own order, each row adding into a vector of accumulators.
   bool columns = false;
+  // The instructions whose values are reduced, in output order (Step::outputs()).
+  std::vector<int> results;
   // The program's loop over the domain, writing the value to be reduced, float32 only: not for a
   // lone load, which the interpreter reduces in place (a bias gradient's sum of a GEMM's output).
   NativeLoop loop;
@@ -29,19 +33,29 @@ struct ReduceKernel final : CpuKernel {
   void run_rows(const Step& st, const LaunchArgs& args) const;
 };
 
-// The values a Reduce reduces at positions [start, start + n <= kTile) of its domain: through its
-// loop (float32) into this thread's buffer, else by the interpreter.
+// The values a Reduce reduces at positions [start, start + n <= kTile) of its domain, one array per
+// result (v[r]): through its loop (float32) into this thread's buffers, else by the interpreter.
 template <class T>
-const T* reduce_tile(const ReduceKernel& k, const std::vector<const void*>& in, const std::vector<char*>& base,
-                     const LaunchArgs& args, Scratch& sc, int64_t start, int64_t n) {
+void reduce_tile(const ReduceKernel& k, const std::vector<const void*>& in, const std::vector<char*>& base,
+                 const LaunchArgs& args, Scratch& sc, int64_t start, int64_t n, const T** v) {
+  const size_t nres = k.results.size();
   if constexpr (std::is_same_v<T, float>)
     if (k.loop.loop) {
-      thread_local std::vector<float, LineAligned<float>> buf(kTile);
-      loop_range(k.loop, base, start, n, buf.data());
-      return buf.data();
+      thread_local std::vector<float, LineAligned<float>> buf;
+      if (buf.size() < nres * size_t(kTile)) buf.resize(nres * size_t(kTile));
+      float* outs[kir::kMaxReduceOutputs];
+      for (size_t r = 0; r < nres; ++r) outs[r] = buf.data() + r * size_t(kTile), v[r] = outs[r];
+      loop_range(k.loop, base, start, n, outs, nres);
+      return;
     }
   run_program(k.program, k.regs, in, k.domain, start, n, args, sc);
-  return val<T>(sc, int(k.program.size()) - 1);
+  for (size_t r = 0; r < nres; ++r) v[r] = val<T>(sc, k.results[r]);
+}
+
+// Output r of a Reduce Step (r = 0: st.output).
+template <class S>
+S* output_of(const Step& st, const LaunchArgs& args, size_t r) {
+  return static_cast<S*>(args.slots[r == 0 ? st.output : st.more_outputs[r - 1]]);
 }
 
 void ReduceKernel::run_columns(const Step& st, const LaunchArgs& args) const {
@@ -50,28 +64,37 @@ void ReduceKernel::run_columns(const Step& st, const LaunchArgs& args) const {
   if (loop.loop) load_bases(*loop.loop, program, in, base);
   int64_t K = outer, R = inner;  // kept extent, reduced extent
   bool is_max = st.reduce_op == ir::Op::ReduceMax;
+  const size_t nres = results.size();
   with_compute(st.dtype, [&](auto* tp) {
     using T = std::remove_pointer_t<decltype(tp)>;
     using Acc = std::conditional_t<std::is_floating_point_v<T>, double, int64_t>;
     with_storage(st.dtype, [&](auto* sp) {
       using S = std::remove_pointer_t<decltype(sp)>;
-      S* o = static_cast<S*>(args.slots[st.output]);
       int64_t nblocks = (K + kTile - 1) / kTile;
 #pragma omp parallel for schedule(static) if (K * R >= kParallelMin && nblocks > 1)
       for (int64_t b = 0; b < nblocks; ++b) {
         Scratch& sc = scratch(program.size(), size_t(regs.nregs));
         int64_t k0 = b * kTile, n = std::min(kTile, K - k0);
-        std::vector<Acc> sum(size_t(n), Acc(0));
-        std::vector<T> mx(size_t(n), std::is_floating_point_v<T> ? -std::numeric_limits<T>::infinity()
-                                                                 : std::numeric_limits<T>::lowest());
+        std::vector<Acc> sum(size_t(n) * nres, Acc(0));
+        std::vector<T> mx(size_t(n) * nres, std::is_floating_point_v<T> ? -std::numeric_limits<T>::infinity()
+                                                                        : std::numeric_limits<T>::lowest());
+        const T* v[kir::kMaxReduceOutputs];
         for (int64_t r = 0; r < R; ++r) {  // rows in order: deterministic
-          const T* v = reduce_tile<T>(*this, in, base, args, sc, r * K + k0, n);
-          if (is_max)
-            for (int64_t j = 0; j < n; ++j) mx[j] = nan_max(mx[j], v[j]);
-          else
-            for (int64_t j = 0; j < n; ++j) sum[j] += Acc(v[j]);
+          reduce_tile<T>(*this, in, base, args, sc, r * K + k0, n, v);
+          for (size_t q = 0; q < nres; ++q) {
+            Acc* sq = sum.data() + q * size_t(n);
+            T* mq = mx.data() + q * size_t(n);
+            if (is_max)
+              for (int64_t j = 0; j < n; ++j) mq[j] = nan_max(mq[j], v[q][j]);
+            else
+              for (int64_t j = 0; j < n; ++j) sq[j] += Acc(v[q][j]);
+          }
         }
-        for (int64_t j = 0; j < n; ++j) o[k0 + j] = is_max ? store_as<S>(mx[j]) : store_as<S>(T(sum[j]));
+        for (size_t q = 0; q < nres; ++q) {
+          S* o = output_of<S>(st, args, q);
+          for (int64_t j = 0; j < n; ++j)
+            o[k0 + j] = is_max ? store_as<S>(mx[q * size_t(n) + size_t(j)]) : store_as<S>(T(sum[q * size_t(n) + size_t(j)]));
+        }
       }
     });
   });
@@ -81,15 +104,14 @@ void ReduceKernel::run_rows(const Step& st, const LaunchArgs& args) const {
   auto in = inputs_of(st, args);
   std::vector<char*> base;
   if (loop.loop) load_bases(*loop.loop, program, in, base);
-  void* out = args.slots[st.output];
   bool is_max = st.reduce_op == ir::Op::ReduceMax;
+  const size_t nres = results.size();
   with_compute(st.dtype, [&](auto* tp) {
     using T = std::remove_pointer_t<decltype(tp)>;
     // Sums accumulate in double (floats) or int64 (integers); max in the compute type.
     using Acc = std::conditional_t<std::is_floating_point_v<T>, double, int64_t>;
     with_storage(st.dtype, [&](auto* sp) {
       using S = std::remove_pointer_t<decltype(sp)>;
-      S* o = static_cast<S*>(out);
       // Outputs per task: 64 short reductions, or one long one (a few outputs, such as a conv's
       // per-channel bias gradient, still spread over the pool). Fixed by the shape alone.
       const int64_t group = inner >= kTile ? 1 : 64;
@@ -98,24 +120,33 @@ void ReduceKernel::run_rows(const Step& st, const LaunchArgs& args) const {
       for (int64_t ob = 0; ob < outer; ob += group) {
         Scratch& sc = scratch(program.size(), size_t(regs.nregs));
         int64_t oe = std::min(outer, ob + group);
-        Acc sum[64];
-        T mx[64];
-        for (int64_t j = 0; j < oe - ob; ++j) sum[j] = 0, mx[j] = std::numeric_limits<T>::lowest();
-        if constexpr (std::is_floating_point_v<T>)
-          for (int64_t j = 0; j < oe - ob; ++j) mx[j] = -std::numeric_limits<T>::infinity();
+        Acc sum[kir::kMaxReduceOutputs][64];
+        T mx[kir::kMaxReduceOutputs][64];
+        for (size_t q = 0; q < nres; ++q)
+          for (int64_t j = 0; j < oe - ob; ++j) {
+            sum[q][j] = 0;
+            if constexpr (std::is_floating_point_v<T>) mx[q][j] = -std::numeric_limits<T>::infinity();
+            else mx[q][j] = std::numeric_limits<T>::lowest();
+          }
+        const T* v[kir::kMaxReduceOutputs];
         int64_t lo = ob * inner, hi = oe * inner;
         for (int64_t start = lo; start < hi; start += kTile) {
           int64_t n = std::min(kTile, hi - start);
-          const T* r = reduce_tile<T>(*this, in, base, args, sc, start, n);
+          reduce_tile<T>(*this, in, base, args, sc, start, n, v);
           for (int64_t i = 0; i < n;) {
             int64_t oi = (start + i) / inner, seg = std::min(n - i, (oi + 1) * inner - (start + i));
             int64_t j = oi - ob;
-            if (is_max) mx[j] = nan_max(mx[j], run_max(r + i, seg, mx[j]));
-            else sum[j] += run_sum(r + i, seg);
+            for (size_t q = 0; q < nres; ++q) {
+              if (is_max) mx[q][j] = nan_max(mx[q][j], run_max(v[q] + i, seg, mx[q][j]));
+              else sum[q][j] += run_sum(v[q] + i, seg);
+            }
             i += seg;
           }
         }
-        for (int64_t j = 0; j < oe - ob; ++j) o[ob + j] = is_max ? store_as<S>(mx[j]) : store_as<S>(T(sum[j]));
+        for (size_t q = 0; q < nres; ++q) {
+          S* o = output_of<S>(st, args, q);
+          for (int64_t j = 0; j < oe - ob; ++j) o[ob + j] = is_max ? store_as<S>(mx[q][j]) : store_as<S>(T(sum[q][j]));
+        }
       }
     });
   });
@@ -137,6 +168,10 @@ std::unique_ptr<CpuKernel> compile_reduce(const Step& st) {
     (red[perm[d]] ? k->inner : k->outer) *= st.domain[perm[d]];
   }
   k->program = st.program;
+  if (st.more_outputs.size() + 1 > size_t(kir::kMaxReduceOutputs) || st.more_results.size() != st.more_outputs.size())
+    fail("cpu", "a Reduce Step has at most " + std::to_string(kir::kMaxReduceOutputs) + " outputs (step " + st.str() + ")", "");
+  k->results.push_back(int(st.program.size()) - 1);
+  k->results.insert(k->results.end(), st.more_results.begin(), st.more_results.end());
   k->columns = !st.axes.empty() && st.axes.size() < st.domain.size();
   for (size_t i = 0; i < st.axes.size(); ++i) k->columns &= st.axes[i] == int64_t(i);
   if (k->columns) k->domain = st.domain;
@@ -146,7 +181,7 @@ std::unique_ptr<CpuKernel> compile_reduce(const Step& st) {
     if (I.code == Code::Load && !k->columns) I.map = I.map.permute(perm);
   }
   if (st.dtype == DType::Float32 && k->program.size() > 1)
-    build_loop(k->loop, k->program, k->domain, {int(k->program.size()) - 1}, {1}, false);
+    build_loop(k->loop, k->program, k->domain, k->results, std::vector<uint8_t>(k->results.size(), 1), false);
   for (Instr& I : k->program)
     if (I.code == Code::Load && I.map.views.size() == 1) I.map.views[0] = coalesced(I.map.views[0]);
   k->regs.load = load_paths(k->program);

@@ -260,4 +260,72 @@ static bool merge_elementwise_round(Plan& plan, bool horizontal) {
   return merged;
 }
 
+// Reduce Steps over the same domain, axes, op, shape and dtype that read a slot in common and do
+// not read each other's outputs (siblings: a batch norm's sums of d and d^2, its backward's four
+// sums over the gradient and the input) become one Step with several outputs, which reads the
+// input once. The later Step B joins the earlier A at A's place when B's inputs are all written
+// before A, else at B's place when no Step between them reads A's outputs (and the same rule as
+// above for a parameter B reads, where B's output has its bytes). Only for a target that runs such Steps (Target::multi_reduce).
+void merge_reduces(Plan& plan) {
+  auto& steps = plan.steps;
+  std::vector<int> writer(plan.slots.size(), -1);
+  for (size_t s = 0; s < steps.size(); ++s)
+    for (int o : steps[s].outputs()) writer[size_t(o)] = int(s);
+  std::vector<bool> gone(steps.size(), false);
+  std::vector<int> reduces;  // indices of the Reduce Steps before b, not gone
+  auto shares_input = [](const kir::Step& x, const kir::Step& y) {
+    for (int i : y.inputs)
+      if (std::count(x.inputs.begin(), x.inputs.end(), i)) return true;
+    return false;
+  };
+  for (size_t b = 0; b < steps.size(); ++b) {
+    if (steps[b].kind != kir::StepKind::Reduce) continue;
+    bool merged = false;
+    for (int a : reduces) {
+      if (gone[size_t(a)]) continue;
+      kir::Step& A = steps[size_t(a)];
+      const kir::Step& B = steps[b];
+      if (A.domain != B.domain || A.axes != B.axes || A.reduce_op != B.reduce_op || A.shape != B.shape ||
+          A.dtype != B.dtype || A.outputs().size() + B.outputs().size() > size_t(kir::kMaxReduceOutputs) ||
+          A.program.size() + B.program.size() > 2 * kMaxFragInstrs || !shares_input(A, B))
+        continue;
+      std::vector<int> outs = A.outputs();
+      bool ok = true;
+      for (int y : B.inputs) ok &= !std::count(outs.begin(), outs.end(), y);
+      if (!ok) continue;
+      bool at_a = true;
+      for (int y : B.inputs) at_a &= writer[size_t(y)] < a;
+      // (a parameter only matters when an output of B could be donated into its buffer: same bytes)
+      auto donatable = [&](int y) {
+        if (plan.slots[size_t(y)].kind != kir::SlotKind::Param || !std::count(B.inputs.begin(), B.inputs.end(), y)) return false;
+        for (int o : B.outputs())
+          if (plan.slots[size_t(o)].nbytes == plan.slots[size_t(y)].nbytes) return true;
+        return false;
+      };
+      for (size_t m = size_t(a) + 1; m < b && at_a; ++m)
+        for (int y : steps[m].inputs) at_a &= gone[m] || !donatable(y);
+      bool at_b = !at_a;
+      for (size_t m = size_t(a) + 1; m < b && at_b; ++m)
+        if (!gone[m])
+          for (int y : steps[m].inputs) at_b &= !std::count(outs.begin(), outs.end(), y);
+      if (at_a) {
+        absorb(A, B);
+        for (int o : A.outputs()) writer[size_t(o)] = a;
+        gone[b] = true;
+      } else if (at_b) {
+        std::swap(steps[size_t(a)], steps[b]);
+        absorb(steps[b], steps[size_t(a)]);
+        for (int o : steps[b].outputs()) writer[size_t(o)] = int(b);
+        gone[size_t(a)] = true;
+      } else {
+        continue;
+      }
+      merged = true;
+      break;
+    }
+    if (!merged) reduces.push_back(int(b));
+  }
+  drop_gone(steps, gone);
+}
+
 }  // namespace tessera::compiler

@@ -10,7 +10,9 @@
 //   epilogue  Steps      elementwise consumers of a GEMM applied per row block inside it
 //   merge     Steps      elementwise Steps over the same positions that share inputs, or where one
 //                        reads the other's result element for element, become one multi-output Step;
-//                        a Row Step's per-row result joins the later Row Step that recomputes it
+//                        a Row Step's per-row result joins the later Row Step that recomputes it;
+//                        sibling Reduce Steps sharing an input become one of several outputs
+//                        (for a target declaring Target::multi_reduce)
 //   memplan   Steps      temporaries share one arena by lifetime (off: each gets its own bytes)
 //   unstack   IR -> IR   under a memory budget: a region of the graph independent along a batch-like
 //                        dimension run in k sequential slices in the one step, row outputs
@@ -39,6 +41,7 @@ ir::Graph dce(const ir::Graph& g);
 void fuse_epilogues(Plan& plan);
 void merge_elementwise(Plan& plan);
 void merge_rows(Plan& plan);
+void merge_reduces(Plan& plan);  // only for a target declaring Target::multi_reduce
 // Casts to bfloat16 read only by products folded into them (Step::rounded), for a device that
 // declares Target::gemm_rounds_operands (fold_casts.cpp).
 void fold_casts(Plan& plan);
