@@ -7,6 +7,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <array>
 #include <bit>
 #include <cmath>
 #include <cstdint>
@@ -979,4 +980,116 @@ TEST(CpuJit, Avx512AndAvx2FormsAndThreadCountsGiveTheSameBits) {
     EXPECT_EQ(bad, 0u) << what << ": of " << mine.size() << " values";
   }
   std::filesystem::remove_all(dir);
+}
+
+// GELU's gradient as the backward of 0.5 x (1 + erf(x / sqrt 2)) emits it (the mlp.proj input
+// gradient's GEMM epilogue): g (1 + e) 0.5 + g (0.5 x) (2 / sqrt pi) exp(-u^2) / sqrt 2, u =
+// x / sqrt 2, e = erf(u); then `extra` further loads kept live across it (added at the end), so
+// that fewer vector registers are left for its ~35 constants.
+std::vector<Instr> gelu_grad_program(int extra) {
+  std::vector<Instr> p = {load(0), load(1), cnst(M_SQRT1_2), op(Code::Mul, 1, 2), op(Code::Erf, 3), cnst(1.0),
+                          op(Code::Add, 4, 5), op(Code::Mul, 0, 6), cnst(0.5), op(Code::Mul, 7, 8), op(Code::Mul, 1, 8),
+                          op(Code::Mul, 0, 10), op(Code::Mul, 3, 3), op(Code::Neg, 12), op(Code::Exp, 13),
+                          cnst(2 / std::sqrt(M_PI)), op(Code::Mul, 15, 14), op(Code::Mul, 11, 16), op(Code::Mul, 17, 2),
+                          op(Code::Add, 9, 18)};
+  std::vector<int> live;
+  for (int l = 0; l < extra; ++l) {  // loaded first, read last
+    p.insert(p.begin(), load(2 + l));
+    for (size_t k = 1; k < p.size(); ++k) {
+      Instr& I = p[k];
+      for (int* o : {&I.a, &I.b, &I.c})
+        if (*o >= 0) ++*o;
+    }
+  }
+  for (int l = 0; l < extra; ++l) p.push_back(op(Code::Add, int(p.size()) - 1, l));
+  // the loads' inputs: g 0, x 1, the extras 2.. (inserted first: renumber in program order)
+  return p;
+}
+
+TEST(CpuJit, ConstantsInFreeRegistersKeepErfAndExpBits) {
+  REQUIRE_LOOPS();
+#if !defined(__FMA__)
+  GTEST_SKIP() << "erf and exp run in the loops only where the build has FMA";
+#else
+  const int64_t n = 1031;  // 64 vectors of 16 and a tail of 7 (AVX2: 128 of 8 and 7)
+  const std::vector<float> x = special_values(n), g = special_values(n + 5);
+  std::vector<float> xs(x);
+  for (float& v : xs) v *= 0.4f;  // mostly |u| < 4: erf's both regions, exp's normal range
+  int before = 1 << 30, extra = 0;
+  for (;; ++extra) {
+    const std::vector<Instr> prog = gelu_grad_program(extra);
+    const auto loop = build(prog, {int(prog.size()) - 1});
+    if (!loop) break;
+    const int hoisted = loop->constants_in_registers();
+    EXPECT_LE(hoisted, before) << extra << " more live values left more registers free";
+    before = hoisted;
+    if (extra == 0 && backends::jit::avx512())
+      EXPECT_GE(hoisted, 16) << "the GELU gradient's constants stayed in memory (32 zmm, ~11 needed by its values)";
+    // inputs: the extras are zeros (the sum is then the GELU gradient itself)
+    std::vector<std::vector<float>> in(size_t(2 + extra), std::vector<float>(size_t(n), 0.0f));
+    in[0].assign(g.begin() + 5, g.end()), in[1] = xs;
+    std::vector<const void*> ptrs;
+    for (const Instr& I : prog)
+      if (I.code == Code::Load) ptrs.push_back(in[size_t(I.input)].data());
+    std::vector<float> out(size_t(n), -1.0f);
+    ptrs.push_back(out.data());
+    (*loop)(ptrs.data(), n);
+    const float c = float(M_SQRT1_2), k = float(2 / std::sqrt(M_PI));
+    for (int64_t i = 0; i < n; ++i) {
+      const float gv = in[0][size_t(i)], xv = xs[size_t(i)], u = mul(xv, c);
+      float want = add(mul(mul(gv, add(verf(u), 1.0f)), 0.5f), mul(mul(mul(gv, mul(xv, 0.5f)), mul(k, vexp(-mul(u, u)))), c));
+      for (int l = 0; l < extra; ++l) want = add(want, 0.0f);
+      ASSERT_TRUE(same(out[size_t(i)], want)) << "extra " << extra << ", " << hoisted << " constants in registers, i " << i
+                                              << ": g " << gv << ", x " << xv << ": " << out[size_t(i)] << " vs " << want;
+    }
+  }
+  EXPECT_GT(extra, 2);
+  EXPECT_EQ(before, 0) << "with every register taken by values, no constant should have one";
+#endif
+}
+
+// A GEMM epilogue's tile (rows x columns of a product row N wide) in one loop call with per-row
+// pointer steps (loop_rows): the same values as one loop_range per row, and nothing outside the
+// tile written; over one run (dense loads only) and over runs of a row each (a bias broadcast
+// down the rows) of a [2, 12, N] domain, tiles crossing its 12-row blocks, widths off the
+// vector's multiple, tiles starting mid-row.
+TEST(CpuJit, AnEpiloguesTileOfRowsInOneCallMatchesARangePerRow) {
+  REQUIRE_LOOPS();
+  const int64_t M = 24, N = 150;
+  const Shape dom = {2, M / 2, N};  // the product [M, N] seen as [2, 12, N] (batch, tokens): tiles cross the 12-row blocks
+  std::vector<float> x(static_cast<size_t>(M * N)), bv(static_cast<size_t>(N));
+  for (size_t i = 0; i < x.size(); ++i) x[i] = float(std::sin(double(i) * 0.37) * 3.0);
+  for (size_t j = 0; j < bv.size(); ++j) bv[j] = float(j) * 0.25f - 7.0f;
+  for (bool with_bias : {false, true}) {
+    // out = x * 1.5 + (bias or the output slot's own value): the epilogue reads its slotuct in place
+    std::vector<Instr> prog = {load(0), cnst(1.5), op(Code::Mul, 0, 1), load(1), op(Code::Add, 2, 3)};
+    prog[0].map = kir::IndexMap::contiguous(dom);
+    prog[3].map = with_bias ? kir::IndexMap::contiguous({1, 1, N}).expand(dom) : kir::IndexMap::contiguous(dom);
+    backends::cpu::NativeLoop nl;
+    backends::cpu::build_loop(nl, prog, dom, {4}, {0}, false);
+    ASSERT_NE(nl.loop, nullptr) << (with_bias ? "with" : "without") << " a bias";
+    EXPECT_EQ(nl.run, with_bias ? N : M * N);
+    for (auto [m0, m1, n0, n1] : std::vector<std::array<int64_t, 4>>{{0, 6, 0, 64}, {6, 23, 64, 150}, {3, 20, 17, 54}, {10, 14, 40, 150}, {22, 23, 0, 150}, {18, 24, 128, 150}}) {
+      std::vector<float> slot(size_t(M * N));  // the slot the slotuct is in
+      for (size_t i = 0; i < slot.size(); ++i) slot[i] = float(i % 97) - 40.0f;
+      std::vector<float> tile_out(slot), row_out(slot);
+      std::vector<char*> base = {reinterpret_cast<char*>(x.data()),
+                                 reinterpret_cast<char*>(with_bias ? bv.data() : tile_out.data())};
+      const int64_t p = m0 * N + n0;
+      const uint64_t calls = backends::cpu::loop_rows_tile_calls();
+      backends::cpu::loop_rows(nl, base, p, n1 - n0, m1 - m0, N, tile_out.data() + p);
+      EXPECT_EQ(backends::cpu::loop_rows_tile_calls() - calls, m1 - m0 > 1 ? 1u : 0u) << "tile rows " << m0 << "-" << m1;
+      base[1] = reinterpret_cast<char*>(with_bias ? bv.data() : row_out.data());
+      for (int64_t i = m0; i < m1; ++i) backends::cpu::loop_range(nl, base, i * N + n0, n1 - n0, row_out.data() + i * N + n0);
+      for (int64_t i = 0; i < M; ++i)
+        for (int64_t j = 0; j < N; ++j) {
+          const size_t at = size_t(i * N + j);
+          const bool in = i >= m0 && i < m1 && j >= n0 && j < n1;
+          const float want = in ? add(mul(x[at], 1.5f), with_bias ? bv[size_t(j)] : slot[at]) : slot[at];
+          ASSERT_TRUE(same(row_out[at], want)) << "a range per row: (" << i << ", " << j << ")";
+          ASSERT_TRUE(same(tile_out[at], want)) << (with_bias ? "with" : "without") << " a bias, tile rows " << m0 << "-" << m1
+                                                << ", columns " << n0 << "-" << n1 << ": (" << i << ", " << j << ")";
+        }
+    }
+  }
 }

@@ -279,6 +279,8 @@ class GemmLaunch {
   void epilogue(int64_t b, int64_t m0, int64_t m1, int64_t n0, int64_t n1) const {
     if (st_.program.empty()) return;
     if (n0 == 0 && n1 == N_) return epilogue_range(b * M_ * N_ + m0 * N_, b * M_ * N_ + m1 * N_);
+    const int64_t p = b * M_ * N_ + m0 * N_ + n0;
+    if (loop_) return loop_rows(k_.epilogue, base_, p, n1 - n0, m1 - m0, N_, reinterpret_cast<float*>(base_.back()) + p);
     for (int64_t i = m0; i < m1; ++i) epilogue_range(b * M_ * N_ + i * N_ + n0, b * M_ * N_ + i * N_ + n1);
   }
   // Output positions [p, e): through the epilogue's native loop where it has one.

@@ -114,6 +114,7 @@ class Emitter : public Xbyak::CodeGenerator {
     bool ok = false;
     plan_pointers();
     if (plan_pinned() && plan_values()) {
+      plan_hoisted();
       prologue();
       rows();
       data();
@@ -124,6 +125,7 @@ class Emitter : public Xbyak::CodeGenerator {
     return ok;
   }
   const std::vector<int>& loads() const { return loads_; }
+  int hoisted() const { return int(hoisted_.size()); }
 
  private:
   const std::vector<Instr>& prog() const { return *spec_->prog; }
@@ -265,7 +267,56 @@ class Emitter : public Xbyak::CodeGenerator {
       last[size_t(results()[j])] = spec_->early[j] ? std::max(last[size_t(results()[j])], results()[j]) : n_;
     std::vector<uint8_t> own(pinned_.size());
     for (size_t k = 0; k < own.size(); ++k) own[k] = !pinned_[k];
-    return cpu::assign_registers(prog(), own, std::move(last), next_, nregs_ - next_, reg_) >= 0;
+    used_ = cpu::assign_registers(prog(), own, std::move(last), next_, nregs_ - next_, reg_);
+    return used_ >= 0;
+  }
+
+  // Memory constants moved into the vector registers the values leave free, the most read first
+  // (each loaded once per call instead of once per W positions: exp's and erf's ~30 constants
+  // were ~30 vector loads per iteration). Only where an operand is read from changes, so the
+  // bits are the same.
+  void plan_hoisted() {
+    std::vector<int> uses(memory_.size(), 0);
+    auto use = [&](int m, int n = 1) {
+      if (m <= -2) uses[size_t(-2 - m)] += n;
+    };
+    for (int k = 0; k < n_; ++k) {
+      const Instr& I = prog()[size_t(k)];
+      if (const int m = operands(k).m; m >= 0) use(reg_[size_t(m)]);
+      switch (I.code) {
+        case Code::Neg: use(m_sign_); break;
+        case Code::Abs: use(m_zero_), use(m_sign_); break;
+        case Code::Max: case Code::Min:
+          if (I.dtype == DType::Float32) use(m_nan_);
+          break;
+        case Code::Exp:
+          use(mc_.lo), use(mc_.hi), use(mc_.bias, 2);
+          [[fallthrough]];
+        case Code::Erf:
+          use(mc_.shift, 3), use(mc_.log2e), use(mc_.ln2_hi), use(mc_.ln2_lo);
+          for (int p : mc_.p) use(p);
+          if (I.code == Code::Exp) break;
+          use(mc_.bias), use(mc_.abs, 2), use(mc_.one, 2), use(mc_.four), use(mc_.mid), use(m_sign_);
+          for (int q : mc_.q) use(q);
+          for (int h : mc_.h) use(h);
+          break;
+        case Code::Cast:
+          if (I.dtype == DType::BFloat16) use(mc_.lsb), use(mc_.half), use(mc_.quiet), use(mc_.top);
+          break;
+        default: break;
+      }
+    }
+    std::vector<int> order;
+    for (size_t i = 0; i < uses.size(); ++i)
+      if (uses[i] > 0) order.push_back(int(i));
+    std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return uses[size_t(a)] > uses[size_t(b)]; });
+    int free = next_ + used_;
+    for (int i : order) {
+      if (free >= nregs_) break;
+      hoisted_.emplace_back(i, free);
+      memory_reg_.resize(memory_.size(), -1);
+      memory_reg_[size_t(i)] = free++;
+    }
   }
 
   // The constants of exp and erf in memory (vmath.h's, so that the loops compute its bits).
@@ -294,6 +345,7 @@ class Emitter : public Xbyak::CodeGenerator {
   // A ModRM.rm operand: a vector register, or memory[-2 - m].
   const Xbyak::Operand& rm(int m) const {
     if (m >= 0) return vr_[size_t(m)];
+    if (size_t(-2 - m) < memory_reg_.size() && memory_reg_[size_t(-2 - m)] >= 0) return vr_[size_t(memory_reg_[size_t(-2 - m)])];
     return memory_at_[size_t(-2 - m)];
   }
   // The register holding pointer entry p, loaded into r11 if not resident.
@@ -334,6 +386,7 @@ class Emitter : public Xbyak::CodeGenerator {
     for (const Xbyak::Reg64& r : saved()) push(r);
     for (size_t r = 0; r < pool_.size(); ++r) vbroadcastss(vec(int(r)), ptr[rip + pool_label_ + int(4 * r)]);
     for (size_t g = 0; g < gathers_.size(); ++g) vmovups(vec(lanes_[g]), ptr[rip + lanes_label_ + int(VB_ * g)]);
+    for (auto [i, r] : hoisted_) vmovups(vec(r), memory_at_[size_t(i)]);
     for (int p = 0; p < nptr_; ++p)
       if (has_reg_[size_t(p)]) mov(ptr_reg_[size_t(p)], ptr[rdi + 8 * p]);
     shl(rsi, 2);
@@ -706,6 +759,9 @@ class Emitter : public Xbyak::CodeGenerator {
   std::vector<uint8_t> pinned_;
   std::vector<uint32_t> pool_, memory_;  // pool_[r]: the lane bits pinned in register r
   std::vector<Xbyak::Address> memory_at_;
+  std::vector<int> memory_reg_;                  // memory[i]'s register once hoisted (plan_hoisted), else -1
+  std::vector<std::pair<int, int>> hoisted_;     // (memory index, register), loaded by the prologue
+  int used_ = 0;                                 // registers the values take above next_
   int m_sign_ = 0, m_zero_ = 0, m_nan_ = 0;  // the ops' masks in memory
   std::vector<Gather> gathers_;  // the patterns gathered, each one's lane offsets in register lanes_[i]
   std::vector<int> lanes_;
@@ -759,6 +815,7 @@ std::unique_ptr<Loop> build(const Spec& spec) {
   loop->results_ = spec.results.size();
   loop->stream_ = spec.stream;
   loop->lanes_ = z ? 16 : 8;
+  loop->hoisted_ = code->hoisted();
   dump_loop(code->getCode(), code->getSize(), spec);
   loop->code_ = std::move(code);
   return loop;

@@ -62,6 +62,9 @@ class Loop {
   // Positions per vector: 8 (AVX2) or 16 (AVX-512). A streaming loop's outputs must be aligned
   // to 4 lanes() bytes (one vector).
   int lanes() const { return lanes_; }
+  // Constants read from vector registers loaded once per call rather than from memory per
+  // vector: as many as the program's values leave registers free, the most read first.
+  int constants_in_registers() const { return hoisted_; }
 
  private:
   friend std::unique_ptr<Loop> build(const Spec&);
@@ -72,6 +75,7 @@ class Loop {
   size_t results_ = 0;
   bool stream_ = false;
   int lanes_ = 8;
+  int hoisted_ = 0;
 };
 
 // Whether this machine runs the loops (x86-64 Linux with AVX2; TESSERA_CPU_JIT=0 turns them off).

@@ -1,5 +1,7 @@
 #include "backends/cpu/native_loops.h"
 
+#include <atomic>
+
 namespace tessera::backends::cpu {
 namespace {
 
@@ -137,6 +139,43 @@ void loop_range(const NativeLoop& nl, const std::vector<char*>& base, int64_t st
     pos += len;
   }
 }
+
+namespace {
+std::atomic<uint64_t> tile_calls{0};
+}  // namespace
+
+void loop_rows(const NativeLoop& nl, const std::vector<char*>& base, int64_t start, int64_t n, int64_t rows, int64_t stride,
+               float* out) {
+  const size_t nloads = nl.loop->loads().size();
+  auto per_row = [&] {
+    for (int64_t i = 0; i < rows; ++i) loop_range(nl, base, start + i * stride, n, out + i * stride);
+  };
+  if (rows < 2 || n < 16) return per_row();
+  // Each range inside one run, and every load's first element of range i at its first one's
+  // plus i times a step (a view's runs at even strides: a batch of [16, 64, N] rows walks from
+  // one 64-row block into the next at 64 rows' stride).
+  const void* p[kMaxLoopPtrs];
+  int64_t first[kMaxLoopPtrs], step[kMaxLoopPtrs], idx[32] = {};
+  for (int64_t i = 0; i < rows; ++i) {
+    const int64_t pos = start + i * stride, j = pos % nl.run;
+    if (j + n > nl.run) return per_row();
+    unravel(pos / nl.run, nl.outer, idx);
+    for (size_t l = 0; l < nloads; ++l) {
+      const NativeLoop::Load& L = nl.loads[l];
+      if (!L.lo.empty()) return per_row();
+      const int64_t at = L.offset(idx) + j * L.stride;
+      if (i == 0) first[l] = at;
+      else if (i == 1) step[l] = at - first[l];
+      else if (at != first[l] + i * step[l]) return per_row();
+    }
+  }
+  for (size_t l = 0; l < nloads; ++l) p[l] = base[l] + first[l] * 4, step[l] *= 4;
+  p[nloads] = out, step[nloads] = stride * 4;
+  (*nl.loop)(p, n, rows, step);
+  tile_calls.fetch_add(1, std::memory_order_relaxed);
+}
+
+uint64_t loop_rows_tile_calls() { return tile_calls.load(std::memory_order_relaxed); }
 
 void load_bases(const jit::Loop& loop, const std::vector<Instr>& prog, const std::vector<const void*>& in,
                 std::vector<char*>& base) {

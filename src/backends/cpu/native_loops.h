@@ -64,6 +64,15 @@ void loop_range(const NativeLoop& nl, const std::vector<char*>& base, int64_t st
 // outs[r]; nouts is the loop's result count.
 void loop_range(const NativeLoop& nl, const std::vector<char*>& base, int64_t start, int64_t n, float* const* outs,
                 size_t nouts);
+// `rows` ranges of n positions, the first at `start`, each the next `stride` positions further
+// (a GEMM epilogue's tile of rows x n columns, stride = N), results into out (`stride` floats
+// per range). One loop call with per-row pointer steps where each range lies inside one run and
+// every load moves by the same step from range to range; else one loop_range per range. The
+// same positions, the same bits.
+void loop_rows(const NativeLoop& nl, const std::vector<char*>& base, int64_t start, int64_t n, int64_t rows, int64_t stride,
+               float* out);
+// loop_rows calls that ran a tile as one loop call, in this process (tests: that a tile took it).
+uint64_t loop_rows_tile_calls();
 
 // The first element of each of the loop's loads (at its view's offset).
 void load_bases(const jit::Loop& loop, const std::vector<Instr>& prog, const std::vector<const void*>& in,
