@@ -59,7 +59,9 @@ namespace tessera::backends {
 //    data parallelism's all-reduces with the Steps after them) and Communicator::start_all_reduce.
 // 12: Step::rounded (a Gemm Step's float32 operands rounded to bfloat16 as the product reads them)
 //    and Target::gemm_rounds_operands, which a backend sets to be given such Steps (the cpu does).
-constexpr int kInterfaceVersion = 12;
+// 13: Step::out_offset (a Gemm with out_strides writing from that element of its slot: several
+//    such Steps write disjoint parts of one slot), for a backend declaring Target::gemm_out_strides.
+constexpr int kInterfaceVersion = 13;
 
 // A compiled Step, opaque to the runtime; destroyed with the executable that holds it.
 struct Kernel {
