@@ -657,7 +657,8 @@ bool Lowerer::place_concat(int i, Val* out) {
           w = s;
         }
     }
-    if (w == plan.steps.size()) return false;
+    if (w == plan.steps.size() || std::any_of(parts.begin(), parts.end(), [&](const Part& q) { return q.step == w; }))
+      return false;  // (one product read twice: concat(x, x))
     const Step& G = plan.steps[w];
     if (G.kind != StepKind::Gemm || !G.program.empty() || G.accumulate || G.out_offset || !G.more_outputs.empty() ||
         (G.dtype != DType::Float32 && G.dtype != DType::Float64))

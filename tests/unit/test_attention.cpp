@@ -508,6 +508,35 @@ TEST_F(Attention, TheQkvGradientIsWrittenInPlaceUnderBfloat16Autocast) {
   std::cout << "bfloat16: against the plan without the pass " << unplaced << ", against float64 " << f64 << "\n";
 }
 
+// The lowering's half of "place" takes any concatenation of products read whole: two batched
+// products concatenated along their columns are written into one slot, no Copy Step; one
+// product concatenated with itself is copied (one Step cannot write two places). Values
+// against the unfused Steps.
+TEST_F(Attention, AConcatenationOfProductsIsWrittenByThem) {
+  Tensor a = random_tensor({2, 3, 8, 5}, DType::Float32, 81), b = random_tensor({2, 3, 5, 4}, DType::Float32, 82);
+  Tensor c = random_tensor({2, 3, 5, 6}, DType::Float32, 83);
+  // (Each doubled: a concatenation that is a graph output is copied into the output's buffer.)
+  Tensor two = cat({matmul(a, b), matmul(a, c)}, 3) * 2.0, twice = cat({matmul(a, b), matmul(a, b)}, 2) * 2.0;
+  auto plan = [&](const Tensor& y, int* copies) {
+    std::vector<int64_t> offsets;
+    *copies = 0;
+    for (const kir::Step& st : plan_of(y, cpu_target()).steps) {
+      *copies += st.kind == kir::StepKind::Copy;
+      if (st.kind == kir::StepKind::Gemm && !st.out_strides.empty()) offsets.push_back(st.out_offset);
+    }
+    std::sort(offsets.begin(), offsets.end());
+    return offsets;
+  };
+  int copies = 0;
+  EXPECT_EQ(plan(two, &copies), (std::vector<int64_t>{0, 4}));  // [2, 3, 8, 10]: the second from column 4
+  EXPECT_EQ(copies, 0);
+  EXPECT_EQ(plan(twice, &copies), (std::vector<int64_t>{}));
+  EXPECT_EQ(copies, 1);
+  const std::vector<double> got = all_values({two, twice});
+  runtime::set_disabled_passes("fuse");
+  EXPECT_LE(normalized_error(got, all_values({two, twice})), 1e-6);
+}
+
 TEST_F(Attention, TheBackwardIsBitIdenticalFor1To3Threads) {
   Shape4 s{2, 3, 130, 130, 32, 32, true};
   std::vector<std::vector<float>> r;
