@@ -424,8 +424,9 @@ std::vector<Tensor> qkv_block(DType t) {
   return {y, x.grad(), w.grad(), b.grad()};
 }
 
-// The plan checks of TheQkvGradient... below. rounded (bfloat16 autocast): one Step rounds the
-// assembled buffer to bfloat16 (for the qkv backward products and the bias gradient), no add.
+// The plan checks of TheQkvGradient... below. rounded (bfloat16 autocast): the qkv backward's
+// products read the assembled buffer rounding it as they pack (the cast Step folded), and the bias
+// sum reads it too, rounding it in its program; no Step rounds or adds.
 bool has_source(const kir::Step& st, const std::string& op) {
   return std::any_of(st.sources.begin(), st.sources.end(), [&](const kir::Source& s) { return s.op == op; });
 }
@@ -444,19 +445,23 @@ void expect_qkv_gradient_in_place(const std::vector<Tensor>& outs, bool rounded)
   EXPECT_EQ(offsets, (std::vector<int64_t>{0, kC, 2 * kC})) << p.str();
   EXPECT_EQ(slots.size(), 1u) << p.str();
   const int dqkv = slots.empty() ? -1 : *slots.begin();
-  int casts = 0, read = -1;
-  for (const kir::Step& st : p.steps)
-    if (st.kind != kir::StepKind::Gemm && numel(st.shape) == numel(dqkv_shape)) {
-      EXPECT_FALSE(has_source(st, "add")) << "the qkv gradient assembled: " << st.str();
-      casts += st.kind == kir::StepKind::Elementwise && st.dtype == DType::BFloat16 && st.inputs == std::vector<int>{dqkv};
-      if (st.inputs == std::vector<int>{dqkv}) read = st.output;
+  int readers = 0, products = 0, bias_sums = 0;
+  for (const kir::Step& st : p.steps) {
+    EXPECT_FALSE(st.kind != kir::StepKind::Gemm && numel(st.shape) == numel(dqkv_shape) && has_source(st, "add"))
+        << "the qkv gradient assembled: " << st.str();
+    if (!std::count(st.inputs.begin(), st.inputs.end(), dqkv)) continue;
+    ++readers;
+    if (st.kind == kir::StepKind::Gemm) {  // the weight's and the input's gradients
+      ++products;
+      const int k = int(std::find(st.inputs.begin(), st.inputs.end(), dqkv) - st.inputs.begin());
+      EXPECT_EQ((st.rounded >> k) & 1, rounded ? 1 : 0) << st.str();
     }
-  EXPECT_EQ(casts, rounded ? 1 : 0) << p.str();
-  int bias_sums = 0;  // the bias gradient: one reduction reading the assembled buffer (rounded: its rounding)
-  for (const kir::Step& st : p.steps)
-    bias_sums += (st.kind == kir::StepKind::Reduce || st.kind == kir::StepKind::Row) && numel(st.shape) == 3 * kC &&
-                 st.inputs == std::vector<int>{rounded ? read : dqkv};
+    // The bias gradient: one reduction over the assembled buffer.
+    bias_sums += (st.kind == kir::StepKind::Reduce || st.kind == kir::StepKind::Row) && numel(st.shape) == 3 * kC;
+  }
+  EXPECT_EQ(products, 2) << p.str();
   EXPECT_EQ(bias_sums, 1) << p.str();
+  EXPECT_EQ(readers, 3) << p.str();
   kir::Target plain = cpu_target();
   plain.gemm_out_strides = false;  // another backend's target: the pads added by a Step
   for (const compiler::Plan& q : {plan_of(outs, plain), plan_of(outs, cpu_target(), "place")}) {  // and with the pass off
@@ -488,9 +493,9 @@ TEST_F(Attention, TheQkvGradientIsWrittenInPlaceByTheBackwardProducts) {
 
 // Under bfloat16 autocast each gradient product is rounded to bfloat16 and back (its VJP), the
 // casts between the products and the pads: taken out of the pads, the products write the buffer
-// the same way, the rounding is the bias gradient's reduction's program and the cast to bfloat16
-// the qkv backward products read is folded into them. Values against the plan without the pass
-// and float64.
+// the same way, the rounding is in the bias gradient's reduction's program and the cast to
+// bfloat16 the qkv backward's products read is folded into them. Values against the plan without
+// the pass (the same bits) and float64.
 TEST_F(Attention, TheQkvGradientIsWrittenInPlaceUnderBfloat16Autocast) {
   auto run = [] {
     Autocast ac{DType::BFloat16};

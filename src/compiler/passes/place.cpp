@@ -207,8 +207,15 @@ struct Placer : rewrite::Rewriter {
     NodePtr x = in[0];
     while (x->op == Op::Reshape || x->op == Op::Permute) moves.push_back(x.get()), x = x->inputs[0];
     if (x->op != Op::Cast || g.index.find(x.get()) || x->inputs[0]->dtype != n.dtype || !round_trips(n.dtype, x->dtype)) return nullptr;
+    // The movements over the value the trip starts from, and this cast above them: when that value
+    // is itself a cast (the rounding of the concatenation), its input moved and cast once, so the
+    // cast that feeds products stays a Step of its own, which fold_casts folds into them, and the
+    // rounding trip's other readers (the bias sum) read the concatenation, not a rounded copy.
     NodePtr r = x->inputs[0];
-    for (size_t k = moves.size(); k-- > 0;) r = make_in(moves[k]->scope, moves[k]->op, {r}, moves[k]->attrs, &moves[k]->shape, n.dtype, n.device);
+    const bool recast = r->op == Op::Cast && is_floating(r->inputs[0]->dtype);
+    if (recast) r = r->inputs[0];
+    for (size_t k = moves.size(); k-- > 0;) r = make_in(moves[k]->scope, moves[k]->op, {r}, moves[k]->attrs, &moves[k]->shape, r->dtype, n.device);
+    if (recast) r = make_in(n.scope, Op::Cast, {r}, ir::Attrs{}, &n.shape, n.dtype, n.device);
     return r;
   }
 
