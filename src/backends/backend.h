@@ -61,7 +61,9 @@ namespace tessera::backends {
 //    and Target::gemm_rounds_operands, which a backend sets to be given such Steps (the cpu does).
 // 13: Target::multi_reduce (Reduce Steps with more_outputs), which a backend sets to be given
 //    such Steps (the cpu does).
-constexpr int kInterfaceVersion = 13;
+// 14: Step::out_offset (a Gemm with out_strides writing from that element of its slot: several
+//    such Steps write disjoint parts of one slot), for a backend declaring Target::gemm_out_strides.
+constexpr int kInterfaceVersion = 14;
 
 // A compiled Step, opaque to the runtime; destroyed with the executable that holds it.
 struct Kernel {

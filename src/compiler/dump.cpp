@@ -187,7 +187,7 @@ std::string step_text(const kir::Step& st) {
   if (!st.out_strides.empty()) {
     os << "  product written through strides [";
     for (size_t i = 0; i < st.out_strides.size(); ++i) os << (i ? ", " : "") << st.out_strides[i];
-    os << "] (its reader's permuted layout)\n";
+    os << "]" << (st.out_offset ? " from element " + std::to_string(st.out_offset) : "") << " (its reader's permuted layout)\n";
   }
   if (st.accumulate) os << "  accumulates: the product is added to what its output slot holds (in-place accumulation)\n";
   if (st.kind == kir::StepKind::Gemm && !st.program.empty()) os << "  epilogue: the program below, per row block\n";

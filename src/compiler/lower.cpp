@@ -52,7 +52,7 @@ bool addressed(Op op) { return op == Op::Matmul || op == Op::Gather || op == Op:
 // ---- setup ----
 
 Lowerer::Lowerer(const ir::Graph& graph, const std::vector<ir::NodePtr>& params, const Options& opts)
-    : g(graph), fuse(opts.enabled("fuse")), gemm_out_strides(opts.target.gemm_out_strides) {
+    : g(graph), fuse(opts.enabled("fuse")), gemm_out_strides(opts.target.gemm_out_strides), place(opts.enabled("place")) {
   for (size_t p = 0; p < params.size(); ++p) {
     param_slot.push_back(new_slot(kir::SlotKind::Param, int(p), params[p]->shape, params[p]->dtype));
     param_of.emplace(params[p].get(), int(p));
@@ -570,6 +570,7 @@ Val Lowerer::lower_reduce(int i) {
 // output's extent so every load stays in bounds.
 Val Lowerer::lower_concat(int i) {
   const Node& n = *g.nodes[i];
+  if (Val placed; place_concat(i, &placed)) return placed;
   Step st = begin(StepKind::Copy, i);
   Frag f;
   int64_t ax = n.attrs.ints[0], start = 0;
@@ -619,6 +620,82 @@ Val Lowerer::lower_concat(int i) {
   return push(std::move(st), n.shape);
 }
 
+bool Lowerer::place_concat(int i, Val* out) {
+  const Node& n = *g.nodes[size_t(i)];
+  if (!place || !fuse || !gemm_out_strides || output_of_node.count(i)) return false;
+  const size_t ax = size_t(n.attrs.ints[0]);
+  struct Part {
+    size_t step;
+    std::vector<int64_t> strides;
+    int64_t offset;
+  };
+  std::vector<Part> parts;
+  int64_t start = 0;
+  for (const ir::NodePtr& input : n.inputs) {
+    const int x = g.index.at(input.get());
+    const Val& v = vals[size_t(x)];
+    // Down to the product through reshapes and permutes, each (and the product) read only on
+    // this way, so nothing else will read the product's own slot.
+    int k = x;
+    while (users[size_t(k)] == 1 && !output_of_node.count(k) && (g.nodes[size_t(k)]->op == Op::Reshape || g.nodes[size_t(k)]->op == Op::Permute))
+      k = g.index.at(g.nodes[size_t(k)]->inputs[0].get());
+    if (g.nodes[size_t(k)]->op != Op::Matmul || users[size_t(k)] != 1 || output_of_node.count(k) || v.kind != Val::Slot ||
+        vals[size_t(k)].kind != Val::Slot || vals[size_t(k)].slot != v.slot)
+      return false;
+    const kir::Slot& sl = plan.slots[size_t(v.slot)];
+    if (sl.kind != kir::SlotKind::Temp || sl.dtype != n.dtype || !v.map.is_contiguous() || v.map.views[0].offset != 0 ||
+        numel(sl.shape) != input->numel())
+      return false;
+    // Its one writer: a floating Gemm without epilogue or accumulation, and no reader yet.
+    size_t w = plan.steps.size();
+    for (size_t s = 0; s < plan.steps.size(); ++s) {
+      const Step& st = plan.steps[s];
+      if (std::count(st.inputs.begin(), st.inputs.end(), v.slot)) return false;
+      for (int o : st.outputs())
+        if (o == v.slot) {
+          if (w != plan.steps.size()) return false;
+          w = s;
+        }
+    }
+    if (w == plan.steps.size() || std::any_of(parts.begin(), parts.end(), [&](const Part& q) { return q.step == w; }))
+      return false;  // (one product read twice: concat(x, x))
+    const Step& G = plan.steps[w];
+    if (G.kind != StepKind::Gemm || !G.program.empty() || G.accumulate || G.out_offset || !G.more_outputs.empty() ||
+        (G.dtype != DType::Float32 && G.dtype != DType::Float64))
+      return false;
+    // Where each position of the product's slot lies in the concatenation's: the slot's row-major
+    // order is the operand's, which fills [start, start + its extent) along the axis.
+    std::vector<int64_t> range(3 * n.shape.size());
+    for (size_t d = 0; d < n.shape.size(); ++d) {
+      range[3 * d] = d == ax ? start : 0;
+      range[3 * d + 1] = d == ax ? start + input->shape[d] : n.shape[d];
+      range[3 * d + 2] = 1;
+    }
+    const IndexMap at = IndexMap::contiguous(n.shape).slice(range).reshape(sl.shape);
+    if (!at.single()) return false;
+    std::vector<int64_t> strides(G.shape.size());
+    auto perm = permuted_slot.find(v.slot);
+    if (perm != permuted_slot.end()) {
+      for (size_t j = 0; j < strides.size(); ++j) strides[size_t(perm->second[j])] = at.views[0].strides[j];
+    } else {
+      if (sl.shape != G.shape) return false;
+      strides = at.views[0].strides;
+    }
+    if (strides.back() != 1) return false;  // columns contiguous
+    parts.push_back({w, std::move(strides), at.views[0].offset});
+    start += input->shape[ax];
+  }
+  const int slot = slot_for(i);
+  for (Part& p : parts) {
+    Step& G = plan.steps[p.step];
+    G.output = slot;
+    G.out_strides = std::move(p.strides);
+    G.out_offset = p.offset;
+  }
+  *out = slot_val(slot, n.shape);
+  return true;
+}
+
 Val Lowerer::lower_addressed(int i) {
   const Node& n = *g.nodes[i];
   StepKind kind = n.op == Op::Matmul       ? StepKind::Gemm
@@ -646,6 +723,7 @@ Val Lowerer::lower_addressed(int i) {
     st.out_strides.assign(r, 0);
     for (size_t j = 0; j < r; ++j) st.out_strides[size_t(perm[j])] = cs[j];
     st.output = new_slot(kir::SlotKind::Temp, 0, ps, n.dtype, kir::Source{ir::op_name(n.op), *n.scope});
+    permuted_slot[st.output] = perm;
     Val v = push(std::move(st), ps);
     v.map = v.map.permute(inv);
     return v;
@@ -657,8 +735,11 @@ Val Lowerer::lower_addressed(int i) {
 std::vector<int64_t> Lowerer::permuted_product(int i) const {
   const Node& n = *g.nodes[size_t(i)];
   const size_t r = n.shape.size();
+  // Floating products: float32/float64 operands, or 16-bit ones with a float32 result (autocast's).
+  const DType a = n.inputs[0]->dtype, b = n.inputs[1]->dtype;
+  const bool half = n.dtype == DType::Float32 && a == b && (a == DType::BFloat16 || a == DType::Float16);
   if (!gemm_out_strides || !fuse || n.op != Op::Matmul || r < 3 || users[size_t(i)] != 1 || output_of_node.count(i) ||
-      (n.dtype != DType::Float32 && n.dtype != DType::Float64) || n.inputs[0]->dtype != n.dtype || n.inputs[1]->dtype != n.dtype)
+      (!half && ((n.dtype != DType::Float32 && n.dtype != DType::Float64) || a != n.dtype || b != n.dtype)))
     return {};
   for (size_t k = size_t(i) + 1; k < g.nodes.size(); ++k) {
     const Node& u = *g.nodes[k];

@@ -42,6 +42,7 @@ class Lowerer {
   const ir::Graph& g;
   const bool fuse;  // the "fuse" switch: pending expressions are pasted into their consumers
   const bool gemm_out_strides;  // Target::gemm_out_strides
+  const bool place;             // the "place" switch: products written into their concatenation's slot
   Plan plan;
   std::vector<Val> vals;
   std::vector<int> param_slot;
@@ -60,6 +61,9 @@ class Lowerer {
   std::vector<int> attn_lse;        // per match with a backward: the forward's log-sum-exp slot
   std::map<int, Val> attn_bwd_vals; // gradient nodes already written by their backward Step
   std::vector<uint8_t> absorbed;
+  // Slots of products written in a permuted reader's layout: the permutation (the slot's
+  // dimension j holds the product's dimension perm[j]).
+  std::map<int, std::vector<int64_t>> permuted_slot;
 
   // ---- slots and Steps (lower.cpp) ----
   int new_slot(kir::SlotKind kind, int index, const Shape& s, DType t, kir::Source src = {"parameter", ""});
@@ -101,6 +105,10 @@ class Lowerer {
   Val lower_elementwise(int i);
   Val lower_reduce(int i);
   Val lower_concat(int i);
+  // A concatenation of products, each read whole in its slot's row-major order: the products
+  // write their parts of the concatenation's slot (Step::out_strides, out_offset), no Step
+  // concatenates. False (nothing changed) when an operand is not such a product.
+  bool place_concat(int i, Val* out);
   Val lower_addressed(int i);  // matmul and the indexing ops: Steps reading plain strided views
   // A batched product whose one reader is a permute of its batch and row dimensions (columns
   // stay last): the permutation, else empty. The product is then written in that layout.

@@ -22,6 +22,7 @@ std::string Step::str() const {
     os << " strides [";
     for (size_t i = 0; i < out_strides.size(); ++i) os << (i ? ", " : "") << out_strides[i];
     os << "]";
+    if (out_offset) os << " at " << out_offset;
   }
   if (attention) {
     os << " [" << (attention->backward ? "backward, " : "") << attention->batch << " x " << attention->tq << "x" << attention->tk << ", d " << attention->d;

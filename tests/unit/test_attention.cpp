@@ -7,8 +7,11 @@
 #include <gtest/gtest.h>
 #include <omp.h>
 
+#include <algorithm>
 #include <cmath>
+#include <iostream>
 #include <limits>
+#include <set>
 
 #include "backends/backend.h"
 #include "compiler/pipeline.h"
@@ -352,8 +355,12 @@ TEST_F(Attention, AGptTrainingStepAt64PositionsReadsQkvAsViewsOfTheBiasedProduct
         strided += st.kind == kir::StepKind::Gemm && !st.out_strides.empty();
         moved += st.kind == kir::StepKind::Copy && st.shape == Shape{3, 64, 2, 32};
       }
-      EXPECT_EQ(strided, 6);  // per layer: dQ, dV and the forward's P V (read as [B, T, H, D] too)
+      // Per layer: dQ, dK and dV (written into the qkv gradient, TheQkvGradientIsWrittenInPlace...)
+      // and the forward's P V (read as [B, T, H, D] too).
+      EXPECT_EQ(strided, 8);
       EXPECT_EQ(moved, 0) << p.str();
+      for (const kir::Step& st : p.steps)  // the qkv gradient is not assembled by a Step
+        EXPECT_FALSE(st.shape == (Shape{3, 64, 192}) && st.kind != kir::StepKind::Gemm) << st.str();
       kir::Target plain = cpu_target();
       plain.gemm_out_strides = false;  // another backend's target: dense products, the copies back
       int copies = 0;
@@ -399,6 +406,140 @@ TEST_F(Attention, TheHeadSplitQkvAsViewsMatchesFloat64) {
   const std::vector<double> got = run(DType::Float32);
   runtime::set_disabled_passes("fuse");  // the reference: float64, unfused (dense products, no views)
   EXPECT_LE(normalized_error(got, run(DType::Float64)), 1e-5);
+}
+
+// An attention block's outputs for TheQkvGradient... below: y and the gradients of x, the qkv
+// weight and its bias (B 2, T 64, C 64, 2 heads; at 64 keys the training step keeps the
+// decomposition).
+constexpr int64_t kB = 2, kT = 64, kC = 64, kH = 2, kD = kC / kH;
+std::vector<Tensor> qkv_block(DType t) {
+  Tensor x = random_tensor({kB, kT, kC}, t, 71), w = random_tensor({kC, 3 * kC}, t, 72, -0.3, 0.3);
+  Tensor b = random_tensor({3 * kC}, t, 73), r = random_tensor({kB, kT, kC}, t, 74);
+  for (Tensor* p : {&x, &w, &b}) p->requires_grad_(true);
+  Tensor qkv = matmul(x, w) + b;
+  auto split = [&](int64_t i) { return narrow(qkv, 2, i * kC, kC).reshape({kB, kT, kH, kD}).transpose(1, 2); };
+  Tensor y = attention(split(0), split(1), split(2), {kB, kH, kT, kT, kD, kD, true}).transpose(1, 2).reshape({kB, kT, kC});
+  Tensor loss = (y * r).sum();
+  loss.backward();
+  return {y, x.grad(), w.grad(), b.grad()};
+}
+
+// The plan checks of TheQkvGradient... below. rounded (bfloat16 autocast): the qkv backward's
+// products read the assembled buffer rounding it as they pack (the cast Step folded), and the bias
+// sum reads it too, rounding it in its program; no Step rounds or adds.
+bool has_source(const kir::Step& st, const std::string& op) {
+  return std::any_of(st.sources.begin(), st.sources.end(), [&](const kir::Source& s) { return s.op == op; });
+}
+void expect_qkv_gradient_in_place(const std::vector<Tensor>& outs, bool rounded) {
+  const Shape dqkv_shape{kB, kT, 3 * kC};
+  const compiler::Plan p = plan_of(outs, cpu_target());
+  std::vector<int64_t> offsets;
+  std::set<int> slots;
+  for (const kir::Step& st : p.steps)
+    if (st.kind == kir::StepKind::Gemm && !st.out_strides.empty() && p.slots[size_t(st.output)].shape == dqkv_shape) {
+      offsets.push_back(st.out_offset);
+      slots.insert(st.output);
+      EXPECT_EQ(st.shape, (Shape{kB, kH, kT, kD})) << st.str();  // dK too, not dK^T [B, H, D, T]
+    }
+  std::sort(offsets.begin(), offsets.end());
+  EXPECT_EQ(offsets, (std::vector<int64_t>{0, kC, 2 * kC})) << p.str();
+  EXPECT_EQ(slots.size(), 1u) << p.str();
+  const int dqkv = slots.empty() ? -1 : *slots.begin();
+  int readers = 0, products = 0, bias_sums = 0;
+  for (const kir::Step& st : p.steps) {
+    EXPECT_FALSE(st.kind != kir::StepKind::Gemm && numel(st.shape) == numel(dqkv_shape) && has_source(st, "add"))
+        << "the qkv gradient assembled: " << st.str();
+    if (!std::count(st.inputs.begin(), st.inputs.end(), dqkv)) continue;
+    ++readers;
+    if (st.kind == kir::StepKind::Gemm) {  // the weight's and the input's gradients
+      ++products;
+      const int k = int(std::find(st.inputs.begin(), st.inputs.end(), dqkv) - st.inputs.begin());
+      EXPECT_EQ((st.rounded >> k) & 1, rounded ? 1 : 0) << st.str();
+    }
+    // The bias gradient: one reduction over the assembled buffer.
+    bias_sums += (st.kind == kir::StepKind::Reduce || st.kind == kir::StepKind::Row) && numel(st.shape) == 3 * kC;
+  }
+  EXPECT_EQ(products, 2) << p.str();
+  EXPECT_EQ(bias_sums, 1) << p.str();
+  EXPECT_EQ(readers, 3) << p.str();
+  kir::Target plain = cpu_target();
+  plain.gemm_out_strides = false;  // another backend's target: the pads added by a Step
+  for (const compiler::Plan& q : {plan_of(outs, plain), plan_of(outs, cpu_target(), "place")}) {  // and with the pass off
+    int adds = 0;
+    for (const kir::Step& st : q.steps) {
+      EXPECT_EQ(st.out_offset, 0);
+      adds += st.kind == kir::StepKind::Elementwise && numel(st.shape) == numel(dqkv_shape) && has_source(st, "add");
+    }
+    EXPECT_EQ(adds, 1) << q.str();
+  }
+}
+
+// The qkv product's gradient is the sum of the zero pads that are the gradients of its slices Q,
+// K and V; on the cpu it is their concatenation, which the attention backward's products write
+// straight into (compiler/passes/place.cpp): dQ, dK and dV each into its columns of one
+// [B, T, 3C] buffer (Step::out_offset 0, C, 2C; dK computed as dS^T Q instead of Q^T dS, which
+// was read transposed), so no Step adds the pads or copies a part, and the bias gradient is one
+// reduction over that buffer. A target without Target::gemm_out_strides keeps the add, and so
+// does the cpu with the pass off. Values against float64 and against the plan without the pass.
+TEST_F(Attention, TheQkvGradientIsWrittenInPlaceByTheBackwardProducts) {
+  std::vector<Tensor> outs = qkv_block(DType::Float32);
+  expect_qkv_gradient_in_place(outs, false);
+  const std::vector<double> got = all_values(outs);
+  runtime::set_disabled_passes("place");
+  EXPECT_LE(normalized_error(got, all_values(qkv_block(DType::Float32))), 1e-6);
+  runtime::set_disabled_passes("fuse");  // the reference: float64, unfused (dense products, the pads added)
+  EXPECT_LE(normalized_error(got, all_values(qkv_block(DType::Float64))), 1e-5);
+}
+
+// Under bfloat16 autocast each gradient product is rounded to bfloat16 and back (its VJP), the
+// casts between the products and the pads: taken out of the pads, the products write the buffer
+// the same way, the rounding is in the bias gradient's reduction's program and the cast to
+// bfloat16 the qkv backward's products read is folded into them. Values against the plan without
+// the pass (the same bits) and float64.
+TEST_F(Attention, TheQkvGradientIsWrittenInPlaceUnderBfloat16Autocast) {
+  auto run = [] {
+    Autocast ac{DType::BFloat16};
+    return qkv_block(DType::Float32);
+  };
+  std::vector<Tensor> outs = run();
+  expect_qkv_gradient_in_place(outs, true);
+  const std::vector<double> got = all_values(outs);
+  runtime::set_disabled_passes("place");
+  const double unplaced = normalized_error(got, all_values(run()));
+  runtime::set_disabled_passes("fuse");
+  const double f64 = normalized_error(got, all_values(qkv_block(DType::Float64)));
+  EXPECT_LE(unplaced, 1e-6);
+  EXPECT_LE(f64, 2e-2);
+  std::cout << "bfloat16: against the plan without the pass " << unplaced << ", against float64 " << f64 << "\n";
+}
+
+// The lowering's half of "place" takes any concatenation of products read whole: two batched
+// products concatenated along their columns are written into one slot, no Copy Step; one
+// product concatenated with itself is copied (one Step cannot write two places). Values
+// against the unfused Steps.
+TEST_F(Attention, AConcatenationOfProductsIsWrittenByThem) {
+  Tensor a = random_tensor({2, 3, 8, 5}, DType::Float32, 81), b = random_tensor({2, 3, 5, 4}, DType::Float32, 82);
+  Tensor c = random_tensor({2, 3, 5, 6}, DType::Float32, 83);
+  // (Each doubled: a concatenation that is a graph output is copied into the output's buffer.)
+  Tensor two = cat({matmul(a, b), matmul(a, c)}, 3) * 2.0, twice = cat({matmul(a, b), matmul(a, b)}, 2) * 2.0;
+  auto plan = [&](const Tensor& y, int* copies) {
+    std::vector<int64_t> offsets;
+    *copies = 0;
+    for (const kir::Step& st : plan_of(y, cpu_target()).steps) {
+      *copies += st.kind == kir::StepKind::Copy;
+      if (st.kind == kir::StepKind::Gemm && !st.out_strides.empty()) offsets.push_back(st.out_offset);
+    }
+    std::sort(offsets.begin(), offsets.end());
+    return offsets;
+  };
+  int copies = 0;
+  EXPECT_EQ(plan(two, &copies), (std::vector<int64_t>{0, 4}));  // [2, 3, 8, 10]: the second from column 4
+  EXPECT_EQ(copies, 0);
+  EXPECT_EQ(plan(twice, &copies), (std::vector<int64_t>{}));
+  EXPECT_EQ(copies, 1);
+  const std::vector<double> got = all_values({two, twice});
+  runtime::set_disabled_passes("fuse");
+  EXPECT_LE(normalized_error(got, all_values({two, twice})), 1e-6);
 }
 
 TEST_F(Attention, TheBackwardIsBitIdenticalFor1To3Threads) {

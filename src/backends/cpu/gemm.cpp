@@ -263,7 +263,8 @@ class GemmLaunch {
     epi_in_ = inputs_of(st_, args_);
     loop_ = loop_for(k_.epilogue, st_.program, st_, epi_in_, args_, base_);
     if (K_ == 0) {
-      if (!st_.accumulate) std::memset(out_, 0, size_t(nb_ * M_ * N_) * elem_);
+      for (int64_t b = 0, ldc = 0; b < nb_ && !st_.accumulate; ++b)  // (strided C: only its own rows of the slot)
+        for (int64_t i = 0; i < M_; ++i) std::memset(c_at(b, &ldc) + size_t(i * ldc) * elem_, 0, size_t(N_) * elem_);
       for (int64_t b = 0; b < nb_; ++b) epilogue(b, 0, M_, 0, N_);
       return;
     }
@@ -292,6 +293,22 @@ class GemmLaunch {
       run_program(st_.program, k_.regs, epi_in_, st_.shape, p, n, args_, sc);
       store_tile(st_, out_, p, n, sc);
     }
+  }
+
+  // Batch element b's C and its row stride: dense, or through Step::out_strides from
+  // Step::out_offset (the lowering gives such strides, columns contiguous, to floating products
+  // without an epilogue: a permuted reader's layout, or a part of a concatenation's slot).
+  char* c_at(int64_t b, int64_t* ldc) const {
+    if (st_.out_strides.empty()) {
+      *ldc = N_;
+      return out_ + size_t(b * M_ * N_) * elem_;
+    }
+    int64_t idx[32];
+    unravel(b, batch_, idx);
+    int64_t co = st_.out_offset;
+    for (size_t d = 0; d < batch_.size(); ++d) co += idx[d] * st_.out_strides[d];
+    *ldc = st_.out_strides[r_ - 2];
+    return out_ + size_t(co) * elem_;
   }
 
   // ---- The window kernel ----
@@ -464,7 +481,8 @@ class GemmLaunch {
       if (n0 >= n1) continue;
       const int64_t rs = a_.trans ? 1 : a_.ld, cs = a_.trans ? a_.ld : 1;
       const uint16_t* a = ra_ ? nullptr : half_at(a_, b) + (a_.trans ? m0 : m0 * a_.ld);
-      float* c = reinterpret_cast<float*>(out_) + b * M_ * N_ + m0 * N_;
+      int64_t ldc = 0;
+      float* c = reinterpret_cast<float*>(c_at(b, &ldc)) + m0 * ldc;
       const uint16_t* bpk = dot && !local ? bh.data() + b * bsize + n0 * 2 * P : nullptr;
       if (local) {  // n0 == 0, n1 == N_, m0 == 0, m1 == M_
         thread_local std::vector<uint16_t, LineAligned<uint16_t>> bl;
@@ -485,8 +503,8 @@ class GemmLaunch {
         } else {
           ap = apr.data() + b * P * M_ + m0;
         }
-        PriorBlock prior(st_.accumulate, c + n0, rows, n1 - n0, N_);
-        bf16_gemm::product_pairs(ap, lda, P, bpk, rows, n1 - n0, c + n0, N_);
+        PriorBlock prior(st_.accumulate, c + n0, rows, n1 - n0, ldc);
+        bf16_gemm::product_pairs(ap, lda, P, bpk, rows, n1 - n0, c + n0, ldc);
         prior.add();
       } else if (dot) {
         thread_local std::vector<uint16_t, LineAligned<uint16_t>> ap;
@@ -498,15 +516,15 @@ class GemmLaunch {
           else bf16_gemm::pack_a(a, rs, cs, rows, K_, ap.data());
           a = ap.data();
         }
-        PriorBlock prior(st_.accumulate, c + n0, rows, n1 - n0, N_);
-        bf16_gemm::product(a, lda, 2 * P, bpk, rows, n1 - n0, c + n0, N_);
+        PriorBlock prior(st_.accumulate, c + n0, rows, n1 - n0, ldc);
+        bf16_gemm::product(a, lda, 2 * P, bpk, rows, n1 - n0, c + n0, ldc);
         prior.add();
       } else {
         thread_local std::vector<float, LineAligned<float>> af;
         af.resize(std::max(af.size(), size_t(rows * K_)));
         for (int64_t i = 0; i < rows; ++i)
           for (int64_t q = 0; q < K_; ++q) af[size_t(i * K_ + q)] = to_float(t, a[i * rs + q * cs]);
-        blas_gemm(false, false, rows, n1 - n0, K_, af.data(), K_, bf.data() + b * bsize + n0, N_, c + n0, N_, st_.accumulate);
+        blas_gemm(false, false, rows, n1 - n0, K_, af.data(), K_, bf.data() + b * bsize + n0, N_, c + n0, ldc, st_.accumulate);
       }
       epilogue(b, m0, m1, n0, n1);
     }
@@ -624,12 +642,8 @@ class GemmLaunch {
     for (size_t d = 0; d < batch_.size(); ++d) ao += idx[d] * a_.batch_strides[d], bo += idx[d] * b_.batch_strides[d];
     // C: batch b's matrix, dense, or through Step::out_strides (rows ldc apart; the lowering
     // gives floating products without an epilogue such strides).
-    int64_t ldc = N_, co = b * M_ * N_;
-    if (!st_.out_strides.empty()) {
-      ldc = st_.out_strides[r_ - 2], co = 0;
-      for (size_t d = 0; d < batch_.size(); ++d) co += idx[d] * st_.out_strides[d];
-    }
-    char* c = out_ + size_t(co) * elem_;
+    int64_t ldc = 0;
+    char* c = c_at(b, &ldc);
     if (!floating_) {
       integer_block(ao, bo, c, m0, m1, n0, n1);
       return epilogue(b, m0, m1, n0, n1);

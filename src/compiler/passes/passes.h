@@ -5,6 +5,9 @@
 //   simplify  IR -> IR   algebraic identities and constant folding
 //   cse       IR -> IR   merges nodes equal but for their scope (interning merges the rest)
 //   dce       IR -> IR   drops nodes no output needs
+//   place     IR -> IR   only for a target declaring Target::gemm_out_strides, with "fuse" on: sums
+//                        of zero pads of products become concatenations, which the lowering has
+//                        the products write straight into (place.cpp, Lowerer::place_concat)
 //   fuse      lowering   elementwise chains, maps and same-axis row reductions into one Step
 //   schedule  Steps      a topological order chosen to lower the peak of live bytes
 //   epilogue  Steps      elementwise consumers of a GEMM applied per row block inside it
@@ -36,6 +39,12 @@ namespace tessera::compiler {
 ir::Graph simplify(const ir::Graph& g);
 ir::Graph cse(const ir::Graph& g);
 ir::Graph dce(const ir::Graph& g);
+// The IR half of "place" (place.cpp), for a target declaring Target::gemm_out_strides: a sum of
+// zero pads of products along adjacent ranges of one axis becomes their concatenation (which the
+// lowering has the products write into), and a batched product read through a permute moving its
+// rows last computes the transposed product instead. attention: the target fuses attention
+// (Target::attention, the pass on): gradients a fused attention backward writes are left alone.
+ir::Graph join_pads(const ir::Graph& g, bool attention);
 
 // Step passes rewrite plan.steps in place (before donation and memory planning).
 void fuse_epilogues(Plan& plan);
