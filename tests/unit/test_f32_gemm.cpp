@@ -12,6 +12,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -146,6 +147,33 @@ TEST(F32Gemm, OneTwoAndThreeThreadsGiveTheSameBits) {
     const std::vector<float> one = run(c, 1, false);
     EXPECT_TRUE(run(c, 2, false) == one);
     EXPECT_TRUE(run(c, 3, false) == one);
+  }
+}
+
+// The packed B of a single product is the launching thread's buffer, reused between launches
+// without being cleared (cpu::launch_buffer): every float a tile reads is packed first. After a
+// larger product whose B was all NaN filled that buffer, the cases give the bits they gave before.
+// (Here the packed zeros past N feed only lanes the tiles do not store: dropping them changes no
+// result. The bfloat16 products' zero halves past an odd K do: test_autocast's NaN test.)
+TEST(F32Gemm, APackingBufferLeftWithNaNsDoesNotReachLaterProducts) {
+  REQUIRE_KERNEL();
+  const int64_t K = 520, N = 200;  // 4 panels of 64 x 520: more than any case below packs
+  std::vector<float> a = values(size_t(6 * K), 3), b(size_t(K * N), std::numeric_limits<float>::quiet_NaN()), c(size_t(6 * N));
+  fg::Problem p;
+  p.batch = 1, p.M = 6, p.N = N, p.K = K;
+  p.a = a.data(), p.ars = K, p.acs = 1, p.b = b.data(), p.brs = N, p.bcs = 1, p.c = c.data();
+  for (const Case& cs : cases()) {
+    if (cs.batch != 1 || cs.ta) continue;  // single products packing B whole (A transposed: a weight gradient's blocks)
+    SCOPED_TRACE(name(cs));
+    for (int threads : {1, 2, 3}) {
+      const std::vector<float> before = run(cs, threads, false);
+      const int was = omp_get_max_threads();
+      omp_set_num_threads(threads);
+      fg::gemm(p);
+      omp_set_num_threads(was);
+      ASSERT_TRUE(std::isnan(c[0]));
+      EXPECT_TRUE(run(cs, threads, true) == before) << threads << " threads";
+    }
   }
 }
 

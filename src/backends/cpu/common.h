@@ -122,6 +122,22 @@ template <class T> struct LineAligned {
   bool operator==(const LineAligned&) const = default;
 };
 
+// A launch's packing buffer, kept by the launching thread between launches: at least n elements,
+// line-aligned, its contents whatever the last launch left (the caller writes every element it
+// reads). Tag: one buffer per use (buffers live at once need distinct tags). A fresh zeroed
+// vector per launch cost the GPT step ~0.45 ms of serial memset, malloc and page faults
+// (docs/architecture.md, "Per-Step overhead"). The largest launch's size stays allocated per
+// thread, as the per-thread buffers of the kernels' tasks do.
+template <class Tag, class T>
+T* launch_buffer(size_t n) {
+  thread_local std::vector<T, LineAligned<T>> buf;
+  if (buf.size() < n) {
+    buf = {};  // no copy of the old contents
+    buf.resize(n);
+  }
+  return buf.data();
+}
+
 inline std::vector<const void*> inputs_of(const Step& st, const LaunchArgs& a) {
   std::vector<const void*> in;
   for (int s : st.inputs) in.push_back(a.slots[s]);

@@ -310,7 +310,8 @@ void gemm(const Problem& p, TileDone done, void* ctx) {
   // One matrix: B packed once (a task per panel), then tiles of rows x panels, at least 32 of
   // them (rows in multiples of the register tile's; fixed by the shape alone), dynamically
   // scheduled: a tile's K runs in one task, so which thread takes it changes nothing.
-  std::vector<float, cpu::LineAligned<float>> bp(static_cast<size_t>(psize));
+  // Every float a tile reads is written by pack_panel (zeros past N included): not zeroed first.
+  float* const bp = cpu::launch_buffer<struct PackedB, float>(static_cast<size_t>(psize));
   int64_t rows = 8 * kMR, cols = np;  // panels per tile
   auto count = [&] { return (p.M + rows - 1) / rows * ((np + cols - 1) / cols); };
   while (count() < 32 && (cols > 1 || rows > kMR)) {
@@ -321,12 +322,12 @@ void gemm(const Problem& p, TileDone done, void* ctx) {
 #pragma omp parallel
   {
 #pragma omp for schedule(static)
-    for (int64_t q = 0; q < np; ++q) pack_panel(p, 0, q, bp.data() + q * kW * p.K);
+    for (int64_t q = 0; q < np; ++q) pack_panel(p, 0, q, bp + q * kW * p.K);
 #pragma omp for schedule(dynamic, 1)
     for (int64_t t = 0; t < mt * nt; ++t) {
       const int64_t m0 = t / nt * rows, m1 = std::min(p.M, m0 + rows);
       const int64_t n0 = t % nt * cols * kW, n1 = std::min(p.N, n0 + cols * kW);
-      block(p, 0, bp.data(), m0, m1, n0, n1);
+      block(p, 0, bp, m0, m1, n0, n1);
       if (done) done(ctx, 0, m0, m1, n0, n1);
     }
   }

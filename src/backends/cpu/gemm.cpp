@@ -396,8 +396,9 @@ class GemmLaunch {
   void window_batches() const {
     const Window& w = *k_.window;
     const int64_t na = int64_t(w.a_off.size());
-    std::vector<float, LineAligned<float>> at(size_t(na * K_ * mp_));
-    for (int64_t d = 0; d < na; ++d) pack_at(at.data() + d * K_ * mp_, d, 0, K_);
+    // pack_at writes every row up to mp_ (zeros past M): the thread's buffer is reused as it is.
+    float* const at = launch_buffer<struct WindowAT, float>(size_t(na * K_ * mp_));
+    for (int64_t d = 0; d < na; ++d) pack_at(at + d * K_ * mp_, d, 0, K_);
     constexpr int64_t kChunk = 240;
     const int64_t nch = nb_ >= 2 * int64_t(omp_get_max_threads()) ? 1 : (N_ + kChunk - 1) / kChunk;
     const int64_t len = (N_ + nch - 1) / nch;
@@ -405,7 +406,7 @@ class GemmLaunch {
 #pragma omp parallel for schedule(static)
     for (int64_t t = 0; t < nb_ * nch; ++t) {
       const int64_t b = t / nch, n0 = t % nch * len, n1 = std::min(N_, n0 + len);
-      window_tile(at.data() + w.a_of[size_t(b)] * K_ * mp_, b, n0, n1, 0, K_, c + b * M_ * N_, st_.accumulate);
+      window_tile(at + w.a_of[size_t(b)] * K_ * mp_, b, n0, n1, 0, K_, c + b * M_ * N_, st_.accumulate);
       epilogue(b, 0, M_, n0, n1);
     }
   }
@@ -440,19 +441,21 @@ class GemmLaunch {
     // buffers and multiplies from there at once, one parallel region instead of three (the
     // packing loops' barriers cost more than these products' arithmetic saves).
     const bool local = dot && nb_ >= 4 && mb == 1;
-    std::vector<uint16_t, LineAligned<uint16_t>> bh(dot && !local ? size_t(nb_ * bsize) : 0);
+    // Packed B and A pairs: the packing loops write every element the products read (zeros past
+    // N and K included), so the launching thread's buffers are reused as they are.
+    uint16_t* const bh = dot && !local ? launch_buffer<struct HalfB, uint16_t>(size_t(nb_ * bsize)) : nullptr;
     std::vector<float, LineAligned<float>> bf(dot ? 0 : size_t(nb_ * bsize));
 #pragma omp parallel for schedule(static) if (!local && nb_ * K_ * N_ >= kParallelMin)
     for (int64_t t2 = 0; t2 < (local ? 0 : nb_ * ncb); ++t2) {
       const int64_t b = t2 / ncb, n0 = t2 % ncb * 16, w = std::min<int64_t>(16, N_ - n0);
       const int64_t rs = b_.trans ? 1 : b_.ld, cs = b_.trans ? b_.ld : 1;
       if (rb_) {
-        bf16_gemm::pack_b_f32(f32_at(b_, b) + (b_.trans ? n0 * b_.ld : n0), rs, cs, K_, w, bh.data() + b * bsize + n0 * 2 * P);
+        bf16_gemm::pack_b_f32(f32_at(b_, b) + (b_.trans ? n0 * b_.ld : n0), rs, cs, K_, w, bh + b * bsize + n0 * 2 * P);
         continue;
       }
       const uint16_t* src = half_at(b_, b) + (b_.trans ? n0 * b_.ld : n0);
       if (dot) {
-        bf16_gemm::pack_b(src, rs, cs, K_, w, bh.data() + b * bsize + n0 * 2 * P);
+        bf16_gemm::pack_b(src, rs, cs, K_, w, bh + b * bsize + n0 * 2 * P);
         continue;
       }
       float* dst = bf.data() + b * bsize + n0;
@@ -465,13 +468,13 @@ class GemmLaunch {
     // one element per column stride, by every column task again.
     const int64_t pchunks = (P + 63) / 64;
     const bool pairs = dot && a_.trans;
-    std::vector<uint32_t, LineAligned<uint32_t>> apr(pairs && !local ? size_t(nb_ * P * M_) : 0);
+    uint32_t* const apr = pairs && !local ? launch_buffer<struct HalfAPairs, uint32_t>(size_t(nb_ * P * M_)) : nullptr;
     if (pairs && !local) {
 #pragma omp parallel for schedule(static) if (nb_ * K_ * M_ >= kParallelMin)
       for (int64_t t2 = 0; t2 < nb_ * pchunks; ++t2) {
         const int64_t b = t2 / pchunks, p0 = t2 % pchunks * 64, k0 = 2 * p0, k1 = std::min(K_, k0 + 128);
-        if (ra_) bf16_gemm::pack_a_pairs_f32(f32_at(a_, b) + k0 * a_.ld, a_.ld, M_, k1 - k0, apr.data() + (b * P + p0) * M_, M_);
-        else bf16_gemm::pack_a_pairs(half_at(a_, b) + k0 * a_.ld, a_.ld, M_, k1 - k0, apr.data() + (b * P + p0) * M_, M_);
+        if (ra_) bf16_gemm::pack_a_pairs_f32(f32_at(a_, b) + k0 * a_.ld, a_.ld, M_, k1 - k0, apr + (b * P + p0) * M_, M_);
+        else bf16_gemm::pack_a_pairs(half_at(a_, b) + k0 * a_.ld, a_.ld, M_, k1 - k0, apr + (b * P + p0) * M_, M_);
       }
     }
 #pragma omp parallel for schedule(static)
@@ -483,7 +486,7 @@ class GemmLaunch {
       const uint16_t* a = ra_ ? nullptr : half_at(a_, b) + (a_.trans ? m0 : m0 * a_.ld);
       int64_t ldc = 0;
       float* c = reinterpret_cast<float*>(c_at(b, &ldc)) + m0 * ldc;
-      const uint16_t* bpk = dot && !local ? bh.data() + b * bsize + n0 * 2 * P : nullptr;
+      const uint16_t* bpk = dot && !local ? bh + b * bsize + n0 * 2 * P : nullptr;
       if (local) {  // n0 == 0, n1 == N_, m0 == 0, m1 == M_
         thread_local std::vector<uint16_t, LineAligned<uint16_t>> bl;
         bl.resize(std::max(bl.size(), size_t(bsize)));
@@ -501,7 +504,7 @@ class GemmLaunch {
           else bf16_gemm::pack_a_pairs(a, a_.ld, rows, K_, al.data(), rows);
           ap = al.data(), lda = rows;
         } else {
-          ap = apr.data() + b * P * M_ + m0;
+          ap = apr + b * P * M_ + m0;
         }
         PriorBlock prior(st_.accumulate, c + n0, rows, n1 - n0, ldc);
         bf16_gemm::product_pairs(ap, lda, P, bpk, rows, n1 - n0, c + n0, ldc);
