@@ -20,7 +20,7 @@ Plan compile_graph(const ir::Graph& g, const std::vector<int>& donate_to, const 
     // Scheduling sees single-output Steps; the merges after it keep its order valid.
     if (opts.enabled("schedule")) schedule(p);
     if (opts.enabled("epilogue")) fuse_epilogues(p);
-    if (opts.enabled("merge")) merge_elementwise(p), merge_rows(p);
+    if (opts.enabled("merge")) merge_rows(p), merge_elementwise(p);
     if (opts.enabled("fold_casts") && opts.target.gemm_rounds_operands) fold_casts(p);
     donate(p, opts.enabled("donate") ? donate_to : std::vector<int>{});  // off: nothing written in place
     if (opts.enabled("inplace_last")) inplace_last(p);
