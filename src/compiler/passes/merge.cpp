@@ -137,14 +137,25 @@ void merge_rows(Plan& plan) {
   index_writers();
   std::vector<bool> gone(steps.size(), false);
   auto reads = [](const kir::Step& st, int slot) { return std::count(st.inputs.begin(), st.inputs.end(), slot) > 0; };
-  // A Step between A and B reading A's outputs that nothing up to B reads the outputs of (a
-  // layer norm's weight gradient, a Reduce of its stored statistics) moves after B.
-  auto movable = [&](size_t m, size_t b) {
-    if (steps[m].kind == kir::StepKind::Collective) return false;
-    for (size_t k = m + 1; k <= b; ++k)
-      for (int o : steps[m].outputs())
-        if (!gone[k] && reads(steps[k], o)) return false;
-    return true;
+  // Steps between A and B reading A's outputs, with the Steps between reading theirs (a layer
+  // norm's weight-gradient Reduce reading a stored mean, the optimizer's update of that weight
+  // scheduled right after it), move after B when B reads none of their results: [a+1, b) those.
+  auto movers = [&](size_t a, size_t b, const std::vector<int>& outs, bool* ok) {
+    std::vector<size_t> move;
+    std::vector<int> moved = outs;
+    for (size_t m = a + 1; m < b && *ok; ++m) {
+      if (gone[m]) continue;
+      bool r = false;
+      for (int o : moved) r |= reads(steps[m], o);
+      if (!r) continue;
+      if (steps[m].kind == kir::StepKind::Collective) *ok = false;
+      move.push_back(m);
+      for (int o : steps[m].outputs()) {
+        moved.push_back(o);
+        *ok = *ok && !reads(steps[b], o);
+      }
+    }
+    return move;
   };
   for (size_t b = 0; b < steps.size(); ++b) {
     for (bool again = true; again;) {
@@ -178,12 +189,7 @@ void merge_rows(Plan& plan) {
           if (!per_row && slot == A.output) ok &= identity(in, A.domain);
           else if (std::count(outs.begin(), outs.end(), slot)) ok &= row_broadcast(in.map, A.domain, A.row);
         }
-        std::vector<size_t> move;
-        for (size_t m = size_t(a) + 1; m < b && ok; ++m) {
-          bool r = false;
-          for (int o : outs) r |= !gone[m] && reads(steps[m], o);
-          if (r) move.push_back(m), ok = movable(m, b);
-        }
+        const std::vector<size_t> move = ok ? movers(size_t(a), b, outs, &ok) : std::vector<size_t>{};
         if (!ok) continue;
         kir::Step M = Bp;
         M.kind = kir::StepKind::Row;
@@ -225,7 +231,7 @@ void merge_rows(Plan& plan) {
         M.cost.bytes += A.cost.bytes;
         steps[b] = std::move(M);
         gone[size_t(a)] = true;
-        for (size_t k = move.size(); k-- > 0;) {  // each moved Step right after B, in their order
+        for (size_t k = move.size(); k-- > 0;) {  // the moved Steps right after B, in their order
           kir::Step st = std::move(steps[move[k]]);
           steps.erase(steps.begin() + std::ptrdiff_t(move[k]));
           gone.erase(gone.begin() + std::ptrdiff_t(move[k]));
