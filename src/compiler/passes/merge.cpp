@@ -122,10 +122,13 @@ void drop_unread_outputs(Plan& plan) {
 // elementwise Step over A's positions (a layer norm's output from its stored statistics: it
 // becomes a Row Step) or store one value per row itself (a variance from a stored mean: a chain
 // of statistics joins step by step), and A may store several per-row values (lowering's
-// store_row_stats). B's domain may be a reshape of A's when its maps stay single views (the
-// merged Step runs over A's). Done when no Step between them reads A's outputs (the merged Step
-// runs at B's place). A result stored in a narrower type than it is computed in (float16) is
-// read as a cast to that type, rounded as the store rounds.
+// store_row_stats). A's main result may also be one per position that only B reads, element
+// for element: it is then computed inside B and not stored. B's domain may be a reshape of A's
+// when its maps stay single views (the merged Step runs over A's). The merged Step runs at B's
+// place: Steps between them reading A's outputs (and those reading theirs) move after it, or
+// the pair is left alone when B reads their results. Several A's join one B in turn. A result
+// stored in a narrower type than it is computed in (float16) is read as a cast to that type,
+// rounded as the store rounds.
 void merge_rows(Plan& plan) {
   auto& steps = plan.steps;
   std::vector<int> writer(plan.slots.size(), -1);
