@@ -310,7 +310,12 @@ Val Lowerer::strided(int node, int producer) {
 
 const Val& Lowerer::operand(int node) {
   Val& v = vals[node];
-  if (v.kind == Val::Expr && users[node] > 1 && v.frag.weight() > kMaxDuplicateWeight) materialize(node);
+  if (v.kind == Val::Expr && users[node] > 1 && v.frag.weight() > kMaxDuplicateWeight) {
+    // A Row expression keeps its per-position part pending when storing its row statistics
+    // makes it light enough (a layer norm's deviation: the mean stored, not the deviation).
+    bool light = v.row && !v.rowconst && store_row_stats(node) && vals[node].frag.weight() <= kMaxDuplicateWeight;
+    if (!light) materialize(node);
+  }
   return vals[node];
 }
 
@@ -551,6 +556,7 @@ Val Lowerer::lower_reduce(int i) {
     r.nodes.push_back(i);
     return r;
   }
+  if (xv.kind == Val::Expr && xv.row && !xv.rowconst && store_row_stats(x)) xv = vals[x];  // a Reduce holds no RowSum
   if (xv.kind == Val::Expr && (xv.rowconst || xv.row || xv.positional)) {
     materialize(x);
     xv = vals[x];

@@ -95,6 +95,10 @@ class Lowerer {
   const Val& operand(int node);
   // Applies a movement to every load of an expression (positions of the new shape -> old).
   static Val move_expr(const Val& v, const Shape& shape, const std::function<kir::IndexMap(const kir::IndexMap&)>& f);
+  // A pending per-position Row expression's row statistics (row-constant values from its row
+  // reductions) stored once per row by one Row Step; every pending expression over those rows
+  // then loads them (lower_rows.cpp). False when it has none to store.
+  bool store_row_stats(int node);
   // Brings operand v (of node shape `s`) to a row-constant expression over `eval`.
   Val to_rowconst(int node, Val v, const Shape& eval, int64_t row);
 

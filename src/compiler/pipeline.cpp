@@ -22,7 +22,7 @@ Plan compile_graph(const ir::Graph& g, const std::vector<int>& donate_to, const 
     if (opts.enabled("schedule")) schedule(p);
     if (opts.enabled("epilogue")) fuse_epilogues(p);
     if (opts.enabled("merge")) {
-      merge_elementwise(p), merge_rows(p);
+      merge_rows(p), merge_elementwise(p);
       if (opts.target.multi_reduce) merge_reduces(p);
     }
     if (opts.enabled("fold_casts") && opts.target.gemm_rounds_operands) fold_casts(p);

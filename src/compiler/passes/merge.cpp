@@ -115,56 +115,137 @@ void drop_unread_outputs(Plan& plan) {
 
 }  // namespace
 
-// A Row Step B that reads the per-row result of an earlier Row Step A over the same rows, only
+// A Row Step B that reads the per-row results of an earlier Row Step A over the same rows, only
 // broadcast back along its rows (a layer norm's deviation, softmax's sum), recomputes A's
-// program itself: A's instructions come first in B, B's loads of A's result become A's result,
-// and B stores it once per row as a further output (A's slot). Done when no Step between them
-// reads A's output (the merged Step runs at B's place). A result stored in a narrower type than
-// it is computed in (float16) is read as a cast to that type, rounded as the store rounds.
+// program itself: A's instructions come first in B, B's loads of A's results become A's
+// results, and B stores them once per row as further outputs (A's slots). B may also be an
+// elementwise Step over A's positions (a layer norm's output from its stored statistics: it
+// becomes a Row Step) or store one value per row itself (a variance from a stored mean: a chain
+// of statistics joins step by step), and A may store several per-row values (lowering's
+// store_row_stats). A's main result may also be one per position that only B reads, element
+// for element: it is then computed inside B and not stored. B's domain may be a reshape of A's
+// when its maps stay single views (the merged Step runs over A's). The merged Step runs at B's
+// place: Steps between them reading A's outputs (and those reading theirs) move after it, or
+// the pair is left alone when B reads their results. Several A's join one B in turn. A result
+// stored in a narrower type than it is computed in (float16) is read as a cast to that type,
+// rounded as the store rounds.
 void merge_rows(Plan& plan) {
   auto& steps = plan.steps;
   std::vector<int> writer(plan.slots.size(), -1);
-  for (size_t s = 0; s < steps.size(); ++s)
-    for (int o : steps[s].outputs()) writer[size_t(o)] = int(s);
+  auto index_writers = [&] {
+    std::fill(writer.begin(), writer.end(), -1);
+    for (size_t s = 0; s < steps.size(); ++s)
+      for (int o : steps[s].outputs()) writer[size_t(o)] = int(s);
+  };
+  index_writers();
   std::vector<bool> gone(steps.size(), false);
   auto reads = [](const kir::Step& st, int slot) { return std::count(st.inputs.begin(), st.inputs.end(), slot) > 0; };
-  for (size_t b = 0; b < steps.size(); ++b) {
-    const kir::Step& B = steps[b];
-    if (B.kind != kir::StepKind::Row || numel(B.shape) != numel(B.domain) || !B.more_outputs.empty()) continue;
-    for (int x : B.inputs) {
-      int a = writer[size_t(x)];
-      if (a < 0 || gone[size_t(a)] || a >= int(b)) continue;
-      const kir::Step& A = steps[size_t(a)];
-      if (A.kind != kir::StepKind::Row || A.domain != B.domain || A.row != B.row || !A.more_outputs.empty() ||
-          numel(A.shape) * A.row != numel(A.domain))
-        continue;
-      bool ok = true;
-      for (const kir::Instr& in : B.program)
-        if (in.code == kir::Code::Load && B.inputs[size_t(in.input)] == x) ok &= row_broadcast(in.map, B.domain, B.row);
-      for (size_t m = size_t(a) + 1; m < b && ok; ++m) ok = gone[m] || !reads(steps[m], x);
-      if (!ok) continue;
-      kir::Step M = B;
-      M.inputs.clear();
-      M.program.clear();
-      int stat = append_program(M, A, [](int) { return -1; }).back(), as_read = stat;
-      if (compute_dtype(A.dtype) != A.dtype) {  // (nothing in A reads its result: a new instruction)
-        kir::Instr cast;
-        cast.code = kir::Code::Cast;
-        cast.dtype = A.dtype;
-        cast.a = stat;
-        M.program.push_back(cast);
-        as_read = int(M.program.size()) - 1;
+  // Steps between A and B reading A's outputs, with the Steps between reading theirs (a layer
+  // norm's weight-gradient Reduce reading a stored mean, the optimizer's update of that weight
+  // scheduled right after it), move after B when B reads none of their results: [a+1, b) those.
+  auto movers = [&](size_t a, size_t b, const std::vector<int>& outs, bool* ok) {
+    std::vector<size_t> move;
+    std::vector<int> moved = outs;
+    for (size_t m = a + 1; m < b && *ok; ++m) {
+      if (gone[m]) continue;
+      bool r = false;
+      for (int o : moved) r |= reads(steps[m], o);
+      if (!r) continue;
+      if (steps[m].kind == kir::StepKind::Collective) *ok = false;
+      move.push_back(m);
+      for (int o : steps[m].outputs()) {
+        moved.push_back(o);
+        *ok = *ok && !reads(steps[b], o);
       }
-      result_last(M, append_program(M, B, [&](int slot) { return slot == x ? as_read : -1; }).back());
-      M.more_outputs = {A.output};
-      M.more_results = {stat};
-      M.sources.insert(M.sources.begin(), A.sources.begin(), A.sources.end());
-      M.cost.flops += A.cost.flops;
-      M.cost.bytes += A.cost.bytes;
-      writer[size_t(A.output)] = int(b);
-      steps[b] = std::move(M);
-      gone[size_t(a)] = true;
-      break;
+    }
+    return move;
+  };
+  for (size_t b = 0; b < steps.size(); ++b) {
+    for (bool again = true; again;) {
+      again = false;
+      const kir::Step& B = steps[b];
+      const bool row_b = B.kind == kir::StepKind::Row;
+      if ((!row_b && B.kind != kir::StepKind::Elementwise) || (!row_b && !B.more_outputs.empty())) break;
+      const Shape& bdom = row_b ? B.domain : B.shape;
+      for (int x : B.inputs) {
+        const int a = writer[size_t(x)];
+        if (a < 0 || gone[size_t(a)] || a >= int(b)) continue;
+        const kir::Step& A = steps[size_t(a)];
+        if (A.kind != kir::StepKind::Row || (row_b && A.row != B.row) || numel(A.domain) != numel(bdom)) continue;
+        // A's main result one per row, or one per position that only B reads, element for element
+        // (a layer norm's input gradient before its mean is subtracted): then it is not stored.
+        const bool per_row = numel(A.shape) * A.row == numel(A.domain);
+        if (!per_row && (numel(A.shape) != numel(A.domain) || plan.slots[size_t(A.output)].kind != kir::SlotKind::Temp ||
+                         std::any_of(steps.begin(), steps.end(), [&](const kir::Step& st) { return &st != &B && reads(st, A.output); })))
+          continue;
+        const std::vector<int> outs = A.outputs();
+        kir::Step Bp = B;  // B over A's domain
+        bool ok = true;
+        for (kir::Instr& in : Bp.program) {
+          if (in.code != kir::Code::Load) continue;
+          if (bdom != A.domain) {
+            const size_t depth = in.map.views.size();
+            in.map = in.map.reshape(A.domain);
+            ok &= in.map.views.size() == depth;
+          }
+          const int slot = Bp.inputs[size_t(in.input)];
+          if (!per_row && slot == A.output) ok &= identity(in, A.domain);
+          else if (std::count(outs.begin(), outs.end(), slot)) ok &= row_broadcast(in.map, A.domain, A.row);
+        }
+        const std::vector<size_t> move = ok ? movers(size_t(a), b, outs, &ok) : std::vector<size_t>{};
+        if (!ok) continue;
+        kir::Step M = Bp;
+        M.kind = kir::StepKind::Row;
+        M.domain = A.domain;
+        M.row = A.row;
+        M.inputs.clear();
+        M.program.clear();
+        const std::vector<int> at_a = append_program(M, A, [](int) { return -1; });
+        std::vector<int> stats{at_a.back()};
+        for (int r : A.more_results) stats.push_back(at_a[size_t(r)]);
+        std::vector<int> as_read = stats;
+        for (size_t j = 0; j < outs.size(); ++j) {
+          const DType t = plan.slots[size_t(outs[j])].dtype;
+          if (compute_dtype(t) == t) continue;
+          kir::Instr cast;  // (nothing in A reads its results: a new instruction)
+          cast.code = kir::Code::Cast;
+          cast.dtype = t;
+          cast.a = stats[j];
+          M.program.push_back(cast);
+          as_read[j] = int(M.program.size()) - 1;
+        }
+        const std::vector<int> at_b = append_program(M, Bp, [&](int slot) {
+          auto o = std::find(outs.begin(), outs.end(), slot);
+          return o == outs.end() ? -1 : as_read[size_t(o - outs.begin())];
+        });
+        result_last(M, at_b.back());
+        M.more_outputs = outs;
+        M.more_results = stats;
+        if (!per_row) {  // A's main result read by B alone: computed, not stored
+          M.more_outputs.erase(M.more_outputs.begin());
+          M.more_results.erase(M.more_results.begin());
+        }
+        for (size_t j = 0; j < Bp.more_outputs.size(); ++j) {
+          M.more_outputs.push_back(Bp.more_outputs[j]);
+          M.more_results.push_back(at_b[size_t(Bp.more_results[j])]);
+        }
+        M.sources.insert(M.sources.begin(), A.sources.begin(), A.sources.end());
+        M.cost.flops += A.cost.flops;
+        M.cost.bytes += A.cost.bytes;
+        steps[b] = std::move(M);
+        gone[size_t(a)] = true;
+        for (size_t k = move.size(); k-- > 0;) {  // the moved Steps right after B, in their order
+          kir::Step st = std::move(steps[move[k]]);
+          steps.erase(steps.begin() + std::ptrdiff_t(move[k]));
+          gone.erase(gone.begin() + std::ptrdiff_t(move[k]));
+          steps.insert(steps.begin() + std::ptrdiff_t(b), std::move(st));
+          gone.insert(gone.begin() + std::ptrdiff_t(b), false);
+          --b;
+        }
+        index_writers();
+        again = true;
+        break;
+      }
     }
   }
   drop_gone(steps, gone);
