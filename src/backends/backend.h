@@ -62,7 +62,7 @@ namespace tessera::backends {
 // 13: Target::multi_reduce (Reduce Steps with more_outputs), which a backend sets to be given
 //    such Steps (the cpu does).
 // 14: Step::out_offset (a Gemm with out_strides writing from that element of its slot: several
-//    such Steps write disjoint parts of one slot), for a backend declaring Target::gemm_out_strides.
+//    such Steps write disjoint parts of one slot), for a backend declaring Target::gemm_out_offset.
 constexpr int kInterfaceVersion = 14;
 
 // A compiled Step, opaque to the runtime; destroyed with the executable that holds it.

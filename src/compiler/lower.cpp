@@ -52,7 +52,9 @@ bool addressed(Op op) { return op == Op::Matmul || op == Op::Gather || op == Op:
 // ---- setup ----
 
 Lowerer::Lowerer(const ir::Graph& graph, const std::vector<ir::NodePtr>& params, const Options& opts)
-    : g(graph), fuse(opts.enabled("fuse")), gemm_out_strides(opts.target.gemm_out_strides), place(opts.enabled("place")) {
+    : g(graph), fuse(opts.enabled("fuse")), gemm_out_strides(opts.target.gemm_out_strides),
+      gemm_out_offset(opts.target.gemm_out_strides && opts.target.gemm_out_offset),
+      place(opts.enabled("place")) {
   for (size_t p = 0; p < params.size(); ++p) {
     param_slot.push_back(new_slot(kir::SlotKind::Param, int(p), params[p]->shape, params[p]->dtype));
     param_of.emplace(params[p].get(), int(p));
@@ -628,7 +630,7 @@ Val Lowerer::lower_concat(int i) {
 
 bool Lowerer::place_concat(int i, Val* out) {
   const Node& n = *g.nodes[size_t(i)];
-  if (!place || !fuse || !gemm_out_strides || output_of_node.count(i)) return false;
+  if (!place || !fuse || !gemm_out_offset || output_of_node.count(i)) return false;
   const size_t ax = size_t(n.attrs.ints[0]);
   struct Part {
     size_t step;

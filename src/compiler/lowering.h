@@ -42,6 +42,7 @@ class Lowerer {
   const ir::Graph& g;
   const bool fuse;  // the "fuse" switch: pending expressions are pasted into their consumers
   const bool gemm_out_strides;  // Target::gemm_out_strides
+  const bool gemm_out_offset;   // Target::gemm_out_offset (with gemm_out_strides)
   const bool place;             // the "place" switch: products written into their concatenation's slot
   Plan plan;
   std::vector<Val> vals;

@@ -102,7 +102,7 @@ struct Step {
   // Gemm with out_strides: the element of the output slot holding position 0. Several Gemm Steps
   // may then write disjoint parts of one slot (a concatenation of their products: attention's dQ,
   // dK and dV written into the qkv product's gradient, compiler/passes/place.cpp); a Step reading
-  // the slot comes after all of them.
+  // the slot comes after all of them. Only for a device that declares Target::gemm_out_offset.
   int64_t out_offset = 0;
   // Reduce: domain, sorted reduced axes, Op::ReduceSum or Op::ReduceMax.
   Shape domain;

@@ -41,11 +41,15 @@ struct Target {
   // attention pattern into one only for such a device; others get the decomposition.
   bool attention = false;
   // The device runs Gemm Steps with Step::out_strides (the product written through strides,
-  // columns contiguous) and Step::out_offset. The lowering writes a product read only through a
-  // permute of its batch and row dimensions in the permuted layout for such a device, and
-  // products concatenated into parts of one slot (compiler/passes/place.cpp); others get the
-  // product dense, a copy for the permute where a reshape follows, and the sum of pads.
+  // columns contiguous). The lowering writes a product read only through a permute of its batch
+  // and row dimensions in the permuted layout for such a device; others get the product dense and
+  // a copy for the permute where a reshape follows.
   bool gemm_out_strides = false;
+  // With gemm_out_strides: the device's Gemm Steps also honour Step::out_offset, so products
+  // concatenated into parts of one slot write there (compiler/passes/place.cpp); others get the
+  // sum of pads. Its own flag, so a backend that wrote strides before interface 14 is not handed
+  // offsets it would ignore.
+  bool gemm_out_offset = false;
   // The device's Gemm Steps read a float32 operand rounded to bfloat16 as they pack it
   // (Step::rounded): compiler/passes/fold_casts.cpp folds autocast's cast Steps into them.
   bool gemm_rounds_operands = false;

@@ -462,9 +462,10 @@ void expect_qkv_gradient_in_place(const std::vector<Tensor>& outs, bool rounded)
   EXPECT_EQ(products, 2) << p.str();
   EXPECT_EQ(bias_sums, 1) << p.str();
   EXPECT_EQ(readers, 3) << p.str();
-  kir::Target plain = cpu_target();
+  kir::Target plain = cpu_target(), no_offset = cpu_target();
   plain.gemm_out_strides = false;  // another backend's target: the pads added by a Step
-  for (const compiler::Plan& q : {plan_of(outs, plain), plan_of(outs, cpu_target(), "place")}) {  // and with the pass off
+  no_offset.gemm_out_offset = false;  // strided outputs without offsets (a plugin before interface 14)
+  for (const compiler::Plan& q : {plan_of(outs, plain), plan_of(outs, no_offset), plan_of(outs, cpu_target(), "place")}) {  // and with the pass off
     int adds = 0;
     for (const kir::Step& st : q.steps) {
       EXPECT_EQ(st.out_offset, 0);

@@ -182,6 +182,8 @@ void merge_rows(Plan& plan) {
         kir::Step Bp = B;  // B over A's domain
         bool ok = true;
         for (kir::Instr& in : Bp.program) {
+          // An index along an axis of B's domain has no counterpart over a reshape of it.
+          if (in.code == kir::Code::Iota && bdom != A.domain) ok = false;
           if (in.code != kir::Code::Load) continue;
           if (bdom != A.domain) {
             const size_t depth = in.map.views.size();
@@ -361,7 +363,7 @@ void merge_reduces(Plan& plan) {
   };
   for (size_t b = 0; b < steps.size(); ++b) {
     if (steps[b].kind != kir::StepKind::Reduce) continue;
-    bool merged = false;
+    bool merged = false, at_b_merged = false;
     for (int a : reduces) {
       if (gone[size_t(a)]) continue;
       kir::Step& A = steps[size_t(a)];
@@ -374,17 +376,10 @@ void merge_reduces(Plan& plan) {
       bool ok = true;
       for (int y : B.inputs) ok &= !std::count(outs.begin(), outs.end(), y);
       if (!ok) continue;
+      // (a Reduce's output is never donated into a parameter: donate.cpp takes elementwise and copy
+      // producers only, so B may read a parameter earlier)
       bool at_a = true;
       for (int y : B.inputs) at_a &= writer[size_t(y)] < a;
-      // (a parameter only matters when an output of B could be donated into its buffer: same bytes)
-      auto donatable = [&](int y) {
-        if (plan.slots[size_t(y)].kind != kir::SlotKind::Param || !std::count(B.inputs.begin(), B.inputs.end(), y)) return false;
-        for (int o : B.outputs())
-          if (plan.slots[size_t(o)].nbytes == plan.slots[size_t(y)].nbytes) return true;
-        return false;
-      };
-      for (size_t m = size_t(a) + 1; m < b && at_a; ++m)
-        for (int y : steps[m].inputs) at_a &= gone[m] || !donatable(y);
       bool at_b = !at_a;
       for (size_t m = size_t(a) + 1; m < b && at_b; ++m)
         if (!gone[m])
@@ -398,13 +393,14 @@ void merge_reduces(Plan& plan) {
         absorb(steps[b], steps[size_t(a)]);
         for (int o : steps[b].outputs()) writer[size_t(o)] = int(b);
         gone[size_t(a)] = true;
+        at_b_merged = true;
       } else {
         continue;
       }
       merged = true;
       break;
     }
-    if (!merged) reduces.push_back(int(b));
+    if (!merged || at_b_merged) reduces.push_back(int(b));  // the merged Step, now at b, may take a third sibling
   }
   drop_gone(steps, gone);
 }

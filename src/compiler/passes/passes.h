@@ -5,7 +5,7 @@
 //   simplify  IR -> IR   algebraic identities and constant folding
 //   cse       IR -> IR   merges nodes equal but for their scope (interning merges the rest)
 //   dce       IR -> IR   drops nodes no output needs
-//   place     IR -> IR   only for a target declaring Target::gemm_out_strides, with "fuse" on: sums
+//   place     IR -> IR   only for a target declaring Target::gemm_out_offset, with "fuse" on: sums
 //                        of zero pads of products become concatenations, which the lowering has
 //                        the products write straight into (place.cpp, Lowerer::place_concat)
 //   fuse      lowering   elementwise chains, maps and same-axis row reductions into one Step
@@ -39,7 +39,7 @@ namespace tessera::compiler {
 ir::Graph simplify(const ir::Graph& g);
 ir::Graph cse(const ir::Graph& g);
 ir::Graph dce(const ir::Graph& g);
-// The IR half of "place" (place.cpp), for a target declaring Target::gemm_out_strides: a sum of
+// The IR half of "place" (place.cpp), for a target declaring Target::gemm_out_offset: a sum of
 // zero pads of products along adjacent ranges of one axis becomes their concatenation (which the
 // lowering has the products write into), and a batched product read through a permute moving its
 // rows last computes the transposed product instead. attention: the target fuses attention
