@@ -4,6 +4,7 @@
 #include <sstream>
 
 #include "compiler/lowering.h"
+#include "ir/saved.h"
 #include "core/fail.h"
 
 namespace tessera::compiler {
@@ -143,7 +144,9 @@ Plan Lowerer::run() {
     vals[i] = lower_node(int(i));
     // Values computed by expressions are stored when the fusion pass is off, for outputs, and
     // when a BLAS or indexing Step stores them anyway.
-    if (vals[i].kind == Val::Expr && (!fuse || output_of_node.count(int(i)) || store_early[i])) materialize(int(i));
+    // Values saved for a custom VJP's backward (ir/saved.h) are stored where they are computed.
+    if (vals[i].kind == Val::Expr && (!fuse || output_of_node.count(int(i)) || store_early[i] || ir::is_saved(g.nodes[i].get())))
+      materialize(int(i));
   }
   plan.output_slot.assign(g.outputs.size(), -1);
   for (size_t k = 0; k < g.outputs.size(); ++k) {
