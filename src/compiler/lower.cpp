@@ -53,7 +53,9 @@ bool addressed(Op op) { return op == Op::Matmul || op == Op::Gather || op == Op:
 // ---- setup ----
 
 Lowerer::Lowerer(const ir::Graph& graph, const std::vector<ir::NodePtr>& params, const Options& opts)
-    : g(graph), fuse(opts.enabled("fuse")), gemm_out_strides(opts.target.gemm_out_strides) {
+    : g(graph), fuse(opts.enabled("fuse")),
+      store_saved(opts.enabled("saved")),
+      gemm_out_strides(opts.target.gemm_out_strides) {
   for (size_t p = 0; p < params.size(); ++p) {
     param_slot.push_back(new_slot(kir::SlotKind::Param, int(p), params[p]->shape, params[p]->dtype));
     param_of.emplace(params[p].get(), int(p));
@@ -144,8 +146,9 @@ Plan Lowerer::run() {
     vals[i] = lower_node(int(i));
     // Values computed by expressions are stored when the fusion pass is off, for outputs, and
     // when a BLAS or indexing Step stores them anyway.
-    // Values saved for a custom VJP's backward (ir/saved.h) are stored where they are computed.
-    if (vals[i].kind == Val::Expr && (!fuse || output_of_node.count(int(i)) || store_early[i] || ir::is_saved(g.nodes[i].get())))
+    // Values saved for a custom VJP's backward (ir/saved.h) are stored where they are computed
+    // ("saved" on; the budget passes turn it off: passes/budget.cpp).
+    if (vals[i].kind == Val::Expr && (!fuse || output_of_node.count(int(i)) || store_early[i] || (store_saved && ir::is_saved(g.nodes[i].get()))))
       materialize(int(i));
   }
   plan.output_slot.assign(g.outputs.size(), -1);

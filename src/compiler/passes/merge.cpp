@@ -199,6 +199,18 @@ static bool reshaped(kir::Step& S, const Shape& s) {
   S.shape = s;
   return true;
 }
+// A and B (already in A's shape) read slot x, not a scalar, at the same elements: position p of
+// both domains loads the same element of x. Only such siblings merge across shapes: Steps of
+// equal element counts that share only a scalar (clip_grad_norm's coefficient, read by the
+// scaling of gradients of different shapes) gain nothing from one loop.
+static bool same_elements(const Plan& plan, const kir::Step& A, const kir::Step& B, int x) {
+  if (numel(plan.slots[size_t(x)].shape) <= 1) return false;
+  for (const kir::Instr& a : A.program)
+    if (a.code == kir::Code::Load && A.inputs[a.input] == x)
+      for (const kir::Instr& b : B.program)
+        if (b.code == kir::Code::Load && B.inputs[b.input] == x && a.map == b.map) return true;
+  return false;
+}
 void merge_elementwise(Plan& plan) {
   for (bool horizontal : {false, true}) {
     int round = 0;
@@ -228,7 +240,7 @@ static bool merge_elementwise_round(Plan& plan, bool horizontal) {
         kir::Step& A = steps[a];
         if (A.program.size() + B.program.size() > 2 * kMaxFragInstrs) continue;
         kir::Step Bs;  // B in A's shape, where it differs
-        if (A.shape != B.shape && (!horizontal || !(Bs = B, reshaped(Bs, A.shape)))) continue;
+        if (A.shape != B.shape && (!horizontal || !(Bs = B, reshaped(Bs, A.shape)) || !same_elements(plan, A, Bs, x))) continue;
         std::vector<int> outs = A.outputs();
         bool ok = true;
         for (const kir::Instr& in : B.program)
