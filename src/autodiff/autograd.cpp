@@ -6,6 +6,7 @@
 
 #include "core/scope_impl.h"
 #include "ir/build.h"
+#include "ir/saved.h"
 #include "core/fail.h"
 
 namespace tessera::autodiff {
@@ -78,6 +79,15 @@ void record(const Tensor& out, const std::vector<const Tensor*>& inputs) {
   meta->requires_grad = true;
   meta->grad_fn = std::move(fn);
   detail::impl_of(out)->grad_meta = std::move(meta);
+}
+
+void record_custom(const Tensor& out, const std::vector<const Tensor*>& inputs, std::vector<ir::NodePtr> saved, CustomVjp vjp) {
+  record(out, inputs);
+  auto& meta = detail::impl_of(out)->grad_meta;
+  if (!meta || !meta->grad_fn || meta->grad_fn->out != detail::node_of(out)) return;
+  for (const ir::NodePtr& n : saved) ir::mark_saved(n);
+  meta->grad_fn->saved = std::move(saved);
+  meta->grad_fn->vjp = std::move(vjp);
 }
 
 namespace {
@@ -240,7 +250,15 @@ void backward(const Tensor& root, const Tensor& grad) {
     GradFn& fn = *m->grad_fn;
     std::vector<ir::NodePtr> boundary;
     for (auto& e : fn.inputs) boundary.push_back(e.node);
-    std::vector<ir::NodePtr> grads = vjp_region(fn.out, boundary, g, memo);
+    std::vector<ir::NodePtr> grads;
+    if (fn.vjp) {
+      std::vector<ir::NodePtr> saved;
+      for (const ir::NodePtr& n : fn.saved) saved.push_back(rebuild(n, memo));
+      ScopeAs s(backward_scope(fn.out->scope));
+      grads = fn.vjp(g, saved);
+    } else {
+      grads = vjp_region(fn.out, boundary, g, memo);
+    }
     std::unordered_set<const ir::Node*> given;  // an input read twice gets its total once
     for (size_t i = 0; i < fn.inputs.size(); ++i) {
       const Edge& e = fn.inputs[i];

@@ -4,6 +4,7 @@
 // region with the primitives' VJP rules, emitting new lazy IR. Values realized since the
 // forward pass are reused instead of recomputed.
 #pragma once
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -25,10 +26,16 @@ struct Edge {
   std::weak_ptr<TensorImpl> tensor;
 };
 
+// A custom VJP: the inputs' cotangents from the output's cotangent g and the op's saved nodes
+// (each over the values realized since, where any are).
+using CustomVjp = std::function<std::vector<ir::NodePtr>(const ir::NodePtr& g, const std::vector<ir::NodePtr>& saved)>;
+
 struct GradFn {
   ir::NodePtr out;
   std::weak_ptr<TensorImpl> out_tensor;
   std::vector<Edge> inputs;
+  CustomVjp vjp;                   // empty: the op's IR region is differentiated
+  std::vector<ir::NodePtr> saved;  // what vjp reads (marked ir::mark_saved)
 };
 
 bool grad_enabled();
@@ -37,6 +44,9 @@ bool requires_grad(const Tensor& t);
 // Records that `out` was computed from `inputs` by one frontend op (no-op when no input needs a
 // gradient, grad mode is off, or out is not floating).
 void record(const Tensor& out, const std::vector<const Tensor*>& inputs);
+// The same with the op's VJP given: out's backward is vjp(g, saved), not its IR region's. The
+// saved nodes are stored by the forward's Steps where they are computed (ir/saved.h).
+void record_custom(const Tensor& out, const std::vector<const Tensor*>& inputs, std::vector<ir::NodePtr> saved, CustomVjp vjp);
 // Accumulates d(root)/d(leaf) into every leaf reachable from root; `grad` seeds the cotangent
 // (undefined: ones, allowed only for one-element roots).
 void backward(const Tensor& root, const Tensor& grad);

@@ -4,6 +4,7 @@
 #include <sstream>
 
 #include "compiler/lowering.h"
+#include "ir/saved.h"
 #include "core/fail.h"
 
 namespace tessera::compiler {
@@ -52,7 +53,8 @@ bool addressed(Op op) { return op == Op::Matmul || op == Op::Gather || op == Op:
 // ---- setup ----
 
 Lowerer::Lowerer(const ir::Graph& graph, const std::vector<ir::NodePtr>& params, const Options& opts)
-    : g(graph), fuse(opts.enabled("fuse")), gemm_out_strides(opts.target.gemm_out_strides),
+    : g(graph), fuse(opts.enabled("fuse")), store_saved(opts.enabled("saved")),
+      gemm_out_strides(opts.target.gemm_out_strides),
       gemm_out_offset(opts.target.gemm_out_strides && opts.target.gemm_out_offset),
       place(opts.enabled("place")) {
   for (size_t p = 0; p < params.size(); ++p) {
@@ -145,7 +147,10 @@ Plan Lowerer::run() {
     vals[i] = lower_node(int(i));
     // Values computed by expressions are stored when the fusion pass is off, for outputs, and
     // when a BLAS or indexing Step stores them anyway.
-    if (vals[i].kind == Val::Expr && (!fuse || output_of_node.count(int(i)) || store_early[i])) materialize(int(i));
+    // Values saved for a custom VJP's backward (ir/saved.h) are stored where they are computed
+    // ("saved" on; the budget passes turn it off: passes/budget.cpp).
+    if (vals[i].kind == Val::Expr && (!fuse || output_of_node.count(int(i)) || store_early[i] || (store_saved && ir::is_saved(g.nodes[i].get()))))
+      materialize(int(i));
   }
   plan.output_slot.assign(g.outputs.size(), -1);
   for (size_t k = 0; k < g.outputs.size(); ++k) {

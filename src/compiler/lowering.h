@@ -41,6 +41,9 @@ class Lowerer {
  private:
   const ir::Graph& g;
   const bool fuse;  // the "fuse" switch: pending expressions are pasted into their consumers
+  // The "saved" switch: values saved for a custom VJP's backward (ir/saved.h) are stored where
+  // computed; off, they fuse into their readers like any other expression.
+  const bool store_saved;
   const bool gemm_out_strides;  // Target::gemm_out_strides
   const bool gemm_out_offset;   // Target::gemm_out_offset (with gemm_out_strides)
   const bool place;             // the "place" switch: products written into their concatenation's slot

@@ -15,23 +15,23 @@ Plan compile_graph(const ir::Graph& g, const std::vector<int>& donate_to, const 
   if (opts.enabled("dce")) h = dce(h);
   if (opts.enabled("place") && opts.enabled("fuse") && opts.target.gemm_out_strides && opts.target.gemm_out_offset) h = join_pads(h, opts.enabled("attention") && opts.target.attention);
   dump_graph(opts.dump, "ir-opt", h);
-  auto build = [&](const ir::Graph& x, const std::vector<int>& store) {
-    Plan p = lower(x, params, opts, store);  // fusion ("fuse") is decided while lowering
-    apply_target(p, opts.target);
+  auto build = [&](const ir::Graph& x, const std::vector<int>& store, const Options& o) {
+    Plan p = lower(x, params, o, store);  // fusion ("fuse") is decided while lowering
+    apply_target(p, o.target);
     // Scheduling sees single-output Steps; the merges after it keep its order valid.
-    if (opts.enabled("schedule")) schedule(p);
-    if (opts.enabled("epilogue")) fuse_epilogues(p);
-    if (opts.enabled("merge")) {
+    if (o.enabled("schedule")) schedule(p);
+    if (o.enabled("epilogue")) fuse_epilogues(p);
+    if (o.enabled("merge")) {
       merge_rows(p), merge_elementwise(p);
-      if (opts.target.multi_reduce) merge_reduces(p);
+      if (o.target.multi_reduce) merge_reduces(p);
     }
-    if (opts.enabled("fold_casts") && opts.target.gemm_rounds_operands) fold_casts(p);
-    donate(p, opts.enabled("donate") ? donate_to : std::vector<int>{});  // off: nothing written in place
-    if (opts.enabled("inplace_last")) inplace_last(p);
-    plan_memory(p, opts);  // "memplan" off: every temporary gets its own bytes
+    if (o.enabled("fold_casts") && o.target.gemm_rounds_operands) fold_casts(p);
+    donate(p, o.enabled("donate") ? donate_to : std::vector<int>{});  // off: nothing written in place
+    if (o.enabled("inplace_last")) inplace_last(p);
+    plan_memory(p, o);  // "memplan" off: every temporary gets its own bytes
     return p;
   };
-  Plan plan = build(h, {});
+  Plan plan = build(h, {}, opts);
   std::optional<ir::Graph> unstacked;
   try {
     meet_budget(plan, h, opts, build, &unstacked);  // the memory budget, when there is one: met or an error

@@ -1,9 +1,14 @@
 // Decompositions: every op here is built from public ops (and so from primitives), which gives
-// each backend the op for free and lets autodiff differentiate it through its parts.
+// each backend the op for free and lets autodiff differentiate it through its parts (gelu gives
+// its own derivative, computed in the forward and saved: autodiff::record_custom).
 #include <algorithm>
 #include <cmath>
 
+#include "autodiff/autograd.h"
 #include "core/fail.h"
+#include "ir/build.h"
+#include "tensor/tensor_impl.h"
+#include "tessera/autocast.h"
 #include "tessera/ops.h"
 
 namespace tessera {
@@ -87,7 +92,25 @@ Tensor gelu(const Tensor& a, bool tanh_approximation) {
     const double k = std::sqrt(2.0 / M_PI);
     return 0.5 * x * (1.0 + tanh(k * (x + 0.044715 * x * x * x)));
   }
-  return 0.5 * x * (1.0 + erf(x * M_SQRT1_2));
+  // Under autocast the backward's product rounds GELU's gradient to bfloat16 in a Step of its own
+  // either way, and saving the derivative made the benchmark GPT's bf16 step ~1 ms slower
+  // (docs/architecture.md, "GELU saves its derivative"): there the backward recomputes it.
+  if (!autodiff::grad_enabled() || !autodiff::requires_grad(x) || autocast_dtype())
+    return 0.5 * x * (1.0 + erf(x * M_SQRT1_2));
+  // With a gradient: the same value, and its derivative computed beside it in the forward
+  // (sharing erf) and saved, so the backward is g * GELU'(x) rather than erf and exp again
+  // (ir/saved.h): GELU'(x) = (1 + erf(u)) / 2 + x e^(-u^2) / sqrt(2 pi), u = x / sqrt 2.
+  Tensor y, d;
+  {
+    NoGradGuard no_grad;
+    Tensor u = x * M_SQRT1_2, e1 = 1.0 + erf(u);
+    y = 0.5 * x * e1;
+    d = 0.5 * e1 + x * (exp(neg(u * u)) * (1 / std::sqrt(2 * M_PI)));
+  }
+  autodiff::record_custom(y, {&x}, {detail::node_of(d)}, [](const ir::NodePtr& g, const std::vector<ir::NodePtr>& saved) {
+    return std::vector<ir::NodePtr>{ir::build::mul(g, saved[0])};
+  });
+  return y;
 }
 Tensor silu(const Tensor& a) { return floating(a, "silu") * sigmoid(a); }
 

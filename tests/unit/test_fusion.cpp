@@ -3,12 +3,16 @@
 
 #include <omp.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include "backends/backend.h"
+#include "compiler/lower.h"
 #include "compiler/pipeline.h"
 #include "ir/graph.h"
+#include "kernel_ir/step.h"
 #include "runtime/compile_options.h"
+#include "runtime/realize.h"
 #include "tensor/tensor_impl.h"
 #include "tessera/tessera.h"
 #include "test_util.h"
@@ -283,6 +287,71 @@ TEST_F(PassesOn, ClipGradNormReducesOncePerShape) {
     std::vector<double> g = random_values(numel(shapes[i]), DType::Float32, 40 + uint32_t(i));
     for (double& x : g) x *= 0.5 / (std::sqrt(want) + 1e-6);
     EXPECT_TRUE(all_close(ps[i].grad().to_vector<double>(), g, 1e-6)) << "parameter " << i;
+  }
+}
+
+// GELU's derivative is computed in the forward beside its value (one Step, sharing erf) and saved
+// (autodiff::record_custom, ir/saved.h); the backward's product dY W2 multiplies by it in its
+// epilogue: erf is evaluated once in the whole step, and the epilogue reads the saved slot. With
+// the "saved" switch off the derivative fuses into the epilogue (erf a second time). x is
+// [4, 6, 16] as in a GPT block: GELU's value Step runs over the [24, 40] the next product reads,
+// its derivative over [4, 6, 40], and the two merge into one Step (one erf) only where the merge
+// pass joins siblings of different shapes reading the same elements. Both give the gradients of
+// the float64 reference: GELU'(h) = Phi(h) + h phi(h), by hand below.
+TEST_F(PassesOn, GeluSavesItsDerivativeForTheBackwardEpilogue) {
+  const int64_t n = 24, k = 16, m = 40, o = 8;
+  std::vector<double> xv = random_values(n * k, DType::Float32, 61, -2, 2), w1v = random_values(m * k, DType::Float32, 62),
+                      b1v = random_values(m, DType::Float32, 63), w2v = random_values(o * m, DType::Float32, 64),
+                      rv = random_values(n * o, DType::Float32, 65);
+  // The reference: dW1 = (r W2 * GELU'(x W1^T + b1))^T x, in float64.
+  std::vector<double> want(size_t(m * k), 0.0);
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t j = 0; j < m; ++j) {
+      double h = b1v[size_t(j)], dy = 0;
+      for (int64_t c = 0; c < k; ++c) h += xv[size_t(i * k + c)] * w1v[size_t(j * k + c)];
+      for (int64_t c = 0; c < o; ++c) dy += rv[size_t(i * o + c)] * w2v[size_t(c * m + j)];
+      const double d = 0.5 * (1 + std::erf(h / std::sqrt(2.0))) + h * std::exp(-h * h / 2) / std::sqrt(2 * M_PI);
+      for (int64_t c = 0; c < k; ++c) want[size_t(j * k + c)] += dy * d * xv[size_t(i * k + c)];
+    }
+  auto erfs = [](const kir::Step& st) {
+    return std::count_if(st.program.begin(), st.program.end(), [](const kir::Instr& in) { return in.code == kir::Code::Erf; });
+  };
+  for (const char* off : {"", "saved"}) {
+    runtime::set_disabled_passes(off);
+    Tensor x = from_vector(std::vector<float>(xv.begin(), xv.end()), {4, n / 4, k});  // as a GPT block's
+    Tensor w1 = from_vector(std::vector<float>(w1v.begin(), w1v.end()), {m, k}).requires_grad_();
+    Tensor b1 = from_vector(std::vector<float>(b1v.begin(), b1v.end()), {m}).requires_grad_();
+    Tensor w2 = from_vector(std::vector<float>(w2v.begin(), w2v.end()), {o, m}).requires_grad_();
+    Tensor r = from_vector(std::vector<float>(rv.begin(), rv.end()), {4, n / 4, o});
+    Tensor loss = (matmul(gelu(matmul(x, w1.transpose(0, 1)) + b1), w2.transpose(0, 1)) * r).sum();
+    loss.backward();
+    EXPECT_TRUE(all_close(w1.grad().to_vector<double>(), want, 1e-5)) << "disabled: " << off;
+    const compiler::Plan& plan = *runtime::last_executed_plan();
+    // The backward's product dY W2 with GELU's derivative in its epilogue: the last Gemm Step
+    // of n * m elements with a program (the forward's, x W1^T + b1, comes first).
+    int bwd = -1;
+    for (size_t s = 0; s < plan.steps.size(); ++s)
+      if (plan.steps[s].kind == kir::StepKind::Gemm && !plan.steps[s].program.empty() && numel(plan.steps[s].shape) == n * m) bwd = int(s);
+    ASSERT_GE(bwd, 0) << plan.str();
+    int64_t total = 0;
+    std::vector<int> computed_with_erf;  // the slots written by the other Steps evaluating erf
+    for (size_t s = 0; s < plan.steps.size(); ++s) {
+      total += erfs(plan.steps[s]);
+      if (int(s) != bwd && erfs(plan.steps[s]))
+        for (int out : plan.steps[s].outputs()) computed_with_erf.push_back(out);
+    }
+    const kir::Step& epilogue = plan.steps[size_t(bwd)];
+    const int64_t epilogue_erfs = erfs(epilogue);
+    bool reads_saved = false;
+    for (int in : epilogue.inputs) reads_saved |= std::count(computed_with_erf.begin(), computed_with_erf.end(), in) > 0;
+    if (std::string(off).empty()) {
+      EXPECT_EQ(total, 1) << plan.str();
+      EXPECT_EQ(epilogue_erfs, 0) << plan.str();
+      EXPECT_TRUE(reads_saved) << plan.str();
+    } else {
+      EXPECT_EQ(total, 2) << plan.str();
+      EXPECT_EQ(epilogue_erfs, 1) << plan.str();
+    }
   }
 }
 

@@ -74,7 +74,7 @@ double plan_cost(const Plan& plan) {
   return c;
 }
 
-void meet_budget(Plan& plan, const ir::Graph& g, const Options& opts, const PlanBuilder& build, std::optional<ir::Graph>* rewritten) {
+void meet_budget(Plan& plan, const ir::Graph& g, const Options& opts, const OptionsPlanBuilder& build, std::optional<ir::Graph>* rewritten) {
   const size_t natural = plan.memory.step_bytes;
   const size_t budget = resolve_budget(opts, natural);
   if (!budget) return;
@@ -82,6 +82,21 @@ void meet_budget(Plan& plan, const ir::Graph& g, const Options& opts, const Plan
   plan.memory.budget_bytes = budget;
   if (plan.memory.step_bytes <= budget) return;
   const double base_cost = plan_cost(plan);
+  // Saved values (GELU's derivative, ir/saved.h) are a speed choice that costs live bytes: over
+  // the budget they are fused into their readers again (the backward recomputes them from the
+  // op's input), which leaves rematerialization and unstacking their usual candidates.
+  Options recomputing = opts;
+  recomputing.disabled.insert("saved");
+  const PlanBuilder build_recomputing = [&](const ir::Graph& x, const std::vector<int>& store) { return build(x, store, recomputing); };
+  if (opts.enabled("saved")) {
+    plan = build_recomputing(g, {});
+    if (plan.memory.step_bytes <= budget) {
+      plan.memory.natural_step_bytes = natural;
+      plan.memory.budget_bytes = budget;
+      plan.memory.extra_cost = plan_cost(plan) - base_cost;
+      return;
+    }
+  }
   // In-place accumulation costs nothing (the same Steps), so every candidate starts from it.
   auto in_place = [&](Plan& p) {
     if (!opts.enabled("accumulate")) return;
@@ -91,7 +106,7 @@ void meet_budget(Plan& plan, const ir::Graph& g, const Options& opts, const Plan
     }
   };
   const PlanBuilder build_in_place = [&](const ir::Graph& x, const std::vector<int>& store) {
-    Plan p = build(x, store);
+    Plan p = build_recomputing(x, store);
     in_place(p);
     return p;
   };

@@ -265,6 +265,35 @@ void merge_rows(Plan& plan) {
 // update, then the other moment's, into the parameter's update: two vertical rounds), at most 8
 // rounds each, a bound on compile time (a chain left longer stays correct, in more Steps).
 static bool merge_elementwise_round(Plan& plan, bool horizontal);
+
+// S over shape s instead (the same positions in the same order: equal element counts): its loads'
+// maps reshaped, each still one view; false where that is not possible or S reads its domain's
+// shape (Iota). GELU's value, computed in the shape its product reads ([1024, 512]), and its
+// derivative saved for the backward ([16, 64, 512]) merge so.
+static bool reshaped(kir::Step& S, const Shape& s) {
+  if (numel(S.shape) != numel(s)) return false;
+  for (kir::Instr& in : S.program) {
+    if (in.code == kir::Code::Iota) return false;
+    if (in.code != kir::Code::Load) continue;
+    kir::IndexMap m = in.map.reshape(s);
+    if (!m.single()) return false;
+    in.map = std::move(m);
+  }
+  S.shape = s;
+  return true;
+}
+// A and B (already in A's shape) read slot x, not a scalar, at the same elements: position p of
+// both domains loads the same element of x. Only such siblings merge across shapes: Steps of
+// equal element counts that share only a scalar (clip_grad_norm's coefficient, read by the
+// scaling of gradients of different shapes) gain nothing from one loop.
+static bool same_elements(const Plan& plan, const kir::Step& A, const kir::Step& B, int x) {
+  if (numel(plan.slots[size_t(x)].shape) <= 1) return false;
+  for (const kir::Instr& a : A.program)
+    if (a.code == kir::Code::Load && A.inputs[a.input] == x)
+      for (const kir::Instr& b : B.program)
+        if (b.code == kir::Code::Load && B.inputs[b.input] == x && a.map == b.map) return true;
+  return false;
+}
 void merge_elementwise(Plan& plan) {
   for (bool horizontal : {false, true}) {
     int round = 0;
@@ -292,7 +321,9 @@ static bool merge_elementwise_round(Plan& plan, bool horizontal) {
       for (int a : cands) {
         if (gone[a] || a == int(b)) continue;
         kir::Step& A = steps[a];
-        if (A.shape != B.shape || A.program.size() + B.program.size() > 2 * kMaxFragInstrs) continue;
+        if (A.program.size() + B.program.size() > 2 * kMaxFragInstrs) continue;
+        kir::Step Bs;  // B in A's shape, where it differs
+        if (A.shape != B.shape && (!horizontal || !(Bs = B, reshaped(Bs, A.shape)) || !same_elements(plan, A, Bs, x))) continue;
         std::vector<int> outs = A.outputs();
         bool ok = true;
         for (const kir::Instr& in : B.program)
@@ -316,6 +347,7 @@ static bool merge_elementwise_round(Plan& plan, bool horizontal) {
         }
         if (at_a || at_b) {
           target = a;
+          if (A.shape != B.shape) B = std::move(Bs);
           if (!at_a) {  // run at B's position: move A's Step there
             std::swap(steps[a], steps[b]);
             for (int o : steps[b].outputs()) writer[o] = int(b);

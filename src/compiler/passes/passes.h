@@ -72,8 +72,11 @@ size_t resolve_budget(const Options& opts, size_t natural);
 // whose values are stored as soon as they are computed).
 using PlanBuilder = std::function<Plan(const ir::Graph& g, const std::vector<int>& store)>;
 // g: the graph plan was built from. When unstacking wins, *rewritten is the sliced graph (else
-// untouched) and plan is built from it.
-void meet_budget(Plan& plan, const ir::Graph& g, const Options& opts, const PlanBuilder& build, std::optional<ir::Graph>* rewritten);
+// untouched) and plan is built from it. Over the budget, the budget passes start from
+// build(g, {}) again with values saved for custom VJPs recomputed instead (Options "saved" off:
+// plan has them stored, which rematerialization cannot undo), and build so for their plans.
+using OptionsPlanBuilder = std::function<Plan(const ir::Graph& g, const std::vector<int>& store, const Options& opts)>;
+void meet_budget(Plan& plan, const ir::Graph& g, const Options& opts, const OptionsPlanBuilder& build, std::optional<ir::Graph>* rewritten);
 // Batch unstacking (unstack.cpp): the graph with the region around its largest computed value
 // that is independent along one of its axes run in k = 2, 4, ..., 64 sequential slices, with the
 // smallest k whose plan fits `budget` (else the smallest step bytes seen); nothing when no

@@ -1,5 +1,7 @@
 #include "compiler/passes/rewrite.h"
 
+#include "ir/saved.h"
+
 namespace tessera::compiler::rewrite {
 
 std::vector<ir::NodePtr> Rewriter::inputs(const ir::Node& n, bool* changed) const {
@@ -28,6 +30,9 @@ ir::NodePtr Rewriter::full(const ir::Node& like, double value, const Shape& shap
 }
 
 ir::Graph Rewriter::finish() {
+  // A value saved for a custom VJP's backward stays marked in its rewritten form (ir/saved.h).
+  for (size_t i = 0; i < out.size(); ++i)
+    if (out[i] != g.nodes[i] && ir::is_saved(g.nodes[i].get())) ir::mark_saved(out[i]);
   bool same = true;
   for (size_t i = 0; i < out.size() && same; ++i) same = out[i] == g.nodes[i];
   if (same) return g;
