@@ -71,7 +71,7 @@ void loop_range(const NativeLoop& nl, const std::vector<char*>& base, int64_t st
 // same positions, the same bits.
 void loop_rows(const NativeLoop& nl, const std::vector<char*>& base, int64_t start, int64_t n, int64_t rows, int64_t stride,
                float* out);
-// loop_rows calls that ran a tile as one loop call, in this process (tests: that a tile took it).
+// loop_rows calls that ran a tile as one loop call, on this thread (tests: that a tile took it).
 uint64_t loop_rows_tile_calls();
 
 // The first element of each of the loop's loads (at its view's offset).

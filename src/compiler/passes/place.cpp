@@ -220,20 +220,9 @@ struct Placer : rewrite::Rewriter {
   }
 
   ir::Graph run() {
-    for (size_t i = 0; i < g.nodes.size(); ++i) {
-      const NodePtr& np = g.nodes[i];
-      const Node& n = *np;
-      if (n.inputs.empty()) {
-        out.push_back(np);
-        continue;
-      }
-      bool changed = false;
-      std::vector<NodePtr> in = inputs(n, &changed);
-      NodePtr r = n.op == Op::Add ? join(n, in) : n.op == Op::Permute ? transpose_product(n, in) : n.op == Op::Cast ? uncast(n, in) : nullptr;
-      if (!r) r = changed ? remake(n, std::move(in)) : np;
-      out.push_back(std::move(r));
-    }
-    return finish();
+    return apply([this](const Node& n, const std::vector<NodePtr>& in) -> NodePtr {
+      return n.op == Op::Add ? join(n, in) : n.op == Op::Permute ? transpose_product(n, in) : n.op == Op::Cast ? uncast(n, in) : nullptr;
+    });
   }
 };
 

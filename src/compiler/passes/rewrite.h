@@ -55,6 +55,24 @@ struct Rewriter {
   // The rewritten graph: g itself when every node maps to itself, else the graph of the
   // replaced outputs (build_graph: reachable nodes only, deterministic order).
   ir::Graph finish();
+
+  // Rewrites g in order: a node with inputs becomes rule(n, its inputs' replacements), or, where
+  // the rule gives nullptr, n over those inputs (n itself when none changed); then finish().
+  template <class Rule>
+  ir::Graph apply(Rule&& rule) {
+    for (const ir::NodePtr& np : g.nodes) {
+      if (np->inputs.empty()) {
+        out.push_back(np);
+        continue;
+      }
+      bool changed = false;
+      std::vector<ir::NodePtr> in = inputs(*np, &changed);
+      ir::NodePtr r = rule(*np, in);
+      if (!r) r = changed ? remake(*np, std::move(in)) : np;
+      out.push_back(std::move(r));
+    }
+    return finish();
+  }
 };
 
 }  // namespace tessera::compiler::rewrite

@@ -430,20 +430,7 @@ struct Simplifier : rewrite::Rewriter {
   }
 
   ir::Graph run() {
-    for (size_t i = 0; i < g.nodes.size(); ++i) {
-      const NodePtr& np = g.nodes[i];
-      const Node& n = *np;
-      if (n.inputs.empty()) {
-        out.push_back(np);
-        continue;
-      }
-      bool changed = false;
-      std::vector<NodePtr> in = inputs(n, &changed);
-      NodePtr r = rule(n, in);
-      if (!r) r = changed ? remake(n, std::move(in)) : np;
-      out.push_back(std::move(r));
-    }
-    return finish();
+    return apply([this](const Node& n, const std::vector<NodePtr>& in) { return rule(n, in); });
   }
 };
 
