@@ -1,6 +1,5 @@
 #include "backends/cpu/native_loops.h"
 
-
 namespace tessera::backends::cpu {
 namespace {
 
