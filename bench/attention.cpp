@@ -2,7 +2,8 @@
 // causal self-attention, float32, per shape the median time of a forward with the pass on and
 // with TESSERA_DISABLE_PASSES=attention's setting (runtime::set_disabled_passes), alternated
 // call by call in one process. Threads: OMP_NUM_THREADS.
-//   bench_attention [--reps N] [--backward]     (--backward: forward and backward of sum(y * w))
+//   bench_attention [--reps N] [--backward] [--shape B,H,T,d]
+//   (--backward: forward and backward of sum(y * w); --shape: that shape alone, repeatable)
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -34,22 +35,31 @@ Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v) {
 int main(int argc, char** argv) {
   int reps = 15;
   bool train = false;
+  struct S {
+    int64_t b, h, t, d;
+  };
+  std::vector<S> only;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     if (a == "--reps" && i + 1 < argc) {
       reps = std::atoi(argv[++i]);
     } else if (a == "--backward") {
       train = true;
+    } else if (a == "--shape" && i + 1 < argc) {
+      long long b = 0, h = 0, t = 0, d = 0;
+      if (std::sscanf(argv[++i], "%lld,%lld,%lld,%lld", &b, &h, &t, &d) != 4 || b < 1 || h < 1 || t < 1 || d < 1) {
+        std::fprintf(stderr, "bench_attention: --shape wants B,H,T,d (positive integers), got '%s'\n", argv[i]);
+        return 2;
+      }
+      only.push_back({b, h, t, d});
     } else {
-      std::fprintf(stderr, "usage: %s [--reps N] [--backward]   (threads: OMP_NUM_THREADS)\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--reps N] [--backward] [--shape B,H,T,d]...   (threads: OMP_NUM_THREADS)\n", argv[0]);
       return 2;
     }
   }
-  struct S {
-    int64_t b, h, t, d;
-  };
-  const std::vector<S> shapes = {{64, 4, 16, 32}, {32, 4, 32, 32}, {32, 4, 32, 64}, {16, 4, 48, 32}, {16, 4, 64, 32}, {8, 4, 128, 32}, {4, 4, 256, 32}, {2, 4, 512, 32}, {1, 4, 1024, 32},
+  std::vector<S> shapes = {{64, 4, 16, 32}, {32, 4, 32, 32}, {32, 4, 32, 64}, {16, 4, 48, 32}, {16, 4, 64, 32}, {8, 4, 128, 32}, {4, 4, 256, 32}, {2, 4, 512, 32}, {1, 4, 1024, 32},
                                  {16, 4, 64, 64}, {4, 4, 256, 64}, {1, 4, 1024, 64}};
+  if (!only.empty()) shapes = only;
   const char* omp = std::getenv("OMP_NUM_THREADS");
   std::printf("fused attention Step%s vs decomposition, causal, float32, OMP_NUM_THREADS=%s, medians of %d\n", train ? "s (forward and backward)" : "",
               omp ? omp : "default", reps);
