@@ -149,6 +149,62 @@ bool has_avx512() {
 bool has_avx512() { return false; }
 #endif
 
+// c[r][c0, c0 + W NC) = sum_{k0 <= k < k1} a[r ars + k acs] b[k][c0, ...) for R rows (gr of them
+// stored; b and c of row stride cols): R x NC vectors of W floats accumulated in registers over k.
+// The small-T backward's products (dQ = dS K, dV = P^T dY, dK = dS^T Q: a's strides read P and dS
+// as stored or transposed). Written once for both vector widths; the AVX-512 form is the target
+// wrapper below.
+template <class VT, int R, int NC>
+inline __attribute__((always_inline)) void mm_block(const float* a, int64_t ars, int64_t acs, const float* b, int64_t cols, int64_t c0, int64_t k0,
+                                                    int64_t k1, float* c, int gr, bool add) {
+  constexpr int W = int(sizeof(VT) / sizeof(float));
+  VT x[R][NC] = {};
+  if (add)
+    for (int r = 0; r < gr; ++r)
+      for (int j = 0; j < NC; ++j) std::memcpy(&x[r][j], c + r * cols + c0 + W * j, sizeof(VT));
+  for (int64_t k = k0; k < k1; ++k) {
+    VT u[NC];
+    for (int j = 0; j < NC; ++j) std::memcpy(&u[j], b + k * cols + c0 + W * j, sizeof(VT));
+    const float* ak = a + k * acs;
+    for (int r = 0; r < R; ++r) {
+      const float w = ak[r * ars];
+      for (int j = 0; j < NC; ++j) x[r][j] += w * u[j];
+    }
+  }
+  for (int r = 0; r < gr; ++r)
+    for (int j = 0; j < NC; ++j) std::memcpy(c + r * cols + c0 + W * j, &x[r][j], sizeof(VT));
+}
+
+#if defined(__x86_64__)
+template <int NC>
+__attribute__((target("avx512f"))) void mm8_z(const float* a, int64_t ars, int64_t acs, const float* b, int64_t cols, int64_t c0, int64_t k0, int64_t k1,
+                                              float* c, int gr, bool add) {
+  mm_block<vz, 8, NC>(a, ars, acs, b, cols, c0, k0, k1, c, gr, add);
+}
+#endif
+
+// mm_block over all cols columns for 8 rows (gr stored; add: c += instead of c =): AVX-512 8 rows
+// x 32 (16) columns, else two blocks of 4 rows x 16 columns; the last cols % 16 columns plainly.
+void mm8(const float* a, int64_t ars, int64_t acs, const float* b, int64_t cols, int64_t k0, int64_t k1, float* c, int gr, bool z, bool add = false) {
+  int64_t c0 = 0;
+#if defined(__x86_64__)
+  if (z) {
+    for (; c0 + 32 <= cols; c0 += 32) mm8_z<2>(a, ars, acs, b, cols, c0, k0, k1, c, gr, add);
+    for (; c0 + 16 <= cols; c0 += 16) mm8_z<1>(a, ars, acs, b, cols, c0, k0, k1, c, gr, add);
+  }
+#endif
+  for (; c0 + 16 <= cols; c0 += 16) {
+    mm_block<v8, 4, 2>(a, ars, acs, b, cols, c0, k0, k1, c, std::min(gr, 4), add);
+    if (gr > 4) mm_block<v8, 4, 2>(a + 4 * ars, ars, acs, b, cols, c0, k0, k1, c + 4 * cols, gr - 4, add);
+  }
+  for (; c0 < cols; ++c0)
+    for (int r = 0; r < gr; ++r) {
+      float v = add ? c[r * cols + c0] : 0.0f;
+      for (int64_t k = k0; k < k1; ++k) v += a[r * ars + k * acs] * b[k * cols + c0];
+      c[r * cols + c0] = v;
+    }
+}
+
 // The largest of x[0, n) (n a multiple of 8) after masking positions >= lim to -inf in place.
 float mask_max(float* x, int64_t n, int64_t lim) {
   const float ninf = -std::numeric_limits<float>::infinity();
@@ -226,7 +282,10 @@ void pack_tile(const T* kp, const Operand& k, const T* vp, const Operand& v, int
     const T* kr = kp + (j0 + j) * k.rs;
     for (int64_t d = 0; d < D; ++d) kt[size_t(d * kKeys + j)] = kr[d * k.cs];
     const T* vr = vp + (j0 + j) * v.rs;
-    for (int64_t c = 0; c < Dv; ++c) vt[size_t(j * Dv + c)] = vr[c * v.cs];
+    if (v.cs == 1)
+      std::memcpy(vt + j * Dv, vr, size_t(Dv) * sizeof(T));
+    else
+      for (int64_t c = 0; c < Dv; ++c) vt[size_t(j * Dv + c)] = vr[c * v.cs];
   }
   for (int64_t j = nk; j < kKeys; ++j)
     for (int64_t d = 0; d < D; ++d) kt[size_t(d * kKeys + j)] = T(0);
@@ -349,7 +408,10 @@ struct AttentionKernel : CpuKernel {
         const float* kp = K + k.off[size_t(b)];
         const float* vp = V + v.off[size_t(b)];
         for (int64_t r = 0; r < rows; ++r)
-          for (int64_t d = 0; d < D; ++d) qb[size_t(r * D + d)] = qp[(i0 + r) * q.rs + d * q.cs];
+          if (q.cs == 1)
+            std::memcpy(qb.data() + r * D, qp + (i0 + r) * q.rs, size_t(D) * sizeof(float));
+          else
+            for (int64_t d = 0; d < D; ++d) qb[size_t(r * D + d)] = qp[(i0 + r) * q.rs + d * q.cs];
         std::fill(qb.begin() + rows * D, qb.end(), 0.0f);
         std::fill(acc.begin(), acc.end(), 0.0f);
         std::fill(m, m + kBlock, ninf);
@@ -474,6 +536,14 @@ struct AttentionBackwardKernel : CpuKernel {
   template <class T>
   static void dense(const T* src, const Operand& x, int64_t b, int64_t rows, int64_t cols, T* dst) {
     const T* p = src + x.off[size_t(b)];
+    if (x.cs == 1) {  // rows contiguous (the GPT's head-split views of the qkv product)
+      for (int64_t r = 0; r < rows; ++r) {
+        const T* pr = p + r * x.rs;
+        T* dr = dst + r * cols;
+        for (int64_t c = 0; c < cols; ++c) dr[c] = pr[c];
+      }
+      return;
+    }
     for (int64_t r = 0; r < rows; ++r)
       for (int64_t c = 0; c < cols; ++c) dst[r * cols + c] = p[r * x.rs + c * x.cs];
   }
@@ -534,26 +604,29 @@ struct AttentionBackwardKernel : CpuKernel {
     }
   }
 
-  // float32: per key tile (64) and group of 4 query rows, the scores S and dP = dO V^T as the
-  // forward's register-blocked scores, P = exp(S - lse) and dS = P (dP - D) scale for the group,
-  // then dQ[rows] += dS K, dV[keys] += P^T dO, dK[keys] += dS^T Q.
+  // float32, by key tiles of kKeys: per batch element and tile, P and dS of every row that sees the
+  // tile are computed once into per-thread [Tq, kKeys] buffers (the scores and dP = dY V^T in
+  // groups of 4 rows, only up to each group's causal limit; the rest of a row zero), then the
+  // three products read them as register-blocked 8-row blocks over the causal range only:
+  // dQ += dS K (query rows, the tile's keys up to the block's limit), and the tile's dV = P^T dY and
+  // dK = dS^T Q (key rows, from the first query that sees the block's first key). dV is written
+  // straight into the output.
   void run_float(const Step& st, const LaunchArgs& args) const {
     auto in = [&](size_t i) { return static_cast<const float*>(args.slots[st.inputs[i]]); };
     const float *Q = in(0), *K = in(1), *V = in(2), *O = in(3), *G = in(4), *L = in(5);
     float* dQ = static_cast<float*>(args.slots[st.output]);
     float* dKT = static_cast<float*>(args.slots[st.more_outputs.at(0)]);
     float* dV = static_cast<float*>(args.slots[st.more_outputs.at(1)]);
-    const int64_t B = a.batch, Tq = a.tq, Tk = a.tk, D = a.d, Dv = a.dv;
+    const int64_t B = a.batch, Tq = a.tq, Tk = a.tk, D = a.d, Dv = a.dv, off = a.causal_offset;
     const float scale = float(a.scale), ninf = -std::numeric_limits<float>::infinity();
     const double work = double(B) * double(Tq) * double(Tk) * double(D + Dv);
     const bool z = avx512;
+    const int64_t nq = (Tq + 7) / 8 * 8;  // rows padded to the 8-row blocks (zero rows)
 #pragma omp parallel if (work >= double(kParallelMin) * 16)
     {
-      const size_t nq = static_cast<size_t>(Tq + 3), nk = static_cast<size_t>(Tk);
-      std::vector<float> qb(nq * size_t(D)), kb(nk * size_t(D)), vb(nk * size_t(Dv)), gb(nq * size_t(Dv)), ob(nq * size_t(Dv));
-      std::vector<float> dq(nq * size_t(D)), dk(nk * size_t(D)), dv(nk * size_t(Dv)), di(nq);
-      std::vector<float> kt(size_t(D * kKeys), 0.0f), vtt(size_t(Dv * kKeys), 0.0f);
-      alignas(64) float p[4 * kKeys], ds[4 * kKeys];
+      std::vector<float> qb(size_t(nq * D), 0.0f), kb(size_t(Tk * D)), vb(size_t(Tk * Dv)), gb(size_t(nq * Dv), 0.0f), ob(size_t(Tq * Dv));
+      std::vector<float> kt(size_t(D * kKeys), 0.0f), vtt(size_t(Dv * kKeys), 0.0f), dq(size_t(nq * D)), dk(size_t(Tk * D));
+      std::vector<float> di(static_cast<size_t>(nq)), p(size_t(nq * kKeys), 0.0f), ds(size_t(nq * kKeys), 0.0f);
 #pragma omp for schedule(static)
       for (int64_t b = 0; b < B; ++b) {
         dense(Q, q, b, Tq, D, qb.data());
@@ -561,59 +634,66 @@ struct AttentionBackwardKernel : CpuKernel {
         dense(V, v, b, Tk, Dv, vb.data());
         dense(G, g, b, Tq, Dv, gb.data());
         dense(O, o, b, Tq, Dv, ob.data());
-        std::fill(qb.begin() + Tq * D, qb.end(), 0.0f);  // the last group's missing rows
-        std::fill(gb.begin() + Tq * Dv, gb.end(), 0.0f);
         std::fill(dq.begin(), dq.end(), 0.0f);
-        std::fill(dk.begin(), dk.end(), 0.0f);
-        std::fill(dv.begin(), dv.end(), 0.0f);
         for (int64_t i = 0; i < Tq; ++i) di[size_t(i)] = dot(gb.data() + i * Dv, ob.data() + i * Dv, Dv);
         const float* lse = L + b * Tq;
         for (int64_t j0 = 0; j0 < Tk; j0 += kKeys) {
           const int64_t nkey = std::min(kKeys, Tk - j0);
-          for (int64_t j = 0; j < kKeys; ++j) {
-            for (int64_t d = 0; d < D; ++d) kt[size_t(d * kKeys + j)] = j < nkey ? kb[size_t((j0 + j) * D + d)] : 0.0f;
-            for (int64_t c = 0; c < Dv; ++c) vtt[size_t(c * kKeys + j)] = j < nkey ? vb[size_t((j0 + j) * Dv + c)] : 0.0f;
+          for (int64_t j = 0; j < nkey; ++j) {  // the tile's K^T and V^T (keys past the tile zero)
+            for (int64_t d = 0; d < D; ++d) kt[size_t(d * kKeys + j)] = kb[size_t((j0 + j) * D + d)];
+            for (int64_t c = 0; c < Dv; ++c) vtt[size_t(c * kKeys + j)] = vb[size_t((j0 + j) * Dv + c)];
           }
-          for (int64_t g0 = 0; g0 < Tq; g0 += 4) {
-            const int64_t gr = std::min<int64_t>(4, Tq - g0);
-            int64_t glim = nkey;
-            if (a.causal) glim = std::clamp<int64_t>(g0 + gr - 1 + a.causal_offset + 1 - j0, 0, nkey);
-            if (glim == 0) continue;
+          if (nkey < kKeys) {
+            for (int64_t d = 0; d < D; ++d) std::fill(kt.begin() + d * kKeys + nkey, kt.begin() + (d + 1) * kKeys, 0.0f);
+            for (int64_t c = 0; c < Dv; ++c) std::fill(vtt.begin() + c * kKeys + nkey, vtt.begin() + (c + 1) * kKeys, 0.0f);
+          }
+          // The first row (a multiple of 8) that sees the tile; rows before it are not read.
+          const int64_t first = a.causal ? std::clamp<int64_t>(j0 - off, 0, Tq) / 8 * 8 : 0;
+          for (int64_t g0 = first; g0 < nq; g0 += 4) {
+            const int64_t gr = std::clamp<int64_t>(Tq - g0, 0, 4);
+            float *pg = p.data() + g0 * kKeys, *dg = ds.data() + g0 * kKeys;
+            int64_t glim = gr > 0 ? nkey : 0;
+            if (a.causal && gr > 0) glim = std::clamp<int64_t>(g0 + gr - 1 + off + 1 - j0, 0, nkey);
             const int64_t nv = (glim + 15) / 16, width = nv * 16;
-            scores4_any(qb.data() + g0 * D, D, kt.data(), nv, scale, p, z);
-            scores4_any(gb.data() + g0 * Dv, Dv, vtt.data(), nv, 1.0f, ds, z);
+            if (nv > 0) {
+              scores4_any(qb.data() + g0 * D, D, kt.data(), nv, scale, pg, z);
+              scores4_any(gb.data() + g0 * Dv, Dv, vtt.data(), nv, 1.0f, dg, z);
+            }
             for (int64_t r = 0; r < 4; ++r) {
-              float* pr = p + r * kKeys;
-              float* dr = ds + r * kKeys;
+              float* pr = pg + r * kKeys;
+              float* dr = dg + r * kKeys;
               const int64_t i = g0 + r;
-              int64_t lim = r < gr ? glim : 0;
-              if (r < gr && a.causal) lim = std::clamp<int64_t>(i + a.causal_offset + 1 - j0, 0, nkey);
-              if (r < gr && !std::isfinite(lse[i])) lim = 0;  // every key masked: no gradient defined here
-              const float li = r < gr ? lse[i] : 0.0f, dii = r < gr ? di[size_t(i)] : 0.0f;
-              for (int64_t j = 0; j < width; ++j) pr[j] = j < lim ? pr[j] - li : ninf;
-              vmath::vexp(pr, pr, width);
-              for (int64_t j = 0; j < width; ++j) dr[j] = pr[j] * (dr[j] - dii) * scale;
+              if (width > 0) {
+                int64_t lim = r < gr ? glim : 0;
+                if (r < gr && a.causal) lim = std::clamp<int64_t>(i + off + 1 - j0, 0, nkey);
+                if (r < gr && !std::isfinite(lse[i])) lim = 0;  // every key masked: no gradient defined here
+                const float li = r < gr ? lse[i] : 0.0f, dii = r < gr ? di[size_t(i)] : 0.0f;
+                for (int64_t j = 0; j < width; ++j) pr[j] = j < lim ? pr[j] - li : ninf;
+                vmath::vexp(pr, pr, width);
+                for (int64_t j = 0; j < width; ++j) dr[j] = pr[j] * (dr[j] - dii) * scale;
+              }
+              std::fill(pr + width, pr + kKeys, 0.0f);
+              std::fill(dr + width, dr + kKeys, 0.0f);
             }
-            // dQ[rows] += dS K[tile keys]
-            pv4(ds, kb.data() + j0 * D, D, glim, dq.data() + g0 * D, int(gr), z);
-            // dV[key] += sum_r P[r][key] dO[r]; dK[key] += sum_r dS[r][key] Q[r]
-            const float *g0p = gb.data() + g0 * Dv, *q0p = qb.data() + g0 * D;
-            for (int64_t j = 0; j < glim; ++j) {
-              const float p0 = p[j], p1 = p[kKeys + j], p2 = p[2 * kKeys + j], p3 = p[3 * kKeys + j];
-              float* dvj = dv.data() + (j0 + j) * Dv;
-              for (int64_t c = 0; c < Dv; ++c)
-                dvj[c] += p0 * g0p[c] + p1 * g0p[Dv + c] + p2 * g0p[2 * Dv + c] + p3 * g0p[3 * Dv + c];
-              const float s0 = ds[j], s1 = ds[kKeys + j], s2 = ds[2 * kKeys + j], s3 = ds[3 * kKeys + j];
-              float* dkj = dk.data() + (j0 + j) * D;
-              for (int64_t c = 0; c < D; ++c) dkj[c] += s0 * q0p[c] + s1 * q0p[D + c] + s2 * q0p[2 * D + c] + s3 * q0p[3 * D + c];
-            }
+          }
+          for (int64_t i0 = first; i0 < Tq; i0 += 8) {  // dQ += dS K
+            const int gr = int(std::min<int64_t>(8, Tq - i0));
+            int64_t k1 = nkey;
+            if (a.causal) k1 = std::clamp<int64_t>(i0 + gr - 1 + off + 1 - j0, 0, nkey);
+            mm8(ds.data() + i0 * kKeys, kKeys, 1, kb.data() + j0 * D, D, 0, k1, dq.data() + i0 * D, gr, z, true);
+          }
+          for (int64_t jj = 0; jj < nkey; jj += 8) {  // the tile's dV = P^T dY, dK = dS^T Q
+            const int gr = int(std::min<int64_t>(8, nkey - jj));
+            int64_t k0 = 0;
+            if (a.causal) k0 = std::clamp<int64_t>(j0 + jj - off, 0, Tq);
+            mm8(p.data() + jj, 1, kKeys, gb.data(), Dv, k0, Tq, dV + (b * Tk + j0 + jj) * Dv, gr, z);
+            mm8(ds.data() + jj, 1, kKeys, qb.data(), D, k0, Tq, dk.data() + (j0 + jj) * D, gr, z);
           }
         }
-        std::copy(dq.begin(), dq.begin() + Tq * D, dQ + b * Tq * D);
-        std::copy(dv.begin(), dv.end(), dV + b * Tk * Dv);
+        std::memcpy(dQ + b * Tq * D, dq.data(), size_t(Tq * D) * sizeof(float));
         float* ktp = dKT + b * D * Tk;
-        for (int64_t j = 0; j < Tk; ++j)
-          for (int64_t c = 0; c < D; ++c) ktp[c * Tk + j] = dk[size_t(j * D + c)];
+        for (int64_t c = 0; c < D; ++c)
+          for (int64_t j = 0; j < Tk; ++j) ktp[c * Tk + j] = dk[size_t(j * D + c)];
       }
     }
   }

@@ -47,8 +47,10 @@ constexpr int kExpandRecomputeWeight = 2;  // heavier expressions are stored bef
 // 1.33-1.44x, 48 1.07x, 64 0.94-1.03x, 128 0.80x, 1024 0.39-0.51x; docs/architecture.md).
 constexpr int64_t kAttentionMinKeys = 64;
 // With its backward (training): forward and backward fuse together or not at all, from this many
-// keys (bench_attention --backward, 1 thread: T = 64 1.10x (d 32) and 1.17x (d 64), T = 128 0.85x,
-// 256-1024 0.43-0.70x).
+// keys (bench_attention --backward with the 8-row-block backward, 1 thread: T = 64 1.14-1.22x
+// (d 32) and 1.20x (d 64), T = 128 0.88-0.90x, 256-1024 0.42-0.81x; the benchmark GPT's training
+// step fused at 64 keys was at parity with its decomposition, 38.6-41.0 vs 38.6-42.2 ms per step:
+// docs/architecture.md).
 constexpr int64_t kAttentionMinKeysWithBackward = 128;
 
 }  // namespace tessera::compiler
