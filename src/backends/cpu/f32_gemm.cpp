@@ -92,8 +92,10 @@ using Tile = void (*)(const float*, int64_t, int64_t, const float*, int64_t, int
 // MR rows x NR vectors of C from A (ACOLS: A(i, k) at a[k * acs + i]; else at a[i * ars + k]) and
 // a packed panel of B (row k at bp + k * ldb, NR vectors, zeros past N), over K depths in order,
 // from zero or (load_c) from what C holds. `last`: columns stored of the last vector. `epi`: the
-// op applied to each final value with its operand's element as it is stored (Problem::epi).
-template <int MR, int NR, bool ACOLS>
+// op applied to each final value with its operand's element as it is stored (Problem::epi), in
+// the EPI instances only: the tiles without one are compiled as they were before it (with the
+// epilogue's branches in them, the plain products measured 1-2% slower in the step).
+template <int MR, int NR, bool ACOLS, bool EPI>
 __attribute__((target("avx512f"))) void tile(const float* a, int64_t ars, int64_t acs, const float* bp, int64_t ldb, int64_t K,
                                              float* c, int64_t ldc, int last, bool load_c, TileEpi epi) {
   __m512 acc[MR][NR];
@@ -111,7 +113,7 @@ __attribute__((target("avx512f"))) void tile(const float* a, int64_t ars, int64_
   // derivative) are fetched into L2 now, so they arrive while the K loop runs; into L1 they were
   // evicted again by the B panel the loop streams (K = 128: 32 KiB, all of L1). In the step, dY W
   // with the GELU-backward epilogue, 2 threads: 0.83-0.84 ms without, 0.78 into L1, 0.74 into L2.
-  if (epi.op != Problem::Epi::None)
+  if constexpr (EPI)
     for (int i = 0; i < (epi.rs ? MR : 1); ++i)
       for (int j = 0; j < NR; ++j) _mm_prefetch(reinterpret_cast<const char*>(epi.x + i * epi.rs + 16 * j), _MM_HINT_T1);
   for (int i = 0; i < MR; ++i)
@@ -141,7 +143,7 @@ __attribute__((target("avx512f"))) void tile(const float* a, int64_t ars, int64_
       }
     }
   }
-  if (epi.op != Problem::Epi::None)
+  if constexpr (EPI)
     for (int i = 0; i < MR; ++i)
       for (int j = 0; j < NR; ++j) {
         const float* src = epi.x + i * epi.rs + 16 * j;  // (past N: not read)
@@ -156,16 +158,19 @@ __attribute__((target("avx512f"))) void tile(const float* a, int64_t ars, int64_
     }
 }
 
-template <bool ACOLS, int MR, int... NR>
+template <bool ACOLS, bool EPI, int MR, int... NR>
 constexpr std::array<Tile, kNR> row_of(std::integer_sequence<int, NR...>) {
-  return {tile<MR, NR + 1, ACOLS>...};
+  return {tile<MR, NR + 1, ACOLS, EPI>...};
 }
-template <bool ACOLS, int... MR>
+template <bool ACOLS, bool EPI, int... MR>
 constexpr std::array<std::array<Tile, kNR>, kMR> table(std::integer_sequence<int, MR...>) {
-  return {row_of<ACOLS, MR + 1>(std::make_integer_sequence<int, kNR>())...};
+  return {row_of<ACOLS, EPI, MR + 1>(std::make_integer_sequence<int, kNR>())...};
 }
-constexpr std::array<std::array<std::array<Tile, kNR>, kMR>, 2> kTiles{table<false>(std::make_integer_sequence<int, kMR>()),
-                                                                      table<true>(std::make_integer_sequence<int, kMR>())};
+// [A stored by columns][with an epilogue][rows - 1][vectors - 1]
+using TileTable = std::array<std::array<Tile, kNR>, kMR>;
+constexpr std::array<std::array<TileTable, 2>, 2> kTiles{
+    {{table<false, false>(std::make_integer_sequence<int, kMR>()), table<false, true>(std::make_integer_sequence<int, kMR>())},
+     {table<true, false>(std::make_integer_sequence<int, kMR>()), table<true, true>(std::make_integer_sequence<int, kMR>())}}};
 
 int64_t panels(int64_t N) { return (N + kW - 1) / kW; }
 // The epilogue of the tile whose first element is row i0 (counted over the batch's matrices
@@ -223,7 +228,7 @@ __attribute__((target("avx512f,avx512vl"))) void pack_a(const float* a, int64_t 
 // power of two, whose lines share a few L1 sets (dY^T X with M = 512 ran at ~15% of the peak).
 void block(const Problem& p, int64_t bi, const float* bp, int64_t m0, int64_t m1, int64_t n0, int64_t n1, int64_t ldd = 0) {
   const bool acols = p.ars == 1 && p.acs != 1;
-  const auto& tiles = kTiles[acols ? 1 : 0];
+  const auto& tiles_of = kTiles[acols ? 1 : 0];
   const float* a = p.a + (p.a_off ? p.a_off[bi] : 0);
   float* c = p.c + bi * p.M * p.N;
   thread_local std::vector<float, cpu::LineAligned<float>> apk;
@@ -239,6 +244,7 @@ void block(const Problem& p, int64_t bi, const float* bp, int64_t m0, int64_t m1
       for (int64_t i0 = m0; i0 < m1; i0 += kMR) {
         const int64_t mr = std::min<int64_t>(kMR, m1 - i0);
         const TileEpi e = k0 + kc == p.K ? tile_epi(p, bi * p.M + i0, q * kW) : TileEpi{};
+        const auto& tiles = tiles_of[e.op != Problem::Epi::None ? 1 : 0];
         if (acols)
           tiles[size_t(mr - 1)][size_t(nr - 1)](apk.data() + (i0 - m0) / kMR * (kMR * kc + 8), 1, kMR, panel, ldd ? ldd : wp, kc, c + i0 * p.N + q * kW, p.N,
                                                 last, load, e);
@@ -256,7 +262,7 @@ void block(const Problem& p, int64_t bi, const float* bp, int64_t m0, int64_t m1
 // depth a task reads lies in its own core's cache; with B packed once for all tasks and A per
 // tile, half of what each task read had been written by the other core.
 void local_block(const Problem& p, int64_t m0, int64_t m1, int64_t n0, int64_t n1) {
-  const auto& tiles = kTiles[1];
+  const auto& tiles_of = kTiles[1];
   thread_local std::vector<float, cpu::LineAligned<float>> apk, bpk;
   const int64_t kcm = std::min(kKc, p.K), q0 = n0 / kW, q1 = (n1 + kW - 1) / kW;
   apk.resize(std::max(apk.size(), size_t((m1 - m0 + kMR - 1) / kMR * (kMR * kcm + 8))));
@@ -273,9 +279,9 @@ void local_block(const Problem& p, int64_t m0, int64_t m1, int64_t n0, int64_t n
       const float* panel = bpk.data() + (q - q0) * kW * kc;
       for (int64_t i0 = m0; i0 < m1; i0 += kMR) {
         const int64_t mr = std::min<int64_t>(kMR, m1 - i0);
-        tiles[size_t(mr - 1)][size_t(nr - 1)](apk.data() + (i0 - m0) / kMR * (kMR * kc + 8), 1, kMR, panel, wp, kc,
-                                              p.c + i0 * p.N + q * kW, p.N, last, load,
-                                              k0 + kc == p.K ? tile_epi(p, i0, q * kW) : TileEpi{});
+        const TileEpi e = k0 + kc == p.K ? tile_epi(p, i0, q * kW) : TileEpi{};
+        tiles_of[e.op != Problem::Epi::None ? 1 : 0][size_t(mr - 1)][size_t(nr - 1)](
+            apk.data() + (i0 - m0) / kMR * (kMR * kc + 8), 1, kMR, panel, wp, kc, p.c + i0 * p.N + q * kW, p.N, last, load, e);
       }
     }
   }
