@@ -5,7 +5,12 @@
 // <= 128, one cblas_sgemm each inside our OpenMP pool), on 1 and on 2 threads, beside the FMA
 // peak of a register-only loop measured in the same run. Median of repeated timings, GFLOP/s.
 //
-//   taskset -c 0,1 bench_f32_gemm [--reps N] [--threads 1] [--best] [--cold] [--only TEXT]
+//   taskset -c 0,1 bench_f32_gemm [--reps N] [--threads 1] [--best] [--cold] [--only TEXT] [--epilogue]
+//
+// --epilogue: every product followed by C *= D (D a dense [M, N] per batch element: the GELU
+// backward's multiply by its saved derivative), through f32_gemm's register epilogue
+// (Problem::epi) for the own kernel, and as a pass over each block after its sgemm (what the
+// backend's BLAS path runs, as a native loop) for OpenBLAS; --cold then evicts D too.
 //
 // --cold: each timing is one call after a 96 MiB pass over other memory has overwritten every
 // cache level, as the step's products find their operands (made by other Steps, or, for weights,
@@ -57,8 +62,10 @@ double peak_gflops(int threads) {
   return double(threads) * double(iters) * bench::kFmaChains * 32 / *std::min_element(best.begin(), best.end()) / 1e9;
 }
 
+bool epilogue = false;  // --epilogue: C *= D after each product
+
 struct Operands {
-  std::vector<float> a, b, c;
+  std::vector<float> a, b, c, d;
   std::vector<int64_t> ao, bo;
   fg::Problem p;
 };
@@ -75,6 +82,11 @@ Operands make(const Product& s) {
   p.a = o.a.data(), p.a_off = o.ao.data(), p.ars = s.ta ? 1 : s.K, p.acs = s.ta ? s.M : 1;
   p.b = o.b.data(), p.b_off = o.bo.data(), p.brs = s.tb ? 1 : s.N, p.bcs = s.tb ? s.K : 1;
   p.c = o.c.data();
+  if (epilogue) {
+    o.d.resize(o.c.size());
+    for (size_t i = 0; i < o.d.size(); ++i) o.d[i] = float(i % 83) / 83.0f + 0.5f;
+    p.epi = fg::Problem::Epi::Mul, p.x = o.d.data(), p.x_rs = s.N;
+  }
   return o;
 }
 
@@ -90,6 +102,12 @@ void blas_blocks(const Product& s, Operands& o) {
     const float* b = o.b.data() + o.bo[size_t(e)] + (s.tb ? n0 * ldb : n0);
     cblas_sgemm(CblasRowMajor, s.ta ? CblasTrans : CblasNoTrans, s.tb ? CblasTrans : CblasNoTrans, int(m1 - m0), int(n1 - n0),
                 int(s.K), 1.0f, a, int(lda), b, int(ldb), 0.0f, o.c.data() + e * s.M * s.N + m0 * s.N + n0, int(s.N));
+    if (o.d.empty()) continue;
+    for (int64_t i = m0; i < m1; ++i) {
+      float* c = o.c.data() + (e * s.M + i) * s.N;
+      const float* d = o.d.data() + (e * s.M + i) * s.N;
+      for (int64_t j = n0; j < n1; ++j) c[j] *= d[j];
+    }
   }
 }
 
@@ -126,7 +144,9 @@ int main(int argc, char** argv) {
     if (std::string(argv[i]) == "--reps") reps = std::atoi(argv[++i]);
     else if (std::string(argv[i]) == "--threads") most = std::clamp(std::atoi(argv[++i]), 1, 2);  // the table has 1 and 2
     else if (std::string(argv[i]) == "--only") only = argv[++i];
-  for (int i = 1; i < argc; ++i) best = best || std::string(argv[i]) == "--best", cold = cold || std::string(argv[i]) == "--cold";
+  for (int i = 1; i < argc; ++i)
+    best = best || std::string(argv[i]) == "--best", cold = cold || std::string(argv[i]) == "--cold",
+    epilogue = epilogue || std::string(argv[i]) == "--epilogue";
   if (!fg::available()) {
     std::printf("f32_gemm is not available here (no AVX-512F, or TESSERA_CPU_GEMM=blas)\n");
     return 0;
@@ -149,6 +169,7 @@ int main(int argc, char** argv) {
   std::printf("the benchmark GPT step's float32 products: own kernel (f32_gemm) vs OpenBLAS in the backend's blocks; %d timings "
               "each, %s%s; load %.1f\n",
               reps, best ? "best" : "median", cold ? ", one call after the caches were overwritten (--cold)" : "", bench::load_average());
+  if (epilogue) std::printf("each product followed by C *= D (--epilogue)\n");
   std::printf("%-17s %4s %5s %5s %5s %2s%2s | %8s %8s | %8s %8s | rule (GFLOP/s)\n", "product", "x", "M", "N", "K", "ta", "tb",
               "1t own", "1t blas", "2t own", "2t blas");
   double tot[2][2] = {}, flops_total = 0;

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "backends/cpu/f32_gemm.h"
+#include "backends/cpu/kernel.h"
 #include "tessera/tensor.h"
 #include "test_util.h"
 
@@ -48,11 +49,15 @@ struct Case {
   bool ta, tb;      // A / B stored transposed (their columns contiguous)
   int64_t pad = 0;  // extra elements per stored row (strided operands)
   bool accumulate = false;
+  // An epilogue in registers (Problem::epi): 'b' adds a bias (one row, x_rs 0), '*' multiplies
+  // by a matrix of the batch's stacked rows (x_rs = N + pad + 1: rows wider than C's).
+  char epi = 0;
 };
 
 std::string name(const Case& c) {
   return std::to_string(c.batch) + "x[" + std::to_string(c.M) + "," + std::to_string(c.N) + "," + std::to_string(c.K) + "]" +
-         (c.ta ? " A^T" : "") + (c.tb ? " B^T" : "") + (c.pad ? " pad " + std::to_string(c.pad) : "") + (c.accumulate ? " +=" : "");
+         (c.ta ? " A^T" : "") + (c.tb ? " B^T" : "") + (c.pad ? " pad " + std::to_string(c.pad) : "") + (c.accumulate ? " +=" : "") +
+         (c.epi == 'b' ? " + bias" : c.epi == '*' ? " * X" : "");
 }
 
 // Runs case c on `threads` threads; returns C. `ref`: the float64 sums, checked to within a
@@ -72,6 +77,10 @@ std::vector<float> run(const Case& c, int threads, bool check) {
   p.a = a.data(), p.a_off = ao.data(), p.ars = c.ta ? 1 : lda, p.acs = c.ta ? lda : 1;
   p.b = b.data(), p.b_off = bo.data(), p.brs = c.tb ? 1 : ldb, p.bcs = c.tb ? ldb : 1;
   p.c = out.data(), p.accumulate = c.accumulate;
+  // the epilogue's operand, 5 elements in (its first element at no particular alignment)
+  const int64_t xrs = c.epi == '*' ? c.N + c.pad + 1 : 0;
+  const std::vector<float> x = values(size_t(5 + (c.epi == '*' ? c.batch * c.M * xrs : c.N)), uint32_t(c.N * 7 + c.M));
+  if (c.epi) p.epi = c.epi == '*' ? fg::Problem::Epi::Mul : fg::Problem::Epi::Add, p.x = x.data() + 5, p.x_rs = xrs;
   const int before = omp_get_max_threads();
   omp_set_num_threads(threads);
   fg::gemm(p);
@@ -88,6 +97,9 @@ std::vector<float> run(const Case& c, int threads, bool check) {
         }
         const size_t at = size_t((e * c.M + i) * c.N + j);
         if (c.accumulate) s += prior[at], mag += std::abs(prior[at]);
+        const double xv = c.epi ? x[size_t(5 + (e * c.M + i) * xrs + j)] : 0;
+        if (c.epi == 'b') s += xv, mag += std::abs(xv);
+        if (c.epi == '*') s *= xv, mag *= std::abs(xv);
         const double err = std::abs(double(out[at]) - s), tol = 1e-6 * (mag + 1) * std::sqrt(double(c.K + 1)) + 1e-30;
         if (err > tol && bad++ < 5) ADD_FAILURE() << "batch " << e << " C[" << i << ", " << j << "] = " << out[at] << ", float64 " << s;
       }
@@ -128,6 +140,20 @@ const std::vector<Case>& cases() {
       {1, 37, 70, 40, false, true, 0, true},
       {1, 64, 64, 600, true, false, 0, true},
       {5, 10, 19, 33, true, true, 1, true},
+      // epilogues in registers, applied once after the last K block: the GPT's dY W with GELU's
+      // derivative (shrunk in M) and qkv's bias; edge tiles in M and N; K over several blocks
+      // (257, 600); strided; B transposed; A transposed (a weight gradient's blocks); batched
+      // (each element's rows of the operand); accumulating (C + A B, then the op)
+      {1, 100, 512, 128, false, false, 0, false, '*'},
+      {1, 96, 384, 128, false, true, 0, false, 'b'},
+      {1, 7, 17, 5, false, false, 0, false, '*'},
+      {1, 50, 15, 257, false, true, 0, false, 'b'},
+      {1, 61, 130, 600, false, false, 3, false, '*'},
+      {1, 45, 100, 70, true, true, 11, false, 'b'},
+      {1, 200, 70, 513, true, false, 7, false, '*'},
+      {6, 64, 32, 64, true, false, 0, false, '*'},
+      {3, 150, 20, 9, false, false, 2, false, 'b'},
+      {1, 37, 70, 300, false, true, 0, true, '*'},
   };
   return cs;
 }
@@ -198,7 +224,18 @@ TEST(F32Gemm, GemmStepsMatchTheFloat64Reference) {
     // (each with N x K >= 2^11: smaller ones go to OpenBLAS, f32_gemm::chosen)
     Tensor q = random_tensor({2, 3, 33, 64}, DType::Float32, seed++), k = random_tensor({2, 3, 33, 64}, DType::Float32, seed++);
     outs.push_back(q.matmul(k.transpose(2, 3)));  // batched Q K^T
-    for (const Tensor& t : outs) EXPECT_TRUE(matches_reference(t, tolerance(DType::Float32, 70)));
+    // epilogues of one Add or Mul, which f32_gemm applies in registers as it stores each tile
+    // (gemm.cpp, RegisterEpilogue): X W^T + b (a bias, qkv's form); dY W * G (GELU's backward
+    // with its saved derivative) over K = 300 (two K blocks: applied after the last only), N =
+    // 33 (an edge vector), A strided (a slice of wider rows), G strided (a slice too)
+    Tensor wide = random_tensor({70, 310}, DType::Float32, seed++), w2 = random_tensor({300, 33}, DType::Float32, seed++);
+    Tensor g = random_tensor({70, 40}, DType::Float32, seed++), xb = random_tensor({70, 64}, DType::Float32, seed++);
+    outs.push_back(xb.matmul(w.transpose(0, 1)) + bias);
+    outs.push_back(wide.slice(1, 0, 300).matmul(w2) * g.slice(1, 2, 35));
+    // all outputs in one call: the first realization realizes every pending tensor
+    const uint64_t fused = tessera::backends::cpu::gemm_register_epilogue_launches();
+    EXPECT_TRUE(matches_reference(outs, tolerance(DType::Float32, 300)));
+    EXPECT_EQ(tessera::backends::cpu::gemm_register_epilogue_launches() - fused, 2u) << "an epilogue left the registers' path";
     std::vector<float> all;
     for (const Tensor& t : outs) {
       std::vector<float> v = t.to_vector<float>();

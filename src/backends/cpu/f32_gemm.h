@@ -33,6 +33,13 @@ struct Problem {
   int64_t brs = 0, bcs = 0;
   float* c = nullptr;
   bool accumulate = false;
+  // An epilogue applied in registers: each register tile's final values (after its last K
+  // block) become C_b(i, j) = value op x[(b * M + i) * x_rs + j] as they are stored (op: Add or
+  // Mul; x_rs 0 broadcasts one row down every C_b, a bias). The same bits as storing C and
+  // applying the op to what C holds, since the same single float operation runs on each element.
+  enum class Epi : uint8_t { None, Add, Mul } epi = Epi::None;
+  const float* x = nullptr;
+  int64_t x_rs = 0;
 };
 
 // Called once per finished C tile (batch b, rows [m0, m1), columns [n0, n1)) by the task that

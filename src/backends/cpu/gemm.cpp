@@ -6,6 +6,7 @@
 #include <cblas.h>
 #include <omp.h>
 
+#include <atomic>
 #include <optional>
 
 #include "backends/cpu/bf16_gemm.h"
@@ -19,6 +20,8 @@
 
 namespace tessera::backends::cpu {
 namespace {
+
+std::atomic<uint64_t> register_epilogues{0};  // once per launch, on the launching thread
 
 // A float32 Gemm Step whose B (a conv's im2col window) window_gemm reads in place: per batch
 // element, B's offset and which of A's distinct matrices it multiplies (at a_off, rows a_rs
@@ -36,9 +39,19 @@ struct Window {
   std::vector<Piece> pieces;
 };
 
+// A float32 epilogue that is one Add or Mul of the product with one operand whose element for
+// C(i, j) lies at offset + i * rs + j (rows counted over the batch; rs 0: a bias), which
+// f32_gemm applies in registers as each tile is stored (f32_gemm::Problem::epi).
+struct RegisterEpilogue {
+  f32_gemm::Problem::Epi op = f32_gemm::Problem::Epi::None;
+  int input = -1;  // the operand's index in Step::inputs
+  int64_t offset = 0, rs = 0;
+};
+
 struct GemmKernel final : CpuKernel {
   RegPlan regs;         // the epilogue's, for the interpreter
   NativeLoop epilogue;  // a float32 epilogue's native loop, over its loads' domain, its result in place
+  RegisterEpilogue in_registers;
   std::optional<Window> window;
   void run(const Step& st, const LaunchArgs& args) const override;
 };
@@ -592,6 +605,20 @@ class GemmLaunch {
     p.b = static_cast<const float*>(b_.data), p.b_off = bo.data();
     p.brs = b_.trans ? 1 : b_.ld, p.bcs = b_.trans ? b_.ld : 1;
     p.c = reinterpret_cast<float*>(out_), p.accumulate = st_.accumulate;
+    // The epilogue in registers where it is one Add or Mul (register_epilogue) and its operand
+    // does not overlap C; else on each finished tile through its native loop.
+    const RegisterEpilogue& re = k_.in_registers;
+    if (re.op != f32_gemm::Problem::Epi::None) {
+      const float* x = static_cast<const float*>(args_.slots[st_.inputs[size_t(re.input)]]) + re.offset;
+      const float* xe = x + (nb_ * M_ - 1) * re.rs + N_;
+      const float* c = p.c;
+      if (xe <= c || c + nb_ * M_ * N_ <= x) {
+        p.epi = re.op, p.x = x, p.x_rs = re.rs;
+        f32_gemm::gemm(p);
+        register_epilogues.fetch_add(1, std::memory_order_relaxed);
+        return true;
+      }
+    }
     f32_gemm::gemm(
         p,
         [](void* self, int64_t b, int64_t m0, int64_t m1, int64_t n0, int64_t n1) {
@@ -726,6 +753,34 @@ void GemmKernel::run(const Step& st, const LaunchArgs& args) const { GemmLaunch(
 
 }  // namespace
 
+// Step st's epilogue as a RegisterEpilogue, or none: a program of two float32 Loads and one Add
+// or Mul of them, one Load the product (the output slot, read element for element: the epilogue
+// pass's condition) and the other a single view that walks C's rows evenly and its columns
+// densely, in another slot (an operand the tiles read while others write C could otherwise
+// change under them).
+RegisterEpilogue register_epilogue(const Step& st) {
+  const std::vector<Instr>& pr = st.program;
+  if (st.dtype != DType::Float32 || pr.size() != 3 || pr[0].code != Code::Load || pr[1].code != Code::Load ||
+      (pr[2].code != Code::Add && pr[2].code != Code::Mul) || std::min(pr[2].a, pr[2].b) != 0 || std::max(pr[2].a, pr[2].b) != 1)
+    return {};
+  const bool first_is_c = st.inputs[size_t(pr[0].input)] == st.output;
+  const Instr& x = pr[first_is_c ? 1 : 0];
+  const Instr& c = pr[first_is_c ? 0 : 1];
+  if (st.inputs[size_t(c.input)] != st.output || !c.map.is_contiguous() || c.map.views[0].offset != 0 || pr[2].dtype != DType::Float32 || st.inputs[size_t(x.input)] == st.output ||
+      x.dtype != DType::Float32)
+    return {};
+  const int64_t N = st.shape.back(), rows = numel(st.shape) / std::max<int64_t>(N, 1);
+  if (N == 0 || rows == 0 || numel(x.map.shape()) != rows * N) return {};
+  const kir::IndexMap m = x.map.reshape({rows, N});
+  if (!m.single()) return {};
+  const kir::View& v = m.views[0];
+  const int64_t rs = rows == 1 ? 0 : v.strides[0];
+  if ((N > 1 && v.strides[1] != 1) || rs < 0) return {};
+  return {pr[2].code == Code::Mul ? f32_gemm::Problem::Epi::Mul : f32_gemm::Problem::Epi::Add, x.input, v.offset, rs};
+}
+
+uint64_t gemm_register_epilogue_launches() { return register_epilogues.load(std::memory_order_relaxed); }
+
 std::unique_ptr<CpuKernel> compile_gemm(const Step& st) {
   auto k = std::make_unique<GemmKernel>();
   k->regs = plan_registers(st.program, results_of(st));
@@ -736,6 +791,7 @@ std::unique_ptr<CpuKernel> compile_gemm(const Step& st) {
     for (const Instr& I : st.program)
       if (I.code == Code::Load) dom = I.map.shape();
     build_loop(k->epilogue, st.program, dom, {int(st.program.size()) - 1}, {1}, false);
+    k->in_registers = register_epilogue(st);
   }
   return k;
 }

@@ -24,4 +24,8 @@ std::unique_ptr<CpuKernel> compile_scatter_add(const kir::Step& st);
 std::unique_ptr<CpuKernel> compile_dynamic_update_slice(const kir::Step& st);
 std::unique_ptr<CpuKernel> compile_attention(const kir::Step& st);  // attention.cpp
 
+// Gemm Step launches whose epilogue ran in f32_gemm's registers (gemm.cpp, RegisterEpilogue) in
+// this process (tests: that a Step took that path).
+uint64_t gemm_register_epilogue_launches();
+
 }  // namespace tessera::backends::cpu
