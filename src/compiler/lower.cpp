@@ -315,24 +315,26 @@ Val Lowerer::strided(int node, int producer) {
   return copy_to_slot(node, producer, kir::SlotKind::Temp, 0);
 }
 
-int Lowerer::full_inputs(const Val& v) const {
+int Lowerer::summed_inputs(const Val& v) const {
   std::vector<int> seen;
   const int64_t n = numel(v.eval);
-  for (const Instr& in : v.frag.ins)
-    if (in.code == Code::Load && numel(plan.slots[size_t(in.input)].shape) >= n &&
-        std::find(seen.begin(), seen.end(), in.input) == seen.end())
+  for (const Instr& in : v.frag.ins) {
+    if (in.code == Code::Add || in.code == Code::Sub) continue;
+    if (in.code != Code::Load) return 0;
+    if (numel(plan.slots[size_t(in.input)].shape) >= n && std::find(seen.begin(), seen.end(), in.input) == seen.end())
       seen.push_back(in.input);
+  }
   return int(seen.size());
 }
 
 const Val& Lowerer::operand(int node) {
   Val& v = vals[node];
   if (v.kind != Val::Expr || users[node] <= 1) return v;
-  // A per-position expression reading several stored values at full size (the GPT's residual
-  // stream, a sum of products and biases) is stored once where it is computed rather than
-  // re-read, input by input, by every reader (kMaxRecomputeInputs; it becomes the epilogue of a
-  // GEMM whose product only it reads: nothing new is launched).
-  if (!v.row && !v.rowconst && !v.positional && full_inputs(v) > kMaxRecomputeInputs) {
+  // A sum of several stored values at full size (the GPT's residual stream: products and
+  // biases) is stored once where it is computed rather than re-read, input by input, by every
+  // reader (kMaxSummedInputs; it becomes the epilogue of a GEMM whose product only it reads:
+  // nothing new is launched).
+  if (!v.row && !v.rowconst && !v.positional && summed_inputs(v) > kMaxSummedInputs) {
     materialize(node);
     return vals[node];
   }
