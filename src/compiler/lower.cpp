@@ -315,13 +315,41 @@ Val Lowerer::strided(int node, int producer) {
   return copy_to_slot(node, producer, kir::SlotKind::Temp, 0);
 }
 
+int Lowerer::summed_inputs(const Val& v) const {
+  std::vector<int> seen;
+  const int64_t n = numel(v.eval);
+  for (const Instr& in : v.frag.ins) {
+    if (in.code == Code::Add || in.code == Code::Sub) continue;
+    if (in.code != Code::Load) return 0;
+    if (numel(plan.slots[size_t(in.input)].shape) >= n && std::find(seen.begin(), seen.end(), in.input) == seen.end())
+      seen.push_back(in.input);
+  }
+  return int(seen.size());
+}
+
 const Val& Lowerer::operand(int node) {
   Val& v = vals[node];
-  if (v.kind == Val::Expr && users[node] > 1 && v.frag.weight() > kMaxDuplicateWeight) {
+  if (v.kind != Val::Expr || users[node] <= 1) return v;
+  // A sum of several stored values at full size (the GPT's residual stream: products and
+  // biases) is stored once where it is computed rather than re-read, input by input, by every
+  // reader (kMaxSummedInputs; it becomes the epilogue of a GEMM whose product only it reads:
+  // nothing new is launched).
+  if (!v.row && !v.rowconst && !v.positional && summed_inputs(v) > kMaxSummedInputs) {
+    materialize(node);
+    return vals[node];
+  }
+  if (v.frag.weight() > kMaxDuplicateWeight) {
     // A Row expression keeps its per-position part pending when storing its row statistics
     // makes it light enough (a layer norm's deviation: the mean stored, not the deviation).
     bool light = v.row && !v.rowconst && store_row_stats(node) && vals[node].frag.weight() <= kMaxDuplicateWeight;
     if (!light) materialize(node);
+  } else if (v.row && v.frag.has(Code::RowSum)) {
+    // Light, but each reader in another Step would sum the rows again (a layer norm's deviation
+    // and standard deviation over a stored input, read by its backward): a row-constant value is
+    // stored once per row, a per-position one stores its row statistics, and the merges join
+    // their Steps into the forward's.
+    if (v.rowconst) materialize(node);
+    else store_row_stats(node);
   }
   return vals[node];
 }

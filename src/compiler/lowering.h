@@ -97,6 +97,9 @@ class Lowerer {
   // The value of input node k as a consumer sees it: a pending expression read by several
   // nodes is stored first unless it is cheap enough to recompute in each.
   const Val& operand(int node);
+  // For an expression made only of loads, adds and subtractions: how many distinct slots it loads
+  // at full size (one element per position or more); else 0.
+  int summed_inputs(const Val& v) const;
   // Applies a movement to every load of an expression (positions of the new shape -> old).
   static Val move_expr(const Val& v, const Shape& shape, const std::function<kir::IndexMap(const kir::IndexMap&)>& f);
   // A pending per-position Row expression's row statistics (row-constant values from its row

@@ -103,8 +103,12 @@ TEST_F(PassesOn, ARowStatisticReadTwiceIsStoredByTheRowStepThatRecomputesIt) {
       for (const Tensor& y : ys) values[*disabled != 0].push_back(y.to_vector<double>());
       return metrics().steps_launched - before;
     };
-    // The layer norm's deviation; softmax's sum is cheap enough that each reader recomputes it.
-    EXPECT_EQ(steps("merge") - steps(""), 1);
+    // The row statistics read by several nodes (the layer norm's mean and standard deviation,
+    // softmax's sum) are stored once per row by Steps of their own, which the merges join into
+    // the Row Steps computing them: four Steps, one per output.
+    const int64_t unmerged = steps("merge"), merged = steps("");
+    EXPECT_EQ(merged, 4);
+    EXPECT_GE(unmerged - merged, 1);
     EXPECT_EQ(values[0], values[1]) << "merged and unmerged differ";
     runtime::set_disabled_passes("");
     EXPECT_TRUE(matches_reference(outputs()));
@@ -155,9 +159,10 @@ compiler::Plan plan_of(const std::vector<Tensor>& ys) {
 
 TEST_F(PassesOn, LayerNormTrainingIsOneRowStepEachWayAndOneColumnReduction) {
   using L = LayerNormTraining;
-  // Five addends: the forward stores the statistics, the backward reads them. One: the deviation
-  // is light, the forward recomputes it in one pass and the backward computes the mean again (the
-  // weight gradient's Reduce reads it and moves after the input gradient's Row Step).
+  // Five addends: their sum is stored once (an elementwise Step, the one other Step over the
+  // positions; its readers each load one buffer, not ten). Either way the forward stores the
+  // statistics and the backward reads them (the deviation over a stored input is light, but each
+  // Step reading it would run its row sum again).
   for (int n : {5, 1}) {
     L f32(DType::Float32, n);
     const compiler::Plan p = plan_of(f32.run());
@@ -173,7 +178,7 @@ TEST_F(PassesOn, LayerNormTrainingIsOneRowStepEachWayAndOneColumnReduction) {
     EXPECT_EQ(rows, 2) << n << " addends\n" << p.str();
     // The weight and bias gradients: one Reduce Step with two outputs on the cpu (multi_reduce).
     EXPECT_EQ(reduces, 1) << n << " addends\n" << p.str();
-    EXPECT_EQ(others, 0) << n << " addends\n" << p.str();
+    EXPECT_EQ(others, n > 1 ? 1 : 0) << n << " addends\n" << p.str();
   }
 
   // Values: against the float64 reference of the same graph, and the gradients against central
@@ -207,6 +212,115 @@ TEST_F(PassesOn, LayerNormTrainingIsOneRowStepEachWayAndOneColumnReduction) {
   for (int t : {1, 2, 3}) {
     omp_set_num_threads(t);
     L e(DType::Float32);
+    std::vector<double> all;
+    for (const Tensor& y : e.run()) {
+      const std::vector<double> v = y.to_vector<double>();
+      all.insert(all.end(), v.begin(), v.end());
+    }
+    by_threads.push_back(all);
+  }
+  omp_set_num_threads(saved);
+  EXPECT_EQ(by_threads[0], by_threads[1]);
+  EXPECT_EQ(by_threads[0], by_threads[2]);
+}
+
+// The GPT's residual stream: x_{k+1} = x_k + (layer_norm_k(x_k) W_k + c_k), each x_k read by its
+// layer norm (the forward's Row Step, the backward's, the weight gradient's Reduce) and by the
+// next add, the last one by a final layer norm and a later add. Left pending, x_k is a sum of up
+// to 2k + 1 addends that each of those Steps re-reads input by input; it is stored once instead,
+// by the product whose output it adds (the add is that GEMM's epilogue): no elementwise Step
+// over the positions, and no Step other than a product reads more than three [B, T, C] buffers
+// (the backward's Row Step: the product's gradient, x_k and the gradient of x_{k+1}), which
+// loads the forward's row mean rather than summing x_k's rows again. Values
+// against the float64 reference and finite differences, bit-identical for 1, 2 and 3 threads.
+struct ResidualStream {
+  static constexpr int64_t B = 4, T = 16, C = 64;
+  static constexpr int K = 4;
+  Tensor x0, w[K + 1], b[K + 1], W[K], c[K], Wout, r, z, r2;
+  explicit ResidualStream(DType t) {
+    x0 = random_tensor({B, T, C}, t, 70, -2, 2).requires_grad_(true);
+    for (int k = 0; k <= K; ++k) {
+      w[k] = random_tensor({C}, t, 71 + uint32_t(k), 0.5, 1.5).requires_grad_(true);
+      b[k] = random_tensor({C}, t, 76 + uint32_t(k)).requires_grad_(true);
+    }
+    for (int k = 0; k < K; ++k) {
+      W[k] = random_tensor({C, C}, t, 81 + uint32_t(k), -0.3, 0.3).requires_grad_(true);
+      c[k] = random_tensor({C}, t, 85 + uint32_t(k)).requires_grad_(true);
+    }
+    Wout = random_tensor({C, 16}, t, 89, -0.3, 0.3), r = random_tensor({B, T, 16}, t, 90);
+    z = random_tensor({B, T, C}, t, 91), r2 = random_tensor({B, T, C}, t, 92);
+  }
+  Tensor loss() const {
+    Tensor x = x0;
+    for (int k = 0; k < K; ++k) x = x + (matmul(layer_norm(x, {C}, w[k], b[k]), W[k]) + c[k]);
+    return (matmul(layer_norm(x, {C}, w[K], b[K]), Wout) * r).sum() + ((x + z) * r2).sum();
+  }
+  // The loss and the gradients of x0, the first layer norm's weight, the second product's weight,
+  // the first product's bias and the last layer norm's bias.
+  std::vector<Tensor> run() {
+    Tensor l = loss();
+    l.backward();
+    return {l, x0.grad(), w[0].grad(), W[1].grad(), c[0].grad(), b[K].grad()};
+  }
+};
+
+TEST_F(PassesOn, TheResidualStreamIsStoredOnceByTheProductsAddingToIt) {
+  using R = ResidualStream;
+  {
+    R f32(DType::Float32);
+    const compiler::Plan p = plan_of(f32.run());
+    const int64_t n = R::B * R::T * R::C;
+    int elementwise = 0, epilogues = 0, widest = 0;
+    for (const kir::Step& st : p.steps) {
+      const bool over = numel(st.kind == kir::StepKind::Row || st.kind == kir::StepKind::Reduce ? st.domain : st.shape) == n;
+      if (!over) continue;
+      if (st.kind == kir::StepKind::Gemm) {
+        epilogues += !st.program.empty();
+        continue;
+      }
+      elementwise += st.kind == kir::StepKind::Elementwise;
+      // Two row sums each way: the backward reads the forward's mean, not its own.
+      const int64_t sums = std::count_if(st.program.begin(), st.program.end(), [](const kir::Instr& in) { return in.code == kir::Code::RowSum; });
+      EXPECT_LE(sums, 2) << st.str();
+      int full = 0;
+      for (size_t i = 0; i < st.inputs.size(); ++i)
+        full += numel(p.slots[size_t(st.inputs[i])].shape) == n &&
+                std::find(st.inputs.begin(), st.inputs.begin() + int64_t(i), st.inputs[i]) == st.inputs.begin() + int64_t(i);
+      widest = std::max(widest, full);
+    }
+    EXPECT_EQ(elementwise, 0) << p.str();
+    EXPECT_EQ(epilogues, R::K) << "each residual add in its product's epilogue\n" << p.str();
+    EXPECT_LE(widest, 3) << "a Step re-reads the residual stream's addends\n" << p.str();
+  }
+
+  R a(DType::Float32);
+  EXPECT_TRUE(matches_reference(a.run()));
+  R d(DType::Float64);
+  const std::vector<Tensor> grads = d.run();
+  auto loss_at = [&](Tensor& t, int64_t i, double h) {
+    std::vector<double> v = t.to_vector<double>();
+    v[size_t(i)] += h;
+    Tensor saved = t;
+    t = from_vector(v, t.shape(), {DType::Float64});
+    const double l = d.loss().item();
+    t = saved;
+    return l;
+  };
+  Tensor* params[] = {&d.x0, &d.w[0], &d.W[1], &d.c[0], &d.b[R::K]};
+  const std::vector<std::vector<int64_t>> probes = {{0, 777, 4095}, {3, 60}, {0, 1000, 4095}, {9}, {33}};
+  for (size_t k = 0; k < probes.size(); ++k) {
+    const std::vector<double> g = grads[k + 1].to_vector<double>();
+    for (int64_t i : probes[k]) {
+      const double h = 1e-5, fd = (loss_at(*params[k], i, h) - loss_at(*params[k], i, -h)) / (2 * h);
+      EXPECT_NEAR(g[size_t(i)], fd, 1e-6 * std::max(1.0, std::fabs(fd))) << "parameter " << k << " element " << i;
+    }
+  }
+
+  std::vector<std::vector<double>> by_threads;
+  const int saved = omp_get_max_threads();
+  for (int t : {1, 2, 3}) {
+    omp_set_num_threads(t);
+    R e(DType::Float32);
     std::vector<double> all;
     for (const Tensor& y : e.run()) {
       const std::vector<double> v = y.to_vector<double>();

@@ -40,6 +40,14 @@ bool same_instr(const kir::Instr& x, const kir::Instr& y);
 constexpr size_t kMaxFragInstrs = 96;   // larger expressions are cut: their operands become Steps
 constexpr int kMaxDuplicateWeight = 12; // a pending expression read by several nodes is
                                         // recomputed in each when at most this heavy
+// A pending sum (loads, adds and subtractions only) read by several nodes is stored once when it
+// adds more than this many distinct full-size buffers (one element per position or more): the
+// GPT's residual stream, a sum of products and biases, read by a layer norm's forward, its
+// backward, its weight gradient and the next residual add. Measured on bench_gpt_step (float32,
+// 2 threads, captured, fast state; the Steps other than products, per-Step medians summed):
+// never stored 7.9-8.4 ms, more than 3 inputs 7.8-8.3, more than 2 7.6-7.7, more than 1 7.4
+// (docs/architecture.md, "The residual stream stored once").
+constexpr int kMaxSummedInputs = 1;
 constexpr int64_t kMaxRow = 1 << 14;    // longest row a Row Step reduces (else a Reduce Step)
 constexpr int kExpandRecomputeWeight = 2;  // heavier expressions are stored before a broadcast
 // The attention pass fuses only attention over at least this many keys: below it the cpu's fused
