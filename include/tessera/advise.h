@@ -107,7 +107,8 @@ std::vector<DeviceSpec> load_devices_json(const std::string& path);
 DeviceSpec host_device(bool recalibrate = false);
 // The host's GEMM line, t = flops / peak + outputs * out_s + products * c, fitted (least squares;
 // exact for three) to timed groups of products: each group's flops, output elements, number of
-// products and seconds (less its Steps' launch overhead). A negative out_s or c is refitted as 0.
+// products and seconds (less its Steps' launch overhead); with two groups, no output term (the
+// line through them, c per product). A negative out_s or c is refitted as 0.
 struct GemmSample {
   double flops = 0, outputs = 0, products = 0, seconds = 0;
 };

@@ -331,6 +331,18 @@ TEST(CostModel, HostGemmLineIsFittedPerProductWithItsOutputTerm) {
   StepCost s = gemm(256, 128, 128);
   s.elements = 256 * 128;
   EXPECT_NEAR(step_seconds(h, s), 41.94304e-6 + 1.6384e-6 + 4e-6 + 1e-6, 1e-10);
+  // Two groups (what the calibration times): the line through them without the output term,
+  // its intercept per product. Times f / peak + 3c: group 1 137.83 us, group 2 (6 * 2048 * 512 *
+  // 512 = 3,221,225,472 flops) 16,106.13 us + 12 us: peak 2e11 and 800,000 flops per product.
+  auto plain = [&](double T, double C, double N) {
+    GemmSample g = group(T, C, N);
+    g.seconds = g.flops / peak + 3 * c;
+    return g;
+  };
+  l = gemm_line({plain(256, 128, 128), plain(2048, 512, 512)});
+  EXPECT_NEAR(l.peak_flops / peak, 1.0, 1e-9);
+  EXPECT_DOUBLE_EQ(l.out_s, 0);
+  EXPECT_NEAR(l.half_flops, c * peak, 1e-3);
   // Timings with no output term fit out_s = 0 (a negative fitted term is dropped, not kept).
   auto flat = [&](double T, double C, double N, double extra) {
     GemmSample g = group(T, C, N);
