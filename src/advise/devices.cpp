@@ -421,6 +421,27 @@ DeviceSpec host_base() {
   return d;
 }
 
+// Row loops: layer norms (with weight and bias, one Row Step each) of [256, 64] and [1024, 128]
+// (the GPT's at batch 4 and 16), each less its flops and bytes at d's rates (step_seconds' other
+// terms): the rest is a line in its output elements, row_element_s per element + row_s.
+// `vector_time` times a kernel as calibrate() does: {seconds less launch, flops, bytes}.
+void calibrate_rows(DeviceSpec& d, const std::function<std::tuple<double, double, double>(const std::function<Tensor()>&)>& vector_time) {
+  TensorOptions f32{DType::Float32, Device("cpu")};
+  std::vector<std::pair<double, double>> pts;  // {elements, seconds beyond the flops and bytes}
+  for (auto [rows, cols] : {std::pair<int64_t, int64_t>{256, 64}, {1024, 128}}) {
+    const int64_t R = rows, C = cols;  // a lambda may not capture a structured binding (clang 14)
+    Tensor x = randn({R, C}, f32), w = randn({C}, f32), b = randn({C}, f32);
+    sync();
+    auto [t, flops, bytes] = vector_time([&] { return layer_norm(x, {C}, w, b); });
+    StepCost fl, by;  // its flops and its bytes, each priced alone (a Row Step pays both)
+    fl.kind = by.kind = "elementwise";
+    fl.flops = flops, by.bytes = bytes;
+    pts.push_back({double(R * C), t - (step_seconds(d, fl) - d.launch_s) - (step_seconds(d, by) - d.launch_s)});
+  }
+  const auto [el, c] = row_line(pts[0], pts[1]);
+  d.row_element_s = el, d.row_s = c;
+}
+
 DeviceSpec calibrate() {
   DeviceSpec d = host_base();
   TensorOptions f32{DType::Float32, Device("cpu")};
@@ -550,24 +571,7 @@ DeviceSpec calibrate() {
     auto [t, flops, bytes] = vector_time([&] { return x.sum({0}); });
     d.reduce_bw = bytes / t;
   }
-  // Row loops: layer norms (with weight and bias, one Row Step each) of [256, 64] and [1024, 128]
-  // (the GPT's at batch 4 and 16), each less its flops and bytes at the rates above (step_seconds'
-  // other terms): the rest is a line in its output elements, row_element_s per element + row_s.
-  {
-    std::vector<std::pair<double, double>> pts;  // {elements, seconds beyond the flops and bytes}
-    for (auto [rows, cols] : {std::pair<int64_t, int64_t>{256, 64}, {1024, 128}}) {
-      const int64_t R = rows, C = cols;  // a lambda may not capture a structured binding (clang 14)
-      Tensor x = randn({R, C}, f32), w = randn({C}, f32), b = randn({C}, f32);
-      sync();
-      auto [t, flops, bytes] = vector_time([&] { return layer_norm(x, {C}, w, b); });
-      StepCost fl, by;  // its flops and its bytes, each priced alone (a Row Step pays both)
-      fl.kind = by.kind = "elementwise";
-      fl.flops = flops, by.bytes = bytes;
-      pts.push_back({double(R * C), t - (step_seconds(d, fl) - d.launch_s) - (step_seconds(d, by) - d.launch_s)});
-    }
-    const auto [el, c] = row_line(pts[0], pts[1]);
-    d.row_element_s = el, d.row_s = c;
-  }
+  calibrate_rows(d, vector_time);
   d.vec16_flops = 0;
   d.description = "this machine's CPU (" + threads_key() + " threads), calibrated";
   d.source = "microbenchmarks";
