@@ -8,12 +8,12 @@
 # Prints one line per case and the median absolute error of step time (against the median step
 # and against the fastest step: the calibration times best-of runs, so on a machine other jobs
 # share the fastest step is the comparable figure) and of peak memory.
-# The calibration is cached (~/.cache/tessera/host-v4-<threads>.json): delete it, or point
+# The calibration is cached (~/.cache/tessera/host-v5-<threads>.json): delete it, or point
 # XDG_CACHE_HOME at an empty folder, for a fresh one. On the 2-core build machine (OMP_NUM_THREADS=2,
-# 2026-12-06, fast state): median time error 5.0%, 8 of 9 sizes within 10% (L2 H2 E64 batch 4
-# -17%); peak 0.00%. That
-# 2-vCPU machine alternates between a fast and a slow state (bench_gpt_step 46 or 71 ms), and a
-# calibration and a measurement taken in different states differ by 30-50%: check
+# 2026-12-07, calibration and steps in the fast state, issue 28): median time error 5.6%, 6 of 9
+# sizes within 10%, L2 H2 E64 under-predicted 12-23% (its <runtime> and small Steps); peak 0.00%.
+# That 2-vCPU machine alternates between a fast and a slow state (bench_gpt_step ~38 or ~56 ms),
+# and a calibration and a measurement taken in different states differ by 25-65%: check
 # `bench_gpt_step` before and after (docs/architecture.md, Advisor, "Accuracy on the host").
 set -euo pipefail
 exe=${1:-build/tools/tessera/tessera}

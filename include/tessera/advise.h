@@ -59,6 +59,11 @@ struct DeviceSpec {
   // rate = gemm_flops * f / (f + gemm_half_flops). fp32_flops is then the elementwise rate.
   double gemm_flops = 0;
   double gemm_half_flops = 0;
+  // Host only: a product's time per output element besides (storing each result and its
+  // epilogue, which a short K does not hide: M x N x K at K = 128 runs ~20% slower than the same
+  // flops at K = 512): t = (f + gemm_half_flops) / gemm_flops + out_s * outputs. 0: none.
+  double gemm_out_s = 0;
+  double gemm_bf16_out_s = 0;
   // The same line for products of bfloat16 operands (autocast's; the host: vdpbf16ps where the cpu
   // has it), 0: as float32's.
   double gemm_bf16_flops = 0;
@@ -75,6 +80,10 @@ struct DeviceSpec {
   // The bandwidth of a Reduce Step (a column sum over rows: bias and layer-norm gradients, which
   // the cpu runs slower than a stream), measured on one (0: as other Steps).
   double reduce_bw = 0;
+  // Host only: a Row Step (a row loop: layer norm, softmax, their backward passes, which the cpu
+  // runs in several passes over each row) costs its flops and its bytes at the rates above plus
+  // row_element_s per output element and row_s per Step, fitted on two layer norms (0: none).
+  double row_element_s = 0, row_s = 0;
   // Host only: tracing is synchronous with running there, so its time is added to the step.
   bool add_trace_time = false;
   // What changes the compiled plan on this device (kir::Target, see src/kernel_ir/target.h):
@@ -94,8 +103,24 @@ std::vector<DeviceSpec> load_devices_json(const std::string& path);
 // The host CPU, calibrated by microbenchmarks shaped like a training step's Steps (the GEMM line
 // on a linear layer's three products, the arithmetic and transcendental vector rates, a bandwidth
 // curve by size, a column sum, per-Step overhead), cached in $XDG_CACHE_HOME/tessera (or
-// ~/.cache/tessera)/host-v4-<threads>.json.
+// ~/.cache/tessera)/host-v5-<threads>.json.
 DeviceSpec host_device(bool recalibrate = false);
+// The host's GEMM line, t = flops / peak + outputs * out_s + products * c, fitted (least squares;
+// exact for three) to timed groups of products: each group's flops, output elements, number of
+// products and seconds (less its Steps' launch overhead); with two groups, no output term (the
+// line through them, c per product). A negative out_s or c is refitted as 0.
+struct GemmSample {
+  double flops = 0, outputs = 0, products = 0, seconds = 0;
+};
+struct GemmLine {
+  double peak_flops = 0;  // gemm_flops
+  double half_flops = 0;  // gemm_half_flops: c * peak, the flops one product's intercept is worth
+  double out_s = 0;       // gemm_out_s
+};
+GemmLine gemm_line(const std::vector<GemmSample>& samples);
+// The host's row line through two points {elements, seconds}: {per element, per Step}, neither
+// negative (a negative slope: the points' mean per Step; a negative intercept: through the origin).
+std::pair<double, double> row_line(std::pair<double, double> a, std::pair<double, double> b);
 // The device named `name` in `devs` ("host" calibrates; "cuda" or "cuda:N" is the table's spec of
 // the GPU present there, with the memory it reports); throws tessera::Error naming the choices.
 DeviceSpec find_device(const std::vector<DeviceSpec>& devs, const std::string& name);
@@ -115,6 +140,7 @@ struct StepCost {
   // parallelism splits over its M devices (Megatron: heads and hidden units).
   double split_fraction = 0;
   int64_t batch = 1, m = 0, n = 0, k = 0;  // Gemm: out[batch.., m, n] = [m, k] @ [k, n]
+  double elements = 0;  // its output's elements (a Row Step: the rows times the row's length)
 };
 
 // A training step compiled for one target (device properties and dtype).

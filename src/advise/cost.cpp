@@ -96,6 +96,7 @@ double step_seconds(const DeviceSpec& d, const StepCost& s, Bottleneck* why) {
              d.vector_eff;
       const double half_flops = line16 ? d.gemm_bf16_half_flops : d.gemm_half_flops;
       if (half_flops > 0 && flops > 0) rate *= flops / (flops + half_flops);
+      tv += (line16 ? d.gemm_bf16_out_s : d.gemm_out_s) * s.elements;  // the host's per-output term
     }
   } else {
     rate = (half && d.vec16_flops > 0 ? d.vec16_flops : d.fp32_flops) * d.vector_eff;
@@ -109,6 +110,11 @@ double step_seconds(const DeviceSpec& d, const StepCost& s, Bottleneck* why) {
     }
   if (s.kind == "reduce" && d.reduce_bw > 0) bw = d.reduce_bw;
   const double tm = bw > 0 ? bytes / (bw * d.bw_eff) : 0;
+  if (s.kind == "row" && (d.row_element_s > 0 || d.row_s > 0)) {  // the host's row loops: passes over each row
+    const double tr = tc + tm + d.row_element_s * s.elements + d.row_s;
+    if (why) *why = d.launch_s > tr ? Bottleneck::Launch : tc >= tm ? Bottleneck::Compute : Bottleneck::Memory;
+    return tr + d.launch_s;
+  }
   if (why) *why = d.launch_s > std::max(tc, tm) ? Bottleneck::Launch : tc >= tm ? Bottleneck::Compute : Bottleneck::Memory;
   return std::max(tc, tm) + d.launch_s;
 }
@@ -241,6 +247,7 @@ Workload compile_workload(const std::vector<runtime::Request>& req, const Device
       if (c.gemm && src.op != "matmul" && src.op != "conv") c.epilogue_flops += src.flops;
     }
     c.split_fraction = split_fraction(st);
+    c.elements = double(numel(st.shape));
     if (c.gemm && st.shape.size() >= 2 && !st.maps.empty() && !st.maps[0].shape().empty()) {
       c.m = st.shape[st.shape.size() - 2];
       c.n = st.shape.back();

@@ -230,6 +230,7 @@ TEST(Workload, GemmStepsCarryMNKFromTheCompiledPlan) {
       EXPECT_EQ(s.n, 7);
       EXPECT_EQ(s.k, 5);
       EXPECT_EQ(s.batch, 2);
+      EXPECT_DOUBLE_EQ(s.elements, 2.0 * 3 * 7);  // its output's elements (the host's per-output term)
       EXPECT_DOUBLE_EQ(s.flops, 2.0 * 2 * 3 * 5 * 7);
     }
   EXPECT_EQ(gemms, 1);
@@ -298,6 +299,90 @@ TEST(CostModel, CalibratedHostPricesVectorFlopsByKindAndBytesBySize) {
   // Elsewhere (no transcendental rate) the epilogue is priced with the product, as before.
   h.transcendental_flops = 0;
   EXPECT_NEAR(step_seconds(h, g), (2e9 + 1e6) / 1e11 + 1e-6, 1e-12);
+}
+
+// The host's GEMM line by hand: groups of three products timed as t = f / peak + outputs * out_s
+// + 3 * c are fitted back exactly (three groups, three unknowns); the intercept is per product,
+// not per group (a group's time beyond its flops is three products' overheads).
+TEST(CostModel, HostGemmLineIsFittedPerProductWithItsOutputTerm) {
+  const double peak = 2e11, out_s = 5e-11, c = 4e-6;
+  auto group = [&](double T, double C, double N) {
+    GemmSample g;
+    g.flops = 6 * T * C * N;
+    g.outputs = T * N + T * C + C * N;
+    g.products = 3;
+    g.seconds = g.flops / peak + g.outputs * out_s + 3 * c;
+    return g;
+  };
+  // Group 1: 6 * 256 * 128 * 128 = 25,165,824 flops (125.83 us), 81,920 outputs (4.096 us), 12 us.
+  const GemmSample g1 = group(256, 128, 128);
+  EXPECT_DOUBLE_EQ(g1.flops, 25165824.0);
+  EXPECT_DOUBLE_EQ(g1.outputs, 81920.0);
+  EXPECT_NEAR(g1.seconds, 125.82912e-6 + 4.096e-6 + 12e-6, 1e-15);
+  GemmLine l = gemm_line({g1, group(1024, 128, 512), group(2048, 512, 512)});
+  EXPECT_NEAR(l.peak_flops / peak, 1.0, 1e-9);
+  EXPECT_NEAR(l.out_s / out_s, 1.0, 1e-6);
+  EXPECT_NEAR(l.half_flops, c * peak, 1e-3);  // 800,000 flops: one product's 4 us, not the group's 12
+  // One product of the first group's forward shape (256 x 128 x 128) on this line:
+  // 8,388,608 flops / 2e11 = 41.94304 us, + 32,768 outputs * 5e-11 = 1.6384 us, + 4 us, + launch.
+  DeviceSpec h = round_device();
+  h.bf16_flops = 0, h.vector_eff = 1, h.fp32_flops = 1e10, h.transcendental_flops = 1e9, h.launch_s = 1e-6;
+  h.gemm_flops = l.peak_flops, h.gemm_half_flops = l.half_flops, h.gemm_out_s = l.out_s;
+  StepCost s = gemm(256, 128, 128);
+  s.elements = 256 * 128;
+  EXPECT_NEAR(step_seconds(h, s), 41.94304e-6 + 1.6384e-6 + 4e-6 + 1e-6, 1e-10);
+  // Two groups (what the calibration times): the line through them without the output term,
+  // its intercept per product. Times f / peak + 3c: group 1 137.83 us, group 2 (6 * 2048 * 512 *
+  // 512 = 3,221,225,472 flops) 16,106.13 us + 12 us: peak 2e11 and 800,000 flops per product.
+  auto plain = [&](double T, double C, double N) {
+    GemmSample g = group(T, C, N);
+    g.seconds = g.flops / peak + 3 * c;
+    return g;
+  };
+  l = gemm_line({plain(256, 128, 128), plain(2048, 512, 512)});
+  EXPECT_NEAR(l.peak_flops / peak, 1.0, 1e-9);
+  EXPECT_DOUBLE_EQ(l.out_s, 0);
+  EXPECT_NEAR(l.half_flops, c * peak, 1e-3);
+  // Timings with no output term fit out_s = 0 (a negative fitted term is dropped, not kept).
+  auto flat = [&](double T, double C, double N, double extra) {
+    GemmSample g = group(T, C, N);
+    g.seconds = g.flops / peak + 3 * c + extra;
+    return g;
+  };
+  l = gemm_line({flat(256, 128, 128, 0), flat(1024, 128, 512, -2e-6), flat(2048, 512, 512, 0)});
+  EXPECT_GE(l.out_s, 0);
+  EXPECT_GT(l.peak_flops, 0);
+  EXPECT_GE(l.half_flops, 0);
+}
+
+// A Row Step on the calibrated host by hand: its flops and its bytes at their rates, added (a row
+// loop passes over the row more than once), plus row_element_s per output element and row_s.
+TEST(CostModel, HostRowStepPaysItsPassesPerElementAndPerStep) {
+  DeviceSpec h = round_device();
+  h.bf16_flops = 0, h.vector_eff = 1, h.bw_eff = 1, h.launch_s = 1e-6;
+  h.fp32_flops = 1e10, h.transcendental_flops = 1e9, h.mem_bw = 1e10, h.cache_bw = {{1e7, 1e11}};
+  h.row_element_s = 3e-10, h.row_s = 1e-5;
+  StepCost s;
+  s.kind = "row";
+  s.flops = 2e6, s.transcendental_flops = 1e5, s.bytes = 5e6, s.elements = 131072;
+  // 1.9e6 / 1e10 = 190 us, + 1e5 / 1e9 = 100 us, + 5e6 / 1e11 = 50 us, + 131072 * 0.3 ns = 39.3216 us,
+  // + 10 us, + 1 us.
+  EXPECT_NEAR(step_seconds(h, s), 190e-6 + 100e-6 + 50e-6 + 39.3216e-6 + 10e-6 + 1e-6, 1e-12);
+  // Another kind with the same figures: the larger of flops and bytes only.
+  s.kind = "elementwise";
+  EXPECT_NEAR(step_seconds(h, s), 290e-6 + 1e-6, 1e-12);
+  // The row line through two layer norms' residuals: 16,384 elements 15 us, 131,072 elements 40 us:
+  // 25 us / 114,688 elements = 217.98 ps per element, 15 us - 16,384 * that = 11.4286 us.
+  auto [el, c] = row_line({16384, 15e-6}, {131072, 40e-6});
+  EXPECT_NEAR(el, 25e-6 / 114688, 1e-18);
+  EXPECT_NEAR(c, 15e-6 - 16384 * 25e-6 / 114688, 1e-12);
+  // A negative intercept: through the origin; a negative slope: the mean per Step.
+  std::tie(el, c) = row_line({1000, 1e-6}, {2000, 3e-6});
+  EXPECT_DOUBLE_EQ(c, 0);
+  EXPECT_NEAR(el, (1000 * 1e-6 + 2000 * 3e-6) / (1000.0 * 1000 + 2000.0 * 2000), 1e-18);
+  std::tie(el, c) = row_line({1000, 4e-6}, {2000, 2e-6});
+  EXPECT_DOUBLE_EQ(el, 0);
+  EXPECT_NEAR(c, 3e-6, 1e-18);
 }
 
 nn::GPTConfig tiny_gpt(int64_t layers = 1, int64_t embd = 32, int64_t block = 16, int64_t vocab = 28) {
@@ -749,6 +834,14 @@ TEST(Devices, HostIsCalibratedAndCached) {
   for (size_t i = 1; i < h.cache_bw.size(); ++i) EXPECT_GT(h.cache_bw[i].first, h.cache_bw[i - 1].first);
   EXPECT_DOUBLE_EQ(again.transcendental_flops, h.transcendental_flops);
   EXPECT_DOUBLE_EQ(again.reduce_bw, h.reduce_bw);
+  // The row loops' terms and the GEMM line's output term: measured (not negative), cached too.
+  EXPECT_GE(h.row_element_s, 0);
+  EXPECT_GE(h.row_s, 0);  // both 0 where a loaded machine timed the layer norms within their flops and bytes
+  EXPECT_GE(h.gemm_out_s, 0);
+  EXPECT_DOUBLE_EQ(again.row_element_s, h.row_element_s);
+  EXPECT_DOUBLE_EQ(again.row_s, h.row_s);
+  EXPECT_DOUBLE_EQ(again.gemm_out_s, h.gemm_out_s);
+  EXPECT_DOUBLE_EQ(again.gemm_half_flops, h.gemm_half_flops);
   EXPECT_EQ(again.cache_bw, h.cache_bw);
   if (old) setenv("XDG_CACHE_HOME", saved.c_str(), 1);
   else unsetenv("XDG_CACHE_HOME");

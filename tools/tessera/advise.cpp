@@ -30,7 +30,7 @@ struct AdviseOptions {
   int64_t data_parallel = 1;
   int64_t tensor_parallel = 1;
   bool zero1 = false;
-  bool json = false, validate = false, no_max_batch = false, recalibrate = false;
+  bool json = false, validate = false, validate_steps = false, no_max_batch = false, recalibrate = false;
 };
 
 // What the memory budget's rewrites reach on one device (--memory-budget).
@@ -200,6 +200,38 @@ std::string recommendation(const std::vector<Row>& rows, const AdviseOptions& o,
   return rec.str();
 }
 
+// --validate-steps: per Step of the host's plan, the model's time against the median of the
+// profiled runs of that Step (the measured step runs the same plan: the same Step indices).
+void print_validate_steps(const advise::DeviceSpec& host, const advise::Workload& w, const Profiler& prof) {
+  std::map<int, std::vector<double>> runs;
+  std::map<int, std::string> names;
+  std::map<int, int> graph_steps;  // graph run -> its Steps (only runs of the step's whole plan count)
+  const std::vector<ProfileEvent> events = prof.events();
+  for (const ProfileEvent& e : events)
+    if (e.type == "step") graph_steps[e.graph] += 1;
+  for (const ProfileEvent& e : events)
+    if (e.type == "step" && e.step >= 0 && graph_steps[e.graph] == int(w.steps.size()))
+      runs[e.step].push_back(e.dur_us / 1e6), names[e.step] = e.name;
+  std::printf("%5s %-12s %10s %10s %10s %12s %8s  %s\n", "step", "kind", "flops", "bytes", "predicted", "measured", "error", "name");
+  for (size_t i = 0; i < w.steps.size(); ++i) {
+    const advise::StepCost& s = w.steps[i];
+    auto it = runs.find(int(i));
+    double mt = 0;
+    if (it != runs.end()) {
+      std::vector<double>& v = it->second;
+      std::sort(v.begin(), v.end());
+      mt = v[v.size() / 2];
+    }
+    const double pt = advise::step_seconds(host, s);
+    std::printf("%5zu %-12s %10.3g %10.3g %10s %12s %+7.1f%%  %s\n", i, s.kind.c_str(), s.flops, s.bytes, human_time(pt).c_str(),
+                human_time(mt).c_str(), mt > 0 ? 100 * (pt - mt) / mt : 0.0, names[int(i)].c_str());
+    std::printf("RESULT advise_validate_step step=%zu kind=%s flops=%.0f bytes=%.0f transcendental=%.0f epilogue=%.0f elements=%.0f "
+                "batch=%lld m=%lld n=%lld k=%lld predicted_s=%.9f measured_s=%.9f\n", i, s.kind.c_str(), s.flops, s.bytes,
+                s.transcendental_flops, s.epilogue_flops, s.elements, (long long)s.batch, (long long)s.m, (long long)s.n,
+                (long long)s.k, pt, mt);
+  }
+}
+
 void run_advise(const AdviseOptions& o) {
   nn::GPTConfig cfg{.vocab = o.vocab, .block = o.block, .embd = o.embd, .heads = o.heads, .layers = o.layers,
                     .dropout = 0.0, .bias = true, .tied_head = false};
@@ -341,6 +373,7 @@ void run_advise(const AdviseOptions& o) {
                   human_time(pt).c_str(), human_time(mt).c_str(), mt > 0 ? 100 * (pt - mt) / mt : 0.0);
       std::printf("RESULT advise_validate_kind kind=%s predicted_s=%.6f measured_s=%.6f\n", r.name.c_str(), pt, mt);
     }
+    if (o.validate_steps) print_validate_steps(host, w, prof);
   }
 }
 
@@ -375,6 +408,7 @@ void add_advise(CLI::App& app) {
   gpt->add_flag("--zero1", o->zero1, "ZeRO-1: shard AdamW's moments over the data-parallel replicas (less memory per replica, same traffic)");
   gpt->add_flag("--json", o->json, "print JSON instead of a table");
   gpt->add_flag("--validate", o->validate, "also run the step on this host and print predicted vs measured time and peak memory");
+  gpt->add_flag("--validate-steps", o->validate_steps, "with --validate: also print each Step's predicted and measured (median) time");
   gpt->add_flag("--no-max-batch", o->no_max_batch, "skip the search for the largest batch that fits");
   gpt->add_flag("--recalibrate", o->recalibrate, "re-run the host microbenchmarks instead of using the cached calibration");
   gpt->callback([o] { run_advise(*o); });
