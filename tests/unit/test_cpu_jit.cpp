@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 #include <spawn.h>
 #include <sys/wait.h>
+#include <omp.h>
 #include <unistd.h>
 
 #include <array>
@@ -281,6 +282,55 @@ TEST(CpuJit, ReductionsOfAProgramMatchExactSums) {
       EXPECT_EQ(channel_max[size_t(k)], want_m[size_t(k)]) << shape_str(s) << ", channel " << k;
     }
     for (int64_t i = 0; i < c * hw; ++i) ASSERT_EQ(per_pixel[size_t(i)], float(want_p[size_t(i)])) << shape_str(s) << ", i " << i;
+  }
+}
+
+TEST(CpuJit, ColumnSumsSplitTheirRowsIntoFixedChunksWithTheSameBitsOnAnyThreadCount) {
+  // A Reduce over leading axes (a bias gradient) cuts its rows into chunks fixed by the shape and
+  // adds their partials in chunk order. Exact values (multiples of 1/1024 under 16) must give the
+  // exact sums and maxima, whatever the chunks ([1024, 128]: 4 chunks of one block; [300, 1500]: 13
+  // chunks of two column blocks; [9, 5]: one); arbitrary values the same bits on 1, 2 and 3
+  // threads, near the float64 sum. Both a lone stored input (the interpreter's path) and an
+  // expression (the native loop's) are summed.
+  const int before = omp_get_max_threads();
+  for (Shape s : {Shape{1024, 128}, Shape{300, 1500}, Shape{9, 5}}) {
+    const int64_t R = s[0], K = s[1];
+    std::vector<float> exact(size_t(R * K)), noisy(size_t(R * K));
+    uint32_t r = 7;
+    for (size_t i = 0; i < exact.size(); ++i) {
+      r = r * 1664525u + 1013904223u;
+      exact[i] = float(int32_t(r >> 8) % 16384) / 1024.0f;
+      noisy[i] = float(int32_t(r >> 8) % 16384) / 1000.0f + 1e-3f;
+    }
+    Tensor xe = from_vector<float>(exact, s), xn = from_vector<float>(noisy, s);
+    const std::vector<float> sum_e = xe.sum({0}).to_vector<float>(), max_e = xe.amax({0}).to_vector<float>();
+    const std::vector<float> expr_e = (xe * 2.0 + 1.0).sum({0}).to_vector<float>();
+    for (int64_t k = 0; k < K; ++k) {
+      double want = 0, want_expr = 0;
+      float want_max = -INFINITY;
+      for (int64_t i = 0; i < R; ++i) {
+        const float v = exact[size_t(i * K + k)];
+        want += v, want_expr += double(v) * 2 + 1, want_max = std::max(want_max, v);
+      }
+      ASSERT_EQ(sum_e[size_t(k)], float(want)) << shape_str(s) << ", column " << k;
+      ASSERT_EQ(expr_e[size_t(k)], float(want_expr)) << shape_str(s) << ", column " << k;
+      ASSERT_EQ(max_e[size_t(k)], want_max) << shape_str(s) << ", column " << k;
+    }
+    std::vector<std::vector<float>> runs;
+    for (int th : {1, 2, 3}) {
+      omp_set_num_threads(th);
+      runs.push_back(xn.sum({0}).to_vector<float>());
+      const std::vector<float> e = (xn * 0.5 - 3.0).sum({0}).to_vector<float>();
+      runs.back().insert(runs.back().end(), e.begin(), e.end());
+    }
+    omp_set_num_threads(before);
+    EXPECT_EQ(runs[0], runs[1]) << shape_str(s);
+    EXPECT_EQ(runs[0], runs[2]) << shape_str(s);
+    for (int64_t k = 0; k < K; ++k) {
+      double want = 0;
+      for (int64_t i = 0; i < R; ++i) want += noisy[size_t(i * K + k)];
+      EXPECT_NEAR(runs[0][size_t(k)], want, 1e-6 * std::abs(want)) << shape_str(s) << ", column " << k;
+    }
   }
 }
 

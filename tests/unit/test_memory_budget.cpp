@@ -435,7 +435,8 @@ TEST(MicroBatches, AutoUnderHalfAndAQuarterOfThePeakGivesTheSameLossesAndGradien
   GptRun base = train_gpt(steps_or_few(20), 0.0, {}, 1);
   auto first = [](std::vector<double> v, size_t n) { return std::vector<double>(v.begin(), v.begin() + std::ptrdiff_t(n)); };
   {
-    // Rematerialization alone (one graph, unstacking off) meets 3/4 of the peak, not 1/2.
+    // Rematerialization alone (one graph, unstacking off) meets 3/4 of the peak, not 0.4 (it has met
+    // 1/2 since the residual stream is stored once).
     PassesOff no_unstack("unstack");
     const int n = steps_or_few(10);
     GptRun r = train_gpt(n, 0.0, {0, 0.75}, 1);
@@ -444,7 +445,7 @@ TEST(MicroBatches, AutoUnderHalfAndAQuarterOfThePeakGivesTheSameLossesAndGradien
     EXPECT_LE(worst_grad_error(r, base), 1e-5);
     ASSERT_EQ(r.peaks.size(), size_t(n));
     for (auto& [measured, budget] : r.peaks) EXPECT_LE(measured, int64_t(budget)) << "remat";
-    std::string e = testing::error_message([] { train_gpt(1, 0.0, {0, 0.5}, 1); });
+    std::string e = testing::error_message([] { train_gpt(1, 0.0, {0, 0.4}, 1); });
     EXPECT_NE(e.find("cannot be met: the smallest step this compiler reaches needs"), std::string::npos) << e;
     EXPECT_NE(e.find("after recomputing"), std::string::npos) << e;
   }
