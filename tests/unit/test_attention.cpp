@@ -14,6 +14,7 @@
 #include <set>
 
 #include "backends/backend.h"
+#include "compiler/passes/fuse.h"
 #include "compiler/pipeline.h"
 #include "ir/graph.h"
 #include "runtime/compile_options.h"
@@ -311,7 +312,12 @@ TEST_F(Attention, AGptTrainingStepOver128PositionsFusesBothWays) {
     if (check_plan) {
       const compiler::Plan p = plan_of(outs, cpu_target());
       int backward = 0;
-      for (const kir::Step& st : p.steps) backward += st.kind == kir::StepKind::Attention && st.attention->backward;
+      for (const kir::Step& st : p.steps) {
+        backward += st.kind == kir::StepKind::Attention && st.attention->backward;
+        // each layer's qkv gradient written by its backward Step (Step::out_maps), not assembled
+        if (st.kind == kir::StepKind::Attention && st.attention->backward) EXPECT_EQ(st.out_maps.size(), 3u) << st.str();
+        EXPECT_FALSE(st.kind == kir::StepKind::Elementwise && st.shape == (Shape{2, 128, 192})) << st.str();
+      }
       EXPECT_EQ(attention_steps(p), 4);
       EXPECT_EQ(backward, 2);
       EXPECT_EQ(square_slots(p, 128, 128), 0);
@@ -417,13 +423,13 @@ TEST_F(Attention, TheHeadSplitQkvAsViewsMatchesFloat64) {
 // weight and its bias (B 2, T 64, C 64, 2 heads; at 64 keys the training step keeps the
 // decomposition).
 constexpr int64_t kB = 2, kT = 64, kC = 64, kH = 2, kD = kC / kH;
-std::vector<Tensor> qkv_block(DType t) {
-  Tensor x = random_tensor({kB, kT, kC}, t, 71), w = random_tensor({kC, 3 * kC}, t, 72, -0.3, 0.3);
-  Tensor b = random_tensor({3 * kC}, t, 73), r = random_tensor({kB, kT, kC}, t, 74);
+std::vector<Tensor> qkv_block(DType t, int64_t T = kT) {
+  Tensor x = random_tensor({kB, T, kC}, t, 71), w = random_tensor({kC, 3 * kC}, t, 72, -0.3, 0.3);
+  Tensor b = random_tensor({3 * kC}, t, 73), r = random_tensor({kB, T, kC}, t, 74);
   for (Tensor* p : {&x, &w, &b}) p->requires_grad_(true);
   Tensor qkv = matmul(x, w) + b;
-  auto split = [&](int64_t i) { return narrow(qkv, 2, i * kC, kC).reshape({kB, kT, kH, kD}).transpose(1, 2); };
-  Tensor y = attention(split(0), split(1), split(2), {kB, kH, kT, kT, kD, kD, true}).transpose(1, 2).reshape({kB, kT, kC});
+  auto split = [&](int64_t i) { return narrow(qkv, 2, i * kC, kC).reshape({kB, T, kH, kD}).transpose(1, 2); };
+  Tensor y = attention(split(0), split(1), split(2), {kB, kH, T, T, kD, kD, true}).transpose(1, 2).reshape({kB, T, kC});
   Tensor loss = (y * r).sum();
   loss.backward();
   return {y, x.grad(), w.grad(), b.grad()};
@@ -546,6 +552,69 @@ TEST_F(Attention, AConcatenationOfProductsIsWrittenByThem) {
   const std::vector<double> got = all_values({two, twice});
   runtime::set_disabled_passes("fuse");
   EXPECT_LE(normalized_error(got, all_values({two, twice})), 1e-6);
+}
+
+// Where forward and backward fuse (from kAttentionMinKeysWithBackward keys), the fused backward
+// Step writes dQ, dK^T and dV through Step::out_maps straight into their columns of the qkv
+// gradient [B, T, 3C] (Target::attention_out_maps; the place pass makes the sum of pads their
+// concatenation): one slot, which no other Step writes, and no Step adds the pads or copies a
+// part into [B, T, H, D]; the forward writes its output in that layout too (no Copy). Values: the same bits as the fused Steps with "place" off (dense
+// gradients, the pads added), for 1, 2 and 3 threads, and within 1e-5 of the decomposition and
+// of float64. A target without the flag gets dense gradients and the add. Under the rule the
+// decomposition, whose products write the buffer (TheQkvGradientIsWrittenInPlaceByTheBackwardProducts).
+TEST_F(Attention, TheFusedBackwardWritesTheQkvGradientInPlace) {
+  for (int64_t T : {128, 130, 64, 48, 37, 32}) {
+    SCOPED_TRACE(::testing::Message() << "T " << T);
+    const bool fused = T >= compiler::kAttentionMinKeysWithBackward;
+    const Shape dqkv{kB, T, 3 * kC};
+    std::vector<Tensor> outs = qkv_block(DType::Float32, T);
+    const compiler::Plan p = plan_of(outs, cpu_target());
+    int backward = 0;
+    for (const kir::Step& st : p.steps) {
+      if (st.kind == kir::StepKind::Attention && !st.attention->backward) {  // O written as [B, T, H, D]
+        EXPECT_EQ(st.out_maps.size(), 1u) << st.str();
+        EXPECT_EQ(p.slots[size_t(st.output)].shape, (Shape{kB, T, kH, kD})) << st.str();
+      }
+      if (st.kind != kir::StepKind::Attention || !st.attention->backward) continue;
+      ++backward;
+      ASSERT_EQ(st.out_maps.size(), 3u) << st.str();
+      EXPECT_EQ(p.slots[size_t(st.output)].shape, dqkv) << st.str();
+      EXPECT_EQ(st.more_outputs, (std::vector<int>{st.output, st.output})) << st.str();
+      for (const kir::Step& other : p.steps)  // the slot's one writer
+        for (int o : other.outputs()) EXPECT_TRUE(&other == &st || o != st.output) << other.str();
+    }
+    EXPECT_EQ(attention_steps(p), fused ? 2 : 0) << p.str();
+    EXPECT_EQ(backward, fused ? 1 : 0);
+    for (const kir::Step& st : p.steps) {
+      EXPECT_FALSE(st.kind != kir::StepKind::Gemm && st.kind != kir::StepKind::Attention && numel(st.shape) == numel(dqkv) &&
+                   (has_source(st, "add") || st.kind == kir::StepKind::Copy))
+          << "the qkv gradient assembled: " << st.str();
+      EXPECT_FALSE(st.kind == kir::StepKind::Copy && st.shape == (Shape{kB, T, kH, kD})) << "a part copied: " << st.str();
+    }
+    if (fused) {
+      kir::Target plain = cpu_target();
+      plain.attention_out_maps = false;  // a backend before interface 15: dense gradients, the add
+      int adds = 0;
+      for (const kir::Step& st : plan_of(outs, plain).steps) {
+        EXPECT_TRUE(st.out_maps.empty()) << st.str();
+        adds += st.kind == kir::StepKind::Elementwise && numel(st.shape) == numel(dqkv) && has_source(st, "add");
+      }
+      EXPECT_EQ(adds, 1);
+    }
+    const std::vector<double> got = all_values(outs);
+    for (int t : {1, 2, 3}) {
+      omp_set_num_threads(t);
+      EXPECT_EQ(all_values(qkv_block(DType::Float32, T)), got) << t << " threads";
+    }
+    omp_set_num_threads(threads);
+    runtime::set_disabled_passes("place");  // the same fused Steps, the gradients dense and added
+    EXPECT_EQ(all_values(qkv_block(DType::Float32, T)), got);
+    runtime::set_disabled_passes("attention");
+    EXPECT_LE(normalized_error(got, all_values(qkv_block(DType::Float32, T))), 1e-5);
+    runtime::set_disabled_passes("fuse");
+    EXPECT_LE(normalized_error(got, all_values(qkv_block(DType::Float64, T))), 1e-5);
+    runtime::set_disabled_passes("");
+  }
 }
 
 TEST_F(Attention, TheBackwardIsBitIdenticalFor1To3Threads) {
