@@ -240,12 +240,13 @@ TEST_F(Attention, NotFusedWhereTheProbabilitiesAreReadOrTheTargetLacksTheStep) {
   EXPECT_EQ(attention_steps(plan_of(matmul(p, v), cpu_target())), 1);
   Tensor both = matmul(p, v) + p.sum({3}, true);
   EXPECT_EQ(attention_steps(plan_of(both, cpu_target())), 0);
-  // Training under the measured rule's 128 keys (the backward reads the probabilities, and the
-  // backward Step is not fused under 128 keys): nothing fused.
-  Tensor qg = random_tensor({1, 2, 64, 32}, DType::Float32, 34), kg = random_tensor({1, 2, 64, 32}, DType::Float32, 36),
-         vg = random_tensor({1, 2, 64, 32}, DType::Float32, 37);
+  // Training under the measured rule's keys (kAttentionMinKeysWithBackward, 64: the backward
+  // reads the probabilities, and the backward Step is not fused under it): nothing fused.
+  const int64_t tg = compiler::kAttentionMinKeysWithBackward - 16;
+  Tensor qg = random_tensor({1, 2, tg, 32}, DType::Float32, 34), kg = random_tensor({1, 2, tg, 32}, DType::Float32, 36),
+         vg = random_tensor({1, 2, tg, 32}, DType::Float32, 37);
   for (Tensor* x : {&qg, &kg, &vg}) x->requires_grad_(true);
-  Tensor loss = attention(qg, kg, vg, s).sum();
+  Tensor loss = attention(qg, kg, vg, {1, 2, tg, tg, 32, 32, true}).sum();
   loss.backward();
   EXPECT_EQ(attention_steps(plan_of({loss, qg.grad(), kg.grad(), vg.grad()}, cpu_target())), 0);
   // An anti-causal mask (queries see later keys) is not the causal pattern: decomposed.
@@ -328,7 +329,8 @@ TEST_F(Attention, AGptTrainingStepOver128PositionsFusesBothWays) {
   EXPECT_LE(normalized_error(fused, decomposed), 1e-5);
 }
 
-// Under 128 keys a training step keeps the decomposition; its batched products read Q, K^T and
+// The decomposition of a training step (the cpu fuses from 64 keys, so the plan is checked with
+// the attention pass off; fused, no part is copied either); its batched products read Q, K^T and
 // V as strided views of the qkv product, whose bias add is that product's epilogue: no Step
 // copies a head-split Q, K^T or V (before, three elementwise Steps per layer added the bias into
 // a [B, H, T, D] or transposed [B, H, D, T] copy). In the backward, dQ and dV are written in the
@@ -345,7 +347,15 @@ TEST_F(Attention, AGptTrainingStepAt64PositionsReadsQkvAsViewsOfTheBiasedProduct
   auto step = [&](const std::string& off, bool check_plan) {
     std::vector<Tensor> outs = gpt_loss_and_grads(*gpt, ids, targets, opt, off);
     if (check_plan) {
-      const compiler::Plan p = plan_of(outs, cpu_target());
+      // Fused (from 64 keys with the backward): no copy of a part and no assembled qkv gradient
+      // either (TheFusedBackwardWritesTheQkvGradientInPlace); the rest is the decomposition's plan.
+      const compiler::Plan f = plan_of(outs, cpu_target());
+      EXPECT_EQ(attention_steps(f), compiler::kAttentionMinKeysWithBackward <= 64 ? 4 : 0);
+      for (const kir::Step& st : f.steps) {
+        EXPECT_FALSE(st.kind == kir::StepKind::Copy && st.shape == (Shape{3, 64, 2, 32})) << st.str();
+        EXPECT_FALSE(st.shape == (Shape{3, 64, 192}) && st.kind != kir::StepKind::Gemm) << st.str();
+      }
+      const compiler::Plan p = plan_of(outs, cpu_target(), "attention");
       EXPECT_EQ(attention_steps(p), 0);
       int biased_qkv = 0;
       for (const kir::Step& st : p.steps) {
@@ -375,7 +385,7 @@ TEST_F(Attention, AGptTrainingStepAt64PositionsReadsQkvAsViewsOfTheBiasedProduct
       kir::Target plain = cpu_target();
       plain.gemm_out_strides = false;  // another backend's target: dense products, the copies back
       int copies = 0;
-      for (const kir::Step& st : plan_of(outs, plain).steps) {
+      for (const kir::Step& st : plan_of(outs, plain, "attention").steps) {
         EXPECT_TRUE(st.out_strides.empty());
         copies += st.kind == kir::StepKind::Copy && st.shape == Shape{3, 64, 2, 32};
       }
@@ -403,7 +413,7 @@ TEST_F(Attention, TheHeadSplitQkvAsViewsMatchesFloat64) {
     if (t == DType::Float32) {
       int copies = 0;
       for (const kir::Step& st : plan_of({y, x.grad(), w.grad(), b.grad()}, cpu_target()).steps)
-        copies += st.kind != kir::StepKind::Gemm &&
+        copies += st.kind != kir::StepKind::Gemm && st.kind != kir::StepKind::Attention &&  // (fused from 64 keys)
                   (st.shape == Shape{B, H, T, D} || st.shape == Shape{B, H, D, T} || st.shape == Shape{B, T, H, D});
       EXPECT_EQ(copies, 0);
     }
@@ -420,8 +430,8 @@ TEST_F(Attention, TheHeadSplitQkvAsViewsMatchesFloat64) {
 }
 
 // An attention block's outputs for TheQkvGradient... below: y and the gradients of x, the qkv
-// weight and its bias (B 2, T 64, C 64, 2 heads; at 64 keys the training step keeps the
-// decomposition).
+// weight and its bias (B 2, T 64, C 64, 2 heads; the plan checks of the products' placement
+// turn the attention pass off, as the cpu fuses from 64 keys).
 constexpr int64_t kB = 2, kT = 64, kC = 64, kH = 2, kD = kC / kH;
 std::vector<Tensor> qkv_block(DType t, int64_t T = kT) {
   Tensor x = random_tensor({kB, T, kC}, t, 71), w = random_tensor({kC, 3 * kC}, t, 72, -0.3, 0.3);
@@ -443,7 +453,8 @@ bool has_source(const kir::Step& st, const std::string& op) {
 }
 void expect_qkv_gradient_in_place(const std::vector<Tensor>& outs, bool rounded) {
   const Shape dqkv_shape{kB, kT, 3 * kC};
-  const compiler::Plan p = plan_of(outs, cpu_target());
+  // The decomposition's products (at 64 keys the cpu fuses the attention: TheFusedBackward...)
+  const compiler::Plan p = plan_of(outs, cpu_target(), "attention");
   std::vector<int64_t> offsets;
   std::set<int> slots;
   for (const kir::Step& st : p.steps)
