@@ -56,7 +56,8 @@ Lowerer::Lowerer(const ir::Graph& graph, const std::vector<ir::NodePtr>& params,
     : g(graph), fuse(opts.enabled("fuse")), store_saved(opts.enabled("saved")),
       gemm_out_strides(opts.target.gemm_out_strides),
       gemm_out_offset(opts.target.gemm_out_strides && opts.target.gemm_out_offset),
-      place(opts.enabled("place")) {
+      place(opts.enabled("place")),
+      attention_out_maps(opts.target.attention_out_maps && opts.target.gemm_out_strides && opts.target.gemm_out_offset) {
   for (size_t p = 0; p < params.size(); ++p) {
     param_slot.push_back(new_slot(kir::SlotKind::Param, int(p), params[p]->shape, params[p]->dtype));
     param_of.emplace(params[p].get(), int(p));
@@ -97,6 +98,23 @@ Lowerer::Lowerer(const ir::Graph& graph, const std::vector<ir::NodePtr>& params,
       attn.push_back(std::move(m));
     }
     attn_lse.assign(attn.size(), -1);
+    attn_concat.assign(attn.size(), -1);
+    if (attention_out_maps && place && fuse) {
+      std::vector<int> sole_reader(g.nodes.size(), -1);  // the one distinct reader, else -1 (-2: several)
+      for (size_t i = 0; i < g.nodes.size(); ++i)
+        for (const ir::NodePtr& x : g.nodes[i]->inputs) {
+          int& r = sole_reader[size_t(g.index.at(x.get()))];
+          r = r == -1 || r == int(i) ? int(i) : -2;
+        }
+      for (size_t k = 0; k < attn.size(); ++k) {
+        const AttentionMatch& m = attn[k];
+        if (!m.has_backward()) continue;
+        const int c = concat_of_gradient(m.g_dq, sole_reader);
+        if (c >= 0 && g.nodes[size_t(c)]->inputs.size() == 3 && !output_of_node.count(c) && concat_of_gradient(m.g_dkt, sole_reader) == c &&
+            concat_of_gradient(m.g_dv, sole_reader) == c)
+          attn_concat[k] = c;
+      }
+    }
     // A node every reader of which is absorbed (the causal mask and the scale that all layers
     // share) is absorbed too, never an operand the Steps read.
     if (!attn.empty()) {
@@ -611,6 +629,7 @@ Val Lowerer::lower_reduce(int i) {
 // output's extent so every load stays in bounds.
 Val Lowerer::lower_concat(int i) {
   const Node& n = *g.nodes[i];
+  if (auto it = placed_concat.find(i); it != placed_concat.end()) return slot_val(it->second, n.shape);
   if (Val placed; place_concat(i, &placed)) return placed;
   Step st = begin(StepKind::Copy, i);
   Frag f;
@@ -832,7 +851,18 @@ Val Lowerer::lower_attention(int i, const AttentionMatch& m) {
   a.causal = m.causal;
   a.causal_offset = m.causal_offset;
   st.attention = a;
-  st.output = slot_for(i);
+  std::vector<int64_t> perm_out;  // the output written as its one reader, a permute, reads it
+  if (attention_out_maps) perm_out = permuted_product(i);
+  if (!perm_out.empty()) {  // as lower_addressed does for a product (Step::out_strides there)
+    Shape ps(r);
+    std::vector<int64_t> inv(r);
+    for (size_t j = 0; j < r; ++j) ps[j] = n.shape[size_t(perm_out[j])], inv[size_t(perm_out[j])] = int64_t(j);
+    st.output = new_slot(kir::SlotKind::Temp, 0, ps, n.dtype, kir::Source{ir::op_name(n.op), *n.scope});
+    permuted_slot[st.output] = perm_out;
+    st.out_maps = {IndexMap::contiguous(ps).permute(inv)};
+  } else {
+    st.output = slot_for(i);
+  }
   attribute(st, m.absorbed, i);
   // Bytes: Q, K and V read once (a task reads its K and V tiles from cache), the output written.
   const double item = double(itemsize(n.dtype));
@@ -846,6 +876,13 @@ Val Lowerer::lower_attention(int i, const AttentionMatch& m) {
     st.more_results = {0};
     st.cost.bytes += item * double(a.batch * a.tq);
     attn_lse[size_t(&m - attn.data())] = lse;
+  }
+  if (!perm_out.empty()) {
+    const IndexMap at = st.out_maps[0];
+    const Shape ps = plan.slots[size_t(st.output)].shape;
+    Val v = push(std::move(st), ps);
+    v.map = at;
+    return v;
   }
   return push(std::move(st), n.shape);
 }
@@ -866,14 +903,63 @@ Val Lowerer::lower_attention_backward(int i, int match) {
   const Val dy = strided(m.g_dy, m.g_dq);
   const int lse = attn_lse[size_t(match)];
   st.inputs = {fwd.inputs[0], fwd.inputs[1], fwd.inputs[2], fwd.output, dy.slot, lse};
-  st.maps = {fwd.maps[0], fwd.maps[1], fwd.maps[2], IndexMap::contiguous(fwd.shape), dy.map, IndexMap::contiguous(plan.slots[size_t(lse)].shape)};
+  const IndexMap o = fwd.out_maps.empty() ? IndexMap::contiguous(fwd.shape) : fwd.out_maps[0];  // O as the forward wrote it
+  st.maps = {fwd.maps[0], fwd.maps[1], fwd.maps[2], o, dy.map, IndexMap::contiguous(plan.slots[size_t(lse)].shape)};
   st.input_dtypes = {fwd.input_dtypes[0], fwd.input_dtypes[1], fwd.input_dtypes[2], fwd.dtype, g.nodes[size_t(m.g_dy)]->dtype, fwd.dtype};
   kir::Step::Attention a = *fwd.attention;
   a.backward = true;
   st.attention = a;
-  st.output = slot_for(m.g_dq);
-  const int dkt = slot_for(m.g_dkt), dv = slot_for(m.g_dv);
-  st.more_outputs = {dkt, dv};
+  std::vector<IndexMap> at;  // each gradient's map into the concatenation's slot
+  const int c = attn_concat[size_t(match)];
+  if (c >= 0) {
+    // Each operand of the concatenation covers [start, start + extent) along its axis; its map
+    // there, carried back through the reshapes and permutes to the gradient node's shape.
+    const Node& cn = *g.nodes[size_t(c)];
+    const size_t ax = size_t(cn.attrs.ints[0]);
+    std::map<int, IndexMap> of;
+    int64_t start = 0;
+    for (const ir::NodePtr& input : cn.inputs) {
+      std::vector<int64_t> range(3 * cn.shape.size());
+      for (size_t d = 0; d < cn.shape.size(); ++d) {
+        range[3 * d] = d == ax ? start : 0;
+        range[3 * d + 1] = d == ax ? start + input->shape[d] : cn.shape[d];
+        range[3 * d + 2] = 1;
+      }
+      start += input->shape[ax];
+      IndexMap map = IndexMap::contiguous(cn.shape).slice(range);
+      const Node* x = input.get();
+      while (x->op == Op::Reshape || x->op == Op::Permute) {
+        const Node& y = *x->inputs[0];
+        if (x->op == Op::Reshape) {
+          map = map.reshape(y.shape);
+        } else {  // x's dimension k is y's dimension p[k]
+          std::vector<int64_t> inv(x->attrs.ints.size());
+          for (size_t k = 0; k < inv.size(); ++k) inv[size_t(x->attrs.ints[k])] = int64_t(k);
+          map = map.permute(inv);
+        }
+        if (!map.single()) break;
+        x = &y;
+      }
+      of.emplace(g.index.at(x), map);
+    }
+    for (int k : {m.g_dq, m.g_dkt, m.g_dv}) {
+      auto it = of.find(k);
+      if (it == of.end() || !it->second.single() || it->second.views[0].strides.empty()) break;
+      at.push_back(it->second);
+    }
+    if (at.size() != 3) at.clear();
+  }
+  if (!at.empty()) {  // dQ, dK^T and dV written into their parts of the concatenation's slot
+    const int slot = slot_for(c);
+    placed_concat[c] = slot;
+    st.output = slot;
+    st.more_outputs = {slot, slot};
+    st.out_maps = at;
+  } else {
+    st.output = slot_for(m.g_dq);
+    st.more_outputs = {slot_for(m.g_dkt), slot_for(m.g_dv)};
+  }
+  const int dkt = st.more_outputs[0], dv = st.more_outputs[1];
   st.more_results = {0, 0};
   std::vector<int> nodes = m.absorbed_backward;
   nodes.insert(nodes.end(), {m.g_dv, m.g_dkt});
@@ -885,7 +971,24 @@ Val Lowerer::lower_attention_backward(int i, int match) {
   attn_bwd_vals[m.g_dq] = slot_val(plan.steps.back().output, dq.shape);
   attn_bwd_vals[m.g_dkt] = slot_val(dkt, g.nodes[size_t(m.g_dkt)]->shape);
   attn_bwd_vals[m.g_dv] = slot_val(dv, g.nodes[size_t(m.g_dv)]->shape);
+  if (!at.empty()) {  // the gradients as views of their parts (only the concatenation reads them)
+    attn_bwd_vals[m.g_dq].map = at[0];
+    attn_bwd_vals[m.g_dkt].map = at[1];
+    attn_bwd_vals[m.g_dv].map = at[2];
+  }
   return attn_bwd_vals.at(i);
+}
+
+int Lowerer::concat_of_gradient(int x, const std::vector<int>& sole_reader) const {
+  for (int depth = 0; depth < 16; ++depth) {
+    const int r = sole_reader[size_t(x)];
+    if (r < 0 || users[size_t(x)] != 1 || output_of_node.count(x)) return -1;
+    const Op op = g.nodes[size_t(r)]->op;
+    if (op == Op::Concat) return r;
+    if (op != Op::Reshape && op != Op::Permute) return -1;
+    x = r;
+  }
+  return -1;
 }
 
 void Lowerer::copy_out(int node, int out) { vals[node] = copy_to_slot(node, node, kir::SlotKind::Output, out); }

@@ -47,6 +47,7 @@ class Lowerer {
   const bool gemm_out_strides;  // Target::gemm_out_strides
   const bool gemm_out_offset;   // Target::gemm_out_offset (with gemm_out_strides)
   const bool place;             // the "place" switch: products written into their concatenation's slot
+  const bool attention_out_maps;  // Target::attention_out_maps (with gemm_out_offset)
   Plan plan;
   std::vector<Val> vals;
   std::vector<int> param_slot;
@@ -64,6 +65,11 @@ class Lowerer {
   std::vector<int> attn_bwd_at;     // node -> index into attn (one of its gradients dV, dK^T, dQ), or -1
   std::vector<int> attn_lse;        // per match with a backward: the forward's log-sum-exp slot
   std::map<int, Val> attn_bwd_vals; // gradient nodes already written by their backward Step
+  // Per match: the concatenation its three gradients alone make (each read only there, through
+  // reshapes and permutes: the qkv gradient after the place pass), which its backward Step writes
+  // in place through Step::out_maps; -1: none (the gradients dense in slots of their own).
+  std::vector<int> attn_concat;
+  std::map<int, int> placed_concat;  // such a concatenation -> the slot its backward Step wrote
   std::vector<uint8_t> absorbed;
   // Slots of products written in a permuted reader's layout: the permutation (the slot's
   // dimension j holds the product's dimension perm[j]).
@@ -127,6 +133,9 @@ class Lowerer {
   Val lower_collective(int i);
   Val lower_attention(int i, const AttentionMatch& m);
   Val lower_attention_backward(int i, int match);
+  // The concatenation that gradient node x alone reaches through reshapes and permutes each read
+  // once (none an output), or -1.
+  int concat_of_gradient(int x, const std::vector<int>& sole_reader) const;
   // Outputs whose value is a view, a constant or a parameter get a Copy Step into their slot.
   void copy_out(int node, int out);
 

@@ -13,7 +13,7 @@ Plan compile_graph(const ir::Graph& g, const std::vector<int>& donate_to, const 
   if (opts.enabled("simplify")) h = simplify(h);
   if (opts.enabled("cse")) h = cse(h);
   if (opts.enabled("dce")) h = dce(h);
-  if (opts.enabled("place") && opts.enabled("fuse") && opts.target.gemm_out_strides && opts.target.gemm_out_offset) h = join_pads(h, opts.enabled("attention") && opts.target.attention);
+  if (opts.enabled("place") && opts.enabled("fuse") && opts.target.gemm_out_strides && opts.target.gemm_out_offset) h = join_pads(h, opts.enabled("attention") && opts.target.attention, opts.target.attention_out_maps);
   dump_graph(opts.dump, "ir-opt", h);
   auto build = [&](const ir::Graph& x, const std::vector<int>& store, const Options& o) {
     Plan p = lower(x, params, o, store);  // fusion ("fuse") is decided while lowering

@@ -30,6 +30,8 @@ std::string Step::str() const {
     os << ", scale " << attention->scale;
     if (attention->causal) os << ", causal" << (attention->causal_offset ? " +" + std::to_string(attention->causal_offset) : "");
     os << "]";
+    if (!out_maps.empty()) os << " written through maps";
+    for (const IndexMap& m : out_maps) os << " " << m.str();
   }
   os << " <- (";
   for (size_t i = 0; i < inputs.size(); ++i) os << (i ? ", " : "") << "slot " << inputs[i];

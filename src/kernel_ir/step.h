@@ -154,6 +154,14 @@ struct Step {
     bool backward = false;
   };
   std::optional<Attention> attention;
+  // Attention: where its results lie, each a plain strided view over the result's shape into
+  // its slot; empty: dense. Forward: one map, the output's (written in the layout of a permute
+  // that is its one reader, [B, T, H, D]; the log-sum-exp stays dense). Backward: three, dq,
+  // dk^T and dv in outputs() order; the lowering writes them into their parts of one slot (the
+  // qkv product's gradient, compiler/passes/place.cpp: output and more_outputs are then that one
+  // slot, which the Step writes whole). Only for a device that declares
+  // Target::attention_out_maps.
+  std::vector<IndexMap> out_maps;
   // Collective: the op (ir::Op::AllReduce ..) and its node's attributes (Attrs::ints), e.g.
   // {ranks, kind} of an all_reduce; input_dtypes[0] the input's dtype.
   ir::Op collective = ir::Op::Count_;

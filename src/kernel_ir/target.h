@@ -50,6 +50,11 @@ struct Target {
   // sum of pads. Its own flag, so a backend that wrote strides before interface 14 is not handed
   // offsets it would ignore.
   bool gemm_out_offset = false;
+  // With attention and gemm_out_offset: the device's attention Steps honour Step::out_maps (the
+  // forward's output written in its permuted reader's layout; the backward's dQ, dK^T and dV
+  // through strides into parts of one slot, so the qkv gradient is assembled in place around a
+  // fused attention too); others get dense results, a copy and the sum of pads.
+  bool attention_out_maps = false;
   // The device's Gemm Steps read a float32 operand rounded to bfloat16 as they pack it
   // (Step::rounded): compiler/passes/fold_casts.cpp folds autocast's cast Steps into them.
   bool gemm_rounds_operands = false;

@@ -615,7 +615,19 @@ TEST(GptWorkloads, FitTakesOneGraphThenRematThenTheFewestMicroBatches) {
 // cpu's 64-byte alignment), a budget between the advisor's 2-row and 4-row slices of batch 8 is
 // 4 micro-batches in both, and the allocator's high-water mark over the slices stays under it.
 TEST(GptWorkloads, MicroBatchesAreWhatTheRuntimePicks) {
+  // The advisor's devices do not declare Target::attention, so it prices the decomposition; the
+  // cpu fuses this block-64 model's attention both ways (from 64 keys), whose plan is smaller
+  // (no T x T buffers): compared like with like, with the attention pass off.
   NoUnstack no_unstack;
+  struct NoAttention {
+    compiler::Options saved = runtime::compile_options();
+    NoAttention() {
+      compiler::Options o = saved;
+      o.disabled.insert("attention");
+      runtime::set_compile_options(o);
+    }
+    ~NoAttention() { runtime::set_compile_options(saved); }
+  } no_attention;
   const nn::GPTConfig cfg = tiny_gpt(1, 32, 64);
   DeviceSpec cpu = find_device(builtin_devices(), "t4");
   cpu.alignment = 64;

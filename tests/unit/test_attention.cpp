@@ -14,6 +14,7 @@
 #include <set>
 
 #include "backends/backend.h"
+#include "compiler/passes/fuse.h"
 #include "compiler/pipeline.h"
 #include "ir/graph.h"
 #include "runtime/compile_options.h"
@@ -239,12 +240,13 @@ TEST_F(Attention, NotFusedWhereTheProbabilitiesAreReadOrTheTargetLacksTheStep) {
   EXPECT_EQ(attention_steps(plan_of(matmul(p, v), cpu_target())), 1);
   Tensor both = matmul(p, v) + p.sum({3}, true);
   EXPECT_EQ(attention_steps(plan_of(both, cpu_target())), 0);
-  // Training under the measured rule's 128 keys (the backward reads the probabilities, and the
-  // backward Step is not fused under 128 keys): nothing fused.
-  Tensor qg = random_tensor({1, 2, 64, 32}, DType::Float32, 34), kg = random_tensor({1, 2, 64, 32}, DType::Float32, 36),
-         vg = random_tensor({1, 2, 64, 32}, DType::Float32, 37);
+  // Training under the measured rule's keys (kAttentionMinKeysWithBackward, 64: the backward
+  // reads the probabilities, and the backward Step is not fused under it): nothing fused.
+  const int64_t tg = compiler::kAttentionMinKeysWithBackward - 16;
+  Tensor qg = random_tensor({1, 2, tg, 32}, DType::Float32, 34), kg = random_tensor({1, 2, tg, 32}, DType::Float32, 36),
+         vg = random_tensor({1, 2, tg, 32}, DType::Float32, 37);
   for (Tensor* x : {&qg, &kg, &vg}) x->requires_grad_(true);
-  Tensor loss = attention(qg, kg, vg, s).sum();
+  Tensor loss = attention(qg, kg, vg, {1, 2, tg, tg, 32, 32, true}).sum();
   loss.backward();
   EXPECT_EQ(attention_steps(plan_of({loss, qg.grad(), kg.grad(), vg.grad()}, cpu_target())), 0);
   // An anti-causal mask (queries see later keys) is not the causal pattern: decomposed.
@@ -311,7 +313,12 @@ TEST_F(Attention, AGptTrainingStepOver128PositionsFusesBothWays) {
     if (check_plan) {
       const compiler::Plan p = plan_of(outs, cpu_target());
       int backward = 0;
-      for (const kir::Step& st : p.steps) backward += st.kind == kir::StepKind::Attention && st.attention->backward;
+      for (const kir::Step& st : p.steps) {
+        backward += st.kind == kir::StepKind::Attention && st.attention->backward;
+        // each layer's qkv gradient written by its backward Step (Step::out_maps), not assembled
+        if (st.kind == kir::StepKind::Attention && st.attention->backward) EXPECT_EQ(st.out_maps.size(), 3u) << st.str();
+        EXPECT_FALSE(st.kind == kir::StepKind::Elementwise && st.shape == (Shape{2, 128, 192})) << st.str();
+      }
       EXPECT_EQ(attention_steps(p), 4);
       EXPECT_EQ(backward, 2);
       EXPECT_EQ(square_slots(p, 128, 128), 0);
@@ -322,7 +329,8 @@ TEST_F(Attention, AGptTrainingStepOver128PositionsFusesBothWays) {
   EXPECT_LE(normalized_error(fused, decomposed), 1e-5);
 }
 
-// Under 128 keys a training step keeps the decomposition; its batched products read Q, K^T and
+// The decomposition of a training step (the cpu fuses from 64 keys, so the plan is checked with
+// the attention pass off; fused, no part is copied either); its batched products read Q, K^T and
 // V as strided views of the qkv product, whose bias add is that product's epilogue: no Step
 // copies a head-split Q, K^T or V (before, three elementwise Steps per layer added the bias into
 // a [B, H, T, D] or transposed [B, H, D, T] copy). In the backward, dQ and dV are written in the
@@ -339,7 +347,15 @@ TEST_F(Attention, AGptTrainingStepAt64PositionsReadsQkvAsViewsOfTheBiasedProduct
   auto step = [&](const std::string& off, bool check_plan) {
     std::vector<Tensor> outs = gpt_loss_and_grads(*gpt, ids, targets, opt, off);
     if (check_plan) {
-      const compiler::Plan p = plan_of(outs, cpu_target());
+      // Fused (from 64 keys with the backward): no copy of a part and no assembled qkv gradient
+      // either (TheFusedBackwardWritesTheQkvGradientInPlace); the rest is the decomposition's plan.
+      const compiler::Plan f = plan_of(outs, cpu_target());
+      EXPECT_EQ(attention_steps(f), compiler::kAttentionMinKeysWithBackward <= 64 ? 4 : 0);
+      for (const kir::Step& st : f.steps) {
+        EXPECT_FALSE(st.kind == kir::StepKind::Copy && st.shape == (Shape{3, 64, 2, 32})) << st.str();
+        EXPECT_FALSE(st.shape == (Shape{3, 64, 192}) && st.kind != kir::StepKind::Gemm) << st.str();
+      }
+      const compiler::Plan p = plan_of(outs, cpu_target(), "attention");
       EXPECT_EQ(attention_steps(p), 0);
       int biased_qkv = 0;
       for (const kir::Step& st : p.steps) {
@@ -369,7 +385,7 @@ TEST_F(Attention, AGptTrainingStepAt64PositionsReadsQkvAsViewsOfTheBiasedProduct
       kir::Target plain = cpu_target();
       plain.gemm_out_strides = false;  // another backend's target: dense products, the copies back
       int copies = 0;
-      for (const kir::Step& st : plan_of(outs, plain).steps) {
+      for (const kir::Step& st : plan_of(outs, plain, "attention").steps) {
         EXPECT_TRUE(st.out_strides.empty());
         copies += st.kind == kir::StepKind::Copy && st.shape == Shape{3, 64, 2, 32};
       }
@@ -397,7 +413,7 @@ TEST_F(Attention, TheHeadSplitQkvAsViewsMatchesFloat64) {
     if (t == DType::Float32) {
       int copies = 0;
       for (const kir::Step& st : plan_of({y, x.grad(), w.grad(), b.grad()}, cpu_target()).steps)
-        copies += st.kind != kir::StepKind::Gemm &&
+        copies += st.kind != kir::StepKind::Gemm && st.kind != kir::StepKind::Attention &&  // (fused from 64 keys)
                   (st.shape == Shape{B, H, T, D} || st.shape == Shape{B, H, D, T} || st.shape == Shape{B, T, H, D});
       EXPECT_EQ(copies, 0);
     }
@@ -414,16 +430,16 @@ TEST_F(Attention, TheHeadSplitQkvAsViewsMatchesFloat64) {
 }
 
 // An attention block's outputs for TheQkvGradient... below: y and the gradients of x, the qkv
-// weight and its bias (B 2, T 64, C 64, 2 heads; at 64 keys the training step keeps the
-// decomposition).
+// weight and its bias (B 2, T 64, C 64, 2 heads; the plan checks of the products' placement
+// turn the attention pass off, as the cpu fuses from 64 keys).
 constexpr int64_t kB = 2, kT = 64, kC = 64, kH = 2, kD = kC / kH;
-std::vector<Tensor> qkv_block(DType t) {
-  Tensor x = random_tensor({kB, kT, kC}, t, 71), w = random_tensor({kC, 3 * kC}, t, 72, -0.3, 0.3);
-  Tensor b = random_tensor({3 * kC}, t, 73), r = random_tensor({kB, kT, kC}, t, 74);
+std::vector<Tensor> qkv_block(DType t, int64_t T = kT) {
+  Tensor x = random_tensor({kB, T, kC}, t, 71), w = random_tensor({kC, 3 * kC}, t, 72, -0.3, 0.3);
+  Tensor b = random_tensor({3 * kC}, t, 73), r = random_tensor({kB, T, kC}, t, 74);
   for (Tensor* p : {&x, &w, &b}) p->requires_grad_(true);
   Tensor qkv = matmul(x, w) + b;
-  auto split = [&](int64_t i) { return narrow(qkv, 2, i * kC, kC).reshape({kB, kT, kH, kD}).transpose(1, 2); };
-  Tensor y = attention(split(0), split(1), split(2), {kB, kH, kT, kT, kD, kD, true}).transpose(1, 2).reshape({kB, kT, kC});
+  auto split = [&](int64_t i) { return narrow(qkv, 2, i * kC, kC).reshape({kB, T, kH, kD}).transpose(1, 2); };
+  Tensor y = attention(split(0), split(1), split(2), {kB, kH, T, T, kD, kD, true}).transpose(1, 2).reshape({kB, T, kC});
   Tensor loss = (y * r).sum();
   loss.backward();
   return {y, x.grad(), w.grad(), b.grad()};
@@ -437,7 +453,8 @@ bool has_source(const kir::Step& st, const std::string& op) {
 }
 void expect_qkv_gradient_in_place(const std::vector<Tensor>& outs, bool rounded) {
   const Shape dqkv_shape{kB, kT, 3 * kC};
-  const compiler::Plan p = plan_of(outs, cpu_target());
+  // The decomposition's products (at 64 keys the cpu fuses the attention: TheFusedBackward...)
+  const compiler::Plan p = plan_of(outs, cpu_target(), "attention");
   std::vector<int64_t> offsets;
   std::set<int> slots;
   for (const kir::Step& st : p.steps)
@@ -546,6 +563,69 @@ TEST_F(Attention, AConcatenationOfProductsIsWrittenByThem) {
   const std::vector<double> got = all_values({two, twice});
   runtime::set_disabled_passes("fuse");
   EXPECT_LE(normalized_error(got, all_values({two, twice})), 1e-6);
+}
+
+// Where forward and backward fuse (from kAttentionMinKeysWithBackward keys), the fused backward
+// Step writes dQ, dK^T and dV through Step::out_maps straight into their columns of the qkv
+// gradient [B, T, 3C] (Target::attention_out_maps; the place pass makes the sum of pads their
+// concatenation): one slot, which no other Step writes, and no Step adds the pads or copies a
+// part into [B, T, H, D]; the forward writes its output in that layout too (no Copy). Values: the same bits as the fused Steps with "place" off (dense
+// gradients, the pads added), for 1, 2 and 3 threads, and within 1e-5 of the decomposition and
+// of float64. A target without the flag gets dense gradients and the add. Under the rule the
+// decomposition, whose products write the buffer (TheQkvGradientIsWrittenInPlaceByTheBackwardProducts).
+TEST_F(Attention, TheFusedBackwardWritesTheQkvGradientInPlace) {
+  for (int64_t T : {128, 130, 64, 48, 37, 32}) {
+    SCOPED_TRACE(::testing::Message() << "T " << T);
+    const bool fused = T >= compiler::kAttentionMinKeysWithBackward;
+    const Shape dqkv{kB, T, 3 * kC};
+    std::vector<Tensor> outs = qkv_block(DType::Float32, T);
+    const compiler::Plan p = plan_of(outs, cpu_target());
+    int backward = 0;
+    for (const kir::Step& st : p.steps) {
+      if (st.kind == kir::StepKind::Attention && !st.attention->backward) {  // O written as [B, T, H, D]
+        EXPECT_EQ(st.out_maps.size(), 1u) << st.str();
+        EXPECT_EQ(p.slots[size_t(st.output)].shape, (Shape{kB, T, kH, kD})) << st.str();
+      }
+      if (st.kind != kir::StepKind::Attention || !st.attention->backward) continue;
+      ++backward;
+      ASSERT_EQ(st.out_maps.size(), 3u) << st.str();
+      EXPECT_EQ(p.slots[size_t(st.output)].shape, dqkv) << st.str();
+      EXPECT_EQ(st.more_outputs, (std::vector<int>{st.output, st.output})) << st.str();
+      for (const kir::Step& other : p.steps)  // the slot's one writer
+        for (int o : other.outputs()) EXPECT_TRUE(&other == &st || o != st.output) << other.str();
+    }
+    EXPECT_EQ(attention_steps(p), fused ? 2 : 0) << p.str();
+    EXPECT_EQ(backward, fused ? 1 : 0);
+    for (const kir::Step& st : p.steps) {
+      EXPECT_FALSE(st.kind != kir::StepKind::Gemm && st.kind != kir::StepKind::Attention && numel(st.shape) == numel(dqkv) &&
+                   (has_source(st, "add") || st.kind == kir::StepKind::Copy))
+          << "the qkv gradient assembled: " << st.str();
+      EXPECT_FALSE(st.kind == kir::StepKind::Copy && st.shape == (Shape{kB, T, kH, kD})) << "a part copied: " << st.str();
+    }
+    if (fused) {
+      kir::Target plain = cpu_target();
+      plain.attention_out_maps = false;  // a backend before interface 15: dense gradients, the add
+      int adds = 0;
+      for (const kir::Step& st : plan_of(outs, plain).steps) {
+        EXPECT_TRUE(st.out_maps.empty()) << st.str();
+        adds += st.kind == kir::StepKind::Elementwise && numel(st.shape) == numel(dqkv) && has_source(st, "add");
+      }
+      EXPECT_EQ(adds, 1);
+    }
+    const std::vector<double> got = all_values(outs);
+    for (int t : {1, 2, 3}) {
+      omp_set_num_threads(t);
+      EXPECT_EQ(all_values(qkv_block(DType::Float32, T)), got) << t << " threads";
+    }
+    omp_set_num_threads(threads);
+    runtime::set_disabled_passes("place");  // the same fused Steps, the gradients dense and added
+    EXPECT_EQ(all_values(qkv_block(DType::Float32, T)), got);
+    runtime::set_disabled_passes("attention");
+    EXPECT_LE(normalized_error(got, all_values(qkv_block(DType::Float32, T))), 1e-5);
+    runtime::set_disabled_passes("fuse");
+    EXPECT_LE(normalized_error(got, all_values(qkv_block(DType::Float64, T))), 1e-5);
+    runtime::set_disabled_passes("");
+  }
 }
 
 TEST_F(Attention, TheBackwardIsBitIdenticalFor1To3Threads) {

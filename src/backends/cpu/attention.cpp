@@ -294,12 +294,19 @@ void pack_tile(const T* kp, const Operand& k, const T* vp, const Operand& v, int
 struct AttentionKernel : CpuKernel {
   kir::Step::Attention a;
   Operand q, k, v;
+  Operand out;  // where the output [.., Tq, Dv] is written (Step::out_maps; else dense)
   bool avx512 = has_avx512();
 
   explicit AttentionKernel(const Step& st) : a(*st.attention) {
     q = operand_of(st.maps.at(0), a.batch);
     k = operand_of(st.maps.at(1), a.batch);
     v = operand_of(st.maps.at(2), a.batch);
+    if (!st.out_maps.empty()) {
+      out = operand_of(st.out_maps[0], a.batch);
+    } else {
+      out.rs = a.dv, out.cs = 1;
+      for (int64_t b = 0; b < a.batch; ++b) out.off.push_back(b * a.tq * a.dv);
+    }
   }
 
   template <class T>
@@ -371,10 +378,10 @@ struct AttentionKernel : CpuKernel {
             }
           }
         }
-        T* op = O + (b * Tq + i0) * Dv;
+        T* op = O + out.off[size_t(b)] + i0 * out.rs;
         for (int64_t r = 0; r < rows; ++r) {
           const T inv = l[r];
-          for (int64_t c = 0; c < Dv; ++c) op[r * Dv + c] = acc[size_t(r * Dv + c)] / inv;
+          for (int64_t c = 0; c < Dv; ++c) op[r * out.rs + c * out.cs] = acc[size_t(r * Dv + c)] / inv;
           if (lse) lse[b * Tq + i0 + r] = m[r] + std::log(l[r]);
         }
       }
@@ -474,9 +481,9 @@ struct AttentionKernel : CpuKernel {
             pv4(s, vt.data(), Dv, glim, acc.data() + g * Dv, int(std::min<int64_t>(4, rows - g)), z);
           }
         }
-        float* op = O + (b * Tq + i0) * Dv;
+        float* op = O + out.off[size_t(b)] + i0 * out.rs;
         for (int64_t r = 0; r < rows; ++r) {
-          for (int64_t c = 0; c < Dv; ++c) op[r * Dv + c] = acc[size_t(r * Dv + c)] / l[r];
+          for (int64_t c = 0; c < Dv; ++c) op[r * out.rs + c * out.cs] = acc[size_t(r * Dv + c)] / l[r];
           if (lse) lse[b * Tq + i0 + r] = m[r] + std::log(l[r]);
         }
       }
@@ -523,6 +530,9 @@ T dot(const T* x, const T* y, int64_t n) {
 struct AttentionBackwardKernel : CpuKernel {
   kir::Step::Attention a;
   Operand q, k, v, o, g;
+  // Where dQ [.., Tq, D], dK^T [.., D, Tk] and dV [.., Tk, Dv] are written (Step::out_maps; dense
+  // in their own slots without them).
+  Operand oq, okt, ov;
   bool avx512 = has_avx512();
 
   explicit AttentionBackwardKernel(const Step& st) : a(*st.attention) {
@@ -531,6 +541,39 @@ struct AttentionBackwardKernel : CpuKernel {
     v = operand_of(st.maps.at(2), a.batch);
     o = operand_of(st.maps.at(3), a.batch);
     g = operand_of(st.maps.at(4), a.batch);
+    auto dense_map = [&](int64_t rows, int64_t cols) {
+      Operand x;
+      x.rs = cols, x.cs = 1;
+      for (int64_t b = 0; b < a.batch; ++b) x.off.push_back(b * rows * cols);
+      return x;
+    };
+    const bool maps = !st.out_maps.empty();
+    oq = maps ? operand_of(st.out_maps[0], a.batch) : dense_map(a.tq, a.d);
+    okt = maps ? operand_of(st.out_maps[1], a.batch) : dense_map(a.d, a.tk);
+    ov = maps ? operand_of(st.out_maps[2], a.batch) : dense_map(a.tk, a.dv);
+  }
+
+  // Stores rows x cols dense values src through x's view of batch element b at dst.
+  template <class T>
+  static void store(const T* src, int64_t rows, int64_t cols, T* dst, const Operand& x, int64_t b) {
+    T* p = dst + x.off[size_t(b)];
+    if (x.cs == 1) {
+      for (int64_t r = 0; r < rows; ++r) std::memcpy(p + r * x.rs, src + r * cols, size_t(cols) * sizeof(T));
+      return;
+    }
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t c = 0; c < cols; ++c) p[r * x.rs + c * x.cs] = src[r * cols + c];
+  }
+  // dK (Tk x D, dense) stored as dK^T through x's view (D x Tk) of batch element b.
+  template <class T>
+  static void store_transposed(const T* dk, int64_t tk, int64_t d, T* dst, const Operand& x, int64_t b) {
+    T* p = dst + x.off[size_t(b)];
+    if (x.rs == 1) {  // dK's rows contiguous there (the qkv gradient's K columns)
+      for (int64_t j = 0; j < tk; ++j) std::memcpy(p + j * x.cs, dk + j * d, size_t(d) * sizeof(T));
+      return;
+    }
+    for (int64_t c = 0; c < d; ++c)
+      for (int64_t j = 0; j < tk; ++j) p[c * x.rs + j * x.cs] = dk[j * d + c];
   }
 
   template <class T>
@@ -595,11 +638,9 @@ struct AttentionBackwardKernel : CpuKernel {
             }
           }
         }
-        std::copy(dq.begin(), dq.end(), dQ + b * Tq * D);
-        std::copy(dv.begin(), dv.end(), dV + b * Tk * Dv);
-        T* kt = dKT + b * D * Tk;
-        for (int64_t j = 0; j < Tk; ++j)
-          for (int64_t c = 0; c < D; ++c) kt[c * Tk + j] = dk[size_t(j * D + c)];
+        store(dq.data(), Tq, D, dQ, oq, b);
+        store(dv.data(), Tk, Dv, dV, ov, b);
+        store_transposed(dk.data(), Tk, D, dKT, okt, b);
       }
     }
   }
@@ -626,6 +667,9 @@ struct AttentionBackwardKernel : CpuKernel {
     {
       std::vector<float> qb(size_t(nq * D), 0.0f), kb(size_t(Tk * D)), vb(size_t(Tk * Dv)), gb(size_t(nq * Dv), 0.0f), ob(size_t(Tq * Dv));
       std::vector<float> kt(size_t(D * kKeys), 0.0f), vtt(size_t(Dv * kKeys), 0.0f), dq(size_t(nq * D)), dk(size_t(Tk * D));
+      // dV straight into the output when it is dense there, else here first.
+      const bool dv_dense = ov.rs == Dv && ov.cs == 1;
+      std::vector<float> dvb(dv_dense ? 0 : size_t(Tk * Dv));
       std::vector<float> di(static_cast<size_t>(nq)), p(size_t(nq * kKeys), 0.0f), ds(size_t(nq * kKeys), 0.0f);
 #pragma omp for schedule(static)
       for (int64_t b = 0; b < B; ++b) {
@@ -686,14 +730,14 @@ struct AttentionBackwardKernel : CpuKernel {
             const int gr = int(std::min<int64_t>(8, nkey - jj));
             int64_t k0 = 0;
             if (a.causal) k0 = std::clamp<int64_t>(j0 + jj - off, 0, Tq);
-            mm8(p.data() + jj, 1, kKeys, gb.data(), Dv, k0, Tq, dV + (b * Tk + j0 + jj) * Dv, gr, z);
+            float* dvp = dv_dense ? dV + ov.off[size_t(b)] : dvb.data();
+            mm8(p.data() + jj, 1, kKeys, gb.data(), Dv, k0, Tq, dvp + (j0 + jj) * Dv, gr, z);
             mm8(ds.data() + jj, 1, kKeys, qb.data(), D, k0, Tq, dk.data() + (j0 + jj) * D, gr, z);
           }
         }
-        std::memcpy(dQ + b * Tq * D, dq.data(), size_t(Tq * D) * sizeof(float));
-        float* ktp = dKT + b * D * Tk;
-        for (int64_t c = 0; c < D; ++c)
-          for (int64_t j = 0; j < Tk; ++j) ktp[c * Tk + j] = dk[size_t(j * D + c)];
+        store(dq.data(), Tq, D, dQ, oq, b);
+        if (!dv_dense) store(dvb.data(), Tk, Dv, dV, ov, b);
+        store_transposed(dk.data(), Tk, D, dKT, okt, b);
       }
     }
   }
@@ -722,6 +766,11 @@ std::unique_ptr<CpuKernel> compile_attention(const Step& st) {
   for (size_t i = 0; i < std::min<size_t>(st.maps.size(), 5); ++i)
     if (!st.maps[i].single() || st.maps[i].shape().size() < 2)
       fail(src.op, "internal: an attention operand is not a plain strided view (" + st.maps[i].str() + ")", src.scope);
+  if (!st.out_maps.empty() && st.out_maps.size() != (st.attention->backward ? 3u : 1u))
+    fail(src.op, "internal: an attention Step's out_maps are not one per output it writes through them (" + st.str() + ")", src.scope);
+  for (const kir::IndexMap& m : st.out_maps)
+    if (!m.single() || m.shape().size() < 2)
+      fail(src.op, "internal: an attention gradient's out map is not a plain strided view (" + m.str() + ")", src.scope);
   if (st.attention->backward) return std::make_unique<AttentionBackwardKernel>(st);
   return std::make_unique<AttentionKernel>(st);
 }

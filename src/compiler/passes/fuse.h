@@ -56,9 +56,11 @@ constexpr int kExpandRecomputeWeight = 2;  // heavier expressions are stored bef
 constexpr int64_t kAttentionMinKeys = 64;
 // With its backward (training): forward and backward fuse together or not at all, from this many
 // keys (bench_attention --backward with the 8-row-block backward, 1 thread: T = 64 1.14-1.22x
-// (d 32) and 1.20x (d 64), T = 128 0.88-0.90x, 256-1024 0.42-0.81x; the benchmark GPT's training
-// step fused at 64 keys was at parity with its decomposition, 38.6-41.0 vs 38.6-42.2 ms per step:
-// docs/architecture.md).
-constexpr int64_t kAttentionMinKeysWithBackward = 128;
+// (d 32) and 1.20x (d 64), T = 128 0.88-0.90x, 256-1024 0.42-0.81x, so 128 while the fused pair's
+// results were dense; since its Steps write them in place (Step::out_maps: no add assembling the
+// qkv gradient, no permute copies) the benchmark GPT's training step fused at 64 keys measures
+// faster than its decomposition, per layer 1.12 vs 1.23 ms: docs/architecture.md "Fused
+// attention").
+constexpr int64_t kAttentionMinKeysWithBackward = 64;
 
 }  // namespace tessera::compiler

@@ -43,8 +43,9 @@ ir::Graph dce(const ir::Graph& g);
 // zero pads of products along adjacent ranges of one axis becomes their concatenation (which the
 // lowering has the products write into), and a batched product read through a permute moving its
 // rows last computes the transposed product instead. attention: the target fuses attention
-// (Target::attention, the pass on): gradients a fused attention backward writes are left alone.
-ir::Graph join_pads(const ir::Graph& g, bool attention);
+// (Target::attention, the pass on): gradients a fused attention backward writes are left alone,
+// except that attention_in_place (Target::attention_out_maps) lets their pads join too.
+ir::Graph join_pads(const ir::Graph& g, bool attention, bool attention_in_place);
 
 // Step passes rewrite plan.steps in place (before donation and memory planning).
 void fuse_epilogues(Plan& plan);

@@ -44,12 +44,15 @@ using ir::Op;
 
 // A product seen through reshapes and permutes, or a concatenation of such; not one of the
 // gradients a fused attention backward Step writes (`fused`).
-bool from_products(const Node& n, const std::set<const Node*>& fused, int depth = 0) {
+// With `in_place` (Target::attention_out_maps) those count as products: the backward Step writes
+// them through Step::out_maps into the concatenation (Lowerer::place_attention_backward).
+template <class Fused>
+bool from_products(const Node& n, const Fused& fused, bool in_place, int depth = 0) {
   if (depth > 16) return false;
-  if (n.op == Op::Matmul) return !fused.count(&n);
-  if (n.op == Op::Reshape || n.op == Op::Permute) return from_products(*n.inputs[0], fused, depth + 1);
+  if (n.op == Op::Matmul) return in_place || !fused(&n);
+  if (n.op == Op::Reshape || n.op == Op::Permute) return from_products(*n.inputs[0], fused, in_place, depth + 1);
   if (n.op == Op::Concat)
-    return std::all_of(n.inputs.begin(), n.inputs.end(), [&](const NodePtr& x) { return from_products(*x, fused, depth + 1); });
+    return std::all_of(n.inputs.begin(), n.inputs.end(), [&](const NodePtr& x) { return from_products(*x, fused, in_place, depth + 1); });
   return false;
 }
 
@@ -74,13 +77,23 @@ bool round_trips(DType narrow, DType wide) {
 }
 
 struct Placer : rewrite::Rewriter {
-  Placer(const ir::Graph& graph, bool attention) : Rewriter(graph) {
+  Placer(const ir::Graph& graph, bool attention, bool in_place) : Rewriter(graph), in_place(attention && in_place) {
     if (attention)  // the lowering's "attention" pass finds these too and writes them in one Step
       for (const AttentionMatch& m : find_attention(g))
         if (m.has_backward())
           for (int k : {m.g_dq, m.g_dkt, m.g_dv}) fused.insert(g.nodes[size_t(k)].get());
   }
   std::set<const Node*> fused;
+  bool in_place;
+
+  // x is one of the fused gradients, or the replacement of one: a layer's nodes are rebuilt once
+  // a later layer's pads join (its inputs changed), and must stay recognisable.
+  bool is_fused(const Node* x) const {
+    if (fused.count(x)) return true;
+    for (size_t i = 0; i < out.size(); ++i)
+      if (out[i].get() == x) return fused.count(g.nodes[i].get()) > 0;
+    return false;
+  }
 
   std::vector<int> uses = [&] {
     std::vector<int> u(g.nodes.size(), 0);
@@ -120,7 +133,7 @@ struct Placer : rewrite::Rewriter {
         s.core = r ? r : make_in(m.scope, m.op, {s.core}, m.attrs, &m.shape, y->dtype, m.device);
       }
     }
-    if (!from_products(*s.core, fused)) return std::nullopt;
+    if (!from_products(*s.core, [this](const Node* x) { return is_fused(x); }, in_place)) return std::nullopt;
     s.casts.assign(bottom.rbegin(), bottom.rend());
     s.casts.insert(s.casts.end(), top.rbegin(), top.rend());
     return s;
@@ -185,7 +198,7 @@ struct Placer : rewrite::Rewriter {
     const NodePtr& x = in[0];
     const auto& p = n.attrs.ints;
     const size_t r = p.size();
-    if (x->op != Op::Matmul || r < 3 || p.back() != int64_t(r - 2) || !read_once(x) || fused.count(x.get())) return nullptr;
+    if (x->op != Op::Matmul || r < 3 || p.back() != int64_t(r - 2) || !read_once(x) || is_fused(x.get())) return nullptr;
     Shape ts = x->shape;
     std::swap(ts[r - 2], ts[r - 1]);
     NodePtr t = make_in(x->scope, Op::Matmul, {swapped(n, x->inputs[1]), swapped(n, x->inputs[0])}, x->attrs, &ts, x->dtype, x->device);
@@ -228,6 +241,6 @@ struct Placer : rewrite::Rewriter {
 
 }  // namespace
 
-ir::Graph join_pads(const ir::Graph& g, bool attention) { return Placer(g, attention).run(); }
+ir::Graph join_pads(const ir::Graph& g, bool attention, bool attention_in_place) { return Placer(g, attention, attention_in_place).run(); }
 
 }  // namespace tessera::compiler

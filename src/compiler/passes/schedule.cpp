@@ -104,8 +104,10 @@ size_t peak_of(const Plan& plan, const std::vector<std::vector<int>>& touched, c
   }
   size_t live = 0, peak = 0;
   for (size_t p = 0; p < order.size(); ++p) {
-    for (int o : plan.steps[order[p]].outputs())
-      if (o >= 0 && first[o] == int(p) && counted(plan.slots[o])) live += plan.slots[o].nbytes;
+    const std::vector<int> outs = plan.steps[order[p]].outputs();
+    for (size_t k = 0; k < outs.size(); ++k)  // each slot once (an attention backward may write one slot as all three)
+      if (const int o = outs[k]; o >= 0 && first[o] == int(p) && counted(plan.slots[o]) && std::find(outs.begin(), outs.begin() + k, o) == outs.begin() + k)
+        live += plan.slots[o].nbytes;
     peak = std::max(peak, live);
     for (int x : touched[order[p]])
       if (counted(plan.slots[x]) && last[x] == int(p) && first[x] >= 0) live -= plan.slots[x].nbytes;
