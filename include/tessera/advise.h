@@ -61,7 +61,8 @@ struct DeviceSpec {
   double gemm_half_flops = 0;
   // Host only: a product's time per output element besides (storing each result and its
   // epilogue, which a short K does not hide: M x N x K at K = 128 runs ~20% slower than the same
-  // flops at K = 512): t = (f + gemm_half_flops) / gemm_flops + out_s * outputs. 0: none.
+  // flops at K = 512): t = (f + gemm_half_flops) / gemm_flops + out_s * outputs. 0: none (the
+  // host's calibration times two shapes, which fit no output term: always 0 there today).
   double gemm_out_s = 0;
   double gemm_bf16_out_s = 0;
   // The same line for products of bfloat16 operands (autocast's; the host: vdpbf16ps where the cpu

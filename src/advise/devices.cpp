@@ -546,7 +546,7 @@ DeviceSpec calibrate() {
     // Transcendental: erf and exp of the same operands (GELU's and softmax's, which the cpu's
     // native loops compute inline; a tanh would send the whole Step to the interpreter, ~3x
     // slower, which the GPT's step never runs); their time less the chain's arithmetic flops (a
-    // multiply, an add, the sum's adds) at the arithmetic rate.
+    // multiply and an add) at the arithmetic rate.
     auto [t_tr, f_tr, b_tr] = vector_time([&] { return erf(x) * exp(a) + b; });
     const double f_trans = 2.0 * double(ne);
     d.transcendental_flops = f_trans / std::max(t_tr - (f_tr - f_trans) / d.fp32_flops, 1e-9);
@@ -621,10 +621,11 @@ GemmLine gemm_line(const std::vector<GemmSample>& samples) {
     for (size_t i = 0; i < n; ++i) x[size_t(terms[i])] = A[i][n] / A[i][i];
     return x;
   };
-  std::array<double, 3> x = solve(samples.size() >= 3, true);  // two samples: no output term
+  const bool out_term = samples.size() >= 3;  // two samples: no output term, whatever the fit gives
+  std::array<double, 3> x = solve(out_term, true);
   if (x[1] < 0 && x[2] < 0) x = solve(false, false);
   else if (x[1] < 0) x = solve(false, true);
-  else if (x[2] < 0) x = solve(true, false);
+  else if (x[2] < 0) x = solve(out_term, false);
   if (x[1] < 0 || x[2] < 0) x = solve(false, false);
   GemmLine l;
   if (x[0] <= 0) return l;  // no line: the caller's samples were degenerate

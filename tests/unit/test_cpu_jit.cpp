@@ -290,8 +290,9 @@ TEST(CpuJit, ColumnSumsSplitTheirRowsIntoFixedChunksWithTheSameBitsOnAnyThreadCo
   // adds their partials in chunk order. Exact values (multiples of 1/1024 under 16) must give the
   // exact sums and maxima, whatever the chunks ([1024, 128]: 4 chunks of one block; [300, 1500]: 13
   // chunks of two column blocks; [9, 5]: one); arbitrary values the same bits on 1, 2 and 3
-  // threads, near the float64 sum. Both a lone stored input (the interpreter's path) and an
-  // expression (the native loop's) are summed.
+  // threads, near the float64 sum; a NaN in the last chunk its column's sum and max; integers
+  // exactly. Both a lone stored input (the interpreter's path) and an expression (the native
+  // loop's) are summed.
   const int before = omp_get_max_threads();
   for (Shape s : {Shape{1024, 128}, Shape{300, 1500}, Shape{9, 5}}) {
     const int64_t R = s[0], K = s[1];
@@ -315,6 +316,24 @@ TEST(CpuJit, ColumnSumsSplitTheirRowsIntoFixedChunksWithTheSameBitsOnAnyThreadCo
       ASSERT_EQ(sum_e[size_t(k)], float(want)) << shape_str(s) << ", column " << k;
       ASSERT_EQ(expr_e[size_t(k)], float(want_expr)) << shape_str(s) << ", column " << k;
       ASSERT_EQ(max_e[size_t(k)], want_max) << shape_str(s) << ", column " << k;
+    }
+    {  // A NaN in the last row (the last chunk) reaches its column's sum and max, no other; integers sum exactly.
+      std::vector<float> with_nan = exact;
+      with_nan[size_t((R - 1) * K + K / 2)] = NAN;
+      Tensor xq = from_vector<float>(with_nan, s);
+      const std::vector<float> sq = xq.sum({0}).to_vector<float>(), mq = xq.amax({0}).to_vector<float>();
+      for (int64_t k = 0; k < K; ++k) {
+        ASSERT_EQ(std::isnan(sq[size_t(k)]), k == K / 2) << shape_str(s) << ", column " << k;
+        ASSERT_EQ(std::isnan(mq[size_t(k)]), k == K / 2) << shape_str(s) << ", column " << k;
+      }
+      std::vector<int32_t> iv(exact.size());
+      for (size_t i = 0; i < iv.size(); ++i) iv[i] = int32_t(exact[i] * 1024) - 8192;
+      const std::vector<int64_t> si = from_vector<int32_t>(iv, s, {.dtype = DType::Int32}).sum({0}).to_vector<int64_t>();
+      for (int64_t k = 0; k < K; ++k) {
+        int64_t want = 0;
+        for (int64_t i = 0; i < R; ++i) want += iv[size_t(i * K + k)];
+        ASSERT_EQ(si[size_t(k)], want) << shape_str(s) << ", column " << k;
+      }
     }
     std::vector<std::vector<float>> runs;
     for (int th : {1, 2, 3}) {

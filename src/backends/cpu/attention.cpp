@@ -580,11 +580,7 @@ struct AttentionBackwardKernel : CpuKernel {
   static void dense(const T* src, const Operand& x, int64_t b, int64_t rows, int64_t cols, T* dst) {
     const T* p = src + x.off[size_t(b)];
     if (x.cs == 1) {  // rows contiguous (the GPT's head-split views of the qkv product)
-      for (int64_t r = 0; r < rows; ++r) {
-        const T* pr = p + r * x.rs;
-        T* dr = dst + r * cols;
-        for (int64_t c = 0; c < cols; ++c) dr[c] = pr[c];
-      }
+      for (int64_t r = 0; r < rows; ++r) std::memcpy(dst + r * cols, p + r * x.rs, size_t(cols) * sizeof(T));
       return;
     }
     for (int64_t r = 0; r < rows; ++r)

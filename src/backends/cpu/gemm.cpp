@@ -760,7 +760,7 @@ void GemmKernel::run(const Step& st, const LaunchArgs& args) const { GemmLaunch(
 // change under them).
 RegisterEpilogue register_epilogue(const Step& st) {
   const std::vector<Instr>& pr = st.program;
-  if (st.dtype != DType::Float32 || pr.size() != 3 || pr[0].code != Code::Load || pr[1].code != Code::Load ||
+  if (st.dtype != DType::Float32 || !st.more_outputs.empty() || pr.size() != 3 || pr[0].code != Code::Load || pr[1].code != Code::Load ||
       (pr[2].code != Code::Add && pr[2].code != Code::Mul) || std::min(pr[2].a, pr[2].b) != 0 || std::max(pr[2].a, pr[2].b) != 1)
     return {};
   const bool first_is_c = st.inputs[size_t(pr[0].input)] == st.output;

@@ -61,10 +61,12 @@ S* output_of(const Step& st, const LaunchArgs& args, size_t r) {
 }
 
 // Column sums: the reduced rows are cut into chunks fixed by the shape alone (at least
-// kColumnChunkMin elements each, at most kColumnChunks), each chunk summed in row order into its
-// own partials, the partials added in chunk order: the same bits for any thread count, and a bias
-// gradient of [1024, 128] spread over the pool instead of one thread. When one block holds every
-// column, whole rows are evaluated per call (the domain's rows are contiguous), not one row a call.
+// kColumnChunkMin elements each, at most kColumnChunks tasks with the column blocks), each chunk
+// reduced in row order, the chunks' partials combined in chunk order: the same bits for any thread
+// count, and a bias gradient of [1024, 128] spread over the pool instead of one thread. Wide sums
+// (many column blocks) keep one chunk and write their outputs directly, so the partials stay small.
+// When one block holds every column, whole rows are evaluated per call (the domain's rows are
+// contiguous), not one row a call.
 constexpr int64_t kColumnChunks = 16, kColumnChunkMin = int64_t(1) << 15;
 
 void ReduceKernel::run_columns(const Step& st, const LaunchArgs& args) const {
@@ -75,53 +77,61 @@ void ReduceKernel::run_columns(const Step& st, const LaunchArgs& args) const {
   const bool is_max = st.reduce_op == ir::Op::ReduceMax;
   const size_t nres = results.size();
   const int64_t nblocks = (K + kTile - 1) / kTile;
-  const int64_t chunks = std::max<int64_t>(1, std::min({K * R / kColumnChunkMin, kColumnChunks, R}));
+  const int64_t chunks = std::max<int64_t>(1, std::min({K * R / kColumnChunkMin, kColumnChunks / std::max<int64_t>(nblocks, 1), R}));
   const int64_t chunk_rows = (R + chunks - 1) / chunks;
   const int64_t rows_per_call = nblocks == 1 ? std::max<int64_t>(1, kTile / K) : 1;
   with_compute(st.dtype, [&](auto* tp) {
     using T = std::remove_pointer_t<decltype(tp)>;
     using Acc = std::conditional_t<std::is_floating_point_v<T>, double, int64_t>;
     const T lowest = std::is_floating_point_v<T> ? -std::numeric_limits<T>::infinity() : std::numeric_limits<T>::lowest();
-    // Partials of chunk c, result q, column j at [(c * nres + q) * K + j].
-    std::vector<Acc> sum(is_max ? 0 : size_t(chunks) * nres * size_t(K), Acc(0));
-    std::vector<T> mx(is_max ? size_t(chunks) * nres * size_t(K) : 0, lowest);
-#pragma omp parallel for schedule(static) if (K * R >= kParallelMin && nblocks * chunks > 1)
-    for (int64_t task = 0; task < nblocks * chunks; ++task) {
-      Scratch& sc = scratch(program.size(), size_t(regs.nregs));
-      const int64_t b = task / chunks, c = task % chunks;
-      const int64_t k0 = b * kTile, n = std::min(kTile, K - k0);
-      const int64_t r0 = c * chunk_rows, r1 = std::min(R, r0 + chunk_rows);
-      const T* v[kir::kMaxReduceOutputs];
-      for (int64_t r = r0; r < r1; r += rows_per_call) {  // rows in order: deterministic
-        const int64_t m = std::min(rows_per_call, r1 - r);
-        reduce_tile<T>(*this, in, base, args, sc, r * K + k0, m * n, v);
-        for (size_t q = 0; q < nres; ++q) {
-          const size_t at = (size_t(c) * nres + q) * size_t(K) + size_t(k0);
-          for (int64_t i = 0; i < m; ++i) {
-            const T* row = v[q] + i * n;
-            if (is_max)
-              for (int64_t j = 0; j < n; ++j) mx[at + size_t(j)] = nan_max(mx[at + size_t(j)], row[j]);
-            else
-              for (int64_t j = 0; j < n; ++j) sum[at + size_t(j)] += Acc(row[j]);
-          }
-        }
-      }
-    }
     with_storage(st.dtype, [&](auto* sp) {
       using S = std::remove_pointer_t<decltype(sp)>;
-      for (size_t q = 0; q < nres; ++q) {
-        S* o = output_of<S>(st, args, q);
-        for (int64_t j = 0; j < K; ++j) {
+      auto store = [&](size_t q, int64_t j, Acc s, T m) { output_of<S>(st, args, q)[j] = is_max ? store_as<S>(m) : store_as<S>(T(s)); };
+      // Chunk c's partials of result q, column j at [(c * nres + q) * K + j] (chunks > 1 only).
+      std::vector<Acc> psum(chunks > 1 && !is_max ? size_t(chunks) * nres * size_t(K) : 0);
+      std::vector<T> pmax(chunks > 1 && is_max ? size_t(chunks) * nres * size_t(K) : 0);
+#pragma omp parallel for schedule(static) if (K * R >= kParallelMin && nblocks * chunks > 1)
+      for (int64_t task = 0; task < nblocks * chunks; ++task) {
+        Scratch& sc = scratch(program.size(), size_t(regs.nregs));
+        const int64_t b = task / chunks, c = task % chunks;
+        const int64_t k0 = b * kTile, n = std::min(kTile, K - k0);
+        const int64_t r0 = c * chunk_rows, r1 = std::min(R, r0 + chunk_rows);
+        std::vector<Acc> sum(is_max ? 0 : size_t(n) * nres, Acc(0));
+        std::vector<T> mx(is_max ? size_t(n) * nres : 0, lowest);
+        const T* v[kir::kMaxReduceOutputs];
+        for (int64_t r = r0; r < r1; r += rows_per_call) {  // rows in order: deterministic
+          const int64_t m = std::min(rows_per_call, r1 - r);
+          reduce_tile<T>(*this, in, base, args, sc, r * K + k0, m * n, v);
+          for (size_t q = 0; q < nres; ++q)
+            for (int64_t i = 0; i < m; ++i) {
+              const T* row = v[q] + i * n;
+              if (is_max)
+                for (int64_t j = 0; j < n; ++j) mx[q * size_t(n) + size_t(j)] = nan_max(mx[q * size_t(n) + size_t(j)], row[j]);
+              else
+                for (int64_t j = 0; j < n; ++j) sum[q * size_t(n) + size_t(j)] += Acc(row[j]);
+            }
+        }
+        for (size_t q = 0; q < nres; ++q)
+          for (int64_t j = 0; j < n; ++j) {
+            const size_t from = q * size_t(n) + size_t(j), to = (size_t(c) * nres + q) * size_t(K) + size_t(k0 + j);
+            if (chunks == 1) store(q, k0 + j, is_max ? Acc(0) : sum[from], is_max ? mx[from] : lowest);
+            else if (is_max) pmax[to] = mx[from];
+            else psum[to] = sum[from];
+          }
+      }
+      if (chunks == 1) return;
+#pragma omp parallel for schedule(static) if (K >= kTile)
+      for (int64_t j = 0; j < K; ++j)
+        for (size_t q = 0; q < nres; ++q) {
           Acc s = 0;
           T m = lowest;
-          for (int64_t c = 0; c < chunks; ++c) {
+          for (int64_t c = 0; c < chunks; ++c) {  // chunk order: deterministic
             const size_t at = (size_t(c) * nres + q) * size_t(K) + size_t(j);
-            if (is_max) m = nan_max(m, mx[at]);
-            else s += sum[at];
+            if (is_max) m = nan_max(m, pmax[at]);
+            else s += psum[at];
           }
-          o[j] = is_max ? store_as<S>(m) : store_as<S>(T(s));
+          store(q, j, s, m);
         }
-      }
     });
   });
 }
