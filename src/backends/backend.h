@@ -64,7 +64,8 @@ namespace tessera::backends {
 // 14: Step::out_offset (a Gemm with out_strides writing from that element of its slot: several
 //    such Steps write disjoint parts of one slot), for a backend declaring Target::gemm_out_offset.
 // 15: Step::out_maps (an attention backward Step writing dQ, dK^T and dV through strides into
-//    parts of one slot), for a backend declaring Target::attention_out_maps.
+//    parts of one slot; a forward Step its output in its reader's layout), for a backend
+//    declaring Target::attention_out_maps.
 constexpr int kInterfaceVersion = 15;
 
 // A compiled Step, opaque to the runtime; destroyed with the executable that holds it.

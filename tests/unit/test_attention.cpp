@@ -316,7 +316,9 @@ TEST_F(Attention, AGptTrainingStepOver128PositionsFusesBothWays) {
       for (const kir::Step& st : p.steps) {
         backward += st.kind == kir::StepKind::Attention && st.attention->backward;
         // each layer's qkv gradient written by its backward Step (Step::out_maps), not assembled
-        if (st.kind == kir::StepKind::Attention && st.attention->backward) EXPECT_EQ(st.out_maps.size(), 3u) << st.str();
+        if (st.kind == kir::StepKind::Attention && st.attention->backward) {
+          EXPECT_EQ(st.out_maps.size(), 3u) << st.str();
+        }
         EXPECT_FALSE(st.kind == kir::StepKind::Elementwise && st.shape == (Shape{2, 128, 192})) << st.str();
       }
       EXPECT_EQ(attention_steps(p), 4);

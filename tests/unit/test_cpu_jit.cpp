@@ -1092,8 +1092,9 @@ TEST(CpuJit, ConstantsInFreeRegistersKeepErfAndExpBits) {
     const int hoisted = loop->constants_in_registers();
     EXPECT_LE(hoisted, before) << extra << " more live values left more registers free";
     before = hoisted;
-    if (extra == 0 && backends::jit::avx512())
+    if (extra == 0 && backends::jit::avx512()) {
       EXPECT_GE(hoisted, 16) << "the GELU gradient's constants stayed in memory (32 zmm, ~11 needed by its values)";
+    }
     // inputs: the extras are zeros (the sum is then the GELU gradient itself)
     std::vector<std::vector<float>> in(size_t(2 + extra), std::vector<float>(size_t(n), 0.0f));
     in[0].assign(g.begin() + 5, g.end()), in[1] = xs;

@@ -764,9 +764,22 @@ std::unique_ptr<CpuKernel> compile_attention(const Step& st) {
       fail(src.op, "internal: an attention operand is not a plain strided view (" + st.maps[i].str() + ")", src.scope);
   if (!st.out_maps.empty() && st.out_maps.size() != (st.attention->backward ? 3u : 1u))
     fail(src.op, "internal: an attention Step's out_maps are not one per output it writes through them (" + st.str() + ")", src.scope);
-  for (const kir::IndexMap& m : st.out_maps)
-    if (!m.single() || m.shape().size() < 2)
-      fail(src.op, "internal: an attention gradient's out map is not a plain strided view (" + m.str() + ")", src.scope);
+  // Each out map over its result's own shape: [batch..., rows, cols] with the leading extents
+  // making `batch` (operand_of walks them; a smaller product would wrap its writes).
+  const kir::Step::Attention& a = *st.attention;
+  const std::vector<std::pair<int64_t, int64_t>> want =
+      a.backward ? std::vector<std::pair<int64_t, int64_t>>{{a.tq, a.d}, {a.d, a.tk}, {a.tk, a.dv}}
+                 : std::vector<std::pair<int64_t, int64_t>>{{a.tq, a.dv}};
+  for (size_t i = 0; i < st.out_maps.size(); ++i) {
+    const kir::IndexMap& m = st.out_maps[i];
+    const Shape sh = m.shape();
+    int64_t lead = 1;
+    for (size_t d = 0; d + 2 < sh.size(); ++d) lead *= sh[d];
+    if (!m.single() || sh.size() < 2 || lead != a.batch || sh[sh.size() - 2] != want[i].first || sh.back() != want[i].second)
+      fail(src.op, "internal: an attention Step's out map " + std::to_string(i) + " is not a plain strided view over [batch " +
+                       std::to_string(a.batch) + ", " + std::to_string(want[i].first) + ", " + std::to_string(want[i].second) +
+                       "] (" + m.str() + ")", src.scope);
+  }
   if (st.attention->backward) return std::make_unique<AttentionBackwardKernel>(st);
   return std::make_unique<AttentionKernel>(st);
 }

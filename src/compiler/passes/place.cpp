@@ -45,7 +45,7 @@ using ir::Op;
 // A product seen through reshapes and permutes, or a concatenation of such; not one of the
 // gradients a fused attention backward Step writes (`fused`).
 // With `in_place` (Target::attention_out_maps) those count as products: the backward Step writes
-// them through Step::out_maps into the concatenation (Lowerer::place_attention_backward).
+// them through Step::out_maps into the concatenation (Lowerer::lower_attention_backward).
 template <class Fused>
 bool from_products(const Node& n, const Fused& fused, bool in_place, int depth = 0) {
   if (depth > 16) return false;
