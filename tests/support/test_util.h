@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "reference/evaluator.h"
+#include "runtime/compile_options.h"
 #include "tessera/tessera.h"
 
 namespace tessera::testing {
@@ -100,6 +101,24 @@ ScriptRun run_python(const std::string& script, const std::string& dir);
 }  // namespace tessera::testing
 
 namespace tessera::testing {
+
+// Switches passes off (a comma-separated list) for its lifetime; the settings in force before come
+// back after.
+struct PassesOff {
+  compiler::Options saved = runtime::compile_options();
+  explicit PassesOff(const std::string& list) {
+    compiler::Options o = saved;
+    for (size_t b = 0, e; b < list.size(); b = e + 1) {
+      e = list.find(',', b);
+      if (e == std::string::npos) e = list.size();
+      o.disabled.insert(list.substr(b, e - b));
+    }
+    runtime::set_compile_options(o);
+  }
+  ~PassesOff() { runtime::set_compile_options(saved); }
+  PassesOff(const PassesOff&) = delete;
+  PassesOff& operator=(const PassesOff&) = delete;
+};
 
 // ---- finite-difference gradient checks (float64) ----
 

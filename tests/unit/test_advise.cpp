@@ -547,22 +547,13 @@ TEST(GptWorkloads, MaxBatchIsTheLargestThatFits) {
 
 // The advisor's ladder below is one graph, remat, then micro-batches: batch unstacking inside the
 // step (the "unstack" budget pass, which the advisor does not price apart yet) is off in these.
-struct NoUnstack {
-  compiler::Options saved = runtime::compile_options();
-  NoUnstack() {
-    compiler::Options o = saved;
-    o.disabled.insert("unstack");
-    runtime::set_compile_options(o);
-  }
-  ~NoUnstack() { runtime::set_compile_options(saved); }
-};
 
 // The memory budget's rewrites as the runtime applies them under a budget of the device's usable
 // memory: one graph while it fits, then one graph rematerialized, then the fewest micro-batches.
 // The model has activations well above its parameters (block 64), so rematerialization reaches
 // 0.9 of the plain footprint but not what a one-row slice needs.
 TEST(GptWorkloads, FitTakesOneGraphThenRematThenTheFewestMicroBatches) {
-  NoUnstack no_unstack;
+  testing::PassesOff no_unstack("unstack");
   const nn::GPTConfig cfg = tiny_gpt(1, 32, 64);
   GptWorkloads g(cfg);
   DeviceSpec d = find_device(builtin_devices(), "t4");
@@ -618,16 +609,8 @@ TEST(GptWorkloads, MicroBatchesAreWhatTheRuntimePicks) {
   // The advisor's devices do not declare Target::attention, so it prices the decomposition; the
   // cpu fuses this block-64 model's attention both ways (from 64 keys), whose plan is smaller
   // (no T x T buffers): compared like with like, with the attention pass off.
-  NoUnstack no_unstack;
-  struct NoAttention {
-    compiler::Options saved = runtime::compile_options();
-    NoAttention() {
-      compiler::Options o = saved;
-      o.disabled.insert("attention");
-      runtime::set_compile_options(o);
-    }
-    ~NoAttention() { runtime::set_compile_options(saved); }
-  } no_attention;
+  testing::PassesOff no_unstack("unstack");
+  testing::PassesOff no_attention("attention");
   const nn::GPTConfig cfg = tiny_gpt(1, 32, 64);
   DeviceSpec cpu = find_device(builtin_devices(), "t4");
   cpu.alignment = 64;

@@ -52,6 +52,26 @@ struct PassesOn : ::testing::Test {
   void TearDown() override { runtime::set_disabled_passes(""); }
 };
 
+// A float32 graph's outputs (Model(DType::Float32).run()) are the same bits on 1, 2 and 3 threads.
+template <class Model>
+void expect_same_bits_on_1_2_3_threads() {
+  std::vector<std::vector<double>> by_threads;
+  const int saved = omp_get_max_threads();
+  for (int t : {1, 2, 3}) {
+    omp_set_num_threads(t);
+    Model e(DType::Float32);
+    std::vector<double> all;
+    for (const Tensor& y : e.run()) {
+      const std::vector<double> v = y.to_vector<double>();
+      all.insert(all.end(), v.begin(), v.end());
+    }
+    by_threads.push_back(all);
+  }
+  omp_set_num_threads(saved);
+  EXPECT_EQ(by_threads[0], by_threads[1]);
+  EXPECT_EQ(by_threads[0], by_threads[2]);
+}
+
 TEST_F(PassesOn, BiasGeluDropoutAfterMatmulIsOneGemmStep) {
   Tensor x = random_tensor({64, 32}, DType::Float32, 1), w = random_tensor({48, 32}, DType::Float32, 2);
   Tensor b = random_tensor({48}, DType::Float32, 3);
@@ -206,22 +226,7 @@ TEST_F(PassesOn, LayerNormTrainingIsOneRowStepEachWayAndOneColumnReduction) {
     }
   }
 
-  // The same bits for 1, 2 and 3 threads.
-  std::vector<std::vector<double>> by_threads;
-  const int saved = omp_get_max_threads();
-  for (int t : {1, 2, 3}) {
-    omp_set_num_threads(t);
-    L e(DType::Float32);
-    std::vector<double> all;
-    for (const Tensor& y : e.run()) {
-      const std::vector<double> v = y.to_vector<double>();
-      all.insert(all.end(), v.begin(), v.end());
-    }
-    by_threads.push_back(all);
-  }
-  omp_set_num_threads(saved);
-  EXPECT_EQ(by_threads[0], by_threads[1]);
-  EXPECT_EQ(by_threads[0], by_threads[2]);
+  expect_same_bits_on_1_2_3_threads<L>();
 }
 
 // The GPT's residual stream: x_{k+1} = x_k + (layer_norm_k(x_k) W_k + c_k), each x_k read by its
@@ -316,21 +321,7 @@ TEST_F(PassesOn, TheResidualStreamIsStoredOnceByTheProductsAddingToIt) {
     }
   }
 
-  std::vector<std::vector<double>> by_threads;
-  const int saved = omp_get_max_threads();
-  for (int t : {1, 2, 3}) {
-    omp_set_num_threads(t);
-    R e(DType::Float32);
-    std::vector<double> all;
-    for (const Tensor& y : e.run()) {
-      const std::vector<double> v = y.to_vector<double>();
-      all.insert(all.end(), v.begin(), v.end());
-    }
-    by_threads.push_back(all);
-  }
-  omp_set_num_threads(saved);
-  EXPECT_EQ(by_threads[0], by_threads[1]);
-  EXPECT_EQ(by_threads[0], by_threads[2]);
+  expect_same_bits_on_1_2_3_threads<R>();
 }
 
 // AdamW's update of many parameters: one Step per shape (a multi-tensor update), not two per

@@ -34,21 +34,8 @@ namespace tessera {
 namespace {
 
 using testing::error_message;
+using testing::PassesOff;
 
-// Switches passes off for its lifetime (the settings in force before come back after).
-struct PassesOff {
-  compiler::Options saved = runtime::compile_options();
-  explicit PassesOff(const std::string& list) {
-    compiler::Options o = saved;
-    for (size_t b = 0, e; b < list.size(); b = e + 1) {
-      e = list.find(',', b);
-      if (e == std::string::npos) e = list.size();
-      o.disabled.insert(list.substr(b, e - b));
-    }
-    runtime::set_compile_options(o);
-  }
-  ~PassesOff() { runtime::set_compile_options(saved); }
-};
 
 TEST(MemoryBudget, ParsesBytesAndFractions) {
   EXPECT_EQ(MemoryBudget::parse("200MB").bytes, size_t(200'000'000));
