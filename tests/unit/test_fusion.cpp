@@ -52,6 +52,18 @@ struct PassesOn : ::testing::Test {
   void TearDown() override { runtime::set_disabled_passes(""); }
 };
 
+// A float64 model's loss with element i of its tensor t moved by h (t comes back after).
+template <class Model>
+double loss_moved(Model& d, Tensor& t, int64_t i, double h) {
+  std::vector<double> v = t.to_vector<double>();
+  v[size_t(i)] += h;
+  Tensor saved = t;
+  t = from_vector(v, t.shape(), {DType::Float64});
+  const double l = d.loss().item();
+  t = saved;
+  return l;
+}
+
 // A float32 graph's outputs (Model(DType::Float32).run()) are the same bits on 1, 2 and 3 threads.
 template <class Model>
 void expect_same_bits_on_1_2_3_threads() {
@@ -207,15 +219,7 @@ TEST_F(PassesOn, LayerNormTrainingIsOneRowStepEachWayAndOneColumnReduction) {
   EXPECT_TRUE(matches_reference(a.run()));
   L d(DType::Float64);
   const std::vector<Tensor> grads = d.run();
-  auto loss_at = [&](Tensor& t, int64_t i, double h) {
-    std::vector<double> v = t.to_vector<double>();
-    v[size_t(i)] += h;
-    Tensor saved = t;
-    t = from_vector(v, t.shape(), {DType::Float64});
-    const double l = d.loss().item();
-    t = saved;
-    return l;
-  };
+  auto loss_at = [&](Tensor& t, int64_t i, double h) { return loss_moved(d, t, i, h); };
   const std::vector<std::pair<int, std::vector<int64_t>>> probes = {{0, {0, 77, 1000, 4095}}, {1, {0, 13, 63}}, {2, {5, 40}}};
   Tensor* params[] = {&d.parts[0], &d.w, &d.b};
   for (const auto& [k, at] : probes) {
@@ -302,15 +306,7 @@ TEST_F(PassesOn, TheResidualStreamIsStoredOnceByTheProductsAddingToIt) {
   EXPECT_TRUE(matches_reference(a.run()));
   R d(DType::Float64);
   const std::vector<Tensor> grads = d.run();
-  auto loss_at = [&](Tensor& t, int64_t i, double h) {
-    std::vector<double> v = t.to_vector<double>();
-    v[size_t(i)] += h;
-    Tensor saved = t;
-    t = from_vector(v, t.shape(), {DType::Float64});
-    const double l = d.loss().item();
-    t = saved;
-    return l;
-  };
+  auto loss_at = [&](Tensor& t, int64_t i, double h) { return loss_moved(d, t, i, h); };
   Tensor* params[] = {&d.x0, &d.w[0], &d.W[1], &d.c[0], &d.b[R::K]};
   const std::vector<std::vector<int64_t>> probes = {{0, 777, 4095}, {3, 60}, {0, 1000, 4095}, {9}, {33}};
   for (size_t k = 0; k < probes.size(); ++k) {
