@@ -475,6 +475,41 @@ TEST_F(PassesOn, CrossEntropyReadsTheLogitsInOneRowStepEachWay) {
   expect_same_bits_on_1_2_3_threads<CE>();
 }
 
+// The GPT's own loss path (nn::GPT::loss, scope "loss": cross entropy over [B*T, V] from the
+// head): in the training graph 5 Steps carry the loss's nodes, one of them a Row Step over the
+// logits (the only loss Step over them), and no Gather, ScatterAdd or Copy; main had 9 (two Row
+// passes over the logits, a gather, a copy of zeros and a scatter_add).
+TEST_F(PassesOn, TheGptLossAndItsGradientReadTheLogitsOnce) {
+  const int64_t Bn = 4, T = 16, V = 37;
+  nn::GPTConfig c;
+  c.vocab = V, c.block = T, c.embd = 32, c.heads = 4, c.layers = 1;
+  nn::GPT gpt(c);
+  std::vector<int64_t> iv, tv;
+  for (int64_t i = 0; i < Bn * T; ++i) iv.push_back((i * 7) % V), tv.push_back((i * 5 + 3) % V);
+  Tensor idx = from_vector<int64_t>(iv, {Bn, T}, {DType::Int64, Device("cpu")});
+  Tensor tgt = from_vector<int64_t>(tv, {Bn, T}, {DType::Int64, Device("cpu")});
+  Tensor loss = gpt.loss(idx, tgt);
+  loss.backward();
+  std::vector<Tensor> outs{loss};
+  for (Tensor& p : gpt.parameters()) outs.push_back(p.grad());
+  const compiler::Plan p = plan_of(outs);
+  int loss_steps = 0, over_logits = 0;
+  for (const kir::Step& st : p.steps) {
+    bool in_loss = false;
+    for (const kir::Source& s : st.sources) in_loss |= s.scope.rfind("loss", 0) == 0;
+    if (!in_loss) continue;
+    ++loss_steps;
+    EXPECT_TRUE(st.kind != kir::StepKind::Gather && st.kind != kir::StepKind::ScatterAdd && st.kind != kir::StepKind::Copy)
+        << p.str();
+    over_logits += numel(st.kind == kir::StepKind::Row ? st.domain : st.shape) == Bn * T * V;
+    if (numel(st.kind == kir::StepKind::Row ? st.domain : st.shape) == Bn * T * V)
+      EXPECT_TRUE(st.kind == kir::StepKind::Row && st.row == V) << p.str();
+  }
+  EXPECT_EQ(over_logits, 1) << p.str();
+  EXPECT_EQ(loss_steps, 5) << p.str();
+  EXPECT_TRUE(matches_reference(outs));
+}
+
 // clip_grad_norm sums the squares of all gradients of one shape in one reduction: with the
 // shapes of the test above, 7 Steps (2 reductions, the norm, per shape the clip coefficient and
 // the scaled gradients); one reduction per parameter would be 9 reductions.
