@@ -1,5 +1,7 @@
 // Losses with libtorch's semantics and defaults (reduction, ignore_index, label_smoothing), as
 // decompositions over public ops.
+#include <limits>
+
 #include "core/fail.h"
 #include "tessera/ops.h"
 
@@ -40,32 +42,56 @@ Tensor reduce_rows(const Tensor& x, const Tensor& w, Reduction r, const Shape& s
   return -x.sum() / w.sum();
 }
 
-// The log-probability at each row's target times the kept mask, and the mask (logp's dtype).
-std::pair<Tensor, Tensor> picked(const Tensor& logp, const Tensor& target, int64_t ignore_index) {
-  Tensor keep = ne(target, full({}, double(ignore_index), {target.dtype(), target.device()}));
-  Tensor safe = where(keep, target, zeros({}, {target.dtype(), target.device()}));  // ignored ids are never read
-  Tensor w = keep.to(logp.dtype());
-  return {gather(logp, 1, safe.reshape({-1, 1})).reshape({-1}) * w, w};
+// The kept-row mask (1 where the target is not ignore_index) in `dtype`, and each row's value of
+// v at its target: the row sum of where(class == target, v, 0), an elementwise mask and a row
+// reduction, so the pick runs in the Row pass over v (no gather) and its gradient is the
+// elementwise where(class == target, g, 0) (no scatter into zeros). The sum adds zeros to the
+// one picked value: exactly v[target]. An ignored row picks nothing (its terms are masked
+// anyway); a kept row whose target is outside [0, C) gets NaN (the gather it replaces failed at
+// run time; a lazy loss cannot, so the value says it).
+struct Picked {
+  Tensor value, keep;
+};
+Picked pick(const Tensor& v, const Tensor& target, int64_t ignore_index) {
+  const int64_t C = v.shape()[1];
+  const TensorOptions ti{target.dtype(), target.device()}, tv{v.dtype(), v.device()};
+  auto num = [&](double x) { return full({}, x, ti); };
+  Tensor hit = eq(arange(0, double(C), 1, ti).reshape({1, C}), target.reshape({-1, 1}));
+  Tensor value = where(hit, v, zeros({}, tv)).sum({1});
+  // (<, > and where only: what the CPU's Row loops compare integers and turn masks into values with)
+  Tensor kept = logical_or(lt(target, num(double(ignore_index))), gt(target, num(double(ignore_index))));
+  Tensor bad = logical_and(kept, logical_or(lt(target, num(0)), gt(target, num(double(C - 1)))));
+  value = where(bad, full({}, std::numeric_limits<double>::quiet_NaN(), tv), value);
+  return {value, where(kept, ones({}, tv), zeros({}, tv))};
 }
 
 }  // namespace
 
 Tensor nll_loss(const Tensor& log_probs, const Tensor& target, const NLLLossOptions& o) {
   Rows r = as_rows(log_probs, target, "nll_loss");
-  auto [x, w] = picked(r.scores, r.target, o.ignore_index);
-  return reduce_rows(x, w, o.reduction, r.shape);
+  if (!is_floating(r.scores.dtype())) fail("nll_loss", "expects floating log-probabilities, got " + desc(log_probs));
+  Picked p = pick(r.scores, r.target, o.ignore_index);
+  return reduce_rows(p.value * p.keep, p.keep, o.reduction, r.shape);
 }
 
+// log_softmax's terms without its [M, C] result: z = x - max (the shift detached, as in
+// log_softmax), the row's log-sum-exp log(sum(exp(z))), the target's z; the row's
+// log-probability at its target is z[t] - lse (log_softmax's bits at the target). Forward and
+// backward are elementwise and row reductions over x only: the compiler's Row fusion runs the
+// loss terms and the logits' gradient (softmax(x) * g - where(class == t, g, 0)) over x's rows.
 Tensor cross_entropy(const Tensor& logits, const Tensor& target, const CrossEntropyOptions& o) {
   Rows r = as_rows(logits, target, "cross_entropy");
   const double e = o.label_smoothing;
   if (e < 0 || e > 1) fail("cross_entropy", "label smoothing must be in [0, 1], got " + std::to_string(e));
-  Tensor logp = log_softmax(r.scores, 1);
-  auto [x, w] = picked(logp, r.target, o.ignore_index);
-  Tensor loss = reduce_rows(x, w, o.reduction, r.shape);
+  Tensor x = is_floating(r.scores.dtype()) ? r.scores : r.scores.to(DType::Float32);
+  Tensor z = x - amax(x, {1}, true).detach();
+  Tensor lse = log(exp(z).sum({1}));
+  Picked p = pick(z, r.target, o.ignore_index);
+  Tensor loss = reduce_rows((p.value - lse) * p.keep, p.keep, o.reduction, r.shape);
   if (e == 0) return loss;
-  // PyTorch: (1 - e) * nll + e * (the mean over classes of -log p), over the kept rows.
-  return loss * (1 - e) + reduce_rows(mean(logp, {1}) * w, w, o.reduction, r.shape) * e;
+  // PyTorch: (1 - e) * nll + e * (the mean over classes of -log p), over the kept rows; the mean
+  // of log p over the classes is mean(z) - lse.
+  return loss * (1 - e) + reduce_rows((mean(z, {1}) - lse) * p.keep, p.keep, o.reduction, r.shape) * e;
 }
 
 Tensor mse_loss(const Tensor& input, const Tensor& target, Reduction reduction) {

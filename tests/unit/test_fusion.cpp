@@ -365,6 +365,151 @@ TEST_F(PassesOn, AdamWUpdatesEveryParameterOfAShapeInOneStep) {
   }
 }
 
+// Cross-entropy in training over 3-D logits [B, T, V] (a GPT head's: a product's output, classes
+// along the last dim, read as [B, V, T] as PyTorch takes them), with ignored targets, label
+// smoothing and each reduction: the loss picks each row's target logit by a mask (no gather) and
+// its gradient is elementwise (no scatter into zeros), so the logits are read by ONE Row Step,
+// which computes each row's max and sum of exponentials once and writes the per-row terms the
+// loss sums and the logits' gradient; forward-only (eval), one Row Step too. Values against
+// PyTorch's formula in float64 by hand, the float64 reference of the same graph and central
+// differences; bit-identical for 1, 2 and 3 threads.
+struct CrossEntropyTraining {
+  static constexpr int64_t B = 3, T = 10, H = 16, V = 37;
+  Tensor h, W, target, r;
+  Reduction red;
+  double eps;
+  CrossEntropyTraining(DType t, Reduction rd = Reduction::Mean, double e = 0.1) : red(rd), eps(e) {
+    h = random_tensor({B, T, H}, t, 60, -1, 1), W = random_tensor({H, V}, t, 61, -1, 1);
+    std::vector<int64_t> tv;
+    for (int64_t i = 0; i < B * T; ++i) tv.push_back(i % 7 == 3 ? -100 : (i * 11) % V);  // rows 3, 10, 17, 24 ignored
+    target = from_vector<int64_t>(tv, {B, T}, {DType::Int64, Device("cpu")});
+    r = random_tensor({B, T}, t, 62);
+    W.requires_grad_(true);
+  }
+  Tensor logits() const { return matmul(h, W); }
+  Tensor loss() const {
+    Tensor l = cross_entropy(logits().permute({0, 2, 1}), target, {.reduction = red, .label_smoothing = eps});
+    return red == Reduction::None ? (l * r).sum() : l;  // None: the per-target losses [B, T], weighted
+  }
+  std::vector<Tensor> run() {
+    Tensor l = loss();
+    l.backward();
+    return {l, W.grad()};
+  }
+};
+
+// PyTorch's per-target loss in float64 ((1 - e) nll + e * mean over classes of -log p; 0 where
+// ignored), and its gradient with respect to the logits.
+std::vector<double> ce_rows(const std::vector<double>& z, const std::vector<int64_t>& t, int64_t V, double e,
+                            std::vector<double>* dz = nullptr) {
+  std::vector<double> out;
+  if (dz) dz->assign(z.size(), 0);
+  for (size_t n = 0; n < t.size(); ++n) {
+    if (t[n] == -100) {
+      out.push_back(0);
+      continue;
+    }
+    const double* x = &z[n * size_t(V)];
+    double m = -INFINITY, s = 0, sum = 0;
+    for (int64_t c = 0; c < V; ++c) m = std::max(m, x[c]);
+    for (int64_t c = 0; c < V; ++c) s += std::exp(x[c] - m), sum += x[c];
+    const double lse = m + std::log(s);
+    out.push_back((1 - e) * (lse - x[t[n]]) + e * (lse - sum / double(V)));
+    if (dz)
+      for (int64_t c = 0; c < V; ++c) (*dz)[n * size_t(V) + size_t(c)] = std::exp(x[c] - lse) - (1 - e) * (c == t[n]) - e / double(V);
+  }
+  return out;
+}
+
+TEST_F(PassesOn, CrossEntropyReadsTheLogitsInOneRowStepEachWay) {
+  using CE = CrossEntropyTraining;
+  for (Reduction red : {Reduction::Mean, Reduction::Sum, Reduction::None})
+    for (double eps : {0.0, 0.1}) {
+      const std::string what = "reduction " + std::to_string(int(red)) + " smoothing " + std::to_string(eps);
+      for (bool train : {true, false}) {
+        CE m(DType::Float32, red, eps);
+        const compiler::Plan p = plan_of(train ? m.run() : std::vector<Tensor>{m.loss()});
+        int rows = 0, others = 0, addressed = 0;
+        for (const kir::Step& st : p.steps) {
+          addressed += st.kind == kir::StepKind::Gather || st.kind == kir::StepKind::ScatterAdd;
+          const bool over_logits = numel(st.kind == kir::StepKind::Row || st.kind == kir::StepKind::Reduce ? st.domain : st.shape) ==
+                                   CE::B * CE::T * CE::V;
+          if (!over_logits || st.kind == kir::StepKind::Gemm) continue;
+          (st.kind == kir::StepKind::Row && st.row == CE::V ? rows : others)++;
+        }
+        EXPECT_EQ(rows, 1) << what << (train ? " training\n" : " eval\n") << p.str();
+        EXPECT_EQ(others, 0) << what << (train ? " training\n" : " eval\n") << p.str();
+        EXPECT_EQ(addressed, 0) << what << "\n" << p.str();
+      }
+      // Values: PyTorch's formula by hand, the float64 reference, central differences.
+      CE a(DType::Float32, red, eps);
+      const std::vector<Tensor> got = a.run();
+      EXPECT_TRUE(matches_reference(got)) << what;
+      CE d(DType::Float64, red, eps);
+      const std::vector<double> z = d.logits().reshape({-1, CE::V}).to_vector<double>(), w = d.r.to_vector<double>();
+      const std::vector<int64_t> t = d.target.to_vector<int64_t>();
+      std::vector<double> dz;
+      const std::vector<double> rows = ce_rows(z, t, CE::V, eps, &dz);
+      double kept = 0, want = 0;
+      for (size_t n = 0; n < t.size(); ++n) {
+        kept += t[n] != -100;
+        const double scale = red == Reduction::None ? w[n] : 1;
+        want += rows[n] * scale;
+        for (int64_t c = 0; c < CE::V; ++c) dz[n * CE::V + size_t(c)] *= t[n] == -100 ? 0 : scale;
+      }
+      const double norm = red == Reduction::Mean ? kept : 1;
+      EXPECT_NEAR(got[0].item(), want / norm, 1e-5 * std::max(1.0, std::fabs(want / norm))) << what;
+      const std::vector<Tensor> gd = d.run();
+      EXPECT_NEAR(gd[0].item(), want / norm, 1e-12 * std::max(1.0, std::fabs(want / norm))) << what;
+      // dL/dW = h^T dz / norm
+      const std::vector<double> hv = d.h.reshape({-1, CE::H}).to_vector<double>(), gw = gd[1].to_vector<double>();
+      for (int64_t i : {int64_t(0), int64_t(5), int64_t(100), 16 * CE::V - 1}) {
+        const int64_t k = i / CE::V, c = i % CE::V;
+        double g = 0;
+        for (size_t n = 0; n < t.size(); ++n) g += hv[n * CE::H + size_t(k)] * dz[n * CE::V + size_t(c)];
+        EXPECT_NEAR(gw[size_t(i)], g / norm, 1e-12) << what << " element " << i;
+        const double step = 1e-5, fd = (loss_moved(d, d.W, i, step) - loss_moved(d, d.W, i, -step)) / (2 * step);
+        EXPECT_NEAR(gw[size_t(i)], fd, 1e-7 * std::max(1.0, std::fabs(fd))) << what << " element " << i;
+      }
+    }
+  expect_same_bits_on_1_2_3_threads<CE>();
+}
+
+// The GPT's own loss path (nn::GPT::loss, scope "loss": cross entropy over [B*T, V] from the
+// head): in the training graph 5 Steps carry the loss's nodes, one of them a Row Step over the
+// logits (the only loss Step over them), and no Gather, ScatterAdd or Copy; main had 9 (two Row
+// passes over the logits, a gather, a copy of zeros and a scatter_add).
+TEST_F(PassesOn, TheGptLossAndItsGradientReadTheLogitsOnce) {
+  const int64_t Bn = 4, T = 16, V = 37;
+  nn::GPTConfig c;
+  c.vocab = V, c.block = T, c.embd = 32, c.heads = 4, c.layers = 1;
+  nn::GPT gpt(c);
+  std::vector<int64_t> iv, tv;
+  for (int64_t i = 0; i < Bn * T; ++i) iv.push_back((i * 7) % V), tv.push_back((i * 5 + 3) % V);
+  Tensor idx = from_vector<int64_t>(iv, {Bn, T}, {DType::Int64, Device("cpu")});
+  Tensor tgt = from_vector<int64_t>(tv, {Bn, T}, {DType::Int64, Device("cpu")});
+  Tensor loss = gpt.loss(idx, tgt);
+  loss.backward();
+  std::vector<Tensor> outs{loss};
+  for (Tensor& p : gpt.parameters()) outs.push_back(p.grad());
+  const compiler::Plan p = plan_of(outs);
+  int loss_steps = 0, over_logits = 0;
+  for (const kir::Step& st : p.steps) {
+    bool in_loss = false;
+    for (const kir::Source& s : st.sources) in_loss |= s.scope.rfind("loss", 0) == 0;
+    if (!in_loss) continue;
+    ++loss_steps;
+    EXPECT_TRUE(st.kind != kir::StepKind::Gather && st.kind != kir::StepKind::ScatterAdd && st.kind != kir::StepKind::Copy)
+        << p.str();
+    over_logits += numel(st.kind == kir::StepKind::Row ? st.domain : st.shape) == Bn * T * V;
+    if (numel(st.kind == kir::StepKind::Row ? st.domain : st.shape) == Bn * T * V)
+      EXPECT_TRUE(st.kind == kir::StepKind::Row && st.row == V) << p.str();
+  }
+  EXPECT_EQ(over_logits, 1) << p.str();
+  EXPECT_EQ(loss_steps, 5) << p.str();
+  EXPECT_TRUE(matches_reference(outs));
+}
+
 // clip_grad_norm sums the squares of all gradients of one shape in one reduction: with the
 // shapes of the test above, 7 Steps (2 reductions, the norm, per shape the clip coefficient and
 // the scaled gradients); one reduction per parameter would be 9 reductions.

@@ -615,6 +615,24 @@ TEST(NnLosses, CrossEntropyGradientsMatchFiniteDifferences) {
   EXPECT_TRUE(all_close(gv, want, 1e-10));
 }
 
+// The target's logit is picked by a mask (no gather, which failed at run time on an index out of
+// range): a kept target outside [0, C) makes its row's loss NaN, never a finite wrong value; an
+// ignored one (-100, or ignore_index itself) is 0 as before.
+TEST(NnLosses, TargetsOutsideTheClassesGiveNaNNotAWrongLoss) {
+  Tensor L = testing::random_tensor({4, 3}, kF32, 54, -2, 2);
+  Tensor T = from_vector<int64_t>({1, 3, -100, -1}, {4}, {DType::Int64, Device("cpu")});
+  V rows = nn::cross_entropy(L, T, {.reduction = Reduction::None}).to_vector<double>();
+  EXPECT_TRUE(std::isfinite(rows[0]) && rows[0] > 0);
+  EXPECT_TRUE(std::isnan(rows[1]));
+  EXPECT_EQ(rows[2], 0.0);
+  EXPECT_TRUE(std::isnan(rows[3]));
+  EXPECT_TRUE(std::isnan(nn::cross_entropy(L, T).item()));
+  EXPECT_TRUE(std::isnan(nn::nll_loss(log_softmax(L, 1), T).item()));
+  Tensor ok = from_vector<int64_t>({1, 2, -100, 0}, {4}, {DType::Int64, Device("cpu")});
+  EXPECT_TRUE(std::isfinite(nn::cross_entropy(L, ok).item()));
+  EXPECT_TRUE(std::isfinite(nn::nll_loss(log_softmax(L, 1), ok).item()));
+}
+
 TEST(NnLosses, NllLoss) {
   Tensor lp = make_tensor({-0.5, -1, -2, -0.1, -3, -0.7}, {3, 2});
   Tensor t = from_vector<int64_t>({1, 0, 1}, {3}, {DType::Int64, Device("cpu")});

@@ -113,6 +113,41 @@ void drop_unread_outputs(Plan& plan) {
     }
 }
 
+// The earlier Steps merge_rows tries to join into Step b: the writers of what b reads, then (b a
+// Row Step) earlier Row Steps over b's domain and rows, several rows, that read an input b reads
+// and store only values per row (a cross-entropy's picked logit beside its sum of exponentials,
+// both over the logits): one pass over the rows computes both.
+std::vector<int> row_partners(const Plan& plan, const std::vector<bool>& gone, const std::vector<int>& writer, size_t b) {
+  const std::vector<kir::Step>& steps = plan.steps;
+  const kir::Step& B = steps[b];
+  std::vector<int> r;
+  for (int x : B.inputs)
+    if (const int a = writer[size_t(x)]; a >= 0 && a < int(b) && !gone[size_t(a)] && std::find(r.begin(), r.end(), a) == r.end())
+      r.push_back(a);
+  if (B.kind != kir::StepKind::Row) {
+    // B elementwise over the rows of a Row Step joins that Step first (the loss's per-row
+    // gradient scale: into the pass over the logits, not into the sum over rows it also reads).
+    std::stable_partition(r.begin(), r.end(), [&](int a) {
+      const kir::Step& A = steps[size_t(a)];
+      return A.kind == kir::StepKind::Row && A.row > 1 && numel(B.shape) * A.row == numel(A.domain);
+    });
+    return r;
+  }
+  for (size_t a = 0; a < b; ++a) {
+    const kir::Step& A = steps[a];
+    if (gone[a] || A.kind != kir::StepKind::Row || A.row != B.row || A.domain != B.domain || numel(A.shape) * A.row != numel(A.domain) ||
+        numel(A.shape) == 1 ||  // (whole-tensor sums stay apart: their readers would wait for B)
+        std::find(r.begin(), r.end(), int(a)) != r.end())
+      continue;
+    for (int x : A.inputs)
+      if (std::count(B.inputs.begin(), B.inputs.end(), x) && numel(plan.slots[size_t(x)].shape) >= A.row) {
+        r.push_back(int(a));
+        break;
+      }
+  }
+  return r;
+}
+
 }  // namespace
 
 // A Row Step B that reads the per-row results of an earlier Row Step A over the same rows, only
@@ -167,14 +202,17 @@ void merge_rows(Plan& plan) {
       const bool row_b = B.kind == kir::StepKind::Row;
       if ((!row_b && B.kind != kir::StepKind::Elementwise) || (!row_b && !B.more_outputs.empty())) break;
       const Shape& bdom = row_b ? B.domain : B.shape;
-      for (int x : B.inputs) {
-        const int a = writer[size_t(x)];
-        if (a < 0 || gone[size_t(a)] || a >= int(b)) continue;
+      for (int a : row_partners(plan, gone, writer, b)) {
         const kir::Step& A = steps[size_t(a)];
-        if (A.kind != kir::StepKind::Row || (row_b && A.row != B.row) || numel(A.domain) != numel(bdom)) continue;
+        if (A.kind != kir::StepKind::Row || (row_b && A.row != B.row)) continue;
         // A's main result one per row, or one per position that only B reads, element for element
         // (a layer norm's input gradient before its mean is subtracted): then it is not stored.
         const bool per_row = numel(A.shape) * A.row == numel(A.domain);
+        // B elementwise over A's rows, one position per row (the loss's per-row gradient scale
+        // from its stored sum of exponentials): evaluated along each row, its result per row. Not
+        // over a single row (a whole-tensor sum, clip_grad_norm's): B would run at every position.
+        const bool rowwise = !row_b && per_row && A.row > 1 && numel(A.shape) > 1 && numel(bdom) * A.row == numel(A.domain);
+        if (numel(A.domain) != numel(bdom) && !rowwise) continue;
         if (!per_row && (numel(A.shape) != numel(A.domain) || plan.slots[size_t(A.output)].kind != kir::SlotKind::Temp ||
                          std::any_of(steps.begin(), steps.end(), [&](const kir::Step& st) { return &st != &B && reads(st, A.output); })))
           continue;
@@ -185,11 +223,10 @@ void merge_rows(Plan& plan) {
           // An index along an axis of B's domain has no counterpart over a reshape of it.
           if (in.code == kir::Code::Iota && bdom != A.domain) ok = false;
           if (in.code != kir::Code::Load) continue;
-          if (bdom != A.domain) {
-            const size_t depth = in.map.views.size();
-            in.map = in.map.reshape(A.domain);
-            ok &= in.map.views.size() == depth;
-          }
+          const size_t depth = in.map.views.size();
+          if (rowwise) in.map = in.map.reshape(A.shape).expand(A.domain);  // each row's value along the row
+          else if (bdom != A.domain) in.map = in.map.reshape(A.domain);
+          ok &= in.map.views.size() == depth;
           const int slot = Bp.inputs[size_t(in.input)];
           if (!per_row && slot == A.output) ok &= identity(in, A.domain);
           else if (std::count(outs.begin(), outs.end(), slot)) ok &= row_broadcast(in.map, A.domain, A.row);
@@ -200,6 +237,7 @@ void merge_rows(Plan& plan) {
         M.kind = kir::StepKind::Row;
         M.domain = A.domain;
         M.row = A.row;
+        if (rowwise) M.shape = A.shape;
         M.inputs.clear();
         M.program.clear();
         const std::vector<int> at_a = append_program(M, A, [](int) { return -1; });
