@@ -66,7 +66,9 @@ namespace tessera::backends {
 // 15: Step::out_maps (an attention backward Step writing dQ, dK^T and dV through strides into
 //    parts of one slot; a forward Step its output in its reader's layout), for a backend
 //    declaring Target::attention_out_maps.
-constexpr int kInterfaceVersion = 15;
+// 16: Step::parts (independent Elementwise Steps run as one launch: an optimizer's updates of
+//    every parameter), for a backend declaring Target::elementwise_parts.
+constexpr int kInterfaceVersion = 16;
 
 // A compiled Step, opaque to the runtime; destroyed with the executable that holds it.
 struct Kernel {

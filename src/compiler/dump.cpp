@@ -161,7 +161,7 @@ std::string step_text(const kir::Step& st) {
     os << ", slot " << st.more_outputs[k];
     if (st.attention)
       os << (st.attention->backward ? (k ? " (dV)" : " (dK^T)") : " (log-sum-exp)");
-    else
+    else if (k < st.more_results.size())
       os << " (instr " << st.more_results[k] << ")";
   }
   os << "\n";
@@ -205,6 +205,10 @@ std::string step_text(const kir::Step& st) {
   if (!st.program.empty()) {
     os << "  program (" << st.program.size() << " instructions):\n";
     for (size_t i = 0; i < st.program.size(); ++i) os << "    %" << i << " = " << instr_text(st.program[i]) << "\n";
+  }
+  if (!st.parts.empty()) {
+    os << "  " << st.parts.size() << " parts, one launch (each an Elementwise Step as it would run alone):\n";
+    for (size_t i = 0; i < st.parts.size(); ++i) os << "  part " << i << ": " << step_text(st.parts[i]);
   }
   os << "  cost: " << fmt_double(st.cost.flops) << " flops, " << fmt_double(st.cost.bytes) << " bytes\n";
   return os.str();

@@ -3,7 +3,7 @@
 namespace tessera::compiler {
 
 const std::vector<std::string>& pass_names() {
-  static const std::vector<std::string> names = {"simplify", "cse", "dce", "place", "fuse", "saved", "attention", "schedule", "epilogue", "merge", "fold_casts", "donate", "inplace_last", "memplan", "unstack", "remat", "accumulate"};
+  static const std::vector<std::string> names = {"simplify", "cse", "dce", "place", "fuse", "saved", "attention", "schedule", "epilogue", "merge", "fold_casts", "donate", "inplace_last", "group", "memplan", "unstack", "remat", "accumulate"};
   return names;
 }
 

@@ -28,6 +28,7 @@ Plan compile_graph(const ir::Graph& g, const std::vector<int>& donate_to, const 
     if (o.enabled("fold_casts") && o.target.gemm_rounds_operands) fold_casts(p);
     donate(p, o.enabled("donate") ? donate_to : std::vector<int>{});  // off: nothing written in place
     if (o.enabled("inplace_last")) inplace_last(p);
+    if (o.enabled("group") && o.target.elementwise_parts) group_updates(p);
     plan_memory(p, o);  // "memplan" off: every temporary gets its own bytes
     return p;
   };

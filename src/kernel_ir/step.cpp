@@ -36,6 +36,7 @@ std::string Step::str() const {
   os << " <- (";
   for (size_t i = 0; i < inputs.size(); ++i) os << (i ? ", " : "") << "slot " << inputs[i];
   os << ")";
+  if (!parts.empty()) os << " [" << parts.size() << " parts]";
   if (!program.empty()) {
     size_t deepest = 0;
     for (auto& in : program) deepest = std::max(deepest, in.map.views.size());

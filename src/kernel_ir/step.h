@@ -166,6 +166,16 @@ struct Step {
   // {ranks, kind} of an all_reduce; input_dtypes[0] the input's dtype.
   ir::Op collective = ir::Op::Count_;
   std::vector<int64_t> collective_attrs;
+  // Elementwise (v16): several independent Elementwise Steps run as one launch, one task grid
+  // over all their positions (an optimizer's updates of every parameter: one Step, not one per
+  // parameter shape). Only for a device that declares Target::elementwise_parts
+  // (compiler/passes/group_updates.cpp makes such Steps). Each part is a whole Elementwise Step
+  // (no parts of its own, no random draws) computing what it would alone; no part reads or writes
+  // a slot another part writes. The Step itself has no program: shape [the parts' positions in
+  // all], dtype the first part's, inputs every part's inputs and output + more_outputs every
+  // part's outputs, in part order (what the memory plan and the runtime see; more_results stays
+  // empty), sources and cost the parts' together.
+  std::vector<Step> parts;
 
   // Every slot written: output, then more_outputs.
   std::vector<int> outputs() const {

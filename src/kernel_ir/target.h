@@ -61,6 +61,10 @@ struct Target {
   // The device runs Reduce Steps with more_outputs (several sums, or maxima, of one domain over
   // the same axes in one pass): the merge pass joins sibling Reduce Steps for it.
   bool multi_reduce = false;
+  // The device runs Elementwise Steps made of parts (Step::parts: independent Elementwise Steps
+  // in one launch): compiler/passes/group_updates.cpp joins an optimizer's in-place updates
+  // into one for it; others get the parts as separate Steps.
+  bool elementwise_parts = false;
 
   bool computes(DType t) const {
     if (compute_dtypes.empty()) return true;

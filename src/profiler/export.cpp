@@ -40,6 +40,7 @@ StepInfo describe(const kir::Step& st) {
     if (si.ops[i].scope == si.scope && (!any_weight || w[i] > 0) && seen.insert(si.ops[i].op).second)
       ops += (ops.empty() ? "" : "+") + si.ops[i].op;
   si.name = (si.scope.empty() ? std::string("<top>") : si.scope) + ": " + ops;
+  if (!st.parts.empty()) si.name += " (" + std::to_string(st.parts.size()) + " parts, one launch)";  // Step::parts
   return si;
 }
 

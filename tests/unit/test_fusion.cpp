@@ -343,7 +343,8 @@ TEST_F(PassesOn, AdamWUpdatesEveryParameterOfAShapeInOneStep) {
     return r;
   };
   int64_t on = 0, off = 0;
-  auto merged = run_adamw("", &on), unmerged = run_adamw("merge", &off);
+  // (The group pass, on for the cpu, then makes the two one Step of parts: test_group_updates.)
+  auto merged = run_adamw("group", &on), unmerged = run_adamw("merge,group", &off);
   EXPECT_EQ(on, 2) << "one update Step per shape";
   EXPECT_GE(off, int64_t(shapes.size()));
   // The float64 AdamW (PyTorch's formulation) from the same initial values and gradients.

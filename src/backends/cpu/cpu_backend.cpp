@@ -54,6 +54,7 @@ class CpuBackend : public Backend {
     t.attention_out_maps = true;  // attention Steps write through Step::out_maps (attention.cpp)
     t.gemm_rounds_operands = true;  // bf16 products round float32 operands as they pack them (gemm.cpp)
     t.multi_reduce = true;  // sibling Reduce Steps as one with several outputs (reduce.cpp)
+    t.elementwise_parts = true;  // an optimizer's updates as one task grid (elementwise.cpp)
     return t;
   }
   void* allocate(int, size_t nbytes) override {
@@ -69,7 +70,7 @@ class CpuBackend : public Backend {
 
   std::unique_ptr<Kernel> compile(const Step& st) override {
     switch (st.kind) {
-      case StepKind::Elementwise: return cpu::compile_elementwise(st);
+      case StepKind::Elementwise: return st.parts.empty() ? cpu::compile_elementwise(st) : cpu::compile_parts(st);
       case StepKind::Copy: return cpu::compile_copy(st);
       case StepKind::Row: return cpu::compile_row(st);
       case StepKind::Reduce: return cpu::compile_reduce(st);

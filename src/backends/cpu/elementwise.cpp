@@ -42,6 +42,15 @@ struct ElementwiseKernel final : CpuKernel {
   std::vector<Instr> narrow_prog;
 
   void run(const Step& st, const LaunchArgs& args) const override;
+  // The interpreter's launch: set up once (tiles), then tile by tile (run_tile), on any thread.
+  struct Tiles {
+    std::vector<const void*> in;
+    std::vector<char*> direct;
+    bool stream = false;
+    int64_t total = 0, ntiles = 0;
+  };
+  Tiles tiles(const Step& st, const LaunchArgs& args, std::vector<const void*> in) const;
+  void run_tile(const Step& st, const LaunchArgs& args, const Tiles& ts, int64_t t) const;
   bool run_narrowing(const Step& st, const std::vector<const void*>& in, const LaunchArgs& args) const;
 };
 
@@ -251,23 +260,33 @@ void ElementwiseKernel::run(const Step& st, const LaunchArgs& args) const {
     return run_loop(loop, *l, base, total);
   }
   if (run_narrowing(st, in, args)) return;
-  const int64_t ntiles = (total + kTile - 1) / kTile;
+  const Tiles ts = tiles(st, args, std::move(in));
+#pragma omp parallel for schedule(static) if (ts.total >= kParallelMin)
+  for (int64_t t = 0; t < ts.ntiles; ++t) run_tile(st, args, ts, t);
+}
+
+ElementwiseKernel::Tiles ElementwiseKernel::tiles(const Step& st, const LaunchArgs& args, std::vector<const void*> in) const {
+  Tiles ts;
+  ts.total = numel(st.shape);
+  ts.ntiles = (ts.total + kTile - 1) / kTile;
   // An output far larger than the caches and the Step's only one is streamed out of its register.
-  const bool stream = st.more_outputs.empty() && compute_dtype(st.dtype) == st.dtype && !out &&
-                      total * int64_t(itemsize(st.dtype)) >= kStreamMin;
-  const std::vector<char*> direct = direct_outputs(*this, st, in, args, stream);
+  ts.stream = st.more_outputs.empty() && compute_dtype(st.dtype) == st.dtype && !out &&
+              ts.total * int64_t(itemsize(st.dtype)) >= kStreamMin;
+  ts.direct = direct_outputs(*this, st, in, args, ts.stream);
+  ts.in = std::move(in);
+  return ts;
+}
+
+void ElementwiseKernel::run_tile(const Step& st, const LaunchArgs& args, const Tiles& ts, int64_t t) const {
   const int last = int(st.program.size()) - 1;
-#pragma omp parallel for schedule(static) if (total >= kParallelMin)
-  for (int64_t t = 0; t < ntiles; ++t) {
-    Scratch& sc = scratch(st.program.size(), size_t(regs.nregs));
-    int64_t start = t * kTile, n = std::min(kTile, total - start);
-    run_program(program, regs, in, domain, start, n, args, sc, 0, direct.data());
-    if (stream)
-      stream_copy(static_cast<char*>(args.slots[st.output]) + size_t(start) * itemsize(st.dtype), sc.at[size_t(last)],
-                  size_t(n) * itemsize(st.dtype));
-    else
-      store_results(*this, st, args, direct, sc, start, n);
-  }
+  Scratch& sc = scratch(st.program.size(), size_t(regs.nregs));
+  int64_t start = t * kTile, n = std::min(kTile, ts.total - start);
+  run_program(program, regs, ts.in, domain, start, n, args, sc, 0, ts.direct.data());
+  if (ts.stream)
+    stream_copy(static_cast<char*>(args.slots[st.output]) + size_t(start) * itemsize(st.dtype), sc.at[size_t(last)],
+                size_t(n) * itemsize(st.dtype));
+  else
+    store_results(*this, st, args, ts.direct, sc, start, n);
 }
 
 // A Row Step: tiles of whole rows; the output is the program (one value per position) or, when
@@ -326,7 +345,79 @@ void RowKernel::run(const Step& st, const LaunchArgs& args) const {
   }
 }
 
+// A Step of parts (Step::parts, independent Elementwise Steps in one launch: an optimizer's
+// updates): each part compiled as it would be alone, and all of them run as one task grid, each
+// part's tasks the pieces its own launch would cut: kTile positions of its native loop where that
+// is one run over its whole domain (dense and constant loads: every update), else the
+// interpreter's tiles. (A part whose loop is laid out otherwise, or that rounds its result through
+// the narrowing loop, runs by its own launch first: no update does.) A task computes the positions
+// it computes in the part's own launch, so every value has the bits it has there, on any number
+// of threads.
+struct PartsKernel final : CpuKernel {
+  std::vector<std::unique_ptr<ElementwiseKernel>> parts;
+  void run(const Step& st, const LaunchArgs& args) const override;
+};
+
+std::atomic<uint64_t> grid_parts{0};
+
+void PartsKernel::run(const Step& st, const LaunchArgs& args) const {
+  struct Piece {
+    size_t part;
+    const jit::Loop* loop;  // null: the interpreter's tiles
+    std::vector<char*> base;
+    ElementwiseKernel::Tiles tiles;
+    int64_t total, first_task;
+  };
+  std::vector<Piece> grid;
+  int64_t ntasks = 0, positions = 0;
+  for (size_t i = 0; i < parts.size(); ++i) {
+    const ElementwiseKernel& k = *parts[i];
+    const Step& part = st.parts[i];
+    const int64_t total = numel(part.shape);
+    if (total == 0) continue;
+    std::vector<char*> base;
+    std::vector<const void*> in = inputs_of(part, args);
+    const jit::Loop* l = loop_for(k.loop, k.walk_program.empty() ? part.program : k.walk_program, part, in, args, base);
+    Piece pc{i, l, std::move(base), {}, total, ntasks};
+    if (l && (k.loop.run != total || k.loop.inner)) l = nullptr, pc.loop = nullptr;
+    if (!l && (k.loop.loop || k.narrow.loop)) {  // laid out otherwise: its own launch
+      k.run(part, args);
+      continue;
+    }
+    if (!l) pc.tiles = k.tiles(part, args, std::move(in));
+    grid.push_back(std::move(pc));
+    ntasks += (total + kTile - 1) / kTile;
+    positions += total;
+  }
+  grid_parts.fetch_add(grid.size(), std::memory_order_relaxed);
+#pragma omp parallel for schedule(static) if (positions >= kParallelMin)
+  for (int64_t t = 0; t < ntasks; ++t) {
+    const Piece& g = *(std::upper_bound(grid.begin(), grid.end(), t, [](int64_t x, const Piece& y) { return x < y.first_task; }) - 1);
+    const ElementwiseKernel& k = *parts[g.part];
+    if (!g.loop) {
+      k.run_tile(st.parts[g.part], args, g.tiles, t - g.first_task);
+      continue;
+    }
+    const size_t nloads = g.loop->loads().size();
+    const int64_t u0 = (t - g.first_task) * kTile, n = std::min(kTile, g.total - u0);
+    const void* p[kMaxLoopPtrs];
+    for (size_t i = 0; i < g.base.size(); ++i) p[i] = g.base[i] + u0 * (i < nloads ? k.loop.loads[i].stride : k.loop.out_stride) * 4;
+    (*g.loop)(p, n);
+  }
+}
+
 }  // namespace
+
+uint64_t parts_in_grid() { return grid_parts.load(std::memory_order_relaxed); }
+
+std::unique_ptr<CpuKernel> compile_parts(const Step& st) {
+  auto k = std::make_unique<PartsKernel>();
+  for (const Step& part : st.parts) {
+    std::unique_ptr<CpuKernel> c = compile_elementwise(part);
+    k->parts.emplace_back(static_cast<ElementwiseKernel*>(c.release()));
+  }
+  return k;
+}
 
 uint64_t elementwise_loop_launches() { return elementwise_launches.load(std::memory_order_relaxed); }
 

@@ -15,6 +15,8 @@ struct CpuKernel : Kernel {
 };
 
 std::unique_ptr<CpuKernel> compile_elementwise(const kir::Step& st);  // also a Copy that is not a plain view copy
+// A Step of parts (Step::parts): one task grid over the parts' positions (elementwise.cpp).
+std::unique_ptr<CpuKernel> compile_parts(const kir::Step& st);
 std::unique_ptr<CpuKernel> compile_copy(const kir::Step& st);
 std::unique_ptr<CpuKernel> compile_row(const kir::Step& st);
 std::unique_ptr<CpuKernel> compile_reduce(const kir::Step& st);

@@ -91,5 +91,8 @@ void run_loop(const NativeLoop& nl, const jit::Loop& loop, const std::vector<cha
 // Elementwise Step launches that ran through their native loop in this process (tests: that a
 // Step took it).
 uint64_t elementwise_loop_launches();
+// Parts of Steps of parts (Step::parts) that ran in their Step's one task grid, in this process
+// (tests: that a Step's parts took it).
+uint64_t parts_in_grid();
 
 }  // namespace tessera::backends::cpu

@@ -42,7 +42,9 @@ class NullBackend : public Backend {
     // The OpenCL backend's compile path (a Step it cannot render fails here), without building.
     // Collectives are no kernel: a device that runs them calls its communicator.
     // The fused attention Step (a pose declaring Target::attention) is no rendered kernel either.
-    if (st.kind != kir::StepKind::Collective && st.kind != kir::StepKind::Attention) render::render(st);
+    // A Step of parts (a pose declaring Target::elementwise_parts): each part is rendered.
+    for (const kir::Step& part : st.parts) render::render(part);
+    if (st.kind != kir::StepKind::Collective && st.kind != kir::StepKind::Attention && st.parts.empty()) render::render(st);
     return std::make_unique<Kernel>();
   }
   void launch(const Kernel&, const kir::Step& st, const LaunchArgs&) override {

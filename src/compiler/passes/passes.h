@@ -16,6 +16,9 @@
 //                        a Row Step's per-row result joins the later Row Step that recomputes it;
 //                        sibling Reduce Steps sharing an input become one of several outputs
 //                        (for a target declaring Target::multi_reduce)
+//   group     Steps      only for a target declaring Target::elementwise_parts: the consecutive
+//                        independent in-place updates at the end (an optimizer's, of every
+//                        parameter) as one Step of parts, one launch (group_updates.cpp)
 //   memplan   Steps      temporaries share one arena by lifetime (off: each gets its own bytes)
 //   unstack   IR -> IR   under a memory budget: a region of the graph independent along a batch-like
 //                        dimension run in k sequential slices in the one step, row outputs
@@ -56,6 +59,10 @@ void merge_reduces(Plan& plan);  // only for a target declaring Target::multi_re
 // declares Target::gemm_rounds_operands (fold_casts.cpp).
 void fold_casts(Plan& plan);
 void schedule(Plan& plan);
+// "group" (group_updates.cpp), after donation and inplace_last, only for a target declaring
+// Target::elementwise_parts: consecutive independent Elementwise Steps writing donated buffers
+// (an optimizer's in-place updates) become one Step of parts (kir::Step::parts), one launch.
+void group_updates(Plan& plan);
 // Lays the lowered plan out for a target (target.cpp; always on, a no-op for a host target):
 // refuses dtypes it does not compute, stores float32 as target.float32_as, sizes every buffer
 // by its tiled layout and scales each Step's bytes with its buffers.
