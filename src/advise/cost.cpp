@@ -236,6 +236,10 @@ Workload compile_workload(const std::vector<runtime::Request>& req, const Device
   w.dtype = dtype;
   if (req.empty()) return w;
   std::shared_ptr<const compiler::Plan> compiled;
+  if (target && !target->backend.empty() && target->backend != "cpu")
+    fail("advise", "device '" + target->name + "': backend '" + target->backend +
+                       "' is not one the advisor plans for (\"cpu\": the cpu's own plan; empty: the portable plan)", "");
+  if (target && target->backend == "cpu") target = nullptr;  // the host: the cpu's own plan, as the runtime runs it
   if (target) {
     Device dev = backends::null_device_for(target_of(*target, dtype));
     try {
@@ -325,7 +329,7 @@ const Workload& GptWorkloads::trace_and_compile(int64_t batch, const DeviceSpec*
   if (target && !target->backend.empty() && target->backend != "cpu")
     fail("advise", "device '" + target->name + "': backend '" + target->backend +
                        "' is not one the advisor plans for (\"cpu\": the cpu's own plan; empty: the portable plan)", "");
-  if (target && target->backend == "cpu") target_of(*target, dtype);  // the dtype check
+  if (target) target_of(*target, dtype);  // the dtype check
   const bool own = !target || target->backend == "cpu";
   const kir::Target props = own ? backends::backend_for(Device("cpu")).properties(0) : target_of(*target, dtype);
   const int dev_index = own ? -1 : backends::null_device_for(props).index;
