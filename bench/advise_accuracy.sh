@@ -8,7 +8,7 @@
 # Prints one line per case and the median absolute error of step time (against the median step
 # and against the fastest step: the calibration times best-of runs, so on a machine other jobs
 # share the fastest step is the comparable figure) and of peak memory.
-# The calibration is cached (~/.cache/tessera/host-v5-<threads>.json): delete it, or point
+# The calibration is cached (~/.cache/tessera/host-v6-<threads>.json): delete it, or point
 # XDG_CACHE_HOME at an empty folder, for a fresh one. On the 2-core build machine (OMP_NUM_THREADS=2,
 # 2026-12-07, calibration and steps in the fast state, issue 28): median time error 5.6%, 6 of 9
 # sizes within 10%, L2 H2 E64 under-predicted 12-23% (its <runtime> and small Steps); peak 0.00%.

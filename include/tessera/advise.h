@@ -85,8 +85,23 @@ struct DeviceSpec {
   // runs in several passes over each row) costs its flops and its bytes at the rates above plus
   // row_element_s per output element and row_s per Step, fitted on two layer norms (0: none).
   double row_element_s = 0, row_s = 0;
+  // Host only: the fused attention Step (StepKind::Attention, the cpu's one kernel for softmax(Q K^T)
+  // V and one for its gradients) costs its products' flops over the (query, key) pairs it computes
+  // (the causal range: StepCost::attention_flops) at attention_flops, plus attention_pair_s per
+  // pair (the softmax's exp and bookkeeping), plus its bytes at the bandwidth curve's rate;
+  // the backward Step the same at its own two terms. Fitted on the GPT's attention shape at two
+  // head dimensions (0: priced as any other Step, by its decomposition's flops).
+  double attention_flops = 0, attention_pair_s = 0;
+  double attention_bwd_flops = 0, attention_bwd_pair_s = 0;
   // Host only: tracing is synchronous with running there, so its time is added to the step.
   bool add_trace_time = false;
+  // The plan the device runs. "cpu" (the host): the cpu backend's own plan, compiled for this
+  // machine's cpu device as the runtime compiles it (every Step kind the backend declares: attention
+  // over >= 64 keys as one fused Step each way, products writing through strides and offsets, autocast's
+  // casts folded into the products, merged column sums); the fields below are then unused. Empty:
+  // the null device posing as the fields below (the portable plan: attention as its decomposition,
+  // which is what every other backend runs).
+  std::string backend;
   // What changes the compiled plan on this device (kir::Target, see src/kernel_ir/target.h):
   size_t alignment = 64;     // of arena temporaries, bytes (CUDA: 256)
   int64_t layout_tile_rows = 1, layout_tile_cols = 1;  // buffer tiling (TPU: 8 x 128; 1 x 1 none)
@@ -104,7 +119,8 @@ std::vector<DeviceSpec> load_devices_json(const std::string& path);
 // The host CPU, calibrated by microbenchmarks shaped like a training step's Steps (the GEMM line
 // on a linear layer's three products, the arithmetic and transcendental vector rates, a bandwidth
 // curve by size, a column sum, per-Step overhead), cached in $XDG_CACHE_HOME/tessera (or
-// ~/.cache/tessera)/host-v5-<threads>.json.
+// ~/.cache/tessera)/host-v6-<threads>.json. Each figure is the median of three calibrations (one
+// disturbed by other work on a shared machine moves none of them).
 DeviceSpec host_device(bool recalibrate = false);
 // The host's GEMM line, t = flops / peak + outputs * out_s + products * c, fitted (least squares;
 // exact for three) to timed groups of products: each group's flops, output elements, number of
@@ -141,6 +157,13 @@ struct StepCost {
   // parallelism splits over its M devices (Megatron: heads and hidden units).
   double split_fraction = 0;
   int64_t batch = 1, m = 0, n = 0, k = 0;  // Gemm: out[batch.., m, n] = [m, k] @ [k, n]
+  // A fused attention Step (kind "attention"): the (query, key) pairs it computes over all its
+  // batch elements (the causal range: sum over queries i of min(tk, max(0, i + offset + 1))),
+  // the flops of its products over them (forward: Q K^T and P V, 2 (d + dv) per pair; backward:
+  // the scores again, dP, dQ, dK and dV, 6 d + 4 dv per pair), and whether it is the backward.
+  // Its flops above are the decomposition's (every pair, the softmax's ops), as the cost rules count.
+  double attention_pairs = 0, attention_flops = 0;
+  bool attention_backward = false;
   double elements = 0;  // its output's elements (a Row Step: the rows times the row's length)
 };
 

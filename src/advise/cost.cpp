@@ -67,7 +67,26 @@ int64_t pad_to(int64_t x, int64_t tile) {
   return (x + tile - 1) / tile * tile;
 }
 
+namespace {
+// The host's bandwidth for a Step moving `bytes`: the first cache_bw entry at or above them, else mem_bw.
+double curve_bw(const DeviceSpec& d, double bytes) {
+  for (const auto& [upto, r] : d.cache_bw)
+    if (bytes <= upto) return r;
+  return d.mem_bw;
+}
+}  // namespace
+
 double step_seconds(const DeviceSpec& d, const StepCost& s, Bottleneck* why) {
+  if (s.kind == "attention" && s.attention_pairs > 0) {  // the host's fused attention kernel, calibrated
+    const double rate = s.attention_backward ? d.attention_bwd_flops : d.attention_flops;
+    const double pair = s.attention_backward ? d.attention_bwd_pair_s : d.attention_pair_s;
+    if (rate > 0) {
+      const double bw = curve_bw(d, s.bytes);
+      const double tc = s.attention_flops / rate + s.attention_pairs * pair, tm = bw > 0 ? s.bytes / (bw * d.bw_eff) : 0;
+      if (why) *why = d.launch_s > tc + tm ? Bottleneck::Launch : tc >= tm ? Bottleneck::Compute : Bottleneck::Memory;
+      return tc + tm + d.launch_s;
+    }
+  }
   const bool half = s.dtype == DType::BFloat16 || s.dtype == DType::Float16;
   const double bytes = s.bytes;
   double flops = s.flops, rate = 0;
@@ -102,12 +121,7 @@ double step_seconds(const DeviceSpec& d, const StepCost& s, Bottleneck* why) {
     rate = (half && d.vec16_flops > 0 ? d.vec16_flops : d.fp32_flops) * d.vector_eff;
   }
   const double tc = (rate > 0 ? flops / rate : 0) + tv;
-  double bw = d.mem_bw;
-  for (const auto& [upto, r] : d.cache_bw)
-    if (bytes <= upto) {
-      bw = r;
-      break;
-    }
+  double bw = curve_bw(d, bytes);
   if (s.kind == "reduce" && d.reduce_bw > 0) bw = d.reduce_bw;
   const double tm = bw > 0 ? bytes / (bw * d.bw_eff) : 0;
   if (s.kind == "row" && (d.row_element_s > 0 || d.row_s > 0)) {  // the host's row loops: passes over each row
@@ -222,6 +236,10 @@ Workload compile_workload(const std::vector<runtime::Request>& req, const Device
   w.dtype = dtype;
   if (req.empty()) return w;
   std::shared_ptr<const compiler::Plan> compiled;
+  if (target && !target->backend.empty() && target->backend != "cpu")
+    fail("advise", "device '" + target->name + "': backend '" + target->backend +
+                       "' is not one the advisor plans for (\"cpu\": the cpu's own plan; empty: the portable plan)", "");
+  if (target && target->backend == "cpu") target = nullptr;  // the host: the cpu's own plan, as the runtime runs it
   if (target) {
     Device dev = backends::null_device_for(target_of(*target, dtype));
     try {
@@ -248,6 +266,14 @@ Workload compile_workload(const std::vector<runtime::Request>& req, const Device
     }
     c.split_fraction = split_fraction(st);
     c.elements = double(numel(st.shape));
+    if (st.kind == kir::StepKind::Attention && st.attention) {
+      const kir::Step::Attention& a = *st.attention;
+      double pairs = 0;  // per batch element: each query's keys in the causal range
+      for (int64_t i = 0; i < a.tq; ++i) pairs += double(a.causal ? std::clamp<int64_t>(i + a.causal_offset + 1, 0, a.tk) : a.tk);
+      c.attention_pairs = pairs * double(a.batch);
+      c.attention_backward = a.backward;
+      c.attention_flops = c.attention_pairs * double(a.backward ? 6 * a.d + 4 * a.dv : 2 * (a.d + a.dv));
+    }
     if (c.gemm && st.shape.size() >= 2 && !st.maps.empty() && !st.maps[0].shape().empty()) {
       c.m = st.shape[st.shape.size() - 2];
       c.n = st.shape.back();
@@ -298,8 +324,15 @@ const Workload& GptWorkloads::at(int64_t batch, const DeviceSpec& target, DType 
 
 const Workload& GptWorkloads::trace_and_compile(int64_t batch, const DeviceSpec* target, DType dtype, Graph graph, size_t budget) {
   if (batch < 1) fail("advise", "batch must be positive", "");
-  const kir::Target props = target ? target_of(*target, dtype) : kir::Target{};
-  const int dev_index = target ? backends::null_device_for(props).index : -1;
+  // The host (DeviceSpec::backend "cpu") gets the cpu's own plan: compiled for the cpu device
+  // itself, as the runtime runs the step there; other devices the null device posing as them.
+  if (target && !target->backend.empty() && target->backend != "cpu")
+    fail("advise", "device '" + target->name + "': backend '" + target->backend +
+                       "' is not one the advisor plans for (\"cpu\": the cpu's own plan; empty: the portable plan)", "");
+  if (target) target_of(*target, dtype);  // the dtype check
+  const bool own = !target || target->backend == "cpu";
+  const kir::Target props = own ? backends::backend_for(Device("cpu")).properties(0) : target_of(*target, dtype);
+  const int dev_index = own ? -1 : backends::null_device_for(props).index;
   const auto key = std::make_tuple(batch, dev_index, dtype, graph, budget);
   auto it = memo_.find(key);
   if (it != memo_.end()) return it->second;
@@ -339,8 +372,8 @@ const Workload& GptWorkloads::trace_and_compile(int64_t batch, const DeviceSpec*
     try {
       MemoryBudgetScope in_force(MemoryBudget{budget, 0});
       std::vector<runtime::Request> req = detail::pending_requests();
-      w = compile_workload(req, target, dtype);
-      if (!target) {  // the cpu's own plan (the host's): prepared again, a cache hit, as every step after the first
+      w = compile_workload(req, own ? nullptr : target, dtype);
+      if (own) {  // the cpu's own plan (the host's): prepared again, a cache hit, as every step after the first
         auto p0 = std::chrono::steady_clock::now();
         runtime::compile_only(req);
         w.prepare_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - p0).count();

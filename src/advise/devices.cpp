@@ -48,6 +48,7 @@
 #include "core/fail.h"
 #include "tessera/metrics.h"
 #include "tessera/ops.h"
+#include "tessera/profiler.h"
 
 namespace tessera::advise {
 namespace {
@@ -418,6 +419,7 @@ DeviceSpec host_base() {
   d.power_w = 0;  // unknown
   d.tile_mn = d.tile_k = 1;
   d.add_trace_time = true;  // the cpu runtime traces, compiles (cache hit) and runs synchronously
+  d.backend = "cpu";         // its plan is the cpu's own (the fused attention Steps, ...)
   return d;
 }
 
@@ -442,7 +444,82 @@ void calibrate_rows(DeviceSpec& d, const std::function<std::tuple<double, double
   d.row_element_s = el, d.row_s = c;
 }
 
-DeviceSpec calibrate() {
+// The fused attention kernels, forward and backward, on the GPT's attention as the benchmark runs
+// it (batch 16 x 4 heads, 64 positions, causal) at head dimensions 32 and 64 (the accuracy
+// script's models'): each Step's own time, the median of 10 profiled runs (the fastest, as the other
+// figures take, priced the step's attention Steps 6-17% under their median there, against -7 to
+// +11% for the median, 2 x 2 alternating runs at L4 H4 E128 batch 16), less its bytes at the
+// bandwidth curve's rate and the per-Step overhead, per (query, key) pair of its causal range
+// against its products' flops per pair; the line through the two dimensions is {s per flop, s per
+// pair} (row_line). Left 0 (attention then priced as any Step) when the pattern does not fuse or
+// another Profiler is recording.
+void calibrate_attention(DeviceSpec& d) {
+  TensorOptions f32{DType::Float32, Device("cpu")}, i64{DType::Int64, Device("cpu")};
+  const int64_t B = 16, H = 4, P = 64;
+  std::vector<std::pair<double, double>> fwd, bwd;  // {flops per pair, seconds per pair}
+  for (int64_t D : {32, 64}) {
+    const int64_t C = H * D;
+    Tensor qkv0 = randn({B, P, 3 * C}, f32), dy = randn({B, P, C}, f32);
+    sync();
+    // The pattern as nn::CausalSelfAttention traces it: Q, K, V the heads of one [B, T, 3C] product
+    // (strided views), the output read as [B, T, C], the gradients written into one [B, T, 3C].
+    auto make = [&] {
+      Tensor qkv = qkv0.detach().requires_grad_();
+      auto heads = [&](int64_t at) { return narrow(qkv, 2, at, C).reshape({B, P, H, D}).transpose(1, 2); };
+      Tensor att = matmul(heads(0), heads(C).transpose(-2, -1)) * (1.0 / std::sqrt(double(D)));
+      att = masked_fill(att, arange(0, double(P), 1, i64).reshape({1, P}) > arange(0, double(P), 1, i64).reshape({P, 1}), -INFINITY);
+      Tensor y = matmul(softmax(att, -1), heads(2 * C)).transpose(1, 2).reshape({B, P, C});
+      y.backward(dy);
+      return std::vector<Tensor>{y, qkv.grad()};
+    };
+    std::vector<StepCost> attn;
+    {
+      std::vector<Tensor> probe = make();
+      for (const StepCost& c : workload_of(probe).steps)
+        if (c.kind == "attention" && c.attention_pairs > 0) attn.push_back(c);
+      sync();
+    }
+    if (attn.size() != 2 || attn[0].attention_backward == attn[1].attention_backward) return;  // not fused both ways
+    std::vector<double> runs[2];  // forward, backward
+    try {
+      Profiler prof(false);
+      prof.start();
+      for (int r = 0; r < 10; ++r) {
+        std::vector<Tensor> out = make();
+        sync();
+      }
+      prof.stop();
+      for (const ProfileEvent& e : prof.events()) {
+        if (e.type != "step" || e.kind != "attention") continue;
+        const bool back = std::any_of(e.ops.begin(), e.ops.end(), [](const ProfiledOp& o) { return o.op == "attention_backward"; });
+        runs[back].push_back(e.dur_us / 1e6);
+      }
+    } catch (const Error&) {
+      return;  // another profiler records
+    }
+    for (const StepCost& c : attn) {
+      std::vector<double>& v = runs[c.attention_backward];
+      if (v.empty()) return;
+      std::sort(v.begin(), v.end());
+      const double t = v[v.size() / 2];
+      double bw = d.mem_bw;
+      for (const auto& [upto, r] : d.cache_bw)
+        if (c.bytes <= upto) {
+          bw = r;
+          break;
+        }
+      const double rest = std::max(t - c.bytes / bw - d.launch_s, 1e-12);
+      (c.attention_backward ? bwd : fwd).push_back({c.attention_flops / c.attention_pairs, rest / c.attention_pairs});
+    }
+  }
+  const auto [f_s, f_pair] = row_line(fwd[0], fwd[1]);
+  const auto [b_s, b_pair] = row_line(bwd[0], bwd[1]);
+  if ((f_s <= 0 && f_pair <= 0) || (b_s <= 0 && b_pair <= 0)) return;
+  d.attention_flops = f_s > 0 ? 1 / f_s : 1e30, d.attention_pair_s = f_pair;  // no slope: all per pair
+  d.attention_bwd_flops = b_s > 0 ? 1 / b_s : 1e30, d.attention_bwd_pair_s = b_pair;
+}
+
+DeviceSpec calibrate_once() {
   DeviceSpec d = host_base();
   TensorOptions f32{DType::Float32, Device("cpu")};
   // Per-Step overhead: a chain of 64 tiny matmuls (Gemm Steps cannot fuse).
@@ -572,9 +649,53 @@ DeviceSpec calibrate() {
     d.reduce_bw = bytes / t;
   }
   calibrate_rows(d, vector_time);
+  calibrate_attention(d);
   d.vec16_flops = 0;
   d.description = "this machine's CPU (" + threads_key() + " threads), calibrated";
   d.source = "microbenchmarks";
+  return d;
+}
+
+// The median of three calibrations, figure by figure (a line's two terms from the same
+// calibration: the one whose line prices the GPT's typical Step at the median): one calibration
+// disturbed by other work on a shared machine (a burst in one of its timings) moves none of them.
+DeviceSpec calibrate() {
+  std::vector<DeviceSpec> runs;
+  for (int i = 0; i < 3; ++i) runs.push_back(calibrate_once());
+  DeviceSpec d = runs[1];
+  auto median = [&](auto get) {
+    std::vector<double> v;
+    for (const DeviceSpec& r : runs) v.push_back(get(r));
+    std::sort(v.begin(), v.end());
+    return v[1];
+  };
+  auto median_run = [&](auto price) -> const DeviceSpec& {  // the run whose price is the median
+    std::array<size_t, 3> i = {0, 1, 2};
+    std::sort(i.begin(), i.end(), [&](size_t a, size_t b) { return price(runs[a]) < price(runs[b]); });
+    return runs[i[1]];
+  };
+  d.launch_s = median([](const DeviceSpec& r) { return r.launch_s; });
+  d.fp32_flops = median([](const DeviceSpec& r) { return r.fp32_flops; });
+  d.transcendental_flops = median([](const DeviceSpec& r) { return r.transcendental_flops; });
+  d.mem_bw = median([](const DeviceSpec& r) { return r.mem_bw; });
+  d.reduce_bw = median([](const DeviceSpec& r) { return r.reduce_bw; });
+  for (size_t k = 0; k < d.cache_bw.size(); ++k)
+    d.cache_bw[k].second = median([&](const DeviceSpec& r) { return k < r.cache_bw.size() ? r.cache_bw[k].second : 0.0; });
+  // The lines, at the GPT's (L4 H4 E128, batch 16) typical shapes: a [1024, 128] x [128, 128]
+  // product, a layer norm of [1024, 128], its attention (64 x 2080 pairs, head dimension 32).
+  const double f = 2.0 * 1024 * 128 * 128;
+  const DeviceSpec& g32 = median_run([&](const DeviceSpec& r) { return (f + r.gemm_half_flops) / r.gemm_flops; });
+  d.gemm_flops = g32.gemm_flops, d.gemm_half_flops = g32.gemm_half_flops, d.gemm_out_s = g32.gemm_out_s;
+  const DeviceSpec& g16 = median_run([&](const DeviceSpec& r) { return (f + r.gemm_bf16_half_flops) / r.gemm_bf16_flops; });
+  d.gemm_bf16_flops = g16.gemm_bf16_flops, d.gemm_bf16_half_flops = g16.gemm_bf16_half_flops, d.gemm_bf16_out_s = g16.gemm_bf16_out_s;
+  const DeviceSpec& row = median_run([](const DeviceSpec& r) { return r.row_element_s * 131072 + r.row_s; });
+  d.row_element_s = row.row_element_s, d.row_s = row.row_s;
+  const double pairs = 64.0 * 2080;
+  auto attn = [&](double rate, double pair, double per_pair_flops) { return rate > 0 ? pairs * (per_pair_flops / rate + pair) : 0.0; };
+  const DeviceSpec& af = median_run([&](const DeviceSpec& r) { return attn(r.attention_flops, r.attention_pair_s, 128); });
+  d.attention_flops = af.attention_flops, d.attention_pair_s = af.attention_pair_s;
+  const DeviceSpec& ab = median_run([&](const DeviceSpec& r) { return attn(r.attention_bwd_flops, r.attention_bwd_pair_s, 320); });
+  d.attention_bwd_flops = ab.attention_bwd_flops, d.attention_bwd_pair_s = ab.attention_bwd_pair_s;
   return d;
 }
 
@@ -639,7 +760,7 @@ DeviceSpec host_device(bool recalibrate) {
   std::string dir = cache_dir();
   // The version in the name is bumped when the cpu backend's speed changes (figures measured
   // on an older runtime would mispredict this one).
-  std::string path = dir.empty() ? "" : dir + "/host-v5-" + threads_key() + ".json";
+  std::string path = dir.empty() ? "" : dir + "/host-v6-" + threads_key() + ".json";
   if (!recalibrate && !path.empty()) {
     std::ifstream f(path);
     if (f) {
@@ -661,6 +782,10 @@ DeviceSpec host_device(bool recalibrate) {
         d.reduce_bw = j.at("reduce_bw").get<double>();
         d.row_element_s = j.at("row_element_s").get<double>();
         d.row_s = j.at("row_s").get<double>();
+        d.attention_flops = j.at("attention_flops").get<double>();
+        d.attention_pair_s = j.at("attention_pair_s").get<double>();
+        d.attention_bwd_flops = j.at("attention_bwd_flops").get<double>();
+        d.attention_bwd_pair_s = j.at("attention_bwd_pair_s").get<double>();
         d.description = j.at("description").get<std::string>();
         d.source = "microbenchmarks cached in " + path;
         return d;
@@ -680,7 +805,9 @@ DeviceSpec host_device(bool recalibrate) {
                           {"gemm_out_s", d.gemm_out_s}, {"gemm_bf16_out_s", d.gemm_bf16_out_s},
                           {"mem_bw", d.mem_bw}, {"launch_s", d.launch_s}, {"description", d.description},
                           {"transcendental_flops", d.transcendental_flops}, {"cache_bw", d.cache_bw}, {"reduce_bw", d.reduce_bw},
-                          {"row_element_s", d.row_element_s}, {"row_s", d.row_s}};
+                          {"row_element_s", d.row_element_s}, {"row_s", d.row_s},
+                          {"attention_flops", d.attention_flops}, {"attention_pair_s", d.attention_pair_s},
+                          {"attention_bwd_flops", d.attention_bwd_flops}, {"attention_bwd_pair_s", d.attention_bwd_pair_s}};
       f << j.dump(2) << "\n";
     }
   }

@@ -389,6 +389,35 @@ nn::GPTConfig tiny_gpt(int64_t layers = 1, int64_t embd = 32, int64_t block = 16
   return {.vocab = vocab, .block = block, .embd = embd, .heads = 2, .layers = layers, .dropout = 0.0, .bias = true, .tied_head = false};
 }
 
+// The host's fused attention Step by hand: its products' flops over the causal range at the
+// calibrated rate, plus a term per (query, key) pair, plus its bytes at the curve's rate, added;
+// the backward at its own terms; without the terms (another device) priced as any Step, by the
+// decomposition's flops.
+TEST(CostModel, HostAttentionStepIsPricedPerFlopAndPairOfItsCausalRange) {
+  DeviceSpec h = round_device();
+  h.bf16_flops = 0, h.vector_eff = 1, h.bw_eff = 1, h.launch_s = 1e-6;
+  h.fp32_flops = 1e10, h.transcendental_flops = 1e9;
+  h.mem_bw = 1e10;
+  h.cache_bw = {{1e6, 1e11}};
+  h.attention_flops = 2e10, h.attention_pair_s = 1e-9;
+  h.attention_bwd_flops = 1e10, h.attention_bwd_pair_s = 3e-9;
+  StepCost a;
+  a.kind = "attention";
+  a.flops = 9e8, a.transcendental_flops = 1e7;  // the decomposition's, which the host does not price
+  a.bytes = 5e5;
+  a.attention_pairs = 1e6, a.attention_flops = 1.28e8;  // 128 flops per pair (head dimension 32)
+  Bottleneck why;
+  EXPECT_NEAR(step_seconds(h, a, &why), 1.28e8 / 2e10 + 1e6 * 1e-9 + 5e5 / 1e11 + 1e-6, 1e-12);  // 6.4 + 1 + 0.005 ms
+  EXPECT_EQ(why, Bottleneck::Compute);
+  a.attention_backward = true, a.attention_flops = 3.2e8, a.bytes = 2e6;  // beyond the curve: mem_bw
+  EXPECT_NEAR(step_seconds(h, a), 3.2e8 / 1e10 + 1e6 * 3e-9 + 2e6 / 1e10 + 1e-6, 1e-12);
+  DeviceSpec t4 = find_device(builtin_devices(), "t4");  // no attention terms: the decomposition's flops
+  StepCost plain = a;
+  plain.attention_pairs = 0, plain.attention_flops = 0, plain.attention_backward = false;
+  plain.kind = "elementwise";
+  EXPECT_DOUBLE_EQ(step_seconds(t4, a), step_seconds(t4, plain));
+}
+
 // The host's time outside Steps: tracing and preparing the graph again (a cache hit, as every
 // step after the first), measured on the cpu's own plan only and added where add_trace_time says.
 TEST(GptWorkloads, HostStepAddsTracingAndPreparingTheGraph) {
@@ -512,6 +541,72 @@ TEST(GptWorkloads, EachDeviceGetsItsOwnPlan) {
   EXPECT_EQ(g.at(5).batch, 5);
 }
 
+// A device whose plan is the cpu's own (DeviceSpec::backend "cpu", as the host's): the step the
+// runtime runs there, attention over 64 keys fused into one Step each way (pairs and flops of the
+// causal range by hand), the same Workload as the cpu's; a device without it (a T4, or the same
+// figures posed) gets the decomposition: the four score and probability products per layer and
+// no attention Step.
+TEST(GptWorkloads, TheHostPricesTheCpusOwnPlanWithItsFusedAttention) {
+  GptWorkloads g(tiny_gpt(2, 32, 64));  // 2 layers, 2 heads of 16, 64 positions
+  DeviceSpec host = round_device();
+  host.name = "host-like";
+  host.backend = "cpu";
+  const Workload& h = g.at(4, host, DType::Float32);
+  EXPECT_EQ(&h, &g.at(4)) << "the cpu's own plan";
+  EXPECT_GT(h.prepare_s, 0) << "the host's graph preparation";
+  const double pairs = 4.0 * 2 * 64 * 65 / 2;  // batch x heads x the causal triangle
+  int fwd = 0, bwd = 0, gemms = 0;
+  for (const StepCost& s : h.steps) {
+    gemms += s.gemm;
+    if (s.kind != "attention") continue;
+    EXPECT_DOUBLE_EQ(s.attention_pairs, pairs);
+    EXPECT_DOUBLE_EQ(s.attention_flops, pairs * (s.attention_backward ? 6 * 16 + 4 * 16 : 2 * (16 + 16)));
+    ++(s.attention_backward ? bwd : fwd);
+  }
+  EXPECT_EQ(fwd, 2);
+  EXPECT_EQ(bwd, 2);
+  DeviceSpec posed = host;  // the same figures without the cpu's plan
+  posed.backend.clear();
+  for (const DeviceSpec& d : {find_device(builtin_devices(), "t4"), posed}) {
+    const Workload& w = g.at(4, d, DType::Float32);
+    int attention = 0, products = 0;
+    for (const StepCost& s : w.steps) attention += s.kind == "attention", products += s.gemm;
+    EXPECT_EQ(attention, 0) << d.name;
+    EXPECT_EQ(products, gemms + 2 * 6) << d.name << ": Q K^T, P V and their four gradients per layer";
+    EXPECT_GT(w.footprint_bytes(), 1.1 * h.footprint_bytes()) << d.name << ": the scores and probabilities in memory";
+  }
+  // Under bfloat16 too: the cpu's products round their operands as they pack them (autocast's
+  // cast Steps folded into them), which the portable plan runs as Steps of their own.
+  EXPECT_LT(g.at(4, host, DType::BFloat16).steps.size(), g.at(4, posed, DType::BFloat16).steps.size());
+  DeviceSpec odd = host;
+  odd.backend = "cuda";
+  std::string msg = testing::error_message([&] { g.at(4, odd, DType::Float32); });
+  EXPECT_NE(msg.find("backend 'cuda' is not one the advisor plans for"), std::string::npos) << msg;
+  EXPECT_TRUE(detail::pending_impls().empty());
+}
+
+// The host's predicted footprint with attention fused (64 positions) is the runtime's own planned
+// figure (the plan of the step it ran: parameters and what the run allocates) and within 2% of
+// the allocator's high-water mark; the decomposition's (the portable plan) is far above both.
+TEST(HostMemory, TheFusedPlansPeakIsTheRuntimes) {
+  const nn::GPTConfig cfg = tiny_gpt(2, 32, 64);
+  DeviceSpec host = round_device();
+  host.backend = "cpu";
+  host.alignment = 64;
+  GptWorkloads g(cfg);
+  const double predicted = g.at(4, host, DType::Float32).footprint_bytes();
+  DeviceSpec posed = host;
+  posed.backend.clear();
+  const double portable = g.at(4, posed, DType::Float32).footprint_bytes();
+  Measured m = measure_gpt_on_host(cfg, 4, 1, 2);
+  const MemoryPlan ran = last_memory_plan();
+  std::printf("[advise] fused attention: predicted %.0f B, the runtime planned %.0f B, high-water %.0f B; decomposition %.0f B\n",
+              predicted, double(ran.param_bytes + ran.run_bytes()), m.high_water_bytes, portable);
+  EXPECT_DOUBLE_EQ(predicted, double(ran.param_bytes + ran.run_bytes()));
+  EXPECT_NEAR(predicted / m.high_water_bytes, 1.0, 0.02);
+  EXPECT_GT(portable, 1.1 * m.high_water_bytes);
+}
+
 TEST(HostMemory, PredictedPeakMatchesTheAllocatorHighWaterWithin2Percent) {
   for (int64_t batch : {2, 8}) {
     nn::GPTConfig cfg = tiny_gpt(2, 32, 16);
@@ -606,14 +701,12 @@ TEST(GptWorkloads, FitTakesOneGraphThenRematThenTheFewestMicroBatches) {
 // cpu's 64-byte alignment), a budget between the advisor's 2-row and 4-row slices of batch 8 is
 // 4 micro-batches in both, and the allocator's high-water mark over the slices stays under it.
 TEST(GptWorkloads, MicroBatchesAreWhatTheRuntimePicks) {
-  // The advisor's devices do not declare Target::attention, so it prices the decomposition; the
-  // cpu fuses this block-64 model's attention both ways (from 64 keys), whose plan is smaller
-  // (no T x T buffers): compared like with like, with the attention pass off.
+  // The device's plan is the cpu's own (DeviceSpec::backend, as the host's), so the advisor prices
+  // the plan the runtime runs, this block-64 model's attention fused both ways (no T x T buffers).
   testing::PassesOff no_unstack("unstack");
-  testing::PassesOff no_attention("attention");
   const nn::GPTConfig cfg = tiny_gpt(1, 32, 64);
   DeviceSpec cpu = find_device(builtin_devices(), "t4");
-  cpu.alignment = 64;
+  cpu.backend = "cpu";
   double two_rows = 0, four_rows = 0;
   int64_t advised = 0;
   {
@@ -837,6 +930,16 @@ TEST(Devices, HostIsCalibratedAndCached) {
   EXPECT_DOUBLE_EQ(again.gemm_out_s, h.gemm_out_s);
   EXPECT_DOUBLE_EQ(again.gemm_half_flops, h.gemm_half_flops);
   EXPECT_EQ(again.cache_bw, h.cache_bw);
+  // The fused attention kernels' terms (the cpu fuses the calibration's pattern both ways).
+  EXPECT_GT(h.attention_flops, 1e6);
+  EXPECT_GT(h.attention_bwd_flops, 1e6);
+  EXPECT_GE(h.attention_pair_s, 0);
+  EXPECT_GE(h.attention_bwd_pair_s, 0);
+  EXPECT_DOUBLE_EQ(again.attention_flops, h.attention_flops);
+  EXPECT_DOUBLE_EQ(again.attention_pair_s, h.attention_pair_s);
+  EXPECT_DOUBLE_EQ(again.attention_bwd_flops, h.attention_bwd_flops);
+  EXPECT_DOUBLE_EQ(again.attention_bwd_pair_s, h.attention_bwd_pair_s);
+  EXPECT_EQ(h.backend, "cpu");
   if (old) setenv("XDG_CACHE_HOME", saved.c_str(), 1);
   else unsetenv("XDG_CACHE_HOME");
   std::filesystem::remove_all(dir);
