@@ -66,7 +66,10 @@ namespace tessera::backends {
 // 15: Step::out_maps (an attention backward Step writing dQ, dK^T and dV through strides into
 //    parts of one slot; a forward Step its output in its reader's layout), for a backend
 //    declaring Target::attention_out_maps.
-constexpr int kInterfaceVersion = 15;
+// 16: Step::Attention::bf16 (autocast's attention: bfloat16 operands, or float32 ones rounded as
+//    read through Step::rounded, float32 accumulation) and Target::attention_bf16, which a backend
+//    sets to be given such Steps (the cpu does).
+constexpr int kInterfaceVersion = 16;
 
 // A compiled Step, opaque to the runtime; destroyed with the executable that holds it.
 struct Kernel {
