@@ -302,9 +302,20 @@ Held held(const Step& st, size_t i) {
   return st.input_dtypes.at(i) == DType::BFloat16 ? Held::BFloat16 : Held::Float;
 }
 
-// x[0, n) rounded to bfloat16 in place (to nearest even: half::bf16_round_bits, the cast's bits).
+// x[0, n) rounded to bfloat16 in place (to nearest even: half::bf16_round_bits, the cast's bits),
+// 8 lanes at a time.
+typedef uint32_t u8v __attribute__((vector_size(32)));
 inline void round_bf16(float* x, int64_t n) {
-  for (int64_t j = 0; j < n; ++j) x[j] = half::from_bits(half::bf16_round_bits(half::bits(x[j])));
+  int64_t j = 0;
+  for (; j + 8 <= n; j += 8) {
+    u8v u;
+    std::memcpy(&u, x + j, sizeof(u));
+    const u8v nan = (u & 0x7fffffffu) > 0x7f800000u;
+    u = ((u | 0x400000u) & nan) | ((u + 0x7fffu + ((u >> 16) & 1u)) & ~nan);
+    u &= 0xffff0000u;
+    std::memcpy(x + j, &u, sizeof(u));
+  }
+  for (; j < n; ++j) x[j] = half::from_bits(half::bf16_round_bits(half::bits(x[j])));
 }
 
 // n values at src + off, cs apart, as float32 into dst (bfloat16 widened, float32 rounded when so held).
@@ -577,8 +588,13 @@ struct AttentionKernel : CpuKernel {
           }
         }
         for (int64_t r = 0; r < rows; ++r) {  // the softmax, P rounded to bfloat16
+          // per tile, the keys the row sees rounded up to 16 (past them -inf, then 0)
+          int64_t width[64];
           float mx = ninf;
-          for (int64_t ti = 0; ti < nt; ++ti) mx = std::max(mx, mask_max(sc.data() + (ti * kPad + r) * kKeys, kKeys, kKeys));
+          for (int64_t ti = 0; ti < nt && ti < 64; ++ti) {
+            width[ti] = nt > 64 ? kKeys : (lim_of(r, ti * kKeys, std::min(kKeys, kend - ti * kKeys)) + 15) / 16 * 16;
+            if (width[ti] > 0) mx = std::max(mx, mask_max(sc.data() + (ti * kPad + r) * kKeys, width[ti], width[ti]));
+          }
           m[r] = mx;
           if (mx == ninf) {  // every key masked
             for (int64_t ti = 0; ti < nt; ++ti) std::fill_n(sc.data() + (ti * kPad + r) * kKeys, kKeys, 0.0f);
@@ -588,9 +604,11 @@ struct AttentionKernel : CpuKernel {
           v8 part = {};
           for (int64_t ti = 0; ti < nt; ++ti) {
             float* sr = sc.data() + (ti * kPad + r) * kKeys;
-            for (int64_t j = 0; j < kKeys; ++j) sr[j] -= mx;
-            vmath::vexp(sr, sr, kKeys);
-            for (int64_t j = 0; j < kKeys; j += 8) {
+            const int64_t w = nt > 64 ? kKeys : width[ti];
+            for (int64_t j = 0; j < w; ++j) sr[j] -= mx;
+            vmath::vexp(sr, sr, w);
+            std::fill(sr + w, sr + kKeys, 0.0f);
+            for (int64_t j = 0; j < w; j += 8) {
               v8 y;
               VLOAD(y, sr + j);
               part += y;
@@ -601,8 +619,9 @@ struct AttentionKernel : CpuKernel {
           l[r] = sum;
           for (int64_t ti = 0; ti < nt; ++ti) {
             float* sr = sc.data() + (ti * kPad + r) * kKeys;
-            for (int64_t j = 0; j < kKeys; ++j) sr[j] /= sum;
-            round_bf16(sr, kKeys);
+            const int64_t w = nt > 64 ? kKeys : width[ti];
+            for (int64_t j = 0; j < w; ++j) sr[j] /= sum;
+            round_bf16(sr, w);
           }
         }
         for (int64_t r = rows; r < (rows + 3) / 4 * 4; ++r)  // a last group's rows past the block
