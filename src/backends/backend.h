@@ -68,7 +68,10 @@ namespace tessera::backends {
 //    declaring Target::attention_out_maps.
 // 16: Step::parts (independent Elementwise Steps run as one launch: an optimizer's updates of
 //    every parameter), for a backend declaring Target::elementwise_parts.
-constexpr int kInterfaceVersion = 16;
+// 17: Step::Attention::bf16 (autocast's attention: bfloat16 operands, or float32 ones rounded as
+//    read through Step::rounded, float32 accumulation) and Target::attention_bf16, which a backend
+//    sets to be given such Steps (the cpu does).
+constexpr int kInterfaceVersion = 17;
 
 // A compiled Step, opaque to the runtime; destroyed with the executable that holds it.
 struct Kernel {

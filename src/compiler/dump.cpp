@@ -197,6 +197,7 @@ std::string step_text(const kir::Step& st) {
     os << "  attention: " << a.batch << " x softmax(" << fmt_double(a.scale) << " * Q K^T" << (a.causal ? ", causal" : "")
        << (a.causal && a.causal_offset ? " +" + std::to_string(a.causal_offset) : "") << ") V; Tq " << a.tq << ", Tk " << a.tk
        << ", d " << a.d << ", dv " << a.dv << " (maps: Q, K, V; the scores never stored)\n";
+    if (a.bf16) os << "  attention: bfloat16 operands (P, dP and dS rounded too), float32 accumulation and softmax (autocast)\n";
     static const char* const kOut[2][3] = {{"output", "", ""}, {"dQ", "dK^T", "dV"}};
     for (size_t i = 0; i < st.out_maps.size() && i < 3; ++i)
       os << "  written through: " << kOut[a.backward ? 1 : 0][i] << " " << st.out_maps[i].str() << "\n";

@@ -46,6 +46,17 @@ bool deeper(const Frag& before, const Frag& after) {
   return b > a;
 }
 
+// n rounds a float32 value to bfloat16 (autocast's cast of a product's operand).
+bool rounds_float(const Node& n) { return n.op == Op::Cast && n.dtype == DType::BFloat16 && n.inputs[0]->dtype == DType::Float32; }
+
+// The permutation of `rank` dimensions swapping the last two.
+std::vector<int64_t> swap_last_two(size_t rank) {
+  std::vector<int64_t> p(rank);
+  for (size_t k = 0; k < rank; ++k) p[k] = int64_t(k);
+  std::swap(p[rank - 2], p[rank - 1]);
+  return p;
+}
+
 bool addressed(Op op) { return op == Op::Matmul || op == Op::Gather || op == Op::ScatterAdd || op == Op::DynamicUpdateSlice; }
 
 }  // namespace
@@ -79,7 +90,8 @@ Lowerer::Lowerer(const ir::Graph& graph, const std::vector<ir::NodePtr>& params,
   attn_bwd_at.assign(g.nodes.size(), -1);
   absorbed.assign(g.nodes.size(), 0);
   if (opts.enabled("attention") && opts.target.attention) {
-    for (AttentionMatch& m : find_attention(g)) {
+    for (AttentionMatch& m : find_attention(g, opts.target.attention_bf16 && attention_out_maps)) {
+      if (m.dk_rows && !attention_out_maps) continue;  // dK's rows are written through Step::out_maps only
       std::vector<int> roots = {m.root}, inner = m.absorbed, operands = {m.q, m.kt, m.v};
       if (m.has_backward()) {
         roots.insert(roots.end(), {m.g_dv, m.g_dkt, m.g_dq});
@@ -142,12 +154,22 @@ Lowerer::Lowerer(const ir::Graph& graph, const std::vector<ir::NodePtr>& params,
   // bias add split into Q, K and V): stored once, whole, each part is then a strided view
   // (K^T too), and the add becomes the product's epilogue; without this each part was stored
   // on its own in its reader's layout (K^T transposed), the bias added there.
+  // Nodes of autocast's fused attention read their operands' float32 sources rounded as read
+  // (lower_attention), not the casts: those are not stored for them.
+  std::vector<uint8_t> half_attn(g.nodes.size(), 0);
+  for (const AttentionMatch& m : attn)
+    if (m.bf16) {
+      for (int k : {m.root, m.g_dq, m.g_dkt, m.g_dv})
+        if (k >= 0) half_attn[size_t(k)] = 1;
+      for (const std::vector<int>* v : {&m.absorbed, &m.absorbed_backward})
+        for (int k : *v) half_attn[size_t(k)] = 1;
+    }
   std::vector<uint8_t> only_slices(g.nodes.size(), 1);
   for (const ir::NodePtr& n : g.nodes)
     for (const ir::NodePtr& x : n->inputs)
       if (n->op != Op::Slice) only_slices[size_t(g.index.at(x.get()))] = 0;
   for (const ir::NodePtr& n : g.nodes) {
-    if (!addressed(n->op)) continue;
+    if (!addressed(n->op) || half_attn[size_t(g.index.at(n.get()))]) continue;
     for (const ir::NodePtr& x : n->inputs) {
       const Node* s = x.get();
       while (s->op == Op::Reshape || s->op == Op::Permute ||
@@ -157,6 +179,18 @@ Lowerer::Lowerer(const ir::Graph& graph, const std::vector<ir::NodePtr>& params,
       if (s != x.get() && users[size_t(si)] > 1) store_early[size_t(si)] = 1;
     }
   }
+  // The same for the float32 sources autocast's fused attention reads rounded (its Q, K^T and V
+  // as views of the biased qkv product, the bias its epilogue, as in float32).
+  for (const AttentionMatch& m : attn)
+    for (int k : {m.q, m.kt, m.v, m.g_dy}) {
+      if (!m.bf16 || k < 0 || !rounds_float(*g.nodes[size_t(k)])) continue;
+      const Node* x = g.nodes[size_t(k)]->inputs[0].get();
+      const Node* s = x;
+      while (s->op == Op::Reshape || s->op == Op::Permute || (s->op == Op::Slice && only_slices[size_t(g.index.at(s->inputs[0].get()))]))
+        s = s->inputs[0].get();
+      const int si = g.index.at(s);
+      if (s != x && users[size_t(si)] > 1) store_early[size_t(si)] = 1;
+    }
 }
 
 Plan Lowerer::run() {
@@ -832,7 +866,7 @@ Val Lowerer::lower_collective(int i) {
 Val Lowerer::lower_attention(int i, const AttentionMatch& m) {
   const Node& n = *g.nodes[i];
   Step st = begin(StepKind::Attention, i);
-  const Val q = strided(m.q, i), kt = strided(m.kt, i), v = strided(m.v, i);
+  const Val q = attention_operand(st, m, m.q, 0, i), kt = attention_operand(st, m, m.kt, 1, i), v = attention_operand(st, m, m.v, 2, i);
   const size_t r = n.shape.size();
   std::vector<int64_t> perm(r);
   for (size_t k = 0; k < r; ++k) perm[k] = int64_t(k);
@@ -850,6 +884,7 @@ Val Lowerer::lower_attention(int i, const AttentionMatch& m) {
   a.scale = m.scale;
   a.causal = m.causal;
   a.causal_offset = m.causal_offset;
+  a.bf16 = m.bf16;
   st.attention = a;
   std::vector<int64_t> perm_out;  // the output written as its one reader, a permute, reads it
   if (attention_out_maps) perm_out = permuted_product(i);
@@ -900,7 +935,8 @@ Val Lowerer::lower_attention_backward(int i, int match) {
   const Step fwd = *fwd_at;  // a copy: strided() below may add Steps
   const Node& dq = *g.nodes[size_t(m.g_dq)];
   Step st = begin(StepKind::Attention, m.g_dq);
-  const Val dy = strided(m.g_dy, m.g_dq);
+  st.rounded = uint8_t(fwd.rounded & 7u);
+  const Val dy = attention_operand(st, m, m.g_dy, 4, m.g_dq);
   const int lse = attn_lse[size_t(match)];
   st.inputs = {fwd.inputs[0], fwd.inputs[1], fwd.inputs[2], fwd.output, dy.slot, lse};
   const IndexMap o = fwd.out_maps.empty() ? IndexMap::contiguous(fwd.shape) : fwd.out_maps[0];  // O as the forward wrote it
@@ -945,9 +981,16 @@ Val Lowerer::lower_attention_backward(int i, int match) {
     for (int k : {m.g_dq, m.g_dkt, m.g_dv}) {
       auto it = of.find(k);
       if (it == of.end() || !it->second.single() || it->second.views[0].strides.empty()) break;
-      at.push_back(it->second);
+      at.push_back(k == m.g_dkt && m.dk_rows ? it->second.permute(swap_last_two(it->second.shape().size())) : it->second);
     }
     if (at.size() != 3) at.clear();
+  }
+  if (at.empty() && m.dk_rows) {  // dK's rows in its own slot, written as dK^T through the transposed map
+    st.output = slot_for(m.g_dq);
+    st.more_outputs = {slot_for(m.g_dkt), slot_for(m.g_dv)};
+    const Shape& ks = g.nodes[size_t(m.g_dkt)]->shape;
+    st.out_maps = {IndexMap::contiguous(dq.shape), IndexMap::contiguous(ks).permute(swap_last_two(ks.size())),
+                   IndexMap::contiguous(g.nodes[size_t(m.g_dv)]->shape)};
   }
   if (!at.empty()) {  // dQ, dK^T and dV written into their parts of the concatenation's slot
     const int slot = slot_for(c);
@@ -955,7 +998,7 @@ Val Lowerer::lower_attention_backward(int i, int match) {
     st.output = slot;
     st.more_outputs = {slot, slot};
     st.out_maps = at;
-  } else {
+  } else if (!m.dk_rows) {
     st.output = slot_for(m.g_dq);
     st.more_outputs = {slot_for(m.g_dkt), slot_for(m.g_dv)};
   }
@@ -973,10 +1016,44 @@ Val Lowerer::lower_attention_backward(int i, int match) {
   attn_bwd_vals[m.g_dv] = slot_val(dv, g.nodes[size_t(m.g_dv)]->shape);
   if (!at.empty()) {  // the gradients as views of their parts (only the concatenation reads them)
     attn_bwd_vals[m.g_dq].map = at[0];
-    attn_bwd_vals[m.g_dkt].map = at[1];
+    attn_bwd_vals[m.g_dkt].map = m.dk_rows ? at[1].permute(swap_last_two(at[1].shape().size())) : at[1];
     attn_bwd_vals[m.g_dv].map = at[2];
   }
   return attn_bwd_vals.at(i);
+}
+
+// An attention Step's operand node k (its input `bit`): under autocast a rounding cast of a
+// float32 value is read as that value, rounded as the kernel reads it (Step::rounded); else the
+// node's own value.
+Val Lowerer::attention_operand(Step& st, const AttentionMatch& m, int k, int bit, int reader) {
+  if (!m.bf16) return strided(k, reader);
+  auto movements = [](const Node* n, std::vector<const Node*>& out) {
+    while (n->op == Op::Reshape || n->op == Op::Permute) out.push_back(n), n = n->inputs[0].get();
+    return n;
+  };
+  // The operand as a rounding of a float32 value y, moved (reshapes and permutes of the cast,
+  // or the cast itself); else a bfloat16 value read as it is.
+  std::vector<const Node*> moves;
+  const Node* r = movements(g.nodes[size_t(k)].get(), moves);
+  if (!rounds_float(*r)) return strided(k, reader);
+  const Node* y = r->inputs[0].get();
+  // y itself a rounding widened and moved (autocast's cotangent dY: a product's result rounded
+  // to bfloat16, widened, reshaped and permuted): rounding again gives the same bits, so the
+  // product's result is read through all the movements.
+  std::vector<const Node*> deeper = moves;
+  const Node* w = movements(y, deeper);
+  if (w->op == Op::Cast && w->dtype == DType::Float32 && w->inputs[0]->dtype == DType::BFloat16) {
+    const Node* r2 = movements(w->inputs[0].get(), deeper);
+    if (rounds_float(*r2)) y = r2->inputs[0].get(), moves = deeper;
+  }
+  Val v = strided(g.index.at(y), reader);
+  for (size_t j = moves.size(); j-- > 0 && v.map.single();) {
+    const Node& mv = *moves[j];
+    v.map = mv.op == Op::Reshape ? v.map.reshape(mv.shape) : v.map.permute(mv.attrs.ints);
+  }
+  if (!v.map.single()) return strided(k, reader);
+  st.rounded = uint8_t(st.rounded | (1u << bit));
+  return v;
 }
 
 int Lowerer::concat_of_gradient(int x, const std::vector<int>& sole_reader) const {

@@ -133,6 +133,7 @@ class Lowerer {
   Val lower_collective(int i);
   Val lower_attention(int i, const AttentionMatch& m);
   Val lower_attention_backward(int i, int match);
+  Val attention_operand(kir::Step& st, const AttentionMatch& m, int k, int bit, int reader);
   // The concatenation that gradient node x alone reaches through reshapes and permutes each read
   // once (none an output), or -1.
   int concat_of_gradient(int x, const std::vector<int>& sole_reader) const;

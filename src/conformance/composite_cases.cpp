@@ -2,8 +2,10 @@
 // functions named like a primitive are that primitive's row). tests/conformance checks that
 // every function ops.h declares has a row.
 #include <cmath>
+#include <optional>
 
 #include "conformance/suite.h"
+#include "tessera/autocast.h"
 
 namespace tessera::conformance {
 namespace {
@@ -464,9 +466,16 @@ void add_networks_rows(AddRow add) {
   // Not an op of ops.h: the traced pattern softmax(where(causal, -inf, Q K^T * scale)) V that a
   // backend declaring Target::attention runs as one fused Step (the cpu; the others the
   // decomposition); the gradient case, over 128 keys, fuses the backward too (passes/fuse.h).
+  // Under bfloat16 autocast (the products' operands rounded, float32 results and softmax) the
+  // cpu fuses too (Target::attention_bf16); the reference evaluates the same roundings in
+  // float64. The gradients are rounded to bfloat16 last (the products' VJPs): an element the
+  // float32 and float64 sums place on either side of a rounding boundary moves by a bfloat16
+  // step (2^-8 of itself), hence their 8e-3.
   add("attention", [] {
-    auto attn = [](bool causal) {
-      return Many([causal](const std::vector<Tensor>& x) {
+    auto attn = [](bool causal, bool bf16 = false) {
+      return Many([causal, bf16](const std::vector<Tensor>& x) {
+        std::optional<Autocast> ac;
+        if (bf16) ac.emplace(DType::BFloat16);
         const int64_t tq = x[0].shape()[2], tk = x[1].shape()[2];
         Tensor att = matmul(x[0], x[1].transpose(-2, -1)) * (1.0 / std::sqrt(double(x[0].shape()[3])));
         if (causal) {
@@ -486,6 +495,10 @@ void add_networks_rows(AddRow add) {
                                                                   input({1, 2, 90, 32}, F32, g)}, attn(true)),
         of("f32 q,k,v[1,2,130,32] causal grad", {input({1, 2, 130, 32}, F32, g, L::Contiguous, true), input({1, 2, 130, 32}, F32, g, L::Contiguous, true),
                                                  input({1, 2, 130, 32}, F32, g, L::Contiguous, true)}, attn(true)),
+        of("f32 q,k,v[2,2,64,32] causal bf16 autocast", {input({2, 2, 64, 32}, F32, g), input({2, 2, 64, 32}, F32, g, L::Permuted),
+                                                        input({2, 2, 64, 32}, F32, g, L::Strided)}, attn(true, true), 1e-4),
+        of("f32 q,k,v[1,2,70,32] causal bf16 autocast grad", {input({1, 2, 70, 32}, F32, g, L::Contiguous, true), input({1, 2, 70, 32}, F32, g, L::Contiguous, true),
+                                                             input({1, 2, 70, 32}, F32, g, L::Contiguous, true)}, attn(true, true), 1e-4, 8e-3),
     };
   });
   add("layer_norm", [g] {

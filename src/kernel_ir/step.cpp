@@ -29,6 +29,7 @@ std::string Step::str() const {
     if (attention->dv != attention->d) os << "/" << attention->dv;
     os << ", scale " << attention->scale;
     if (attention->causal) os << ", causal" << (attention->causal_offset ? " +" + std::to_string(attention->causal_offset) : "");
+    if (attention->bf16) os << ", bf16 operands";
     os << "]";
     if (!out_maps.empty()) os << " written through maps";
     for (const IndexMap& m : out_maps) os << " " << m.str();

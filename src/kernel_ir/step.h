@@ -114,7 +114,8 @@ struct Step {
   std::vector<DType> input_dtypes;
   // Gemm: bit i set: input i is a float32 slot that the product reads rounded to input_dtypes[i]
   // (bfloat16, to nearest even: a cast Step folded into the product by passes/fold_casts.cpp,
-  // the same bits). Only for a device that declares Target::gemm_rounds_operands.
+  // the same bits). Only for a device that declares Target::gemm_rounds_operands. Attention
+  // with Attention::bf16: the same for its q, k, v and do (autocast's casts of them).
   uint8_t rounded = 0;
   int64_t axis = 0;  // Gather/ScatterAdd
   // Elementwise: further slots written (dense, the Step's shape), each with the instruction
@@ -146,12 +147,20 @@ struct Step {
   // q, k, v, the forward's output o, its cotangent do (maps[0..4], o and do [batch..., tq, dv])
   // and lse (dense); output dq [batch..., tq, d], more_outputs {dk^T [batch..., d, tk], dv
   // [batch..., tk, dv]} (dense).
+  // bf16 (autocast's form, only for a device that declares Target::attention_bf16): the
+  // products' operands are bfloat16 values and the products accumulate in float32, as autocast's
+  // decomposition computes them: q, k, v (and the backward's do) are bfloat16 slots
+  // (input_dtypes) or float32 slots read rounded to bfloat16 (Step::rounded); the normalised
+  // probabilities are rounded to bfloat16 before P V and P^T dO, dP = dO V^T is rounded to
+  // bfloat16 before the softmax's backward (float32, as the softmax), dS is rounded to bfloat16
+  // before dS K and dS^T Q. Results (out, lse, dq, dk^T, dv) are float32 (Step::dtype).
   struct Attention {
     int64_t batch = 0, tq = 0, tk = 0, d = 0, dv = 0;
     double scale = 1;
     bool causal = false;
     int64_t causal_offset = 0;
     bool backward = false;
+    bool bf16 = false;
   };
   std::optional<Attention> attention;
   // Attention: where its results lie, each a plain strided view over the result's shape into

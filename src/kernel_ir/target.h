@@ -55,6 +55,11 @@ struct Target {
   // through strides into parts of one slot, so the qkv gradient is assembled in place around a
   // fused attention too); others get dense results, a copy and the sum of pads.
   bool attention_out_maps = false;
+  // With attention and attention_out_maps: the device runs attention Steps of bfloat16 autocast
+  // (Step::Attention::bf16: bfloat16 operands or float32 ones rounded as read, float32
+  // accumulation and softmax), so the attention pass fuses autocast's decomposition too; others
+  // keep that decomposition.
+  bool attention_bf16 = false;
   // The device's Gemm Steps read a float32 operand rounded to bfloat16 as they pack it
   // (Step::rounded): compiler/passes/fold_casts.cpp folds autocast's cast Steps into them.
   bool gemm_rounds_operands = false;

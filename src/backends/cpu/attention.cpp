@@ -23,6 +23,7 @@
 #include "backends/cpu/kernel.h"
 #include "backends/cpu/vmath.h"
 #include "core/fail.h"
+#include "core/half.h"
 
 namespace tessera::backends::cpu {
 namespace {
@@ -291,6 +292,52 @@ void pack_tile(const T* kp, const Operand& k, const T* vp, const Operand& v, int
     for (int64_t d = 0; d < D; ++d) kt[size_t(d * kKeys + j)] = T(0);
 }
 
+// bfloat16 autocast (Step::Attention::bf16). How an operand's slot holds its bfloat16 values:
+// float32 values rounded as read (Step::rounded), bfloat16 itself, or (the forward's output and
+// log-sum-exp, read by the backward) plain float32.
+enum class Held { Float, Rounded, BFloat16 };
+
+Held held(const Step& st, size_t i) {
+  if (st.rounded >> i & 1) return Held::Rounded;
+  return st.input_dtypes.at(i) == DType::BFloat16 ? Held::BFloat16 : Held::Float;
+}
+
+// x[0, n) rounded to bfloat16 in place (to nearest even: half::bf16_round_bits, the cast's bits),
+// 8 lanes at a time.
+typedef uint32_t u8v __attribute__((vector_size(32)));
+inline void round_bf16(float* x, int64_t n) {
+  int64_t j = 0;
+  for (; j + 8 <= n; j += 8) {
+    u8v u;
+    std::memcpy(&u, x + j, sizeof(u));
+    const u8v nan = (u & 0x7fffffffu) > 0x7f800000u;
+    u = ((u | 0x400000u) & nan) | ((u + 0x7fffu + ((u >> 16) & 1u)) & ~nan);
+    u &= 0xffff0000u;
+    std::memcpy(x + j, &u, sizeof(u));
+  }
+  for (; j < n; ++j) x[j] = half::from_bits(half::bf16_round_bits(half::bits(x[j])));
+}
+
+// n values at src + off, cs apart, as float32 into dst (bfloat16 widened, float32 rounded when so held).
+void read_row(const void* src, Held h, int64_t off, int64_t cs, int64_t n, float* dst) {
+  if (h == Held::BFloat16) {
+    const uint16_t* p = static_cast<const uint16_t*>(src) + off;
+    for (int64_t j = 0; j < n; ++j) dst[j] = half::bf16_to_float(p[j * cs]);
+    return;
+  }
+  const float* p = static_cast<const float*>(src) + off;
+  if (cs == 1)
+    std::memcpy(dst, p, size_t(n) * sizeof(float));
+  else
+    for (int64_t j = 0; j < n; ++j) dst[j] = p[j * cs];
+  if (h == Held::Rounded) round_bf16(dst, n);
+}
+
+// Batch element b of an operand ([rows, cols] through x) dense into dst as float32.
+void dense_any(const void* src, Held h, const Operand& x, int64_t b, int64_t rows, int64_t cols, float* dst) {
+  for (int64_t r = 0; r < rows; ++r) read_row(src, h, x.off[size_t(b)] + r * x.rs, x.cs, cols, dst + r * cols);
+}
+
 struct AttentionKernel : CpuKernel {
   kir::Step::Attention a;
   Operand q, k, v;
@@ -490,9 +537,120 @@ struct AttentionKernel : CpuKernel {
     }
   }
 
+  // bfloat16 autocast: the decomposition's numbers in one Step. Per task (batch element, block of
+  // kBlock query rows), two passes over the key tiles: the first computes every score of the
+  // block's rows (Q and K rounded to bfloat16 as packed, float32 accumulation, scaled and masked)
+  // into a per-thread buffer [tile][row][kKeys]; then per row the softmax in float32 (maximum,
+  // exp, sum, e / sum) with the probabilities rounded to bfloat16, as autocast rounds P for its
+  // product; the second pass accumulates P V (V rounded as packed) in float32. The output needs
+  // no division (P is normalised); a row with every key masked gets NaN, as the softmax does.
+  void run_bf16(const Step& st, const LaunchArgs& args) const {
+    constexpr int64_t kBlock = 64, kPad = kBlock + 4;  // rows padded to whole groups of 4
+    const void *Q = args.slots[st.inputs[0]], *K = args.slots[st.inputs[1]], *V = args.slots[st.inputs[2]];
+    const Held hq = held(st, 0), hk = held(st, 1), hv = held(st, 2);
+    float* O = static_cast<float*>(args.slots[st.output]);
+    float* lse = st.more_outputs.empty() ? nullptr : static_cast<float*>(args.slots[st.more_outputs[0]]);
+    const int64_t B = a.batch, Tq = a.tq, Tk = a.tk, D = a.d, Dv = a.dv;
+    const int64_t blocks = (Tq + kBlock - 1) / kBlock, tasks = B * blocks, tiles = (Tk + kKeys - 1) / kKeys;
+    const float scale = float(a.scale), ninf = -std::numeric_limits<float>::infinity();
+    const double work = double(B) * double(Tq) * double(Tk) * double(D + Dv);
+    [[maybe_unused]] const bool z = avx512;
+#pragma omp parallel if (work >= double(kParallelMin) * 16)
+    {
+      std::vector<float> kt(size_t(D * kKeys), 0.0f), vt(size_t(kKeys * Dv), 0.0f), qb(size_t(kPad * D), 0.0f), acc(size_t(kBlock * Dv));
+      std::vector<float> sc(size_t(tiles * kPad * kKeys)), kr(size_t(kKeys * D));
+      float m[kBlock], l[kBlock];
+#pragma omp for schedule(static)
+      for (int64_t t = 0; t < tasks; ++t) {
+        const int64_t b = t / blocks, i0 = (t % blocks) * kBlock, rows = std::min(kBlock, Tq - i0);
+        for (int64_t r = 0; r < rows; ++r) read_row(Q, hq, q.off[size_t(b)] + (i0 + r) * q.rs, q.cs, D, qb.data() + r * D);
+        std::fill(qb.begin() + rows * D, qb.end(), 0.0f);
+        int64_t kend = Tk;
+        if (a.causal) kend = std::clamp<int64_t>(i0 + rows - 1 + a.causal_offset + 1, 0, Tk);
+        const int64_t nt = (kend + kKeys - 1) / kKeys;
+        auto lim_of = [&](int64_t row, int64_t j0, int64_t nk) {  // keys row may see in the tile
+          return a.causal ? std::clamp<int64_t>(i0 + row + a.causal_offset + 1 - j0, 0, nk) : nk;
+        };
+        for (int64_t ti = 0; ti < nt; ++ti) {  // pass 1: the scores
+          const int64_t j0 = ti * kKeys, nk = std::min(kKeys, kend - j0);
+          for (int64_t j = 0; j < nk; ++j)
+            read_row(K, hk, k.off[size_t(b)] + (j0 + j) * k.rs, k.cs, D, kr.data() + j * D);  // K's rows, then transposed
+          for (int64_t j = 0; j < kKeys; ++j)
+            for (int64_t d = 0; d < D; ++d) kt[size_t(d * kKeys + j)] = j < nk ? kr[size_t(j * D + d)] : 0.0f;
+          for (int64_t g = 0; g < rows; g += 4) {
+            float* s = sc.data() + (ti * kPad + g) * kKeys;
+            const int64_t glim = lim_of(std::min(g + 3, rows - 1), j0, nk), nv = (glim + 15) / 16;
+            if (nv > 0) scores4_any(qb.data() + g * D, D, kt.data(), nv, scale, s, z);
+            for (int64_t r = 0; r < 4; ++r) {
+              const int64_t lim = g + r < rows ? std::min(lim_of(g + r, j0, nk), glim) : 0;
+              std::fill(s + r * kKeys + lim, s + (r + 1) * kKeys, ninf);
+            }
+          }
+        }
+        for (int64_t r = 0; r < rows; ++r) {  // the softmax, P rounded to bfloat16
+          // per tile, the keys the row sees rounded up to 16 (past them -inf, then 0)
+          int64_t width[64];
+          float mx = ninf;
+          for (int64_t ti = 0; ti < nt && ti < 64; ++ti) {
+            width[ti] = nt > 64 ? kKeys : (lim_of(r, ti * kKeys, std::min(kKeys, kend - ti * kKeys)) + 15) / 16 * 16;
+            if (width[ti] > 0) mx = std::max(mx, mask_max(sc.data() + (ti * kPad + r) * kKeys, width[ti], width[ti]));
+          }
+          m[r] = mx;
+          if (mx == ninf) {  // every key masked
+            for (int64_t ti = 0; ti < nt; ++ti) std::fill_n(sc.data() + (ti * kPad + r) * kKeys, kKeys, 0.0f);
+            l[r] = 0.0f;
+            continue;
+          }
+          v8 part = {};
+          for (int64_t ti = 0; ti < nt; ++ti) {
+            float* sr = sc.data() + (ti * kPad + r) * kKeys;
+            const int64_t w = nt > 64 ? kKeys : width[ti];
+            for (int64_t j = 0; j < w; ++j) sr[j] -= mx;
+            vmath::vexp(sr, sr, w);
+            std::fill(sr + w, sr + kKeys, 0.0f);
+            for (int64_t j = 0; j < w; j += 8) {
+              v8 y;
+              VLOAD(y, sr + j);
+              part += y;
+            }
+          }
+          float sum = 0;
+          for (int i = 0; i < 8; ++i) sum += part[i];
+          l[r] = sum;
+          for (int64_t ti = 0; ti < nt; ++ti) {
+            float* sr = sc.data() + (ti * kPad + r) * kKeys;
+            const int64_t w = nt > 64 ? kKeys : width[ti];
+            for (int64_t j = 0; j < w; ++j) sr[j] /= sum;
+            round_bf16(sr, w);
+          }
+        }
+        for (int64_t r = rows; r < (rows + 3) / 4 * 4; ++r)  // a last group's rows past the block
+          for (int64_t ti = 0; ti < nt; ++ti) std::fill_n(sc.data() + (ti * kPad + r) * kKeys, kKeys, 0.0f);
+        std::fill(acc.begin(), acc.end(), 0.0f);
+        for (int64_t ti = 0; ti < nt; ++ti) {  // pass 2: P V
+          const int64_t j0 = ti * kKeys, nk = std::min(kKeys, kend - j0);
+          for (int64_t j = 0; j < nk; ++j) read_row(V, hv, v.off[size_t(b)] + (j0 + j) * v.rs, v.cs, Dv, vt.data() + j * Dv);
+          for (int64_t g = 0; g < rows; g += 4) {
+            const int64_t glim = lim_of(std::min(g + 3, rows - 1), j0, nk);
+            if (glim > 0)
+              pv4(sc.data() + (ti * kPad + g) * kKeys, vt.data(), Dv, glim, acc.data() + g * Dv, int(std::min<int64_t>(4, rows - g)), z);
+          }
+        }
+        float* op = O + out.off[size_t(b)] + i0 * out.rs;
+        for (int64_t r = 0; r < rows; ++r) {
+          const float nan = l[r] > 0 ? 1.0f : std::numeric_limits<float>::quiet_NaN();
+          for (int64_t c = 0; c < Dv; ++c) op[r * out.rs + c * out.cs] = acc[size_t(r * Dv + c)] * nan;
+          if (lse) lse[b * Tq + i0 + r] = m[r] + std::log(l[r]);
+        }
+      }
+    }
+  }
+
   void run(const Step& st, const LaunchArgs& args) const override {
     if (st.dtype == DType::Float64)
       run_typed<double>(st, args);
+    else if (a.bf16)
+      run_bf16(st, args);
     else
       run_float(st, args);
   }
@@ -738,9 +896,135 @@ struct AttentionBackwardKernel : CpuKernel {
     }
   }
 
+  // bfloat16 autocast: run_float's tiles and products over the decomposition's roundings. Q, K,
+  // V and dY are rounded to bfloat16 as they are copied dense; per tile, P = exp(S - lse) in
+  // float32 and dP = dY V^T rounded to bfloat16 (autocast rounds that product's result);
+  // di = rowsum(P dP) over all keys as the softmax's backward sums it (when there are several
+  // tiles, a first pass over them computes it: the scores are computed twice there), dS = P (dP -
+  // di) scale rounded to bfloat16, and P rounded to bfloat16 for P^T dY; the products accumulate
+  // in float32.
+  void run_bf16(const Step& st, const LaunchArgs& args) const {
+    auto in = [&](size_t i) { return args.slots[st.inputs[i]]; };
+    const Held hq = held(st, 0), hk = held(st, 1), hv = held(st, 2), hg = held(st, 4);
+    const float* L = static_cast<const float*>(in(5));
+    float* dQ = static_cast<float*>(args.slots[st.output]);
+    float* dKT = static_cast<float*>(args.slots[st.more_outputs.at(0)]);
+    float* dV = static_cast<float*>(args.slots[st.more_outputs.at(1)]);
+    const int64_t B = a.batch, Tq = a.tq, Tk = a.tk, D = a.d, Dv = a.dv, off = a.causal_offset;
+    const float scale = float(a.scale), ninf = -std::numeric_limits<float>::infinity();
+    const double work = double(B) * double(Tq) * double(Tk) * double(D + Dv);
+    const bool z = avx512;
+    const int64_t nq = (Tq + 7) / 8 * 8;
+#pragma omp parallel if (work >= double(kParallelMin) * 16)
+    {
+      std::vector<float> qb(size_t(nq * D), 0.0f), kb(size_t(Tk * D)), vb(size_t(Tk * Dv)), gb(size_t(nq * Dv), 0.0f);
+      std::vector<float> kt(size_t(D * kKeys), 0.0f), vtt(size_t(Dv * kKeys), 0.0f), dq(size_t(nq * D)), dk(size_t(Tk * D)), dvb(size_t(Tk * Dv));
+      std::vector<float> di(static_cast<size_t>(nq)), p(size_t(nq * kKeys), 0.0f), ds(size_t(nq * kKeys), 0.0f);
+#pragma omp for schedule(static)
+      for (int64_t b = 0; b < B; ++b) {
+        dense_any(in(0), hq, q, b, Tq, D, qb.data());
+        dense_any(in(1), hk, k, b, Tk, D, kb.data());
+        dense_any(in(2), hv, v, b, Tk, Dv, vb.data());
+        dense_any(in(4), hg, g, b, Tq, Dv, gb.data());
+        std::fill(dq.begin(), dq.end(), 0.0f);
+        std::fill(di.begin(), di.end(), 0.0f);
+        const float* lse = L + b * Tq;
+        // P (float32) and dP (rounded) of the tile from j0 for every row that sees it (from `first`).
+        auto tile = [&](int64_t j0, int64_t nkey, int64_t first) {
+          for (int64_t j = 0; j < nkey; ++j) {
+            for (int64_t d = 0; d < D; ++d) kt[size_t(d * kKeys + j)] = kb[size_t((j0 + j) * D + d)];
+            for (int64_t c = 0; c < Dv; ++c) vtt[size_t(c * kKeys + j)] = vb[size_t((j0 + j) * Dv + c)];
+          }
+          if (nkey < kKeys) {
+            for (int64_t d = 0; d < D; ++d) std::fill(kt.begin() + d * kKeys + nkey, kt.begin() + (d + 1) * kKeys, 0.0f);
+            for (int64_t c = 0; c < Dv; ++c) std::fill(vtt.begin() + c * kKeys + nkey, vtt.begin() + (c + 1) * kKeys, 0.0f);
+          }
+          for (int64_t g0 = first; g0 < nq; g0 += 4) {
+            const int64_t gr = std::clamp<int64_t>(Tq - g0, 0, 4);
+            float *pg = p.data() + g0 * kKeys, *dg = ds.data() + g0 * kKeys;
+            int64_t glim = gr > 0 ? nkey : 0;
+            if (a.causal && gr > 0) glim = std::clamp<int64_t>(g0 + gr - 1 + off + 1 - j0, 0, nkey);
+            const int64_t nv = (glim + 15) / 16, width = nv * 16;
+            if (nv > 0) {
+              scores4_any(qb.data() + g0 * D, D, kt.data(), nv, scale, pg, z);
+              scores4_any(gb.data() + g0 * Dv, Dv, vtt.data(), nv, 1.0f, dg, z);
+            }
+            for (int64_t r = 0; r < 4; ++r) {
+              float* pr = pg + r * kKeys;
+              float* dr = dg + r * kKeys;
+              const int64_t i = g0 + r;
+              if (width > 0) {
+                int64_t lim = r < gr ? glim : 0;
+                if (r < gr && a.causal) lim = std::clamp<int64_t>(i + off + 1 - j0, 0, nkey);
+                if (r < gr && !std::isfinite(lse[i])) lim = 0;  // every key masked: no gradient defined here
+                const float li = r < gr ? lse[i] : 0.0f;
+                for (int64_t j = 0; j < width; ++j) pr[j] = j < lim ? pr[j] - li : ninf;
+                vmath::vexp(pr, pr, width);
+                round_bf16(dr, width);
+              }
+              std::fill(pr + width, pr + kKeys, 0.0f);
+              std::fill(dr + width, dr + kKeys, 0.0f);
+            }
+          }
+        };
+        auto first_of = [&](int64_t j0) { return a.causal ? std::clamp<int64_t>(j0 - off, 0, Tq) / 8 * 8 : int64_t(0); };
+        auto add_di = [&](int64_t first) {  // di += rowsum(P dP) over the tile
+          for (int64_t i = first; i < Tq; ++i) {
+            const float *pr = p.data() + i * kKeys, *dr = ds.data() + i * kKeys;
+            v8 part = {};
+            for (int64_t j = 0; j < kKeys; j += 8) {
+              v8 x, y;
+              VLOAD(x, pr + j);
+              VLOAD(y, dr + j);
+              part += x * y;
+            }
+            float sum = 0;
+            for (int k2 = 0; k2 < 8; ++k2) sum += part[k2];
+            di[size_t(i)] += sum;
+          }
+        };
+        if (Tk > kKeys)
+          for (int64_t j0 = 0; j0 < Tk; j0 += kKeys) {
+            tile(j0, std::min(kKeys, Tk - j0), first_of(j0));
+            add_di(first_of(j0));
+          }
+        for (int64_t j0 = 0; j0 < Tk; j0 += kKeys) {
+          const int64_t nkey = std::min(kKeys, Tk - j0), first = first_of(j0);
+          tile(j0, nkey, first);
+          if (Tk <= kKeys) add_di(first);
+          for (int64_t i = first; i < nq; ++i) {  // dS = P (dP - di) scale, then dS and P rounded
+            float *pr = p.data() + i * kKeys, *dr = ds.data() + i * kKeys;
+            const float dii = di[size_t(i)];
+            for (int64_t j = 0; j < kKeys; ++j) dr[j] = pr[j] * (dr[j] - dii) * scale;
+            round_bf16(dr, kKeys);
+            round_bf16(pr, kKeys);
+          }
+          for (int64_t i0 = first; i0 < Tq; i0 += 8) {  // dQ += dS K
+            const int gr = int(std::min<int64_t>(8, Tq - i0));
+            int64_t k1 = nkey;
+            if (a.causal) k1 = std::clamp<int64_t>(i0 + gr - 1 + off + 1 - j0, 0, nkey);
+            mm8(ds.data() + i0 * kKeys, kKeys, 1, kb.data() + j0 * D, D, 0, k1, dq.data() + i0 * D, gr, z, true);
+          }
+          for (int64_t jj = 0; jj < nkey; jj += 8) {  // the tile's dV = P^T dY, dK = dS^T Q
+            const int gr = int(std::min<int64_t>(8, nkey - jj));
+            int64_t k0 = 0;
+            if (a.causal) k0 = std::clamp<int64_t>(j0 + jj - off, 0, Tq);
+            mm8(p.data() + jj, 1, kKeys, gb.data(), Dv, k0, Tq, dvb.data() + (j0 + jj) * Dv, gr, z);
+            mm8(ds.data() + jj, 1, kKeys, qb.data(), D, k0, Tq, dk.data() + (j0 + jj) * D, gr, z);
+          }
+        }
+        store(dq.data(), Tq, D, dQ, oq, b);
+        store(dvb.data(), Tk, Dv, dV, ov, b);
+        store_transposed(dk.data(), Tk, D, dKT, okt, b);
+      }
+    }
+  }
+
   void run(const Step& st, const LaunchArgs& args) const override {
     if (st.dtype == DType::Float64)
       run_typed<double>(st, args);
+    else if (a.bf16)
+      run_bf16(st, args);
     else
       run_float(st, args);
   }
@@ -759,6 +1043,18 @@ std::unique_ptr<CpuKernel> compile_attention(const Step& st) {
     fail(src.op, "internal: an attention Step without its fields or its operands (" + st.str() + ")", src.scope);
   if (st.dtype != DType::Float32 && st.dtype != DType::Float64)
     fail(src.op, std::string("the fused attention Step runs float32 and float64, not ") + dtype_name(st.dtype), src.scope);
+  // Operands: the Step's dtype, or under autocast (bf16) bfloat16 ones (q, k, v, do), held as
+  // bfloat16 or as float32 rounded as read; the output and log-sum-exp the backward reads are
+  // the Step's dtype.
+  for (size_t i = 0; i < n; ++i) {
+    const bool half = st.attention->bf16 && i != 3 && i != 5;
+    const DType want = half ? DType::BFloat16 : st.dtype;
+    if (i < st.input_dtypes.size() && (st.input_dtypes[i] != want || (((st.rounded >> i) & 1) && !half)))
+      fail(src.op, "internal: attention operand " + std::to_string(i) + " is " + dtype_name(st.input_dtypes[i]) + ", not " + dtype_name(want) +
+                       " (" + st.str() + ")", src.scope);
+  }
+  if (st.attention->bf16 && st.dtype != DType::Float32)
+    fail(src.op, "internal: a bfloat16 attention Step's results are float32 (" + st.str() + ")", src.scope);
   for (size_t i = 0; i < std::min<size_t>(st.maps.size(), 5); ++i)
     if (!st.maps[i].single() || st.maps[i].shape().size() < 2)
       fail(src.op, "internal: an attention operand is not a plain strided view (" + st.maps[i].str() + ")", src.scope);

@@ -52,6 +52,7 @@ class CpuBackend : public Backend {
     t.gemm_out_strides = true;  // the BLAS path writes C through them (gemm.cpp)
     t.gemm_out_offset = true;   // and from Step::out_offset
     t.attention_out_maps = true;  // attention Steps write through Step::out_maps (attention.cpp)
+    t.attention_bf16 = true;      // and run autocast's bfloat16 attention (attention.cpp)
     t.gemm_rounds_operands = true;  // bf16 products round float32 operands as they pack them (gemm.cpp)
     t.multi_reduce = true;  // sibling Reduce Steps as one with several outputs (reduce.cpp)
     t.elementwise_parts = true;  // an optimizer's updates as one task grid (elementwise.cpp)

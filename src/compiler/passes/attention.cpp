@@ -23,7 +23,7 @@ struct Affine {
 
 class Matcher {
  public:
-  explicit Matcher(const ir::Graph& g) : g_(g), consumers_(g.nodes.size()), output_(g.nodes.size(), 0) {
+  Matcher(const ir::Graph& g, bool bf16) : g_(g), bf16_(bf16), consumers_(g.nodes.size()), output_(g.nodes.size(), 0) {
     for (size_t i = 0; i < g.nodes.size(); ++i)
       for (const ir::NodePtr& x : g.nodes[i]->inputs) {
         auto& c = consumers_[size_t(id(x.get()))];
@@ -35,8 +35,18 @@ class Matcher {
   std::optional<AttentionMatch> match(int root) const {
     const Node& y = *g_.nodes[size_t(root)];
     if (y.op != Op::Matmul || (y.dtype != DType::Float32 && y.dtype != DType::Float64)) return std::nullopt;
-    const Node* p = y.inputs[0].get();
+    // Under bfloat16 autocast the product reads P rounded to bfloat16 (and V as bfloat16); its
+    // result, like the scores, is float32.
+    const Node* pin = y.inputs[0].get();
     std::vector<int> core;
+    const bool half = pin->dtype == DType::BFloat16;
+    if (half) {
+      if (!bf16_ || y.dtype != DType::Float32 || !rounds(*pin)) return std::nullopt;
+      core.push_back(id(pin));
+    }
+    const Node* p = half ? pin->inputs[0].get() : pin;
+    const DType operand = half ? DType::BFloat16 : y.dtype;  // the products' operands
+    if (p->dtype != y.dtype || y.inputs[1]->dtype != operand) return std::nullopt;
     // P = e / expand(reduce_sum(e, last))
     if (p->op != Op::Div) return std::nullopt;
     const Node* e = p->inputs[0].get();
@@ -49,6 +59,7 @@ class Matcher {
     core.insert(core.end(), {id(p), id(e), id(sub)});
     AttentionMatch m;
     m.root = root;
+    m.bf16 = half;
     // x = where(mask, -inf, s) or s
     const Node* s = x;
     const Node* mask = nullptr;
@@ -73,7 +84,8 @@ class Matcher {
       m.scale = s->op == Op::Mul ? *c : 1.0 / *c;
       core.push_back(id(s));
     }
-    if (scores->op != Op::Matmul || scores->dtype != y.dtype) return std::nullopt;
+    if (scores->op != Op::Matmul || scores->dtype != y.dtype || scores->inputs[0]->dtype != operand || scores->inputs[1]->dtype != operand)
+      return std::nullopt;
     core.push_back(id(scores));
     const size_t r = scores->shape.size();
     if (r < 2 || y.inputs[1]->shape[r - 2] != scores->shape[r - 1]) return std::nullopt;
@@ -93,7 +105,7 @@ class Matcher {
     // A training graph: the backward of the same attention (the products' and the softmax's
     // VJPs as autodiff and simplify leave them) reads the intermediate values; both fuse.
     std::vector<int> bcore;
-    const bool bw = backward(m, p, e, x != s ? x : nullptr, mask, s != scores ? s : nullptr, scores, y, bcore);
+    const bool bw = backward(m, p, pin, e, x != s ? x : nullptr, mask, s != scores ? s : nullptr, scores, y, bcore);
     if (bw && scores->shape[r - 1] < kAttentionMinKeysWithBackward) return std::nullopt;  // the measured rule (fuse.h)
     // The backward Step reads the forward's output and log-sum-exp: lowered in node order, the
     // forward must come first (a cotangent that does not depend on Y may put a gradient before it).
@@ -115,6 +127,7 @@ class Matcher {
 
  private:
   const ir::Graph& g_;
+  const bool bf16_;  // match autocast's form too (Target::attention_bf16)
   std::vector<std::vector<int>> consumers_;
   std::vector<uint8_t> output_;
 
@@ -147,28 +160,41 @@ class Matcher {
       if (pa[k] != pb[k]) return false;
     return pa[r - 2] == pb[r - 1] && pa[r - 1] == pb[r - 2];
   }
+  // n rounds a float32 value to bfloat16 (autocast's cast of a product's operand).
+  static bool rounds(const Node& n) {
+    return n.op == Op::Cast && n.dtype == DType::BFloat16 && n.inputs[0]->dtype == DType::Float32;
+  }
   static bool is_pair(const Node& n, Op op, const Node* x, const Node* y) {
     return n.op == op && ((n.inputs[0].get() == x && n.inputs[1].get() == y) || (n.inputs[0].get() == y && n.inputs[1].get() == x));
   }
 
   // The backward of the forward match: fills m.g_* and the nodes only it computes.
-  bool backward(AttentionMatch& m, const Node* p, const Node* e, const Node* where, const Node* mask, const Node* smul,
+  // pin: P as the forward's product reads it (P, or under autocast its rounding to bfloat16).
+  bool backward(AttentionMatch& m, const Node* p, const Node* pin, const Node* e, const Node* where, const Node* mask, const Node* smul,
                 const Node* scores, const Node& y, std::vector<int>& core) const {
     const Node* es = p->inputs[1].get();
     const Node* q = scores->inputs[0].get();
     const Node* kt = scores->inputs[1].get();
     const Node* v = y.inputs[1].get();
     // dV = P^T dY
-    const Node* pt = reader(p, [&](const Node& n) { return n.op == Op::Permute && swaps_last_two(n.attrs.ints); });
+    const Node* pt = reader(pin, [&](const Node& n) { return n.op == Op::Permute && swaps_last_two(n.attrs.ints); });
     if (!pt) return false;
     const Node* dv = reader(pt, [&](const Node& n) { return n.op == Op::Matmul && n.inputs[0].get() == pt; });
     if (!dv) return false;
     const Node* dy = dv->inputs[1].get();
-    if (dy->shape != y.shape || dy->dtype != y.dtype) return false;
+    if (dy->shape != y.shape || dy->dtype != (m.bf16 ? DType::BFloat16 : y.dtype)) return false;
     // dP = dY V^T; dE = dP / s; the sum's share: -rowsum(dE * P); dX = (dE + that) * e
     const Node* dp = reader(dy, [&](const Node& n) { return n.op == Op::Matmul && n.inputs[0].get() == dy && transposed(n.inputs[1].get(), v); });
     if (!dp) return false;
-    const Node* de = reader(dp, [&](const Node& n) { return n.op == Op::Div && n.inputs[0].get() == dp && n.inputs[1].get() == es; });
+    const Node* dpv = dp;  // dP as the softmax's backward reads it: under autocast rounded to bfloat16 and back
+    if (m.bf16) {
+      const Node* r = reader(dp, [&](const Node& n) { return rounds(n); });
+      const Node* w = r ? reader(r, [&](const Node& n) { return n.op == Op::Cast && n.dtype == DType::Float32; }) : nullptr;
+      if (!w) return false;
+      core.insert(core.end(), {id(r), id(w)});
+      dpv = w;
+    }
+    const Node* de = reader(dpv, [&](const Node& n) { return n.op == Op::Div && n.inputs[0].get() == dpv && n.inputs[1].get() == es; });
     if (!de) return false;
     const Node* t = reader(de, [&](const Node& n) { return is_pair(n, Op::Mul, de, p); });
     if (!t) return false;
@@ -207,8 +233,23 @@ class Matcher {
       core.push_back(id(ms));
       ds = ms;
     }
-    // dK^T = Q^T dS; dQ = dS K
+    if (m.bf16) {  // dS rounded to bfloat16 for its two products
+      const Node* r = reader(ds, [&](const Node& n) { return rounds(n); });
+      if (!r) return false;
+      core.push_back(id(r));
+      ds = r;
+    }
+    // dK^T = Q^T dS, or dK = dS^T Q (simplify moves the transpose into the product when casts
+    // stood between: autocast); dQ = dS K
     const Node* dkt = reader(ds, [&](const Node& n) { return n.op == Op::Matmul && n.inputs[1].get() == ds && transposed(n.inputs[0].get(), q); });
+    if (!dkt) {
+      const Node* dst = reader(ds, [&](const Node& n) { return n.op == Op::Permute && swaps_last_two(n.attrs.ints); });
+      dkt = dst ? reader(dst, [&](const Node& n) { return n.op == Op::Matmul && n.inputs[0].get() == dst && n.inputs[1].get() == q; }) : nullptr;
+      if (dkt) {
+        core.push_back(id(dst));
+        m.dk_rows = true;
+      }
+    }
     const Node* dq = reader(ds, [&](const Node& n) { return n.op == Op::Matmul && n.inputs[0].get() == ds && transposed(n.inputs[1].get(), kt); });
     if (!dkt || !dq) return false;
     m.g_dy = id(dy);
@@ -333,9 +374,9 @@ class Matcher {
 
 }  // namespace
 
-std::vector<AttentionMatch> find_attention(const ir::Graph& g) {
+std::vector<AttentionMatch> find_attention(const ir::Graph& g, bool bf16) {
   std::vector<AttentionMatch> out;
-  Matcher m(g);
+  Matcher m(g, bf16);
   for (size_t i = 0; i < g.nodes.size(); ++i)
     if (g.nodes[i]->op == Op::Matmul)
       if (auto a = m.match(int(i))) out.push_back(std::move(*a));

@@ -3,7 +3,9 @@
 // (matmul, an optional multiply by a constant, an optional causal mask, the softmax's
 // reduce_max / sub / exp / reduce_sum / div, matmul) whose intermediate values nothing else reads,
 // so the lowering emits one StepKind::Attention for it (only for a Target declaring `attention`,
-// and only over at least kAttentionMinKeys keys: fuse.h).
+// and only over at least kAttentionMinKeys keys: fuse.h). Under bfloat16 autocast the products'
+// operands are casts to bfloat16 (P's too) and their results float32: that form is matched for a
+// Target declaring `attention_bf16`.
 #pragma once
 #include <cstdint>
 #include <vector>
@@ -24,10 +26,18 @@ struct AttentionMatch {
   // gradient nodes dV [..., Tk, Dv], dK^T [..., D, Tk] and dQ [..., Tq, D] the backward Step writes.
   int g_dy = -1, g_dv = -1, g_dkt = -1, g_dq = -1;
   std::vector<int> absorbed_backward;  // the backward's nodes only it computes, sorted
+  // g_dkt holds dK [..., Tk, D] = dS^T Q rather than dK^T (autocast's backward, where simplify
+  // moved the transpose into the product): written through its map transposed.
+  bool dk_rows = false;
+  // bfloat16 autocast's form (kir::Step::Attention::bf16): float32 products of bfloat16 operands
+  // q, kt, v (nodes of dtype bf16, usually casts), P rounded to bfloat16 for P V, and in the
+  // backward dY bfloat16, dP = dY V^T rounded to bfloat16 and back before the softmax's backward,
+  // dS rounded to bfloat16 before its products. The products and the softmax are float32.
+  bool bf16 = false;
   bool has_backward() const { return g_dq >= 0; }
 };
 
-// Every match in g (float32 and float64 only).
-std::vector<AttentionMatch> find_attention(const ir::Graph& g);
+// Every match in g (float32 and float64; with bf16, bfloat16 autocast's form too).
+std::vector<AttentionMatch> find_attention(const ir::Graph& g, bool bf16 = false);
 
 }  // namespace tessera::compiler
