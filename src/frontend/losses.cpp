@@ -47,8 +47,8 @@ Tensor reduce_rows(const Tensor& x, const Tensor& w, Reduction r, const Shape& s
 // reduction, so the pick runs in the Row pass over v (no gather) and its gradient is the
 // elementwise where(class == target, g, 0) (no scatter into zeros). The sum adds zeros to the
 // one picked value: exactly v[target]. An ignored row picks nothing (its terms are masked
-// anyway); a kept row whose target is outside [0, C) gets NaN (the gather it replaces failed at
-// run time; a lazy loss cannot, so the value says it).
+// anyway); a kept row whose target is outside [0, C) gets a NaN mask (the gather this replaced
+// checked the index when it ran; the mask checks nothing, so the values say it).
 struct Picked {
   Tensor value, keep;
 };
@@ -58,11 +58,13 @@ Picked pick(const Tensor& v, const Tensor& target, int64_t ignore_index) {
   auto num = [&](double x) { return full({}, x, ti); };
   Tensor hit = eq(arange(0, double(C), 1, ti).reshape({1, C}), target.reshape({-1, 1}));
   Tensor value = where(hit, v, zeros({}, tv)).sum({1});
-  // (<, > and where only: what the CPU's Row loops compare integers and turn masks into values with)
+  // (==, <, > and where only: what the CPU's Row loops compare integers and turn masks into values with)
   Tensor kept = logical_or(lt(target, num(double(ignore_index))), gt(target, num(double(ignore_index))));
   Tensor bad = logical_and(kept, logical_or(lt(target, num(0)), gt(target, num(double(C - 1)))));
-  value = where(bad, full({}, std::numeric_limits<double>::quiet_NaN(), tv), value);
-  return {value, where(kept, ones({}, tv), zeros({}, tv))};
+  // A bad row's mask is NaN: its loss term and, through the mask, its gradient are NaN (under a
+  // mean every term is, through the kept count), so no optimizer step takes a finite wrong value.
+  Tensor keep = where(bad, full({}, std::numeric_limits<double>::quiet_NaN(), tv), where(kept, ones({}, tv), zeros({}, tv)));
+  return {value, keep};
 }
 
 }  // namespace

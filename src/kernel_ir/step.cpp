@@ -83,4 +83,16 @@ std::pair<Step, Step> split_epilogue(const Step& g) {
   return {std::move(product), std::move(epi)};
 }
 
+void Step::rename_reads(int from, int to) {
+  std::replace(inputs.begin(), inputs.end(), from, to);
+  for (Step& p : parts) p.rename_reads(from, to);
+}
+
+void Step::rename_slot(int from, int to) {
+  rename_reads(from, to);
+  if (output == from) output = to;
+  std::replace(more_outputs.begin(), more_outputs.end(), from, to);
+  for (Step& p : parts) p.rename_slot(from, to);
+}
+
 }  // namespace tessera::kir

@@ -194,6 +194,12 @@ struct Step {
   }
 
   std::string str() const;  // one line, for dumps and errors
+
+  // Slot `from` becomes `to` wherever this Step reads it (reads) or also writes it (reads and
+  // writes), in its parts too: passes that rename slots after `group` (remat, accumulate) must
+  // reach the slots the parts' kernels load and store.
+  void rename_reads(int from, int to);
+  void rename_slot(int from, int to);
 };
 
 // A Gemm Step with an epilogue as two Steps: the product alone into the output slot, then an

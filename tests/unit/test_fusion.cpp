@@ -476,6 +476,31 @@ TEST_F(PassesOn, CrossEntropyReadsTheLogitsInOneRowStepEachWay) {
   expect_same_bits_on_1_2_3_threads<CE>();
 }
 
+// A per-row value (a sum over [N, C] without keepdim, which the Row Step stores as [N, 1]) read by
+// an elementwise Step over [N] beside the sum itself: merge_rows joins that Step into the row
+// pass, reading each row's values along the row. Values by hand.
+TEST_F(PassesOn, ARowValueWithoutItsRowAxisReadElementwiseJoinsTheRowPass) {
+  const int64_t N = 6, C = 9;
+  Tensor x = random_tensor({N, C}, DType::Float32, 61, -2, 2), w = random_tensor({N}, DType::Float32, 62);
+  Tensor s = exp(x).sum({1});
+  Tensor y = log(s) * w;
+  const compiler::Plan p = plan_of({s, y});
+  int rows = 0, elementwise = 0;
+  for (const kir::Step& st : p.steps) {
+    rows += st.kind == kir::StepKind::Row && st.row == C;
+    elementwise += st.kind == kir::StepKind::Elementwise;
+  }
+  EXPECT_EQ(rows, 1) << p.str();
+  EXPECT_EQ(elementwise, 0) << p.str();
+  const std::vector<double> xv = x.to_vector<double>(), wv = w.to_vector<double>(), sv = s.to_vector<double>(), yv = y.to_vector<double>();
+  for (int64_t n = 0; n < N; ++n) {
+    double want = 0;
+    for (int64_t c = 0; c < C; ++c) want += std::exp(xv[size_t(n * C + c)]);
+    EXPECT_NEAR(sv[size_t(n)], want, 1e-5 * want) << n;
+    EXPECT_NEAR(yv[size_t(n)], std::log(want) * wv[size_t(n)], 1e-5) << n;
+  }
+}
+
 // The GPT's own loss path (nn::GPT::loss, scope "loss": cross entropy over [B*T, V] from the
 // head): in the training graph 5 Steps carry the loss's nodes, one of them a Row Step over the
 // logits (the only loss Step over them), and no Gather, ScatterAdd or Copy; main had 9 (two Row

@@ -628,6 +628,20 @@ TEST(NnLosses, TargetsOutsideTheClassesGiveNaNNotAWrongLoss) {
   EXPECT_TRUE(std::isnan(rows[3]));
   EXPECT_TRUE(std::isnan(nn::cross_entropy(L, T).item()));
   EXPECT_TRUE(std::isnan(nn::nll_loss(log_softmax(L, 1), T).item()));
+  // The gradient too: NaN at the bad rows (so no update is finite and wrong), 0 at the ignored
+  // one, finite at the good one; under a mean, NaN everywhere.
+  for (Reduction r : {Reduction::Sum, Reduction::Mean}) {
+    Tensor X = L.detach().requires_grad_();
+    nn::cross_entropy(X, T, {.reduction = r}).backward();
+    V g = X.grad().to_vector<double>();
+    for (int64_t i = 0; i < 4; ++i)
+      for (int64_t c = 0; c < 3; ++c) {
+        const double v = g[size_t(3 * i + c)];
+        if (r == Reduction::Mean || i == 1 || i == 3) EXPECT_TRUE(std::isnan(v)) << i << "," << c;
+        else if (i == 2) EXPECT_EQ(v, 0.0) << c;
+        else EXPECT_TRUE(std::isfinite(v)) << c;
+      }
+  }
   Tensor ok = from_vector<int64_t>({1, 2, -100, 0}, {4}, {DType::Int64, Device("cpu")});
   EXPECT_TRUE(std::isfinite(nn::cross_entropy(L, ok).item()));
   EXPECT_TRUE(std::isfinite(nn::nll_loss(log_softmax(L, 1), ok).item()));

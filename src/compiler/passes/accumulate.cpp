@@ -93,12 +93,7 @@ int accumulate_in_place(Plan& plan, const kir::Target& target) {
       }
     }
     if (x < 0 || os.kind == kir::SlotKind::Param || first_touch[size_t(st.output)] < int(s)) continue;
-    for (size_t t = size_t(first_touch[size_t(x)]); t < s; ++t) {
-      Step& u = plan.steps[t];
-      for (int& i : u.inputs) i = i == x ? st.output : i;
-      if (u.output == x) u.output = st.output;
-      for (int& o : u.more_outputs) o = o == x ? st.output : o;
-    }
+    for (size_t t = size_t(first_touch[size_t(x)]); t < s; ++t) plan.steps[t].rename_slot(x, st.output);
     first_touch[size_t(st.output)] = first_touch[size_t(x)];
     if (st.kind == StepKind::Gemm) {
       st.inputs.resize(2);

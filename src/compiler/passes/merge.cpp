@@ -1,6 +1,7 @@
 #include <algorithm>
 #include <functional>
 #include <unordered_map>
+#include <utility>
 
 #include "compiler/passes/fuse.h"
 #include "compiler/passes/passes.h"
@@ -113,6 +114,14 @@ void drop_unread_outputs(Plan& plan) {
     }
 }
 
+// `domain` with the trailing axes spanning `row` positions set to 1 ([N, C], C -> [N, 1]); empty
+// when no run of trailing axes spans exactly `row`.
+Shape row_axes_one(Shape domain, int64_t row) {
+  int64_t p = 1;
+  for (size_t i = domain.size(); i-- > 0 && p < row;) p *= std::exchange(domain[i], 1);
+  return p == row ? domain : Shape{};
+}
+
 // The earlier Steps merge_rows tries to join into Step b: the writers of what b reads, then (b a
 // Row Step) earlier Row Steps over b's domain and rows, several rows, that read an input b reads
 // and store only values per row (a cross-entropy's picked logit beside its sum of exponentials,
@@ -163,7 +172,11 @@ std::vector<int> row_partners(const Plan& plan, const std::vector<bool>& gone, c
 // place: Steps between them reading A's outputs (and those reading theirs) move after it, or
 // the pair is left alone when B reads their results. Several A's join one B in turn. A result
 // stored in a narrower type than it is computed in (float16) is read as a cast to that type,
-// rounded as the store rounds.
+// rounded as the store rounds. Two more partners (row_partners): a Row Step B joins earlier Row
+// Steps over its domain and rows that read an input B reads and store only per-row values (a
+// cross entropy's picked logit beside its sum of exponentials); an elementwise B over one
+// position per row of a Row Step A joins A, evaluated along each row (the loss's per-row
+// gradient scale, inside the pass over the logits).
 void merge_rows(Plan& plan) {
   auto& steps = plan.steps;
   std::vector<int> writer(plan.slots.size(), -1);
@@ -218,13 +231,18 @@ void merge_rows(Plan& plan) {
           continue;
         const std::vector<int> outs = A.outputs();
         kir::Step Bp = B;  // B over A's domain
-        bool ok = true;
+        // (rowwise) A's domain with its row's axes 1: B's value per row, along the row (from the
+        // domain, so the map's rank is the domain's whatever rank A's shape has)
+        const Shape rows = rowwise ? row_axes_one(A.domain, A.row) : Shape{};
+        bool ok = !rowwise || !rows.empty();
         for (kir::Instr& in : Bp.program) {
-          // An index along an axis of B's domain has no counterpart over a reshape of it.
+          // An index along an axis of B's domain has no counterpart over a reshape of it; a draw
+          // evaluated along each row would take another position's number.
           if (in.code == kir::Code::Iota && bdom != A.domain) ok = false;
-          if (in.code != kir::Code::Load) continue;
+          if (in.code == kir::Code::Rng && rowwise) ok = false;
+          if (in.code != kir::Code::Load || !ok) continue;
           const size_t depth = in.map.views.size();
-          if (rowwise) in.map = in.map.reshape(A.shape).expand(A.domain);  // each row's value along the row
+          if (rowwise) in.map = in.map.reshape(rows).expand(A.domain);  // each row's value along the row
           else if (bdom != A.domain) in.map = in.map.reshape(A.domain);
           ok &= in.map.views.size() == depth;
           const int slot = Bp.inputs[size_t(in.input)];
@@ -237,7 +255,6 @@ void merge_rows(Plan& plan) {
         M.kind = kir::StepKind::Row;
         M.domain = A.domain;
         M.row = A.row;
-        if (rowwise) M.shape = A.shape;
         M.inputs.clear();
         M.program.clear();
         const std::vector<int> at_a = append_program(M, A, [](int) { return -1; });

@@ -91,9 +91,7 @@ void recompute(Plan& plan, const Candidate& c) {
   for (int& x : copy.inputs)  // a GEMM's epilogue reads its own product
     if (x == c.slot) x = fresh;
   for (kir::Source& s : copy.sources) s.op = "recompute:" + s.op;
-  for (size_t s = size_t(c.at); s < plan.steps.size(); ++s)
-    for (int& x : plan.steps[s].inputs)
-      if (x == c.slot) x = fresh;
+  for (size_t s = size_t(c.at); s < plan.steps.size(); ++s) plan.steps[s].rename_reads(c.slot, fresh);
   plan.steps.insert(plan.steps.begin() + c.at, std::move(copy));
 }
 
