@@ -99,7 +99,7 @@ TEST(FailureIsolation, TensorsThatDoNotDependOnTheFailureStayValid) {
 TEST(FailureIsolation, AFailureAfterAnyStepOfATrainingStepIsConfined) {
   // The updates as separate Steps (the cpu's "group" pass makes them one Step of parts, leaving
   // no Step boundary between two in-place writes for a failure to fall on).
-  runtime::set_disabled_passes("group");
+  testing::PassesOff no_group("group");
   Training reference;
   reference.trace(0).item();
   const std::vector<float> ref_loss = reference.trace(1).to_vector<float>();
@@ -185,7 +185,7 @@ TEST(FailureIsolation, AFailureAfterAnyStepOfATrainingStepIsConfined) {
   // Strictly all or nothing: with donation off ("donate" disabled), nothing is written in place,
   // so a failure even inside the updates' tail undoes the whole step (at the cost of the updated
   // tensors' bytes beside the old ones).
-  runtime::set_disabled_passes("donate,group");
+  testing::PassesOff no_donation("donate");
   for (int fail_at = first_in_place; fail_at < steps; fail_at += testing::kSanitized ? 6 : 1) {
     SCOPED_TRACE("donation off, failure after Step " + std::to_string(fail_at));
     Training t;
@@ -201,7 +201,6 @@ TEST(FailureIsolation, AFailureAfterAnyStepOfATrainingStepIsConfined) {
     EXPECT_EQ(t.trace(1).to_vector<float>(), ref_loss);
     EXPECT_EQ(t.values(), ref_after);
   }
-  runtime::set_disabled_passes("");
 }
 
 }  // namespace
