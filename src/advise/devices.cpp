@@ -669,11 +669,17 @@ DeviceSpec calibrate() {
     std::sort(v.begin(), v.end());
     return v[1];
   };
-  auto median_run = [&](auto price) -> const DeviceSpec& {  // the run whose price is the median
-    std::array<size_t, 3> i = {0, 1, 2};
+  // The run whose price is the median, among the runs `good` accepts (all by default; the
+  // attention terms: the runs that calibrated them, so a failed one, left 0, is not "cheapest").
+  auto median_run = [&](auto price, auto good) -> const DeviceSpec& {
+    std::vector<size_t> i;
+    for (size_t k = 0; k < runs.size(); ++k)
+      if (good(runs[k])) i.push_back(k);
+    if (i.empty()) return runs[1];
     std::sort(i.begin(), i.end(), [&](size_t a, size_t b) { return price(runs[a]) < price(runs[b]); });
-    return runs[i[1]];
+    return runs[i[(i.size() - 1) / 2]];
   };
+  auto any = [](const DeviceSpec&) { return true; };
   d.launch_s = median([](const DeviceSpec& r) { return r.launch_s; });
   d.fp32_flops = median([](const DeviceSpec& r) { return r.fp32_flops; });
   d.transcendental_flops = median([](const DeviceSpec& r) { return r.transcendental_flops; });
@@ -684,17 +690,19 @@ DeviceSpec calibrate() {
   // The lines, at the GPT's (L4 H4 E128, batch 16) typical shapes: a [1024, 128] x [128, 128]
   // product, a layer norm of [1024, 128], its attention (64 x 2080 pairs, head dimension 32).
   const double f = 2.0 * 1024 * 128 * 128;
-  const DeviceSpec& g32 = median_run([&](const DeviceSpec& r) { return (f + r.gemm_half_flops) / r.gemm_flops; });
+  const DeviceSpec& g32 = median_run([&](const DeviceSpec& r) { return (f + r.gemm_half_flops) / r.gemm_flops; }, any);
   d.gemm_flops = g32.gemm_flops, d.gemm_half_flops = g32.gemm_half_flops, d.gemm_out_s = g32.gemm_out_s;
-  const DeviceSpec& g16 = median_run([&](const DeviceSpec& r) { return (f + r.gemm_bf16_half_flops) / r.gemm_bf16_flops; });
+  const DeviceSpec& g16 = median_run([&](const DeviceSpec& r) { return (f + r.gemm_bf16_half_flops) / r.gemm_bf16_flops; }, any);
   d.gemm_bf16_flops = g16.gemm_bf16_flops, d.gemm_bf16_half_flops = g16.gemm_bf16_half_flops, d.gemm_bf16_out_s = g16.gemm_bf16_out_s;
-  const DeviceSpec& row = median_run([](const DeviceSpec& r) { return r.row_element_s * 131072 + r.row_s; });
+  const DeviceSpec& row = median_run([](const DeviceSpec& r) { return r.row_element_s * 131072 + r.row_s; }, any);
   d.row_element_s = row.row_element_s, d.row_s = row.row_s;
   const double pairs = 64.0 * 2080;
   auto attn = [&](double rate, double pair, double per_pair_flops) { return rate > 0 ? pairs * (per_pair_flops / rate + pair) : 0.0; };
-  const DeviceSpec& af = median_run([&](const DeviceSpec& r) { return attn(r.attention_flops, r.attention_pair_s, 128); });
+  const DeviceSpec& af = median_run([&](const DeviceSpec& r) { return attn(r.attention_flops, r.attention_pair_s, 128); },
+                                     [](const DeviceSpec& r) { return r.attention_flops > 0; });
   d.attention_flops = af.attention_flops, d.attention_pair_s = af.attention_pair_s;
-  const DeviceSpec& ab = median_run([&](const DeviceSpec& r) { return attn(r.attention_bwd_flops, r.attention_bwd_pair_s, 320); });
+  const DeviceSpec& ab = median_run([&](const DeviceSpec& r) { return attn(r.attention_bwd_flops, r.attention_bwd_pair_s, 320); },
+                                     [](const DeviceSpec& r) { return r.attention_bwd_flops > 0; });
   d.attention_bwd_flops = ab.attention_bwd_flops, d.attention_bwd_pair_s = ab.attention_bwd_pair_s;
   return d;
 }
@@ -795,7 +803,9 @@ DeviceSpec host_device(bool recalibrate) {
     }
   }
   DeviceSpec d = calibrate();
-  if (!path.empty()) {
+  // Not cached when the fused attention was not calibrated (another Profiler recording, the pass
+  // switched off): this run prices it as any Step, the next calibrates again.
+  if (!path.empty() && d.attention_flops > 0 && d.attention_bwd_flops > 0) {
     std::error_code ec;
     std::filesystem::create_directories(dir, ec);
     std::ofstream f(path);

@@ -821,8 +821,32 @@ TEST_F(Attention, Bfloat16AutocastIsFusedWithItsRoundings) {
   }
 }
 
+// Past 64 key tiles (4096 keys) the bfloat16 forward takes each row's maximum over every tile:
+// the keys past 4096 score 120 and the others at most 8, so a maximum over the first 4096 alone
+// overflows exp (inf sums, NaN outputs).
+TEST_F(Attention, Bfloat16ForwardTakesTheMaximumOverAllKeysPast4096) {
+  const Shape4 s{1, 1, 8, 4160, 16, 16, false};
+  std::vector<double> kv = random_tensor({s.b, s.h, s.tk, s.d}, DType::Float32, 301, -2, 2).to_vector<double>();
+  for (size_t i = size_t(4096 * s.d); i < kv.size(); ++i) kv[i] = 30;
+  Tensor q = full({s.b, s.h, s.tq, s.d}, 1.0), k = testing::make_tensor(kv, {s.b, s.h, s.tk, s.d});
+  Tensor v = random_tensor({s.b, s.h, s.tk, s.dv}, DType::Float32, 302, -2, 2);
+  Tensor y;
+  {
+    Autocast ac{DType::BFloat16};
+    y = attention(q, k, v, s);
+  }
+  int fused = 0;
+  for (const kir::Step& st : plan_of({y}, cpu_target()).steps) fused += st.kind == kir::StepKind::Attention && st.attention->bf16;
+  EXPECT_EQ(fused, 1);
+  const std::vector<double> w(size_t(s.b * s.h * s.tq * s.dv), 1.0);
+  const auto want = bf16_reference(q.to_vector<double>(), kv, v.to_vector<double>(), w, s);
+  EXPECT_LE(normalized_error(y.to_vector<double>(), want[0]), 1e-5);
+}
+
 TEST_F(Attention, Bfloat16AutocastIsBitIdenticalFor1To3Threads) {
-  for (const Shape4& s : {Shape4{2, 2, 64, 64, 32, 32, true}, Shape4{1, 3, 131, 131, 64, 64, true}, Shape4{1, 2, 37, 101, 32, 16, true, 64}}) {
+  // (the last shape's work is 16x past the kernels' threshold for running in parallel)
+  for (const Shape4& s : {Shape4{2, 2, 64, 64, 32, 32, true}, Shape4{1, 3, 131, 131, 64, 64, true}, Shape4{1, 2, 37, 101, 32, 16, true, 64},
+                          Shape4{2, 4, 128, 128, 64, 64, true}}) {
     std::vector<std::vector<std::vector<double>>> r;
     for (int t : {1, 2, 3}) {
       omp_set_num_threads(t);

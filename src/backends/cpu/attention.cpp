@@ -591,9 +591,10 @@ struct AttentionKernel : CpuKernel {
           // per tile, the keys the row sees rounded up to 16 (past them -inf, then 0)
           int64_t width[64];
           float mx = ninf;
-          for (int64_t ti = 0; ti < nt && ti < 64; ++ti) {
-            width[ti] = nt > 64 ? kKeys : (lim_of(r, ti * kKeys, std::min(kKeys, kend - ti * kKeys)) + 15) / 16 * 16;
-            if (width[ti] > 0) mx = std::max(mx, mask_max(sc.data() + (ti * kPad + r) * kKeys, width[ti], width[ti]));
+          for (int64_t ti = 0; ti < nt; ++ti) {  // (past 64 tiles, whole tiles: their masked keys are -inf)
+            const int64_t w = nt > 64 ? kKeys : (lim_of(r, ti * kKeys, std::min(kKeys, kend - ti * kKeys)) + 15) / 16 * 16;
+            if (ti < 64) width[ti] = w;
+            if (w > 0) mx = std::max(mx, mask_max(sc.data() + (ti * kPad + r) * kKeys, w, w));
           }
           m[r] = mx;
           if (mx == ninf) {  // every key masked

@@ -242,7 +242,7 @@ class Matcher {
     // dK^T = Q^T dS, or dK = dS^T Q (simplify moves the transpose into the product when casts
     // stood between: autocast); dQ = dS K
     const Node* dkt = reader(ds, [&](const Node& n) { return n.op == Op::Matmul && n.inputs[1].get() == ds && transposed(n.inputs[0].get(), q); });
-    if (!dkt) {
+    if (!dkt && m.bf16) {  // (only autocast's form: the float32 one has no casts to move the transpose)
       const Node* dst = reader(ds, [&](const Node& n) { return n.op == Op::Permute && swaps_last_two(n.attrs.ints); });
       dkt = dst ? reader(dst, [&](const Node& n) { return n.op == Op::Matmul && n.inputs[0].get() == dst && n.inputs[1].get() == q; }) : nullptr;
       if (dkt) {
