@@ -1,20 +1,25 @@
 // The "group" pass (compiler/passes/group_updates.cpp) and the cpu backend's Steps of parts
 // (kir::Step::parts): an optimizer's in-place updates of every parameter run as one Step, one
-// task grid, with the bits the separate Steps give, on any number of threads; Steps that depend
-// on one another, and targets that do not declare Target::elementwise_parts, keep them apart.
+// task grid, with the bits the separate Steps give, on any number of threads and under a memory
+// budget (whose rematerialization, after the pass, renames the slots the parts read); Steps that
+// depend on one another, and targets that do not declare Target::elementwise_parts, keep them apart.
 #include <gtest/gtest.h>
 #include <omp.h>
 
 #include <cmath>
 #include <functional>
+#include <optional>
 #include <random>
+#include <set>
 
 #include "backends/backend.h"
 #include "backends/cpu/native_loops.h"
 #include "compiler/pipeline.h"
 #include "ir/graph.h"
 #include "runtime/compile_options.h"
+#include "runtime/realize.h"
 #include "tensor/tensor_impl.h"
+#include "tessera/memory.h"
 #include "tessera/metrics.h"
 #include "tessera/nn.h"
 #include "tessera/optim.h"
@@ -199,6 +204,138 @@ TEST_F(GroupOn, GPTTrainingStepRunsItsUpdatesAsOneStep) {
   EXPECT_GE(launched_off - launched_on, 4) << launched_on << " Steps with the pass, " << launched_off << " without";
 }
 
+// ---- the budget passes after the pass ----
+
+// Inputs of the parts of the plan's Steps of parts that a recomputed copy (remat) writes.
+int parts_reading_copies(const compiler::Plan& plan) {
+  std::set<int> copies;
+  for (const kir::Step& st : plan.steps)
+    if (!st.sources.empty() && st.sources[0].op.rfind("recompute:", 0) == 0) copies.insert(st.output);
+  int n = 0;
+  for (const kir::Step& st : plan.steps)
+    for (const kir::Step& part : st.parts)
+      for (int x : part.inputs) n += int(copies.count(x));
+  return n;
+}
+
+int steps_with_parts(const compiler::Plan& p) {
+  int n = 0;
+  for (const kir::Step& st : p.steps) n += !st.parts.empty();
+  return n;
+}
+
+// Under a memory budget, rematerialization (compiler/passes/remat.cpp) runs after "group" and
+// renames the temporary it recomputes in every later Step that reads it. The Step of parts'
+// kernel loads its parts' inputs, so the parts must be renamed too (kir::Step::rename_reads):
+// renaming only the joined Step's inputs left a part reading the dropped temporary, whose arena
+// bytes had been given to another buffer.
+//
+// AdamW steps on two parameters of different shapes (so the merge pass leaves their updates two
+// Steps and "group" joins them) whose gradients are products, as a weight's gradient is, computed
+// in the same graph: temporaries read first by a statistic s = sum(g1) + sum(g2) and last by the
+// update. A large temporary computed from s, big = exp(X * s / 4096), read by a reduction and a
+// product, makes the peak after the gradients and before the update: the gradients are live
+// across it without being read there. No elementwise candidate is left, so remat recomputes the
+// larger gradient's product (a GEMM) right before the update, which reads the copy in a part.
+// (A small MLP's training step, tried first, gives remat no candidate at any budget.)
+struct BudgetedAdamW {
+  std::vector<std::vector<double>> params;  // after the last step
+  std::vector<double> outputs;              // each step's statistic and the big temporary's reductions
+  int recomputed = 0;                       // Steps the last step's plan recomputed
+  int parts_reading_copies = 0;             // inputs of the parts of its Step of parts that a recomputed copy writes
+  int steps_with_parts = 0;
+};
+
+const std::vector<Shape> kBudgetShapes = {{64, 64}, {50, 60}};
+
+// Step s's gradients: products, as a weight's gradient is (x^T dy), of fixed random factors.
+std::vector<Tensor> budget_gradients(int s) {
+  std::vector<Tensor> g;
+  for (size_t i = 0; i < kBudgetShapes.size(); ++i) {
+    const Shape& sh = kBudgetShapes[i];
+    g.push_back(matmul(random_tensor({sh[0], 16}, DType::Float32, uint32_t(500 + 10 * s + i)),
+                       random_tensor({16, sh[1]}, DType::Float32, uint32_t(600 + 10 * s + i))));
+  }
+  return g;
+}
+
+BudgetedAdamW adamw_with_gradients_across_a_peak(int steps, bool budgeted) {
+  std::vector<Tensor> p, m, v;
+  for (size_t i = 0; i < kBudgetShapes.size(); ++i) {
+    p.push_back(random_tensor(kBudgetShapes[i], DType::Float32, uint32_t(40 + i)));
+    m.push_back(zeros(kBudgetShapes[i]));
+    v.push_back(zeros(kBudgetShapes[i]));
+  }
+  Tensor W = random_tensor({2048, 8}, DType::Float32, 77);
+  BudgetedAdamW r;
+  for (int s = 1; s <= steps; ++s) {
+    Tensor X = random_tensor({64, 2048}, DType::Float32, uint32_t(700 + s));
+    tessera::sync();
+    Tensor stat, r1, r2;
+    {  // the gradients and the big temporary dropped here: temporaries of the graph, not outputs
+      const std::vector<Tensor> g = budget_gradients(s);
+      stat = g[0].sum() + g[1].sum();
+      Tensor big = exp(X * (stat / 4096.0));
+      r1 = big.sum({1}), r2 = matmul(big, W);
+      optim::adam_update(p, g, m, v, s, kAdamW, true);
+    }
+    const MemoryPlan natural = pending_memory_plan();
+    std::optional<MemoryBudgetScope> budget;
+    if (budgeted) budget.emplace(MemoryBudget{natural.step_bytes - 1, 0});
+    tessera::sync();
+    r.recomputed = last_memory_plan().recomputed_steps;
+    for (const Tensor& t : {stat, r1, r2})
+      for (double x : t.to_vector<double>()) r.outputs.push_back(x);
+    const auto plan = runtime::last_executed_plan();
+    r.parts_reading_copies = parts_reading_copies(*plan);
+    r.steps_with_parts = steps_with_parts(*plan);
+  }
+  for (const Tensor& t : p) r.params.push_back(t.to_vector<double>());
+  return r;
+}
+
+TEST_F(GroupOn, RematerializationRenamesTheSlotsTheUpdatePartsRead) {
+  PassesOff no_unstack("unstack");  // rematerialization alone meets the budget
+  const BudgetedAdamW plain = adamw_with_gradients_across_a_peak(3, false);
+  const BudgetedAdamW on = adamw_with_gradients_across_a_peak(3, true);
+  BudgetedAdamW off;
+  {
+    PassesOff no_group("unstack,group");
+    off = adamw_with_gradients_across_a_peak(3, true);
+  }
+  EXPECT_EQ(plain.recomputed, 0);
+  EXPECT_EQ(plain.steps_with_parts, 1);
+  EXPECT_GE(on.recomputed, 1) << "the budget is met by recomputing a gradient";
+  EXPECT_EQ(on.steps_with_parts, 1) << "the updates are one Step of parts";
+  EXPECT_GE(on.parts_reading_copies, 1) << "a part of the update Step reads a recomputed temporary";
+  EXPECT_GE(off.recomputed, 1);
+  EXPECT_EQ(off.steps_with_parts, 0);
+  EXPECT_EQ(on.params, off.params) << "the same bits as the separate Steps";
+  EXPECT_EQ(on.params, plain.params) << "the same bits as without the budget";
+  EXPECT_EQ(on.outputs, plain.outputs);
+  // torch.optim.AdamW's rule in float64 over the same gradients.
+  std::vector<std::vector<double>> want, mm, vv;
+  for (size_t i = 0; i < kBudgetShapes.size(); ++i) {
+    want.push_back(random_tensor(kBudgetShapes[i], DType::Float32, uint32_t(40 + i)).to_vector<double>());
+    mm.emplace_back(want.back().size(), 0.0), vv.emplace_back(want.back().size(), 0.0);
+  }
+  const optim::AdamOptions& o = kAdamW;
+  for (int s = 1; s <= 3; ++s) {
+    const std::vector<Tensor> gs = budget_gradients(s);
+    for (size_t i = 0; i < kBudgetShapes.size(); ++i) {
+      const std::vector<double> g = gs[i].to_vector<double>();
+      const double bc1 = 1 - std::pow(o.beta1, s), bc2 = 1 - std::pow(o.beta2, s);
+      for (size_t k = 0; k < g.size(); ++k) {
+        want[i][k] *= 1 - o.lr * o.weight_decay;
+        mm[i][k] = o.beta1 * mm[i][k] + (1 - o.beta1) * g[k];
+        vv[i][k] = o.beta2 * vv[i][k] + (1 - o.beta2) * g[k] * g[k];
+        want[i][k] -= o.lr / bc1 * mm[i][k] / (std::sqrt(vv[i][k]) / std::sqrt(bc2) + o.eps);
+      }
+    }
+  }
+  for (size_t i = 0; i < kBudgetShapes.size(); ++i) EXPECT_TRUE(all_close(on.params[i], want[i], 1e-5)) << "parameter " << i;
+}
+
 // ---- the pass on plans ----
 
 // The plan of ys = f(params), output k written into the buffer of params[k] (donation), for the
@@ -215,12 +352,6 @@ compiler::Plan plan_of_updates(const std::vector<Tensor>& params, const std::vec
   o.target = backends::backend_for(Device("cpu")).properties(0);
   o.target.elementwise_parts = parts;
   return compiler::compile_graph(g, donate, o);
-}
-
-int steps_with_parts(const compiler::Plan& p) {
-  int n = 0;
-  for (const kir::Step& st : p.steps) n += !st.parts.empty();
-  return n;
 }
 
 TEST(GroupPlan, IndependentUpdatesJoinOnlyForATargetThatRunsParts) {
