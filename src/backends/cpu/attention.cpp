@@ -73,6 +73,23 @@ typedef float v8 __attribute__((vector_size(32)));
 #define VLOAD(v, p) std::memcpy(&(v), (p), sizeof(v8))
 #define VSTORE(p, v) std::memcpy((p), &(v), sizeof(v8))
 
+// sr[0, w) = exp(sr - m), its values added into 8 lane sums (w a multiple of 8; a scalar sum
+// would be a chain of dependent adds), and the lanes' total.
+void exp_shifted(float* sr, int64_t w, float m, v8& part) {
+  for (int64_t j = 0; j < w; ++j) sr[j] -= m;
+  vmath::vexp(sr, sr, w);
+  for (int64_t j = 0; j < w; j += 8) {
+    v8 y;
+    VLOAD(y, sr + j);
+    part += y;
+  }
+}
+float lanes_total(const v8& part) {
+  float sum = 0;
+  for (int i = 0; i < 8; ++i) sum += part[i];
+  return sum;
+}
+
 // s[r][0, 16 nv) = scale * q[r] . K^T columns, for 4 rows of q (row stride D): per 16 keys,
 // 4 rows x 2 registers of accumulators held over the head dimension.
 void scores4(const float* q, int64_t D, const float* kt, int64_t nv, float scale, float* s) {
@@ -509,17 +526,9 @@ struct AttentionKernel : CpuKernel {
                 continue;
               }
               const float corr = m[row] == ninf ? 0.0f : std::exp(m[row] - mnew);
-              for (int64_t j = 0; j < width; ++j) sr[j] -= mnew;
-              vmath::vexp(sr, sr, width);
-              v8 part = {};  // the row's sum in 8 lanes (a scalar sum would be a chain of dependent adds)
-              for (int64_t j = 0; j < width; j += 8) {
-                v8 y;
-                VLOAD(y, sr + j);
-                part += y;
-              }
-              float sum = 0;
-              for (int i = 0; i < 8; ++i) sum += part[i];
-              l[row] = l[row] * corr + sum;
+              v8 part = {};
+              exp_shifted(sr, width, mnew, part);
+              l[row] = l[row] * corr + lanes_total(part);
               m[row] = mnew;
               if (corr != 1.0f)
                 for (float* ar = acc.data() + row * Dv; ar != acc.data() + (row + 1) * Dv; ++ar) *ar *= corr;
@@ -606,17 +615,10 @@ struct AttentionKernel : CpuKernel {
           for (int64_t ti = 0; ti < nt; ++ti) {
             float* sr = sc.data() + (ti * kPad + r) * kKeys;
             const int64_t w = nt > 64 ? kKeys : width[ti];
-            for (int64_t j = 0; j < w; ++j) sr[j] -= mx;
-            vmath::vexp(sr, sr, w);
+            exp_shifted(sr, w, mx, part);
             std::fill(sr + w, sr + kKeys, 0.0f);
-            for (int64_t j = 0; j < w; j += 8) {
-              v8 y;
-              VLOAD(y, sr + j);
-              part += y;
-            }
           }
-          float sum = 0;
-          for (int i = 0; i < 8; ++i) sum += part[i];
+          const float sum = lanes_total(part);
           l[r] = sum;
           for (int64_t ti = 0; ti < nt; ++ti) {
             float* sr = sc.data() + (ti * kPad + r) * kKeys;
@@ -746,6 +748,78 @@ struct AttentionBackwardKernel : CpuKernel {
       for (int64_t c = 0; c < cols; ++c) dst[r * cols + c] = p[r * x.rs + c * x.cs];
   }
 
+  // The first query row (a multiple of 8) that sees the key tile from j0; rows before it are not read.
+  int64_t first_of(int64_t j0) const { return a.causal ? std::clamp<int64_t>(j0 - a.causal_offset, 0, a.tq) / 8 * 8 : int64_t(0); }
+
+  // The key tile from j0 (nkey keys; K, V, Q and dY dense in kb, vb, qb, gb, Q and dY padded to
+  // 8-row blocks): its K^T and V^T into kt and vtt (keys past the tile zero), then for every row
+  // from `first`, in groups of 4 up to the group's causal limit, P = exp(S - lse) into p and dP =
+  // dY V^T into ds (kKeys per row; past each row's limit P is 0). finish(i, P row, dP row, width)
+  // then turns row i's dP into what the products read (float32: dS; bfloat16: dP rounded first);
+  // the rest of each row is zeroed.
+  template <class F>
+  void tile_scores(const float* kb, const float* vb, const float* qb, const float* gb, const float* lse, int64_t j0, int64_t nkey,
+                   int64_t first, float* kt, float* vtt, float* p, float* ds, bool z, F&& finish) const {
+    const int64_t Tq = a.tq, D = a.d, Dv = a.dv, off = a.causal_offset, nq = (Tq + 7) / 8 * 8;
+    const float scale = float(a.scale), ninf = -std::numeric_limits<float>::infinity();
+    for (int64_t j = 0; j < nkey; ++j) {
+      for (int64_t d = 0; d < D; ++d) kt[d * kKeys + j] = kb[(j0 + j) * D + d];
+      for (int64_t c = 0; c < Dv; ++c) vtt[c * kKeys + j] = vb[(j0 + j) * Dv + c];
+    }
+    if (nkey < kKeys) {
+      for (int64_t d = 0; d < D; ++d) std::fill(kt + d * kKeys + nkey, kt + (d + 1) * kKeys, 0.0f);
+      for (int64_t c = 0; c < Dv; ++c) std::fill(vtt + c * kKeys + nkey, vtt + (c + 1) * kKeys, 0.0f);
+    }
+    for (int64_t g0 = first; g0 < nq; g0 += 4) {
+      const int64_t gr = std::clamp<int64_t>(Tq - g0, 0, 4);
+      float *pg = p + g0 * kKeys, *dg = ds + g0 * kKeys;
+      int64_t glim = gr > 0 ? nkey : 0;
+      if (a.causal && gr > 0) glim = std::clamp<int64_t>(g0 + gr - 1 + off + 1 - j0, 0, nkey);
+      const int64_t nv = (glim + 15) / 16, width = nv * 16;
+      if (nv > 0) {
+        scores4_any(qb + g0 * D, D, kt, nv, scale, pg, z);
+        scores4_any(gb + g0 * Dv, Dv, vtt, nv, 1.0f, dg, z);
+      }
+      for (int64_t r = 0; r < 4; ++r) {
+        float* pr = pg + r * kKeys;
+        float* dr = dg + r * kKeys;
+        const int64_t i = g0 + r;
+        if (width > 0) {
+          int64_t lim = r < gr ? glim : 0;
+          if (r < gr && a.causal) lim = std::clamp<int64_t>(i + off + 1 - j0, 0, nkey);
+          if (r < gr && !std::isfinite(lse[i])) lim = 0;  // every key masked: no gradient defined here
+          const float li = r < gr ? lse[i] : 0.0f;
+          for (int64_t j = 0; j < width; ++j) pr[j] = j < lim ? pr[j] - li : ninf;
+          vmath::vexp(pr, pr, width);
+          finish(i, pr, dr, width);
+        }
+        std::fill(pr + width, pr + kKeys, 0.0f);
+        std::fill(dr + width, dr + kKeys, 0.0f);
+      }
+    }
+  }
+
+  // The key tile's products from P and dS (p, ds: kKeys per row): dQ += dS K for the query rows
+  // from `first` (up to each 8-row block's causal limit), and the tile's dV = P^T dY into dvp and
+  // dK = dS^T Q into dk (key rows, from the first query that sees each block's first key).
+  void tile_products(const float* p, const float* ds, const float* kb, const float* qb, const float* gb, int64_t j0, int64_t nkey,
+                     int64_t first, float* dq, float* dvp, float* dk, bool z) const {
+    const int64_t Tq = a.tq, D = a.d, Dv = a.dv, off = a.causal_offset;
+    for (int64_t i0 = first; i0 < Tq; i0 += 8) {
+      const int gr = int(std::min<int64_t>(8, Tq - i0));
+      int64_t k1 = nkey;
+      if (a.causal) k1 = std::clamp<int64_t>(i0 + gr - 1 + off + 1 - j0, 0, nkey);
+      mm8(ds + i0 * kKeys, kKeys, 1, kb + j0 * D, D, 0, k1, dq + i0 * D, gr, z, true);
+    }
+    for (int64_t jj = 0; jj < nkey; jj += 8) {
+      const int gr = int(std::min<int64_t>(8, nkey - jj));
+      int64_t k0 = 0;
+      if (a.causal) k0 = std::clamp<int64_t>(j0 + jj - off, 0, Tq);
+      mm8(p + jj, 1, kKeys, gb, Dv, k0, Tq, dvp + (j0 + jj) * Dv, gr, z);
+      mm8(ds + jj, 1, kKeys, qb, D, k0, Tq, dk + (j0 + jj) * D, gr, z);
+    }
+  }
+
   template <class T>
   void run_typed(const Step& st, const LaunchArgs& args) const {
     auto in = [&](size_t i) { return static_cast<const T*>(args.slots[st.inputs[i]]); };
@@ -813,8 +887,8 @@ struct AttentionBackwardKernel : CpuKernel {
     float* dQ = static_cast<float*>(args.slots[st.output]);
     float* dKT = static_cast<float*>(args.slots[st.more_outputs.at(0)]);
     float* dV = static_cast<float*>(args.slots[st.more_outputs.at(1)]);
-    const int64_t B = a.batch, Tq = a.tq, Tk = a.tk, D = a.d, Dv = a.dv, off = a.causal_offset;
-    const float scale = float(a.scale), ninf = -std::numeric_limits<float>::infinity();
+    const int64_t B = a.batch, Tq = a.tq, Tk = a.tk, D = a.d, Dv = a.dv;
+    const float scale = float(a.scale);
     const double work = double(B) * double(Tq) * double(Tk) * double(D + Dv);
     const bool z = avx512;
     const int64_t nq = (Tq + 7) / 8 * 8;  // rows padded to the 8-row blocks (zero rows)
@@ -837,58 +911,14 @@ struct AttentionBackwardKernel : CpuKernel {
         for (int64_t i = 0; i < Tq; ++i) di[size_t(i)] = dot(gb.data() + i * Dv, ob.data() + i * Dv, Dv);
         const float* lse = L + b * Tq;
         for (int64_t j0 = 0; j0 < Tk; j0 += kKeys) {
-          const int64_t nkey = std::min(kKeys, Tk - j0);
-          for (int64_t j = 0; j < nkey; ++j) {  // the tile's K^T and V^T (keys past the tile zero)
-            for (int64_t d = 0; d < D; ++d) kt[size_t(d * kKeys + j)] = kb[size_t((j0 + j) * D + d)];
-            for (int64_t c = 0; c < Dv; ++c) vtt[size_t(c * kKeys + j)] = vb[size_t((j0 + j) * Dv + c)];
-          }
-          if (nkey < kKeys) {
-            for (int64_t d = 0; d < D; ++d) std::fill(kt.begin() + d * kKeys + nkey, kt.begin() + (d + 1) * kKeys, 0.0f);
-            for (int64_t c = 0; c < Dv; ++c) std::fill(vtt.begin() + c * kKeys + nkey, vtt.begin() + (c + 1) * kKeys, 0.0f);
-          }
-          // The first row (a multiple of 8) that sees the tile; rows before it are not read.
-          const int64_t first = a.causal ? std::clamp<int64_t>(j0 - off, 0, Tq) / 8 * 8 : 0;
-          for (int64_t g0 = first; g0 < nq; g0 += 4) {
-            const int64_t gr = std::clamp<int64_t>(Tq - g0, 0, 4);
-            float *pg = p.data() + g0 * kKeys, *dg = ds.data() + g0 * kKeys;
-            int64_t glim = gr > 0 ? nkey : 0;
-            if (a.causal && gr > 0) glim = std::clamp<int64_t>(g0 + gr - 1 + off + 1 - j0, 0, nkey);
-            const int64_t nv = (glim + 15) / 16, width = nv * 16;
-            if (nv > 0) {
-              scores4_any(qb.data() + g0 * D, D, kt.data(), nv, scale, pg, z);
-              scores4_any(gb.data() + g0 * Dv, Dv, vtt.data(), nv, 1.0f, dg, z);
-            }
-            for (int64_t r = 0; r < 4; ++r) {
-              float* pr = pg + r * kKeys;
-              float* dr = dg + r * kKeys;
-              const int64_t i = g0 + r;
-              if (width > 0) {
-                int64_t lim = r < gr ? glim : 0;
-                if (r < gr && a.causal) lim = std::clamp<int64_t>(i + off + 1 - j0, 0, nkey);
-                if (r < gr && !std::isfinite(lse[i])) lim = 0;  // every key masked: no gradient defined here
-                const float li = r < gr ? lse[i] : 0.0f, dii = r < gr ? di[size_t(i)] : 0.0f;
-                for (int64_t j = 0; j < width; ++j) pr[j] = j < lim ? pr[j] - li : ninf;
-                vmath::vexp(pr, pr, width);
-                for (int64_t j = 0; j < width; ++j) dr[j] = pr[j] * (dr[j] - dii) * scale;
-              }
-              std::fill(pr + width, pr + kKeys, 0.0f);
-              std::fill(dr + width, dr + kKeys, 0.0f);
-            }
-          }
-          for (int64_t i0 = first; i0 < Tq; i0 += 8) {  // dQ += dS K
-            const int gr = int(std::min<int64_t>(8, Tq - i0));
-            int64_t k1 = nkey;
-            if (a.causal) k1 = std::clamp<int64_t>(i0 + gr - 1 + off + 1 - j0, 0, nkey);
-            mm8(ds.data() + i0 * kKeys, kKeys, 1, kb.data() + j0 * D, D, 0, k1, dq.data() + i0 * D, gr, z, true);
-          }
-          for (int64_t jj = 0; jj < nkey; jj += 8) {  // the tile's dV = P^T dY, dK = dS^T Q
-            const int gr = int(std::min<int64_t>(8, nkey - jj));
-            int64_t k0 = 0;
-            if (a.causal) k0 = std::clamp<int64_t>(j0 + jj - off, 0, Tq);
-            float* dvp = dv_dense ? dV + ov.off[size_t(b)] : dvb.data();
-            mm8(p.data() + jj, 1, kKeys, gb.data(), Dv, k0, Tq, dvp + (j0 + jj) * Dv, gr, z);
-            mm8(ds.data() + jj, 1, kKeys, qb.data(), D, k0, Tq, dk.data() + (j0 + jj) * D, gr, z);
-          }
+          const int64_t nkey = std::min(kKeys, Tk - j0), first = first_of(j0);
+          tile_scores(kb.data(), vb.data(), qb.data(), gb.data(), lse, j0, nkey, first, kt.data(), vtt.data(), p.data(), ds.data(), z,
+                      [&](int64_t i, float* pr, float* dr, int64_t width) {  // dS = P (dP - di) scale
+                        const float dii = di[size_t(i)];
+                        for (int64_t j = 0; j < width; ++j) dr[j] = pr[j] * (dr[j] - dii) * scale;
+                      });
+          tile_products(p.data(), ds.data(), kb.data(), qb.data(), gb.data(), j0, nkey, first, dq.data(),
+                        dv_dense ? dV + ov.off[size_t(b)] : dvb.data(), dk.data(), z);
         }
         store(dq.data(), Tq, D, dQ, oq, b);
         if (!dv_dense) store(dvb.data(), Tk, Dv, dV, ov, b);
@@ -911,8 +941,8 @@ struct AttentionBackwardKernel : CpuKernel {
     float* dQ = static_cast<float*>(args.slots[st.output]);
     float* dKT = static_cast<float*>(args.slots[st.more_outputs.at(0)]);
     float* dV = static_cast<float*>(args.slots[st.more_outputs.at(1)]);
-    const int64_t B = a.batch, Tq = a.tq, Tk = a.tk, D = a.d, Dv = a.dv, off = a.causal_offset;
-    const float scale = float(a.scale), ninf = -std::numeric_limits<float>::infinity();
+    const int64_t B = a.batch, Tq = a.tq, Tk = a.tk, D = a.d, Dv = a.dv;
+    const float scale = float(a.scale);
     const double work = double(B) * double(Tq) * double(Tk) * double(D + Dv);
     const bool z = avx512;
     const int64_t nq = (Tq + 7) / 8 * 8;
@@ -932,43 +962,9 @@ struct AttentionBackwardKernel : CpuKernel {
         const float* lse = L + b * Tq;
         // P (float32) and dP (rounded) of the tile from j0 for every row that sees it (from `first`).
         auto tile = [&](int64_t j0, int64_t nkey, int64_t first) {
-          for (int64_t j = 0; j < nkey; ++j) {
-            for (int64_t d = 0; d < D; ++d) kt[size_t(d * kKeys + j)] = kb[size_t((j0 + j) * D + d)];
-            for (int64_t c = 0; c < Dv; ++c) vtt[size_t(c * kKeys + j)] = vb[size_t((j0 + j) * Dv + c)];
-          }
-          if (nkey < kKeys) {
-            for (int64_t d = 0; d < D; ++d) std::fill(kt.begin() + d * kKeys + nkey, kt.begin() + (d + 1) * kKeys, 0.0f);
-            for (int64_t c = 0; c < Dv; ++c) std::fill(vtt.begin() + c * kKeys + nkey, vtt.begin() + (c + 1) * kKeys, 0.0f);
-          }
-          for (int64_t g0 = first; g0 < nq; g0 += 4) {
-            const int64_t gr = std::clamp<int64_t>(Tq - g0, 0, 4);
-            float *pg = p.data() + g0 * kKeys, *dg = ds.data() + g0 * kKeys;
-            int64_t glim = gr > 0 ? nkey : 0;
-            if (a.causal && gr > 0) glim = std::clamp<int64_t>(g0 + gr - 1 + off + 1 - j0, 0, nkey);
-            const int64_t nv = (glim + 15) / 16, width = nv * 16;
-            if (nv > 0) {
-              scores4_any(qb.data() + g0 * D, D, kt.data(), nv, scale, pg, z);
-              scores4_any(gb.data() + g0 * Dv, Dv, vtt.data(), nv, 1.0f, dg, z);
-            }
-            for (int64_t r = 0; r < 4; ++r) {
-              float* pr = pg + r * kKeys;
-              float* dr = dg + r * kKeys;
-              const int64_t i = g0 + r;
-              if (width > 0) {
-                int64_t lim = r < gr ? glim : 0;
-                if (r < gr && a.causal) lim = std::clamp<int64_t>(i + off + 1 - j0, 0, nkey);
-                if (r < gr && !std::isfinite(lse[i])) lim = 0;  // every key masked: no gradient defined here
-                const float li = r < gr ? lse[i] : 0.0f;
-                for (int64_t j = 0; j < width; ++j) pr[j] = j < lim ? pr[j] - li : ninf;
-                vmath::vexp(pr, pr, width);
-                round_bf16(dr, width);
-              }
-              std::fill(pr + width, pr + kKeys, 0.0f);
-              std::fill(dr + width, dr + kKeys, 0.0f);
-            }
-          }
+          tile_scores(kb.data(), vb.data(), qb.data(), gb.data(), lse, j0, nkey, first, kt.data(), vtt.data(), p.data(), ds.data(), z,
+                      [](int64_t, float*, float* dr, int64_t width) { round_bf16(dr, width); });
         };
-        auto first_of = [&](int64_t j0) { return a.causal ? std::clamp<int64_t>(j0 - off, 0, Tq) / 8 * 8 : int64_t(0); };
         auto add_di = [&](int64_t first) {  // di += rowsum(P dP) over the tile
           for (int64_t i = first; i < Tq; ++i) {
             const float *pr = p.data() + i * kKeys, *dr = ds.data() + i * kKeys;
@@ -979,9 +975,7 @@ struct AttentionBackwardKernel : CpuKernel {
               VLOAD(y, dr + j);
               part += x * y;
             }
-            float sum = 0;
-            for (int k2 = 0; k2 < 8; ++k2) sum += part[k2];
-            di[size_t(i)] += sum;
+            di[size_t(i)] += lanes_total(part);
           }
         };
         if (Tk > kKeys)
@@ -1000,19 +994,7 @@ struct AttentionBackwardKernel : CpuKernel {
             round_bf16(dr, kKeys);
             round_bf16(pr, kKeys);
           }
-          for (int64_t i0 = first; i0 < Tq; i0 += 8) {  // dQ += dS K
-            const int gr = int(std::min<int64_t>(8, Tq - i0));
-            int64_t k1 = nkey;
-            if (a.causal) k1 = std::clamp<int64_t>(i0 + gr - 1 + off + 1 - j0, 0, nkey);
-            mm8(ds.data() + i0 * kKeys, kKeys, 1, kb.data() + j0 * D, D, 0, k1, dq.data() + i0 * D, gr, z, true);
-          }
-          for (int64_t jj = 0; jj < nkey; jj += 8) {  // the tile's dV = P^T dY, dK = dS^T Q
-            const int gr = int(std::min<int64_t>(8, nkey - jj));
-            int64_t k0 = 0;
-            if (a.causal) k0 = std::clamp<int64_t>(j0 + jj - off, 0, Tq);
-            mm8(p.data() + jj, 1, kKeys, gb.data(), Dv, k0, Tq, dvb.data() + (j0 + jj) * Dv, gr, z);
-            mm8(ds.data() + jj, 1, kKeys, qb.data(), D, k0, Tq, dk.data() + (j0 + jj) * D, gr, z);
-          }
+          tile_products(p.data(), ds.data(), kb.data(), qb.data(), gb.data(), j0, nkey, first, dq.data(), dvb.data(), dk.data(), z);
         }
         store(dq.data(), Tq, D, dQ, oq, b);
         store(dvb.data(), Tk, Dv, dV, ov, b);
