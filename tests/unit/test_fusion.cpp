@@ -527,9 +527,11 @@ TEST_F(PassesOn, TheGptLossAndItsGradientReadTheLogitsOnce) {
     ++loss_steps;
     EXPECT_TRUE(st.kind != kir::StepKind::Gather && st.kind != kir::StepKind::ScatterAdd && st.kind != kir::StepKind::Copy)
         << p.str();
-    over_logits += numel(st.kind == kir::StepKind::Row ? st.domain : st.shape) == Bn * T * V;
-    if (numel(st.kind == kir::StepKind::Row ? st.domain : st.shape) == Bn * T * V)
+    const bool logits = numel(st.kind == kir::StepKind::Row ? st.domain : st.shape) == Bn * T * V;
+    over_logits += logits;
+    if (logits) {
       EXPECT_TRUE(st.kind == kir::StepKind::Row && st.row == V) << p.str();
+    }
   }
   EXPECT_EQ(over_logits, 1) << p.str();
   EXPECT_EQ(loss_steps, 5) << p.str();
