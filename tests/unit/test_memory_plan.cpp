@@ -334,8 +334,11 @@ TEST(MemoryPlan, SchedulePassIsFastOnABigGraph) {
   std::printf("[memplan] %zu steps, %zu slots: schedule %.2f ms, plan_memory %.2f ms\n", plan.steps.size(),
               plan.slots.size(), ms, mp_ms);
   EXPECT_GT(plan.steps.size(), 2000u);
-  EXPECT_LT(ms, 40.0);  // measured ~1-3 ms; generous for a loaded machine
-  EXPECT_LT(mp_ms, 40.0);
+  // A guard against a quadratic pass (seconds here), not a speed target (bench/ has those):
+  // measured ~1-3 ms in Release; a sanitized build on a loaded machine took 49 ms.
+  const double limit = testing::kSanitized ? 400.0 : 40.0;
+  EXPECT_LT(ms, limit);
+  EXPECT_LT(mp_ms, limit);
 }
 
 TEST(MemoryPlan, PlanCompilesThroughTheCacheAndMatchesTheAllocatorPeak) {
