@@ -89,7 +89,7 @@ void Step::rename_reads(int from, int to) {
 }
 
 void Step::rename_slot(int from, int to) {
-  rename_reads(from, to);
+  std::replace(inputs.begin(), inputs.end(), from, to);
   if (output == from) output = to;
   std::replace(more_outputs.begin(), more_outputs.end(), from, to);
   for (Step& p : parts) p.rename_slot(from, to);
