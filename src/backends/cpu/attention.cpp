@@ -312,6 +312,11 @@ void pack_tile(const T* kp, const Operand& k, const T* vp, const Operand& v, int
 // bfloat16 autocast (Step::Attention::bf16). How an operand's slot holds its bfloat16 values:
 // float32 values rounded as read (Step::rounded), bfloat16 itself, or (the forward's output and
 // log-sum-exp, read by the backward) plain float32.
+// Whether an attention Step's work (batch x query rows x keys x (d + dv)) is worth the threads.
+bool threaded(const kir::Step::Attention& a) {
+  return double(a.batch) * double(a.tq) * double(a.tk) * double(a.d + a.dv) >= double(kParallelMin) * 16;
+}
+
 enum class Held { Float, Rounded, BFloat16 };
 
 Held held(const Step& st, size_t i) {
@@ -383,8 +388,7 @@ struct AttentionKernel : CpuKernel {
     const int64_t B = a.batch, Tq = a.tq, Tk = a.tk, D = a.d, Dv = a.dv;
     const int64_t blocks = (Tq + kRows - 1) / kRows, tasks = B * blocks;
     const T scale = T(a.scale), ninf = -std::numeric_limits<T>::infinity();
-    const double work = double(B) * double(Tq) * double(Tk) * double(D + Dv);
-#pragma omp parallel if (work >= double(kParallelMin) * 16)
+#pragma omp parallel if (threaded(a))
     {
       // Per thread: K^T and V of one tile, the task's rows of Q, running max/sum/accumulators.
       std::vector<T> kt(size_t(D * kKeys), T(0)), vt(size_t(kKeys * Dv)), qb(size_t(kRows * D)), acc(size_t(kRows * Dv));
@@ -464,9 +468,8 @@ struct AttentionKernel : CpuKernel {
     const int64_t B = a.batch, Tq = a.tq, Tk = a.tk, D = a.d, Dv = a.dv;
     const int64_t blocks = (Tq + kBlock - 1) / kBlock, tasks = B * blocks;
     const float scale = float(a.scale), ninf = -std::numeric_limits<float>::infinity();
-    const double work = double(B) * double(Tq) * double(Tk) * double(D + Dv);
     [[maybe_unused]] const bool z = avx512;
-#pragma omp parallel if (work >= double(kParallelMin) * 16)
+#pragma omp parallel if (threaded(a))
     {
       std::vector<float> kt(size_t(D * kKeys), 0.0f), vt(size_t(kKeys * Dv)), qb(size_t((kBlock + 3) * D), 0.0f),
           acc(size_t(kBlock * Dv));
@@ -562,9 +565,8 @@ struct AttentionKernel : CpuKernel {
     const int64_t B = a.batch, Tq = a.tq, Tk = a.tk, D = a.d, Dv = a.dv;
     const int64_t blocks = (Tq + kBlock - 1) / kBlock, tasks = B * blocks, tiles = (Tk + kKeys - 1) / kKeys;
     const float scale = float(a.scale), ninf = -std::numeric_limits<float>::infinity();
-    const double work = double(B) * double(Tq) * double(Tk) * double(D + Dv);
     [[maybe_unused]] const bool z = avx512;
-#pragma omp parallel if (work >= double(kParallelMin) * 16)
+#pragma omp parallel if (threaded(a))
     {
       std::vector<float> kt(size_t(D * kKeys), 0.0f), vt(size_t(kKeys * Dv), 0.0f), qb(size_t(kPad * D), 0.0f), acc(size_t(kBlock * Dv));
       std::vector<float> sc(size_t(tiles * kPad * kKeys)), kr(size_t(kKeys * D));
@@ -829,8 +831,7 @@ struct AttentionBackwardKernel : CpuKernel {
     T* dV = static_cast<T*>(args.slots[st.more_outputs.at(1)]);
     const int64_t B = a.batch, Tq = a.tq, Tk = a.tk, D = a.d, Dv = a.dv;
     const T scale = T(a.scale);
-    const double work = double(B) * double(Tq) * double(Tk) * double(D + Dv);
-#pragma omp parallel if (work >= double(kParallelMin) * 16)
+#pragma omp parallel if (threaded(a))
     {
       const size_t nq = static_cast<size_t>(Tq), nk = static_cast<size_t>(Tk);
       std::vector<T> qb(nq * size_t(D)), kb(nk * size_t(D)), vb(nk * size_t(Dv)), gb(nq * size_t(Dv)), ob(nq * size_t(Dv));
@@ -889,10 +890,9 @@ struct AttentionBackwardKernel : CpuKernel {
     float* dV = static_cast<float*>(args.slots[st.more_outputs.at(1)]);
     const int64_t B = a.batch, Tq = a.tq, Tk = a.tk, D = a.d, Dv = a.dv;
     const float scale = float(a.scale);
-    const double work = double(B) * double(Tq) * double(Tk) * double(D + Dv);
     const bool z = avx512;
     const int64_t nq = (Tq + 7) / 8 * 8;  // rows padded to the 8-row blocks (zero rows)
-#pragma omp parallel if (work >= double(kParallelMin) * 16)
+#pragma omp parallel if (threaded(a))
     {
       std::vector<float> qb(size_t(nq * D), 0.0f), kb(size_t(Tk * D)), vb(size_t(Tk * Dv)), gb(size_t(nq * Dv), 0.0f), ob(size_t(Tq * Dv));
       std::vector<float> kt(size_t(D * kKeys), 0.0f), vtt(size_t(Dv * kKeys), 0.0f), dq(size_t(nq * D)), dk(size_t(Tk * D));
@@ -943,10 +943,9 @@ struct AttentionBackwardKernel : CpuKernel {
     float* dV = static_cast<float*>(args.slots[st.more_outputs.at(1)]);
     const int64_t B = a.batch, Tq = a.tq, Tk = a.tk, D = a.d, Dv = a.dv;
     const float scale = float(a.scale);
-    const double work = double(B) * double(Tq) * double(Tk) * double(D + Dv);
     const bool z = avx512;
     const int64_t nq = (Tq + 7) / 8 * 8;
-#pragma omp parallel if (work >= double(kParallelMin) * 16)
+#pragma omp parallel if (threaded(a))
     {
       std::vector<float> qb(size_t(nq * D), 0.0f), kb(size_t(Tk * D)), vb(size_t(Tk * Dv)), gb(size_t(nq * Dv), 0.0f);
       std::vector<float> kt(size_t(D * kKeys), 0.0f), vtt(size_t(Dv * kKeys), 0.0f), dq(size_t(nq * D)), dk(size_t(Tk * D)), dvb(size_t(Tk * Dv));
