@@ -363,16 +363,22 @@ void gemm(const Problem& p, TileDone done, void* ctx) {
     return;
   }
   if (p.ars == 1 && p.acs != 1) return weight_gradient(p, done, ctx);
-  // One matrix: B packed once (a task per panel), then tiles of rows x panels, at least 32 of
-  // them (rows in multiples of the register tile's; fixed by the shape alone), dynamically
-  // scheduled: a tile's K runs in one task, so which thread takes it changes nothing.
+  // One matrix: B packed once (a task per panel), then tiles of rows x panels, at least 8 of
+  // them (rows in multiples of the register tile's, split before the panels; fixed by the shape
+  // alone), dynamically scheduled: a tile's K runs in one task, so which thread takes it changes
+  // nothing. The benchmark GPT's products (M = 1,024) are 22 tasks of 48 rows x all of N: each
+  // thread reads its A rows once. Against the former grid (at least 32 tasks, panels split
+  // first: 44 tasks of 48 rows x 64 columns for N = 128, both threads reading every A row), the
+  // step's per-Step profile on 2 threads, alternated, 5 rounds, medians of the time ratios:
+  // attn.proj X W^T 0.83x, head 0.87x, mlp.proj 0.92x, qkv 0.95x, the input gradients
+  // 0.94-0.96x, fc (N = 512) 1.02x (docs/architecture.md, "float32 products").
   // Every float a tile reads is written by pack_panel (zeros past N included): not zeroed first.
   float* const bp = cpu::launch_buffer<struct PackedB, float>(static_cast<size_t>(psize));
   int64_t rows = 8 * kMR, cols = np;  // panels per tile
   auto count = [&] { return (p.M + rows - 1) / rows * ((np + cols - 1) / cols); };
-  while (count() < 32 && (cols > 1 || rows > kMR)) {
-    if (cols > 1) cols = (cols + 1) / 2;
-    else rows = std::max<int64_t>(kMR, rows / 2 / kMR * kMR);
+  while (count() < 8 && (cols > 1 || rows > kMR)) {
+    if (rows > kMR) rows = std::max<int64_t>(kMR, rows / 2 / kMR * kMR);
+    else cols = (cols + 1) / 2;
   }
   const int64_t mt = (p.M + rows - 1) / rows, nt = (np + cols - 1) / cols;
 #pragma omp parallel
