@@ -363,19 +363,21 @@ void gemm(const Problem& p, TileDone done, void* ctx) {
     return;
   }
   if (p.ars == 1 && p.acs != 1) return weight_gradient(p, done, ctx);
-  // One matrix: B packed once (a task per panel), then tiles of rows x panels, at least 8 of
-  // them (rows in multiples of the register tile's, split before the panels; fixed by the shape
-  // alone), dynamically scheduled: a tile's K runs in one task, so which thread takes it changes
-  // nothing. The benchmark GPT's products (M = 1,024) are 22 tasks of 48 rows x all of N: each
-  // thread reads its A rows once. Against the former grid (at least 32 tasks, panels split
-  // first: 44 tasks of 48 rows x 64 columns for N = 128, both threads reading every A row), the
-  // step's per-Step profile on 2 threads, alternated, 5 rounds, medians of the time ratios:
-  // attn.proj X W^T 0.83x, head 0.87x, mlp.proj 0.92x, qkv 0.95x, the input gradients
-  // 0.94-0.96x, fc (N = 512) 1.02x (docs/architecture.md, "float32 products").
+  // One matrix: B packed once (a task per panel), then tiles of rows x panels, fixed by the shape
+  // alone, dynamically scheduled: a tile's K runs in one task, so which thread takes it changes
+  // nothing. From 48 rows x all panels, the panels are halved while a tile has more than 2 (128
+  // columns) and there are fewer than 32 tiles; then rows (down to the register tile's), then
+  // panels, while there are fewer than 8. The benchmark GPT's products (M = 1,024): N = 128 as
+  // 22 tasks of 48 rows x 128 columns, each thread reading its A rows once; N = 384 and 512 as
+  // 44 tasks of 48 rows x 192 or 256. Splitting panels first down to 32 tasks for every N (44
+  // tasks of 48 x 64 for N = 128: both threads read every A row) ran the N = 128 Steps slower on
+  // 2 threads, and 22 tasks for every N ran the N = 512 ones slower (per-Step profiles,
+  // alternated: docs/architecture.md, "Epilogue prefetch and the one-matrix grid").
   // Every float a tile reads is written by pack_panel (zeros past N included): not zeroed first.
   float* const bp = cpu::launch_buffer<struct PackedB, float>(static_cast<size_t>(psize));
   int64_t rows = 8 * kMR, cols = np;  // panels per tile
   auto count = [&] { return (p.M + rows - 1) / rows * ((np + cols - 1) / cols); };
+  while (count() < 32 && cols > 2) cols = (cols + 1) / 2;
   while (count() < 8 && (cols > 1 || rows > kMR)) {
     if (rows > kMR) rows = std::max<int64_t>(kMR, rows / 2 / kMR * kMR);
     else cols = (cols + 1) / 2;
