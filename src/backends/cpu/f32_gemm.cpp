@@ -122,8 +122,18 @@ __attribute__((target("avx512f"))) void tile(const float* a, int64_t ars, int64_
       else if (j + 1 < NR) acc[i][j] = _mm512_loadu_ps(c + i * ldc + 16 * j);
       else acc[i][j] = _mm512_maskz_loadu_ps(tail, c + i * ldc + 16 * j);
     }
+  // With an epilogue, the last kEpiAhead depths also fetch the operand's lines into L1, one line
+  // per depth: by the stores they were still arriving (the tile-start prefetch above brings them
+  // into L2 only), and in L1 from the tile's start the B panel's stream evicted them. On operands
+  // out of every cache (bench_f32_gemm --cold --epilogue --best, dY W 1024 x 512 x 128, one
+  // thread) 87-88 GFLOP/s became 93 (96-97 without the epilogue); fetching them into L2 there
+  // instead, or the next tile's lines a whole tile ahead, changed nothing (docs/architecture.md).
+  constexpr int64_t kEpiAhead = 48;
+  const int64_t plain = EPI ? std::max<int64_t>(0, K - kEpiAhead) : K;  // depths without prefetches
+  const float* ap[MR];
+  for (int i = 0; i < MR; ++i) ap[i] = a + i * ars;
   if constexpr (ACOLS) {
-    for (int64_t k = 0; k < K; ++k, a += acs, bp += ldb) {
+    for (int64_t k = 0; k < plain; ++k, a += acs, bp += ldb) {
       __m512 bv[NR];
       for (int j = 0; j < NR; ++j) bv[j] = _mm512_loadu_ps(bp + 16 * j);
       for (int i = 0; i < MR; ++i) {
@@ -132,9 +142,7 @@ __attribute__((target("avx512f"))) void tile(const float* a, int64_t ars, int64_
       }
     }
   } else {
-    const float* ap[MR];
-    for (int i = 0; i < MR; ++i) ap[i] = a + i * ars;
-    for (int64_t k = 0; k < K; ++k, bp += ldb) {
+    for (int64_t k = 0; k < plain; ++k, bp += ldb) {
       __m512 bv[NR];
       for (int j = 0; j < NR; ++j) bv[j] = _mm512_loadu_ps(bp + 16 * j);
       for (int i = 0; i < MR; ++i) {
@@ -143,6 +151,17 @@ __attribute__((target("avx512f"))) void tile(const float* a, int64_t ars, int64_
       }
     }
   }
+  if constexpr (EPI)
+    for (int64_t k = plain; k < K; ++k, bp += ldb) {
+      const int64_t line = k - plain, i = line / NR, j = line % NR;
+      if (i < MR && (epi.rs || i == 0)) _mm_prefetch(reinterpret_cast<const char*>(epi.x + i * epi.rs + 16 * j), _MM_HINT_T0);
+      __m512 bv[NR];
+      for (int jj = 0; jj < NR; ++jj) bv[jj] = _mm512_loadu_ps(bp + 16 * jj);
+      for (int ii = 0; ii < MR; ++ii) {
+        const __m512 av = _mm512_set1_ps(ACOLS ? a[(k - plain) * acs + ii] : ap[ii][k]);
+        for (int jj = 0; jj < NR; ++jj) acc[ii][jj] = _mm512_fmadd_ps(av, bv[jj], acc[ii][jj]);
+      }
+    }
   if constexpr (EPI)
     for (int i = 0; i < MR; ++i)
       for (int j = 0; j < NR; ++j) {
@@ -344,16 +363,24 @@ void gemm(const Problem& p, TileDone done, void* ctx) {
     return;
   }
   if (p.ars == 1 && p.acs != 1) return weight_gradient(p, done, ctx);
-  // One matrix: B packed once (a task per panel), then tiles of rows x panels, at least 32 of
-  // them (rows in multiples of the register tile's; fixed by the shape alone), dynamically
-  // scheduled: a tile's K runs in one task, so which thread takes it changes nothing.
+  // One matrix: B packed once (a task per panel), then tiles of rows x panels, fixed by the shape
+  // alone, dynamically scheduled: a tile's K runs in one task, so which thread takes it changes
+  // nothing. From 48 rows x all panels, the panels are halved while a tile has more than 2 (128
+  // columns) and there are fewer than 32 tiles; then rows (down to the register tile's), then
+  // panels, while there are fewer than 8. The benchmark GPT's products (M = 1,024): N = 128 as
+  // 22 tasks of 48 rows x 128 columns, each thread reading its A rows once; N = 384 and 512 as
+  // 44 tasks of 48 rows x 192 or 256. Splitting panels first down to 32 tasks for every N (44
+  // tasks of 48 x 64 for N = 128: both threads read every A row) ran the N = 128 Steps slower on
+  // 2 threads, and 22 tasks for every N ran the N = 512 ones slower (per-Step profiles,
+  // alternated: docs/architecture.md, "Epilogue prefetch and the one-matrix grid").
   // Every float a tile reads is written by pack_panel (zeros past N included): not zeroed first.
   float* const bp = cpu::launch_buffer<struct PackedB, float>(static_cast<size_t>(psize));
   int64_t rows = 8 * kMR, cols = np;  // panels per tile
   auto count = [&] { return (p.M + rows - 1) / rows * ((np + cols - 1) / cols); };
-  while (count() < 32 && (cols > 1 || rows > kMR)) {
-    if (cols > 1) cols = (cols + 1) / 2;
-    else rows = std::max<int64_t>(kMR, rows / 2 / kMR * kMR);
+  while (count() < 32 && cols > 2) cols = (cols + 1) / 2;
+  while (count() < 8 && (cols > 1 || rows > kMR)) {
+    if (rows > kMR) rows = std::max<int64_t>(kMR, rows / 2 / kMR * kMR);
+    else cols = (cols + 1) / 2;
   }
   const int64_t mt = (p.M + rows - 1) / rows, nt = (np + cols - 1) / cols;
 #pragma omp parallel
