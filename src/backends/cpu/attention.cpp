@@ -12,6 +12,10 @@
 // touches besides Q, K, V and its output rows is a few KiB (L1).
 #include <omp.h>
 
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
@@ -154,6 +158,121 @@ __attribute__((target("avx512f"))) void pv4_z(const float* p, const float* vt, i
   }
   for (int r = 0; r < gr; ++r)
     for (int c = 0; c < NC; ++c) std::memcpy(acc + r * Dv + c0 + 16 * c, &x[r][c], sizeof(vz));
+}
+
+// 16-lane helpers of the forward's group step (AVX-512): the largest and the sum of the lanes
+// (a fixed tree), and e^x lane by lane: vmath's exp1 (the same reduction, polynomial and two-step
+// scaling, so the same accuracy) written on whole registers.
+typedef uint32_t vzu __attribute__((vector_size(64))); typedef int32_t vzi __attribute__((vector_size(64)));
+template <bool Max>
+__attribute__((target("avx512f"), always_inline)) inline vz step_z(vz x, vz y) { return Max ? (x > y ? x : y) : x + y; }
+template <bool Max>  // the lanes' largest value (Max) or sum
+__attribute__((target("avx512f"), always_inline)) inline float reduce_z(vz x) {
+  x = step_z<Max>(x, __builtin_shufflevector(x, x, 8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7));
+  x = step_z<Max>(x, __builtin_shufflevector(x, x, 4, 5, 6, 7, 0, 1, 2, 3, 12, 13, 14, 15, 8, 9, 10, 11));
+  x = step_z<Max>(x, __builtin_shufflevector(x, x, 2, 3, 0, 1, 6, 7, 4, 5, 10, 11, 8, 9, 14, 15, 12, 13));
+  return step_z<Max>(x, __builtin_shufflevector(x, x, 1, 0, 3, 2, 5, 4, 7, 6, 9, 8, 11, 10, 13, 12, 15, 14))[0];
+}
+__attribute__((target("avx512f"), always_inline)) inline vz splat_z(float x) { return vz{} + x; }
+__attribute__((target("avx512f"), always_inline)) inline vz fma_z(vz a, vz b, vz c) { return _mm512_fmadd_ps(a, b, c); }
+__attribute__((target("avx512f"), always_inline)) inline vz exp_z(vz x) {
+  using namespace vmath::detail;
+  x = x < -104.0f ? splat_z(-104.0f) : x > 89.0f ? splat_z(89.0f) : x;  // NaN passes through
+  const vz t = fma_z(x, splat_z(kLog2e), splat_z(kShift));
+  const vz kf = t - kShift;
+  const vzu k = (vzu)t - bits(kShift);
+  const vz r = fma_z(kf, splat_z(-kLn2Lo), fma_z(kf, splat_z(-kLn2Hi), x));
+  vz p = splat_z(kExpP[0]);
+  for (int i = 1; i < 5; ++i) p = fma_z(p, r, splat_z(kExpP[i]));
+  const vz y = fma_z(r * r, p, r);
+  const vzu k1 = (vzu)((vzi)k >> 1), k2 = k - k1;
+  const vz s1 = (vz)((k1 + 127u) << 23), s2 = (vz)((k2 + 127u) << 23);
+  return fma_z(y, s1, s1) * s2;
+}
+
+// The forward's step for 4 query rows (gr of them real) and one key tile, AVX-512: the scores
+// scale * q . K^T for the first 16 NV keys in registers, masked past each row's limit lim[r],
+// then the online-softmax update of the rows' running maximum m, sum l and accumulators (rows
+// of acc, Dv apart: rescaled when the maximum grows), and the probabilities exp(s - m) into
+// p[r][0, 16 NV) (kKeys per row; 0 where masked) for the product with V.
+template <int NV>
+__attribute__((target("avx512f"))) void softmax4_z(const float* q, int64_t D, const float* kt, float scale, const int64_t* lim, int gr, float* m,
+                                                   float* l, float* acc, int64_t Dv, float* p) {
+  vz x[4][NV] = {};
+  for (int64_t d = 0; d < D; ++d) {
+    vz k[NV];
+    for (int v = 0; v < NV; ++v) std::memcpy(&k[v], kt + d * kKeys + 16 * v, sizeof(vz));
+    for (int r = 0; r < 4; ++r) {
+      const float w = q[r * D + d];
+      for (int v = 0; v < NV; ++v) x[r][v] += w * k[v];
+    }
+  }
+  const float ninf = -std::numeric_limits<float>::infinity();
+  const vz iota = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
+  for (int r = 0; r < 4; ++r) {
+    float* pr = p + r * kKeys;
+    const float lr = r < gr ? float(lim[r]) : 0.0f;
+    vz mx = splat_z(ninf);
+    for (int v = 0; v < NV; ++v) {
+      const vz y = x[r][v] * scale;
+      x[r][v] = iota + float(16 * v) < lr ? y : splat_z(ninf);
+      mx = x[r][v] > mx ? x[r][v] : mx;
+    }
+    const float mold = r < gr ? m[r] : ninf, mnew = std::max(mold, reduce_z<true>(mx));
+    vz sum = {};
+    for (int v = 0; v < NV; ++v) {
+      vz e = {};
+      if (mnew != ninf && float(16 * v) < lr) {
+        e = exp_z(x[r][v] - mnew);
+        e = iota + float(16 * v) < lr ? e : vz{};
+      }
+      sum += e;
+      std::memcpy(pr + 16 * v, &e, sizeof(vz));
+    }
+    if (r >= gr || mnew == ninf) continue;  // past the block, or nothing seen yet in this row
+    const float corr = mold == ninf ? 0.0f : std::exp(mold - mnew);
+    l[r] = l[r] * corr + reduce_z<false>(sum);
+    m[r] = mnew;
+    if (mold != ninf && corr != 1.0f)  // (before the first key the accumulators are all zero)
+      for (float* ar = acc + r * Dv; ar != acc + (r + 1) * Dv; ++ar) *ar *= corr;
+  }
+}
+
+// The backward's probabilities of one row, AVX-512: p[0, width) = exp(p - lse) for the first lim
+// keys, 0 past them (width a multiple of 16).
+__attribute__((target("avx512f"))) void probs_z(float* p, int64_t width, int64_t lim, float lse) {
+  const vz iota = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
+  for (int64_t j = 0; j < width; j += 16) {
+    vz x, e = {};
+    std::memcpy(&x, p + j, sizeof(vz));
+    if (j < lim) e = iota + float(j) < float(lim) ? exp_z(x - lse) : vz{};
+    std::memcpy(p + j, &e, sizeof(vz));
+  }
+}
+
+// The backward's two score blocks of 4 rows at once, AVX-512: s = scale * q . K^T and dp = g . V^T
+// over the first 16 NV keys (kt, vtt: [D, kKeys]; q, g: D apart, d == dv); two sets of independent
+// accumulators keep the FMA units busy where one set of 4 x NV would wait on its own latency.
+template <int NV>
+__attribute__((target("avx512f"))) void scores_pair_z(const float* q, int64_t D, const float* kt, float scale, float* s, const float* g,
+                                                      const float* vtt, float* dp) {
+  vz x[4][NV] = {}, y[4][NV] = {};
+  for (int64_t d = 0; d < D; ++d) {
+    vz k[NV], u[NV];
+    for (int v = 0; v < NV; ++v) std::memcpy(&k[v], kt + d * kKeys + 16 * v, sizeof(vz));
+    for (int v = 0; v < NV; ++v) std::memcpy(&u[v], vtt + d * kKeys + 16 * v, sizeof(vz));
+    for (int r = 0; r < 4; ++r) {
+      const float w = q[r * D + d], e = g[r * D + d];
+      for (int v = 0; v < NV; ++v) x[r][v] += w * k[v];
+      for (int v = 0; v < NV; ++v) y[r][v] += e * u[v];
+    }
+  }
+  for (int r = 0; r < 4; ++r)
+    for (int v = 0; v < NV; ++v) {
+      x[r][v] *= scale;
+      std::memcpy(s + r * kKeys + 16 * v, &x[r][v], sizeof(vz));
+      std::memcpy(dp + r * kKeys + 16 * v, &y[r][v], sizeof(vz));
+    }
 }
 
 // Read when a Step compiles: TESSERA_CPU_ATTENTION=avx2 keeps the AVX forms (tests compare them).
@@ -501,17 +620,19 @@ struct AttentionKernel : CpuKernel {
             if (a.causal) glim = std::clamp<int64_t>(i0 + std::min(g + 3, rows - 1) + a.causal_offset + 1 - j0, 0, nk);
             if (glim == 0) continue;
             const int64_t nv = (glim + 15) / 16;
+            const int gr = int(std::min<int64_t>(4, rows - g));
 #if defined(__x86_64__)
-            if (z) {
-              switch (nv) {
-                case 1: scores4_z<1>(qb.data() + g * D, D, kt.data(), scale, s); break;
-                case 2: scores4_z<2>(qb.data() + g * D, D, kt.data(), scale, s); break;
-                case 3: scores4_z<3>(qb.data() + g * D, D, kt.data(), scale, s); break;
-                default: scores4_z<4>(qb.data() + g * D, D, kt.data(), scale, s); break;
-              }
-            } else
+            if (z) {  // scores, mask and softmax update in registers
+              int64_t lim[4];
+              for (int r = 0; r < gr; ++r) lim[r] = a.causal ? std::clamp<int64_t>(i0 + g + r + a.causal_offset + 1 - j0, 0, nk) : nk;
+              float* ag = acc.data() + g * Dv;
+              constexpr decltype(&softmax4_z<1>) form[4] = {softmax4_z<1>, softmax4_z<2>, softmax4_z<3>, softmax4_z<4>};
+              form[std::min<int64_t>(nv, 4) - 1](qb.data() + g * D, D, kt.data(), scale, lim, gr, m + g, l + g, ag, Dv, s);
+              pv4(s, vt.data(), Dv, glim, ag, gr, z);
+              continue;
+            }
 #endif
-              scores4(qb.data() + g * D, D, kt.data(), nv, scale, s);
+            scores4(qb.data() + g * D, D, kt.data(), nv, scale, s);
             const int64_t width = (glim + 15) / 16 * 16;
             for (int64_t r = 0; r < 4; ++r) {
               float* sr = s + r * kKeys;
@@ -537,7 +658,7 @@ struct AttentionKernel : CpuKernel {
                 for (float* ar = acc.data() + row * Dv; ar != acc.data() + (row + 1) * Dv; ++ar) *ar *= corr;
             }
             // acc[g..g+4) += P V over the group's keys.
-            pv4(s, vt.data(), Dv, glim, acc.data() + g * Dv, int(std::min<int64_t>(4, rows - g)), z);
+            pv4(s, vt.data(), Dv, glim, acc.data() + g * Dv, gr, z);
           }
         }
         float* op = O + out.off[size_t(b)] + i0 * out.rs;
@@ -778,6 +899,12 @@ struct AttentionBackwardKernel : CpuKernel {
       int64_t glim = gr > 0 ? nkey : 0;
       if (a.causal && gr > 0) glim = std::clamp<int64_t>(g0 + gr - 1 + off + 1 - j0, 0, nkey);
       const int64_t nv = (glim + 15) / 16, width = nv * 16;
+#if defined(__x86_64__)
+      if (z && nv > 0 && nv < 4 && D == Dv) {
+        constexpr decltype(&scores_pair_z<1>) form[3] = {scores_pair_z<1>, scores_pair_z<2>, scores_pair_z<3>};
+        form[nv - 1](qb + g0 * D, D, kt, scale, pg, gb + g0 * Dv, vtt, dg);
+      } else
+#endif
       if (nv > 0) {
         scores4_any(qb + g0 * D, D, kt, nv, scale, pg, z);
         scores4_any(gb + g0 * Dv, Dv, vtt, nv, 1.0f, dg, z);
@@ -791,8 +918,15 @@ struct AttentionBackwardKernel : CpuKernel {
           if (r < gr && a.causal) lim = std::clamp<int64_t>(i + off + 1 - j0, 0, nkey);
           if (r < gr && !std::isfinite(lse[i])) lim = 0;  // every key masked: no gradient defined here
           const float li = r < gr ? lse[i] : 0.0f;
-          for (int64_t j = 0; j < width; ++j) pr[j] = j < lim ? pr[j] - li : ninf;
-          vmath::vexp(pr, pr, width);
+#if defined(__x86_64__)
+          if (z) {
+            probs_z(pr, width, lim, li);
+          } else
+#endif
+          {
+            for (int64_t j = 0; j < width; ++j) pr[j] = j < lim ? pr[j] - li : ninf;
+            vmath::vexp(pr, pr, width);
+          }
           finish(i, pr, dr, width);
         }
         std::fill(pr + width, pr + kKeys, 0.0f);
