@@ -5,7 +5,7 @@
 // output), each in the same order as alone.
 #include <algorithm>
 
-#if defined(__AVX512F__)
+#if defined(__AVX2__)
 #include <immintrin.h>
 #endif
 
@@ -70,28 +70,29 @@ void reduce_tile(const ReduceKernel& k, const std::vector<const void*>& in, cons
 }
 
 // acc[j] += v[i * ld + j] for rows i = 0 .. rows - 1 in order, j < n: each column's sum in row
-// order, as a scalar loop adds them (the same bits), with blocks of 64 columns held in registers
-// over the rows instead of loaded and stored per element.
+// order, as a scalar loop adds them (the same bits), with blocks of 32 columns held in registers
+// over the rows instead of loaded and stored per element (AVX2: the build leaves AVX-512 to the
+// native loops, CMakeLists.txt).
 void add_rows(double* acc, const float* v, int64_t rows, int64_t n, int64_t ld) {
   int64_t j = 0;
-#if defined(__AVX512F__)
-  for (; j + 64 <= n; j += 64) {
-    __m512d a[8];
-    for (int b = 0; b < 8; ++b) a[b] = _mm512_loadu_pd(acc + j + 8 * b);
+#if defined(__AVX2__)
+  for (; j + 32 <= n; j += 32) {
+    __m256d a[8];
+    for (int b = 0; b < 8; ++b) a[b] = _mm256_loadu_pd(acc + j + 4 * b);
     const float* p = v + j;
     for (int64_t i = 0; i < rows; ++i, p += ld)
       for (int b = 0; b < 4; ++b) {
-        const __m512 x = _mm512_loadu_ps(p + 16 * b);
-        a[2 * b] = _mm512_add_pd(a[2 * b], _mm512_cvtps_pd(_mm512_castps512_ps256(x)));
-        a[2 * b + 1] = _mm512_add_pd(a[2 * b + 1], _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(x), 1))));
+        const __m256 x = _mm256_loadu_ps(p + 8 * b);
+        a[2 * b] = _mm256_add_pd(a[2 * b], _mm256_cvtps_pd(_mm256_castps256_ps128(x)));
+        a[2 * b + 1] = _mm256_add_pd(a[2 * b + 1], _mm256_cvtps_pd(_mm256_extractf128_ps(x, 1)));
       }
-    for (int b = 0; b < 8; ++b) _mm512_storeu_pd(acc + j + 8 * b, a[b]);
+    for (int b = 0; b < 8; ++b) _mm256_storeu_pd(acc + j + 4 * b, a[b]);
   }
-  for (; j + 8 <= n; j += 8) {
-    __m512d a = _mm512_loadu_pd(acc + j);
+  for (; j + 4 <= n; j += 4) {
+    __m256d a = _mm256_loadu_pd(acc + j);
     const float* p = v + j;
-    for (int64_t i = 0; i < rows; ++i, p += ld) a = _mm512_add_pd(a, _mm512_cvtps_pd(_mm256_loadu_ps(p)));
-    _mm512_storeu_pd(acc + j, a);
+    for (int64_t i = 0; i < rows; ++i, p += ld) a = _mm256_add_pd(a, _mm256_cvtps_pd(_mm_loadu_ps(p)));
+    _mm256_storeu_pd(acc + j, a);
   }
 #endif
   for (int64_t i = 0; i < rows; ++i)
