@@ -110,6 +110,38 @@ int64_t short_rows(bool max, const float* v, int64_t vstep, int64_t n, int64_t r
 #endif
 }
 
+// run_sum(v + i * vstep, n) into r[i] for rows i from i0 on, 4 rows at a time (rows whose length
+// is a multiple of 8): each row's 8 double accumulators (two AVX2 vectors) take its elements in
+// run_sum's order and are folded in its tree, so the same bits; 4 rows' additions interleaved
+// instead of one row's 16 dependent ones after another (a layer norm's two row sums were ~40% of
+// run_row_loops' samples). Returns the first row not done.
+int64_t sum_rows(const float* v, int64_t vstep, int64_t n, int64_t i0, int64_t rows, float* r) {
+#if defined(__AVX2__)
+  if (n % 8 != 0 || n < 16) return i0;
+  int64_t i = i0;
+  for (; i + 4 <= rows; i += 4) {
+    __m256d lo[4], hi[4];
+    for (int q = 0; q < 4; ++q) lo[q] = hi[q] = _mm256_setzero_pd();
+    for (int64_t c = 0; c < n; c += 8)
+      for (int q = 0; q < 4; ++q) {
+        const __m256 x = _mm256_loadu_ps(v + (i + q) * vstep + c);
+        lo[q] = _mm256_add_pd(lo[q], _mm256_cvtps_pd(_mm256_castps256_ps128(x)));
+        hi[q] = _mm256_add_pd(hi[q], _mm256_cvtps_pd(_mm256_extractf128_ps(x, 1)));
+      }
+    for (int q = 0; q < 4; ++q) {
+      alignas(32) double a[8];
+      _mm256_store_pd(a, lo[q]);
+      _mm256_store_pd(a + 4, hi[q]);
+      r[i + q] = float(((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7])));
+    }
+  }
+  return i;
+#else
+  (void)v, (void)vstep, (void)n, (void)rows, (void)r;
+  return i0;
+#endif
+}
+
 // n values (elements `per` apart) rounded to bfloat16 (else float16) and back, as the
 // interpreter's casts round them (bfloat16: its bit arithmetic on whole words, vectorized).
 void round_row(const float* src, int64_t per, float* dst, int64_t n, bool bf16) {
@@ -510,7 +542,8 @@ bool run_row_loops(const RowLoops& rl, const Step& st, const LaunchArgs& args) {
           call(*part.loop, p, row, rows, step, ncalls);
         }
         float* r = rv.data() + s * size_t(rpt);
-        for (int64_t i = short_rows(part.max, v, vstep, row, rows, r, nlane); i < rows; ++i)
+        const int64_t lanes = short_rows(part.max, v, vstep, row, rows, r, nlane);
+        for (int64_t i = part.max ? lanes : sum_rows(v, vstep, row, lanes, rows, r); i < rows; ++i)
           r[i] = part.max ? row_max(v + i * vstep, row) : float(run_sum(v + i * vstep, row));
       }
       if (fin.loop) {
