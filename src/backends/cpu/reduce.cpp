@@ -31,9 +31,9 @@ struct ReduceKernel final : CpuKernel {
   // The program's loop over the domain, writing the value to be reduced, float32 only: not for a
   // lone load, which the interpreter reduces in place (a bias gradient's sum of a GEMM's output).
   NativeLoop loop;
-  // Column sums of a lone float32 load walking the domain as rows of `inner`... (columns only):
+  // Column sums of a lone float32 load of at most kDirectColumns kept positions read densely:
   // element (r, j) of the [reduced, kept] domain at the view's offset + r * ld + j, summed
-  // straight from the input (a bias gradient), no tile evaluated; ld < 0: not such a load.
+  // straight from the input (a bias gradient), no tile evaluated; -1: not such a load.
   int64_t direct_ld = -1;
   // Column sums added through add_rows (float32 sums of a loop's values, or of a lone load of at
   // most kDirectColumns columns); else the scalar loop, row by row.
