@@ -1163,3 +1163,37 @@ TEST(CpuJit, AnEpiloguesTileOfRowsInOneCallMatchesARangePerRow) {
     }
   }
 }
+
+// A layer norm's scale 1 / sqrt(s / 128 + 1e-5) from a row's broadcast sum s is the same at every
+// position of the row: the loop computes it once per row (Loop::row_invariants), not once per
+// vector, and each row's value from that row's s (the rows' broadcast pointer steps by one float).
+// Stored as a result too (a per-row statistic). Exact float32 arithmetic per row, over a tail.
+TEST(CpuJit, RowInvariantOpsAreComputedOncePerRowFromThatRowsValues) {
+  REQUIRE_LOOPS();
+  // %0 x, %1 s (broadcast), %3 = s / 128, %5 = %3 + 1e-5, %6 = sqrt, %8 = 1 / %6, %9 = x * %8
+  std::vector<Instr> prog = {load(0), load(1), cnst(128), op(Code::Div, 1, 2), cnst(1e-5), op(Code::Add, 3, 4),
+                             op(Code::Sqrt, -1, -1), cnst(1), op(Code::Div, 7, 6), op(Code::Mul, 0, 8)};
+  prog[6].a = 5;
+  backends::jit::Spec spec;
+  spec.prog = &prog;
+  spec.stride = {1, 0, 0, 0, 0, 0, 0, 0, 0, 0};
+  spec.results = {9, 6};
+  spec.early = {1, 1};
+  auto loop = backends::jit::build(spec);
+  ASSERT_NE(loop, nullptr);
+  EXPECT_EQ(loop->row_invariants(), 4);  // %3, %5, %6, %8
+  const int64_t n = 37, rows = 5;        // a tail on either form (AVX2 8 lanes, AVX-512 16)
+  std::vector<float> x = special_values(n * rows), s = {300.0f, 1e-3f, 0.0f, 5e4f, 77.0f};
+  std::vector<float> y(size_t(n * rows), -9.0f), sd(size_t(n * rows), -9.0f);
+  const void* p[] = {x.data(), s.data(), y.data(), sd.data()};
+  const int64_t step[] = {n * 4, 4, n * 4, n * 4};
+  (*loop)(p, n, rows, step);
+  for (int64_t r = 0; r < rows; ++r) {
+    const float want_sd = std::sqrt(add(s[size_t(r)] / 128.0f, 1e-5f)), scale = 1.0f / want_sd;
+    for (int64_t j = 0; j < n; ++j) {
+      const size_t at = size_t(r * n + j);
+      ASSERT_TRUE(same(sd[at], want_sd)) << "row " << r << " position " << j;
+      ASSERT_TRUE(same(y[at], mul(x[at], scale))) << "row " << r << " position " << j << ": x " << x[at];
+    }
+  }
+}

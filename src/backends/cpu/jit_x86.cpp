@@ -102,8 +102,9 @@ class Emitter : public Xbyak::CodeGenerator {
  public:
   // z: AVX-512 (16 lanes in zmm0-31, the tail and the comparisons in opmask registers), else
   // AVX2 (8 lanes in ymm0-15).
-  explicit Emitter(bool z)
-      : CodeGenerator(4096, Xbyak::AutoGrow), z_(z), W_(z ? 16 : 8), VB_(4 * W_), nregs_(z ? kVectorRegs512 : kVectorRegs) {
+  // hoist: values the same at every position of a row computed once per row (plan_invariant).
+  explicit Emitter(bool z, bool hoist = true)
+      : CodeGenerator(4096, Xbyak::AutoGrow), z_(z), hoist_(hoist), W_(z ? 16 : 8), VB_(4 * W_), nregs_(z ? kVectorRegs512 : kVectorRegs) {
     for (int r = 0; r < nregs_; ++r) vr_.emplace_back(r, z ? Xbyak::Operand::ZMM : Xbyak::Operand::YMM, z ? 512 : 256);
   }
 
@@ -113,6 +114,7 @@ class Emitter : public Xbyak::CodeGenerator {
     n_ = int(prog().size());
     bool ok = false;
     plan_pointers();
+    plan_invariant();
     if (plan_pinned() && plan_values()) {
       plan_hoisted();
       prologue();
@@ -126,6 +128,7 @@ class Emitter : public Xbyak::CodeGenerator {
   }
   const std::vector<int>& loads() const { return loads_; }
   int hoisted() const { return int(hoisted_.size()); }
+  int invariants() const { return int(std::count(inv_.begin(), inv_.end(), uint8_t(1))); }
 
  private:
   const std::vector<Instr>& prog() const { return *spec_->prog; }
@@ -200,6 +203,29 @@ class Emitter : public Xbyak::CodeGenerator {
       if (p >= int(loads_.size()) || !broadcast(loads_[size_t(p)])) ptr_reg_[size_t(p)] = regs[r++], has_reg_[size_t(p)] = 1;
   }
 
+  // Ops whose operands are all the same at every position of a row (constants, broadcast loads,
+  // such ops: a layer norm's 1 / sqrt(var + eps) from its row sums, or its backward's scales):
+  // computed once per row into a pinned register, before the row's positions, rather than once
+  // per W positions (a vdivps or vsqrtps per vector cost more than the row's loads). The same
+  // operations on the same values, so the same bits.
+  void plan_invariant() {
+    inv_.assign(size_t(n_), 0);
+    if (!hoist_) return;
+    std::vector<uint8_t> uniform(size_t(n_), 0);
+    for (int k = 0; k < n_; ++k) {
+      const Instr& I = prog()[size_t(k)];
+      if (I.code == Code::Const || (I.code == Code::Load && broadcast(k))) {
+        uniform[size_t(k)] = 1;
+        continue;
+      }
+      if (I.code == Code::Load) continue;
+      bool u = true;
+      for (int o : {I.a, I.b, I.c})
+        if (o >= 0) u = u && uniform[size_t(o)];
+      uniform[size_t(k)] = inv_[size_t(k)] = u;
+    }
+  }
+
   // Constants (into pool registers or memory), the ops' masks, broadcasts, gather lane offsets,
   // temporaries and the tail mask; false when they leave no vector register.
   bool plan_pinned() {
@@ -240,6 +266,8 @@ class Emitter : public Xbyak::CodeGenerator {
     next_ = int(pool_.size());
     for (int k = 0; k < n_; ++k)
       if (broadcast(k)) reg_[size_t(k)] = next_++, pinned_[size_t(k)] = 1;
+    for (int k = 0; k < n_; ++k)
+      if (inv_[size_t(k)]) reg_[size_t(k)] = next_++, pinned_[size_t(k)] = 1;
     if (spec_->inner && (W_ % spec_->inner != 0 || spec_->out_stride != 1)) return false;
     for (int k = 0; k < n_; ++k) {
       if (!gathered(k)) continue;
@@ -399,6 +427,8 @@ class Emitter : public Xbyak::CodeGenerator {
     L(row_top);
     for (int k = 0; k < n_; ++k)
       if (broadcast(k)) mov(r11, ptr[rdi + 8 * ptr_of_[size_t(k)]]), vbroadcastss(vec(reg_[size_t(k)]), ptr[r11]);
+    for (int k = 0; k < n_; ++k)
+      if (inv_[size_t(k)]) instruction(k, false);
     xor_(eax, eax);
     jmp(check, T_NEAR);
     L(top);
@@ -447,7 +477,7 @@ class Emitter : public Xbyak::CodeGenerator {
   // computed when early, else after every load of the iteration.
   void body(bool masked) {
     for (int k = 0; k < n_; ++k) {
-      instruction(k, masked);
+      if (!inv_[size_t(k)]) instruction(k, masked);
       for (size_t j = 0; j < results().size(); ++j)
         if (spec_->early[j] && results()[j] == k) store(j, masked);
     }
@@ -745,6 +775,8 @@ class Emitter : public Xbyak::CodeGenerator {
   }
 
   const bool z_;                // AVX-512
+  const bool hoist_;            // plan_invariant's hoisting (off: a retry when it leaves too few registers)
+  std::vector<uint8_t> inv_;    // per instruction: computed once per row
   const int W_, VB_, nregs_;    // lanes, bytes and registers of a vector
   const Spec* spec_ = nullptr;  // while emitting
   int n_ = 0;                   // instructions
@@ -803,7 +835,11 @@ std::unique_ptr<Loop> build(const Spec& spec) {
   std::unique_ptr<Emitter> code;
   try {
     code = std::make_unique<Emitter>(z);
-    if (!code->emit(spec) || code->loads().size() + spec.results.size() > size_t(Loop::kMaxPtrs)) return nullptr;
+    if (!code->emit(spec)) {  // the row's invariant values pinned left too few registers: computed per vector
+      code = std::make_unique<Emitter>(z, false);
+      if (!code->emit(spec)) return nullptr;
+    }
+    if (code->loads().size() + spec.results.size() > size_t(Loop::kMaxPtrs)) return nullptr;
   } catch (const Xbyak::Error& e) {
     // No memory for the code (or no executable pages): the interpreter runs the Step.
     if (int(e) == Xbyak::ERR_CANT_ALLOC || int(e) == Xbyak::ERR_CANT_PROTECT) return nullptr;
@@ -816,6 +852,7 @@ std::unique_ptr<Loop> build(const Spec& spec) {
   loop->stream_ = spec.stream;
   loop->lanes_ = z ? 16 : 8;
   loop->hoisted_ = code->hoisted();
+  loop->invariants_ = code->invariants();
   dump_loop(code->getCode(), code->getSize(), spec);
   loop->code_ = std::move(code);
   return loop;

@@ -65,6 +65,9 @@ class Loop {
   // Constants read from vector registers loaded once per call rather than from memory per
   // vector: as many as the program's values leave registers free, the most read first.
   int constants_in_registers() const { return hoisted_; }
+  // Ops whose value is the same at every position of a row (their operands constants, broadcast
+  // loads or such ops), computed once per row rather than once per vector.
+  int row_invariants() const { return invariants_; }
 
  private:
   friend std::unique_ptr<Loop> build(const Spec&);
@@ -76,6 +79,7 @@ class Loop {
   bool stream_ = false;
   int lanes_ = 8;
   int hoisted_ = 0;
+  int invariants_ = 0;
 };
 
 // Whether this machine runs the loops (x86-64 Linux with AVX2; TESSERA_CPU_JIT=0 turns them off).

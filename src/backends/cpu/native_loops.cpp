@@ -144,9 +144,18 @@ thread_local uint64_t tile_calls = 0;  // per thread: no cache line shared by th
 
 void loop_rows(const NativeLoop& nl, const std::vector<char*>& base, int64_t start, int64_t n, int64_t rows, int64_t stride,
                float* out) {
+  loop_rows(nl, base, start, n, rows, stride, &out, 1);
+}
+
+void loop_rows(const NativeLoop& nl, const std::vector<char*>& base, int64_t start, int64_t n, int64_t rows, int64_t stride,
+               float* const* outs, size_t nouts) {
   const size_t nloads = nl.loop->loads().size();
   auto per_row = [&] {
-    for (int64_t i = 0; i < rows; ++i) loop_range(nl, base, start + i * stride, n, out + i * stride);
+    float* o[kMaxLoopPtrs];
+    for (int64_t i = 0; i < rows; ++i) {
+      for (size_t r = 0; r < nouts; ++r) o[r] = outs[r] + i * stride;
+      loop_range(nl, base, start + i * stride, n, o, nouts);
+    }
   };
   if (rows < 2 || n < 16) return per_row();
   // Each range inside one run, and every load's first element of range i at its first one's
@@ -168,7 +177,7 @@ void loop_rows(const NativeLoop& nl, const std::vector<char*>& base, int64_t sta
     }
   }
   for (size_t l = 0; l < nloads; ++l) p[l] = base[l] + first[l] * 4, step[l] *= 4;
-  p[nloads] = out, step[nloads] = stride * 4;
+  for (size_t r = 0; r < nouts; ++r) p[nloads + r] = outs[r], step[nloads + r] = stride * 4;
   (*nl.loop)(p, n, rows, step);
   ++tile_calls;
 }

@@ -71,6 +71,11 @@ void loop_range(const NativeLoop& nl, const std::vector<char*>& base, int64_t st
 // same positions, the same bits.
 void loop_rows(const NativeLoop& nl, const std::vector<char*>& base, int64_t start, int64_t n, int64_t rows, int64_t stride,
                float* out);
+// The same for a loop of several results (a Reduce Step's column sums of several values over a
+// tile of rows), result r into outs[r] (`stride` floats per range each); nouts is the loop's
+// result count.
+void loop_rows(const NativeLoop& nl, const std::vector<char*>& base, int64_t start, int64_t n, int64_t rows, int64_t stride,
+               float* const* outs, size_t nouts);
 // loop_rows calls that ran a tile as one loop call, on this thread (tests: that a tile took it).
 uint64_t loop_rows_tile_calls();
 

@@ -5,6 +5,10 @@
 // output), each in the same order as alone.
 #include <algorithm>
 
+#if defined(__AVX2__)
+#include <immintrin.h>
+#endif
+
 #include "backends/cpu/interpreter.h"
 #include "backends/cpu/kernel.h"
 #include "backends/cpu/native_loops.h"
@@ -27,6 +31,13 @@ struct ReduceKernel final : CpuKernel {
   // The program's loop over the domain, writing the value to be reduced, float32 only: not for a
   // lone load, which the interpreter reduces in place (a bias gradient's sum of a GEMM's output).
   NativeLoop loop;
+  // Column sums of a lone float32 load of at most kDirectColumns kept positions read densely:
+  // element (r, j) of the [reduced, kept] domain at the view's offset + r * ld + j, summed
+  // straight from the input (a bias gradient), no tile evaluated; -1: not such a load.
+  int64_t direct_ld = -1;
+  // Column sums added through add_rows (float32 sums of a loop's values, or of a lone load of at
+  // most kDirectColumns columns); else the scalar loop, row by row.
+  bool blocked = false;
 
   void run(const Step& st, const LaunchArgs& args) const override {
     columns ? run_columns(st, args) : run_rows(st, args);
@@ -34,6 +45,15 @@ struct ReduceKernel final : CpuKernel {
   void run_columns(const Step& st, const LaunchArgs& args) const;
   void run_rows(const Step& st, const LaunchArgs& args) const;
 };
+
+// This thread's buffers for a tile's values of nres results (kTile floats each).
+float* const* tile_buffers(size_t nres) {
+  thread_local std::vector<float, LineAligned<float>> buf;
+  thread_local float* outs[kir::kMaxReduceOutputs];
+  if (buf.size() < nres * size_t(kTile)) buf.resize(nres * size_t(kTile));
+  for (size_t r = 0; r < nres; ++r) outs[r] = buf.data() + r * size_t(kTile);
+  return outs;
+}
 
 // The values a Reduce reduces at positions [start, start + n <= kTile) of its domain, one array per
 // result (v[r]): through its loop (float32) into this thread's buffers, else by the interpreter.
@@ -43,15 +63,49 @@ void reduce_tile(const ReduceKernel& k, const std::vector<const void*>& in, cons
   const size_t nres = k.results.size();
   if constexpr (std::is_same_v<T, float>)
     if (k.loop.loop) {
-      thread_local std::vector<float, LineAligned<float>> buf;
-      if (buf.size() < nres * size_t(kTile)) buf.resize(nres * size_t(kTile));
-      float* outs[kir::kMaxReduceOutputs];
-      for (size_t r = 0; r < nres; ++r) outs[r] = buf.data() + r * size_t(kTile), v[r] = outs[r];
+      float* const* outs = tile_buffers(nres);
+      for (size_t r = 0; r < nres; ++r) v[r] = outs[r];
       loop_range(k.loop, base, start, n, outs, nres);
       return;
     }
   run_program(k.program, k.regs, in, k.domain, start, n, args, sc);
   for (size_t r = 0; r < nres; ++r) v[r] = val<T>(sc, k.results[r]);
+}
+
+// acc[j] += v[i * ld + j] for rows i = 0 .. rows - 1 in order, j < n: each column's sum in row
+// order, as a scalar loop adds them (the same bits). Groups of 8 rows, each group's rows added to
+// blocks of 32 columns held in registers (AVX2: the build leaves AVX-512 to the native loops,
+// CMakeLists.txt), so the accumulators are loaded and stored once per 8 rows, not per element,
+// and memory is still read row after row within a group (a [1024, 512] bias gradient walked
+// column block by column block down 64 rows read 2 KiB apart, which the prefetchers do not follow).
+void add_rows(double* acc, const float* v, int64_t rows, int64_t n, int64_t ld) {
+  for (int64_t i0 = 0; i0 < rows; i0 += 8) {
+    const int64_t m = std::min<int64_t>(8, rows - i0);
+    const float* g = v + i0 * ld;
+    int64_t j = 0;
+#if defined(__AVX2__)
+    for (; j + 32 <= n; j += 32) {
+      __m256d a[8];
+      for (int b = 0; b < 8; ++b) a[b] = _mm256_loadu_pd(acc + j + 4 * b);
+      const float* p = g + j;
+      for (int64_t i = 0; i < m; ++i, p += ld)
+        for (int b = 0; b < 4; ++b) {
+          const __m256 x = _mm256_loadu_ps(p + 8 * b);
+          a[2 * b] = _mm256_add_pd(a[2 * b], _mm256_cvtps_pd(_mm256_castps256_ps128(x)));
+          a[2 * b + 1] = _mm256_add_pd(a[2 * b + 1], _mm256_cvtps_pd(_mm256_extractf128_ps(x, 1)));
+        }
+      for (int b = 0; b < 8; ++b) _mm256_storeu_pd(acc + j + 4 * b, a[b]);
+    }
+    for (; j + 4 <= n; j += 4) {
+      __m256d a = _mm256_loadu_pd(acc + j);
+      const float* p = g + j;
+      for (int64_t i = 0; i < m; ++i, p += ld) a = _mm256_add_pd(a, _mm256_cvtps_pd(_mm_loadu_ps(p)));
+      _mm256_storeu_pd(acc + j, a);
+    }
+#endif
+    for (int64_t i = 0; i < m; ++i)
+      for (int64_t c = j; c < n; ++c) acc[c] += double(g[i * ld + c]);
+  }
 }
 
 // Output r of a Reduce Step (r = 0: st.output).
@@ -68,6 +122,11 @@ S* output_of(const Step& st, const LaunchArgs& args, size_t r) {
 // When one block holds every column, whole rows are evaluated per call (the domain's rows are
 // contiguous), not one row a call.
 constexpr int64_t kColumnChunks = 16, kColumnChunkMin = int64_t(1) << 15;
+// Wider sums of a lone load (the [1024, 384] and [1024, 512] bias gradients) keep the row-by-row
+// loop over tiles the interpreter reads in place: summed in place in blocks (add_rows) they took
+// 0.23 -> 0.28 and 0.32 -> 0.41 ms per step in the machine's slow state (0.18 -> 0.15 and 0.28 ->
+// 0.23 in its fast one).
+constexpr int64_t kDirectColumns = 128;
 
 void ReduceKernel::run_columns(const Step& st, const LaunchArgs& args) const {
   auto in = inputs_of(st, args);
@@ -95,14 +154,35 @@ void ReduceKernel::run_columns(const Step& st, const LaunchArgs& args) const {
         Scratch& sc = scratch(program.size(), size_t(regs.nregs));
         const int64_t b = task / chunks, c = task % chunks;
         const int64_t k0 = b * kTile, n = std::min(kTile, K - k0);
-        const int64_t r0 = c * chunk_rows, r1 = std::min(R, r0 + chunk_rows);
+        const int64_t r0 = c * chunk_rows;
+        int64_t r1 = std::min(R, r0 + chunk_rows);
         std::vector<Acc> sum(is_max ? 0 : size_t(n) * nres, Acc(0));
         std::vector<T> mx(is_max ? size_t(n) * nres : 0, lowest);
         const T* v[kir::kMaxReduceOutputs];
+        if constexpr (std::is_same_v<T, float>)
+          if (direct_ld >= 0 && !is_max) {  // a lone dense load: its rows summed in place
+            const float* x = static_cast<const float*>(in[size_t(program[0].input)]) + program[0].map.views[0].offset;
+            add_rows(sum.data(), x + r0 * direct_ld + k0, r1 - r0, n, direct_ld);
+            r1 = r0;  // done
+          }
         for (int64_t r = r0; r < r1; r += rows_per_call) {  // rows in order: deterministic
           const int64_t m = std::min(rows_per_call, r1 - r);
-          reduce_tile<T>(*this, in, base, args, sc, r * K + k0, m * n, v);
-          for (size_t q = 0; q < nres; ++q)
+          bool done = false;
+          if constexpr (std::is_same_v<T, float>)
+            if (loop.loop && nblocks == 1 && m > 1) {  // the m rows in one loop call where they allow it
+              float* const* outs = tile_buffers(nres);
+              loop_rows(loop, base, r * K, K, m, K, outs, nres);
+              for (size_t q = 0; q < nres; ++q) v[q] = outs[q];
+              done = true;
+            }
+          if (!done) reduce_tile<T>(*this, in, base, args, sc, r * K + k0, m * n, v);
+          for (size_t q = 0; q < nres; ++q) {
+            if (!is_max && blocked) {
+              if constexpr (std::is_same_v<T, float>) {
+                add_rows(sum.data() + q * size_t(n), v[q], m, n, n);
+                continue;
+              }
+            }
             for (int64_t i = 0; i < m; ++i) {
               const T* row = v[q] + i * n;
               if (is_max)
@@ -110,6 +190,7 @@ void ReduceKernel::run_columns(const Step& st, const LaunchArgs& args) const {
               else
                 for (int64_t j = 0; j < n; ++j) sum[q * size_t(n) + size_t(j)] += Acc(row[j]);
             }
+          }
         }
         for (size_t q = 0; q < nres; ++q)
           for (int64_t j = 0; j < n; ++j) {
@@ -188,6 +269,30 @@ void ReduceKernel::run_rows(const Step& st, const LaunchArgs& args) const {
   });
 }
 
+// For a lone float32 load of a column sum (reduced axes first): the elements between consecutive
+// rows when its view reads the kept positions densely (K of them) and the reduced ones as rows at
+// one stride, else -1.
+int64_t rows_stride(const Instr& I, const Step& st, int64_t K) {
+  if (I.code != Code::Load || I.dtype != DType::Float32 || I.map.views.size() != 1) return -1;
+  const kir::View& v = I.map.views[0];
+  if (v.masked() || v.shape != st.domain || v.offset < 0) return -1;
+  const size_t nred = st.axes.size();
+  int64_t expect = 1, ld = -1;
+  for (size_t d = v.shape.size(); d-- > 0;) {
+    if (v.shape[d] == 1) continue;
+    if (d >= nred) {  // kept: dense
+      if (v.strides[d] != expect) return -1;
+      expect *= v.shape[d];
+      continue;
+    }
+    if (ld < 0) ld = v.strides[d], expect = 1;  // the innermost reduced dim sets the row stride
+    if (v.strides[d] != ld * expect || ld < 0) return -1;
+    expect *= v.shape[d];
+  }
+  (void)K;
+  return ld < 0 ? 0 : ld;
+}
+
 }  // namespace
 
 std::unique_ptr<CpuKernel> compile_reduce(const Step& st) {
@@ -218,6 +323,9 @@ std::unique_ptr<CpuKernel> compile_reduce(const Step& st) {
   }
   if (st.dtype == DType::Float32 && k->program.size() > 1)
     build_loop(k->loop, k->program, k->domain, k->results, std::vector<uint8_t>(k->results.size(), 1), false);
+  if (k->columns && st.dtype == DType::Float32 && k->program.size() == 1 && k->outer <= kDirectColumns)
+    k->direct_ld = rows_stride(k->program[0], st, k->outer);
+  k->blocked = k->loop.loop || k->outer <= kDirectColumns;
   for (Instr& I : k->program)
     if (I.code == Code::Load && I.map.views.size() == 1) I.map.views[0] = coalesced(I.map.views[0]);
   k->regs.load = load_paths(k->program);

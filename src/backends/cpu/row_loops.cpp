@@ -66,8 +66,9 @@ float row_max(const float* a, int64_t n) {
 // Rows shorter than 8 reduced 8 rows at a time, a row per lane (rows `vstep` elements apart):
 // row_max's and run_sum's results exactly, since each lane does their scalar operations in their
 // order (run_max's accumulator j holds position j; run_sum's double tree over 8 accumulators,
-// the missing ones zero). Returns the rows done (a multiple of 8); the caller reduces the rest.
-int64_t short_rows(bool max, const float* v, int64_t vstep, int64_t n, int64_t rows, float* r) {
+// the missing ones zero). Returns the rows done (a multiple of 8), also added to `counted` (the
+// launch's count for row_loop_lane_rows); the caller reduces the rest.
+int64_t short_rows(bool max, const float* v, int64_t vstep, int64_t n, int64_t rows, float* r, uint64_t& counted) {
 #if defined(__AVX2__)
   if (n >= 8 || rows < 8 || vstep * 7 + n > std::numeric_limits<int32_t>::max()) return 0;
   const __m256i at = _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), _mm256_set1_epi32(int32_t(vstep)));
@@ -101,11 +102,43 @@ int64_t short_rows(bool max, const float* v, int64_t vstep, int64_t n, int64_t r
       }
     }
   }
-  lane_rows.fetch_add(uint64_t(i), std::memory_order_relaxed);
+  counted += uint64_t(i);
   return i;
 #else
-  (void)max, (void)v, (void)vstep, (void)n, (void)rows, (void)r;
+  (void)max, (void)v, (void)vstep, (void)n, (void)rows, (void)r, (void)counted;
   return 0;
+#endif
+}
+
+// run_sum(v + i * vstep, n) into r[i] for rows i from i0 on, 4 rows at a time (rows whose length
+// is a multiple of 8): each row's 8 double accumulators (two AVX2 vectors) take its elements in
+// run_sum's order and are folded in its tree, so the same bits; 4 rows' additions interleaved
+// instead of one row's 16 dependent ones after another (a layer norm's two row sums were ~40% of
+// run_row_loops' samples). Returns the first row not done.
+int64_t sum_rows(const float* v, int64_t vstep, int64_t n, int64_t i0, int64_t rows, float* r) {
+#if defined(__AVX2__)
+  if (n % 8 != 0 || n < 16) return i0;
+  int64_t i = i0;
+  for (; i + 4 <= rows; i += 4) {
+    __m256d lo[4], hi[4];
+    for (int q = 0; q < 4; ++q) lo[q] = hi[q] = _mm256_setzero_pd();
+    for (int64_t c = 0; c < n; c += 8)
+      for (int q = 0; q < 4; ++q) {
+        const __m256 x = _mm256_loadu_ps(v + (i + q) * vstep + c);
+        lo[q] = _mm256_add_pd(lo[q], _mm256_cvtps_pd(_mm256_castps256_ps128(x)));
+        hi[q] = _mm256_add_pd(hi[q], _mm256_cvtps_pd(_mm256_extractf128_ps(x, 1)));
+      }
+    for (int q = 0; q < 4; ++q) {
+      alignas(32) double a[8];
+      _mm256_store_pd(a, lo[q]);
+      _mm256_store_pd(a + 4, hi[q]);
+      r[i + q] = float(((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7])));
+    }
+  }
+  return i;
+#else
+  (void)v, (void)vstep, (void)n, (void)rows, (void)r;
+  return i0;
 #endif
 }
 
@@ -384,10 +417,17 @@ std::vector<const char*> copy_rows(const RowLoops& rl, const FlatRows& f, const 
   }
   return at;
 }
-// One call of a part's loop over `rows` rows, counted (row_loop_calls).
-void call(const jit::Loop& loop, const void* const* p, int64_t row, int64_t rows, const int64_t* step) {
+// A launch's loop calls and lane rows, added once (not per call: row_loop_calls).
+void count_launch(uint64_t ncalls, uint64_t nlane) {
+  calls.fetch_add(ncalls, std::memory_order_relaxed);
+  lane_rows.fetch_add(nlane, std::memory_order_relaxed);
+  launches.fetch_add(1, std::memory_order_relaxed);
+}
+// One call of a part's loop over `rows` rows, counted in n (the launch's count, added to
+// row_loop_calls once: an atomic per call, shared by the threads, cost ~15% of a layer norm's time).
+void call(const jit::Loop& loop, const void* const* p, int64_t row, int64_t rows, const int64_t* step, uint64_t& n) {
   loop(p, row, rows, step);
-  calls.fetch_add(1, std::memory_order_relaxed);
+  ++n;
 }
 }  // namespace
 
@@ -439,12 +479,11 @@ bool run_row_loops(const RowLoops& rl, const Step& st, const LaunchArgs& args) {
   const size_t round0 = nres + 1 + size_t(rl.nstash);  // the rounded loads' buffers
   const int64_t rpt = std::max<int64_t>(1, kTile / row), ntiles = (nrows + rpt - 1) / rpt;
   const size_t last = rl.outer.empty() ? 0 : rl.outer.size() - 1;
-  // Bytes each load moves from one row to the next along the last outer dim.
-  std::vector<int64_t> row_step(prog.size(), 0);
-  for (size_t k = 0; k < prog.size(); ++k)
-    if (base[k] && !rl.outer.empty()) row_step[k] = rl.outer_strides[k][last] * 4;
+  std::vector<int64_t> row_step(prog.size(), 0);  // bytes each load moves from one row to the next (last outer dim)
+  for (size_t k = 0; k < prog.size(); ++k) row_step[k] = base[k] && !rl.outer.empty() ? rl.outer_strides[k][last] * 4 : 0;
   const FlatRows flat = flat_rows(rl, st, base, rpt);
-#pragma omp parallel for schedule(static) if (total >= kParallelMin && ntiles > 1)
+  uint64_t ncalls = 0, nlane = 0;  // counted per launch (count_launch)
+#pragma omp parallel for schedule(static) reduction(+ : ncalls, nlane) if (total >= kParallelMin && ntiles > 1)
   for (int64_t t = 0; t < ntiles; ++t) {
     // Per tile: buffer 0 (a reduction's operand), the per-row results, the stored values, each
     // rpt rows; each reduction's values (rpt per reduction).
@@ -500,10 +539,11 @@ bool run_row_loops(const RowLoops& rl, const Step& st, const LaunchArgs& args) {
           const size_t i = fill(part);
           p[i] = buffer(0), step[i] = row * 4;
           stores(part, i + 1);
-          call(*part.loop, p, row, rows, step);
+          call(*part.loop, p, row, rows, step, ncalls);
         }
         float* r = rv.data() + s * size_t(rpt);
-        for (int64_t i = short_rows(part.max, v, vstep, row, rows, r); i < rows; ++i)
+        const int64_t lanes = short_rows(part.max, v, vstep, row, rows, r, nlane);
+        for (int64_t i = part.max ? lanes : sum_rows(v, vstep, row, lanes, rows, r); i < rows; ++i)
           r[i] = part.max ? row_max(v + i * vstep, row) : float(run_sum(v + i * vstep, row));
       }
       if (fin.loop) {
@@ -515,7 +555,7 @@ bool run_row_loops(const RowLoops& rl, const Step& st, const LaunchArgs& args) {
           step[i++] = row * 4;
         }
         stores(fin, i);
-        call(*fin.loop, p, row, rows, step);
+        call(*fin.loop, p, row, rows, step, ncalls);
       }
       if (rl.narrow) {  // the main result rounded (half.h's rounding: the interpreter's bits)
         const float* v = buffer(nres);
@@ -538,7 +578,7 @@ bool run_row_loops(const RowLoops& rl, const Step& st, const LaunchArgs& args) {
       if (!rl.outer.empty()) idx[last] += rows - 1, bump(idx, rl.outer);
     }
   }
-  launches.fetch_add(1, std::memory_order_relaxed);
+  count_launch(ncalls, nlane);
   return true;
 }
 
