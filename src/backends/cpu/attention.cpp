@@ -162,7 +162,8 @@ __attribute__((target("avx512f"))) void pv4_z(const float* p, const float* vt, i
 
 // 16-lane helpers of the forward's group step (AVX-512): the largest and the sum of the lanes
 // (a fixed tree), and e^x lane by lane: vmath's exp1 (the same reduction, polynomial and two-step
-// scaling, so the same accuracy) written on whole registers.
+// scaling, so the same accuracy) written on whole registers, always with fused multiply-adds:
+// its bits are exp1's only in builds that have FMA (vmath rounds a*b+c twice without it).
 typedef uint32_t vzu __attribute__((vector_size(64))); typedef int32_t vzi __attribute__((vector_size(64)));
 template <bool Max>
 __attribute__((target("avx512f"), always_inline)) inline vz step_z(vz x, vz y) { return Max ? (x > y ? x : y) : x + y; }
