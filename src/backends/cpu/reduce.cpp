@@ -323,7 +323,7 @@ std::unique_ptr<CpuKernel> compile_reduce(const Step& st) {
   }
   if (st.dtype == DType::Float32 && k->program.size() > 1)
     build_loop(k->loop, k->program, k->domain, k->results, std::vector<uint8_t>(k->results.size(), 1), false);
-  if (k->columns && st.dtype == DType::Float32 && k->program.size() == 1 && k->outer <= kDirectColumns)
+  if (k->columns && st.dtype == DType::Float32 && k->program.size() == 1 && st.more_outputs.empty() && k->outer <= kDirectColumns)
     k->direct_ld = rows_stride(k->program[0], st, k->outer);
   k->blocked = k->loop.loop || k->outer <= kDirectColumns;
   for (Instr& I : k->program)
