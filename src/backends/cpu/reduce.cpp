@@ -270,9 +270,9 @@ void ReduceKernel::run_rows(const Step& st, const LaunchArgs& args) const {
 }
 
 // For a lone float32 load of a column sum (reduced axes first): the elements between consecutive
-// rows when its view reads the kept positions densely (K of them) and the reduced ones as rows at
+// rows when its view reads the kept positions densely and the reduced ones as rows at
 // one stride, else -1.
-int64_t rows_stride(const Instr& I, const Step& st, int64_t K) {
+int64_t rows_stride(const Instr& I, const Step& st) {
   if (I.code != Code::Load || I.dtype != DType::Float32 || I.map.views.size() != 1) return -1;
   const kir::View& v = I.map.views[0];
   if (v.masked() || v.shape != st.domain || v.offset < 0) return -1;
@@ -289,7 +289,6 @@ int64_t rows_stride(const Instr& I, const Step& st, int64_t K) {
     if (v.strides[d] != ld * expect || ld < 0) return -1;
     expect *= v.shape[d];
   }
-  (void)K;
   return ld < 0 ? 0 : ld;
 }
 
@@ -324,7 +323,7 @@ std::unique_ptr<CpuKernel> compile_reduce(const Step& st) {
   if (st.dtype == DType::Float32 && k->program.size() > 1)
     build_loop(k->loop, k->program, k->domain, k->results, std::vector<uint8_t>(k->results.size(), 1), false);
   if (k->columns && st.dtype == DType::Float32 && k->program.size() == 1 && st.more_outputs.empty() && k->outer <= kDirectColumns)
-    k->direct_ld = rows_stride(k->program[0], st, k->outer);
+    k->direct_ld = rows_stride(k->program[0], st);
   k->blocked = k->loop.loop || k->outer <= kDirectColumns;
   for (Instr& I : k->program)
     if (I.code == Code::Load && I.map.views.size() == 1) I.map.views[0] = coalesced(I.map.views[0]);
