@@ -124,9 +124,9 @@ void scores4(const float* q, int64_t D, const float* kt, int64_t nv, float scale
 // 4 rows x NC column vectors of the weighted sum.
 typedef float vz __attribute__((vector_size(64)));
 
+// acc[r][v] = q[r] . K^T's keys 16 v .. 16 v + 15 for 4 rows of q (D apart), over the head dimension.
 template <int NV>
-__attribute__((target("avx512f"))) void scores4_z(const float* q, int64_t D, const float* kt, float scale, float* s) {
-  vz acc[4][NV] = {};
+__attribute__((target("avx512f"), always_inline)) inline void dots4_z(const float* q, int64_t D, const float* kt, vz (&acc)[4][NV]) {
   for (int64_t d = 0; d < D; ++d) {
     vz k[NV];
     for (int v = 0; v < NV; ++v) std::memcpy(&k[v], kt + d * kKeys + 16 * v, sizeof(vz));
@@ -135,6 +135,12 @@ __attribute__((target("avx512f"))) void scores4_z(const float* q, int64_t D, con
       for (int v = 0; v < NV; ++v) acc[r][v] += x * k[v];
     }
   }
+}
+
+template <int NV>
+__attribute__((target("avx512f"))) void scores4_z(const float* q, int64_t D, const float* kt, float scale, float* s) {
+  vz acc[4][NV] = {};
+  dots4_z<NV>(q, D, kt, acc);
   for (int r = 0; r < 4; ++r)
     for (int v = 0; v < NV; ++v) {
       acc[r][v] *= scale;
@@ -200,14 +206,7 @@ template <int NV>
 __attribute__((target("avx512f"))) void softmax4_z(const float* q, int64_t D, const float* kt, float scale, const int64_t* lim, int gr, float* m,
                                                    float* l, float* acc, int64_t Dv, float* p) {
   vz x[4][NV] = {};
-  for (int64_t d = 0; d < D; ++d) {
-    vz k[NV];
-    for (int v = 0; v < NV; ++v) std::memcpy(&k[v], kt + d * kKeys + 16 * v, sizeof(vz));
-    for (int r = 0; r < 4; ++r) {
-      const float w = q[r * D + d];
-      for (int v = 0; v < NV; ++v) x[r][v] += w * k[v];
-    }
-  }
+  dots4_z<NV>(q, D, kt, x);
   const float ninf = -std::numeric_limits<float>::infinity();
   const vz iota = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
   for (int r = 0; r < 4; ++r) {
@@ -429,14 +428,14 @@ void pack_tile(const T* kp, const Operand& k, const T* vp, const Operand& v, int
     for (int64_t d = 0; d < D; ++d) kt[size_t(d * kKeys + j)] = T(0);
 }
 
-// bfloat16 autocast (Step::Attention::bf16). How an operand's slot holds its bfloat16 values:
-// float32 values rounded as read (Step::rounded), bfloat16 itself, or (the forward's output and
-// log-sum-exp, read by the backward) plain float32.
 // Whether an attention Step's work (batch x query rows x keys x (d + dv)) is worth the threads.
 bool threaded(const kir::Step::Attention& a) {
   return double(a.batch) * double(a.tq) * double(a.tk) * double(a.d + a.dv) >= double(kParallelMin) * 16;
 }
 
+// bfloat16 autocast (Step::Attention::bf16). How an operand's slot holds its bfloat16 values:
+// float32 values rounded as read (Step::rounded), bfloat16 itself, or (the forward's output and
+// log-sum-exp, read by the backward) plain float32.
 enum class Held { Float, Rounded, BFloat16 };
 
 Held held(const Step& st, size_t i) {

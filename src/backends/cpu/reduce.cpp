@@ -177,12 +177,11 @@ void ReduceKernel::run_columns(const Step& st, const LaunchArgs& args) const {
             }
           if (!done) reduce_tile<T>(*this, in, base, args, sc, r * K + k0, m * n, v);
           for (size_t q = 0; q < nres; ++q) {
-            if (!is_max && blocked) {
-              if constexpr (std::is_same_v<T, float>) {
+            if constexpr (std::is_same_v<T, float>)
+              if (!is_max && blocked) {
                 add_rows(sum.data() + q * size_t(n), v[q], m, n, n);
                 continue;
               }
-            }
             for (int64_t i = 0; i < m; ++i) {
               const T* row = v[q] + i * n;
               if (is_max)
